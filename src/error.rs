@@ -1,0 +1,232 @@
+//! The one error type of the crate.
+//!
+//! Read errors carry the byte offset of the record (or header field) that was
+//! rejected and a [`FormatErrorKind`] saying what was wrong with it. Write-side
+//! rule violations use the same kinds, with the offset at which the record would
+//! have started, so a writer bug and a corrupt file are reported alike.
+
+use std::fmt;
+use std::io;
+use std::path::PathBuf;
+
+/// What was wrong with a record or header field.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum FormatErrorKind {
+    /// The file does not start with `SPULSE3\0`.
+    BadMagic,
+    /// The file ends before the header is complete.
+    TruncatedHeader,
+    /// A varint is overlong (non-canonical), longer than ten bytes, or does not
+    /// fit the field it encodes.
+    BadVarint,
+    /// An unknown record tag.
+    UnknownTag(u8),
+    /// An unknown frame kind inside a frame record.
+    UnknownFrameKind(u64),
+    /// An unknown value in an enumerated field (named).
+    BadValue(&'static str, u64),
+    /// A definition id that is not the next dense id of its kind.
+    NonDenseId {
+        /// Which kind of definition ("module", "frame", "stack", "thread").
+        what: &'static str,
+        /// The id found in the record.
+        found: u64,
+        /// The id that was expected (the count defined so far).
+        expected: u64,
+    },
+    /// A reference to an id not defined earlier in the stream.
+    UndefinedReference {
+        /// Which kind of definition is referred to.
+        what: &'static str,
+        /// The id referred to.
+        id: u64,
+    },
+    /// Address arithmetic overflowed 64 bits.
+    AddressOverflow,
+    /// A module-relative address lies outside the module's mapped span.
+    OutsideModule {
+        /// The module.
+        module: u64,
+        /// The file-relative address.
+        address: u64,
+    },
+    /// A frame refers to a module that was already retired.
+    RetiredModule(u64),
+    /// A module deactivation names a module that is already retired.
+    AlreadyRetired(u64),
+    /// A new module overlaps a still-active mapping of the same process.
+    OverlappingModule {
+        /// The active module it overlaps.
+        active: u64,
+    },
+    /// A module with a zero-sized span.
+    EmptyModule,
+    /// A string or byte field longer than the format allows.
+    TooLong {
+        /// The field.
+        what: &'static str,
+        /// Its declared length.
+        len: u64,
+        /// The limit.
+        limit: u64,
+    },
+    /// A string field that is not valid UTF-8.
+    BadUtf8(&'static str),
+    /// A stack deeper than the format allows.
+    StackTooDeep,
+    /// The truncated-stack marker used anywhere but as a stack's root.
+    MisplacedTruncationMarker,
+    /// The truncated-stack marker carries a non-zero payload.
+    BadTruncationMarker,
+    /// A sample timestamp below zero or above `u64::MAX` microseconds.
+    TimestampOverflow,
+    /// A Python-runtime record that enters while already in, or leaves while out.
+    PythonRuntimeState,
+    /// Too many definitions of one kind (ids are 32-bit).
+    TooManyDefinitions(&'static str),
+}
+
+impl fmt::Display for FormatErrorKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        use FormatErrorKind::*;
+        match self {
+            BadMagic => write!(f, "not a spulse spool (bad magic, expected \"SPULSE3\\0\")"),
+            TruncatedHeader => write!(f, "file ends inside the stream header"),
+            BadVarint => write!(f, "malformed varint (overlong, too long, or out of range)"),
+            UnknownTag(t) => write!(f, "unknown record tag {t}"),
+            UnknownFrameKind(k) => write!(f, "unknown frame kind {k}"),
+            BadValue(what, v) => write!(f, "invalid {what} value {v}"),
+            NonDenseId { what, found, expected } => {
+                write!(f, "{what} id {found} is not the next dense id (expected {expected})")
+            }
+            UndefinedReference { what, id } => {
+                write!(f, "reference to {what} {id}, which is not defined earlier")
+            }
+            AddressOverflow => write!(f, "address arithmetic overflows 64 bits"),
+            OutsideModule { module, address } => {
+                write!(f, "file-relative address {address:#x} is outside module {module}'s mapped span")
+            }
+            RetiredModule(m) => write!(f, "frame refers to retired module {m}"),
+            AlreadyRetired(m) => write!(f, "module {m} is already retired"),
+            OverlappingModule { active } => {
+                write!(f, "module overlaps active module {active} of the same process")
+            }
+            EmptyModule => write!(f, "module has an empty span"),
+            TooLong { what, len, limit } => {
+                write!(f, "{what} length {len} exceeds the limit of {limit}")
+            }
+            BadUtf8(what) => write!(f, "{what} is not valid UTF-8"),
+            StackTooDeep => write!(f, "stack deeper than the format's limit"),
+            MisplacedTruncationMarker => {
+                write!(f, "truncated-stack marker used other than as a stack root")
+            }
+            BadTruncationMarker => write!(f, "truncated-stack marker with a non-zero payload"),
+            TimestampOverflow => write!(f, "sample timestamp out of range"),
+            PythonRuntimeState => write!(f, "Python-runtime record does not alternate enter/leave"),
+            TooManyDefinitions(what) => write!(f, "too many {what} definitions"),
+        }
+    }
+}
+
+/// The error type of every fallible operation in spulse.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Error {
+    /// An I/O error, with the file it concerns when there is one.
+    Io {
+        /// The file, if known.
+        path: Option<PathBuf>,
+        /// The underlying error.
+        source: io::Error,
+    },
+    /// The spool is malformed at `offset`.
+    Format {
+        /// The file, if known.
+        path: Option<PathBuf>,
+        /// Byte offset of the record or header field that was rejected.
+        offset: u64,
+        /// What was wrong.
+        kind: FormatErrorKind,
+    },
+    /// A writer was asked to write a record that breaks a format rule; nothing
+    /// was written.
+    InvalidRecord {
+        /// Offset at which the record would have started.
+        offset: u64,
+        /// Which rule it breaks.
+        kind: FormatErrorKind,
+    },
+    /// The writer failed earlier and refuses further records, so that a
+    /// partial write is never followed by more bytes.
+    WriterPoisoned,
+    /// The recorder could not start or stop; the message says what and why.
+    Recorder(String),
+}
+
+impl Error {
+    /// The format error kind, for `Format` and `InvalidRecord` errors.
+    pub fn format_kind(&self) -> Option<&FormatErrorKind> {
+        match self {
+            Error::Format { kind, .. } | Error::InvalidRecord { kind, .. } => Some(kind),
+            _ => None,
+        }
+    }
+
+    /// The byte offset, for `Format` and `InvalidRecord` errors.
+    pub fn offset(&self) -> Option<u64> {
+        match self {
+            Error::Format { offset, .. } | Error::InvalidRecord { offset, .. } => Some(*offset),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn io(path: Option<&std::path::Path>, source: io::Error) -> Error {
+        Error::Io { path: path.map(|p| p.to_path_buf()), source }
+    }
+
+    pub(crate) fn with_path(self, path: &std::path::Path) -> Error {
+        match self {
+            Error::Io { path: None, source } => Error::Io { path: Some(path.to_path_buf()), source },
+            Error::Format { path: None, offset, kind } => {
+                Error::Format { path: Some(path.to_path_buf()), offset, kind }
+            }
+            other => other,
+        }
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::Io { path: Some(p), source } => write!(f, "{}: {source}", p.display()),
+            Error::Io { path: None, source } => write!(f, "{source}"),
+            Error::Format { path: Some(p), offset, kind } => {
+                write!(f, "{}: at byte offset {offset}: {kind}", p.display())
+            }
+            Error::Format { path: None, offset, kind } => {
+                write!(f, "at byte offset {offset}: {kind}")
+            }
+            Error::InvalidRecord { offset, kind } => {
+                write!(f, "refusing to write record at byte offset {offset}: {kind}")
+            }
+            Error::WriterPoisoned => write!(f, "spool writer failed earlier and accepts no more records"),
+            Error::Recorder(msg) => write!(f, "{msg}"),
+        }
+    }
+}
+
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Error::Io { source, .. } => Some(source),
+            _ => None,
+        }
+    }
+}
+
+impl From<io::Error> for Error {
+    fn from(source: io::Error) -> Error {
+        Error::Io { path: None, source }
+    }
+}

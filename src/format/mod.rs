@@ -1,0 +1,60 @@
+//! The on-disk layer: constants of the spool format, the varint codec, the record
+//! codec and the validation rules shared by the writer and every reader.
+//!
+//! `FORMAT.md` at the repository root is the byte-level specification; this module
+//! is its only implementation. Readers (`crate::read`) and the writer
+//! (`crate::write`) mirror each other around it.
+
+pub(crate) mod defs;
+pub(crate) mod record;
+pub(crate) mod varint;
+
+mod types;
+pub use types::*;
+
+/// The eight-byte magic value every spool starts with.
+pub const MAGIC: [u8; 8] = *b"SPULSE3\0";
+
+/// Record tags (the first byte of every record).
+pub mod tag {
+    /// Defines an executable mapping and its stable module id.
+    pub const MODULE: u8 = 1;
+    /// Interns a module-relative or absolute instruction address.
+    pub const FRAME: u8 = 2;
+    /// Interns one prefix-linked stack node.
+    pub const STACK: u8 = 3;
+    /// Interns a process and thread identity.
+    pub const THREAD: u8 = 4;
+    /// Associates a timestamp delta, thread, and stack.
+    pub const SAMPLE: u8 = 5;
+    /// Marks a process as entering or leaving Python-runtime mode.
+    pub const PYTHON_RUNTIME: u8 = 6;
+    /// Retires every active mapping of one process.
+    pub const PROCESS_MODULE_DEACTIVATION: u8 = 7;
+    /// Retires one mapping generation.
+    pub const MODULE_DEACTIVATION: u8 = 8;
+}
+
+/// Frame kinds (the first field of a frame record after its id).
+pub mod frame_kind {
+    /// Module id + file-relative address.
+    pub const MODULE: u64 = 0;
+    /// Absolute address + user/kernel mode bit.
+    pub const ABSOLUTE: u64 = 1;
+    /// Reserved: the truncated-stack marker, followed by a zero payload.
+    pub const TRUNCATED: u64 = 2;
+}
+
+/// Limits a reader enforces (and the writer refuses to exceed).
+pub mod limits {
+    /// Longest module path, in bytes.
+    pub const MAX_PATH_LEN: u64 = 4096;
+    /// Longest GNU build id, in bytes.
+    pub const MAX_BUILD_ID_LEN: u64 = 64;
+    /// Longest thread name, in bytes.
+    pub const MAX_THREAD_NAME_LEN: u64 = 256;
+    /// Deepest stack, in frames (nodes from leaf to root, inclusive).
+    pub const MAX_STACK_DEPTH: u32 = 4096;
+    /// Most definitions of one kind (ids are below this).
+    pub const MAX_IDS: u64 = u32::MAX as u64;
+}

@@ -1,0 +1,246 @@
+//! Typed values of the format: ids, the header, and the decoded definitions.
+
+use std::path::Path;
+
+macro_rules! typed_id {
+    ($(#[$doc:meta])* $name:ident) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+        pub struct $name(pub(crate) u32);
+
+        impl $name {
+            /// The dense index of this id (its definition order, from 0).
+            #[inline]
+            pub fn index(self) -> usize {
+                self.0 as usize
+            }
+            /// The raw id as stored in the spool.
+            #[inline]
+            pub fn get(self) -> u32 {
+                self.0
+            }
+        }
+
+        impl std::fmt::Display for $name {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                write!(f, "{}", self.0)
+            }
+        }
+    };
+}
+
+typed_id!(
+    /// Id of a module definition (tag 1).
+    ModuleId
+);
+typed_id!(
+    /// Id of a frame definition (tag 2).
+    FrameId
+);
+typed_id!(
+    /// Id of a stack node definition (tag 3).
+    StackId
+);
+typed_id!(
+    /// Id of a thread definition (tag 4).
+    ThreadId
+);
+
+/// The sampling engine that produced a spool (stored in the header).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Engine {
+    /// Not recorded (a spool written by hand or by a tool).
+    Unknown,
+    /// Per-thread `perf_event_open` task-clock events.
+    PerfEvent,
+    /// Per-thread CPU-clock POSIX timers (`timer_create`).
+    ThreadCpuTimer,
+    /// The process-wide `setitimer(ITIMER_PROF)` timer.
+    ProcessTimer,
+}
+
+impl Engine {
+    /// The header code of this engine.
+    pub fn code(self) -> u64 {
+        match self {
+            Engine::Unknown => 0,
+            Engine::PerfEvent => 1,
+            Engine::ThreadCpuTimer => 2,
+            Engine::ProcessTimer => 3,
+        }
+    }
+
+    /// The engine for a header code, if it is one.
+    pub fn from_code(code: u64) -> Option<Engine> {
+        Some(match code {
+            0 => Engine::Unknown,
+            1 => Engine::PerfEvent,
+            2 => Engine::ThreadCpuTimer,
+            3 => Engine::ProcessTimer,
+            _ => return None,
+        })
+    }
+
+    /// A short human name ("perf-event", "thread-cpu-timer", ...).
+    pub fn name(self) -> &'static str {
+        match self {
+            Engine::Unknown => "unknown",
+            Engine::PerfEvent => "perf-event",
+            Engine::ThreadCpuTimer => "thread-cpu-timer",
+            Engine::ProcessTimer => "process-timer",
+        }
+    }
+}
+
+impl std::fmt::Display for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The stream header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Header {
+    /// Profile start, unix time in microseconds. The first sample's delta is
+    /// relative to it.
+    pub start_time_us: u64,
+    /// Requested sample interval in microseconds.
+    pub interval_us: u64,
+    /// The sampling engine that ran.
+    pub engine: Engine,
+}
+
+/// A module (an executable mapping) as defined by a tag-1 record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Module {
+    /// Its id.
+    pub id: ModuleId,
+    /// The process that mapped it.
+    pub pid: u32,
+    /// First mapped address.
+    pub start: u64,
+    /// Size of the mapped span in bytes (`start + size` does not overflow).
+    pub size: u64,
+    /// File offset of the first mapped byte.
+    pub file_offset: u64,
+    /// The recorder's module-table generation in which the mapping appeared.
+    pub generation: u64,
+    /// Path of the mapped file, as raw bytes.
+    pub path: Vec<u8>,
+    /// GNU build id, possibly empty.
+    pub build_id: Vec<u8>,
+}
+
+impl Module {
+    /// The path as a `Path`.
+    pub fn path(&self) -> &Path {
+        use std::os::unix::ffi::OsStrExt;
+        Path::new(std::ffi::OsStr::from_bytes(&self.path))
+    }
+
+    /// The build id as lowercase hex.
+    pub fn build_id_hex(&self) -> String {
+        self.build_id.iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    /// One past the last mapped address.
+    pub fn end(&self) -> u64 {
+        self.start + self.size
+    }
+
+    /// The absolute address of a file-relative address inside this module.
+    pub fn absolute(&self, file_relative: u64) -> Option<u64> {
+        let off = file_relative.checked_sub(self.file_offset)?;
+        if off >= self.size {
+            return None;
+        }
+        self.start.checked_add(off)
+    }
+
+    /// The file-relative address of an absolute address, if it is mapped here.
+    pub fn file_relative(&self, address: u64) -> Option<u64> {
+        let off = address.checked_sub(self.start)?;
+        if off >= self.size {
+            return None;
+        }
+        self.file_offset.checked_add(off)
+    }
+}
+
+/// A frame as defined by a tag-2 record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Frame {
+    /// An address inside a known module, as a file-relative address. For every
+    /// frame but a stack's leaf it points into the call instruction.
+    Module {
+        /// The module.
+        module: ModuleId,
+        /// File offset of the instruction (`address - start + file_offset`).
+        file_relative: u64,
+    },
+    /// An address that matched no module.
+    Absolute {
+        /// The absolute instruction address.
+        address: u64,
+        /// Whether it is a kernel address.
+        kernel: bool,
+    },
+    /// The truncated-stack marker: the unwinder stopped before the root.
+    Truncated,
+}
+
+/// A thread identity as defined by a tag-4 record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Thread {
+    /// Its id.
+    pub id: ThreadId,
+    /// Process id.
+    pub pid: u32,
+    /// Kernel thread id.
+    pub tid: u32,
+    /// Thread name (may be empty).
+    pub name: String,
+}
+
+/// One sample.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Sample {
+    /// Absolute timestamp, unix microseconds.
+    pub time_us: u64,
+    /// The sampled thread.
+    pub thread: ThreadId,
+    /// The leaf node of its stack.
+    pub stack: StackId,
+}
+
+/// A Python-runtime transition (tag 6).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PythonRuntimeEvent {
+    /// The process.
+    pub pid: u32,
+    /// When, unix microseconds.
+    pub time_us: u64,
+    /// Entering (true) or leaving (false) Python-runtime mode.
+    pub entering: bool,
+    /// How many samples precede this record in the stream.
+    pub samples_before: u64,
+}
+
+/// A module retirement (tags 7 and 8, one entry per retired module).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Deactivation {
+    /// The retired module.
+    pub module: ModuleId,
+    /// How many samples precede the retiring record in the stream.
+    pub samples_before: u64,
+}
+
+/// One node of a prefix-linked stack.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StackNode {
+    /// The caller-side rest of the stack, or `None` at the root.
+    pub parent: Option<StackId>,
+    /// This node's frame.
+    pub frame: FrameId,
+}

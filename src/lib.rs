@@ -1,0 +1,16 @@
+#![doc = include_str!("../README.md")]
+#![deny(missing_docs)]
+
+mod error;
+pub mod format;
+pub mod read;
+pub mod write;
+
+pub use error::{Error, FormatErrorKind};
+pub use format::defs::{Definitions, StackFrames};
+pub use format::{
+    Deactivation, Engine, Frame, FrameId, Header, Module, ModuleId, PythonRuntimeEvent, Sample, StackId,
+    StackNode, Thread, ThreadId,
+};
+pub use read::{Replay, ReplayOptions, ReplaySamples, Snapshot, Tail};
+pub use write::{NewModule, SpoolWriter};

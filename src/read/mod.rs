@@ -1,0 +1,12 @@
+//! The read side: [`Snapshot`] (whole file in memory), [`Replay`] (sequential,
+//! bounded memory) and [`Tail`] (follows a growing file), all built on one
+//! record loop.
+
+mod replay;
+pub(crate) mod scan;
+mod snapshot;
+mod tail;
+
+pub use replay::{Replay, ReplayOptions, ReplaySamples};
+pub use snapshot::Snapshot;
+pub use tail::Tail;

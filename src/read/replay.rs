@@ -1,0 +1,371 @@
+//! `Replay`: sequential decoding of a spool from disk with bounded memory.
+//!
+//! Opening validates the complete prefix once, keeping the definitions and a
+//! sample-range index of at most [`ReplayOptions::index_limit`] entries. Each
+//! entry covers `stride` consecutive samples; when the index is full, adjacent
+//! entries are merged and the stride doubles, so the index stays bounded while
+//! still covering the whole validated suffix. Iteration then re-reads the file
+//! in fixed-size chunks and only visits the validated prefix.
+
+use std::fs::File;
+use std::ops::Deref;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+use super::scan::{format_error, next_validated, scan, Stop};
+use crate::format::defs::Definitions;
+use crate::format::record;
+use crate::format::{Sample, StackId, ThreadId};
+use crate::{Error, FormatErrorKind};
+
+const DEFAULT_CHUNK: usize = 1 << 20;
+
+/// Options for [`Replay`].
+#[derive(Debug, Clone, Copy)]
+pub struct ReplayOptions {
+    index_limit: usize,
+    chunk_size: usize,
+}
+
+impl Default for ReplayOptions {
+    fn default() -> Self {
+        ReplayOptions { index_limit: 1 << 16, chunk_size: DEFAULT_CHUNK }
+    }
+}
+
+impl ReplayOptions {
+    /// Most entries the sample-range index holds (at least 2; default 65,536,
+    /// which is 2 MiB).
+    pub fn index_limit(mut self, n: usize) -> Self {
+        self.index_limit = n.max(2);
+        self
+    }
+
+    /// Size of the read buffer (at least 64 KiB; default 1 MiB).
+    pub fn chunk_size(mut self, n: usize) -> Self {
+        self.chunk_size = n.max(64 * 1024);
+        self
+    }
+
+    /// Open and validate `path`.
+    pub fn open(self, path: impl AsRef<Path>) -> Result<Replay, Error> {
+        let path = path.as_ref();
+        Replay::open_with(path, self).map_err(|e| e.with_path(path))
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct IndexEntry {
+    /// File offset of the range's first sample record.
+    offset: u64,
+    /// Ordinal of that sample.
+    first_sample: u64,
+    /// Running timestamp before that sample.
+    prev_time_us: u64,
+    /// Largest timestamp in the range.
+    max_time_us: u64,
+}
+
+/// A validated spool, replayed sequentially from disk.
+#[derive(Debug)]
+pub struct Replay {
+    path: PathBuf,
+    file: File,
+    defs: Definitions,
+    index: Vec<IndexEntry>,
+    stride: u64,
+    data_start: u64,
+    valid_end: u64,
+    recovered: bool,
+    chunk_size: usize,
+}
+
+impl Replay {
+    /// Open and validate `path` with default options.
+    pub fn open(path: impl AsRef<Path>) -> Result<Replay, Error> {
+        ReplayOptions::default().open(path)
+    }
+
+    /// Options builder.
+    pub fn options() -> ReplayOptions {
+        ReplayOptions::default()
+    }
+
+    fn open_with(path: &Path, opts: ReplayOptions) -> Result<Replay, Error> {
+        let file = File::open(path).map_err(|e| Error::io(Some(path), e))?;
+        let mut buf = vec![0u8; opts.chunk_size];
+        let mut filled = 0usize;
+        let mut file_pos = 0u64;
+        let mut eof = false;
+        // Read enough for the header.
+        while !eof && filled < 64 {
+            let n = read_at(&file, &mut buf[filled..], file_pos)?;
+            if n == 0 {
+                eof = true;
+            }
+            filled += n;
+            file_pos += n as u64;
+        }
+        let (header, hlen) =
+            record::decode_header(&buf[..filled]).map_err(|(at, k)| format_error(at as u64, k))?;
+        let mut defs = Definitions::new(header);
+        let mut index: Vec<IndexEntry> = Vec::new();
+        let mut stride: u64 = 1024;
+        let mut count: u64 = 0;
+        let mut last_time = header.start_time_us;
+        let limit = opts.index_limit;
+
+        let mut start = hlen;
+        let mut base = hlen as u64;
+        let recovered;
+        loop {
+            let (used, stop) = scan(&buf[start..filled], base, &mut defs, |s, at| {
+                let need_new = match index.last() {
+                    None => true,
+                    Some(e) => count - e.first_sample >= stride,
+                };
+                if need_new {
+                    if index.len() >= limit {
+                        merge_pairs(&mut index);
+                        stride *= 2;
+                    }
+                    let still_new = match index.last() {
+                        None => true,
+                        Some(e) => count - e.first_sample >= stride,
+                    };
+                    if still_new {
+                        index.push(IndexEntry {
+                            offset: at,
+                            first_sample: count,
+                            prev_time_us: last_time,
+                            max_time_us: s.time_us,
+                        });
+                    }
+                }
+                let e = index.last_mut().expect("index has an entry");
+                e.max_time_us = e.max_time_us.max(s.time_us);
+                last_time = s.time_us;
+                count += 1;
+                true
+            })?;
+            start += used;
+            base += used as u64;
+            match stop {
+                Stop::End | Stop::Incomplete if eof => {
+                    recovered = start < filled;
+                    break;
+                }
+                _ => {
+                    // Move the unconsumed tail to the front and read more.
+                    buf.copy_within(start..filled, 0);
+                    filled -= start;
+                    start = 0;
+                    let n = read_at(&file, &mut buf[filled..], file_pos)?;
+                    if n == 0 {
+                        eof = true;
+                    }
+                    filled += n;
+                    file_pos += n as u64;
+                }
+            }
+        }
+        Ok(Replay {
+            path: path.to_path_buf(),
+            file,
+            defs,
+            index,
+            stride,
+            data_start: hlen as u64,
+            valid_end: base,
+            recovered,
+            chunk_size: opts.chunk_size,
+        })
+    }
+
+    /// Whether the file ended partway through its final record.
+    pub fn recovered_from_truncated_tail(&self) -> bool {
+        self.recovered
+    }
+
+    /// The definitions (also reachable through `Deref`).
+    pub fn definitions(&self) -> &Definitions {
+        &self.defs
+    }
+
+    /// Length of the validated prefix in bytes.
+    pub fn valid_len(&self) -> u64 {
+        self.valid_end
+    }
+
+    /// Entries currently held by the sample-range index.
+    pub fn index_len(&self) -> usize {
+        self.index.len()
+    }
+
+    /// Samples covered by one index entry.
+    pub fn index_stride(&self) -> u64 {
+        self.stride
+    }
+
+    /// Every sample, decoded sequentially from disk.
+    pub fn samples(&self) -> ReplaySamples<'_> {
+        self.iter_at(self.data_start, self.defs.start_time_us(), None)
+    }
+
+    /// Samples from the first one (in stream order) whose timestamp is at or
+    /// after `time_us`, found through the index.
+    pub fn samples_from(&self, time_us: u64) -> ReplaySamples<'_> {
+        match self.index.iter().find(|e| e.max_time_us >= time_us) {
+            Some(e) => self.iter_at(e.offset, e.prev_time_us, Some(time_us)),
+            None => self.iter_at(self.valid_end, self.defs.last_time_us(), None),
+        }
+    }
+
+    fn iter_at(&self, offset: u64, time: u64, skip_before: Option<u64>) -> ReplaySamples<'_> {
+        ReplaySamples {
+            replay: self,
+            buf: Vec::new(),
+            pos: 0,
+            filled: 0,
+            file_pos: offset,
+            time,
+            skip_before,
+            failed: false,
+        }
+    }
+}
+
+fn merge_pairs(index: &mut Vec<IndexEntry>) {
+    let n = index.len();
+    let mut w = 0;
+    let mut r = 0;
+    while r < n {
+        let mut e = index[r];
+        if r + 1 < n {
+            e.max_time_us = e.max_time_us.max(index[r + 1].max_time_us);
+        }
+        index[w] = e;
+        w += 1;
+        r += 2;
+    }
+    index.truncate(w);
+}
+
+fn read_at(file: &File, buf: &mut [u8], pos: u64) -> Result<usize, Error> {
+    loop {
+        match file.read_at(buf, pos) {
+            Ok(n) => return Ok(n),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(Error::from(e)),
+        }
+    }
+}
+
+impl Deref for Replay {
+    type Target = Definitions;
+    fn deref(&self) -> &Definitions {
+        &self.defs
+    }
+}
+
+/// Iterator over a [`Replay`]'s samples.
+#[derive(Debug)]
+pub struct ReplaySamples<'a> {
+    replay: &'a Replay,
+    buf: Vec<u8>,
+    pos: usize,
+    filled: usize,
+    file_pos: u64,
+    time: u64,
+    skip_before: Option<u64>,
+    failed: bool,
+}
+
+impl ReplaySamples<'_> {
+    fn offset(&self) -> u64 {
+        self.file_pos - (self.filled - self.pos) as u64
+    }
+
+    fn changed(&mut self) -> Error {
+        self.failed = true;
+        Error::Format {
+            path: Some(self.replay.path.clone()),
+            offset: self.offset(),
+            kind: FormatErrorKind::BadValue("record changed since the spool was opened", 0),
+        }
+    }
+
+    /// Read more of the validated prefix; false at its end.
+    fn refill(&mut self) -> Result<bool, Error> {
+        let end = self.replay.valid_end;
+        if self.file_pos >= end {
+            return Ok(false);
+        }
+        if self.buf.is_empty() {
+            self.buf = vec![0u8; self.replay.chunk_size];
+        }
+        self.buf.copy_within(self.pos..self.filled, 0);
+        self.filled -= self.pos;
+        self.pos = 0;
+        let want = ((end - self.file_pos) as usize).min(self.buf.len() - self.filled);
+        let n = read_at(&self.replay.file, &mut self.buf[self.filled..self.filled + want], self.file_pos)
+            .map_err(|e| e.with_path(&self.replay.path))?;
+        if n == 0 {
+            return Ok(false);
+        }
+        self.filled += n;
+        self.file_pos += n as u64;
+        Ok(true)
+    }
+}
+
+impl Iterator for ReplaySamples<'_> {
+    type Item = Result<Sample, Error>;
+
+    #[inline]
+    fn next(&mut self) -> Option<Result<Sample, Error>> {
+        if self.failed {
+            return None;
+        }
+        loop {
+            if self.pos < self.filled {
+                if let Some((rec, len)) = next_validated(&self.buf[self.pos..self.filled]) {
+                    self.pos += len;
+                    let Some((delta, thread, stack)) = rec else { continue };
+                    let defs = &self.replay.defs;
+                    let Some(time) = self.time.checked_add_signed(delta) else {
+                        return Some(Err(self.changed()));
+                    };
+                    if thread >= defs.threads().len() as u64 || stack >= defs.stack_count() as u64 {
+                        return Some(Err(self.changed()));
+                    }
+                    self.time = time;
+                    if let Some(t) = self.skip_before {
+                        if time < t {
+                            continue;
+                        }
+                        self.skip_before = None;
+                    }
+                    return Some(Ok(Sample {
+                        time_us: time,
+                        thread: ThreadId(thread as u32),
+                        stack: StackId(stack as u32),
+                    }));
+                }
+            }
+            match self.refill() {
+                Ok(true) => continue,
+                Ok(false) => {
+                    if self.pos < self.filled {
+                        return Some(Err(self.changed()));
+                    }
+                    return None;
+                }
+                Err(e) => {
+                    self.failed = true;
+                    return Some(Err(e));
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,92 @@
+//! The record loop shared by every reader: decode, validate, hand samples on.
+
+use crate::format::defs::Definitions;
+use crate::format::record::{self, DecodeError, Record};
+use crate::format::{tag, varint, Sample};
+use crate::{Error, FormatErrorKind};
+
+/// Why a scan stopped before the end of its input.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Stop {
+    /// Every byte was consumed.
+    End,
+    /// The input ends inside a record, which starts at the returned position.
+    Incomplete,
+    /// The sample callback asked to stop.
+    Limit,
+}
+
+pub(crate) fn format_error(offset: u64, kind: FormatErrorKind) -> Error {
+    Error::Format { path: None, offset, kind }
+}
+
+/// Decode and validate records in `buf` (which starts at file offset `base`),
+/// calling `on_sample` for each sample; it returns `false` to stop after that
+/// sample. Returns how many bytes were consumed (always a record boundary) and
+/// why the scan stopped.
+#[inline]
+pub(crate) fn scan(
+    buf: &[u8],
+    base: u64,
+    defs: &mut Definitions,
+    mut on_sample: impl FnMut(Sample, u64) -> bool,
+) -> Result<(usize, Stop), Error> {
+    let mut pos = 0usize;
+    while pos < buf.len() {
+        let rest = &buf[pos..];
+        // Fast path for the record that dominates every spool.
+        if rest[0] == tag::SAMPLE {
+            if let Some((delta, thread, stack, len)) = fast_sample(rest) {
+                let s = defs
+                    .apply_sample(delta, thread, stack)
+                    .map_err(|k| format_error(base + pos as u64, k))?;
+                let at = base + pos as u64;
+                pos += len;
+                if !on_sample(s, at) {
+                    return Ok((pos, Stop::Limit));
+                }
+                continue;
+            }
+        }
+        match record::decode(rest) {
+            Ok((rec, len)) => {
+                let sample = defs.apply(&rec).map_err(|k| format_error(base + pos as u64, k))?;
+                let at = base + pos as u64;
+                pos += len;
+                if let Some(s) = sample {
+                    if !on_sample(s, at) {
+                        return Ok((pos, Stop::Limit));
+                    }
+                }
+            }
+            Err(DecodeError::Incomplete) => return Ok((pos, Stop::Incomplete)),
+            Err(DecodeError::Bad { at, kind }) => return Err(format_error(base + (pos + at) as u64, kind)),
+        }
+    }
+    Ok((pos, Stop::End))
+}
+
+/// Decode a sample record whose three varints are complete and canonical;
+/// `None` sends the caller to the general decoder (which reports errors).
+#[inline(always)]
+pub(crate) fn fast_sample(rest: &[u8]) -> Option<(i64, u64, u64, usize)> {
+    let (d, n1) = varint::decode_i64(&rest[1..]).ok()?;
+    let (t, n2) = varint::decode_u64(&rest[1 + n1..]).ok()?;
+    let (s, n3) = varint::decode_u64(&rest[1 + n1 + n2..]).ok()?;
+    Some((d, t, s, 1 + n1 + n2 + n3))
+}
+
+/// Skip one already-validated record, returning the sample fields if it is a
+/// sample. Used by sequential iteration over a prefix that passed `scan`.
+#[inline]
+pub(crate) fn next_validated(rest: &[u8]) -> Option<(Option<(i64, u64, u64)>, usize)> {
+    if rest[0] == tag::SAMPLE {
+        let (d, t, s, len) = fast_sample(rest)?;
+        return Some((Some((d, t, s)), len));
+    }
+    match record::decode(rest) {
+        Ok((Record::Sample { delta_us, thread, stack }, len)) => Some((Some((delta_us, thread, stack)), len)),
+        Ok((_, len)) => Some((None, len)),
+        Err(_) => None,
+    }
+}

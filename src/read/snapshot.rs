@@ -1,0 +1,121 @@
+//! `Snapshot`: a whole spool decoded into memory for random access.
+//!
+//! Samples are stored column-wise (timestamps, threads, stacks), so loading a
+//! large profile allocates a few growing vectors, not one object per sample.
+
+use std::ops::Deref;
+use std::path::Path;
+
+use super::scan::{format_error, scan, Stop};
+use crate::format::defs::Definitions;
+use crate::format::record;
+use crate::format::{Sample, StackId, ThreadId};
+use crate::Error;
+
+/// A fully decoded spool.
+#[derive(Debug, Clone)]
+pub struct Snapshot {
+    defs: Definitions,
+    times: Vec<u64>,
+    threads: Vec<u32>,
+    stacks: Vec<u32>,
+    recovered: bool,
+    valid_len: u64,
+    file_len: u64,
+}
+
+impl Snapshot {
+    /// Read and validate the spool at `path`.
+    pub fn open(path: impl AsRef<Path>) -> Result<Snapshot, Error> {
+        let path = path.as_ref();
+        let bytes = std::fs::read(path).map_err(|e| Error::io(Some(path), e))?;
+        Snapshot::from_bytes(&bytes).map_err(|e| e.with_path(path))
+    }
+
+    /// Decode and validate a spool held in memory.
+    pub fn from_bytes(bytes: &[u8]) -> Result<Snapshot, Error> {
+        let (header, hlen) = record::decode_header(bytes).map_err(|(at, k)| format_error(at as u64, k))?;
+        let mut defs = Definitions::new(header);
+        // A sample record is at least four bytes: never reserve more than that allows.
+        let guess = (bytes.len() - hlen) / 6;
+        let mut times = Vec::with_capacity(guess);
+        let mut threads = Vec::with_capacity(guess);
+        let mut stacks = Vec::with_capacity(guess);
+        let (used, stop) = scan(&bytes[hlen..], hlen as u64, &mut defs, |s, _| {
+            times.push(s.time_us);
+            threads.push(s.thread.get());
+            stacks.push(s.stack.get());
+            true
+        })?;
+        let valid_len = (hlen + used) as u64;
+        Ok(Snapshot {
+            defs,
+            times,
+            threads,
+            stacks,
+            recovered: stop == Stop::Incomplete,
+            valid_len,
+            file_len: bytes.len() as u64,
+        })
+    }
+
+    /// Whether the file ended partway through its final record (which was dropped).
+    pub fn recovered_from_truncated_tail(&self) -> bool {
+        self.recovered
+    }
+
+    /// Length of the complete, validated prefix in bytes.
+    pub fn valid_len(&self) -> u64 {
+        self.valid_len
+    }
+
+    /// Length of the file as read.
+    pub fn file_len(&self) -> u64 {
+        self.file_len
+    }
+
+    /// The definitions (also reachable through `Deref`).
+    pub fn definitions(&self) -> &Definitions {
+        &self.defs
+    }
+
+    /// Number of samples.
+    pub fn len(&self) -> usize {
+        self.times.len()
+    }
+
+    /// Whether there are no samples.
+    pub fn is_empty(&self) -> bool {
+        self.times.is_empty()
+    }
+
+    /// One sample by index (stream order).
+    pub fn sample(&self, i: usize) -> Sample {
+        Sample { time_us: self.times[i], thread: ThreadId(self.threads[i]), stack: StackId(self.stacks[i]) }
+    }
+
+    /// Every sample in stream order.
+    pub fn samples(&self) -> impl ExactSizeIterator<Item = Sample> + '_ {
+        (0..self.times.len()).map(move |i| self.sample(i))
+    }
+
+    /// Sample timestamps (unix microseconds), stream order.
+    pub fn sample_times(&self) -> &[u64] {
+        &self.times
+    }
+
+    /// First and last sample timestamps, if any (samples may be out of order
+    /// across threads: these are the minimum and maximum).
+    pub fn time_range(&self) -> Option<(u64, u64)> {
+        let min = *self.times.iter().min()?;
+        let max = *self.times.iter().max()?;
+        Some((min, max))
+    }
+}
+
+impl Deref for Snapshot {
+    type Target = Definitions;
+    fn deref(&self) -> &Definitions {
+        &self.defs
+    }
+}

@@ -1,0 +1,150 @@
+//! `Tail`: follows a spool while its writer is still appending.
+//!
+//! Each [`Tail::poll`] reads whatever the file gained, validates every record
+//! that became complete, and returns at most [`Tail::MAX_BATCH`] samples in a
+//! buffer that the next poll clears and reuses. An incomplete final record is
+//! left unconsumed and retried once the file grows. Definitions stay resident,
+//! since later records may refer to any earlier one.
+
+use std::fs::File;
+use std::ops::Deref;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+use super::scan::{format_error, scan, Stop};
+use crate::format::defs::Definitions;
+use crate::format::record;
+use crate::format::Sample;
+use crate::Error;
+
+const READ_CHUNK: usize = 1 << 20;
+
+/// A live reader of a growing spool.
+#[derive(Debug)]
+pub struct Tail {
+    path: PathBuf,
+    file: File,
+    defs: Definitions,
+    /// Bytes read from the file but not yet consumed (starting at `consumed`).
+    pending: Vec<u8>,
+    pending_start: usize,
+    /// File offset of the first unconsumed byte.
+    consumed: u64,
+    /// File offset up to which bytes were read.
+    read_to: u64,
+    batch: Vec<Sample>,
+    error: Option<(u64, crate::FormatErrorKind)>,
+}
+
+impl Tail {
+    /// Most samples one poll returns.
+    pub const MAX_BATCH: usize = 16_384;
+
+    /// Open `path` and read its header. A file shorter than its header is an error.
+    pub fn open(path: impl AsRef<Path>) -> Result<Tail, Error> {
+        let path = path.as_ref();
+        let file = File::open(path).map_err(|e| Error::io(Some(path), e))?;
+        let mut head = [0u8; 64];
+        let mut n = 0;
+        while n < head.len() {
+            let got = file.read_at(&mut head[n..], n as u64).map_err(|e| Error::io(Some(path), e))?;
+            if got == 0 {
+                break;
+            }
+            n += got;
+        }
+        let (header, hlen) = record::decode_header(&head[..n])
+            .map_err(|(at, k)| format_error(at as u64, k).with_path(path))?;
+        Ok(Tail {
+            path: path.to_path_buf(),
+            file,
+            defs: Definitions::new(header),
+            pending: Vec::new(),
+            pending_start: 0,
+            consumed: hlen as u64,
+            read_to: hlen as u64,
+            batch: Vec::with_capacity(Self::MAX_BATCH),
+            error: None,
+        })
+    }
+
+    /// Read what the file gained and return the next batch of samples (at most
+    /// [`Tail::MAX_BATCH`]; empty when nothing new is complete). A complete
+    /// but invalid record is an error, and every later poll returns it again.
+    pub fn poll(&mut self) -> Result<&[Sample], Error> {
+        self.batch.clear();
+        if let Some((offset, kind)) = &self.error {
+            return Err(Error::Format { path: Some(self.path.clone()), offset: *offset, kind: kind.clone() });
+        }
+        loop {
+            let slice = &self.pending[self.pending_start..];
+            let batch = &mut self.batch;
+            let res = scan(slice, self.consumed, &mut self.defs, |s, _| {
+                batch.push(s);
+                batch.len() < Self::MAX_BATCH
+            });
+            let (used, stop) = match res {
+                Ok(r) => r,
+                Err(e) => {
+                    if let Error::Format { offset, kind, .. } = &e {
+                        self.error = Some((*offset, kind.clone()));
+                    }
+                    return Err(e.with_path(&self.path));
+                }
+            };
+            self.pending_start += used;
+            self.consumed += used as u64;
+            if stop == Stop::Limit {
+                return Ok(&self.batch);
+            }
+            // Everything complete was consumed: read more, if the file grew.
+            if !self.read_more()? {
+                return Ok(&self.batch);
+            }
+        }
+    }
+
+    /// Read up to one chunk of new bytes; false when the file has not grown.
+    fn read_more(&mut self) -> Result<bool, Error> {
+        // Keep only the unconsumed tail (an incomplete record, at most a few KiB).
+        self.pending.drain(..self.pending_start);
+        self.pending_start = 0;
+        let old = self.pending.len();
+        self.pending.resize(old + READ_CHUNK, 0);
+        let n = loop {
+            match self.file.read_at(&mut self.pending[old..], self.read_to) {
+                Ok(n) => break n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    self.pending.truncate(old);
+                    return Err(Error::io(Some(&self.path), e));
+                }
+            }
+        };
+        self.pending.truncate(old + n);
+        self.read_to += n as u64;
+        Ok(n > 0)
+    }
+
+    /// The definitions read so far (also reachable through `Deref`).
+    pub fn definitions(&self) -> &Definitions {
+        &self.defs
+    }
+
+    /// File offset up to which every record was validated and consumed.
+    pub fn position(&self) -> u64 {
+        self.consumed
+    }
+
+    /// Whether bytes of an incomplete record wait for the file to grow.
+    pub fn has_incomplete_record(&self) -> bool {
+        self.pending.len() > self.pending_start
+    }
+}
+
+impl Deref for Tail {
+    type Target = Definitions;
+    fn deref(&self) -> &Definitions {
+        &self.defs
+    }
+}

@@ -1,0 +1,4 @@
+//! The write side: [`SpoolWriter`], which validates and appends records.
+
+mod writer;
+pub use writer::{NewModule, SpoolWriter};

@@ -1,0 +1,226 @@
+//! `SpoolWriter`: emits the header and records of a spool over any `io::Write`.
+//!
+//! Every record is checked against the same [`Definitions`] rules the readers
+//! enforce before a byte of it is encoded, so a writer bug surfaces as
+//! [`Error::InvalidRecord`] instead of a file readers reject. Records are encoded
+//! into one reusable buffer (no allocation per record once it has grown) and
+//! handed to the sink in appends of at most [`SpoolWriter::AUTO_FLUSH_BYTES`];
+//! bytes already handed over are never rewritten. After a failed write the
+//! writer is poisoned: a partial record is never followed by more bytes.
+
+use std::io::Write;
+
+use crate::format::defs::Definitions;
+use crate::format::record::{self, RawFrame, Record};
+use crate::format::{Frame, FrameId, Header, ModuleId, StackId, ThreadId};
+use crate::{Error, FormatErrorKind};
+
+/// A module to define (see [`SpoolWriter::define_module`]).
+#[derive(Debug, Clone, Copy)]
+pub struct NewModule<'a> {
+    /// Process that maps it.
+    pub pid: u32,
+    /// First mapped address.
+    pub start: u64,
+    /// Mapped span in bytes.
+    pub size: u64,
+    /// File offset of the first mapped byte.
+    pub file_offset: u64,
+    /// Module-table generation in which it appeared.
+    pub generation: u64,
+    /// Path of the mapped file.
+    pub path: &'a [u8],
+    /// GNU build id (may be empty).
+    pub build_id: &'a [u8],
+}
+
+/// Appends a valid spool to `W`.
+#[derive(Debug)]
+pub struct SpoolWriter<W: Write> {
+    out: W,
+    defs: Definitions,
+    buf: Vec<u8>,
+    /// Bytes handed to `out` so far.
+    flushed: u64,
+    poisoned: bool,
+}
+
+impl<W: Write> SpoolWriter<W> {
+    /// The buffer is handed to the sink once it holds this many bytes, even
+    /// without an explicit [`flush`](Self::flush).
+    pub const AUTO_FLUSH_BYTES: usize = 64 * 1024;
+
+    /// Start a spool: writes the header to `out` at once.
+    pub fn new(out: W, header: Header) -> Result<Self, Error> {
+        let mut w = SpoolWriter {
+            out,
+            defs: Definitions::new(header),
+            buf: Vec::with_capacity(Self::AUTO_FLUSH_BYTES + 4096),
+            flushed: 0,
+            poisoned: false,
+        };
+        record::encode_header(&header, &mut w.buf);
+        w.flush()?;
+        Ok(w)
+    }
+
+    /// Everything defined so far.
+    pub fn definitions(&self) -> &Definitions {
+        &self.defs
+    }
+
+    /// Total bytes of the spool so far, buffered or written.
+    pub fn len(&self) -> u64 {
+        self.flushed + self.buf.len() as u64
+    }
+
+    /// Whether nothing at all was produced (never true: the header is written
+    /// at creation).
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Bytes encoded but not yet handed to the sink.
+    pub fn buffered(&self) -> usize {
+        self.buf.len()
+    }
+
+    /// The sink.
+    pub fn get_ref(&self) -> &W {
+        &self.out
+    }
+
+    /// Flush and return the sink.
+    pub fn into_inner(mut self) -> Result<W, Error> {
+        self.flush()?;
+        Ok(self.out)
+    }
+
+    fn check_poison(&self) -> Result<(), Error> {
+        if self.poisoned {
+            Err(Error::WriterPoisoned)
+        } else {
+            Ok(())
+        }
+    }
+
+    fn push(&mut self, rec: Record<'_>) -> Result<(), Error> {
+        self.check_poison()?;
+        let offset = self.len();
+        self.defs.apply(&rec).map_err(|kind| Error::InvalidRecord { offset, kind })?;
+        record::encode(&rec, &mut self.buf);
+        self.maybe_flush()
+    }
+
+    #[inline]
+    fn maybe_flush(&mut self) -> Result<(), Error> {
+        if self.buf.len() >= Self::AUTO_FLUSH_BYTES {
+            self.write_out()?;
+        }
+        Ok(())
+    }
+
+    fn write_out(&mut self) -> Result<(), Error> {
+        if self.buf.is_empty() {
+            return Ok(());
+        }
+        match self.out.write_all(&self.buf) {
+            Ok(()) => {
+                self.flushed += self.buf.len() as u64;
+                self.buf.clear();
+                Ok(())
+            }
+            Err(e) => {
+                self.poisoned = true;
+                Err(Error::from(e))
+            }
+        }
+    }
+
+    /// Hand every buffered record to the sink and flush it.
+    pub fn flush(&mut self) -> Result<(), Error> {
+        self.check_poison()?;
+        self.write_out()?;
+        self.out.flush().map_err(|e| {
+            self.poisoned = true;
+            Error::from(e)
+        })
+    }
+
+    /// Define a module; returns its id.
+    pub fn define_module(&mut self, m: &NewModule<'_>) -> Result<ModuleId, Error> {
+        let id = self.defs.modules().len() as u64;
+        self.push(Record::Module {
+            id,
+            pid: m.pid as u64,
+            start: m.start,
+            size: m.size,
+            file_offset: m.file_offset,
+            generation: m.generation,
+            path: m.path,
+            build_id: m.build_id,
+        })?;
+        Ok(ModuleId(id as u32))
+    }
+
+    /// Define a frame; returns its id.
+    pub fn define_frame(&mut self, frame: Frame) -> Result<FrameId, Error> {
+        let id = self.defs.frames().len() as u64;
+        let raw = match frame {
+            Frame::Module { module, file_relative } => {
+                RawFrame::Module { module: module.get() as u64, file_relative }
+            }
+            Frame::Absolute { address, kernel } => RawFrame::Absolute { address, kernel },
+            Frame::Truncated => RawFrame::Truncated,
+        };
+        self.push(Record::Frame { id, frame: raw })?;
+        Ok(FrameId(id as u32))
+    }
+
+    /// Define a stack node: `frame` called from the stack `parent` (or a root).
+    pub fn define_stack(&mut self, parent: Option<StackId>, frame: FrameId) -> Result<StackId, Error> {
+        let id = self.defs.stack_count() as u64;
+        self.push(Record::Stack { id, parent: parent.map(|p| p.get() as u64), frame: frame.get() as u64 })?;
+        Ok(StackId(id as u32))
+    }
+
+    /// Define a thread identity; returns its id.
+    pub fn define_thread(&mut self, pid: u32, tid: u32, name: &str) -> Result<ThreadId, Error> {
+        let id = self.defs.threads().len() as u64;
+        self.push(Record::Thread { id, pid: pid as u64, tid: tid as u64, name: name.as_bytes() })?;
+        Ok(ThreadId(id as u32))
+    }
+
+    /// Append a sample taken at `time_us` (unix microseconds).
+    #[inline]
+    pub fn sample(&mut self, time_us: u64, thread: ThreadId, stack: StackId) -> Result<(), Error> {
+        self.check_poison()?;
+        let offset = self.len();
+        let delta = time_us as i128 - self.defs.last_time_us() as i128;
+        let delta_us = i64::try_from(delta)
+            .map_err(|_| Error::InvalidRecord { offset, kind: FormatErrorKind::TimestampOverflow })?;
+        self.defs
+            .apply_sample(delta_us, thread.get() as u64, stack.get() as u64)
+            .map_err(|kind| Error::InvalidRecord { offset, kind })?;
+        record::encode(
+            &Record::Sample { delta_us, thread: thread.get() as u64, stack: stack.get() as u64 },
+            &mut self.buf,
+        );
+        self.maybe_flush()
+    }
+
+    /// Mark process `pid` entering (`true`) or leaving Python-runtime mode.
+    pub fn python_runtime(&mut self, pid: u32, time_us: u64, entering: bool) -> Result<(), Error> {
+        self.push(Record::PythonRuntime { pid: pid as u64, time_us, entering })
+    }
+
+    /// Retire every active module of process `pid`.
+    pub fn deactivate_process_modules(&mut self, pid: u32) -> Result<(), Error> {
+        self.push(Record::ProcessModuleDeactivation { pid: pid as u64 })
+    }
+
+    /// Retire one module.
+    pub fn deactivate_module(&mut self, module: ModuleId) -> Result<(), Error> {
+        self.push(Record::ModuleDeactivation { module: module.get() as u64 })
+    }
+}
