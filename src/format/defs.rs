@@ -5,11 +5,12 @@
 //! and every reader runs every decoded record through it, so the two can never
 //! disagree about what a valid spool is.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use super::limits::*;
-use super::record::{RawFrame, Record};
+use super::record::{Cursor, DecodeError};
 use super::types::*;
+use super::{frame_kind, tag};
 use crate::FormatErrorKind;
 
 const NO_PARENT: u32 = u32::MAX;
@@ -21,7 +22,8 @@ pub struct Definitions {
     header: Header,
     modules: Vec<Module>,
     module_active: Vec<bool>,
-    active_by_pid: HashMap<u32, Vec<u32>>,
+    /// Active modules of each process, by start address.
+    active_by_pid: HashMap<u32, BTreeMap<u64, u32>>,
     frames: Vec<Frame>,
     stack_parent: Vec<u32>,
     stack_frame: Vec<u32>,
@@ -35,6 +37,12 @@ pub struct Definitions {
 }
 
 type Rule<T> = Result<T, FormatErrorKind>;
+
+/// A rule violation, reported at the record's tag byte.
+#[inline]
+fn rule(kind: FormatErrorKind) -> DecodeError {
+    DecodeError::Bad { at: 0, kind }
+}
 
 fn dense(what: &'static str, found: u64, len: usize) -> Rule<()> {
     let expected = len as u64;
@@ -83,8 +91,7 @@ impl Definitions {
     /// timestamp; on success the running timestamp advances.
     #[inline]
     pub(crate) fn apply_sample(&mut self, delta_us: i64, thread: u64, stack: u64) -> Rule<Sample> {
-        let time_us =
-            self.last_time_us.checked_add_signed(delta_us).ok_or(FormatErrorKind::TimestampOverflow)?;
+        let time_us = self.sample_time(delta_us)?;
         let thread = reference("thread", thread, self.threads.len())?;
         let stack = reference("stack", stack, self.stack_frame.len())?;
         self.last_time_us = time_us;
@@ -92,29 +99,58 @@ impl Definitions {
         Ok(Sample { time_us, thread: ThreadId(thread), stack: StackId(stack) })
     }
 
-    /// Check one record against the definitions and, if it is valid, apply it.
-    /// A sample is returned with its absolute timestamp.
-    pub(crate) fn apply(&mut self, rec: &Record<'_>) -> Rule<Option<Sample>> {
-        match *rec {
-            Record::Sample { delta_us, thread, stack } => {
-                return self.apply_sample(delta_us, thread, stack).map(Some);
+    /// Decode the record at the start of `buf`, check it against every rule and,
+    /// if it is valid and complete, apply it. Returns the sample (for a sample
+    /// record) and the record's length.
+    ///
+    /// Fields are read in stream order and each rule runs as soon as the fields
+    /// it needs are complete, so the outcome depends only on the bytes up to the
+    /// first offending field: `Incomplete` means the bytes present are a prefix
+    /// of some valid record (more bytes could complete it), never a prefix that
+    /// is already wrong. Syntax errors carry the offset of the field within the
+    /// record; rule violations carry offset 0 (the record's tag byte).
+    pub(crate) fn read_record(&mut self, buf: &[u8]) -> Result<(Option<Sample>, usize), DecodeError> {
+        let Some(&t) = buf.first() else {
+            return Err(DecodeError::Incomplete);
+        };
+        let mut c = Cursor::new(buf, 1);
+        match t {
+            tag::SAMPLE => {
+                let delta_us = c.i64()?;
+                let time_us = self.sample_time(delta_us).map_err(rule)?;
+                let thread = reference("thread", c.u64()?, self.threads.len()).map_err(rule)?;
+                let stack = reference("stack", c.u64()?, self.stack_frame.len()).map_err(rule)?;
+                self.last_time_us = time_us;
+                self.sample_count += 1;
+                return Ok((
+                    Some(Sample { time_us, thread: ThreadId(thread), stack: StackId(stack) }),
+                    c.pos,
+                ));
             }
-            Record::Module { id, pid, start, size, file_offset, generation, path, build_id } => {
-                dense("module", id, self.modules.len())?;
-                let pid = fits_u32("pid", pid)?;
+            tag::MODULE => {
+                let id = c.u64()?;
+                dense("module", id, self.modules.len()).map_err(rule)?;
+                let pid = fits_u32("pid", c.u64()?).map_err(rule)?;
+                let start = c.u64()?;
+                let size = c.u64()?;
                 if size == 0 {
-                    return Err(FormatErrorKind::EmptyModule);
+                    return Err(rule(FormatErrorKind::EmptyModule));
                 }
-                let end = start.checked_add(size).ok_or(FormatErrorKind::AddressOverflow)?;
-                file_offset.checked_add(size).ok_or(FormatErrorKind::AddressOverflow)?;
+                let end = start.checked_add(size).ok_or(rule(FormatErrorKind::AddressOverflow))?;
                 if let Some(active) = self.active_by_pid.get(&pid) {
-                    for &m in active {
-                        let other = &self.modules[m as usize];
-                        if start < other.end() && other.start < end {
-                            return Err(FormatErrorKind::OverlappingModule { active: m as u64 });
+                    // Active modules of one process are disjoint, so only the one
+                    // starting last below `end` can overlap [start, end).
+                    if let Some((_, &m)) = active.range(..end).next_back() {
+                        if self.modules[m as usize].end() > start {
+                            return Err(rule(FormatErrorKind::OverlappingModule { active: m as u64 }));
                         }
                     }
                 }
+                let file_offset = c.u64()?;
+                file_offset.checked_add(size).ok_or(rule(FormatErrorKind::AddressOverflow))?;
+                let generation = c.u64()?;
+                let path = c.bytes("module path", MAX_PATH_LEN)?;
+                let build_id = c.bytes("build id", MAX_BUILD_ID_LEN)?;
                 let id32 = id as u32;
                 self.modules.push(Module {
                     id: ModuleId(id32),
@@ -127,63 +163,108 @@ impl Definitions {
                     build_id: build_id.to_vec(),
                 });
                 self.module_active.push(true);
-                self.active_by_pid.entry(pid).or_default().push(id32);
+                self.active_by_pid.entry(pid).or_default().insert(start, id32);
             }
-            Record::Frame { id, frame } => {
-                dense("frame", id, self.frames.len())?;
-                let frame = match frame {
-                    RawFrame::Module { module, file_relative } => {
-                        let m = reference("module", module, self.modules.len())?;
-                        let md = &self.modules[m as usize];
-                        let off = file_relative
-                            .checked_sub(md.file_offset)
-                            .ok_or(FormatErrorKind::OutsideModule { module, address: file_relative })?;
-                        if off >= md.size {
-                            return Err(FormatErrorKind::OutsideModule { module, address: file_relative });
-                        }
-                        md.start.checked_add(off).ok_or(FormatErrorKind::AddressOverflow)?;
+            tag::FRAME => {
+                let id = c.u64()?;
+                dense("frame", id, self.frames.len()).map_err(rule)?;
+                let kind_at = c.pos;
+                let frame = match c.u64()? {
+                    frame_kind::MODULE => {
+                        let module = c.u64()?;
+                        let m = reference("module", module, self.modules.len()).map_err(rule)?;
                         if !self.module_active[m as usize] {
-                            return Err(FormatErrorKind::RetiredModule(module));
+                            return Err(rule(FormatErrorKind::RetiredModule(module)));
                         }
+                        let file_relative = c.u64()?;
+                        let md = &self.modules[m as usize];
+                        let outside = FormatErrorKind::OutsideModule { module, address: file_relative };
+                        let off = file_relative.checked_sub(md.file_offset).ok_or(rule(outside.clone()))?;
+                        if off >= md.size {
+                            return Err(rule(outside));
+                        }
+                        // Cannot fail: `start + size` was checked when the module was defined.
+                        md.start.checked_add(off).ok_or(rule(FormatErrorKind::AddressOverflow))?;
                         Frame::Module { module: ModuleId(m), file_relative }
                     }
-                    RawFrame::Absolute { address, kernel } => Frame::Absolute { address, kernel },
-                    RawFrame::Truncated => Frame::Truncated,
+                    frame_kind::ABSOLUTE => {
+                        let address = c.u64()?;
+                        let mode_at = c.pos;
+                        let mode = c.u64()?;
+                        if mode > 1 {
+                            return Err(c.bad(mode_at, FormatErrorKind::BadValue("frame mode bit", mode)));
+                        }
+                        Frame::Absolute { address, kernel: mode == 1 }
+                    }
+                    frame_kind::TRUNCATED => {
+                        let payload_at = c.pos;
+                        if c.u64()? != 0 {
+                            return Err(c.bad(payload_at, FormatErrorKind::BadTruncationMarker));
+                        }
+                        Frame::Truncated
+                    }
+                    other => return Err(c.bad(kind_at, FormatErrorKind::UnknownFrameKind(other))),
                 };
                 self.frames.push(frame);
             }
-            Record::Stack { id, parent, frame } => {
-                dense("stack", id, self.stack_frame.len())?;
-                let f = reference("frame", frame, self.frames.len())?;
+            tag::STACK => {
+                let id = c.u64()?;
+                dense("stack", id, self.stack_frame.len()).map_err(rule)?;
+                let parent = match c.u64()?.checked_sub(1) {
+                    None => None,
+                    Some(p) => Some(reference("stack", p, self.stack_frame.len()).map_err(rule)?),
+                };
+                let f = reference("frame", c.u64()?, self.frames.len()).map_err(rule)?;
                 let (p, depth) = match parent {
                     None => (NO_PARENT, 1u32),
                     Some(p) => {
-                        let p = reference("stack", p, self.stack_frame.len())?;
                         if self.frames[f as usize] == Frame::Truncated {
-                            return Err(FormatErrorKind::MisplacedTruncationMarker);
+                            return Err(rule(FormatErrorKind::MisplacedTruncationMarker));
                         }
                         (p, self.stack_depth[p as usize] as u32 + 1)
                     }
                 };
                 if depth > MAX_STACK_DEPTH {
-                    return Err(FormatErrorKind::StackTooDeep);
+                    return Err(rule(FormatErrorKind::StackTooDeep));
                 }
                 self.stack_parent.push(p);
                 self.stack_frame.push(f);
                 self.stack_depth.push(depth as u16);
             }
-            Record::Thread { id, pid, tid, name } => {
-                dense("thread", id, self.threads.len())?;
-                let pid = fits_u32("pid", pid)?;
-                let tid = fits_u32("tid", tid)?;
-                let name = std::str::from_utf8(name).map_err(|_| FormatErrorKind::BadUtf8("thread name"))?;
+            tag::THREAD => {
+                let id = c.u64()?;
+                dense("thread", id, self.threads.len()).map_err(rule)?;
+                let pid = fits_u32("pid", c.u64()?).map_err(rule)?;
+                let tid = fits_u32("tid", c.u64()?).map_err(rule)?;
+                let name_at = c.pos;
+                let bad_utf8 =
+                    DecodeError::Bad { at: name_at, kind: FormatErrorKind::BadUtf8("thread name") };
+                let name = match c.bytes_or_partial("thread name", MAX_THREAD_NAME_LEN)? {
+                    Ok(name) => std::str::from_utf8(name).map_err(|_| bad_utf8)?,
+                    Err(prefix) => {
+                        // A prefix is still valid if it only ends inside a character.
+                        if let Err(e) = std::str::from_utf8(prefix) {
+                            if e.error_len().is_some() {
+                                return Err(bad_utf8);
+                            }
+                        }
+                        return Err(DecodeError::Incomplete);
+                    }
+                };
                 self.threads.push(Thread { id: ThreadId(id as u32), pid, tid, name: name.to_owned() });
             }
-            Record::PythonRuntime { pid, time_us, entering } => {
-                let pid = fits_u32("pid", pid)?;
+            tag::PYTHON_RUNTIME => {
+                let pid = fits_u32("pid", c.u64()?).map_err(rule)?;
+                let time_us = c.u64()?;
+                let state_at = c.pos;
+                let state = c.u64()?;
+                if state > 1 {
+                    return Err(c.bad(state_at, FormatErrorKind::BadValue("Python-runtime state", state)));
+                }
+                let entering = state == 1;
                 let inside = self.python_in.get(&pid).copied().unwrap_or(false);
                 if inside == entering {
-                    return Err(FormatErrorKind::PythonRuntimeState);
+                    return Err(rule(FormatErrorKind::PythonRuntimeState));
                 }
                 self.python_in.insert(pid, entering);
                 self.python.push(PythonRuntimeEvent {
@@ -193,31 +274,43 @@ impl Definitions {
                     samples_before: self.sample_count,
                 });
             }
-            Record::ProcessModuleDeactivation { pid } => {
-                let pid = fits_u32("pid", pid)?;
+            tag::PROCESS_MODULE_DEACTIVATION => {
+                let pid = fits_u32("pid", c.u64()?).map_err(rule)?;
                 if let Some(active) = self.active_by_pid.remove(&pid) {
-                    for m in active {
+                    let mut ids: Vec<u32> = active.into_values().collect();
+                    ids.sort_unstable();
+                    for m in ids {
                         self.module_active[m as usize] = false;
                         self.deactivations
                             .push(Deactivation { module: ModuleId(m), samples_before: self.sample_count });
                     }
                 }
             }
-            Record::ModuleDeactivation { module } => {
-                let m = reference("module", module, self.modules.len())?;
+            tag::MODULE_DEACTIVATION => {
+                let module = c.u64()?;
+                let m = reference("module", module, self.modules.len()).map_err(rule)?;
                 if !self.module_active[m as usize] {
-                    return Err(FormatErrorKind::AlreadyRetired(module));
+                    return Err(rule(FormatErrorKind::AlreadyRetired(module)));
                 }
                 self.module_active[m as usize] = false;
-                let pid = self.modules[m as usize].pid;
-                if let Some(active) = self.active_by_pid.get_mut(&pid) {
-                    active.retain(|&x| x != m);
+                let md = &self.modules[m as usize];
+                if let Some(active) = self.active_by_pid.get_mut(&md.pid) {
+                    active.remove(&md.start);
+                    if active.is_empty() {
+                        self.active_by_pid.remove(&md.pid);
+                    }
                 }
                 self.deactivations
                     .push(Deactivation { module: ModuleId(m), samples_before: self.sample_count });
             }
+            other => return Err(DecodeError::Bad { at: 0, kind: FormatErrorKind::UnknownTag(other) }),
         }
-        Ok(None)
+        Ok((None, c.pos))
+    }
+
+    #[inline]
+    fn sample_time(&self, delta_us: i64) -> Rule<u64> {
+        self.last_time_us.checked_add_signed(delta_us).ok_or(FormatErrorKind::TimestampOverflow)
     }
 
     pub(crate) fn last_time_us(&self) -> u64 {
@@ -277,6 +370,16 @@ impl Definitions {
             Frame::Absolute { address, .. } => Some(address),
             Frame::Truncated => None,
         }
+    }
+
+    /// The id of the frame with dense index `index`, if that many are defined.
+    pub fn frame_id(&self, index: usize) -> Option<FrameId> {
+        (index < self.frames.len()).then(|| FrameId(index as u32))
+    }
+
+    /// The id of the stack node with dense index `index`, if that many are defined.
+    pub fn stack_id(&self, index: usize) -> Option<StackId> {
+        (index < self.stack_frame.len()).then(|| StackId(index as u32))
     }
 
     /// Number of stack nodes.

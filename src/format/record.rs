@@ -74,14 +74,22 @@ pub(crate) enum DecodeError {
     Bad { at: usize, kind: FormatErrorKind },
 }
 
-struct Cursor<'a> {
-    buf: &'a [u8],
-    pos: usize,
+/// A read position inside one record. Every read either yields a complete,
+/// canonical field, reports that the input ends inside it (`Incomplete`), or
+/// reports a malformed field with its offset within the record.
+pub(crate) struct Cursor<'a> {
+    pub(crate) buf: &'a [u8],
+    pub(crate) pos: usize,
 }
 
 impl<'a> Cursor<'a> {
     #[inline]
-    fn u64(&mut self) -> Result<u64, DecodeError> {
+    pub(crate) fn new(buf: &'a [u8], pos: usize) -> Cursor<'a> {
+        Cursor { buf, pos }
+    }
+
+    #[inline]
+    pub(crate) fn u64(&mut self) -> Result<u64, DecodeError> {
         match varint::decode_u64(&self.buf[self.pos..]) {
             Ok((v, n)) => {
                 self.pos += n;
@@ -93,7 +101,7 @@ impl<'a> Cursor<'a> {
     }
 
     #[inline]
-    fn i64(&mut self) -> Result<i64, DecodeError> {
+    pub(crate) fn i64(&mut self) -> Result<i64, DecodeError> {
         match varint::decode_i64(&self.buf[self.pos..]) {
             Ok((v, n)) => {
                 self.pos += n;
@@ -104,7 +112,23 @@ impl<'a> Cursor<'a> {
         }
     }
 
-    fn bytes(&mut self, what: &'static str, limit: u64) -> Result<&'a [u8], DecodeError> {
+    /// A length-prefixed byte string of at most `limit` bytes. The length is
+    /// checked against the limit before the bytes are needed.
+    pub(crate) fn bytes(&mut self, what: &'static str, limit: u64) -> Result<&'a [u8], DecodeError> {
+        match self.bytes_or_partial(what, limit)? {
+            Ok(s) => Ok(s),
+            Err(_) => Err(DecodeError::Incomplete),
+        }
+    }
+
+    /// Like [`Cursor::bytes`], but when the input ends inside the string itself
+    /// returns `Ok(Err(prefix))` with the bytes that are present, so a caller
+    /// can reject a prefix no completion could make valid.
+    pub(crate) fn bytes_or_partial(
+        &mut self,
+        what: &'static str,
+        limit: u64,
+    ) -> Result<Result<&'a [u8], &'a [u8]>, DecodeError> {
         let at = self.pos;
         let len = self.u64()?;
         if len > limit {
@@ -112,14 +136,14 @@ impl<'a> Cursor<'a> {
         }
         let len = len as usize;
         if self.buf.len() - self.pos < len {
-            return Err(DecodeError::Incomplete);
+            return Ok(Err(&self.buf[self.pos..]));
         }
         let s = &self.buf[self.pos..self.pos + len];
         self.pos += len;
-        Ok(s)
+        Ok(Ok(s))
     }
 
-    fn bad(&self, at: usize, kind: FormatErrorKind) -> DecodeError {
+    pub(crate) fn bad(&self, at: usize, kind: FormatErrorKind) -> DecodeError {
         DecodeError::Bad { at, kind }
     }
 }

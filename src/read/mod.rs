@@ -2,11 +2,14 @@
 //! bounded memory) and [`Tail`] (follows a growing file), all built on one
 //! record loop.
 
+mod fuzz;
 mod replay;
 pub(crate) mod scan;
 mod snapshot;
 mod tail;
 
+#[doc(hidden)]
+pub use fuzz::{fuzz_check_replay, fuzz_check_snapshot, fuzz_check_tail};
 pub use replay::{Replay, ReplayOptions, ReplaySamples};
 pub use snapshot::Snapshot;
 pub use tail::Tail;

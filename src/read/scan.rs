@@ -48,9 +48,8 @@ pub(crate) fn scan(
                 continue;
             }
         }
-        match record::decode(rest) {
-            Ok((rec, len)) => {
-                let sample = defs.apply(&rec).map_err(|k| format_error(base + pos as u64, k))?;
+        match defs.read_record(rest) {
+            Ok((sample, len)) => {
                 let at = base + pos as u64;
                 pos += len;
                 if let Some(s) = sample {

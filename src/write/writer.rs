@@ -11,7 +11,8 @@
 use std::io::Write;
 
 use crate::format::defs::Definitions;
-use crate::format::record::{self, RawFrame, Record};
+use crate::format::limits::{MAX_BUILD_ID_LEN, MAX_PATH_LEN, MAX_THREAD_NAME_LEN};
+use crate::format::record::{self, DecodeError, RawFrame, Record};
 use crate::format::{Frame, FrameId, Header, ModuleId, StackId, ThreadId};
 use crate::{Error, FormatErrorKind};
 
@@ -96,6 +97,14 @@ impl<W: Write> SpoolWriter<W> {
         Ok(self.out)
     }
 
+    fn check_len(&self, what: &'static str, len: usize, limit: u64) -> Result<(), Error> {
+        if len as u64 > limit {
+            let kind = FormatErrorKind::TooLong { what, len: len as u64, limit };
+            return Err(Error::InvalidRecord { offset: self.len(), kind });
+        }
+        Ok(())
+    }
+
     fn check_poison(&self) -> Result<(), Error> {
         if self.poisoned {
             Err(Error::WriterPoisoned)
@@ -104,11 +113,27 @@ impl<W: Write> SpoolWriter<W> {
         }
     }
 
+    /// Encode `rec` at the end of the buffer, then run the encoded bytes through
+    /// the readers' own validation ([`Definitions::read_record`]); a record that
+    /// fails is removed from the buffer again, so nothing invalid is ever handed
+    /// to the sink.
     fn push(&mut self, rec: Record<'_>) -> Result<(), Error> {
         self.check_poison()?;
         let offset = self.len();
-        self.defs.apply(&rec).map_err(|kind| Error::InvalidRecord { offset, kind })?;
+        let at = self.buf.len();
         record::encode(&rec, &mut self.buf);
+        match self.defs.read_record(&self.buf[at..]) {
+            Ok((_, n)) => debug_assert_eq!(n, self.buf.len() - at),
+            Err(e) => {
+                self.buf.truncate(at);
+                let kind = match e {
+                    DecodeError::Bad { kind, .. } => kind,
+                    // Unreachable: the encoder always emits whole records.
+                    DecodeError::Incomplete => FormatErrorKind::BadValue("incomplete encoding", 0),
+                };
+                return Err(Error::InvalidRecord { offset, kind });
+            }
+        }
         self.maybe_flush()
     }
 
@@ -149,6 +174,9 @@ impl<W: Write> SpoolWriter<W> {
 
     /// Define a module; returns its id.
     pub fn define_module(&mut self, m: &NewModule<'_>) -> Result<ModuleId, Error> {
+        // Refuse oversized strings before copying them into the buffer.
+        self.check_len("module path", m.path.len(), MAX_PATH_LEN)?;
+        self.check_len("build id", m.build_id.len(), MAX_BUILD_ID_LEN)?;
         let id = self.defs.modules().len() as u64;
         self.push(Record::Module {
             id,
@@ -186,6 +214,7 @@ impl<W: Write> SpoolWriter<W> {
 
     /// Define a thread identity; returns its id.
     pub fn define_thread(&mut self, pid: u32, tid: u32, name: &str) -> Result<ThreadId, Error> {
+        self.check_len("thread name", name.len(), MAX_THREAD_NAME_LEN)?;
         let id = self.defs.threads().len() as u64;
         self.push(Record::Thread { id, pid: pid as u64, tid: tid as u64, name: name.as_bytes() })?;
         Ok(ThreadId(id as u32))
