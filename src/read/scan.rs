@@ -29,40 +29,54 @@ pub(crate) fn scan(
     buf: &[u8],
     base: u64,
     defs: &mut Definitions,
-    mut on_sample: impl FnMut(Sample, u64) -> bool,
+    on_sample: impl FnMut(Sample, u64) -> bool,
 ) -> Result<(usize, Stop), Error> {
-    let mut pos = 0usize;
-    while pos < buf.len() {
-        let rest = &buf[pos..];
+    let mut pos = 0;
+    let stop = scan_from(buf, &mut pos, base, defs, on_sample)?;
+    Ok((pos, stop))
+}
+
+/// Like [`scan`], but keeps the position in `*pos`, which on an error is the
+/// start of the rejected record (everything before it was applied).
+#[inline]
+pub(crate) fn scan_from(
+    buf: &[u8],
+    pos: &mut usize,
+    base: u64,
+    defs: &mut Definitions,
+    mut on_sample: impl FnMut(Sample, u64) -> bool,
+) -> Result<Stop, Error> {
+    while *pos < buf.len() {
+        let at = *pos;
+        let rest = &buf[at..];
         // Fast path for the record that dominates every spool.
         if rest[0] == tag::SAMPLE {
             if let Some((delta, thread, stack, len)) = fast_sample(rest) {
-                let s = defs
-                    .apply_sample(delta, thread, stack)
-                    .map_err(|k| format_error(base + pos as u64, k))?;
-                let at = base + pos as u64;
-                pos += len;
-                if !on_sample(s, at) {
-                    return Ok((pos, Stop::Limit));
+                let s =
+                    defs.apply_sample(delta, thread, stack).map_err(|k| format_error(base + at as u64, k))?;
+                *pos += len;
+                if !on_sample(s, base + at as u64) {
+                    return Ok(Stop::Limit);
                 }
                 continue;
             }
         }
         match defs.read_record(rest) {
             Ok((sample, len)) => {
-                let at = base + pos as u64;
-                pos += len;
+                *pos += len;
                 if let Some(s) = sample {
-                    if !on_sample(s, at) {
-                        return Ok((pos, Stop::Limit));
+                    if !on_sample(s, base + at as u64) {
+                        return Ok(Stop::Limit);
                     }
                 }
             }
-            Err(DecodeError::Incomplete) => return Ok((pos, Stop::Incomplete)),
-            Err(DecodeError::Bad { at, kind }) => return Err(format_error(base + (pos + at) as u64, kind)),
+            Err(DecodeError::Incomplete) => return Ok(Stop::Incomplete),
+            Err(DecodeError::Bad { at: field, kind }) => {
+                return Err(format_error(base + (at + field) as u64, kind))
+            }
         }
     }
-    Ok((pos, Stop::End))
+    Ok(Stop::End)
 }
 
 /// Decode a sample record whose three varints are complete and canonical;

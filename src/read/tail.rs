@@ -11,7 +11,7 @@ use std::ops::Deref;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
-use super::scan::{format_error, scan, Stop};
+use super::scan::{format_error, scan_from, Stop};
 use crate::format::defs::Definitions;
 use crate::format::record;
 use crate::format::Sample;
@@ -70,7 +70,8 @@ impl Tail {
 
     /// Read what the file gained and return the next batch of samples (at most
     /// [`Tail::MAX_BATCH`]; empty when nothing new is complete). A complete
-    /// but invalid record is an error, and every later poll returns it again.
+    /// but invalid record is an error, and every later poll returns it again;
+    /// samples that precede it in the same read are returned first.
     pub fn poll(&mut self) -> Result<&[Sample], Error> {
         self.batch.clear();
         if let Some((offset, kind)) = &self.error {
@@ -79,23 +80,27 @@ impl Tail {
         loop {
             let slice = &self.pending[self.pending_start..];
             let batch = &mut self.batch;
-            let res = scan(slice, self.consumed, &mut self.defs, |s, _| {
+            let mut used = 0;
+            let res = scan_from(slice, &mut used, self.consumed, &mut self.defs, |s, _| {
                 batch.push(s);
                 batch.len() < Self::MAX_BATCH
             });
-            let (used, stop) = match res {
-                Ok(r) => r,
+            self.pending_start += used;
+            self.consumed += used as u64;
+            match res {
+                Ok(Stop::Limit) => return Ok(&self.batch),
+                Ok(_) => {}
                 Err(e) => {
                     if let Error::Format { offset, kind, .. } = &e {
                         self.error = Some((*offset, kind.clone()));
                     }
+                    // Hand out the samples before the bad record first; the
+                    // next poll reports the error.
+                    if !self.batch.is_empty() {
+                        return Ok(&self.batch);
+                    }
                     return Err(e.with_path(&self.path));
                 }
-            };
-            self.pending_start += used;
-            self.consumed += used as u64;
-            if stop == Stop::Limit {
-                return Ok(&self.batch);
             }
             // Everything complete was consumed: read more, if the file grew.
             if !self.read_more()? {
