@@ -117,7 +117,7 @@ fn format_md_example_decodes_as_described() {
     let cut = Snapshot::from_bytes(&bytes[..0x63]).unwrap();
     assert!(!cut.recovered_from_truncated_tail() && cut.len() == 1);
     let mut bad = bytes.clone();
-    bad[0x60] = 0x01;
+    bad[0x61] = 0x01;
     let e = Snapshot::from_bytes(&bad).unwrap_err();
     assert_eq!(e.format_kind(), Some(&spulse::FormatErrorKind::UndefinedReference { what: "thread", id: 1 }));
     assert_eq!(e.offset(), Some(0x5e));
