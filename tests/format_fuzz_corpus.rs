@@ -1,0 +1,226 @@
+//! Replays the committed fuzz corpus (`fuzz/corpus/<target>/`) through the same
+//! checks the cargo-fuzz targets run (`spulse::read::fuzz_check_*`), so every
+//! seed and every crash ever found stays a regression test in CI. A counting
+//! global allocator asserts that no input makes a reader allocate more than a
+//! small multiple of its size, including synthesized hostile inputs made of
+//! nothing but tiny definitions.
+//!
+//! `cargo test --test format_fuzz_corpus -- --ignored` regenerates the seeds.
+
+mod format_common;
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+
+use format_common::*;
+
+struct Counting;
+
+static CURRENT: AtomicUsize = AtomicUsize::new(0);
+static PEAK: AtomicUsize = AtomicUsize::new(0);
+/// Tests in this file run one at a time while measuring.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+// SAFETY: every method forwards to the system allocator with the caller's
+// arguments unchanged; the counters are only bookkeeping.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        // SAFETY: same contract as ours, forwarded.
+        let p = unsafe { System.alloc(layout) };
+        if !p.is_null() {
+            let now = CURRENT.fetch_add(layout.size(), Ordering::Relaxed) + layout.size();
+            PEAK.fetch_max(now, Ordering::Relaxed);
+        }
+        p
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        CURRENT.fetch_sub(layout.size(), Ordering::Relaxed);
+        // SAFETY: `ptr` was allocated by `System` with `layout`.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        // SAFETY: same contract as ours, forwarded.
+        let p = unsafe { System.realloc(ptr, layout, new_size) };
+        if !p.is_null() {
+            let now = CURRENT.fetch_add(new_size, Ordering::Relaxed) + new_size;
+            PEAK.fetch_max(now, Ordering::Relaxed);
+            CURRENT.fetch_sub(layout.size(), Ordering::Relaxed);
+        }
+        p
+    }
+}
+
+#[global_allocator]
+static ALLOC: Counting = Counting;
+
+/// Fixed buffers a reader may hold regardless of input size: Replay's 1 MiB
+/// chunk (once for validation, once for iteration), Tail's 1 MiB read chunk
+/// and 16,384-sample batch, plus slack for the test harness.
+const FIXED: usize = 6 << 20;
+/// Allowed bytes of heap per byte of input for one reader ...
+const PER_BYTE: usize = 24;
+/// ... and for a fuzz check, which holds two readers at once.
+const PER_BYTE_CHECK: usize = 2 * PER_BYTE;
+
+fn measured(data: &[u8], check: fn(&[u8])) -> usize {
+    let base = CURRENT.load(Ordering::Relaxed);
+    PEAK.store(base, Ordering::Relaxed);
+    check(data);
+    PEAK.load(Ordering::Relaxed) - base
+}
+
+fn targets() -> [(&'static str, fn(&[u8])); 3] {
+    [
+        ("snapshot", spulse::read::fuzz_check_snapshot),
+        ("replay", spulse::read::fuzz_check_replay),
+        ("tail", spulse::read::fuzz_check_tail),
+    ]
+}
+
+fn corpus_dir(target: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/corpus").join(target)
+}
+
+#[test]
+fn committed_corpus_passes_every_check_with_bounded_allocation() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    for (target, check) in targets() {
+        let mut n = 0;
+        for entry in std::fs::read_dir(corpus_dir(target)).unwrap() {
+            let path = entry.unwrap().path();
+            let data = std::fs::read(&path).unwrap();
+            let peak = measured(&data, check);
+            assert!(
+                peak <= PER_BYTE_CHECK * data.len() + FIXED,
+                "{}: peak heap {peak} for {} bytes",
+                path.display(),
+                data.len()
+            );
+            n += 1;
+        }
+        assert!(n >= 8, "fuzz/corpus/{target} has only {n} files");
+    }
+}
+
+/// Hostile but valid inputs made of the smallest records that each cost the
+/// reader memory: the peak stays within the same per-byte bound.
+#[test]
+fn tiny_definitions_cost_a_bounded_multiple_of_their_size() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let header = b"SPULSE3\0\x00\x00\x00".to_vec();
+    let uvar = |mut v: u64, out: &mut Vec<u8>| {
+        while v >= 0x80 {
+            out.push(v as u8 | 0x80);
+            v >>= 7;
+        }
+        out.push(v as u8);
+    };
+    let n = 100_000u64;
+    let mut kinds: Vec<(&str, Vec<u8>)> = Vec::new();
+    let mut threads = header.clone();
+    let mut modules = header.clone();
+    let mut frames = header.clone();
+    let mut python = header.clone();
+    let mut stacks = header.clone();
+    let mut samples = header.clone();
+    stacks.extend_from_slice(&[2, 0, 2, 0]);
+    samples.extend_from_slice(&[2, 0, 2, 0, 3, 0, 0, 0, 4, 0, 0, 0, 0]);
+    for i in 0..n {
+        threads.push(4);
+        uvar(i, &mut threads);
+        threads.extend_from_slice(&[0, 0, 0]);
+        modules.push(1);
+        uvar(i, &mut modules);
+        modules.push(0);
+        uvar(i, &mut modules);
+        modules.extend_from_slice(&[1, 0, 0, 0, 0]);
+        frames.push(2);
+        uvar(i, &mut frames);
+        frames.extend_from_slice(&[2, 0]);
+        python.extend_from_slice(&[6, 0, 0, (i % 2 == 0) as u8]);
+        stacks.push(3);
+        uvar(i, &mut stacks);
+        stacks.extend_from_slice(&[0, 0]);
+        samples.extend_from_slice(&[5, 0, 0, 0]);
+    }
+    kinds.extend([
+        ("threads", threads),
+        ("modules", modules),
+        ("frames", frames),
+        ("python", python),
+        ("stacks", stacks),
+        ("samples", samples),
+    ]);
+    for (what, data) in &kinds {
+        let file = temp_file(data);
+        let readers: [(&str, &dyn Fn()); 3] = [
+            ("Snapshot", &|| {
+                assert!(!spulse::Snapshot::from_bytes(data).unwrap().recovered_from_truncated_tail())
+            }),
+            ("Replay", &|| assert!(spulse::Replay::open(file.path()).unwrap().samples().all(|s| s.is_ok()))),
+            ("Tail", &|| {
+                let mut t = spulse::Tail::open(file.path()).unwrap();
+                while !t.poll().unwrap().is_empty() {}
+            }),
+        ];
+        for (reader, run) in readers {
+            let base = CURRENT.load(Ordering::Relaxed);
+            PEAK.store(base, Ordering::Relaxed);
+            run();
+            let peak = PEAK.load(Ordering::Relaxed) - base;
+            println!("{reader} on {what}: {:.1} bytes of heap per byte", peak as f64 / data.len() as f64);
+            assert!(peak <= PER_BYTE * data.len() + FIXED, "{reader} on {what}: peak heap {peak}");
+        }
+        for (target, check) in targets() {
+            let peak = measured(data, check);
+            assert!(
+                peak <= PER_BYTE_CHECK * data.len() + FIXED,
+                "{target} on {what}: peak heap {peak} for {} bytes ({:.1} per byte)",
+                data.len(),
+                peak as f64 / data.len() as f64
+            );
+        }
+    }
+}
+
+/// Regenerates the seed corpus: valid spools, truncated ones and corrupt ones.
+#[test]
+#[ignore]
+fn generate_seed_corpus() {
+    let mut seeds: Vec<(String, Vec<u8>)> = Vec::new();
+    for (i, n) in [(1u64, 0usize), (2, 20), (3, 100), (4, 400)] {
+        let (bytes, model) = build(random_ops(i, n));
+        seeds.push((format!("valid-{n}"), bytes.clone()));
+        if model.boundaries.len() > 2 {
+            // Cut inside the last and a middle record.
+            let last = model.boundaries[model.boundaries.len() - 2] as usize;
+            seeds.push((format!("truncated-{n}"), bytes[..last + 1].to_vec()));
+            let mid = model.boundaries[model.boundaries.len() / 2] as usize;
+            seeds.push((format!("truncated-mid-{n}"), bytes[..mid + 1].to_vec()));
+            // Corrupt: a flipped byte in the middle, an unknown tag at a boundary.
+            let mut flipped = bytes.clone();
+            flipped[mid] ^= 0x5a;
+            seeds.push((format!("corrupt-flip-{n}"), flipped));
+            let mut tagged = bytes.clone();
+            tagged.insert(mid, 0x09);
+            seeds.push((format!("corrupt-tag-{n}"), tagged));
+        }
+    }
+    seeds.push(("header-only".into(), build(std::iter::empty()).0));
+    seeds.push(("short-header".into(), b"SPULSE3\0\x80\x80".to_vec()));
+    seeds.push(("bad-magic".into(), b"SPULSE2\0\x00\x00\x00".to_vec()));
+    for (target, _) in targets() {
+        let dir = corpus_dir(target);
+        std::fs::create_dir_all(&dir).unwrap();
+        for (name, data) in &seeds {
+            let mut data = data.clone();
+            if target == "tail" {
+                // The first two bytes seed the append sizes.
+                data.splice(0..0, [name.len() as u8, 7]);
+            }
+            std::fs::write(dir.join(format!("seed-{name}")), data).unwrap();
+        }
+    }
+}
