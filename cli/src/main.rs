@@ -1,1 +1,40 @@
-fn main() {}
+//! The `spulse` binary: argument parsing and error reporting around the
+//! `spulse_cli` library.
+
+use clap::{Parser, Subcommand};
+use spulse_cli::commands::{export, info, top};
+
+/// Inspect, symbolize and export spulse spools.
+#[derive(Debug, Parser)]
+#[command(name = "spulse", version, after_help = "Example:\n  spulse top app.spool -n 15")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Header, duration and counts of a spool.
+    Info(info::InfoArgs),
+    /// Hottest functions by self and total samples.
+    Top(top::TopArgs),
+    /// Export to pprof, the Firefox Profiler, folded stacks, an SVG flame graph or speedscope.
+    Export(export::ExportArgs),
+}
+
+fn main() {
+    // Errors are reported as one line; a panic (a bug) also stays on one line.
+    std::panic::set_hook(Box::new(|info| {
+        eprintln!("spulse: internal error: {info}");
+    }));
+    let cli = Cli::parse();
+    let res = match &cli.command {
+        Command::Info(a) => info::run(a),
+        Command::Top(a) => top::run(a),
+        Command::Export(a) => export::run(a),
+    };
+    if let Err(e) = res {
+        eprintln!("spulse: error: {e}");
+        std::process::exit(e.code);
+    }
+}

@@ -1,0 +1,165 @@
+//! `spulse info`: what a spool holds (header, duration, counts, threads,
+//! modules), as text or as one JSON object.
+
+use std::collections::{BTreeSet, HashMap};
+use std::path::PathBuf;
+
+use clap::Args;
+use serde_json::json;
+
+use super::{format_unix_us, with_stdout};
+use crate::input::{open_replay, progress};
+use crate::symbolize::module_name;
+use crate::CliError;
+
+/// Arguments of `spulse info`.
+#[derive(Debug, Args)]
+#[command(after_help = "Example:\n  spulse info app.spool\n  spulse info app.spool --json | jq .samples")]
+pub struct InfoArgs {
+    /// The spool file.
+    pub file: PathBuf,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Run `spulse info`.
+pub fn run(args: &InfoArgs) -> Result<(), CliError> {
+    let replay = open_replay(&args.file)?;
+    let defs = replay.definitions();
+    let file_len = std::fs::metadata(&args.file).map(|m| m.len()).unwrap_or(replay.valid_len());
+
+    let bar = progress(defs.sample_count(), "reading");
+    let mut per_thread: Vec<u64> = vec![0; defs.threads().len()];
+    let (mut first, mut last) = (u64::MAX, 0u64);
+    let mut n = 0u64;
+    for s in replay.samples() {
+        let s = s?;
+        per_thread[s.thread.index()] += 1;
+        first = first.min(s.time_us);
+        last = last.max(s.time_us);
+        n += 1;
+        if n & 0xffff == 0 {
+            bar.set_position(n);
+        }
+    }
+    bar.finish_and_clear();
+    let samples = n;
+    let duration_us = if samples > 0 { last.saturating_sub(defs.start_time_us()) } else { 0 };
+    let generations: BTreeSet<u64> = defs.modules().iter().map(|m| m.generation).collect();
+    let pids: BTreeSet<u32> = defs.threads().iter().map(|t| t.pid).collect();
+    let deactivated: HashMap<u32, u64> =
+        defs.deactivations().iter().map(|d| (d.module.get(), d.samples_before)).collect();
+    let bytes_per_sample = if samples > 0 { replay.valid_len() as f64 / samples as f64 } else { 0.0 };
+
+    if args.json {
+        let threads: Vec<_> = defs
+            .threads()
+            .iter()
+            .map(|t| json!({"pid": t.pid, "tid": t.tid, "name": t.name, "samples": per_thread[t.id.index()]}))
+            .collect();
+        let modules: Vec<_> = defs
+            .modules()
+            .iter()
+            .map(|m| {
+                json!({
+                    "id": m.id.get(), "pid": m.pid, "path": String::from_utf8_lossy(&m.path),
+                    "start": m.start, "size": m.size, "file_offset": m.file_offset,
+                    "generation": m.generation, "build_id": m.build_id_hex(),
+                    "active": defs.is_module_active(m.id),
+                    "deactivated_after_samples": deactivated.get(&m.id.get()),
+                })
+            })
+            .collect();
+        let v = json!({
+            "file": args.file.display().to_string(),
+            "file_bytes": file_len,
+            "valid_bytes": replay.valid_len(),
+            "start_time_us": defs.start_time_us(),
+            "interval_us": defs.interval_us(),
+            "engine": defs.engine().name(),
+            "duration_us": duration_us,
+            "first_sample_us": (samples > 0).then_some(first),
+            "last_sample_us": (samples > 0).then_some(last),
+            "samples": samples,
+            "threads": defs.threads().len(),
+            "processes": pids.len(),
+            "modules": defs.modules().len(),
+            "module_generations": generations.len(),
+            "deactivated_modules": deactivated.len(),
+            "frames": defs.frames().len(),
+            "stacks": defs.stack_count(),
+            "python_runtime_transitions": defs.python_runtime_events().len(),
+            "bytes_per_sample": bytes_per_sample,
+            "recovered_from_truncated_tail": replay.recovered_from_truncated_tail(),
+            "thread_list": threads,
+            "module_list": modules,
+        });
+        return with_stdout(|out| writeln!(out, "{}", serde_json::to_string_pretty(&v).expect("json")));
+    }
+
+    with_stdout(|out| {
+        writeln!(
+            out,
+            "file:            {} ({file_len} bytes, {} valid)",
+            args.file.display(),
+            replay.valid_len()
+        )?;
+        writeln!(
+            out,
+            "start:           {} ({} us)",
+            format_unix_us(defs.start_time_us()),
+            defs.start_time_us()
+        )?;
+        writeln!(out, "interval:        {} us", defs.interval_us())?;
+        writeln!(out, "engine:          {}", defs.engine())?;
+        writeln!(out, "duration:        {:.3} s (start to last sample)", duration_us as f64 / 1e6)?;
+        writeln!(out, "samples:         {samples}")?;
+        writeln!(out, "threads:         {} in {} process(es)", defs.threads().len(), pids.len())?;
+        writeln!(
+            out,
+            "modules:         {} ({} generation(s), {} deactivated)",
+            defs.modules().len(),
+            generations.len(),
+            deactivated.len()
+        )?;
+        writeln!(out, "frames:          {}", defs.frames().len())?;
+        writeln!(out, "stacks:          {}", defs.stack_count())?;
+        writeln!(out, "python runtime:  {} transition(s)", defs.python_runtime_events().len())?;
+        writeln!(out, "bytes/sample:    {bytes_per_sample:.2}")?;
+        writeln!(
+            out,
+            "truncated tail:  {}",
+            if replay.recovered_from_truncated_tail() { "yes (recovered)" } else { "no" }
+        )?;
+        if !defs.threads().is_empty() {
+            writeln!(out, "\n{:>8} {:>8} {:>10}  NAME", "PID", "TID", "SAMPLES")?;
+            for t in defs.threads() {
+                writeln!(out, "{:>8} {:>8} {:>10}  {}", t.pid, t.tid, per_thread[t.id.index()], t.name)?;
+            }
+        }
+        if !defs.modules().is_empty() {
+            writeln!(
+                out,
+                "\n{:>4} {:>4} {:>18} {:>10} {:>4}  {:<8} MODULE",
+                "ID", "GEN", "START", "SIZE", "ACT", "BUILD-ID"
+            )?;
+            for m in defs.modules() {
+                let bid = m.build_id_hex();
+                writeln!(
+                    out,
+                    "{:>4} {:>4} {:>#18x} {:>10} {:>4}  {:<8} {} ({})",
+                    m.id,
+                    m.generation,
+                    m.start,
+                    m.size,
+                    if defs.is_module_active(m.id) { "yes" } else { "no" },
+                    if bid.is_empty() { "-" } else { &bid[..bid.len().min(8)] },
+                    module_name(m),
+                    m.path().display()
+                )?;
+            }
+        }
+        Ok(())
+    })
+}

@@ -1,0 +1,67 @@
+//! One module per subcommand; each has a clap `Args` struct and a `run`.
+
+pub mod export;
+pub mod info;
+pub mod top;
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use clap::Args;
+
+use crate::symbolize;
+use crate::CliError;
+
+/// Symbol search options shared by the commands that name functions.
+#[derive(Debug, Clone, Args)]
+pub struct SymbolArgs {
+    /// Also look for debug files in DIR (by module name, `NAME.debug`, the
+    /// module's debug link, or a `.build-id/xx/rest.debug` tree). Repeatable.
+    #[arg(long = "symbols", value_name = "DIR")]
+    pub symbols: Vec<PathBuf>,
+    /// Do not read module files: show every module frame as `module+0xoffset`.
+    #[arg(long)]
+    pub no_symbolize: bool,
+}
+
+impl SymbolArgs {
+    /// The symbolizer options.
+    pub fn options(&self) -> symbolize::Options {
+        symbolize::Options { dirs: self.symbols.clone(), disabled: self.no_symbolize }
+    }
+}
+
+/// Run `f` against a buffered stdout; a closed pipe (`| head`) is not an error.
+pub fn with_stdout(f: impl FnOnce(&mut dyn Write) -> std::io::Result<()>) -> Result<(), CliError> {
+    let stdout = std::io::stdout();
+    let mut out = std::io::BufWriter::new(stdout.lock());
+    match f(&mut out).and_then(|()| out.flush()) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        Err(e) => Err(CliError::output("stdout", e)),
+    }
+}
+
+/// Format unix microseconds as `YYYY-MM-DD hh:mm:ss.ffffff UTC`.
+pub fn format_unix_us(us: u64) -> String {
+    let secs = us / 1_000_000;
+    let days = (secs / 86_400) as i64;
+    let rem = secs % 86_400;
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + if m <= 2 { 1 } else { 0 };
+    format!(
+        "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02}.{:06} UTC",
+        rem / 3600,
+        rem / 60 % 60,
+        rem % 60,
+        us % 1_000_000
+    )
+}

@@ -1,0 +1,151 @@
+//! `spulse top`: the hottest functions by self and total samples.
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use clap::{Args, ValueEnum};
+use serde_json::json;
+
+use super::{with_stdout, SymbolArgs};
+use crate::aggregate::{aggregate, Filter};
+use crate::input::open_replay;
+use crate::report::{symbolize_all, top, FunctionStats};
+use crate::symbolize::Symbolizer;
+use crate::CliError;
+
+/// Column to sort by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum SortBy {
+    /// Samples in the function itself.
+    #[value(name = "self")]
+    SelfSamples,
+    /// Samples with the function anywhere on the stack.
+    Total,
+}
+
+/// Sample selection shared by `top` and `export`.
+#[derive(Debug, Clone, Args)]
+pub struct FilterArgs {
+    /// Only samples of the thread with this kernel thread id.
+    #[arg(long, value_name = "TID")]
+    pub thread: Option<u32>,
+    /// Only samples at or after US microseconds since the profile start.
+    #[arg(long, value_name = "US")]
+    pub from: Option<u64>,
+    /// Only samples before US microseconds since the profile start.
+    #[arg(long, value_name = "US")]
+    pub to: Option<u64>,
+}
+
+impl FilterArgs {
+    /// The filter.
+    pub fn filter(&self) -> Filter {
+        Filter { tid: self.thread, from_us: self.from, to_us: self.to }
+    }
+}
+
+/// Arguments of `spulse top`.
+#[derive(Debug, Args)]
+#[command(
+    after_help = "Examples:\n  spulse top app.spool\n  spulse top app.spool -n 10 --thread 4242 --from 1000000 --to 3000000\n  spulse top app.spool --json --symbols /usr/lib/debug"
+)]
+pub struct TopArgs {
+    /// The spool file.
+    pub file: PathBuf,
+    /// Print a JSON array instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    /// How many functions to show (0: all).
+    #[arg(short = 'n', long = "limit", value_name = "N", default_value_t = 20)]
+    pub n: usize,
+    /// Sort column.
+    #[arg(long, value_enum, default_value_t = SortBy::SelfSamples)]
+    pub sort: SortBy,
+    #[command(flatten)]
+    pub filter: FilterArgs,
+    #[command(flatten)]
+    pub symbols: SymbolArgs,
+}
+
+/// Sort function stats by the chosen column (stable on the default order).
+pub fn sort_stats(stats: &mut [FunctionStats], by: SortBy) {
+    if by == SortBy::Total {
+        stats.sort_by(|a, b| b.total_samples.cmp(&a.total_samples).then(b.self_samples.cmp(&a.self_samples)));
+    }
+}
+
+fn pct(n: u64, total: u64) -> f64 {
+    if total == 0 {
+        0.0
+    } else {
+        n as f64 * 100.0 / total as f64
+    }
+}
+
+/// Write a top table (shared with `follow`).
+pub fn write_table(
+    out: &mut dyn Write,
+    stats: &[FunctionStats],
+    sym: &Symbolizer,
+    total: u64,
+    limit: usize,
+) -> std::io::Result<()> {
+    writeln!(out, "{:>10} {:>7} {:>10} {:>7}  FUNCTION (MODULE)", "SELF", "SELF%", "TOTAL", "TOTAL%")?;
+    let shown = if limit == 0 { stats.len() } else { limit.min(stats.len()) };
+    for s in &stats[..shown] {
+        let f = sym.function(s.func);
+        writeln!(
+            out,
+            "{:>10} {:>6.2}% {:>10} {:>6.2}%  {} ({})",
+            s.self_samples,
+            pct(s.self_samples, total),
+            s.total_samples,
+            pct(s.total_samples, total),
+            f.name,
+            f.module
+        )?;
+    }
+    Ok(())
+}
+
+/// Run `spulse top`.
+pub fn run(args: &TopArgs) -> Result<(), CliError> {
+    if let (Some(f), Some(t)) = (args.filter.from, args.filter.to) {
+        if f >= t {
+            return Err(CliError::input(format!("--from {f} must be below --to {t}")));
+        }
+    }
+    let replay = open_replay(&args.file)?;
+    let agg = aggregate(&replay, &args.filter.filter(), false)?;
+    if let Some(tid) = args.filter.thread {
+        if !replay.threads().iter().any(|t| t.tid == tid) {
+            return Err(CliError::input(format!("{}: no thread with tid {tid}", args.file.display())));
+        }
+    }
+    let mut sym = Symbolizer::new(args.symbols.options());
+    symbolize_all(&replay, &agg, &mut sym);
+    let mut stats = top(&replay, &agg, &mut sym);
+    sort_stats(&mut stats, args.sort);
+    let total = agg.total;
+    with_stdout(|out| {
+        if args.json {
+            let shown = if args.n == 0 { stats.len() } else { args.n.min(stats.len()) };
+            let v: Vec<_> = stats[..shown]
+                .iter()
+                .map(|s| {
+                    let f = sym.function(s.func);
+                    json!({
+                        "function": f.name, "module": f.module,
+                        "self": s.self_samples, "total": s.total_samples,
+                        "self_percent": pct(s.self_samples, total),
+                        "total_percent": pct(s.total_samples, total),
+                    })
+                })
+                .collect();
+            writeln!(out, "{}", serde_json::to_string_pretty(&v).expect("json"))
+        } else {
+            writeln!(out, "{total} samples")?;
+            write_table(out, &stats, &sym, total, args.n)
+        }
+    })
+}

@@ -1,0 +1,4 @@
+//! Export formats. Each module writes one format from an aggregation (or, for
+//! the Firefox Profiler, from the sample stream) and a symbolizer.
+
+pub mod collapsed;

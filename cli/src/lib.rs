@@ -1,0 +1,19 @@
+//! The spulse tool as a library: the binary (`src/main.rs`) parses arguments and
+//! calls into these modules; benches and tests call them directly.
+//!
+//! - [`input`]: opening spools, the truncated-tail warning, progress bars.
+//! - [`aggregate`]: streaming samples through `Replay` into counts per stack.
+//! - [`symbolize`]: offline symbolization of frames (addr2line + object, perf maps).
+//! - [`report`]: function tables (`top`) and folded stacks built from the above.
+//! - [`export`]: the export formats (pprof, firefox, collapsed, svg, speedscope).
+//! - [`commands`]: one module per subcommand.
+
+pub mod aggregate;
+pub mod commands;
+pub mod error;
+pub mod export;
+pub mod input;
+pub mod report;
+pub mod symbolize;
+
+pub use error::CliError;

@@ -1,0 +1,178 @@
+//! Test fixtures: a small C program compiled with debug info, and spools written
+//! with `SpoolWriter` whose frames point at its real functions, so that
+//! symbolization is exercised against a real ELF file.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use object::{Object, ObjectSegment, ObjectSymbol};
+use spulse::{Engine, Frame, Header, NewModule, SpoolWriter};
+
+pub const START_US: u64 = 1_700_000_000_000_000;
+pub const INTERVAL_US: u64 = 1000;
+pub const PID: u32 = 4_100_001;
+
+const PROGRAM: &str = r#"
+#include <stdio.h>
+#include <stdlib.h>
+__attribute__((noinline)) double hot_a(int n) {
+    double x = 0; for (int i = 0; i < n; i++) x += i * 0.5; return x;
+}
+__attribute__((noinline)) double hot_b(int n) {
+    double x = 1; for (int i = 0; i < n; i++) x *= 1.0000001; return x;
+}
+int main(int argc, char **argv) {
+    int n = argc > 1 ? atoi(argv[1]) : 1000;
+    printf("%f %f\n", hot_a(n), hot_b(n));
+    return 0;
+}
+"#;
+
+/// The compiled program and what the fixtures need to know about it.
+pub struct Program {
+    pub dir: tempfile::TempDir,
+    pub path: PathBuf,
+    pub build_id: Vec<u8>,
+    /// Executable PT_LOAD segment: (p_offset, p_filesz, p_vaddr).
+    pub text: (u64, u64, u64),
+    /// File offsets inside each function (a few bytes past its start).
+    pub hot_a: u64,
+    pub hot_b: u64,
+    pub main: u64,
+}
+
+/// Compile the test program (`cc -g -O1`).
+pub fn program() -> Program {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let src = dir.path().join("hot.c");
+    std::fs::write(&src, PROGRAM).unwrap();
+    let path = dir.path().join("hotprog");
+    let out = Command::new("cc")
+        .args(["-g", "-O1", "-fno-omit-frame-pointer", "-Wl,--build-id", "-o"])
+        .arg(&path)
+        .arg(&src)
+        .output()
+        .expect("run cc");
+    assert!(out.status.success(), "cc failed: {}", String::from_utf8_lossy(&out.stderr));
+    let data = std::fs::read(&path).unwrap();
+    let obj = object::File::parse(&*data).unwrap();
+    let build_id = obj.build_id().unwrap().expect("build id").to_vec();
+    let sym_addr = |name: &str| {
+        let s = obj.symbols().find(|s| s.name() == Ok(name)).unwrap_or_else(|| panic!("no symbol {name}"));
+        (s.address(), s.size())
+    };
+    let (a, _) = sym_addr("hot_a");
+    let (b, _) = sym_addr("hot_b");
+    let (m, msize) = sym_addr("main");
+    let text = obj
+        .segments()
+        .map(|s| (s.file_range().0, s.file_range().1, s.address()))
+        .find(|&(_, filesz, vaddr)| a >= vaddr && a < vaddr + filesz)
+        .expect("segment with hot_a");
+    let off = |vaddr: u64| vaddr - text.2 + text.0;
+    Program {
+        path: path.clone(),
+        build_id,
+        text,
+        hot_a: off(a + 4),
+        hot_b: off(b + 4),
+        main: off(m + msize / 2),
+        dir,
+    }
+}
+
+/// What goes into a fixture spool.
+pub struct Spec<'a> {
+    pub path: &'a Path,
+    pub module_path: &'a [u8],
+    pub build_id: &'a [u8],
+    /// Samples of main;hot_a on thread 1001, 1002 and of main;hot_b on thread 1001.
+    pub a_t1: u64,
+    pub a_t2: u64,
+    pub b_t1: u64,
+}
+
+/// Module base address used by every fixture.
+pub const BASE: u64 = 0x5555_5555_0000;
+
+/// Write a spool over the test program: main;hot_a and main;hot_b samples.
+pub fn write_spool(p: &Program, spec: &Spec<'_>) {
+    let file = std::fs::File::create(spec.path).unwrap();
+    let header = Header { start_time_us: START_US, interval_us: INTERVAL_US, engine: Engine::PerfEvent };
+    let mut w = SpoolWriter::new(std::io::BufWriter::new(file), header).unwrap();
+    let (off, filesz, vaddr) = p.text;
+    let m = w
+        .define_module(&NewModule {
+            pid: PID,
+            start: BASE + vaddr,
+            size: filesz,
+            file_offset: off,
+            generation: 1,
+            path: spec.module_path,
+            build_id: spec.build_id,
+        })
+        .unwrap();
+    let f_main = w.define_frame(Frame::Module { module: m, file_relative: p.main }).unwrap();
+    let f_a = w.define_frame(Frame::Module { module: m, file_relative: p.hot_a }).unwrap();
+    let f_b = w.define_frame(Frame::Module { module: m, file_relative: p.hot_b }).unwrap();
+    let s_main = w.define_stack(None, f_main).unwrap();
+    let s_a = w.define_stack(Some(s_main), f_a).unwrap();
+    let s_b = w.define_stack(Some(s_main), f_b).unwrap();
+    let t1 = w.define_thread(PID, 1001, "main").unwrap();
+    let t2 = w.define_thread(PID, 1002, "worker").unwrap();
+    let mut t = START_US;
+    // Interleave in proportion (the kind with the most left, relative to its
+    // total, goes next) so that every time window holds the same split.
+    let init = [spec.a_t1, spec.a_t2, spec.b_t1];
+    let mut left = init;
+    let kinds = [(t1, s_a), (t2, s_a), (t1, s_b)];
+    while left.iter().sum::<u64>() > 0 {
+        let mut best = 0;
+        for i in 1..3 {
+            // left[i]/init[i] > left[best]/init[best], in integers.
+            if left[i] * init[best].max(1) > left[best] * init[i].max(1) || left[best] == 0 {
+                if left[i] > 0 {
+                    best = i;
+                }
+            }
+        }
+        left[best] -= 1;
+        t += INTERVAL_US;
+        w.sample(t, kinds[best].0, kinds[best].1).unwrap();
+    }
+    w.into_inner().unwrap();
+}
+
+/// The standard fixture: hot_a 3 : hot_b 1 (300 : 100), real module, real build id.
+pub fn standard(p: &Program, path: &Path) {
+    let module_path = p.path.as_os_str().as_encoded_bytes().to_vec();
+    write_spool(
+        p,
+        &Spec { path, module_path: &module_path, build_id: &p.build_id, a_t1: 200, a_t2: 100, b_t1: 100 },
+    );
+}
+
+/// Run the real binary.
+pub fn spulse(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_spulse")).args(args).output().expect("run spulse")
+}
+
+pub fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+pub fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// Run and require success.
+pub fn ok(args: &[&str]) -> String {
+    let o = spulse(args);
+    assert!(o.status.success(), "spulse {args:?} failed: {}", stderr(&o));
+    stdout(&o)
+}
+
+pub fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
