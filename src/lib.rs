@@ -4,6 +4,7 @@
 mod error;
 pub mod format;
 pub mod read;
+mod recorder;
 pub mod write;
 
 pub use error::{Error, FormatErrorKind};
@@ -11,6 +12,10 @@ pub use format::defs::{Definitions, StackFrames};
 pub use format::{
     Deactivation, Engine, Frame, FrameId, Header, Module, ModuleId, PythonRuntimeEvent, Sample, StackId,
     StackNode, Thread, ThreadId,
+};
+pub use recorder::{
+    python_runtime_enter, python_runtime_leave, start, EngineChoice, Guard, LostSamples, Recorder, RecorderBuilder,
+    Stats, DEFAULT_FREQUENCY_HZ,
 };
 pub use read::{Replay, ReplayOptions, ReplaySamples, Snapshot, Tail};
 pub use write::{NewModule, SpoolWriter};

@@ -1,0 +1,172 @@
+//! Interning on the writer thread: frames, prefix-linked stacks and threads are
+//! defined once in the spool and referred to by id afterwards, so a repeated
+//! stack costs one small sample record.
+//!
+//! A whole-stack cache keyed by the raw sample (module-table generation,
+//! truncation flag and addresses) skips the per-frame work for stacks seen before.
+//! Every map holds only ids of definitions already written, so the writer's
+//! memory is bounded by the spool's definitions. When a module is retired, every
+//! cached entry that could lead to a frame of it is dropped, so no new record ever
+//! refers to a retired module through a cache.
+
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+use std::io::Write;
+
+use crate::{Error, Frame, FrameId, ModuleId, SpoolWriter, StackId, ThreadId};
+
+/// A small fast hasher for integer keys (FxHash's multiply-rotate).
+#[derive(Default, Clone, Copy)]
+pub(crate) struct FxHasher(u64);
+
+impl Hasher for FxHasher {
+    #[inline]
+    fn write(&mut self, bytes: &[u8]) {
+        for chunk in bytes.chunks(8) {
+            let mut b = [0u8; 8];
+            b[..chunk.len()].copy_from_slice(chunk);
+            self.write_u64(u64::from_le_bytes(b));
+        }
+    }
+    #[inline]
+    fn write_u64(&mut self, v: u64) {
+        self.0 = (self.0.rotate_left(5) ^ v).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+    #[inline]
+    fn write_u32(&mut self, v: u32) {
+        self.write_u64(v as u64)
+    }
+    #[inline]
+    fn write_usize(&mut self, v: usize) {
+        self.write_u64(v as u64)
+    }
+    #[inline]
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+pub(crate) type FxMap<K, V> = HashMap<K, V, BuildHasherDefault<FxHasher>>;
+
+const NO_PARENT: u32 = u32::MAX;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum FrameKey {
+    Module(u32, u64),
+    Absolute(u64),
+    Truncated,
+}
+
+/// Frames, stacks and threads defined so far.
+#[derive(Default)]
+pub(crate) struct Interner {
+    frames: FxMap<FrameKey, FrameId>,
+    /// Module of each frame id (NO_PARENT for none).
+    frame_module: Vec<u32>,
+    stacks: FxMap<(u32, u32), StackId>,
+    threads: FxMap<u32, ThreadId>,
+    /// Raw sample words (generation, flag, addresses) -> leaf stack.
+    whole: FxMap<Box<[u64]>, StackId>,
+    key: Vec<u64>,
+}
+
+impl Interner {
+    /// The id of `frame`, defining it if new.
+    pub(crate) fn frame<W: Write>(&mut self, w: &mut SpoolWriter<W>, frame: Frame) -> Result<FrameId, Error> {
+        let key = match frame {
+            Frame::Module { module, file_relative } => FrameKey::Module(module.get(), file_relative),
+            Frame::Absolute { address, .. } => FrameKey::Absolute(address),
+            Frame::Truncated => FrameKey::Truncated,
+        };
+        if let Some(&id) = self.frames.get(&key) {
+            return Ok(id);
+        }
+        let id = w.define_frame(frame)?;
+        self.frames.insert(key, id);
+        let m = match frame {
+            Frame::Module { module, .. } => module.get(),
+            _ => NO_PARENT,
+        };
+        if self.frame_module.len() <= id.index() {
+            self.frame_module.resize(id.index() + 1, NO_PARENT);
+        }
+        self.frame_module[id.index()] = m;
+        Ok(id)
+    }
+
+    /// The id of the stack node `frame` called from `parent`.
+    pub(crate) fn node<W: Write>(
+        &mut self,
+        w: &mut SpoolWriter<W>,
+        parent: Option<StackId>,
+        frame: FrameId,
+    ) -> Result<StackId, Error> {
+        let key = (parent.map_or(NO_PARENT, |p| p.get()), frame.get());
+        if let Some(&id) = self.stacks.get(&key) {
+            return Ok(id);
+        }
+        let id = w.define_stack(parent, frame)?;
+        self.stacks.insert(key, id);
+        Ok(id)
+    }
+
+    /// The leaf id of a stack given root first.
+    pub(crate) fn stack<W: Write>(
+        &mut self,
+        w: &mut SpoolWriter<W>,
+        root_first: &[Frame],
+    ) -> Result<StackId, Error> {
+        let mut parent = None;
+        for &f in root_first {
+            let fid = self.frame(w, f)?;
+            parent = Some(self.node(w, parent, fid)?);
+        }
+        parent.ok_or(Error::Recorder("internal error: empty stack".into()))
+    }
+
+    /// A cached leaf for a raw sample, if seen before.
+    pub(crate) fn cached(&mut self, generation: u64, truncated: bool, addrs: &[u64]) -> Option<StackId> {
+        self.key.clear();
+        self.key.push(generation);
+        self.key.push(truncated as u64);
+        self.key.extend_from_slice(addrs);
+        self.whole.get(self.key.as_slice()).copied()
+    }
+
+    /// Remember the leaf for the raw sample last passed to [`Interner::cached`].
+    pub(crate) fn remember(&mut self, leaf: StackId) {
+        self.whole.insert(self.key.clone().into_boxed_slice(), leaf);
+    }
+
+    /// The thread id for `tid`, defining it (with its current name) if new.
+    pub(crate) fn thread<W: Write>(
+        &mut self,
+        w: &mut SpoolWriter<W>,
+        pid: u32,
+        tid: u32,
+    ) -> Result<ThreadId, Error> {
+        if let Some(&id) = self.threads.get(&tid) {
+            return Ok(id);
+        }
+        let name = std::fs::read_to_string(format!("/proc/self/task/{tid}/comm")).unwrap_or_default();
+        let name = name.trim_end_matches('\n');
+        let id = w.define_thread(pid, tid, name)?;
+        self.threads.insert(tid, id);
+        Ok(id)
+    }
+
+    /// Forget every cached path to frames of a retired module.
+    pub(crate) fn forget_module(&mut self, m: ModuleId) {
+        let fm = &self.frame_module;
+        let of = |f: FrameId| fm.get(f.index()).copied().unwrap_or(NO_PARENT);
+        self.frames.retain(|_, f| of(*f) != m.get());
+        self.stacks.retain(|(_, f), _| fm.get(*f as usize).copied().unwrap_or(NO_PARENT) != m.get());
+        self.whole.clear();
+    }
+
+    /// Entries held (for memory accounting in tests).
+    #[allow(dead_code)]
+    pub(crate) fn len(&self) -> usize {
+        self.frames.len() + self.stacks.len() + self.threads.len() + self.whole.len()
+    }
+}

@@ -1,0 +1,352 @@
+//! The process's loaded objects: enumeration through `dl_iterate_phdr`, the
+//! writer's generation-aware module table, and the immutable unwinder snapshots
+//! the signal handler reads.
+//!
+//! Enumeration walks the loader's list itself (rather than through `findshlibs`)
+//! because a spool module needs the executable segment's `p_offset`, which
+//! `findshlibs` 0.10 does not expose, and because one walk must see one
+//! consistent list: names, build ids (`NT_GNU_BUILD_ID` notes), executable
+//! `PT_LOAD` segments and the `.eh_frame_hdr`/`.eh_frame` bytes are all read in the
+//! same callback, while the loader lock keeps every object mapped. Unwind data is
+//! copied into owned vectors, so a later `dlclose` cannot pull it away from the
+//! handler. None of this code runs in the signal handler.
+//!
+//! Replacing the handler's view of modules without a lock: the writer builds a new
+//! [`UnwindSnapshot`] (clone of the previous unwinder, modules removed and added,
+//! generation + 1) and swaps it into an `AtomicPtr` (see `signal::publish_snapshot`).
+//! A handler loads the pointer once per sample, after incrementing the global
+//! in-handler counter, and stamps the sample with the snapshot's generation. The
+//! old snapshot is freed only once the writer has observed the in-handler counter
+//! at zero after the swap (every handler that could have loaded it has returned);
+//! until then it waits on a retired list. Nobody ever waits on anybody.
+
+use std::collections::HashMap;
+use std::ffi::CStr;
+use std::os::raw::{c_int, c_void};
+
+use framehop::{ExplicitModuleSectionInfo, MustNotAllocateDuringUnwind, Unwinder as _};
+
+/// The unwinder type the handler uses.
+pub(crate) type NativeUnwinder = framehop::UnwinderNative<Vec<u8>, MustNotAllocateDuringUnwind>;
+/// The unwinder cache type (one per concurrent unwind).
+pub(crate) type NativeCache = framehop::CacheNative<MustNotAllocateDuringUnwind>;
+
+/// An immutable view of the modules, as published to the handler.
+pub(crate) struct UnwindSnapshot {
+    /// The module-table generation this snapshot describes.
+    pub generation: u64,
+    /// The unwinder with every module of that generation.
+    pub unwinder: NativeUnwinder,
+}
+
+/// One executable `PT_LOAD` segment of an object.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ExecSegment {
+    pub avma: u64,
+    pub size: u64,
+    pub file_offset: u64,
+}
+
+/// Identity of a loaded object across scans.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(crate) struct ObjectKey {
+    pub bias: u64,
+    pub path: Vec<u8>,
+    pub first_exec: u64,
+}
+
+/// A loaded object found by a scan.
+pub(crate) struct LoadedObject {
+    pub key: ObjectKey,
+    pub build_id: Vec<u8>,
+    pub segments: Vec<ExecSegment>,
+    /// Unwind information, when the object has an `.eh_frame_hdr`.
+    pub unwind: framehop::Module<Vec<u8>>,
+}
+
+const PT_LOAD: u32 = 1;
+const PT_NOTE: u32 = 4;
+const PT_GNU_EH_FRAME: u32 = 0x6474_e550;
+const PF_X: u32 = 1;
+const NT_GNU_BUILD_ID: u32 = 3;
+
+struct ScanState<'a> {
+    exe_path: &'a [u8],
+    out: Vec<LoadedObject>,
+}
+
+/// Loader counters (`dlpi_adds`, `dlpi_subs`): they change whenever an object is
+/// loaded or unloaded, so the writer rescans only then.
+pub(crate) fn dl_counters() -> (u64, u64) {
+    unsafe extern "C" fn first(info: *mut libc::dl_phdr_info, _size: usize, data: *mut c_void) -> c_int {
+        // SAFETY: `data` is the `&mut (u64, u64)` passed below and `info` is valid
+        // for the duration of the callback (dl_iterate_phdr's contract).
+        unsafe {
+            let out = &mut *(data as *mut (u64, u64));
+            *out = ((*info).dlpi_adds, (*info).dlpi_subs);
+        }
+        1
+    }
+    let mut counters = (0u64, 0u64);
+    // SAFETY: the callback only writes through the pointer we pass, which outlives
+    // the call; returning 1 stops the walk after the first object.
+    unsafe { libc::dl_iterate_phdr(Some(first), &mut counters as *mut (u64, u64) as *mut c_void) };
+    counters
+}
+
+/// Every loaded object with at least one executable segment.
+pub(crate) fn scan(exe_path: &[u8]) -> Vec<LoadedObject> {
+    unsafe extern "C" fn each(info: *mut libc::dl_phdr_info, _size: usize, data: *mut c_void) -> c_int {
+        // SAFETY: `data` is the `&mut ScanState` passed by `scan`; `info` and the
+        // program headers it points to are valid during the callback, and the
+        // loader lock held by dl_iterate_phdr keeps the object mapped while we copy
+        // from it. A panic must not unwind into C: catch it and skip the object.
+        let res = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| unsafe {
+            let st = &mut *(data as *mut ScanState<'_>);
+            let info = &*info;
+            let phdrs: &[libc::Elf64_Phdr] = if info.dlpi_phdr.is_null() || info.dlpi_phnum == 0 {
+                &[]
+            } else {
+                std::slice::from_raw_parts(
+                    info.dlpi_phdr as *const libc::Elf64_Phdr,
+                    info.dlpi_phnum as usize,
+                )
+            };
+            let name =
+                if info.dlpi_name.is_null() { &[][..] } else { CStr::from_ptr(info.dlpi_name).to_bytes() };
+            if let Some(obj) = read_object(info.dlpi_addr, name, phdrs, st.exe_path) {
+                st.out.push(obj);
+            }
+        }));
+        let _ = res;
+        0
+    }
+    let mut st = ScanState { exe_path, out: Vec::new() };
+    // SAFETY: the callback only uses the state we pass, which outlives the call.
+    unsafe { libc::dl_iterate_phdr(Some(each), &mut st as *mut ScanState<'_> as *mut c_void) };
+    st.out
+}
+
+/// Whether `[vaddr, vaddr + len)` (stated addresses) lies inside one `PT_LOAD`.
+fn in_load(phdrs: &[libc::Elf64_Phdr], vaddr: u64, len: u64) -> Option<&libc::Elf64_Phdr> {
+    let end = vaddr.checked_add(len)?;
+    phdrs
+        .iter()
+        .find(|p| p.p_type == PT_LOAD && p.p_vaddr <= vaddr && end <= p.p_vaddr.saturating_add(p.p_memsz))
+}
+
+/// Copy `len` bytes of the object at stated address `vaddr`.
+///
+/// # Safety
+/// Must be called inside a dl_iterate_phdr callback for the object with load bias
+/// `bias`, and `[vaddr, vaddr+len)` must lie inside one of its `PT_LOAD` segments
+/// (checked by the callers with [`in_load`]): then the bytes are mapped and
+/// readable (every loadable segment is at least readable on Linux/glibc except
+/// execute-only text, which holds no notes or unwind tables).
+unsafe fn copy_mapped(bias: u64, vaddr: u64, len: u64) -> Vec<u8> {
+    let p = bias.wrapping_add(vaddr) as *const u8;
+    // SAFETY: guaranteed by the caller (see above).
+    unsafe { std::slice::from_raw_parts(p, len as usize) }.to_vec()
+}
+
+/// Read one object.
+///
+/// # Safety
+/// As for [`copy_mapped`]: only inside the dl_iterate_phdr callback for this object.
+unsafe fn read_object(
+    bias: u64,
+    name: &[u8],
+    phdrs: &[libc::Elf64_Phdr],
+    exe: &[u8],
+) -> Option<LoadedObject> {
+    let segments: Vec<ExecSegment> = phdrs
+        .iter()
+        .filter(|p| p.p_type == PT_LOAD && p.p_flags & PF_X != 0 && p.p_memsz > 0)
+        .map(|p| ExecSegment { avma: bias.wrapping_add(p.p_vaddr), size: p.p_memsz, file_offset: p.p_offset })
+        .collect();
+    let first = segments.first()?.avma;
+    let path = if name.is_empty() { exe.to_vec() } else { name.to_vec() };
+
+    // Build id from the PT_NOTE segments.
+    let mut build_id = Vec::new();
+    for p in phdrs.iter().filter(|p| p.p_type == PT_NOTE) {
+        if in_load(phdrs, p.p_vaddr, p.p_memsz).is_none() || p.p_memsz > 1 << 20 {
+            continue;
+        }
+        // SAFETY: the note segment lies inside a PT_LOAD (checked above).
+        let notes = unsafe { copy_mapped(bias, p.p_vaddr, p.p_memsz) };
+        if let Some(id) = find_build_id(&notes) {
+            build_id = id;
+            break;
+        }
+    }
+
+    // Unwind tables: .eh_frame_hdr from PT_GNU_EH_FRAME, .eh_frame from its pointer.
+    let mut info = ExplicitModuleSectionInfo::<Vec<u8>> { base_svma: 0, ..Default::default() };
+    if let Some(h) = phdrs.iter().find(|p| p.p_type == PT_GNU_EH_FRAME) {
+        if in_load(phdrs, h.p_vaddr, h.p_memsz).is_some() && h.p_memsz >= 8 {
+            // SAFETY: inside a PT_LOAD (checked above).
+            let hdr = unsafe { copy_mapped(bias, h.p_vaddr, h.p_memsz) };
+            if let Some(eh_svma) = eh_frame_address(&hdr, h.p_vaddr) {
+                if let Some(load) = in_load(phdrs, eh_svma, 1) {
+                    let end = load.p_vaddr + load.p_memsz;
+                    let len = end - eh_svma;
+                    // SAFETY: [eh_svma, end) is the tail of one PT_LOAD.
+                    let eh = unsafe { copy_mapped(bias, eh_svma, len) };
+                    info.eh_frame_svma = Some(eh_svma..end);
+                    info.eh_frame = Some(eh);
+                    info.eh_frame_hdr_svma = Some(h.p_vaddr..h.p_vaddr + h.p_memsz);
+                    info.eh_frame_hdr = Some(hdr);
+                }
+            }
+        }
+    }
+    let lo = segments.iter().map(|s| s.avma).min()?;
+    let hi = segments.iter().map(|s| s.avma + s.size).max()?;
+    let text_lo = lo.wrapping_sub(bias);
+    info.text_svma = Some(text_lo..hi.wrapping_sub(bias));
+    let unwind = framehop::Module::new(String::from_utf8_lossy(&path).into_owned(), lo..hi, bias, info);
+    Some(LoadedObject { key: ObjectKey { bias, path, first_exec: first }, build_id, segments, unwind })
+}
+
+/// The GNU build id in a block of ELF notes.
+fn find_build_id(mut d: &[u8]) -> Option<Vec<u8>> {
+    let rd =
+        |b: &[u8], i: usize| -> Option<u32> { Some(u32::from_ne_bytes(b.get(i..i + 4)?.try_into().ok()?)) };
+    let align4 = |n: usize| (n + 3) & !3;
+    while d.len() >= 12 {
+        let namesz = rd(d, 0)? as usize;
+        let descsz = rd(d, 4)? as usize;
+        let typ = rd(d, 8)?;
+        let name_end = 12usize.checked_add(align4(namesz))?;
+        let desc_end = name_end.checked_add(align4(descsz))?;
+        if d.len() < name_end + descsz {
+            return None;
+        }
+        if typ == NT_GNU_BUILD_ID && &d[12..12 + namesz] == b"GNU\0" {
+            return Some(d[name_end..name_end + descsz].to_vec());
+        }
+        d = d.get(desc_end..)?;
+    }
+    None
+}
+
+/// The stated address of `.eh_frame`, decoded from an `.eh_frame_hdr` found at
+/// stated address `hdr_svma`.
+fn eh_frame_address(hdr: &[u8], hdr_svma: u64) -> Option<u64> {
+    if hdr.first() != Some(&1) {
+        return None;
+    }
+    let enc = *hdr.get(1)?;
+    let field = hdr_svma + 4;
+    let raw: i64 = match enc & 0x0f {
+        0x00 | 0x04 | 0x0c => i64::from_ne_bytes(hdr.get(4..12)?.try_into().ok()?),
+        0x03 => u32::from_ne_bytes(hdr.get(4..8)?.try_into().ok()?) as i64,
+        0x0b => i32::from_ne_bytes(hdr.get(4..8)?.try_into().ok()?) as i64,
+        _ => return None,
+    };
+    match enc & 0x70 {
+        0x00 => Some(raw as u64),
+        0x10 => Some(field.wrapping_add(raw as u64)),
+        0x30 => Some(hdr_svma.wrapping_add(raw as u64)),
+        _ => None,
+    }
+}
+
+/// One spool module as the writer tracks it.
+#[derive(Debug, Clone)]
+pub(crate) struct ModuleEntry {
+    pub id: crate::ModuleId,
+    pub key: ObjectKey,
+    pub seg: ExecSegment,
+    pub gen_added: u64,
+    /// Generation in which the object disappeared.
+    pub gen_removed: Option<u64>,
+    /// Whether the spool already holds its deactivation record.
+    pub retired: bool,
+}
+
+/// The writer's generation-aware module table.
+#[derive(Default)]
+pub(crate) struct ModuleTable {
+    pub entries: Vec<ModuleEntry>,
+    /// Index of entries by generation span, sorted by start, rebuilt per change.
+    by_start: Vec<usize>,
+    pub objects: HashMap<ObjectKey, Vec<usize>>,
+}
+
+impl ModuleTable {
+    /// Resolve an address sampled under generation `gen`: the entry mapped there
+    /// at that generation, if any.
+    pub(crate) fn resolve(&self, addr: u64, gen: u64) -> Option<&ModuleEntry> {
+        // by_start is sorted by start; several generations may share a range.
+        let i = self.by_start.partition_point(|&e| self.entries[e].seg.avma <= addr);
+        self.by_start[..i].iter().rev().map(|&e| &self.entries[e]).find(|e| {
+            addr < e.seg.avma + e.seg.size && e.gen_added <= gen && e.gen_removed.map_or(true, |r| gen < r)
+        })
+    }
+
+    /// Add an entry (already written to the spool).
+    pub(crate) fn push(&mut self, e: ModuleEntry) {
+        let idx = self.entries.len();
+        self.objects.entry(e.key.clone()).or_default().push(idx);
+        self.entries.push(e);
+        self.reindex();
+    }
+
+    fn reindex(&mut self) {
+        let mut v: Vec<usize> = (0..self.entries.len()).filter(|&i| !self.entries[i].retired).collect();
+        v.sort_by_key(|&i| self.entries[i].seg.avma);
+        self.by_start = v;
+    }
+
+    /// Mark an entry retired (its deactivation record was written).
+    pub(crate) fn retire(&mut self, idx: usize) {
+        self.entries[idx].retired = true;
+        self.reindex();
+    }
+}
+
+/// Build the first snapshot from a scan.
+pub(crate) fn initial_snapshot(objects: &[LoadedObject], generation: u64) -> UnwindSnapshot {
+    let mut unwinder = NativeUnwinder::new();
+    for o in objects {
+        unwinder.add_module(o.unwind.clone());
+    }
+    UnwindSnapshot { generation, unwinder }
+}
+
+/// The next snapshot: `prev` minus objects starting at `removed`, plus `added`.
+pub(crate) fn next_snapshot(
+    prev: &UnwindSnapshot,
+    removed: &[u64],
+    added: &[&LoadedObject],
+    generation: u64,
+) -> UnwindSnapshot {
+    let mut unwinder = prev.unwinder.clone();
+    for &start in removed {
+        unwinder.remove_module(start);
+    }
+    for o in added {
+        unwinder.add_module(o.unwind.clone());
+    }
+    UnwindSnapshot { generation, unwinder }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scan_finds_executable_and_libc() {
+        let objs = scan(b"/proc/self/exe");
+        assert!(objs.iter().any(|o| o.key.path == b"/proc/self/exe"), "executable missing");
+        assert!(objs.iter().any(|o| String::from_utf8_lossy(&o.key.path).contains("libc")), "libc missing");
+        let exe = objs.iter().find(|o| o.key.path == b"/proc/self/exe").unwrap();
+        assert!(!exe.build_id.is_empty(), "rustc links a GNU build id");
+        let pc = scan_finds_executable_and_libc as *const () as usize as u64;
+        assert!(exe.segments.iter().any(|s| s.avma <= pc && pc < s.avma + s.size));
+        let (a, _) = dl_counters();
+        assert!(a >= objs.len() as u64);
+    }
+}

@@ -1,0 +1,239 @@
+//! The lock-free bounded ring between the signal handler (many producers) and the
+//! writer thread (one consumer).
+//!
+//! A bounded MPMC queue in the style of Vyukov's: every slot carries a sequence
+//! number; a producer claims the slot at the enqueue position with one
+//! compare-and-swap, writes its words in place and publishes them with a release
+//! store of the sequence. A full ring (the slot's sequence shows it was not yet
+//! consumed) makes the producer give up at once: a sample is dropped and counted,
+//! nothing ever waits. The storage is allocated once at start; claiming and
+//! publishing touch only atomics and the claimed words, so the ring is usable
+//! from a signal handler.
+//!
+//! Slot layout (u64 words): `[time_us, tid | weight << 32, generation,
+//! depth | flags << 32, addr0 (leaf pc), addr1 (return address), ...]`.
+
+use std::cell::UnsafeCell;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// Words before the addresses in a slot.
+pub(crate) const HEADER_WORDS: usize = 4;
+/// Flag: unwinding stopped before the root (error or depth limit).
+pub(crate) const FLAG_TRUNCATED: u64 = 1;
+/// Flag: the slot holds no sample (a producer gave up after claiming it).
+pub(crate) const FLAG_VOID: u64 = 2;
+
+/// One decoded sample, borrowed from the ring while the consumer holds it.
+#[derive(Debug)]
+pub(crate) struct RawSample<'a> {
+    pub time_us: u64,
+    pub tid: u32,
+    pub weight: u32,
+    pub generation: u64,
+    pub truncated: bool,
+    /// Leaf first: the interrupted pc, then return addresses.
+    pub addrs: &'a [u64],
+}
+
+struct SlotSeq {
+    seq: AtomicUsize,
+}
+
+/// The ring. Capacity is a power of two; each slot holds `stride` words.
+pub(crate) struct Ring {
+    seqs: Box<[SlotSeq]>,
+    words: Box<[UnsafeCell<u64>]>,
+    stride: usize,
+    mask: usize,
+    enqueue: AtomicUsize,
+    /// Only the single consumer moves this.
+    dequeue: AtomicUsize,
+}
+
+// SAFETY: access to `words` is arbitrated by the per-slot sequence numbers: a
+// slot's words are written only by the one producer whose CAS claimed it, and read
+// only by the consumer after the producer's release store published them.
+unsafe impl Sync for Ring {}
+// SAFETY: the ring owns plain data (atomics and u64 cells).
+unsafe impl Send for Ring {}
+
+/// A claimed slot. Dropping it without [`Claim::publish`] publishes it as void.
+pub(crate) struct Claim<'a> {
+    ring: &'a Ring,
+    pos: usize,
+    published: bool,
+}
+
+impl Ring {
+    /// A ring of at least `capacity` slots of `max_depth` addresses each.
+    pub(crate) fn new(capacity: usize, max_depth: usize) -> Ring {
+        let cap = capacity.clamp(2, 1 << 20).next_power_of_two();
+        let stride = HEADER_WORDS + max_depth;
+        let seqs = (0..cap).map(|i| SlotSeq { seq: AtomicUsize::new(i) }).collect();
+        let words = (0..cap * stride).map(|_| UnsafeCell::new(0)).collect();
+        Ring {
+            seqs,
+            words,
+            stride,
+            mask: cap - 1,
+            enqueue: AtomicUsize::new(0),
+            dequeue: AtomicUsize::new(0),
+        }
+    }
+
+    /// Slots in the ring.
+    #[cfg(test)]
+    pub(crate) fn capacity(&self) -> usize {
+        self.mask + 1
+    }
+
+    /// Claim a free slot, or `None` when the ring is full. Never blocks; the
+    /// CAS loop only retries when another producer won the same position.
+    #[inline]
+    pub(crate) fn claim(&self) -> Option<Claim<'_>> {
+        let mut pos = self.enqueue.load(Ordering::Relaxed);
+        loop {
+            let seq = self.seqs[pos & self.mask].seq.load(Ordering::Acquire);
+            let dif = seq as isize - pos as isize;
+            if dif == 0 {
+                match self.enqueue.compare_exchange_weak(pos, pos + 1, Ordering::Relaxed, Ordering::Relaxed) {
+                    Ok(_) => return Some(Claim { ring: self, pos, published: false }),
+                    Err(now) => pos = now,
+                }
+            } else if dif < 0 {
+                return None;
+            } else {
+                pos = self.enqueue.load(Ordering::Relaxed);
+            }
+        }
+    }
+
+    fn slot_ptr(&self, pos: usize) -> *mut u64 {
+        let base = (pos & self.mask) * self.stride;
+        self.words[base].get()
+    }
+
+    /// Pop one published sample, if the next slot is ready; `f` sees it while the
+    /// slot is held. Returns false when the next slot is not (yet) published.
+    pub(crate) fn pop<R>(&self, f: impl FnOnce(Option<RawSample<'_>>) -> R) -> Option<R> {
+        let pos = self.dequeue.load(Ordering::Relaxed);
+        let seq = self.seqs[pos & self.mask].seq.load(Ordering::Acquire);
+        if seq != pos.wrapping_add(1) {
+            return None;
+        }
+        // SAFETY: the acquire load above saw the producer's release store for this
+        // position, so its words are complete, and no producer can claim the slot
+        // again before we store the next sequence below.
+        let words = unsafe { std::slice::from_raw_parts(self.slot_ptr(pos) as *const u64, self.stride) };
+        let flags = words[3] >> 32;
+        let r = if flags & FLAG_VOID != 0 {
+            f(None)
+        } else {
+            let depth = ((words[3] & 0xffff_ffff) as usize).min(self.stride - HEADER_WORDS);
+            f(Some(RawSample {
+                time_us: words[0],
+                tid: words[1] as u32,
+                weight: (words[1] >> 32) as u32,
+                generation: words[2],
+                truncated: flags & FLAG_TRUNCATED != 0,
+                addrs: &words[HEADER_WORDS..HEADER_WORDS + depth],
+            }))
+        };
+        self.seqs[pos & self.mask].seq.store(pos.wrapping_add(self.mask + 1), Ordering::Release);
+        self.dequeue.store(pos.wrapping_add(1), Ordering::Relaxed);
+        Some(r)
+    }
+}
+
+impl Claim<'_> {
+    /// The slot's words (header then addresses), exclusively ours until published.
+    #[inline]
+    pub(crate) fn words(&mut self) -> &mut [u64] {
+        // SAFETY: our CAS claimed this position; until we publish, no other
+        // producer can claim it and the consumer does not read it.
+        unsafe { std::slice::from_raw_parts_mut(self.ring.slot_ptr(self.pos), self.ring.stride) }
+    }
+
+    /// Fill the header and publish the slot.
+    #[inline]
+    pub(crate) fn publish(
+        mut self,
+        time_us: u64,
+        tid: u32,
+        weight: u32,
+        generation: u64,
+        depth: usize,
+        truncated: bool,
+    ) {
+        let w = self.words();
+        w[0] = time_us;
+        w[1] = tid as u64 | (weight as u64) << 32;
+        w[2] = generation;
+        let flags = if truncated { FLAG_TRUNCATED } else { 0 };
+        w[3] = depth as u64 | flags << 32;
+        self.published = true;
+        self.ring.seqs[self.pos & self.ring.mask].seq.store(self.pos.wrapping_add(1), Ordering::Release);
+    }
+}
+
+impl Drop for Claim<'_> {
+    fn drop(&mut self) {
+        if !self.published {
+            let w = self.words();
+            w[3] = FLAG_VOID << 32;
+            self.ring.seqs[self.pos & self.ring.mask].seq.store(self.pos.wrapping_add(1), Ordering::Release);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fifo_full_and_void() {
+        let r = Ring::new(4, 3);
+        assert_eq!(r.capacity(), 4);
+        for i in 0..4u64 {
+            let mut c = r.claim().expect("free slot");
+            c.words()[HEADER_WORDS] = i;
+            c.publish(i, 7, 1, 0, 1, false);
+        }
+        assert!(r.claim().is_none(), "ring must report full");
+        for i in 0..4u64 {
+            let got = r.pop(|s| s.map(|s| (s.time_us, s.addrs.to_vec()))).unwrap().unwrap();
+            assert_eq!(got, (i, vec![i]));
+        }
+        assert!(r.pop(|_| ()).is_none());
+        drop(r.claim().unwrap());
+        assert!(r.pop(|s| s.is_none()).unwrap());
+    }
+
+    #[test]
+    fn concurrent_producers() {
+        let r = std::sync::Arc::new(Ring::new(1024, 2));
+        let hs: Vec<_> = (0..4)
+            .map(|t| {
+                let r = r.clone();
+                std::thread::spawn(move || {
+                    let mut ok = 0;
+                    for i in 0..200u64 {
+                        if let Some(mut c) = r.claim() {
+                            c.words()[HEADER_WORDS] = t * 1000 + i;
+                            c.publish(i, t as u32, 1, 0, 1, false);
+                            ok += 1;
+                        }
+                    }
+                    ok
+                })
+            })
+            .collect();
+        let total: usize = hs.into_iter().map(|h| h.join().unwrap()).sum();
+        let mut n = 0;
+        while r.pop(|s| assert!(s.is_some())).is_some() {
+            n += 1;
+        }
+        assert_eq!(n, total);
+        assert_eq!(total, 800);
+    }
+}

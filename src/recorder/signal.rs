@@ -1,0 +1,591 @@
+//! All signal-handler code: installing and chaining the handler, the handler
+//! itself, the registers it reads from the `ucontext`, the stack bounds it trusts,
+//! and the lock-free publication of the state and module snapshots it reads.
+//!
+//! # What the handler may do
+//! It saves and restores `errno`; it takes no lock (the ring and the cache pool
+//! are claimed with one CAS each, and a failed claim drops the sample and counts
+//! it); it never allocates (ring slots and caches are allocated at start, framehop
+//! runs with `MustNotAllocateDuringUnwind`); it calls only `syscall(SYS_gettid)`,
+//! `clock_gettime` (vDSO), `pthread_self` (reads the thread pointer) and, for
+//! foreign signals, `sigaction`/`tgkill`; the executable is linked with full
+//! RELRO (`-z now`, rustc's default on Linux) and every one of these functions is
+//! called once before the handler is installed, so no PLT slot is resolved by the
+//! dynamic loader inside the handler. It uses no Rust thread-local. It never
+//! panics by construction (slice accesses are bounded by checks, arithmetic is
+//! wrapping or checked; framehop and gimli are built without overflow checks) and
+//! an `extern "C"` function aborts rather than unwinding out of a signal frame.
+//!
+//! # Which stack memory is read (proven mapped)
+//! Only 8-byte-aligned words in `[sp, top)` of the interrupted thread's own stack:
+//! * non-main threads: glibc places `struct pthread` at the top of the thread's
+//!   stack block and records the block (`stackblock`, `stackblock_size`,
+//!   `guardsize`) in it. The offset of those fields is found once at start by
+//!   [`probe_tcb_stack_offset`] on two probe threads whose stacks
+//!   `pthread_getattr_np` reports. In the handler `pthread_self()` gives the
+//!   TCB, the fields give the block, and the unwind may read `[sp, tcb)` only if
+//!   `stackblock + guardsize <= sp < tcb`: that span is the thread's usable stack,
+//!   mapped for the thread's whole life.
+//! * the main thread (tid == pid): `top` is the end of `[stack]` in
+//!   `/proc/self/maps` at start, and `sp` must lie within `span` below it, where
+//!   `span` is the gap between `top` and the end of the next lower mapping at start,
+//!   capped by `RLIMIT_STACK`; the kernel keeps that gap free (mmap_base lies at
+//!   least RLIMIT_STACK below the stack), so `[sp, top)` is inside the stack VMA.
+//! * any other `sp` (an alternate signal stack, a coroutine, a failed probe):
+//!   nothing is read; the sample keeps its leaf pc and is marked truncated.
+//!
+//! # Which signals are ours
+//! `SIGTRAP` with `si_code == TRAP_PERF` and `si_perf_data == MAGIC` (the
+//! `sig_data` our perf events carry); `SIGPROF` with `si_code == SI_TIMER` and
+//! `si_value == MAGIC` (our per-thread timers); `SIGPROF` with `si_code ==
+//! SI_KERNEL` once our process timer was ever armed. Anything else is chained to
+//! the disposition saved when the handler was installed. Our signals arriving when
+//! no recorder runs (pending strays after stop, or in a forked child) are ignored:
+//! the handler stays installed after stop for exactly that reason, since the
+//! default action of both signals kills the process.
+
+use std::os::raw::{c_int, c_void};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicUsize, Ordering};
+use std::sync::{Arc, Once};
+
+use nix::sys::signal::{SaFlags, SigAction, SigHandler, SigSet, Signal};
+
+use super::modules::UnwindSnapshot;
+use super::ring::HEADER_WORDS;
+use super::unwind::{unwind_into, Regs};
+use super::Shared;
+
+/// The value our perf events and timers carry in their signal information.
+pub(crate) const MAGIC: u64 = 0x5350_554c_5345_0001;
+
+/// The running recorder's state, or null.
+static STATE: AtomicPtr<Shared> = AtomicPtr::new(std::ptr::null_mut());
+/// Handlers currently between loading `STATE` and their last use of it.
+static IN_HANDLER: AtomicUsize = AtomicUsize::new(0);
+/// Set once the process timer was armed: `SI_KERNEL` SIGPROFs are ours from then on.
+static PROCESS_TIMER_USED: AtomicBool = AtomicBool::new(false);
+
+/// A saved previous disposition.
+struct Prev {
+    handler: AtomicUsize,
+    flags: AtomicI32,
+}
+
+static PREV_TRAP: Prev = Prev { handler: AtomicUsize::new(libc::SIG_DFL), flags: AtomicI32::new(0) };
+static PREV_PROF: Prev = Prev { handler: AtomicUsize::new(libc::SIG_DFL), flags: AtomicI32::new(0) };
+
+fn prev_for(sig: c_int) -> Option<&'static Prev> {
+    match sig {
+        libc::SIGTRAP => Some(&PREV_TRAP),
+        libc::SIGPROF => Some(&PREV_PROF),
+        _ => None,
+    }
+}
+
+/// The first words of a `siginfo_t` on 64-bit Linux: three ints, padding, then the
+/// union at offset 16 (`_timer`: tid, overrun, sigval; `_sigfault`: addr, then
+/// `_perf`: data, type, flags).
+#[repr(C)]
+struct SigInfoHead {
+    signo: c_int,
+    errno: c_int,
+    code: c_int,
+    _pad: c_int,
+    u0: u64,
+    u1: u64,
+}
+
+/// How many sample intervals a signal stands for, or `None` if it is not ours.
+///
+/// # Safety
+/// `info` must be the siginfo pointer the kernel passed to an `SA_SIGINFO` handler.
+#[inline]
+unsafe fn classify(sig: c_int, info: *const libc::siginfo_t) -> Option<u32> {
+    if info.is_null() {
+        return None;
+    }
+    // SAFETY: the kernel's siginfo is 128 bytes, larger than SigInfoHead, and
+    // suitably aligned; all fields are plain integers.
+    let si = unsafe { &*(info as *const SigInfoHead) };
+    match sig {
+        libc::SIGTRAP if si.code == libc::TRAP_PERF && si.u1 == MAGIC => Some(1),
+        libc::SIGPROF if si.code == libc::SI_TIMER && si.u1 == MAGIC => {
+            let overrun = (si.u0 >> 32) as u32 as i32;
+            Some(1u32.saturating_add(overrun.max(0) as u32))
+        }
+        libc::SIGPROF if si.code == libc::SI_KERNEL && PROCESS_TIMER_USED.load(Ordering::Relaxed) => Some(1),
+        _ => None,
+    }
+}
+
+extern "C" fn on_signal(sig: c_int, info: *mut libc::siginfo_t, ctx: *mut c_void) {
+    // SAFETY: __errno_location returns this thread's errno slot (initial-exec TLS,
+    // always allocated); reading and writing it is what every C handler does.
+    let errno = unsafe { libc::__errno_location() };
+    // SAFETY: see above.
+    let saved = unsafe { *errno };
+    // SAFETY: `info` comes from the kernel (SA_SIGINFO).
+    match unsafe { classify(sig, info) } {
+        Some(weight) => {
+            IN_HANDLER.fetch_add(1, Ordering::SeqCst);
+            let st = STATE.load(Ordering::SeqCst);
+            if !st.is_null() {
+                // SAFETY: a non-null STATE is an `Arc<Shared>` leaked by `publish`;
+                // `unpublish` frees it only after observing IN_HANDLER == 0 after
+                // nulling STATE, and we incremented IN_HANDLER before loading it.
+                let st = unsafe { &*st };
+                // SAFETY: `ctx` is the kernel's ucontext for this signal.
+                unsafe { record(st, weight, ctx) };
+            }
+            IN_HANDLER.fetch_sub(1, Ordering::SeqCst);
+        }
+        // SAFETY: the arguments are the kernel's, passed on unchanged.
+        None => unsafe { chain(sig, info, ctx) },
+    }
+    // SAFETY: as above.
+    unsafe { *errno = saved };
+}
+
+/// Pass a foreign signal to the disposition that was in place before ours.
+///
+/// # Safety
+/// Arguments as received by the handler.
+unsafe fn chain(sig: c_int, info: *mut libc::siginfo_t, ctx: *mut c_void) {
+    let Some(prev) = prev_for(sig) else { return };
+    let handler = prev.handler.load(Ordering::Relaxed);
+    let flags = prev.flags.load(Ordering::Relaxed);
+    if handler == libc::SIG_IGN {
+        return;
+    }
+    if handler == libc::SIG_DFL {
+        // The default action of SIGTRAP and SIGPROF terminates the process:
+        // restore it and re-raise; the signal is blocked while we run, so it is
+        // delivered with the default action as soon as we return.
+        // SAFETY: sigaction, getpid, gettid and tgkill are async-signal-safe syscalls.
+        unsafe {
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            sa.sa_sigaction = libc::SIG_DFL;
+            libc::sigaction(sig, &sa, std::ptr::null_mut());
+            libc::syscall(libc::SYS_tgkill, libc::getpid(), gettid() as c_int, sig);
+        }
+        return;
+    }
+    if flags & libc::SA_SIGINFO != 0 {
+        // SAFETY: the saved handler was installed with SA_SIGINFO, so it has this type.
+        let f: extern "C" fn(c_int, *mut libc::siginfo_t, *mut c_void) =
+            unsafe { std::mem::transmute(handler) };
+        f(sig, info, ctx);
+    } else {
+        // SAFETY: a handler installed without SA_SIGINFO takes the signal number only.
+        let f: extern "C" fn(c_int) = unsafe { std::mem::transmute(handler) };
+        f(sig);
+    }
+}
+
+/// Record one sample of the interrupted thread.
+///
+/// # Safety
+/// `ctx` must be the ucontext the kernel passed with the signal.
+#[inline]
+unsafe fn record(st: &Shared, weight: u32, ctx: *mut c_void) {
+    let c = &st.counters;
+    c.signals.fetch_add(1, Ordering::Relaxed);
+    let weight = if weight > st.weight_cap {
+        c.overrun_capped.fetch_add((weight - st.weight_cap) as u64, Ordering::Relaxed);
+        st.weight_cap
+    } else {
+        weight
+    };
+    let tid = gettid();
+    if tid == st.writer_tid.load(Ordering::Relaxed) {
+        return;
+    }
+    let Some(mut cache) = st.caches.claim(tid as usize) else {
+        c.lost_no_cache.fetch_add(weight as u64, Ordering::Relaxed);
+        return;
+    };
+    let Some(mut claim) = st.ring.claim() else {
+        c.lost_ring_full.fetch_add(weight as u64, Ordering::Relaxed);
+        return;
+    };
+    // SAFETY: the kernel's ucontext for this signal.
+    let Some(regs) = (unsafe { regs_of(ctx) }) else {
+        c.lost_unwind_failed.fetch_add(weight as u64, Ordering::Relaxed);
+        return; // the claim is published void on drop
+    };
+    let time_us = now_us();
+    // SAFETY: the snapshot pointer always holds a live snapshot while STATE is
+    // published (see `SnapshotCell`); old ones are freed only when no handler runs.
+    let snap = unsafe { &*st.snapshot.ptr.load(Ordering::SeqCst) };
+    let (depth, truncated) = {
+        let words = claim.words();
+        let out = match words.get_mut(HEADER_WORDS..) {
+            Some(o) => o,
+            None => return,
+        };
+        match stack_range(st, tid, regs.sp) {
+            Some((lo, hi)) => {
+                let mut read = |addr: u64| read_stack_word(lo, hi, addr);
+                unwind_into(&snap.unwinder, cache.cache(), &regs, &mut read, out)
+            }
+            None => {
+                c.foreign_stack.fetch_add(1, Ordering::Relaxed);
+                match out.first_mut() {
+                    Some(w) => {
+                        *w = regs.pc;
+                        (1, true)
+                    }
+                    None => (0, true),
+                }
+            }
+        }
+    };
+    if depth == 0 {
+        c.lost_unwind_failed.fetch_add(weight as u64, Ordering::Relaxed);
+        return;
+    }
+    if truncated {
+        c.truncated.fetch_add(1, Ordering::Relaxed);
+    }
+    claim.publish(time_us, tid, weight, snap.generation, depth, truncated);
+}
+
+/// Read one stack word, only inside `[lo, hi)` and 8-byte aligned.
+#[inline]
+fn read_stack_word(lo: u64, hi: u64, addr: u64) -> Result<u64, ()> {
+    if addr & 7 != 0 || addr < lo || hi < 8 || addr > hi - 8 {
+        return Err(());
+    }
+    // SAFETY: [lo, hi) is the interrupted thread's own mapped stack span, proven by
+    // `stack_range` (see the module documentation); the word is inside it.
+    Ok(unsafe { std::ptr::read_volatile(addr as *const u64) })
+}
+
+/// The readable stack span `[sp, top)` of the interrupted thread, if proven.
+#[inline]
+fn stack_range(st: &Shared, tid: u32, sp: u64) -> Option<(u64, u64)> {
+    let b = &st.bounds;
+    if tid == st.pid {
+        let top = b.main_top;
+        return (top != 0 && sp < top && top - sp <= b.main_span).then_some((sp, top));
+    }
+    let off = b.tcb_block_offset? as u64;
+    // SAFETY: pthread_self only reads the thread pointer register.
+    let tcb = unsafe { libc::pthread_self() } as u64;
+    let field = tcb.checked_add(off)?;
+    // SAFETY: `field .. field + 24` lies inside this thread's own `struct pthread`
+    // (the probe found the fields at this offset below the top of the stack block,
+    // and the TCB of a running thread is always mapped).
+    let (block, _size, guard) = unsafe {
+        let p = field as *const u64;
+        (std::ptr::read_volatile(p), std::ptr::read_volatile(p.add(1)), std::ptr::read_volatile(p.add(2)))
+    };
+    let usable_lo = block.checked_add(guard)?;
+    (block != 0 && usable_lo <= sp && sp < tcb).then_some((sp, tcb))
+}
+
+/// Registers from the ucontext.
+///
+/// # Safety
+/// `ctx` must be the kernel's ucontext pointer for the current signal (or null).
+#[inline]
+unsafe fn regs_of(ctx: *mut c_void) -> Option<Regs> {
+    if ctx.is_null() {
+        return None;
+    }
+    // SAFETY: the kernel passes a valid ucontext_t to SA_SIGINFO handlers.
+    let uc = unsafe { &*(ctx as *const libc::ucontext_t) };
+    #[cfg(target_arch = "x86_64")]
+    {
+        let g = &uc.uc_mcontext.gregs;
+        Some(Regs {
+            pc: g[libc::REG_RIP as usize] as u64,
+            sp: g[libc::REG_RSP as usize] as u64,
+            fp: g[libc::REG_RBP as usize] as u64,
+            lr: 0,
+        })
+    }
+    #[cfg(target_arch = "aarch64")]
+    {
+        // The pc comes from the context, not the link register; framehop gets
+        // lr separately for leaf functions that have not saved it yet.
+        let m = &uc.uc_mcontext;
+        Some(Regs { pc: m.pc, sp: m.sp, fp: m.regs[29], lr: m.regs[30] })
+    }
+}
+
+/// The calling thread's kernel id.
+#[inline]
+pub(crate) fn gettid() -> u32 {
+    // SAFETY: gettid takes no arguments and cannot fail.
+    unsafe { libc::syscall(libc::SYS_gettid) as u32 }
+}
+
+/// Unix time in microseconds (vDSO clock_gettime: no lock, no allocation).
+#[inline]
+pub(crate) fn now_us() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime writes the timespec we pass.
+    unsafe { libc::clock_gettime(libc::CLOCK_REALTIME, &mut ts) };
+    (ts.tv_sec as u64).wrapping_mul(1_000_000).wrapping_add(ts.tv_nsec as u64 / 1000)
+}
+
+/// Call every function the handler uses once, so that nothing is left for the
+/// dynamic loader to resolve when the handler first runs.
+fn prime() {
+    let _ = gettid();
+    let _ = now_us();
+    // SAFETY: trivial libc calls.
+    unsafe {
+        let _ = libc::pthread_self();
+        let _ = libc::getpid();
+        let _ = *libc::__errno_location();
+        libc::syscall(libc::SYS_tgkill, -1, -1, 0);
+        libc::sigaction(libc::SIGPROF, std::ptr::null(), std::ptr::null_mut());
+    }
+}
+
+/// Install our handler for `sig`. Returns whether it was installed by this call
+/// (false: it was already ours from an earlier recorder). Refuses when another
+/// handler owns the signal.
+pub(crate) fn install(sig: Signal) -> Result<bool, String> {
+    prime();
+    let Some(prev) = prev_for(sig as c_int) else {
+        return Err(format!("{sig} is not a signal spulse samples with"));
+    };
+    // SAFETY: querying the disposition (null new action) has no effect.
+    let mut cur: libc::sigaction = unsafe { std::mem::zeroed() };
+    // SAFETY: `cur` is a valid out-pointer.
+    if unsafe { libc::sigaction(sig as c_int, std::ptr::null(), &mut cur) } != 0 {
+        return Err(format!("cannot query the disposition of {sig}: {}", std::io::Error::last_os_error()));
+    }
+    let ours = on_signal as extern "C" fn(c_int, *mut libc::siginfo_t, *mut c_void) as usize;
+    if cur.sa_sigaction == ours {
+        return Ok(false);
+    }
+    if cur.sa_sigaction != libc::SIG_DFL && cur.sa_sigaction != libc::SIG_IGN {
+        return Err(format!(
+            "{sig} is already handled by another signal handler (at {:#x}); spulse does not take over \
+             a signal someone else owns",
+            cur.sa_sigaction
+        ));
+    }
+    prev.handler.store(cur.sa_sigaction, Ordering::SeqCst);
+    prev.flags.store(cur.sa_flags, Ordering::SeqCst);
+    let action = SigAction::new(
+        SigHandler::SigAction(on_signal),
+        SaFlags::SA_SIGINFO | SaFlags::SA_RESTART,
+        SigSet::empty(),
+    );
+    // SAFETY: the handler is async-signal-safe as documented in this module.
+    unsafe { nix::sys::signal::sigaction(sig, &action) }
+        .map_err(|e| format!("cannot install the {sig} handler: {e}"))?;
+    Ok(true)
+}
+
+/// Put back the disposition saved by [`install`] (only after a failed start).
+pub(crate) fn restore(sig: Signal) {
+    let Some(prev) = prev_for(sig as c_int) else { return };
+    // SAFETY: restoring a disposition we saved (SIG_DFL or SIG_IGN).
+    unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = prev.handler.load(Ordering::SeqCst);
+        sa.sa_flags = prev.flags.load(Ordering::SeqCst);
+        libc::sigaction(sig as c_int, &sa, std::ptr::null_mut());
+    }
+}
+
+/// From now on, `SI_KERNEL` SIGPROFs are ours.
+pub(crate) fn mark_process_timer_used() {
+    PROCESS_TIMER_USED.store(true, Ordering::SeqCst);
+}
+
+/// Make `shared` the state the handler records into.
+pub(crate) fn publish(shared: Arc<Shared>) {
+    register_atfork();
+    let old = STATE.swap(Arc::into_raw(shared) as *mut Shared, Ordering::SeqCst);
+    debug_assert!(old.is_null());
+}
+
+/// Withdraw the state from the handler and wait (briefly, yielding) until no
+/// handler still uses it. Returns it, or `None` if none was published or a
+/// handler never left (then it is leaked rather than freed under a reader).
+pub(crate) fn unpublish() -> Option<Arc<Shared>> {
+    let p = STATE.swap(std::ptr::null_mut(), Ordering::SeqCst);
+    if p.is_null() {
+        return None;
+    }
+    for i in 0..20_000 {
+        if IN_HANDLER.load(Ordering::SeqCst) == 0 {
+            // SAFETY: `p` came from Arc::into_raw in `publish`; no handler can
+            // load it any more (STATE is null) and none is still using it.
+            return Some(unsafe { Arc::from_raw(p) });
+        }
+        if i < 100 {
+            std::thread::yield_now();
+        } else {
+            std::thread::sleep(std::time::Duration::from_micros(100));
+        }
+    }
+    None
+}
+
+/// Whether no handler is between loading the state and its last use of it.
+fn quiescent() -> bool {
+    IN_HANDLER.load(Ordering::SeqCst) == 0
+}
+
+extern "C" fn after_fork_in_child() {
+    // The child has no writer thread and must never write into the parent's
+    // ring or spool: withdraw the state (the Arc is leaked in the child).
+    STATE.store(std::ptr::null_mut(), Ordering::SeqCst);
+}
+
+fn register_atfork() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        // SAFETY: registers a plain function that only stores an atomic.
+        unsafe { libc::pthread_atfork(None, None, Some(after_fork_in_child)) };
+    });
+}
+
+/// The handler's current module snapshot.
+pub(crate) struct SnapshotCell {
+    ptr: AtomicPtr<UnwindSnapshot>,
+}
+
+/// A replaced snapshot awaiting reclamation.
+pub(crate) struct Retired(*mut UnwindSnapshot);
+
+// SAFETY: the snapshot is immutable and owned solely by this handle.
+unsafe impl Send for Retired {}
+
+impl SnapshotCell {
+    /// A cell holding `first`.
+    pub(crate) fn new(first: Box<UnwindSnapshot>) -> SnapshotCell {
+        SnapshotCell { ptr: AtomicPtr::new(Box::into_raw(first)) }
+    }
+
+    /// Generation of the current snapshot (writer side).
+    pub(crate) fn with_current<R>(&self, f: impl FnOnce(&UnwindSnapshot) -> R) -> R {
+        // SAFETY: only the writer thread swaps the pointer and it is the caller,
+        // so the current snapshot stays alive during `f`.
+        f(unsafe { &*self.ptr.load(Ordering::SeqCst) })
+    }
+
+    /// Publish `next`; the previous snapshot is returned for deferred reclamation.
+    pub(crate) fn replace(&self, next: Box<UnwindSnapshot>) -> Retired {
+        Retired(self.ptr.swap(Box::into_raw(next), Ordering::SeqCst))
+    }
+}
+
+impl Drop for SnapshotCell {
+    fn drop(&mut self) {
+        // SAFETY: the cell is dropped with its `Shared`, after `unpublish`
+        // observed that no handler runs, so nobody holds the pointer.
+        drop(unsafe { Box::from_raw(*self.ptr.get_mut()) });
+    }
+}
+
+/// Free retired snapshots if no handler can hold them: any handler that loaded
+/// one incremented IN_HANDLER before loading it, so observing zero after the
+/// swap proves every such handler has finished.
+pub(crate) fn reclaim(retired: &mut Vec<Retired>) {
+    if retired.is_empty() || !quiescent() {
+        return;
+    }
+    for r in retired.drain(..) {
+        // SAFETY: see above; `r.0` came from Box::into_raw and is owned by `r`.
+        drop(unsafe { Box::from_raw(r.0) });
+    }
+}
+
+impl Drop for Retired {
+    fn drop(&mut self) {
+        // A retired snapshot dropped without `reclaim` (shutdown with a handler
+        // possibly still inside) is leaked on purpose.
+    }
+}
+
+/// Find the offset of glibc's `stackblock`/`stackblock_size`/`guardsize` fields
+/// in `struct pthread`, relative to `pthread_self()`, by inspecting two probe
+/// threads with different stack sizes. `None` when the layout cannot be found
+/// (another libc): then non-main threads record leaf-only samples.
+pub(crate) fn probe_tcb_stack_offset() -> Option<usize> {
+    let run = |size: usize| {
+        std::thread::Builder::new()
+            .name("spulse-probe".into())
+            .stack_size(size)
+            .spawn(probe_current)
+            .ok()?
+            .join()
+            .ok()?
+    };
+    let a = run(256 << 10)?;
+    let b = run(1 << 20)?;
+    (a == b).then_some(a)
+}
+
+fn probe_current() -> Option<usize> {
+    // SAFETY: standard pthread attribute queries on the calling thread; the attr
+    // is initialized by pthread_getattr_np and destroyed afterwards.
+    let (lo, size, tcb) = unsafe {
+        let me = libc::pthread_self();
+        let mut attr: libc::pthread_attr_t = std::mem::zeroed();
+        if libc::pthread_getattr_np(me, &mut attr) != 0 {
+            return None;
+        }
+        let mut addr: *mut c_void = std::ptr::null_mut();
+        let mut size: usize = 0;
+        let r = libc::pthread_attr_getstack(&attr, &mut addr, &mut size);
+        libc::pthread_attr_destroy(&mut attr);
+        if r != 0 {
+            return None;
+        }
+        (addr as u64, size as u64, me as u64)
+    };
+    let hi = lo.checked_add(size)?;
+    if !(lo < tcb && tcb < hi) {
+        return None;
+    }
+    let mut off = 0u64;
+    while tcb + off + 24 <= hi && off < 8192 {
+        let p = (tcb + off) as *const u64;
+        // SAFETY: [tcb, hi) is the top of this thread's own stack block (the TCB
+        // and TLS glibc placed there), mapped and readable; reads are aligned
+        // because the TCB is.
+        let (block, bsize, guard) = unsafe {
+            (std::ptr::read_volatile(p), std::ptr::read_volatile(p.add(1)), std::ptr::read_volatile(p.add(2)))
+        };
+        if block != 0
+            && block.wrapping_add(guard) == lo
+            && bsize.wrapping_sub(guard) == size
+            && block.wrapping_add(bsize) >= tcb
+        {
+            return Some(off as usize);
+        }
+        off += 8;
+    }
+    None
+}
+
+/// The main thread's stack top and the span below it proven to be stack.
+pub(crate) fn main_stack_bounds() -> (u64, u64) {
+    let Ok(maps) = std::fs::read_to_string("/proc/self/maps") else { return (0, 0) };
+    let mut prev_end = 0u64;
+    for line in maps.lines() {
+        let range = line.split_whitespace().next().unwrap_or("");
+        let (a, b) = range.split_once('-').unwrap_or(("", ""));
+        let (Ok(start), Ok(end)) = (u64::from_str_radix(a, 16), u64::from_str_radix(b, 16)) else { continue };
+        if line.ends_with("[stack]") {
+            let mut rl = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+            // SAFETY: getrlimit writes the struct we pass.
+            unsafe { libc::getrlimit(libc::RLIMIT_STACK, &mut rl) };
+            let limit = if rl.rlim_cur == libc::RLIM_INFINITY { 1u64 << 30 } else { rl.rlim_cur };
+            let span = (end - prev_end.min(start)).min(limit.max(end - start));
+            return (end, span);
+        }
+        prev_end = end;
+    }
+    (0, 0)
+}

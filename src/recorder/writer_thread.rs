@@ -1,0 +1,362 @@
+//! The writer thread: every flush interval it drains the ring, resolves and
+//! interns what the handler captured, tracks modules coming and going, and
+//! appends to the spool; at stop it drains everything, flushes and syncs.
+//!
+//! Order of work in one tick, and why:
+//! 1. drain the ring and write the samples (each resolved against the module
+//!    table of the generation it was unwound with);
+//! 2. write the deactivations queued by the previous tick: samples the handler
+//!    took with the old generation while the new snapshot was being published
+//!    have been drained in step 1 by now, so they were resolved while their
+//!    module was still active;
+//! 3. engine upkeep (per-thread timers for new threads);
+//! 4. if the loader's counters moved, rescan: removed objects are queued for
+//!    deactivation (or retired at once when a newly loaded object reuses their
+//!    range, since active spans of a pid may not overlap), new objects are written
+//!    as module records of generation + 1, then the new unwinder snapshot is
+//!    published, so no sample can refer to a module before its record;
+//! 5. reclaim replaced snapshots no handler can hold, and flush.
+//!
+//! The window left open: a library unloaded and another mapped at the same
+//! address within one tick, and sampled in that window before step 4 publishes
+//! the new generation, is attributed to the old library (the handler cannot ask
+//! the loader anything). Ticks are `flush_interval` apart (50 ms by default).
+
+use std::fs::File;
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::engine::Engine;
+use super::intern::Interner;
+use super::modules::{self, LoadedObject, ModuleEntry, ModuleTable};
+use super::ring::RawSample;
+use super::signal::{self, Retired};
+use super::{LostSamples, Shared, Stats};
+use crate::{Error, Frame, NewModule, SpoolWriter};
+
+/// Messages to the writer thread.
+pub(crate) enum Control {
+    /// Everything is set up: run.
+    Start(Box<WriterState>),
+    /// Start failed: exit.
+    Abort,
+    /// Stop, drain, flush, sync and report.
+    Stop,
+    /// A Python-runtime transition.
+    Python { entering: bool, time_us: u64 },
+}
+
+/// What the writer thread owns.
+pub(crate) struct WriterState {
+    pub shared: Arc<Shared>,
+    pub out: SpoolWriter<File>,
+    pub table: ModuleTable,
+    pub engine: Engine,
+    pub exe_path: Vec<u8>,
+    pub generation: u64,
+    pub dl: (u64, u64),
+    pub interval: Duration,
+    pub started: Instant,
+    pub pid: u32,
+}
+
+struct Run {
+    st: WriterState,
+    interner: Interner,
+    pending_retire: Vec<usize>,
+    retired: Vec<Retired>,
+    python: Vec<(u64, bool)>,
+    samples_written: u64,
+    error: Option<Error>,
+    frames: Vec<Frame>,
+}
+
+/// Define module records for a scan's objects (generation `gen`) and add them
+/// to the table.
+pub(crate) fn define_objects(
+    out: &mut SpoolWriter<File>,
+    table: &mut ModuleTable,
+    pid: u32,
+    objects: &[&LoadedObject],
+    gen: u64,
+) -> Result<(), Error> {
+    for o in objects {
+        for seg in &o.segments {
+            let id = out.define_module(&NewModule {
+                pid,
+                start: seg.avma,
+                size: seg.size,
+                file_offset: seg.file_offset,
+                generation: gen,
+                path: &o.key.path,
+                build_id: &o.build_id,
+            })?;
+            table.push(ModuleEntry {
+                id,
+                key: o.key.clone(),
+                seg: seg.clone(),
+                gen_added: gen,
+                gen_removed: None,
+                retired: false,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// The thread body: wait for `Start`, then run until `Stop`.
+pub(crate) fn main(rx: Receiver<Control>) -> Result<Stats, Error> {
+    let st = loop {
+        match rx.recv() {
+            Ok(Control::Start(st)) => break *st,
+            Ok(Control::Python { .. }) => continue,
+            Ok(Control::Abort) | Ok(Control::Stop) | Err(_) => {
+                return Err(Error::Recorder("recorder start was abandoned".into()));
+            }
+        }
+    };
+    let interval = st.interval;
+    let mut run = Run {
+        st,
+        interner: Interner::default(),
+        pending_retire: Vec::new(),
+        retired: Vec::new(),
+        python: Vec::new(),
+        samples_written: 0,
+        error: None,
+        frames: Vec::new(),
+    };
+    let mut next = Instant::now() + interval;
+    loop {
+        let now = Instant::now();
+        let wait = next.saturating_duration_since(now);
+        match rx.recv_timeout(wait) {
+            Ok(Control::Stop) | Err(RecvTimeoutError::Disconnected) => break,
+            Ok(Control::Python { entering, time_us }) => run.python.push((time_us, entering)),
+            Ok(Control::Start(_)) | Ok(Control::Abort) => {}
+            Err(RecvTimeoutError::Timeout) => {
+                run.tick();
+                next = Instant::now() + interval;
+            }
+        }
+    }
+    run.finish()
+}
+
+impl Run {
+    fn note<T>(&mut self, r: Result<T, Error>) -> Option<T> {
+        match r {
+            Ok(v) => Some(v),
+            Err(e) => {
+                if self.error.is_none() {
+                    self.error = Some(e);
+                }
+                None
+            }
+        }
+    }
+
+    fn tick(&mut self) {
+        self.drain();
+        let pending = std::mem::take(&mut self.pending_retire);
+        for idx in pending {
+            self.retire(idx);
+        }
+        self.st.engine.tick();
+        self.check_modules();
+        signal::reclaim(&mut self.retired);
+        let r = self.st.out.flush();
+        self.note(r);
+    }
+
+    fn retire(&mut self, idx: usize) {
+        if self.st.table.entries[idx].retired {
+            return;
+        }
+        let id = self.st.table.entries[idx].id;
+        if self.error.is_none() {
+            let r = self.st.out.deactivate_module(id);
+            self.note(r);
+        }
+        self.st.table.retire(idx);
+        self.interner.forget_module(id);
+    }
+
+    fn check_modules(&mut self) {
+        let dl = modules::dl_counters();
+        if dl == self.st.dl {
+            return;
+        }
+        self.st.dl = dl;
+        let objects = modules::scan(&self.st.exe_path);
+        let gen = self.st.generation + 1;
+        // Removed: active (not removed) entries whose object is gone.
+        let present: std::collections::HashSet<&modules::ObjectKey> =
+            objects.iter().map(|o| &o.key).collect();
+        let mut removed_idx = Vec::new();
+        let mut removed_starts = Vec::new();
+        for (i, e) in self.st.table.entries.iter().enumerate() {
+            if e.gen_removed.is_none() && !present.contains(&e.key) {
+                removed_idx.push(i);
+            }
+        }
+        let known: std::collections::HashSet<&modules::ObjectKey> =
+            self.st.table.entries.iter().filter(|e| e.gen_removed.is_none()).map(|e| &e.key).collect();
+        let added: Vec<&LoadedObject> = objects.iter().filter(|o| !known.contains(&o.key)).collect();
+        if removed_idx.is_empty() && added.is_empty() {
+            return;
+        }
+        for &i in &removed_idx {
+            self.st.table.entries[i].gen_removed = Some(gen);
+        }
+        // The unwinder keys modules by the start of their whole range: the lowest
+        // executable segment of the object.
+        {
+            let mut starts: std::collections::HashMap<&modules::ObjectKey, u64> = Default::default();
+            for &i in &removed_idx {
+                let e = &self.st.table.entries[i];
+                let s = starts.entry(&e.key).or_insert(u64::MAX);
+                *s = (*s).min(e.seg.avma);
+            }
+            removed_starts.extend(starts.values().copied());
+        }
+        // Retire at once the removed modules a new one overlaps; queue the rest.
+        for &i in &removed_idx {
+            let e = &self.st.table.entries[i];
+            let (a, b) = (e.seg.avma, e.seg.avma + e.seg.size);
+            let overlaps = added.iter().any(|o| o.segments.iter().any(|s| s.avma < b && a < s.avma + s.size));
+            if overlaps {
+                self.retire(i);
+            } else {
+                self.pending_retire.push(i);
+            }
+        }
+        if self.error.is_none() {
+            let pid = self.st.pid;
+            let r = define_objects(&mut self.st.out, &mut self.st.table, pid, &added, gen);
+            self.note(r);
+        }
+        let next = self
+            .st
+            .shared
+            .snapshot
+            .with_current(|cur| modules::next_snapshot(cur, &removed_starts, &added, gen));
+        self.retired.push(self.st.shared.snapshot.replace(Box::new(next)));
+        self.st.generation = gen;
+    }
+
+    fn drain(&mut self) {
+        // Python transitions in time order, interleaved with the samples.
+        self.python.sort_by_key(|p| p.0);
+        let mut py = std::mem::take(&mut self.python).into_iter().peekable();
+        let shared = self.st.shared.clone();
+        while let Some(()) = shared.ring.pop(|s| {
+            if let Some(s) = s {
+                while let Some(&(t, entering)) = py.peek() {
+                    if t > s.time_us {
+                        break;
+                    }
+                    py.next();
+                    self.python_record(t, entering);
+                }
+                self.write_sample(&s);
+            }
+        }) {}
+        for (t, entering) in py {
+            self.python_record(t, entering);
+        }
+    }
+
+    fn python_record(&mut self, t: u64, entering: bool) {
+        if self.error.is_none() {
+            let r = self.st.out.python_runtime(self.st.pid, t, entering);
+            self.note(r);
+        }
+    }
+
+    fn write_sample(&mut self, s: &RawSample<'_>) {
+        if self.error.is_some() || s.addrs.is_empty() {
+            return;
+        }
+        let r = self.sample_inner(s);
+        self.note(r);
+    }
+
+    fn sample_inner(&mut self, s: &RawSample<'_>) -> Result<(), Error> {
+        let thread = self.interner.thread(&mut self.st.out, self.st.pid, s.tid)?;
+        let leaf = match self.interner.cached(s.generation, s.truncated, s.addrs) {
+            Some(l) => l,
+            None => {
+                let mut frames = std::mem::take(&mut self.frames);
+                frames.clear();
+                if s.truncated {
+                    frames.push(Frame::Truncated);
+                }
+                for (i, &a) in s.addrs.iter().enumerate().rev() {
+                    // Return addresses point after the call: step back into it.
+                    let addr = if i == 0 { a } else { a.wrapping_sub(1) };
+                    frames.push(match self.st.table.resolve(addr, s.generation) {
+                        Some(e) => Frame::Module {
+                            module: e.id,
+                            file_relative: addr - e.seg.avma + e.seg.file_offset,
+                        },
+                        None => Frame::Absolute { address: addr, kernel: false },
+                    });
+                }
+                let r = self.interner.stack(&mut self.st.out, &frames);
+                self.frames = frames;
+                let leaf = r?;
+                self.interner.remember(leaf);
+                leaf
+            }
+        };
+        for _ in 0..s.weight.max(1) {
+            self.st.out.sample(s.time_us, thread, leaf)?;
+            self.samples_written += 1;
+        }
+        Ok(())
+    }
+
+    fn finish(mut self) -> Result<Stats, Error> {
+        self.st.engine.stop();
+        self.drain();
+        // Withdraw the state from the handler; wait until no handler uses it.
+        let _ = signal::unpublish();
+        self.drain();
+        let pending = std::mem::take(&mut self.pending_retire);
+        for idx in pending {
+            self.retire(idx);
+        }
+        signal::reclaim(&mut self.retired);
+        if self.error.is_none() {
+            let r = self.st.out.flush();
+            self.note(r);
+        }
+        if self.error.is_none() {
+            let r = self.st.out.get_ref().sync_all().map_err(Error::from);
+            self.note(r);
+        }
+        if let Some(e) = self.error.take() {
+            return Err(e);
+        }
+        let c = &self.st.shared.counters;
+        Ok(Stats {
+            samples_written: self.samples_written,
+            samples_lost: LostSamples {
+                ring_full: c.lost_ring_full.load(Ordering::Relaxed),
+                no_cache: c.lost_no_cache.load(Ordering::Relaxed),
+                unwind_failed: c.lost_unwind_failed.load(Ordering::Relaxed),
+                overrun_capped: c.overrun_capped.load(Ordering::Relaxed),
+            },
+            signals: c.signals.load(Ordering::Relaxed),
+            truncated_stacks: c.truncated.load(Ordering::Relaxed),
+            unknown_stacks: c.foreign_stack.load(Ordering::Relaxed),
+            bytes: self.st.out.len(),
+            engine: self.st.engine.kind(),
+            duration: self.st.started.elapsed(),
+            module_generations: self.st.generation + 1,
+        })
+    }
+}
