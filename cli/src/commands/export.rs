@@ -18,13 +18,23 @@ use crate::CliError;
 /// Export formats.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Format {
+    /// Gzipped pprof `profile.proto` (go tool pprof, Pyroscope, Parca, Grafana).
+    Pprof,
+    /// Firefox Profiler processed format (JSON), for profiler.firefox.com.
+    Firefox,
     /// Folded stacks, `root;...;leaf COUNT` per line.
     Collapsed,
+    /// Interactive SVG flame graph.
+    Svg,
+    /// speedscope JSON file format, for speedscope.app.
+    Speedscope,
 }
 
 /// Arguments of `spulse export`.
 #[derive(Debug, Args)]
-#[command(after_help = "Examples:\n  spulse export app.spool --format collapsed -o app.folded")]
+#[command(
+    after_help = "Examples:\n  spulse export app.spool --format pprof -o app.pb.gz && go tool pprof -top app.pb.gz\n  spulse export app.spool --format firefox -o app.json\n  spulse export app.spool --format collapsed -o app.folded\n  spulse export app.spool --format svg -o app.svg --symbols /usr/lib/debug\n  spulse export app.spool --format speedscope -o app.speedscope.json --thread 4242"
+)]
 pub struct ExportArgs {
     /// The spool file.
     pub file: PathBuf,
@@ -51,11 +61,23 @@ pub fn run(args: &ExportArgs) -> Result<(), CliError> {
         let f = File::create(&args.output).map_err(|e| CliError::output(&out_name, e))?;
         Box::new(BufWriter::new(f))
     };
+    let title = format!("spulse {}", args.file.display());
+    let filter = args.filter.filter();
     let res = match args.format {
-        Format::Collapsed => {
-            let agg = aggregate(&replay, &args.filter.filter(), false)?;
+        Format::Firefox => {
+            export::firefox::write(&replay, &filter, &mut sym, &title, &mut *out)?;
+            Ok(())
+        }
+        f => {
+            let agg = aggregate(&replay, &filter, f == Format::Speedscope)?;
             symbolize_all(&replay, &agg, &mut sym);
-            export::collapsed::write(&replay, &agg, &mut sym, &mut *out)
+            match f {
+                Format::Pprof => export::pprof::write(&replay, &agg, &mut sym, &title, &mut *out),
+                Format::Collapsed => export::collapsed::write(&replay, &agg, &mut sym, &mut *out),
+                Format::Svg => export::svg::write(&replay, &agg, &mut sym, &title, &mut *out),
+                Format::Speedscope => export::speedscope::write(&replay, &agg, &mut sym, &title, &mut *out),
+                Format::Firefox => unreachable!("handled above"),
+            }
         }
     };
     res.and_then(|()| out.flush()).map_err(|e| CliError::output(&out_name, e))

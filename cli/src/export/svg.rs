@@ -1,0 +1,28 @@
+//! Interactive SVG flame graph through `inferno`, from the folded stacks.
+
+use std::io::Write;
+
+use spulse::Definitions;
+
+use crate::aggregate::Aggregate;
+use crate::report::folded;
+use crate::symbolize::Symbolizer;
+
+/// Write an SVG flame graph titled `title`.
+pub fn write(
+    defs: &Definitions,
+    agg: &Aggregate,
+    sym: &mut Symbolizer,
+    title: &str,
+    out: &mut dyn Write,
+) -> std::io::Result<()> {
+    let lines: Vec<String> = folded(defs, agg, sym).into_iter().map(|(s, n)| format!("{s} {n}")).collect();
+    let mut opts = inferno::flamegraph::Options::default();
+    opts.title = title.to_string();
+    opts.count_name = "samples".to_string();
+    if lines.is_empty() {
+        // inferno refuses empty input; an empty profile still gets a valid SVG.
+        return inferno::flamegraph::from_lines(&mut opts, std::iter::once("[no samples] 1"), out);
+    }
+    inferno::flamegraph::from_lines(&mut opts, lines.iter().map(String::as_str), out)
+}

@@ -1,0 +1,228 @@
+//! Every export format checked by a real consumer where one exists:
+//! `go tool pprof` for pprof, the speedscope file-format JSON schema (through
+//! Python's `jsonschema`) for speedscope, a structural walk of the Firefox
+//! Profiler processed format, and inferno's SVG for flame graphs.
+
+mod common;
+
+use std::collections::HashMap;
+use std::io::Read;
+use std::process::Command;
+
+use common::*;
+use serde_json::Value;
+
+fn fixture() -> (Program, std::path::PathBuf) {
+    let p = program();
+    let spool = p.dir.path().join("a.spool");
+    standard(&p, &spool);
+    (p, spool)
+}
+
+fn export(spool: &std::path::Path, format: &str, out: &std::path::Path) {
+    ok(&["export", s(spool), "--format", format, "-o", s(out)]);
+}
+
+/// Parse `go tool pprof -top` rows into name -> (flat, cum).
+fn pprof_top(file: &std::path::Path, tmp: &std::path::Path) -> HashMap<String, (f64, f64)> {
+    let out = Command::new("go")
+        .args(["tool", "pprof", "-top", "-symbolize=none", "-sample_index=samples", "-nodecount=100"])
+        .arg(file)
+        .env("PPROF_TMPDIR", tmp)
+        .env("HOME", tmp)
+        .output()
+        .expect("go tool pprof (install Debian's golang-go)");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "go tool pprof failed: {}\n{text}", String::from_utf8_lossy(&out.stderr));
+    let mut rows = HashMap::new();
+    for line in text.lines() {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        // flat flat% sum% cum cum% name...
+        if f.len() >= 6 && f[1].ends_with('%') && f[4].ends_with('%') {
+            if let (Ok(flat), Ok(cum)) = (f[0].parse::<f64>(), f[3].parse::<f64>()) {
+                rows.insert(f[5..].join(" "), (flat, cum));
+            }
+        }
+    }
+    assert!(!rows.is_empty(), "no rows in go tool pprof output:\n{text}");
+    rows
+}
+
+#[test]
+fn pprof_is_read_by_go_tool_pprof() {
+    let (p, spool) = fixture();
+    let out = p.dir.path().join("a.pb.gz");
+    export(&spool, "pprof", &out);
+    let rows = pprof_top(&out, p.dir.path());
+    assert_eq!(rows.get("hot_a"), Some(&(300.0, 300.0)), "{rows:?}");
+    assert_eq!(rows.get("hot_b"), Some(&(100.0, 100.0)), "{rows:?}");
+    assert_eq!(rows.get("main"), Some(&(0.0, 400.0)), "{rows:?}");
+}
+
+#[test]
+fn pprof_carries_mappings_addresses_and_build_ids() {
+    use prost::Message;
+    use spulse_cli::export::pprof::Profile;
+    let (p, spool) = fixture();
+    let out = p.dir.path().join("a.pb.gz");
+    export(&spool, "pprof", &out);
+    let mut raw = Vec::new();
+    flate2::read::GzDecoder::new(std::fs::File::open(&out).unwrap()).read_to_end(&mut raw).unwrap();
+    let prof = Profile::decode(&*raw).expect("valid profile.proto");
+    let st = &prof.string_table;
+    assert_eq!(prof.mapping.len(), 1);
+    let m = &prof.mapping[0];
+    let bid: String = p.build_id.iter().map(|b| format!("{b:02x}")).collect();
+    assert_eq!(st[m.build_id as usize], bid);
+    assert_eq!(st[m.filename as usize], s(&p.path));
+    assert_eq!(m.memory_start, BASE + p.text.2);
+    assert_eq!(m.file_offset, p.text.0);
+    assert!(m.has_functions && m.has_line_numbers);
+    // Every location has an address inside its mapping, and the hot_a location
+    // is at the recorded address.
+    for l in &prof.location {
+        assert_eq!(l.mapping_id, 1);
+        assert!(l.address >= m.memory_start && l.address < m.memory_limit);
+    }
+    let want = BASE + p.text.2 + (p.hot_a - p.text.0);
+    let fname = |l: &spulse_cli::export::pprof::Location| {
+        let f = prof.function.iter().find(|f| f.id == l.line.last().unwrap().function_id).unwrap();
+        st[f.name as usize].clone()
+    };
+    let loc = prof.location.iter().find(|l| l.address == want).expect("hot_a location");
+    assert_eq!(fname(loc), "hot_a");
+    assert!(loc.line[0].line > 0, "line numbers from DWARF");
+    let total: i64 = prof.sample.iter().map(|s| s.value[0]).sum();
+    assert_eq!(total, 400);
+    assert_eq!(prof.period, INTERVAL_US as i64 * 1000);
+}
+
+#[test]
+fn pprof_without_symbols_can_be_resymbolized_by_go_tool_pprof() {
+    // Exported with --no-symbolize, the profile holds only addresses, mappings
+    // and build ids; go tool pprof symbolizes it from the binary itself.
+    let (p, spool) = fixture();
+    let out = p.dir.path().join("bare.pb.gz");
+    ok(&["export", s(&spool), "--format", "pprof", "--no-symbolize", "-o", s(&out)]);
+    let o = Command::new("go")
+        .args(["tool", "pprof", "-top", "-sample_index=samples"])
+        .arg(&out)
+        .env("PPROF_TMPDIR", p.dir.path())
+        .env("HOME", p.dir.path())
+        .env("PPROF_BINARY_PATH", p.dir.path())
+        .output()
+        .expect("go tool pprof");
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let hot_a = text.lines().find(|l| l.contains("hot_a")).unwrap_or_else(|| panic!("hot_a not in\n{text}"));
+    assert!(hot_a.trim_start().starts_with("300 "), "{hot_a}");
+}
+
+#[test]
+fn svg_flame_graph_names_functions() {
+    let (p, spool) = fixture();
+    let out = p.dir.path().join("a.svg");
+    export(&spool, "svg", &out);
+    let svg = std::fs::read_to_string(&out).unwrap();
+    assert!(svg.starts_with("<?xml") && svg.contains("<svg"), "not an SVG");
+    assert!(svg.trim_end().ends_with("</svg>"));
+    assert!(svg.contains("hot_a (300 samples, 75.00%)"), "hot_a frame with its count");
+    assert!(svg.contains("hot_b (100 samples, 25.00%)"));
+    assert!(svg.contains("<script"), "interactive");
+}
+
+#[test]
+fn speedscope_validates_against_published_schema() {
+    let (p, spool) = fixture();
+    let out = p.dir.path().join("a.speedscope.json");
+    export(&spool, "speedscope", &out);
+    let schema = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/speedscope-file-format-schema.json");
+    let script = "import json,sys,jsonschema\n\
+                  schema=json.load(open(sys.argv[1])); doc=json.load(open(sys.argv[2]))\n\
+                  jsonschema.validate(doc, schema)\nprint('valid')\n";
+    let o = Command::new("python3")
+        .args(["-c", script, schema])
+        .arg(&out)
+        .output()
+        .expect("python3 (with the jsonschema package)");
+    assert!(
+        o.status.success() && String::from_utf8_lossy(&o.stdout).contains("valid"),
+        "speedscope export does not validate: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    // And it holds the split: per-thread profiles, weights in microseconds.
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    let frames = v["shared"]["frames"].as_array().unwrap();
+    let mut leaf: HashMap<String, u64> = HashMap::new();
+    let profiles = v["profiles"].as_array().unwrap();
+    assert_eq!(profiles.len(), 2, "one profile per thread");
+    for prof in profiles {
+        let samples = prof["samples"].as_array().unwrap();
+        let weights = prof["weights"].as_array().unwrap();
+        for (st, w) in samples.iter().zip(weights) {
+            let last = st.as_array().unwrap().last().unwrap().as_u64().unwrap() as usize;
+            let name = frames[last]["name"].as_str().unwrap().to_string();
+            *leaf.entry(name).or_default() += w.as_u64().unwrap();
+        }
+        assert_eq!(
+            prof["samples"][0][0],
+            serde_json::json!(frames.iter().position(|f| f["name"] == "main").unwrap()),
+            "root first"
+        );
+    }
+    assert_eq!(leaf["hot_a"], 300 * INTERVAL_US);
+    assert_eq!(leaf["hot_b"], 100 * INTERVAL_US);
+}
+
+/// Leaf function name -> sample count, walking the processed format's tables.
+fn firefox_leaf_counts(v: &Value) -> HashMap<String, u64> {
+    let mut out = HashMap::new();
+    let shared_strings = v["shared"]["stringArray"].as_array();
+    for th in v["threads"].as_array().unwrap() {
+        let strings = th["stringArray"].as_array().or(shared_strings).expect("string table");
+        let stacks = &th["stackTable"];
+        let frames = &th["frameTable"];
+        let funcs = &th["funcTable"];
+        let samples = &th["samples"];
+        let n = samples["length"].as_u64().unwrap() as usize;
+        for i in 0..n {
+            let st = samples["stack"][i].as_u64().unwrap() as usize;
+            let fr = stacks["frame"][st].as_u64().unwrap() as usize;
+            let fu = frames["func"][fr].as_u64().unwrap() as usize;
+            let name = funcs["name"][fu].as_u64().unwrap() as usize;
+            let w = samples["weight"].as_array().map(|w| w[i].as_u64().unwrap()).unwrap_or(1);
+            *out.entry(strings[name].as_str().unwrap().to_string()).or_default() += w;
+        }
+    }
+    out
+}
+
+#[test]
+fn firefox_profile_parses_and_names_hot_functions() {
+    let (p, spool) = fixture();
+    let out = p.dir.path().join("a.json");
+    export(&spool, "firefox", &out);
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).expect("JSON");
+    assert!(v["meta"]["preprocessedProfileVersion"].as_u64().is_some());
+    assert_eq!(v["meta"]["symbolicated"], true);
+    let threads = v["threads"].as_array().unwrap();
+    assert_eq!(threads.len(), 2);
+    let names: Vec<&str> = threads.iter().map(|t| t["name"].as_str().unwrap()).collect();
+    assert!(names.contains(&"main") && names.contains(&"worker"), "{names:?}");
+    let libs = v["libs"].as_array().unwrap();
+    assert_eq!(libs.len(), 1, "{libs:?}");
+    assert_eq!(libs[0]["name"], "hotprog");
+    let bid: String = p.build_id.iter().map(|b| format!("{b:02x}")).collect();
+    assert_eq!(libs[0]["codeId"], bid);
+    let leaf = firefox_leaf_counts(&v);
+    assert_eq!(leaf.get("hot_a"), Some(&300), "{leaf:?}");
+    assert_eq!(leaf.get("hot_b"), Some(&100), "{leaf:?}");
+}
+
+#[test]
+fn exports_honour_thread_filter() {
+    let (p, spool) = fixture();
+    let out = p.dir.path().join("t.folded");
+    ok(&["export", s(&spool), "--format", "collapsed", "--thread", "1002", "-o", s(&out)]);
+    assert_eq!(std::fs::read_to_string(&out).unwrap(), "main;hot_a 100\n");
+}
