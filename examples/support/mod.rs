@@ -75,3 +75,87 @@ impl Symbolizer {
         }
     }
 }
+
+/// Build a small shared library exporting `uint64_t <name>(uint64_t n)` (a busy
+/// loop of `n` rounds in a non-inlined helper) into `dir` with the system C
+/// compiler (`cc`), and return its path.
+pub fn build_plugin(dir: &std::path::Path, name: &str) -> std::io::Result<std::path::PathBuf> {
+    let src = dir.join(format!("{name}.c"));
+    let lib = dir.join(format!("lib{name}.so"));
+    std::fs::write(
+        &src,
+        format!(
+            "#include <stdint.h>\n\
+             __attribute__((noinline)) uint64_t {name}_inner(uint64_t n) {{\n\
+             \x20   volatile uint64_t h = 1469598103934665603ull;\n\
+             \x20   for (uint64_t i = 0; i < n; i++) h = (h ^ i) * 1099511628211ull;\n\
+             \x20   return h;\n\
+             }}\n\
+             uint64_t {name}(uint64_t n) {{ return {name}_inner(n) + 1; }}\n"
+        ),
+    )?;
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".to_string());
+    let out = std::process::Command::new(&cc)
+        .args(["-shared", "-fPIC", "-O2", "-o"])
+        .arg(&lib)
+        .arg(&src)
+        .output()?;
+    if !out.status.success() {
+        return Err(std::io::Error::other(format!(
+            "{cc} failed building {}: {}",
+            lib.display(),
+            String::from_utf8_lossy(&out.stderr)
+        )));
+    }
+    Ok(lib)
+}
+
+/// A loaded plugin (dlopen handle and its entry point).
+pub struct Plugin {
+    handle: *mut std::ffi::c_void,
+    entry: extern "C" fn(u64) -> u64,
+}
+
+impl Plugin {
+    /// `dlopen` the library and find `name` in it.
+    pub fn open(path: &std::path::Path, name: &str) -> Result<Plugin, String> {
+        use std::os::unix::ffi::OsStrExt;
+        let cpath = std::ffi::CString::new(path.as_os_str().as_bytes()).map_err(|e| e.to_string())?;
+        let cname = std::ffi::CString::new(name).map_err(|e| e.to_string())?;
+        // SAFETY: dlopen with a valid C string; the library only defines plain functions.
+        let handle = unsafe { libc::dlopen(cpath.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+        if handle.is_null() {
+            return Err(format!("dlopen {} failed", path.display()));
+        }
+        // SAFETY: dlsym on the handle we just opened.
+        let sym = unsafe { libc::dlsym(handle, cname.as_ptr()) };
+        if sym.is_null() {
+            // SAFETY: closing the handle we opened.
+            unsafe { libc::dlclose(handle) };
+            return Err(format!("{name} not found in {}", path.display()));
+        }
+        // SAFETY: the symbol is `uint64_t name(uint64_t)` as built by `build_plugin`.
+        let entry: extern "C" fn(u64) -> u64 = unsafe { std::mem::transmute(sym) };
+        Ok(Plugin { handle, entry })
+    }
+
+    /// Call the entry point.
+    pub fn call(&self, n: u64) -> u64 {
+        (self.entry)(n)
+    }
+
+    /// The address the library is loaded at.
+    pub fn base(&self) -> u64 {
+        // SAFETY: Dl_info is plain data; dladdr fills it for an address inside a loaded object.
+        let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+        // SAFETY: see above.
+        unsafe { libc::dladdr(self.entry as *const std::ffi::c_void, &mut info) };
+        info.dli_fbase as u64
+    }
+
+    /// `dlclose` it (the entry point must not be called afterwards).
+    pub fn close(self) {
+        // SAFETY: the handle is ours and closed once.
+        unsafe { libc::dlclose(self.handle) };
+    }
+}

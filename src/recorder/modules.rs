@@ -20,7 +20,6 @@
 //! at zero after the swap (every handler that could have loaded it has returned);
 //! until then it waits on a retired list. Nobody ever waits on anybody.
 
-use std::collections::HashMap;
 use std::ffi::CStr;
 use std::os::raw::{c_int, c_void};
 
@@ -56,6 +55,7 @@ pub(crate) struct ObjectKey {
 }
 
 /// A loaded object found by a scan.
+#[derive(Clone)]
 pub(crate) struct LoadedObject {
     pub key: ObjectKey,
     pub build_id: Vec<u8>,
@@ -270,32 +270,41 @@ pub(crate) struct ModuleEntry {
 #[derive(Default)]
 pub(crate) struct ModuleTable {
     pub entries: Vec<ModuleEntry>,
-    /// Index of entries by generation span, sorted by start, rebuilt per change.
+    /// Every entry (retired ones too), sorted by start, rebuilt per change.
     by_start: Vec<usize>,
-    pub objects: HashMap<ObjectKey, Vec<usize>>,
 }
 
 impl ModuleTable {
-    /// Resolve an address sampled under generation `gen`: the entry mapped there
-    /// at that generation, if any.
+    /// Resolve an address sampled under generation `gen`: the module mapped there
+    /// at that generation, or `None` if it is retired already (the caller then
+    /// writes an absolute frame). If no module of that generation covers the
+    /// address, the sample ran in code loaded after the handler's snapshot was
+    /// published: the first later generation's module there is the one.
     pub(crate) fn resolve(&self, addr: u64, gen: u64) -> Option<&ModuleEntry> {
-        // by_start is sorted by start; several generations may share a range.
         let i = self.by_start.partition_point(|&e| self.entries[e].seg.avma <= addr);
-        self.by_start[..i].iter().rev().map(|&e| &self.entries[e]).find(|e| {
-            addr < e.seg.avma + e.seg.size && e.gen_added <= gen && e.gen_removed.map_or(true, |r| gen < r)
-        })
+        let mut later: Option<&ModuleEntry> = None;
+        for e in self.by_start[..i].iter().rev().map(|&e| &self.entries[e]) {
+            if addr >= e.seg.avma + e.seg.size {
+                continue;
+            }
+            if e.gen_added <= gen && e.gen_removed.map_or(true, |r| gen < r) {
+                return (!e.retired).then_some(e);
+            }
+            if e.gen_added > gen && !e.retired && later.map_or(true, |l| e.gen_added < l.gen_added) {
+                later = Some(e);
+            }
+        }
+        later
     }
 
     /// Add an entry (already written to the spool).
     pub(crate) fn push(&mut self, e: ModuleEntry) {
-        let idx = self.entries.len();
-        self.objects.entry(e.key.clone()).or_default().push(idx);
         self.entries.push(e);
         self.reindex();
     }
 
     fn reindex(&mut self) {
-        let mut v: Vec<usize> = (0..self.entries.len()).filter(|&i| !self.entries[i].retired).collect();
+        let mut v: Vec<usize> = (0..self.entries.len()).collect();
         v.sort_by_key(|&i| self.entries[i].seg.avma);
         self.by_start = v;
     }

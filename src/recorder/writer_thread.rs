@@ -22,6 +22,7 @@
 //! the new generation, is attributed to the old library (the handler cannot ask
 //! the loader anything). Ticks are `flush_interval` apart (50 ms by default).
 
+use std::collections::{HashMap, HashSet};
 use std::fs::File;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
@@ -60,6 +61,20 @@ pub(crate) struct WriterState {
     pub interval: Duration,
     pub started: Instant,
     pub pid: u32,
+}
+
+/// A module change found by a rescan, applied around the drain.
+struct Change {
+    gen: u64,
+    removed: Vec<usize>,
+    removed_starts: Vec<u64>,
+    added: Vec<LoadedObject>,
+    /// Indexes into `added` of objects that reuse a still-active span.
+    deferred: Vec<usize>,
+}
+
+fn overlaps(a: &modules::ExecSegment, b: &modules::ExecSegment) -> bool {
+    a.avma < b.avma + b.size && b.avma < a.avma + a.size
 }
 
 struct Run {
@@ -159,16 +174,15 @@ impl Run {
     }
 
     fn tick(&mut self) {
+        let change = self.scan_modules();
         self.drain();
-        let pending = std::mem::take(&mut self.pending_retire);
-        for idx in pending {
-            self.retire(idx);
-        }
+        self.apply_module_change(change);
         self.st.engine.tick();
-        self.check_modules();
         signal::reclaim(&mut self.retired);
-        let r = self.st.out.flush();
-        self.note(r);
+        if self.error.is_none() {
+            let r = self.st.out.flush();
+            self.note(r);
+        }
     }
 
     fn retire(&mut self, idx: usize) {
@@ -184,67 +198,102 @@ impl Run {
         self.interner.forget_module(id);
     }
 
-    fn check_modules(&mut self) {
+    /// Define an object's modules, first retiring any still-active module whose
+    /// span it reuses (those belong to objects already gone).
+    fn define_object(&mut self, o: &LoadedObject, gen: u64) {
+        let stale: Vec<usize> = (0..self.st.table.entries.len())
+            .filter(|&i| {
+                let e = &self.st.table.entries[i];
+                !e.retired && o.segments.iter().any(|s| overlaps(s, &e.seg))
+            })
+            .collect();
+        for i in stale {
+            self.retire(i);
+        }
+        if self.error.is_none() {
+            let pid = self.st.pid;
+            let r = define_objects(&mut self.st.out, &mut self.st.table, pid, &[o], gen);
+            self.note(r);
+        }
+    }
+
+    /// Phase 1 of a module change (before the drain): if the loader's counters
+    /// moved, rescan; mark vanished objects removed as of the next generation and
+    /// write the module records of new objects that reuse no active span at once,
+    /// so samples already in the ring that ran in them can be resolved.
+    fn scan_modules(&mut self) -> Option<Change> {
         let dl = modules::dl_counters();
         if dl == self.st.dl {
-            return;
+            return None;
         }
         self.st.dl = dl;
         let objects = modules::scan(&self.st.exe_path);
         let gen = self.st.generation + 1;
-        // Removed: active (not removed) entries whose object is gone.
-        let present: std::collections::HashSet<&modules::ObjectKey> =
-            objects.iter().map(|o| &o.key).collect();
-        let mut removed_idx = Vec::new();
-        let mut removed_starts = Vec::new();
-        for (i, e) in self.st.table.entries.iter().enumerate() {
-            if e.gen_removed.is_none() && !present.contains(&e.key) {
-                removed_idx.push(i);
-            }
-        }
-        let known: std::collections::HashSet<&modules::ObjectKey> =
-            self.st.table.entries.iter().filter(|e| e.gen_removed.is_none()).map(|e| &e.key).collect();
-        let added: Vec<&LoadedObject> = objects.iter().filter(|o| !known.contains(&o.key)).collect();
-        if removed_idx.is_empty() && added.is_empty() {
-            return;
-        }
-        for &i in &removed_idx {
-            self.st.table.entries[i].gen_removed = Some(gen);
+        let present: HashSet<&modules::ObjectKey> = objects.iter().map(|o| &o.key).collect();
+        let known: HashSet<modules::ObjectKey> =
+            self.st.table.entries.iter().filter(|e| e.gen_removed.is_none()).map(|e| e.key.clone()).collect();
+        let removed: Vec<usize> = (0..self.st.table.entries.len())
+            .filter(|&i| {
+                let e = &self.st.table.entries[i];
+                e.gen_removed.is_none() && !present.contains(&e.key)
+            })
+            .collect();
+        let added: Vec<LoadedObject> = objects.into_iter().filter(|o| !known.contains(&o.key)).collect();
+        if removed.is_empty() && added.is_empty() {
+            return None;
         }
         // The unwinder keys modules by the start of their whole range: the lowest
         // executable segment of the object.
-        {
-            let mut starts: std::collections::HashMap<&modules::ObjectKey, u64> = Default::default();
-            for &i in &removed_idx {
-                let e = &self.st.table.entries[i];
-                let s = starts.entry(&e.key).or_insert(u64::MAX);
-                *s = (*s).min(e.seg.avma);
-            }
-            removed_starts.extend(starts.values().copied());
+        let mut starts: HashMap<modules::ObjectKey, u64> = HashMap::new();
+        for &i in &removed {
+            let e = &mut self.st.table.entries[i];
+            e.gen_removed = Some(gen);
+            let s = starts.entry(e.key.clone()).or_insert(u64::MAX);
+            *s = (*s).min(e.seg.avma);
         }
-        // Retire at once the removed modules a new one overlaps; queue the rest.
-        for &i in &removed_idx {
-            let e = &self.st.table.entries[i];
-            let (a, b) = (e.seg.avma, e.seg.avma + e.seg.size);
-            let overlaps = added.iter().any(|o| o.segments.iter().any(|s| s.avma < b && a < s.avma + s.size));
-            if overlaps {
-                self.retire(i);
+        let mut deferred = Vec::new();
+        for (k, o) in added.iter().enumerate() {
+            let reuses = self
+                .st
+                .table
+                .entries
+                .iter()
+                .any(|e| !e.retired && o.segments.iter().any(|s| overlaps(s, &e.seg)));
+            if reuses {
+                deferred.push(k);
             } else {
+                self.define_object(o, gen);
+            }
+        }
+        Some(Change { gen, removed, removed_starts: starts.into_values().collect(), added, deferred })
+    }
+
+    /// Phase 2 (after the drain): write the deactivations queued by the previous
+    /// tick, retire the modules whose span a new object reuses and define that
+    /// object, queue the other removals for the next tick, and publish the new
+    /// unwinder snapshot.
+    fn apply_module_change(&mut self, change: Option<Change>) {
+        let pending = std::mem::take(&mut self.pending_retire);
+        for idx in pending {
+            self.retire(idx);
+        }
+        let Some(ch) = change else { return };
+        for &k in &ch.deferred {
+            self.define_object(&ch.added[k], ch.gen);
+        }
+        for &i in &ch.removed {
+            if !self.st.table.entries[i].retired {
                 self.pending_retire.push(i);
             }
         }
-        if self.error.is_none() {
-            let pid = self.st.pid;
-            let r = define_objects(&mut self.st.out, &mut self.st.table, pid, &added, gen);
-            self.note(r);
-        }
+        let added: Vec<&LoadedObject> = ch.added.iter().collect();
         let next = self
             .st
             .shared
             .snapshot
-            .with_current(|cur| modules::next_snapshot(cur, &removed_starts, &added, gen));
+            .with_current(|cur| modules::next_snapshot(cur, &ch.removed_starts, &added, ch.gen));
         self.retired.push(self.st.shared.snapshot.replace(Box::new(next)));
-        self.st.generation = gen;
+        self.st.generation = ch.gen;
     }
 
     fn drain(&mut self) {
@@ -321,7 +370,9 @@ impl Run {
 
     fn finish(mut self) -> Result<Stats, Error> {
         self.st.engine.stop();
+        let change = self.scan_modules();
         self.drain();
+        self.apply_module_change(change);
         // Withdraw the state from the handler; wait until no handler uses it.
         let _ = signal::unpublish();
         self.drain();
