@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, HashMap};
 use super::limits::*;
 use super::record::{Cursor, DecodeError};
 use super::types::*;
-use super::{frame_kind, tag};
+use super::{frame_kind, tag, varint};
 use crate::FormatErrorKind;
 
 const NO_PARENT: u32 = u32::MAX;
@@ -97,6 +97,61 @@ impl Definitions {
         self.last_time_us = time_us;
         self.sample_count += 1;
         Ok(Sample { time_us, thread: ThreadId(thread), stack: StackId(stack) })
+    }
+
+    /// Apply the run of sample records starting at `buf[*pos]`, calling
+    /// `on_sample(sample, offset_in_buf)` for each; it returns `false` to stop
+    /// after that sample. Stops without error at the first record that is not a
+    /// sample or whose varints are not all complete and canonical (the general
+    /// decoder handles it). Returns whether `on_sample` stopped the run; on a
+    /// rule violation, the offset of the offending record in `buf` and the kind.
+    /// `*pos` always ends on a record boundary after the last applied sample.
+    #[inline(always)]
+    pub(crate) fn apply_samples(
+        &mut self,
+        buf: &[u8],
+        pos: &mut usize,
+        mut on_sample: impl FnMut(Sample, usize) -> bool,
+    ) -> Result<bool, (usize, FormatErrorKind)> {
+        let threads = self.threads.len() as u64;
+        let stacks = self.stack_frame.len() as u64;
+        let mut time = self.last_time_us;
+        let mut count = 0u64;
+        let mut p = *pos;
+        let mut result = Ok(false);
+        while let Some(&t) = buf.get(p) {
+            if t != tag::SAMPLE {
+                break;
+            }
+            let Some((delta, thread, stack, len)) = varint::decode_sample(&buf[p..]) else { break };
+            let Some(next) = time.checked_add_signed(delta) else {
+                result = Err((p, FormatErrorKind::TimestampOverflow));
+                break;
+            };
+            if thread >= threads {
+                result = Err((p, FormatErrorKind::UndefinedReference { what: "thread", id: thread }));
+                break;
+            }
+            if stack >= stacks {
+                result = Err((p, FormatErrorKind::UndefinedReference { what: "stack", id: stack }));
+                break;
+            }
+            time = next;
+            count += 1;
+            let at = p;
+            p += len;
+            if !on_sample(
+                Sample { time_us: time, thread: ThreadId(thread as u32), stack: StackId(stack as u32) },
+                at,
+            ) {
+                result = Ok(true);
+                break;
+            }
+        }
+        self.last_time_us = time;
+        self.sample_count += count;
+        *pos = p;
+        result
     }
 
     /// Decode the record at the start of `buf`, check it against every rule and,

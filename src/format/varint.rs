@@ -1,12 +1,12 @@
 //! Varint helpers around the `integer-encoding` crate.
 //!
-//! The spool uses that crate's representation (LEB128; zigzag for signed). On
-//! top of it the format is strict: an overlong (non-canonical) encoding is
+//! The spool uses that crate's representation (LEB128; zigzag for signed);
+//! tests check that the encoder here produces the crate's bytes and that the
+//! decoder accepts exactly the crate's canonical decodings. They are written
+//! here for speed and because the format is stricter than the crate: an overlong (non-canonical) encoding is
 //! corruption, and a varint that runs into the end of the input is reported as
 //! incomplete only when every remaining byte has its continuation bit set and
 //! fewer than ten bytes remain.
-
-use integer_encoding::VarInt;
 
 /// Why a varint could not be read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -18,74 +18,89 @@ pub(crate) enum VarintError {
 }
 
 /// Decode an unsigned varint from the start of `buf`.
-#[inline]
+///
+/// One- and two-byte varints (ids, small deltas: nearly every field of a
+/// sample) are decoded inline; longer ones in [`decode_u64_long`].
+#[inline(always)]
 pub(crate) fn decode_u64(buf: &[u8]) -> Result<(u64, usize), VarintError> {
-    // Fast path: one byte (the common case for ids and small deltas).
-    if let Some(&b) = buf.first() {
-        if b < 0x80 {
-            return Ok((b as u64, 1));
+    if let Some(&b0) = buf.first() {
+        if b0 < 0x80 {
+            return Ok((b0 as u64, 1));
         }
-    }
-    match u64::decode_var(buf) {
-        Some((v, n)) => {
-            if n != v.required_space() {
-                Err(VarintError::Bad)
-            } else {
-                Ok((v, n))
+        if let Some(&b1) = buf.get(1) {
+            if b1 < 0x80 {
+                if b1 == 0 {
+                    return Err(VarintError::Bad);
+                }
+                return Ok(((b0 & 0x7f) as u64 | (b1 as u64) << 7, 2));
             }
         }
-        None => Err(classify_failure(buf)),
     }
+    decode_u64_long(buf)
+}
+
+/// The general case of [`decode_u64`]: canonical LEB128 of at most ten bytes.
+#[inline(never)]
+fn decode_u64_long(buf: &[u8]) -> Result<(u64, usize), VarintError> {
+    let mut v = 0u64;
+    for i in 0..10 {
+        // Running out here means fewer than ten bytes remain and every one of
+        // them has the continuation bit: more input could complete the varint.
+        let Some(&b) = buf.get(i) else {
+            return Err(VarintError::Incomplete);
+        };
+        v |= ((b & 0x7f) as u64) << (7 * i);
+        if b < 0x80 {
+            // A zero final byte is overlong; a tenth byte above 1 overflows.
+            if (b == 0 && i > 0) || (i == 9 && b > 1) {
+                return Err(VarintError::Bad);
+            }
+            return Ok((v, i + 1));
+        }
+    }
+    // Ten continuation bytes: no completion is a valid 64-bit varint.
+    Err(VarintError::Bad)
 }
 
 /// Decode a signed (zigzag) varint from the start of `buf`.
-#[inline]
+#[inline(always)]
 pub(crate) fn decode_i64(buf: &[u8]) -> Result<(i64, usize), VarintError> {
-    if let Some(&b) = buf.first() {
-        if b < 0x80 {
-            let b = b as i64;
-            return Ok(((b >> 1) ^ -(b & 1), 1));
-        }
-    }
-    match i64::decode_var(buf) {
-        Some((v, n)) => {
-            if n != v.required_space() {
-                Err(VarintError::Bad)
-            } else {
-                Ok((v, n))
-            }
-        }
-        None => Err(classify_failure(buf)),
-    }
+    let (z, n) = decode_u64(buf)?;
+    Ok((((z >> 1) as i64) ^ -((z & 1) as i64), n))
 }
 
-fn classify_failure(buf: &[u8]) -> VarintError {
-    if buf.len() < 10 && buf.iter().all(|b| b & 0x80 != 0) {
-        VarintError::Incomplete
-    } else {
-        VarintError::Bad
-    }
-}
-
-/// Append an unsigned varint to `out`.
+/// Append an unsigned varint to `out` (the same bytes as
+/// `integer_encoding::VarInt::encode_var`; checked by a test).
 #[inline]
-pub(crate) fn put_u64(out: &mut Vec<u8>, v: u64) {
-    let mut tmp = [0u8; 10];
-    let n = v.encode_var(&mut tmp);
-    out.extend_from_slice(&tmp[..n]);
+pub(crate) fn put_u64(out: &mut Vec<u8>, mut v: u64) {
+    while v >= 0x80 {
+        out.push(v as u8 | 0x80);
+        v >>= 7;
+    }
+    out.push(v as u8);
 }
 
 /// Append a signed (zigzag) varint to `out`.
 #[inline]
 pub(crate) fn put_i64(out: &mut Vec<u8>, v: i64) {
-    let mut tmp = [0u8; 10];
-    let n = v.encode_var(&mut tmp);
-    out.extend_from_slice(&tmp[..n]);
+    put_u64(out, ((v << 1) ^ (v >> 63)) as u64);
+}
+
+/// Decode the three fields of a sample record (`rest[0]` is its tag) when all
+/// three varints are complete and canonical: `(delta, thread, stack, length)`.
+/// `None` leaves the record to the general decoder, which reports why.
+#[inline(always)]
+pub(crate) fn decode_sample(rest: &[u8]) -> Option<(i64, u64, u64, usize)> {
+    let (d, n1) = decode_i64(rest.get(1..)?).ok()?;
+    let (t, n2) = decode_u64(rest.get(1 + n1..)?).ok()?;
+    let (s, n3) = decode_u64(rest.get(1 + n1 + n2..)?).ok()?;
+    Some((d, t, s, 1 + n1 + n2 + n3))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use integer_encoding::VarInt;
 
     #[test]
     fn round_trip_and_strictness() {
@@ -111,5 +126,42 @@ mod tests {
         let mut b = [0xffu8; 10];
         b[9] = 0x02;
         assert_eq!(decode_u64(&b), Err(VarintError::Bad));
+        // Ten bytes whose last is 1: u64::MAX's neighbourhood is canonical.
+        let mut b = [0xffu8; 10];
+        b[9] = 0x01;
+        assert_eq!(decode_u64(&b), Ok((u64::MAX, 10)));
+        b[0] = 0x80;
+        assert_eq!(decode_u64(&b), Ok((u64::MAX - 127, 10)));
+        // Nine continuation bytes at the end: incomplete; ten: bad.
+        assert_eq!(decode_u64(&[0x80; 9]), Err(VarintError::Incomplete));
+        assert_eq!(decode_u64(&[0x80; 10]), Err(VarintError::Bad));
+        assert_eq!(decode_u64(&[]), Err(VarintError::Incomplete));
+    }
+
+    proptest::proptest! {
+        /// Agrees with the `integer-encoding` crate: every value it encodes
+        /// decodes back, and on arbitrary bytes we accept exactly its canonical
+        /// decodings.
+        #[test]
+        fn matches_integer_encoding(v: u64, i: i64, bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..12)) {
+            let enc = v.encode_var_vec();
+            proptest::prop_assert_eq!(decode_u64(&enc), Ok((v, enc.len())));
+            let mut ours = Vec::new();
+            put_u64(&mut ours, v);
+            proptest::prop_assert_eq!(&ours, &enc);
+            let enc = i.encode_var_vec();
+            proptest::prop_assert_eq!(decode_i64(&enc), Ok((i, enc.len())));
+            ours.clear();
+            put_i64(&mut ours, i);
+            proptest::prop_assert_eq!(&ours, &enc);
+            let theirs = u64::decode_var(&bytes).filter(|&(v, n)| n == v.required_space());
+            match decode_u64(&bytes) {
+                Ok(ours) => proptest::prop_assert_eq!(Some(ours), theirs),
+                Err(VarintError::Bad) => proptest::prop_assert_eq!(theirs, None),
+                Err(VarintError::Incomplete) => {
+                    proptest::prop_assert!(bytes.len() < 10 && bytes.iter().all(|b| b & 0x80 != 0));
+                }
+            }
+        }
     }
 }

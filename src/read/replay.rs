@@ -15,6 +15,7 @@ use std::path::{Path, PathBuf};
 use super::scan::{format_error, next_validated, scan, Stop};
 use crate::format::defs::Definitions;
 use crate::format::record;
+use crate::format::{tag, varint};
 use crate::format::{Sample, StackId, ThreadId};
 use crate::{Error, FormatErrorKind};
 
@@ -230,7 +231,10 @@ impl Replay {
             file_pos: offset,
             time,
             skip_before,
-            failed: false,
+            batch: Vec::new(),
+            next: 0,
+            pending_error: None,
+            done: false,
         }
     }
 }
@@ -268,7 +272,15 @@ impl Deref for Replay {
     }
 }
 
+/// Samples decoded per refill of [`ReplaySamples`]' internal batch.
+const BATCH: usize = 4096;
+
 /// Iterator over a [`Replay`]'s samples.
+///
+/// Samples are decoded in batches of a few thousand by a tight loop over the
+/// read buffer; `next` hands them out one by one. The prefix was validated when
+/// the replay was opened, so the loop only re-checks references cheaply
+/// (bounds), to stay safe if the file was changed since.
 #[derive(Debug)]
 pub struct ReplaySamples<'a> {
     replay: &'a Replay,
@@ -278,7 +290,11 @@ pub struct ReplaySamples<'a> {
     file_pos: u64,
     time: u64,
     skip_before: Option<u64>,
-    failed: bool,
+    batch: Vec<Sample>,
+    next: usize,
+    /// An error to report once the samples before it were handed out.
+    pending_error: Option<Error>,
+    done: bool,
 }
 
 impl ReplaySamples<'_> {
@@ -286,8 +302,7 @@ impl ReplaySamples<'_> {
         self.file_pos - (self.filled - self.pos) as u64
     }
 
-    fn changed(&mut self) -> Error {
-        self.failed = true;
+    fn changed(&self) -> Error {
         Error::Format {
             path: Some(self.replay.path.clone()),
             offset: self.offset(),
@@ -317,6 +332,101 @@ impl ReplaySamples<'_> {
         self.file_pos += n as u64;
         Ok(true)
     }
+
+    /// Decode the samples of `buf[pos..filled]` into the batch, up to [`BATCH`].
+    /// Returns `Err(())` if a record does not decode (the buffer ends inside
+    /// it, or the file changed) or refers out of bounds.
+    #[inline]
+    fn decode_into_batch(&mut self) -> Result<(), ()> {
+        let defs = &self.replay.defs;
+        let threads = defs.threads().len() as u64;
+        let stacks = defs.stack_count() as u64;
+        let buf = &self.buf[..self.filled];
+        let mut pos = self.pos;
+        let mut time = self.time;
+        let mut result = Ok(());
+        while self.batch.len() < BATCH && pos < buf.len() {
+            let rest = &buf[pos..];
+            let (delta, thread, stack, len) = if rest[0] == tag::SAMPLE {
+                match varint::decode_sample(rest) {
+                    Some(s) => s,
+                    None => {
+                        result = Err(());
+                        break;
+                    }
+                }
+            } else {
+                match next_validated(rest) {
+                    Some((Some((d, t, s)), len)) => (d, t, s, len),
+                    Some((None, len)) => {
+                        pos += len;
+                        continue;
+                    }
+                    None => {
+                        result = Err(());
+                        break;
+                    }
+                }
+            };
+            let Some(t) = time.checked_add_signed(delta) else {
+                result = Err(());
+                break;
+            };
+            if thread >= threads || stack >= stacks {
+                result = Err(());
+                break;
+            }
+            pos += len;
+            time = t;
+            if let Some(first) = self.skip_before {
+                if t < first {
+                    continue;
+                }
+                self.skip_before = None;
+            }
+            self.batch.push(Sample {
+                time_us: t,
+                thread: ThreadId(thread as u32),
+                stack: StackId(stack as u32),
+            });
+        }
+        self.pos = pos;
+        self.time = time;
+        result
+    }
+
+    /// Refill the batch; at the end of the prefix it stays empty.
+    fn fill(&mut self) {
+        self.batch.clear();
+        self.next = 0;
+        if self.batch.capacity() == 0 {
+            self.batch.reserve_exact(BATCH);
+        }
+        loop {
+            let stuck = self.decode_into_batch().is_err();
+            if self.batch.len() >= BATCH {
+                return;
+            }
+            if !stuck && self.pos < self.filled {
+                continue;
+            }
+            match self.refill() {
+                Ok(true) => continue,
+                Ok(false) => {
+                    if self.pos < self.filled {
+                        self.pending_error = Some(self.changed());
+                    }
+                    self.done = true;
+                    return;
+                }
+                Err(e) => {
+                    self.pending_error = Some(e);
+                    self.done = true;
+                    return;
+                }
+            }
+        }
+    }
 }
 
 impl Iterator for ReplaySamples<'_> {
@@ -324,48 +434,17 @@ impl Iterator for ReplaySamples<'_> {
 
     #[inline]
     fn next(&mut self) -> Option<Result<Sample, Error>> {
-        if self.failed {
-            return None;
+        if let Some(&s) = self.batch.get(self.next) {
+            self.next += 1;
+            return Some(Ok(s));
         }
-        loop {
-            if self.pos < self.filled {
-                if let Some((rec, len)) = next_validated(&self.buf[self.pos..self.filled]) {
-                    self.pos += len;
-                    let Some((delta, thread, stack)) = rec else { continue };
-                    let defs = &self.replay.defs;
-                    let Some(time) = self.time.checked_add_signed(delta) else {
-                        return Some(Err(self.changed()));
-                    };
-                    if thread >= defs.threads().len() as u64 || stack >= defs.stack_count() as u64 {
-                        return Some(Err(self.changed()));
-                    }
-                    self.time = time;
-                    if let Some(t) = self.skip_before {
-                        if time < t {
-                            continue;
-                        }
-                        self.skip_before = None;
-                    }
-                    return Some(Ok(Sample {
-                        time_us: time,
-                        thread: ThreadId(thread as u32),
-                        stack: StackId(stack as u32),
-                    }));
-                }
-            }
-            match self.refill() {
-                Ok(true) => continue,
-                Ok(false) => {
-                    if self.pos < self.filled {
-                        return Some(Err(self.changed()));
-                    }
-                    return None;
-                }
-                Err(e) => {
-                    self.failed = true;
-                    return Some(Err(e));
-                }
+        if !self.done {
+            self.fill();
+            if let Some(&s) = self.batch.get(self.next) {
+                self.next += 1;
+                return Some(Ok(s));
             }
         }
+        self.pending_error.take().map(Err)
     }
 }

@@ -48,20 +48,18 @@ pub(crate) fn scan_from(
 ) -> Result<Stop, Error> {
     while *pos < buf.len() {
         let at = *pos;
-        let rest = &buf[at..];
         // Fast path for the record that dominates every spool.
-        if rest[0] == tag::SAMPLE {
-            if let Some((delta, thread, stack, len)) = fast_sample(rest) {
-                let s =
-                    defs.apply_sample(delta, thread, stack).map_err(|k| format_error(base + at as u64, k))?;
-                *pos += len;
-                if !on_sample(s, base + at as u64) {
-                    return Ok(Stop::Limit);
-                }
+        if buf[at] == tag::SAMPLE {
+            match defs.apply_samples(buf, pos, |s, at| on_sample(s, base + at as u64)) {
+                Ok(true) => return Ok(Stop::Limit),
+                Ok(false) => {}
+                Err((at, kind)) => return Err(format_error(base + at as u64, kind)),
+            }
+            if *pos != at {
                 continue;
             }
         }
-        match defs.read_record(rest) {
+        match defs.read_record(&buf[at..]) {
             Ok((sample, len)) => {
                 *pos += len;
                 if let Some(s) = sample {
@@ -79,22 +77,12 @@ pub(crate) fn scan_from(
     Ok(Stop::End)
 }
 
-/// Decode a sample record whose three varints are complete and canonical;
-/// `None` sends the caller to the general decoder (which reports errors).
-#[inline(always)]
-pub(crate) fn fast_sample(rest: &[u8]) -> Option<(i64, u64, u64, usize)> {
-    let (d, n1) = varint::decode_i64(&rest[1..]).ok()?;
-    let (t, n2) = varint::decode_u64(&rest[1 + n1..]).ok()?;
-    let (s, n3) = varint::decode_u64(&rest[1 + n1 + n2..]).ok()?;
-    Some((d, t, s, 1 + n1 + n2 + n3))
-}
-
 /// Skip one already-validated record, returning the sample fields if it is a
 /// sample. Used by sequential iteration over a prefix that passed `scan`.
 #[inline]
 pub(crate) fn next_validated(rest: &[u8]) -> Option<(Option<(i64, u64, u64)>, usize)> {
     if rest[0] == tag::SAMPLE {
-        let (d, t, s, len) = fast_sample(rest)?;
+        let (d, t, s, len) = varint::decode_sample(rest)?;
         return Some((Some((d, t, s)), len));
     }
     match record::decode(rest) {

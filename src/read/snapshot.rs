@@ -13,6 +13,44 @@ use crate::format::{Sample, StackId, ThreadId};
 use crate::Error;
 
 /// A fully decoded spool.
+///
+/// Definitions are reachable through `Deref<Target = Definitions>`; samples are
+/// stored column-wise.
+///
+/// # Example
+///
+/// ```
+/// use spulse::{Engine, Frame, Header, Snapshot, SpoolWriter};
+///
+/// // A spool with one thread, a two-frame stack and two samples.
+/// let header = Header { start_time_us: 1_000_000, interval_us: 1_000, engine: Engine::Unknown };
+/// let mut w = SpoolWriter::new(Vec::new(), header)?;
+/// let main = w.define_thread(7, 7, "main")?;
+/// let outer = w.define_frame(Frame::Absolute { address: 0x40_1000, kernel: false })?;
+/// let inner = w.define_frame(Frame::Absolute { address: 0x40_2000, kernel: false })?;
+/// let root = w.define_stack(None, outer)?;
+/// let leaf = w.define_stack(Some(root), inner)?;
+/// w.sample(1_001_000, main, leaf)?;
+/// w.sample(1_000_900, main, root)?; // samples may arrive out of order
+/// let bytes = w.into_inner()?;
+///
+/// let snap = Snapshot::from_bytes(&bytes)?;
+/// assert!(!snap.recovered_from_truncated_tail());
+/// assert_eq!(snap.start_time_us(), 1_000_000);
+/// let first = snap.samples().next().unwrap();
+/// assert_eq!(first.time_us, 1_001_000);
+/// assert_eq!(snap.thread(first.thread).name, "main");
+/// // Walk the stack from leaf to root.
+/// let addresses: Vec<u64> =
+///     snap.stack_frames(first.stack).filter_map(|f| snap.frame_address(f)).collect();
+/// assert_eq!(addresses, [0x40_2000, 0x40_1000]);
+///
+/// // A file cut inside its final record keeps the complete prefix.
+/// let cut = Snapshot::from_bytes(&bytes[..bytes.len() - 1])?;
+/// assert!(cut.recovered_from_truncated_tail());
+/// assert_eq!(cut.len(), 1);
+/// # Ok::<(), spulse::Error>(())
+/// ```
 #[derive(Debug, Clone)]
 pub struct Snapshot {
     defs: Definitions,

@@ -13,6 +13,7 @@ use std::io::Write;
 use crate::format::defs::Definitions;
 use crate::format::limits::{MAX_BUILD_ID_LEN, MAX_PATH_LEN, MAX_THREAD_NAME_LEN};
 use crate::format::record::{self, DecodeError, RawFrame, Record};
+use crate::format::varint;
 use crate::format::{Frame, FrameId, Header, ModuleId, StackId, ThreadId};
 use crate::{Error, FormatErrorKind};
 
@@ -36,6 +37,41 @@ pub struct NewModule<'a> {
 }
 
 /// Appends a valid spool to `W`.
+///
+/// Ids are assigned densely in definition order and returned by the `define_*`
+/// methods. A record that breaks a format rule is refused with
+/// [`Error::InvalidRecord`] and nothing of it is written; the writer stays
+/// usable. After an I/O error it is poisoned ([`Error::WriterPoisoned`]).
+///
+/// # Example
+///
+/// ```
+/// use spulse::{Engine, Error, Frame, Header, NewModule, SpoolWriter};
+///
+/// let header = Header { start_time_us: 1_700_000_000_000_000, interval_us: 1_000, engine: Engine::Unknown };
+/// let mut w = SpoolWriter::new(Vec::new(), header)?;
+/// let libc = w.define_module(&NewModule {
+///     pid: 42,
+///     start: 0x7f00_0000_0000,
+///     size: 0x1000,
+///     file_offset: 0,
+///     generation: 0,
+///     path: b"/usr/lib/libc.so.6",
+///     build_id: b"",
+/// })?;
+/// let frame = w.define_frame(Frame::Module { module: libc, file_relative: 0x123 })?;
+/// let stack = w.define_stack(None, frame)?;
+/// let thread = w.define_thread(42, 43, "worker")?;
+/// w.sample(1_700_000_000_001_000, thread, stack)?;
+///
+/// // Rule violations are refused before a byte is written.
+/// let outside = w.define_frame(Frame::Module { module: libc, file_relative: 0x5000 });
+/// assert!(matches!(outside, Err(Error::InvalidRecord { .. })));
+///
+/// let bytes = w.into_inner()?;
+/// assert_eq!(&bytes[..8], b"SPULSE3\0");
+/// # Ok::<(), Error>(())
+/// ```
 #[derive(Debug)]
 pub struct SpoolWriter<W: Write> {
     out: W,
@@ -224,17 +260,22 @@ impl<W: Write> SpoolWriter<W> {
     #[inline]
     pub fn sample(&mut self, time_us: u64, thread: ThreadId, stack: StackId) -> Result<(), Error> {
         self.check_poison()?;
-        let offset = self.len();
         let delta = time_us as i128 - self.defs.last_time_us() as i128;
-        let delta_us = i64::try_from(delta)
-            .map_err(|_| Error::InvalidRecord { offset, kind: FormatErrorKind::TimestampOverflow })?;
-        self.defs
-            .apply_sample(delta_us, thread.get() as u64, stack.get() as u64)
-            .map_err(|kind| Error::InvalidRecord { offset, kind })?;
-        record::encode(
-            &Record::Sample { delta_us, thread: thread.get() as u64, stack: stack.get() as u64 },
-            &mut self.buf,
-        );
+        let Ok(delta_us) = i64::try_from(delta) else {
+            return Err(Error::InvalidRecord {
+                offset: self.len(),
+                kind: FormatErrorKind::TimestampOverflow,
+            });
+        };
+        // The readers' own sample rule (`apply_sample` is what their sample
+        // loop checks, field for field).
+        if let Err(kind) = self.defs.apply_sample(delta_us, thread.get() as u64, stack.get() as u64) {
+            return Err(Error::InvalidRecord { offset: self.len(), kind });
+        }
+        self.buf.push(crate::format::tag::SAMPLE);
+        varint::put_i64(&mut self.buf, delta_us);
+        varint::put_u64(&mut self.buf, thread.get() as u64);
+        varint::put_u64(&mut self.buf, stack.get() as u64);
         self.maybe_flush()
     }
 
