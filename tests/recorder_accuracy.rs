@@ -63,6 +63,7 @@ fn workload(cpu_each: f64, wall: Duration) -> (Vec<u32>, f64) {
 }
 
 fn check(engine: spulse::EngineChoice, expect: spulse::Engine, min_capture: f64, ratio_tol: f64) {
+    let _serial = serial();
     let (_dir, path) = spool_path("acc.spool");
     let guard = spulse::Recorder::builder().frequency_hz(999).engine(engine).start(&path).expect("start");
     assert_eq!(guard.engine(), expect);

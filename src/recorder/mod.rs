@@ -14,8 +14,9 @@
 //!   use `inherit_thread`, POSIX timers and itimers are not inherited by `fork`),
 //!   a `pthread_atfork` child hook withdraws the recorder state so the handler
 //!   ignores anything that arrives anyway, and a [`Guard`] dropped in the child
-//!   does nothing. The child's spool is none; start a new recorder in the child
-//!   (with another path) to profile it.
+//!   does nothing. The child has no spool unless it starts a recorder of its own
+//!   (with another path), which it may: the parent's "running" mark is cleared
+//!   in the child.
 //! * `exec`: perf events are removed at exec (`remove_on_exec`) and POSIX timers
 //!   are deleted, so the new program never sees a profiling signal. The
 //!   process-timer fallback engine's itimer survives a direct `exec` of the
@@ -292,6 +293,13 @@ impl Drop for Guard {
             let _ = self.stop();
         }
     }
+}
+
+/// Called in a forked child (async-signal-safe: atomics only): the parent's
+/// recorder is not running here.
+pub(crate) fn forget_parent_recorder_after_fork() {
+    RUNNING.store(false, Ordering::SeqCst);
+    PYTHON_INSIDE.store(false, Ordering::SeqCst);
 }
 
 /// Mark that this process enters Python-runtime mode (a tag-6 record), for

@@ -437,8 +437,10 @@ fn quiescent() -> bool {
 
 extern "C" fn after_fork_in_child() {
     // The child has no writer thread and must never write into the parent's
-    // ring or spool: withdraw the state (the Arc is leaked in the child).
+    // ring or spool: withdraw the state (the Arc is leaked in the child), and let
+    // the child start a recorder of its own.
     STATE.store(std::ptr::null_mut(), Ordering::SeqCst);
+    super::forget_parent_recorder_after_fork();
 }
 
 fn register_atfork() {

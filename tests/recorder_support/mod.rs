@@ -52,3 +52,9 @@ pub fn per_thread(snap: &spulse::Snapshot) -> HashMap<u32, u64> {
     }
     out
 }
+
+/// One recorder per process: tests of one file that record take this lock.
+pub fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
