@@ -74,6 +74,12 @@ impl Aggregate {
         v.into_iter()
     }
 
+    /// An aggregation from counts gathered elsewhere (`follow` counts as it tails).
+    pub fn from_counts(contexts: Vec<Context>, counts: HashMap<(u32, StackId), u64>) -> Aggregate {
+        let total = counts.values().sum();
+        Aggregate { contexts, counts: Counts::Sparse(counts), total, read: total, time_range: None }
+    }
+
     /// Number of distinct (context, stack) pairs with samples.
     pub fn distinct(&self) -> usize {
         match &self.counts {

@@ -2,7 +2,7 @@
 //! `spulse_cli` library.
 
 use clap::{Parser, Subcommand};
-use spulse_cli::commands::{export, info, top};
+use spulse_cli::commands::{export, follow, info, top};
 
 /// Inspect, symbolize and export spulse spools.
 #[derive(Debug, Parser)]
@@ -20,6 +20,8 @@ enum Command {
     Top(top::TopArgs),
     /// Export to pprof, the Firefox Profiler, folded stacks, an SVG flame graph or speedscope.
     Export(export::ExportArgs),
+    /// Live top table of a spool that a running process is still writing.
+    Follow(follow::FollowArgs),
 }
 
 fn main() {
@@ -32,6 +34,7 @@ fn main() {
         Command::Info(a) => info::run(a),
         Command::Top(a) => top::run(a),
         Command::Export(a) => export::run(a),
+        Command::Follow(a) => follow::run(a),
     };
     if let Err(e) = res {
         eprintln!("spulse: error: {e}");

@@ -1,6 +1,7 @@
 //! One module per subcommand; each has a clap `Args` struct and a `run`.
 
 pub mod export;
+pub mod follow;
 pub mod info;
 pub mod top;
 
