@@ -1,0 +1,141 @@
+//! Stress: an allocation- and lock-heavy program with 8 threads, recorded at
+//! 4 kHz, must finish with the right answer, without deadlock or crash, several
+//! times in a row. The threads allocate and free constantly (so signals land
+//! inside malloc), contend on a mutex, an rwlock and channels (so signals land
+//! inside futex paths and interrupt blocking calls), and sleep briefly
+//! (interrupted syscalls must be restarted).
+
+mod recorder_support;
+
+use std::collections::HashMap;
+use std::hint::black_box;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+use recorder_support::*;
+
+const THREADS: u64 = 8;
+const ROUNDS: u64 = 30_000;
+
+fn work(id: u64, shared: &Mutex<HashMap<u64, u64>>, table: &RwLock<Vec<u64>>, tx: &mpsc::Sender<u64>) -> u64 {
+    let mut local = 0u64;
+    for r in 0..ROUNDS {
+        // Allocation churn: strings, vectors, a map.
+        let s = format!("{id}-{r}-{}", "x".repeat((r % 64) as usize));
+        let mut v: Vec<u64> = s.bytes().map(|b| b as u64).collect();
+        v.sort_unstable();
+        let mut m: HashMap<u64, Vec<u8>> = HashMap::new();
+        for k in 0..8 {
+            m.insert(k, vec![k as u8; (r % 32) as usize + 1]);
+        }
+        local = local.wrapping_add(v.iter().sum::<u64>() + m.values().map(|x| x.len() as u64).sum::<u64>());
+        // Lock contention.
+        {
+            let mut g = shared.lock().unwrap();
+            *g.entry(r % 97).or_default() += 1;
+        }
+        if r % 10 == 0 {
+            table.write().unwrap().push(id);
+        } else {
+            black_box(table.read().unwrap().len());
+        }
+        if r % 50 == 0 {
+            tx.send(r).unwrap();
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }
+    local
+}
+
+/// The answer of `work` without any profiler, computed directly.
+fn expected_local(id: u64) -> u64 {
+    let mut local = 0u64;
+    for r in 0..ROUNDS {
+        let s = format!("{id}-{r}-{}", "x".repeat((r % 64) as usize));
+        let v: u64 = s.bytes().map(|b| b as u64).sum();
+        let m: u64 = 8 * ((r % 32) + 1);
+        local = local.wrapping_add(v + m);
+    }
+    local
+}
+
+fn run_once(round: usize) {
+    let _serial = serial();
+    let (_dir, path) = spool_path("stress.spool");
+    let guard = spulse::Recorder::builder().frequency_hz(4000).start(&path).unwrap();
+    let shared = Arc::new(Mutex::new(HashMap::new()));
+    let table = Arc::new(RwLock::new(Vec::new()));
+    let (tx, rx) = mpsc::channel();
+    let hs: Vec<_> = (0..THREADS)
+        .map(|id| {
+            let (shared, table, tx) = (shared.clone(), table.clone(), tx.clone());
+            std::thread::spawn(move || work(id, &shared, &table, &tx))
+        })
+        .collect();
+    drop(tx);
+    let received: u64 = rx.iter().count() as u64;
+    let locals: Vec<u64> = hs.into_iter().map(|h| h.join().expect("worker panicked")).collect();
+    let stats = guard.finish().unwrap();
+
+    for (id, l) in locals.iter().enumerate() {
+        assert_eq!(*l, expected_local(id as u64), "round {round}: thread {id} computed a wrong answer");
+    }
+    let counts = shared.lock().unwrap();
+    assert_eq!(counts.values().sum::<u64>(), THREADS * ROUNDS, "round {round}: lost mutex updates");
+    assert_eq!(table.read().unwrap().len() as u64, THREADS * ROUNDS / 10);
+    assert_eq!(received, THREADS * ROUNDS / 50);
+    let snap = spulse::Snapshot::open(&path).unwrap();
+    eprintln!("round {round}: {} samples, {stats:?}", snap.len());
+    assert_eq!(snap.len() as u64, stats.samples_written);
+    assert!(stats.samples_written > 100, "round {round}: too few samples: {stats:?}");
+}
+
+#[test]
+fn eight_alloc_and_lock_heavy_threads_at_4khz() {
+    // A watchdog turns a deadlock into a failure instead of a hung CI job.
+    let done = Arc::new(AtomicBool::new(false));
+    let d = done.clone();
+    std::thread::spawn(move || {
+        let start = Instant::now();
+        while !d.load(Ordering::SeqCst) {
+            if start.elapsed() > Duration::from_secs(120) {
+                eprintln!("stress test deadlocked (no progress in 120 s)");
+                std::process::abort();
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    });
+    for round in 0..4 {
+        run_once(round);
+    }
+    done.store(true, Ordering::SeqCst);
+}
+
+#[test]
+fn eight_threads_with_thread_timers_at_4khz() {
+    let _serial = serial();
+    let (_dir, path) = spool_path("stress-timers.spool");
+    let guard = spulse::Recorder::builder()
+        .frequency_hz(4000)
+        .engine(spulse::EngineChoice::ThreadCpuTimer)
+        .start(&path)
+        .unwrap();
+    let shared = Arc::new(Mutex::new(HashMap::new()));
+    let table = Arc::new(RwLock::new(Vec::new()));
+    let (tx, rx) = mpsc::channel();
+    let hs: Vec<_> = (0..THREADS)
+        .map(|id| {
+            let (shared, table, tx) = (shared.clone(), table.clone(), tx.clone());
+            std::thread::spawn(move || work(id, &shared, &table, &tx))
+        })
+        .collect();
+    drop(tx);
+    let _ = rx.iter().count();
+    for (id, h) in hs.into_iter().enumerate() {
+        assert_eq!(h.join().unwrap(), expected_local(id as u64));
+    }
+    let stats = guard.finish().unwrap();
+    assert_eq!(stats.engine, spulse::Engine::ThreadCpuTimer);
+    spulse::Snapshot::open(&path).unwrap();
+}
