@@ -1,0 +1,207 @@
+//! The recorder's public contract: one recorder at a time, start failures that
+//! say what and why and leave nothing installed, the spool's creation flags and
+//! mode, the frequency override, prompt flushing for `Tail`, the stack-depth
+//! limit, Python-runtime marks, and chaining of foreign signals.
+
+mod recorder_support;
+
+use std::hint::black_box;
+use std::os::unix::fs::PermissionsExt;
+use std::time::{Duration, Instant};
+
+use recorder_support::*;
+use spulse::{EngineChoice, Error, Frame};
+
+fn burn(cpu: f64) {
+    let c0 = thread_cpu_seconds();
+    let end = Instant::now() + Duration::from_secs(10);
+    let mut h = 1u64;
+    while thread_cpu_seconds() - c0 < cpu && Instant::now() < end {
+        for i in 0..10_000u64 {
+            h = (h ^ black_box(i)).wrapping_mul(0x100_0000_01b3);
+        }
+    }
+    black_box(h);
+}
+
+fn disposition(sig: i32) -> usize {
+    // SAFETY: querying a disposition (null new action).
+    unsafe {
+        let mut cur: libc::sigaction = std::mem::zeroed();
+        libc::sigaction(sig, std::ptr::null(), &mut cur);
+        cur.sa_sigaction
+    }
+}
+
+#[test]
+fn start_failures_and_single_recorder() {
+    let _serial = serial();
+    let (dir, path) = spool_path("a.spool");
+
+    // A signal owned by someone else: an Err naming it; nothing created or installed.
+    extern "C" fn foreign(_: i32) {}
+    // SAFETY: installing a trivial handler for SIGPROF in this test process.
+    let prev = unsafe { libc::signal(libc::SIGPROF, foreign as extern "C" fn(i32) as usize) };
+    let trap_before = disposition(libc::SIGTRAP);
+    let e = spulse::Recorder::builder().engine(EngineChoice::ThreadCpuTimer).start(&path).unwrap_err();
+    let msg = e.to_string();
+    assert!(msg.contains("SIGPROF") && msg.contains("another"), "{msg}");
+    assert!(!path.exists(), "a failed start must remove the spool it created");
+    assert_eq!(disposition(libc::SIGPROF), foreign as extern "C" fn(i32) as usize);
+    assert_eq!(disposition(libc::SIGTRAP), trap_before, "nothing installed on failure");
+    // SAFETY: restoring the previous disposition.
+    unsafe { libc::signal(libc::SIGPROF, prev) };
+
+    // The file exists: Err with the path, file untouched.
+    std::fs::write(&path, b"not mine").unwrap();
+    let e = spulse::start(&path).unwrap_err();
+    match &e {
+        Error::Io { path: Some(p), source } => {
+            assert_eq!(p, &path);
+            assert_eq!(source.kind(), std::io::ErrorKind::AlreadyExists);
+        }
+        other => panic!("unexpected error {other:?}"),
+    }
+    assert_eq!(std::fs::read(&path).unwrap(), b"not mine");
+
+    // A symlink is not followed (O_NOFOLLOW) and a missing directory is reported.
+    let link = dir.path().join("link.spool");
+    std::os::unix::fs::symlink(dir.path().join("target.spool"), &link).unwrap();
+    assert!(spulse::start(&link).is_err());
+    assert!(!dir.path().join("target.spool").exists(), "symlink followed");
+    let e = spulse::start(dir.path().join("no/such/dir/x.spool")).unwrap_err();
+    assert!(e.to_string().contains("no/such/dir"), "{e}");
+
+    // Bad settings are errors, not panics.
+    assert!(spulse::Recorder::builder().frequency_hz(0).start(dir.path().join("f0")).is_err());
+    assert!(spulse::Recorder::builder().max_stack_depth(0).start(dir.path().join("d0")).is_err());
+    assert!(!dir.path().join("f0").exists() && !dir.path().join("d0").exists());
+
+    // One recorder at a time; after finish another may start.
+    let p1 = dir.path().join("one.spool");
+    let p2 = dir.path().join("two.spool");
+    let g = spulse::start(&p1).unwrap();
+    let e = spulse::start(&p2).unwrap_err();
+    assert!(e.to_string().contains("already running"), "{e}");
+    assert!(!p2.exists());
+    let meta = std::fs::metadata(&p1).unwrap();
+    assert_eq!(meta.permissions().mode() & 0o777, 0o600, "spool mode");
+    burn(0.05);
+    let stats = g.finish().unwrap();
+    assert_eq!(stats.bytes, std::fs::metadata(&p1).unwrap().len());
+    let g = spulse::Recorder::builder().mode(0o640).start(&p2).unwrap();
+    drop(g); // dropping the guard stops, drains and syncs
+    assert_eq!(std::fs::metadata(&p2).unwrap().permissions().mode() & 0o777, 0o640);
+    spulse::Snapshot::open(&p2).unwrap();
+}
+
+#[test]
+fn frequency_from_environment_and_builder() {
+    let _serial = serial();
+    let (dir, _) = spool_path("x");
+    // SAFETY (edition 2021 set_var): tests of this binary that read the
+    // environment hold the serial lock.
+    std::env::set_var("SPULSE_FREQUENCY", "250");
+    let g = spulse::start(dir.path().join("env.spool")).unwrap();
+    g.finish().unwrap();
+    let g = spulse::Recorder::builder().frequency_hz(100).start(dir.path().join("b.spool")).unwrap();
+    g.finish().unwrap();
+    std::env::set_var("SPULSE_FREQUENCY", "fast");
+    let e = spulse::start(dir.path().join("bad.spool")).unwrap_err();
+    assert!(e.to_string().contains("SPULSE_FREQUENCY"), "{e}");
+    std::env::remove_var("SPULSE_FREQUENCY");
+    let env = spulse::Snapshot::open(dir.path().join("env.spool")).unwrap();
+    assert_eq!(env.interval_us(), 4000);
+    let b = spulse::Snapshot::open(dir.path().join("b.spool")).unwrap();
+    assert_eq!(b.interval_us(), 10_000, "the builder wins over the default");
+    let g = spulse::start(dir.path().join("default.spool")).unwrap();
+    g.finish().unwrap();
+    assert_eq!(spulse::Snapshot::open(dir.path().join("default.spool")).unwrap().interval_us(), 1001);
+}
+
+#[test]
+fn tail_sees_samples_while_recording() {
+    let _serial = serial();
+    let (_dir, path) = spool_path("tail.spool");
+    let g = spulse::start(&path).unwrap();
+    let mut tail = spulse::Tail::open(&path).unwrap();
+    burn(0.2);
+    std::thread::sleep(Duration::from_millis(120)); // more than two default flush intervals
+    let seen = tail.poll().unwrap().len();
+    assert!(seen > 50, "Tail saw {seen} samples while recording");
+    g.finish().unwrap();
+}
+
+#[inline(never)]
+fn recurse(n: u32, cpu: f64) -> u64 {
+    if n == 0 {
+        burn(cpu);
+        return 1;
+    }
+    black_box(recurse(n - 1, cpu)) + 1
+}
+
+#[test]
+fn deep_stacks_keep_leaf_frames_under_a_truncation_marker() {
+    let _serial = serial();
+    let (_dir, path) = spool_path("deep.spool");
+    let g = spulse::Recorder::builder().max_stack_depth(8).start(&path).unwrap();
+    recurse(40, 0.2);
+    let stats = g.finish().unwrap();
+    let snap = spulse::Snapshot::open(&path).unwrap();
+    let me = gettid();
+    let mut deep = 0;
+    for s in snap.samples().filter(|s| snap.thread(s.thread).tid == me) {
+        let frames: Vec<_> = snap.stack_frames(s.stack).collect();
+        assert!(frames.len() <= 9, "depth limit 8 plus the marker");
+        if frames.len() == 9 {
+            deep += 1;
+            assert_eq!(snap.frame(*frames.last().unwrap()), Frame::Truncated, "marker is the root");
+        }
+    }
+    assert!(deep > 50, "expected truncated deep stacks, got {deep}; {stats:?}");
+    assert!(stats.truncated_stacks > 0);
+}
+
+#[test]
+fn python_runtime_marks() {
+    let _serial = serial();
+    assert!(spulse::python_runtime_enter().is_err(), "no recorder running");
+    let (_dir, path) = spool_path("py.spool");
+    let g = spulse::start(&path).unwrap();
+    burn(0.05);
+    spulse::python_runtime_enter().unwrap();
+    assert!(spulse::python_runtime_enter().is_err(), "already inside");
+    burn(0.05);
+    spulse::python_runtime_leave().unwrap();
+    burn(0.05);
+    g.finish().unwrap();
+    let snap = spulse::Snapshot::open(&path).unwrap();
+    let ev = snap.python_runtime_events();
+    assert_eq!(ev.len(), 2);
+    assert!(ev[0].entering && !ev[1].entering);
+    // SAFETY: getpid has no preconditions.
+    assert_eq!(ev[0].pid, unsafe { libc::getpid() } as u32);
+    assert!(ev[0].time_us < ev[1].time_us);
+    assert!(ev[0].samples_before > 0 && ev[1].samples_before > ev[0].samples_before);
+}
+
+#[test]
+fn foreign_sigprof_is_chained_to_the_previous_disposition() {
+    let _serial = serial();
+    // SAFETY: ignoring SIGPROF before the recorder installs its handler.
+    let prev = unsafe { libc::signal(libc::SIGPROF, libc::SIG_IGN) };
+    let (_dir, path) = spool_path("chain.spool");
+    let g = spulse::Recorder::builder().engine(EngineChoice::ThreadCpuTimer).start(&path).unwrap();
+    for _ in 0..100 {
+        // SAFETY: a foreign SIGPROF (si_code SI_TKILL): chained to SIG_IGN, so harmless.
+        unsafe { libc::raise(libc::SIGPROF) };
+    }
+    burn(0.1);
+    let stats = g.finish().unwrap();
+    assert!(stats.samples_written > 0);
+    // After stop, our own stray signals would be ignored, foreign ones still chained.
+    // SAFETY: as above.
+    unsafe { libc::raise(libc::SIGPROF) };
+    let _ = prev;
+}
