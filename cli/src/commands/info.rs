@@ -149,7 +149,7 @@ pub fn run(args: &InfoArgs) -> Result<(), CliError> {
                 writeln!(
                     out,
                     "{:>4} {:>4} {:>#18x} {:>10} {:>4}  {:<8} {} ({})",
-                    m.id,
+                    m.id.get(),
                     m.generation,
                     m.start,
                     m.size,
