@@ -1,1 +1,158 @@
-fn main() {}
+//! Export throughput and symbolization cost.
+//!
+//! - `export/pprof` and `export/collapsed`: open, validate and stream a spool of
+//!   10 million samples (with `--bench`; 50,000 in criterion's test mode, as run
+//!   by `cargo test --all-targets`) into a pprof / folded-stacks export written
+//!   to a sink, symbolization disabled (frames become `module+0xoffset`).
+//! - `symbolize/quickstart-cold` and `-warm`: resolve every frame of a
+//!   quickstart recording, with a fresh symbolizer (loading and parsing every
+//!   module file) and with the modules already loaded. Skipped, with a note,
+//!   when the quickstart example has not been built.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use criterion::{criterion_group, criterion_main, Criterion};
+use spulse::{Engine, Frame, Header, NewModule, Replay, SpoolWriter};
+use spulse_cli::aggregate::{aggregate, Filter};
+use spulse_cli::export;
+use spulse_cli::report::symbolize_all;
+use spulse_cli::symbolize::{Options, Symbolizer};
+
+fn full_run() -> bool {
+    std::env::args().any(|a| a == "--bench")
+}
+
+/// Write a synthetic spool: 8 threads, 4,000 distinct leaf stacks of depth 8
+/// to 40 over 64 functions' worth of frames, `samples` samples.
+fn synthetic(path: &Path, samples: u64) {
+    let file = std::fs::File::create(path).unwrap();
+    let header =
+        Header { start_time_us: 1_700_000_000_000_000, interval_us: 1000, engine: Engine::PerfEvent };
+    let mut w = SpoolWriter::new(std::io::BufWriter::with_capacity(1 << 20, file), header).unwrap();
+    let m = w
+        .define_module(&NewModule {
+            pid: 77,
+            start: 0x5555_0000_0000,
+            size: 1 << 24,
+            file_offset: 0,
+            generation: 1,
+            path: b"/nonexistent/bench/app",
+            build_id: &[1, 2, 3, 4],
+        })
+        .unwrap();
+    let frames: Vec<_> = (0..512u64)
+        .map(|i| w.define_frame(Frame::Module { module: m, file_relative: 0x1000 + i * 0x40 }).unwrap())
+        .collect();
+    let threads: Vec<_> = (0..8).map(|i| w.define_thread(77, 100 + i, &format!("t{i}")).unwrap()).collect();
+    // Deterministic xorshift.
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    let mut rnd = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    let mut leaves = Vec::new();
+    let roots: Vec<_> = (0..16).map(|i| w.define_stack(None, frames[i]).unwrap()).collect();
+    for _ in 0..4000 {
+        let mut s = roots[(rnd() % 16) as usize];
+        let depth = 8 + rnd() % 33;
+        for _ in 1..depth {
+            s = w.define_stack(Some(s), frames[(rnd() % 512) as usize]).unwrap();
+        }
+        leaves.push(s);
+    }
+    let mut t = 1_700_000_000_000_000u64;
+    for i in 0..samples {
+        t += 125;
+        // Skewed: a few stacks are hot.
+        let r = rnd();
+        let leaf = if r % 4 == 0 { leaves[(r >> 8) as usize % 4000] } else { leaves[(r >> 8) as usize % 40] };
+        w.sample(t, threads[(i % 8) as usize], leaf).unwrap();
+    }
+    w.into_inner().unwrap();
+}
+
+struct Sink;
+impl std::io::Write for Sink {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+fn export_once(path: &Path, pprof: bool) {
+    let replay = Replay::open(path).unwrap();
+    let agg = aggregate(&replay, &Filter::default(), false).unwrap();
+    let mut sym = Symbolizer::new(Options { dirs: Vec::new(), disabled: true });
+    symbolize_all(&replay, &agg, &mut sym);
+    if pprof {
+        export::pprof::write(&replay, &agg, &mut sym, "bench", &mut Sink).unwrap();
+    } else {
+        export::collapsed::write(&replay, &agg, &mut sym, &mut Sink).unwrap();
+    }
+}
+
+fn bench_export(c: &mut Criterion) {
+    let samples = if full_run() { 10_000_000 } else { 50_000 };
+    let path = std::env::temp_dir().join(format!("spulse-bench-{samples}.spool"));
+    synthetic(&path, samples);
+    eprintln!(
+        "export input: {} ({} bytes, {samples} samples)",
+        path.display(),
+        path.metadata().unwrap().len()
+    );
+    let mut g = c.benchmark_group("export");
+    g.sample_size(10).measurement_time(Duration::from_secs(if full_run() { 40 } else { 1 }));
+    g.bench_function("pprof", |b| b.iter(|| export_once(&path, true)));
+    g.bench_function("collapsed", |b| b.iter(|| export_once(&path, false)));
+    g.finish();
+    // The spool is kept for measuring the binary's peak memory by hand
+    // (`/usr/bin/time -v spulse export ...`); remove the small one.
+    if !full_run() {
+        let _ = std::fs::remove_file(&path);
+    }
+}
+
+fn quickstart_spool() -> Option<(tempfile::TempDir, PathBuf)> {
+    let exe = std::env::current_exe().ok()?;
+    let qs = exe.parent()?.parent()?.join("examples").join("quickstart");
+    if !qs.exists() {
+        eprintln!("symbolize benches skipped: build the quickstart example first ({})", qs.display());
+        return None;
+    }
+    let dir = tempfile::tempdir().ok()?;
+    let spool = dir.path().join("qs.spool");
+    let ok = std::process::Command::new(&qs).arg(&spool).output().ok()?.status.success();
+    ok.then_some((dir, spool))
+}
+
+fn bench_symbolize(c: &mut Criterion) {
+    let Some((_dir, spool)) = quickstart_spool() else { return };
+    let replay = Replay::open(&spool).unwrap();
+    let agg = aggregate(&replay, &Filter::default(), false).unwrap();
+    let mut g = c.benchmark_group("symbolize");
+    g.sample_size(10);
+    g.bench_function("quickstart-cold", |b| {
+        b.iter(|| {
+            let mut sym = Symbolizer::new(Options::default());
+            symbolize_all(&replay, &agg, &mut sym);
+            sym.files_loaded()
+        })
+    });
+    let mut warm = Symbolizer::new(Options::default());
+    symbolize_all(&replay, &agg, &mut warm);
+    g.bench_function("quickstart-warm", |b| {
+        b.iter(|| {
+            warm.clear_frame_cache();
+            symbolize_all(&replay, &agg, &mut warm);
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(benches, bench_export, bench_symbolize);
+criterion_main!(benches);

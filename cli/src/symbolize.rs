@@ -199,6 +199,13 @@ impl Symbolizer {
         &self.functions[id as usize]
     }
 
+    /// Forget every resolved frame but keep the loaded module files (so the
+    /// next resolutions measure lookups against warm, parsed modules).
+    pub fn clear_frame_cache(&mut self) {
+        self.module_frames.clear();
+        self.other_frames.clear();
+    }
+
     /// How many module files were loaded.
     pub fn files_loaded(&self) -> usize {
         self.files_loaded
