@@ -54,8 +54,24 @@ fn main() -> Result<(), spulse::Error> {
                 replay.stack_count(),
             );
         }
+        Some("snapshot") if args.len() == 3 => {
+            let bytes = std::fs::read(&args[2])?;
+            let t = Instant::now();
+            let mut n = 0;
+            for _ in 0..5 {
+                n = spulse::Snapshot::from_bytes(&bytes)?.len();
+            }
+            let dt = t.elapsed().as_secs_f64() / 5.0;
+            println!(
+                "{n} samples; Snapshot::from_bytes {:.3} s ({:.0} M samples/s)",
+                dt,
+                n as f64 / dt / 1e6
+            );
+        }
         _ => {
-            eprintln!("usage: spool_rss write PATH SAMPLES | spool_rss replay PATH");
+            eprintln!(
+                "usage: spool_rss write PATH SAMPLES | spool_rss replay PATH | spool_rss snapshot PATH"
+            );
             std::process::exit(2);
         }
     }

@@ -123,7 +123,7 @@ impl Definitions {
             if t != tag::SAMPLE {
                 break;
             }
-            let Some((delta, thread, stack, len)) = varint::decode_sample(&buf[p..]) else { break };
+            let Some((delta, thread, stack, end)) = varint::decode_sample_at(buf, p) else { break };
             let Some(next) = time.checked_add_signed(delta) else {
                 result = Err((p, FormatErrorKind::TimestampOverflow));
                 break;
@@ -139,7 +139,7 @@ impl Definitions {
             time = next;
             count += 1;
             let at = p;
-            p += len;
+            p = end;
             if !on_sample(
                 Sample { time_us: time, thread: ThreadId(thread as u32), stack: StackId(stack as u32) },
                 at,

@@ -110,43 +110,22 @@ impl Replay {
         let (header, hlen) =
             record::decode_header(&buf[..filled]).map_err(|(at, k)| format_error(at as u64, k))?;
         let mut defs = Definitions::new(header);
-        let mut index: Vec<IndexEntry> = Vec::new();
-        let mut stride: u64 = 1024;
-        let mut count: u64 = 0;
-        let mut last_time = header.start_time_us;
-        let limit = opts.index_limit;
+        let mut ix = Indexer {
+            index: Vec::new(),
+            stride: 1024,
+            limit: opts.index_limit,
+            count: 0,
+            last_time: header.start_time_us,
+            next_at: 0,
+            cur_max: 0,
+        };
 
         let mut start = hlen;
         let mut base = hlen as u64;
         let recovered;
         loop {
             let (used, stop) = scan(&buf[start..filled], base, &mut defs, |s, at| {
-                let need_new = match index.last() {
-                    None => true,
-                    Some(e) => count - e.first_sample >= stride,
-                };
-                if need_new {
-                    if index.len() >= limit {
-                        merge_pairs(&mut index);
-                        stride *= 2;
-                    }
-                    let still_new = match index.last() {
-                        None => true,
-                        Some(e) => count - e.first_sample >= stride,
-                    };
-                    if still_new {
-                        index.push(IndexEntry {
-                            offset: at,
-                            first_sample: count,
-                            prev_time_us: last_time,
-                            max_time_us: s.time_us,
-                        });
-                    }
-                }
-                let e = index.last_mut().expect("index has an entry");
-                e.max_time_us = e.max_time_us.max(s.time_us);
-                last_time = s.time_us;
-                count += 1;
+                ix.add(s.time_us, at);
                 true
             })?;
             start += used;
@@ -170,12 +149,13 @@ impl Replay {
                 }
             }
         }
+        ix.finish();
         Ok(Replay {
             path: path.to_path_buf(),
             file,
             defs,
-            index,
-            stride,
+            index: ix.index,
+            stride: ix.stride,
             data_start: hlen as u64,
             valid_end: base,
             recovered,
@@ -235,6 +215,65 @@ impl Replay {
             next: 0,
             pending_error: None,
             done: false,
+        }
+    }
+}
+
+/// Builds the sample-range index while the file is validated.
+struct Indexer {
+    index: Vec<IndexEntry>,
+    /// Samples per entry.
+    stride: u64,
+    limit: usize,
+    /// Samples seen so far.
+    count: u64,
+    /// Timestamp of the last sample seen.
+    last_time: u64,
+    /// Sample ordinal at which the next entry starts.
+    next_at: u64,
+    /// Largest timestamp of the open (last) entry so far.
+    cur_max: u64,
+}
+
+impl Indexer {
+    #[inline(always)]
+    fn add(&mut self, time: u64, at: u64) {
+        if self.count == self.next_at {
+            self.start_entry(time, at);
+        }
+        self.cur_max = self.cur_max.max(time);
+        self.last_time = time;
+        self.count += 1;
+    }
+
+    #[inline(never)]
+    fn start_entry(&mut self, time: u64, at: u64) {
+        self.finish();
+        if self.index.len() >= self.limit {
+            merge_pairs(&mut self.index);
+            self.stride *= 2;
+            let last = *self.index.last().expect("the limit is at least 2");
+            if self.count - last.first_sample < self.stride {
+                // The merged last entry is still open: keep extending it.
+                self.cur_max = last.max_time_us;
+                self.next_at = last.first_sample + self.stride;
+                return;
+            }
+        }
+        self.index.push(IndexEntry {
+            offset: at,
+            first_sample: self.count,
+            prev_time_us: self.last_time,
+            max_time_us: time,
+        });
+        self.cur_max = time;
+        self.next_at = self.count + self.stride;
+    }
+
+    /// Fold the open entry's running maximum into it.
+    fn finish(&mut self) {
+        if let Some(e) = self.index.last_mut() {
+            e.max_time_us = e.max_time_us.max(self.cur_max);
         }
     }
 }
@@ -346,9 +385,8 @@ impl ReplaySamples<'_> {
         let mut time = self.time;
         let mut result = Ok(());
         while self.batch.len() < BATCH && pos < buf.len() {
-            let rest = &buf[pos..];
-            let (delta, thread, stack, len) = if rest[0] == tag::SAMPLE {
-                match varint::decode_sample(rest) {
+            let (delta, thread, stack, end) = if buf[pos] == tag::SAMPLE {
+                match varint::decode_sample_at(buf, pos) {
                     Some(s) => s,
                     None => {
                         result = Err(());
@@ -356,8 +394,8 @@ impl ReplaySamples<'_> {
                     }
                 }
             } else {
-                match next_validated(rest) {
-                    Some((Some((d, t, s)), len)) => (d, t, s, len),
+                match next_validated(&buf[pos..]) {
+                    Some((Some((d, t, s)), len)) => (d, t, s, pos + len),
                     Some((None, len)) => {
                         pos += len;
                         continue;
@@ -376,7 +414,7 @@ impl ReplaySamples<'_> {
                 result = Err(());
                 break;
             }
-            pos += len;
+            pos = end;
             time = t;
             if let Some(first) = self.skip_before {
                 if t < first {

@@ -74,17 +74,23 @@ impl Snapshot {
     pub fn from_bytes(bytes: &[u8]) -> Result<Snapshot, Error> {
         let (header, hlen) = record::decode_header(bytes).map_err(|(at, k)| format_error(at as u64, k))?;
         let mut defs = Definitions::new(header);
-        // A sample record is at least four bytes: never reserve more than that allows.
-        let guess = (bytes.len() - hlen) / 6;
-        let mut times = Vec::with_capacity(guess);
-        let mut threads = Vec::with_capacity(guess);
-        let mut stacks = Vec::with_capacity(guess);
+        // A sample record is at least four bytes, so this many samples is an
+        // upper bound: the columns never grow (and never copy) while loading.
+        // Pages of unused capacity are never touched; the columns are shrunk
+        // to fit at the end.
+        let bound = (bytes.len() - hlen) / 4;
+        let mut times = Vec::with_capacity(bound);
+        let mut threads = Vec::with_capacity(bound);
+        let mut stacks = Vec::with_capacity(bound);
         let (used, stop) = scan(&bytes[hlen..], hlen as u64, &mut defs, |s, _| {
             times.push(s.time_us);
             threads.push(s.thread.get());
             stacks.push(s.stack.get());
             true
         })?;
+        times.shrink_to_fit();
+        threads.shrink_to_fit();
+        stacks.shrink_to_fit();
         let valid_len = (hlen + used) as u64;
         Ok(Snapshot {
             defs,
