@@ -93,3 +93,29 @@ fn seeking_uses_the_index_and_returns_the_suffix() {
         assert!(got.iter().copied().eq((first..snap.len()).map(|i| snap.sample(i))));
     }
 }
+
+#[test]
+fn replay_reports_a_file_changed_after_open() {
+    let (bytes, _) = build(random_ops(13, 5_000));
+    let n = Snapshot::from_bytes(&bytes).unwrap().len();
+    // Overwritten with garbage: some samples, then an error, never a panic.
+    let file = temp_file(&bytes);
+    let replay = Replay::options().chunk_size(0).open(file.path()).unwrap();
+    let mut garbage = bytes.clone();
+    for b in &mut garbage[bytes.len() / 2..] {
+        *b = 0xff;
+    }
+    std::fs::write(file.path(), &garbage).unwrap();
+    let results: Vec<_> = replay.samples().collect();
+    assert!(results.len() < n + 1);
+    assert!(results.last().unwrap().is_err(), "the change is reported");
+    assert!(results[..results.len() - 1].iter().all(|r| r.is_ok()));
+    // Truncated after open: reported too, wherever the cut falls.
+    for cut in [bytes.len() / 3, bytes.len() - 1, 70_000.min(bytes.len() - 1)] {
+        let file = temp_file(&bytes);
+        let replay = Replay::open(file.path()).unwrap();
+        file.as_file().set_len(cut as u64).unwrap();
+        let results: Vec<_> = replay.samples().collect();
+        assert!(results.last().unwrap().is_err(), "cut {cut}");
+    }
+}

@@ -365,7 +365,8 @@ impl ReplaySamples<'_> {
         let n = read_at(&self.replay.file, &mut self.buf[self.filled..self.filled + want], self.file_pos)
             .map_err(|e| e.with_path(&self.replay.path))?;
         if n == 0 {
-            return Ok(false);
+            // The file is shorter than the prefix validated at open.
+            return Err(self.changed());
         }
         self.filled += n;
         self.file_pos += n as u64;
