@@ -17,5 +17,7 @@ pub use recorder::{
     python_runtime_enter, python_runtime_leave, start, EngineChoice, Guard, LostSamples, Recorder, RecorderBuilder,
     Stats, DEFAULT_FREQUENCY_HZ,
 };
+#[doc(hidden)]
+pub use recorder::bench_support as __bench;
 pub use read::{Replay, ReplayOptions, ReplaySamples, Snapshot, Tail};
 pub use write::{NewModule, SpoolWriter};

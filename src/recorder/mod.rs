@@ -126,6 +126,7 @@ pub(crate) struct StackBounds {
     pub main_top: u64,
     pub main_span: u64,
     pub tcb_block_offset: Option<usize>,
+    pub tcb_tid_offset: Option<usize>,
 }
 
 /// State shared by the handler and the writer thread.
@@ -295,6 +296,24 @@ impl Drop for Guard {
     }
 }
 
+/// Benchmark support (not a stable API): the signal handler's own running time.
+#[doc(hidden)]
+pub mod bench_support {
+    /// Width of one histogram bucket in nanoseconds.
+    pub const BUCKET_NS: u64 = super::signal::TIMING_BUCKET_NS;
+
+    /// Turn handler timing on or off (off by default; costs one relaxed load).
+    pub fn handler_timing(on: bool) {
+        super::signal::set_timing(on)
+    }
+
+    /// Take and reset the histogram of handler times (`BUCKET_NS` per bucket;
+    /// the last bucket collects everything slower).
+    pub fn take_handler_times() -> Vec<u64> {
+        super::signal::take_timing()
+    }
+}
+
 /// Called in a forked child (async-signal-safe: atomics only): the parent's
 /// recorder is not running here.
 pub(crate) fn forget_parent_recorder_after_fork() {
@@ -393,6 +412,7 @@ fn start_inner(b: &RecorderBuilder, path: &Path) -> Result<Guard, Error> {
     let snapshot = modules::initial_snapshot(&objects, 0);
     let (main_top, main_span) = signal::main_stack_bounds();
     let tcb_block_offset = signal::probe_tcb_stack_offset();
+    let tcb_tid_offset = signal::probe_tcb_tid_offset();
     let ncpu = std::thread::available_parallelism().map_or(2, |n| n.get());
     let shared = Arc::new(Shared {
         pid,
@@ -400,7 +420,7 @@ fn start_inner(b: &RecorderBuilder, path: &Path) -> Result<Guard, Error> {
         ring: ring::Ring::new(b.ring_capacity, b.max_stack_depth),
         caches: unwind::CachePool::new((2 * ncpu + 2).min(64)),
         snapshot: signal::SnapshotCell::new(Box::new(snapshot)),
-        bounds: StackBounds { main_top, main_span, tcb_block_offset },
+        bounds: StackBounds { main_top, main_span, tcb_block_offset, tcb_tid_offset },
         counters: Counters::default(),
         weight_cap: 64,
     });
