@@ -270,7 +270,7 @@ fn truncated_spool_is_read_with_one_warning() {
 
 #[test]
 fn help_has_examples() {
-    for cmd in ["info", "top", "export"] {
+    for cmd in ["info", "top", "export", "follow"] {
         let out = ok(&[cmd, "--help"]);
         assert!(out.contains("Example"), "{cmd} --help: {out}");
         assert!(out.contains(&format!("spulse {cmd}")), "{cmd} --help: {out}");
