@@ -98,9 +98,16 @@ impl Replay {
         let mut filled = 0usize;
         let mut file_pos = 0u64;
         let mut eof = false;
+        // Validate the file as it is now: bytes appended while opening are not
+        // part of the retained prefix (so opening always terminates).
+        let file_len = file.metadata().map_err(|e| Error::io(Some(path), e))?.len();
+        let read_at = |buf: &mut [u8], pos: u64| -> Result<usize, Error> {
+            let want = (file_len.saturating_sub(pos)).min(buf.len() as u64) as usize;
+            read_at(&file, &mut buf[..want], pos)
+        };
         // Read enough for the header.
         while !eof && filled < 64 {
-            let n = read_at(&file, &mut buf[filled..], file_pos)?;
+            let n = read_at(&mut buf[filled..], file_pos)?;
             if n == 0 {
                 eof = true;
             }
@@ -140,7 +147,7 @@ impl Replay {
                     buf.copy_within(start..filled, 0);
                     filled -= start;
                     start = 0;
-                    let n = read_at(&file, &mut buf[filled..], file_pos)?;
+                    let n = read_at(&mut buf[filled..], file_pos)?;
                     if n == 0 {
                         eof = true;
                     }

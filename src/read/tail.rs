@@ -18,6 +18,7 @@ use crate::format::Sample;
 use crate::Error;
 
 const READ_CHUNK: usize = 1 << 20;
+const MAX_CHUNKS_PER_POLL: usize = 1024;
 
 /// A live reader of a growing spool.
 #[derive(Debug)]
@@ -71,12 +72,16 @@ impl Tail {
     /// Read what the file gained and return the next batch of samples (at most
     /// [`Tail::MAX_BATCH`]; empty when nothing new is complete). A complete
     /// but invalid record is an error, and every later poll returns it again;
-    /// samples that precede it in the same read are returned first.
+    /// samples that precede it in the same read are returned first. One poll
+    /// reads at most 1 GiB, so it returns even while a writer appends faster
+    /// than the reader keeps up (an empty batch then does not mean caught up:
+    /// compare [`Tail::position`] with the file length for that).
     pub fn poll(&mut self) -> Result<&[Sample], Error> {
         self.batch.clear();
         if let Some((offset, kind)) = &self.error {
             return Err(Error::Format { path: Some(self.path.clone()), offset: *offset, kind: kind.clone() });
         }
+        let mut reads = 0;
         loop {
             let slice = &self.pending[self.pending_start..];
             let batch = &mut self.batch;
@@ -102,8 +107,11 @@ impl Tail {
                     return Err(e.with_path(&self.path));
                 }
             }
-            // Everything complete was consumed: read more, if the file grew.
-            if !self.read_more()? {
+            // Everything complete was consumed: read more, if the file grew
+            // (at most MAX_CHUNKS_PER_POLL chunks, so that a poll returns even
+            // while a writer appends definitions faster than we read them).
+            reads += 1;
+            if reads > MAX_CHUNKS_PER_POLL || !self.read_more()? {
                 return Ok(&self.batch);
             }
         }
