@@ -276,3 +276,41 @@ fn help_has_examples() {
         assert!(out.contains(&format!("spulse {cmd}")), "{cmd} --help: {out}");
     }
 }
+
+#[test]
+fn empty_spool_through_every_command() {
+    let dir = tempfile::tempdir().unwrap();
+    let spool = dir.path().join("empty.spool");
+    let header =
+        spulse::Header { start_time_us: START_US, interval_us: 500, engine: spulse::Engine::Unknown };
+    spulse::SpoolWriter::new(std::fs::File::create(&spool).unwrap(), header).unwrap().into_inner().unwrap();
+    let v: Value = serde_json::from_str(&ok(&["info", s(&spool), "--json"])).unwrap();
+    assert_eq!((v["samples"].as_u64(), v["duration_us"].as_u64()), (Some(0), Some(0)));
+    assert_eq!(v["engine"], "unknown");
+    assert_eq!(top_json(&["top", s(&spool), "--json"]), Vec::<Value>::new());
+    assert!(ok(&["top", s(&spool)]).starts_with("0 samples"));
+    for f in ["pprof", "firefox", "collapsed", "svg", "speedscope"] {
+        let out = dir.path().join(format!("empty.{f}"));
+        ok(&["export", s(&spool), "--format", f, "-o", s(&out)]);
+        let len = std::fs::metadata(&out).unwrap().len();
+        assert!(f == "collapsed" || len > 0, "{f} output is empty");
+    }
+    let o = spulse(&["follow", s(&spool), "--interval", "0.05", "--idle-exit", "0.2"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains(": 0 samples"));
+}
+
+#[test]
+fn export_to_stdout_and_unwritable_output() {
+    let p = program();
+    let spool = p.dir.path().join("a.spool");
+    standard(&p, &spool);
+    let folded = ok(&["export", s(&spool), "--format", "collapsed", "-o", "-"]);
+    assert_eq!(folded, "main;hot_a 300\nmain;hot_b 100\n");
+    let bad = p.dir.path().join("no/such/dir/out.pb.gz");
+    let o = spulse(&["export", s(&spool), "--format", "pprof", "-o", s(&bad)]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let err = stderr(&o);
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    assert!(err.contains(s(&bad)) && err.contains("No such file"), "{err}");
+}
