@@ -85,6 +85,9 @@ pub enum FormatErrorKind {
     PythonRuntimeState,
     /// Too many definitions of one kind (ids are 32-bit).
     TooManyDefinitions(&'static str),
+    /// A `Replay` found the file shorter or different than when it was opened
+    /// and validated.
+    ChangedSinceOpen,
 }
 
 impl fmt::Display for FormatErrorKind {
@@ -125,6 +128,7 @@ impl fmt::Display for FormatErrorKind {
             TimestampOverflow => write!(f, "sample timestamp out of range"),
             PythonRuntimeState => write!(f, "Python-runtime record does not alternate enter/leave"),
             TooManyDefinitions(what) => write!(f, "too many {what} definitions"),
+            ChangedSinceOpen => write!(f, "the file changed since it was opened and validated"),
         }
     }
 }

@@ -108,7 +108,8 @@ fn replay_reports_a_file_changed_after_open() {
     std::fs::write(file.path(), &garbage).unwrap();
     let results: Vec<_> = replay.samples().collect();
     assert!(results.len() < n + 1);
-    assert!(results.last().unwrap().is_err(), "the change is reported");
+    let e = results.last().unwrap().as_ref().unwrap_err();
+    assert_eq!(e.format_kind(), Some(&spulse::FormatErrorKind::ChangedSinceOpen), "{e}");
     assert!(results[..results.len() - 1].iter().all(|r| r.is_ok()));
     // Truncated after open: reported too, wherever the cut falls.
     for cut in [bytes.len() / 3, bytes.len() - 1, 70_000.min(bytes.len() - 1)] {
@@ -116,6 +117,8 @@ fn replay_reports_a_file_changed_after_open() {
         let replay = Replay::open(file.path()).unwrap();
         file.as_file().set_len(cut as u64).unwrap();
         let results: Vec<_> = replay.samples().collect();
-        assert!(results.last().unwrap().is_err(), "cut {cut}");
+        let e = results.last().unwrap().as_ref().unwrap_err();
+        assert_eq!(e.format_kind(), Some(&spulse::FormatErrorKind::ChangedSinceOpen), "cut {cut}: {e}");
+        assert!(e.offset().unwrap() <= cut as u64, "cut {cut}: {e}");
     }
 }

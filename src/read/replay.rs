@@ -352,7 +352,7 @@ impl ReplaySamples<'_> {
         Error::Format {
             path: Some(self.replay.path.clone()),
             offset: self.offset(),
-            kind: FormatErrorKind::BadValue("record changed since the spool was opened", 0),
+            kind: FormatErrorKind::ChangedSinceOpen,
         }
     }
 
