@@ -50,6 +50,10 @@ pub(crate) type FxMap<K, V> = HashMap<K, V, BuildHasherDefault<FxHasher>>;
 
 const NO_PARENT: u32 = u32::MAX;
 
+/// Bound of the whole-stack cache: 1 Mi words (8 MiB) of keys. It is only a
+/// shortcut; the frame and stack maps behind it hold one entry per definition.
+const WHOLE_CACHE_WORDS: usize = 1 << 20;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 enum FrameKey {
     Module(u32, u64),
@@ -67,6 +71,8 @@ pub(crate) struct Interner {
     threads: FxMap<u32, ThreadId>,
     /// Raw sample words (generation, flag, addresses) -> leaf stack.
     whole: FxMap<Box<[u64]>, StackId>,
+    /// Words held by `whole` (it is cleared when this passes `WHOLE_CACHE_WORDS`).
+    whole_words: usize,
     key: Vec<u64>,
 }
 
@@ -135,7 +141,19 @@ impl Interner {
 
     /// Remember the leaf for the raw sample last passed to [`Interner::cached`].
     pub(crate) fn remember(&mut self, leaf: StackId) {
+        if self.whole_words + self.key.len() > WHOLE_CACHE_WORDS {
+            self.whole.clear();
+            self.whole_words = 0;
+        }
+        self.whole_words += self.key.len();
         self.whole.insert(self.key.clone().into_boxed_slice(), leaf);
+    }
+
+    /// Drop the whole-stack cache (its keys name a generation; after a module
+    /// change old generations stop arriving).
+    pub(crate) fn clear_stack_cache(&mut self) {
+        self.whole.clear();
+        self.whole_words = 0;
     }
 
     /// The thread id for `tid`, defining it (with its current name) if new.
@@ -161,7 +179,7 @@ impl Interner {
         let of = |f: FrameId| fm.get(f.index()).copied().unwrap_or(NO_PARENT);
         self.frames.retain(|_, f| of(*f) != m.get());
         self.stacks.retain(|(_, f), _| fm.get(*f as usize).copied().unwrap_or(NO_PARENT) != m.get());
-        self.whole.clear();
+        self.clear_stack_cache();
     }
 
     /// Entries held (for memory accounting in tests).

@@ -294,6 +294,7 @@ impl Run {
             .with_current(|cur| modules::next_snapshot(cur, &ch.removed_starts, &added, ch.gen));
         self.retired.push(self.st.shared.snapshot.replace(Box::new(next)));
         self.st.generation = ch.gen;
+        self.interner.clear_stack_cache();
     }
 
     fn drain(&mut self) {
