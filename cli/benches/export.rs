@@ -86,7 +86,8 @@ impl std::io::Write for Sink {
 
 fn export_once(path: &Path, pprof: bool) {
     let replay = Replay::open(path).unwrap();
-    let agg = aggregate(&replay, &Filter::default(), false).unwrap();
+    // As `spulse export`: pprof samples are per thread (labelled), folded per stack.
+    let agg = aggregate(&replay, &Filter::default(), pprof).unwrap();
     let mut sym = Symbolizer::new(Options { dirs: Vec::new(), disabled: true });
     symbolize_all(&replay, &agg, &mut sym);
     if pprof {

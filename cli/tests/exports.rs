@@ -94,6 +94,16 @@ fn pprof_carries_mappings_addresses_and_build_ids() {
     assert!(loc.line[0].line > 0, "line numbers from DWARF");
     let total: i64 = prof.sample.iter().map(|s| s.value[0]).sum();
     assert_eq!(total, 400);
+    // Samples carry thread labels: per tid, 300 (tid 1001) and 100 (tid 1002).
+    let key = |k: &str| st.iter().position(|x| x == k).unwrap() as i64;
+    let mut per_tid: HashMap<i64, i64> = HashMap::new();
+    for smp in &prof.sample {
+        let tid = smp.label.iter().find(|l| l.key == key("tid")).expect("tid label").num;
+        let name = smp.label.iter().find(|l| l.key == key("thread")).expect("thread label").str;
+        assert_eq!(st[name as usize], if tid == 1001 { "main" } else { "worker" });
+        *per_tid.entry(tid).or_default() += smp.value[0];
+    }
+    assert_eq!(per_tid, HashMap::from([(1001, 300), (1002, 100)]));
     assert_eq!(prof.period, INTERVAL_US as i64 * 1000);
 }
 

@@ -69,7 +69,8 @@ pub fn run(args: &ExportArgs) -> Result<(), CliError> {
             Ok(())
         }
         f => {
-            let agg = aggregate(&replay, &filter, f == Format::Speedscope)?;
+            let per_thread = matches!(f, Format::Speedscope | Format::Pprof);
+            let agg = aggregate(&replay, &filter, per_thread)?;
             symbolize_all(&replay, &agg, &mut sym);
             match f {
                 Format::Pprof => export::pprof::write(&replay, &agg, &mut sym, &title, &mut *out),

@@ -1,10 +1,12 @@
 //! pprof export: a gzipped `profile.proto` (messages defined here with prost
 //! derive macros, field numbers from pprof's `profile.proto`).
 //!
-//! Samples are per distinct stack (value 0: sample count, value 1: CPU
-//! nanoseconds = count × interval). Every module becomes a `Mapping` with its
-//! address range, file offset, path and build id; every frame a `Location` with
-//! its absolute address, so the file can be re-symbolized. Resolved frames carry
+//! Samples are per distinct (thread, stack) when the aggregation is per thread,
+//! labelled `pid`, `tid` and `thread` (name), else per distinct stack (value 0:
+//! sample count, value 1: CPU nanoseconds = count × interval). Every module
+//! becomes a `Mapping` with its address range, file offset, path and build id;
+//! every frame a `Location` with its absolute address, so the file can be
+//! re-symbolized. Resolved frames carry
 //! `Line`s (inlined functions first, the containing function last, as pprof
 //! expects); frames of modules that could not be symbolized carry none.
 
@@ -254,11 +256,20 @@ pub fn build(defs: &Definitions, agg: &Aggregate, sym: &mut Symbolizer, comment:
             ids.push(id);
         }
         let n = count as i64;
-        p.sample.push(Sample {
-            location_id: ids,
-            value: vec![n, n.saturating_mul(period)],
-            label: Vec::new(),
-        });
+        let mut label = Vec::new();
+        if let Some(t) = ctx.thread {
+            let t = defs.thread(t);
+            label.push(Label { key: strings.get("pid"), num: t.pid as i64, ..Default::default() });
+            label.push(Label { key: strings.get("tid"), num: t.tid as i64, ..Default::default() });
+            if !t.name.is_empty() {
+                label.push(Label {
+                    key: strings.get("thread"),
+                    str: strings.get(&t.name),
+                    ..Default::default()
+                });
+            }
+        }
+        p.sample.push(Sample { location_id: ids, value: vec![n, n.saturating_mul(period)], label });
     }
     for m in defs.modules() {
         let i = m.id.index();
