@@ -9,11 +9,24 @@
 //! to a file without holding it in memory; `replay` opens it with `Replay`
 //! (validating every record), scans every sample and prints the count, the
 //! index size and the time taken. Peak RSS comes from `/usr/bin/time -v`.
+//! `snapshot` and `json` time `Snapshot::from_bytes` and the serde_json parse
+//! of the same data in thread CPU time, which stays meaningful on a busy machine.
 
 #[path = "../benches/spool_profile/mod.rs"]
 mod spool_profile;
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
+
+/// CPU time consumed by this thread: unlike wall time, it does not grow when
+/// other processes compete for the machine's cores.
+fn cpu_time() -> Duration {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `ts` is a valid, writable timespec and the clock id is a constant
+    // the kernel supports; clock_gettime writes only into `ts`.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    assert_eq!(rc, 0, "clock_gettime");
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
 
 fn main() -> Result<(), spulse::Error> {
     let args: Vec<String> = std::env::args().collect();
@@ -34,21 +47,29 @@ fn main() -> Result<(), spulse::Error> {
             println!("wrote {n} samples, {len} bytes ({:.2} bytes/sample)", len as f64 / n as f64);
         }
         Some("replay") if args.len() == 3 => {
-            let t = Instant::now();
+            let (t, c) = (Instant::now(), cpu_time());
             let replay = spulse::Replay::open(&args[2])?;
-            let opened = t.elapsed();
+            let (opened, opened_cpu) = (t.elapsed(), cpu_time() - c);
+            let mut best_cpu = Duration::MAX;
             let mut n = 0u64;
-            for s in replay.samples() {
-                s?;
-                n += 1;
+            for _ in 0..3 {
+                let c = cpu_time();
+                n = 0;
+                for s in replay.samples() {
+                    s?;
+                    n += 1;
+                }
+                best_cpu = best_cpu.min(cpu_time() - c);
             }
-            let total = t.elapsed();
+            let rate = |d: Duration| n as f64 / d.as_secs_f64() / 1e6;
             println!(
-                "{n} samples; open (validate) {:.2} s, scan {:.2} s ({:.0} M samples/s); index {} entries x {} \
-                 samples; {} stack nodes",
+                "{n} samples; open (validate) {:.2} s wall, {:.2} s CPU ({:.0} M samples/s); scan (best of 3) \
+                 {:.3} s CPU ({:.0} M samples/s); index {} entries x {} samples; {} stack nodes",
                 opened.as_secs_f64(),
-                (total - opened).as_secs_f64(),
-                n as f64 / (total - opened).as_secs_f64() / 1e6,
+                opened_cpu.as_secs_f64(),
+                rate(opened_cpu),
+                best_cpu.as_secs_f64(),
+                rate(best_cpu),
                 replay.index_len(),
                 replay.index_stride(),
                 replay.stack_count(),
@@ -68,10 +89,34 @@ fn main() -> Result<(), spulse::Error> {
                 n as f64 / dt / 1e6
             );
         }
-        _ => {
-            eprintln!(
-                "usage: spool_rss write PATH SAMPLES | spool_rss replay PATH | spool_rss snapshot PATH"
+        Some("json") if args.len() == 3 => {
+            // Loading the spool versus parsing the same data as JSON.
+            let bytes = std::fs::read(&args[2])?;
+            let snap = spulse::Snapshot::from_bytes(&bytes)?;
+            let json = spool_profile::to_json(&snap);
+            drop(snap);
+            let (mut spool_best, mut json_best) = (Duration::MAX, Duration::MAX);
+            for _ in 0..3 {
+                let c = cpu_time();
+                let n = spulse::Snapshot::from_bytes(&bytes)?.len();
+                spool_best = spool_best.min(cpu_time() - c);
+                let c = cpu_time();
+                let v: std::collections::HashMap<String, Vec<u64>> =
+                    serde_json::from_slice(&json).expect("valid JSON");
+                json_best = json_best.min(cpu_time() - c);
+                assert_eq!(v["time"].len(), n);
+            }
+            println!(
+                "spool {} bytes loaded in {:.3} s CPU; JSON {} bytes parsed in {:.3} s CPU; ratio {:.1}x",
+                bytes.len(),
+                spool_best.as_secs_f64(),
+                json.len(),
+                json_best.as_secs_f64(),
+                json_best.as_secs_f64() / spool_best.as_secs_f64()
             );
+        }
+        _ => {
+            eprintln!("usage: spool_rss write PATH SAMPLES | replay PATH | snapshot PATH | json PATH");
             std::process::exit(2);
         }
     }
