@@ -39,12 +39,38 @@ pub struct Context {
     pub perf_map_allowed: bool,
 }
 
+/// A multiplicative hasher for the small integer keys of the per-thread counts
+/// (the default SipHash costs more than the rest of the per-sample work).
+#[derive(Default, Clone, Copy)]
+pub struct IdHasher(u64);
+
+impl std::hash::Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(b as u64);
+        }
+    }
+    #[inline]
+    fn write_u32(&mut self, v: u32) {
+        self.write_u64(v as u64);
+    }
+    #[inline]
+    fn write_u64(&mut self, v: u64) {
+        self.0 = (self.0.rotate_left(5) ^ v).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+}
+
+type IdMap<K, V> = HashMap<K, V, std::hash::BuildHasherDefault<IdHasher>>;
+
 enum Counts {
     /// `[context][stack index]` for a handful of contexts, plus every
     /// (context, stack) in the order it was first counted.
     Dense(Vec<Vec<u64>>, Vec<(u32, StackId)>),
     /// `(context, stack)`, for per-thread aggregations.
-    Sparse(HashMap<(u32, StackId), u64>),
+    Sparse(IdMap<(u32, StackId), u64>),
 }
 
 /// Sample counts per (context, stack).
@@ -77,6 +103,7 @@ impl Aggregate {
     /// An aggregation from counts gathered elsewhere (`follow` counts as it tails).
     pub fn from_counts(contexts: Vec<Context>, counts: HashMap<(u32, StackId), u64>) -> Aggregate {
         let total = counts.values().sum();
+        let counts = counts.into_iter().collect();
         Aggregate { contexts, counts: Counts::Sparse(counts), total, read: total, time_range: None }
     }
 
@@ -154,7 +181,7 @@ pub fn aggregate(replay: &Replay, filter: &Filter, per_thread: bool) -> Result<A
 
     let stacks = defs.stack_count();
     let mut counts = if per_thread {
-        Counts::Sparse(HashMap::new())
+        Counts::Sparse(IdMap::default())
     } else {
         Counts::Dense(vec![Vec::new(); contexts.len()], Vec::new())
     };
