@@ -451,3 +451,48 @@ fn load_perf_map(pid: u32) -> Option<PerfMap> {
     let name = format!("perf-{pid}.map");
     Some(PerfMap { entries, path: name })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn demangles_rust_without_hash_and_cpp() {
+        assert_eq!(
+            demangle("_ZN10quickstart13parse_records17h0123456789abcdefE"),
+            "quickstart::parse_records"
+        );
+        assert_eq!(demangle("_RNvCs1234_10quickstart13parse_records"), "quickstart::parse_records");
+        assert_eq!(demangle("_ZN3foo3barEv"), "foo::bar()");
+        assert_eq!(demangle("hot_a"), "hot_a");
+        assert_eq!(demangle("_Zgarbage"), "_Zgarbage");
+    }
+
+    #[test]
+    fn perf_map_lines_and_lookup() {
+        assert_eq!(parse_hex("0x1f"), Some(31));
+        assert_eq!(parse_hex("1F"), Some(31));
+        assert_eq!(parse_hex("zz"), None);
+        let m = PerfMap {
+            entries: vec![(0x1000, 0x1100, "old".into()), (0x1000, 0x1080, "new".into())],
+            path: "perf-1.map".into(),
+        };
+        assert_eq!(m.lookup(0x1010), Some("new"), "later lines win");
+        assert_eq!(m.lookup(0x1090), Some("old"));
+        assert_eq!(m.lookup(0x1100), None, "end is exclusive");
+    }
+
+    #[test]
+    fn svma_uses_the_segment_holding_the_offset() {
+        let s = |segments| ModuleSymbols {
+            loader: addr2line::Loader::new("/proc/self/exe").unwrap(),
+            segments,
+            image_base: 0,
+            source: PathBuf::new(),
+        };
+        let m = s(vec![(0, 0x1000, 0, 0x1000), (0x1000, 0x2000, 0x401000, 0x2000)]);
+        assert_eq!(m.svma(0x1234), Some(0x401234));
+        assert_eq!(m.svma(0x10), Some(0x10));
+        assert_eq!(m.svma(0x3000), None);
+    }
+}

@@ -66,3 +66,13 @@ pub fn format_unix_us(us: u64) -> String {
         us % 1_000_000
     )
 }
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn formats_unix_microseconds() {
+        assert_eq!(super::format_unix_us(0), "1970-01-01 00:00:00.000000 UTC");
+        assert_eq!(super::format_unix_us(1_700_000_000_123_456), "2023-11-14 22:13:20.123456 UTC");
+        assert_eq!(super::format_unix_us(951_782_400_000_000), "2000-02-29 00:00:00.000000 UTC");
+    }
+}
