@@ -24,13 +24,17 @@ fn gettid() -> u32 {
     unsafe { libc::syscall(libc::SYS_gettid) as u32 }
 }
 
+/// Busy user-space work until the thread used `cpu` seconds. The CPU clock is
+/// read (a system call) only every ~0.5 ms: the perf engine counts user time,
+/// and a workload that spends a few percent of its time in system calls would
+/// measure that, not the recorder.
 #[inline(never)]
 fn spin_cpu(cpu: f64) -> u64 {
     let c0 = thread_cpu();
     let end = Instant::now() + Duration::from_secs_f64(cpu * 20.0 + 1.0);
     let mut h = 1u64;
     while thread_cpu() - c0 < cpu && Instant::now() < end {
-        for i in 0..5_000u64 {
+        for i in 0..500_000u64 {
             h = (h ^ black_box(i)).wrapping_mul(0x100_0000_01b3);
         }
     }
