@@ -205,3 +205,43 @@ fn foreign_sigprof_is_chained_to_the_previous_disposition() {
     unsafe { libc::raise(libc::SIGPROF) };
     let _ = prev;
 }
+
+#[test]
+fn small_stack_threads_are_sampled_without_overflowing() {
+    let _serial = serial();
+    let (_dir, path) = spool_path("small.spool");
+    let g = spulse::Recorder::builder().frequency_hz(4000).start(&path).unwrap();
+    let hs: Vec<_> = [24usize << 10, 256 << 10]
+        .into_iter()
+        .map(|size| {
+            std::thread::Builder::new().stack_size(size).spawn(move || (size, gettid(), burn(0.1))).unwrap()
+        })
+        .collect();
+    let tids: Vec<(usize, u32)> = hs
+        .into_iter()
+        .map(|h| {
+            let (size, tid, ()) = h.join().unwrap();
+            (size, tid)
+        })
+        .collect();
+    let stats = g.finish().unwrap();
+    let snap = spulse::Snapshot::open(&path).unwrap();
+    for (size, tid) in tids {
+        let (mut n, mut leaf_only) = (0, 0);
+        for s in snap.samples().filter(|s| snap.thread(s.thread).tid == tid) {
+            n += 1;
+            let frames: Vec<_> = snap.stack_frames(s.stack).collect();
+            if frames.len() == 2 && snap.frame(frames[1]) == Frame::Truncated {
+                leaf_only += 1;
+            }
+        }
+        eprintln!("stack {size}: {n} samples, {leaf_only} leaf-only");
+        assert!(n > 100, "thread with a {size}-byte stack got {n} samples");
+        if size >= 256 << 10 {
+            assert_eq!(leaf_only, 0, "a roomy stack is unwound");
+        } else {
+            assert_eq!(leaf_only, n, "a small stack is never unwound into");
+        }
+    }
+    assert!(stats.unknown_stacks > 0);
+}

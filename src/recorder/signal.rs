@@ -31,8 +31,10 @@
 //!   `span` is the gap between `top` and the end of the next lower mapping at start,
 //!   capped by `RLIMIT_STACK`; the kernel keeps that gap free (mmap_base lies at
 //!   least RLIMIT_STACK below the stack), so `[sp, top)` is inside the stack VMA.
-//! * any other `sp` (an alternate signal stack, a coroutine, a failed probe):
-//!   nothing is read; the sample keeps its leaf pc and is marked truncated.
+//! * any other `sp` (an alternate signal stack, a coroutine, a failed probe),
+//!   or a thread with less than 32 KiB of stack left below `sp` (the unwinder
+//!   itself needs ~17 KiB): nothing is read; the sample keeps its leaf pc and is
+//!   marked truncated.
 //!
 //! # Which signals are ours
 //! `SIGTRAP` with `si_code == TRAP_PERF` and `si_perf_data == MAGIC` (the
@@ -324,8 +326,15 @@ fn stack_range(st: &Shared, tid: u32, sp: u64) -> Option<(u64, u64)> {
         (std::ptr::read_volatile(p), std::ptr::read_volatile(p.add(1)), std::ptr::read_volatile(p.add(2)))
     };
     let usable_lo = block.checked_add(guard)?;
-    (block != 0 && usable_lo <= sp && sp < tcb).then_some((sp, tcb))
+    // The unwinder needs ~17 KiB of stack below the signal frame (gimli's
+    // evaluation storage lives on the stack): on a thread with less left, take
+    // the leaf only rather than overflow into the guard page.
+    let room = sp.checked_sub(usable_lo)?;
+    (block != 0 && room >= UNWIND_STACK_RESERVE && sp < tcb).then_some((sp, tcb))
 }
+
+/// Stack the handler wants left below the interrupted `sp` before it unwinds.
+const UNWIND_STACK_RESERVE: u64 = 32 << 10;
 
 /// Registers from the ucontext.
 ///
