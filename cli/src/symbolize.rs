@@ -100,13 +100,16 @@ impl PerfMap {
     }
 }
 
+/// A module file's identity: (path, build id).
+type FileKey = (Vec<u8>, Vec<u8>);
+
 /// Resolves frames to functions, caching every file and frame.
 pub struct Symbolizer {
     options: Options,
     functions: Vec<Function>,
     function_ids: HashMap<Function, u32>,
     /// Loaded files by (path, build id).
-    files: HashMap<(Vec<u8>, Vec<u8>), Option<Rc<ModuleSymbols>>>,
+    files: HashMap<FileKey, Option<Rc<ModuleSymbols>>>,
     /// Per module id.
     modules: Vec<Option<Option<Rc<ModuleSymbols>>>>,
     module_frames: Vec<Option<Rc<Resolved>>>,

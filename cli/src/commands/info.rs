@@ -112,7 +112,10 @@ pub fn run(args: &InfoArgs) -> Result<(), CliError> {
             defs.start_time_us()
         )?;
         writeln!(out, "interval:        {} us", defs.interval_us())?;
-        writeln!(out, "engine:          {}", defs.engine())?;
+        match defs.engine() {
+            spulse::Engine::Unknown => writeln!(out, "engine:          not recorded")?,
+            e => writeln!(out, "engine:          {e}")?,
+        }
         writeln!(out, "duration:        {:.3} s (start to last sample)", duration_us as f64 / 1e6)?;
         writeln!(out, "samples:         {samples}")?;
         writeln!(out, "threads:         {} in {} process(es)", defs.threads().len(), pids.len())?;

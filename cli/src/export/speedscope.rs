@@ -14,6 +14,9 @@ use crate::aggregate::Aggregate;
 use crate::report::expand;
 use crate::symbolize::Symbolizer;
 
+/// A thread's stacks (frame indices, root first) and their weights.
+type ThreadProfile = (Option<spulse::ThreadId>, Vec<Vec<usize>>, Vec<u64>);
+
 /// The `$schema` URL speedscope files declare.
 pub const SCHEMA_URL: &str = "https://www.speedscope.app/file-format-schema.json";
 
@@ -28,8 +31,8 @@ pub fn write(
     let interval = defs.interval_us().max(1);
     let mut frame_index: HashMap<u32, usize> = HashMap::new();
     let mut frames: Vec<Value> = Vec::new();
-    // Per thread: (samples, weights).
-    let mut profiles: Vec<(Option<spulse::ThreadId>, Vec<Vec<usize>>, Vec<u64>)> = Vec::new();
+    // Per thread: (thread, samples, weights).
+    let mut profiles: Vec<ThreadProfile> = Vec::new();
     let mut profile_of: HashMap<Option<spulse::ThreadId>, usize> = HashMap::new();
     let mut funcs = Vec::new();
     for (c, stack, count) in agg.iter() {

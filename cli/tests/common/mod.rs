@@ -131,10 +131,9 @@ pub fn write_spool(p: &Program, spec: &Spec<'_>) {
         let mut best = 0;
         for i in 1..3 {
             // left[i]/init[i] > left[best]/init[best], in integers.
-            if left[i] * init[best].max(1) > left[best] * init[i].max(1) || left[best] == 0 {
-                if left[i] > 0 {
-                    best = i;
-                }
+            let ahead = left[i] * init[best].max(1) > left[best] * init[i].max(1) || left[best] == 0;
+            if ahead && left[i] > 0 {
+                best = i;
             }
         }
         left[best] -= 1;
