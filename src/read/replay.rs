@@ -389,10 +389,12 @@ impl ReplaySamples<'_> {
         let threads = defs.threads().len() as u64;
         let stacks = defs.stack_count() as u64;
         let buf = &self.buf[..self.filled];
+        let batch = &mut self.batch;
+        let mut skip = self.skip_before;
         let mut pos = self.pos;
         let mut time = self.time;
         let mut result = Ok(());
-        while self.batch.len() < BATCH && pos < buf.len() {
+        while batch.len() < BATCH && pos < buf.len() {
             let (delta, thread, stack, end) = if buf[pos] == tag::SAMPLE {
                 match varint::decode_sample_at(buf, pos) {
                     Some(s) => s,
@@ -424,18 +426,15 @@ impl ReplaySamples<'_> {
             }
             pos = end;
             time = t;
-            if let Some(first) = self.skip_before {
+            if let Some(first) = skip {
                 if t < first {
                     continue;
                 }
-                self.skip_before = None;
+                skip = None;
             }
-            self.batch.push(Sample {
-                time_us: t,
-                thread: ThreadId(thread as u32),
-                stack: StackId(stack as u32),
-            });
+            batch.push(Sample { time_us: t, thread: ThreadId(thread as u32), stack: StackId(stack as u32) });
         }
+        self.skip_before = skip;
         self.pos = pos;
         self.time = time;
         result
