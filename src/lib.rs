@@ -13,11 +13,11 @@ pub use format::{
     Deactivation, Engine, Frame, FrameId, Header, Module, ModuleId, PythonRuntimeEvent, Sample, StackId,
     StackNode, Thread, ThreadId,
 };
-pub use recorder::{
-    python_runtime_enter, python_runtime_leave, start, EngineChoice, Guard, LostSamples, Recorder, RecorderBuilder,
-    Stats, DEFAULT_FREQUENCY_HZ,
-};
+pub use read::{Replay, ReplayOptions, ReplaySamples, Snapshot, Tail};
 #[doc(hidden)]
 pub use recorder::bench_support as __bench;
-pub use read::{Replay, ReplayOptions, ReplaySamples, Snapshot, Tail};
+pub use recorder::{
+    python_runtime_enter, python_runtime_leave, start, EngineChoice, Guard, LostSamples, Recorder,
+    RecorderBuilder, Stats, DEFAULT_FREQUENCY_HZ,
+};
 pub use write::{NewModule, SpoolWriter};
