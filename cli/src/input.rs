@@ -12,7 +12,17 @@ use crate::CliError;
 /// Open and validate a spool for sequential reading. A spool whose final record
 /// is incomplete is read up to it, with a one-line warning on stderr.
 pub fn open_replay(path: &Path) -> Result<Replay, CliError> {
-    let replay = Replay::open(path)?;
+    // Opening validates the whole file; show that something is happening.
+    let spinner = if interactive() {
+        let s = ProgressBar::new_spinner().with_message("validating");
+        s.enable_steady_tick(std::time::Duration::from_millis(100));
+        s
+    } else {
+        ProgressBar::hidden()
+    };
+    let replay = Replay::open(path);
+    spinner.finish_and_clear();
+    let replay = replay?;
     if replay.recovered_from_truncated_tail() {
         warn_truncated(path, replay.valid_len());
     }
