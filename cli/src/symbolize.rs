@@ -152,7 +152,33 @@ struct Candidate {
     build_id: Option<Vec<u8>>,
     has_dwarf: bool,
     segments: Vec<(u64, u64, u64, u64)>,
+    /// Per segment: (executable, alignment).
+    seg_flags: Vec<(bool, u64)>,
     debuglink: Option<Vec<u8>>,
+}
+
+impl Candidate {
+    /// Segments to map the module's file offsets with. A full file's own
+    /// headers work as they are; a separate debug file (`objcopy
+    /// --only-keep-debug`) keeps the addresses but not the file offsets, so
+    /// its executable segment is matched to the module by size and alignment.
+    fn segments_for(&self, m: &Module) -> Vec<(u64, u64, u64, u64)> {
+        if self.segments.iter().any(|&(off, filesz, _, _)| off == m.file_offset && filesz > 0) {
+            return self.segments.clone();
+        }
+        let matches: Vec<_> = self
+            .segments
+            .iter()
+            .zip(&self.seg_flags)
+            .filter(|(&(_, _, vaddr, memsz), &(exec, align))| {
+                exec && memsz == m.size && (align <= 1 || vaddr % align == m.file_offset % align)
+            })
+            .collect();
+        match matches.as_slice() {
+            [(&(_, _, vaddr, memsz), _)] => vec![(m.file_offset, m.size, vaddr, memsz)],
+            _ => Vec::new(),
+        }
+    }
 }
 
 fn inspect(path: &Path) -> Option<Candidate> {
@@ -172,8 +198,18 @@ fn inspect(path: &Path) -> Option<Candidate> {
             (off, filesz, s.address(), s.size())
         })
         .collect();
+    let seg_flags = obj
+        .segments()
+        .map(|s| {
+            let exec = match s.flags() {
+                object::SegmentFlags::Elf { p_flags } => p_flags & object::elf::PF_X != 0,
+                _ => false,
+            };
+            (exec, s.align())
+        })
+        .collect();
     let debuglink = obj.gnu_debuglink().ok().flatten().map(|(n, _)| n.to_vec());
-    Some(Candidate { path: path.to_path_buf(), build_id, has_dwarf, segments, debuglink })
+    Some(Candidate { path: path.to_path_buf(), build_id, has_dwarf, segments, seg_flags, debuglink })
 }
 
 impl Symbolizer {
@@ -312,7 +348,10 @@ impl Symbolizer {
                 let segs = primary.map(|p| p.segments).unwrap_or_default();
                 (c.path, if segs.is_empty() { c.segments } else { segs })
             }
-            (Some(c), false) => (c.path, c.segments),
+            (Some(c), false) => {
+                let segs = c.segments_for(m);
+                (c.path, segs)
+            }
             (None, true) => {
                 let p = primary?;
                 (p.path, p.segments)

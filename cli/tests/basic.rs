@@ -166,6 +166,16 @@ fn symbols_dir_finds_separate_debug_file_by_build_id() {
     let rows = top_json(&["top", s(&spool), "--json", "--symbols", s(&debug_root)]);
     assert_eq!(find(&rows, "hot_a")["self"], 3);
     assert_eq!(find(&rows, "hot_b")["self"], 1);
+    // The module file itself may be gone: the debug file's build id is enough.
+    let spool = p.dir.path().join("gone.spool");
+    let mp = b"/nonexistent/hotprog".to_vec();
+    write_spool(
+        &p,
+        &Spec { path: &spool, module_path: &mp, build_id: &p.build_id, a_t1: 3, a_t2: 0, b_t1: 1 },
+    );
+    let rows = top_json(&["top", s(&spool), "--json", "--symbols", s(&debug_root)]);
+    assert_eq!(find(&rows, "hot_a")["self"], 3);
+    assert_eq!(find(&rows, "main")["total"], 4);
 }
 
 #[test]
