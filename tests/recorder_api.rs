@@ -245,3 +245,27 @@ fn small_stack_threads_are_sampled_without_overflowing() {
     }
     assert!(stats.unknown_stacks > 0);
 }
+
+#[test]
+fn a_full_ring_drops_and_counts_never_blocks() {
+    let _serial = serial();
+    let (_dir, path) = spool_path("full.spool");
+    let g = spulse::Recorder::builder()
+        .frequency_hz(4000)
+        .ring_capacity(4)
+        .flush_interval(Duration::from_millis(500))
+        .start(&path)
+        .unwrap();
+    burn(0.3);
+    let stats = g.finish().unwrap();
+    let snap = spulse::Snapshot::open(&path).unwrap();
+    eprintln!("{stats:?}");
+    assert!(stats.samples_lost.ring_full > 100, "a 4-slot ring drained every 500 ms must overflow");
+    assert_eq!(snap.len() as u64, stats.samples_written);
+    assert!(stats.samples_written >= 4);
+    assert_eq!(
+        stats.signals,
+        stats.samples_written + stats.lost(),
+        "every signal is written or counted lost"
+    );
+}

@@ -346,6 +346,40 @@ pub(crate) fn next_snapshot(
 mod tests {
     use super::*;
 
+    fn entry(id: u32, start: u64, added: u64, removed: Option<u64>, retired: bool) -> ModuleEntry {
+        ModuleEntry {
+            id: crate::ModuleId(id),
+            key: ObjectKey { bias: start, path: format!("lib{id}").into_bytes(), first_exec: start },
+            seg: ExecSegment { avma: start, size: 0x1000, file_offset: 0x1000 },
+            gen_added: added,
+            gen_removed: removed,
+            retired,
+        }
+    }
+
+    #[test]
+    fn resolve_by_generation() {
+        let mut t = ModuleTable::default();
+        t.push(entry(0, 0x10000, 0, None, false)); // the executable
+        t.push(entry(1, 0x40000, 1, Some(3), false)); // alpha, gone in generation 3
+        t.push(entry(2, 0x40000, 3, None, false)); // beta at the same address
+        let id = |e: Option<&ModuleEntry>| e.map(|e| e.id.get());
+        assert_eq!(id(t.resolve(0x10010, 0)), Some(0));
+        assert_eq!(id(t.resolve(0x40010, 1)), Some(1));
+        assert_eq!(id(t.resolve(0x40010, 2)), Some(1));
+        assert_eq!(id(t.resolve(0x40010, 3)), Some(2));
+        // Sampled with generation 0, before alpha was known: the first later
+        // generation's module there.
+        assert_eq!(id(t.resolve(0x40010, 0)), Some(1));
+        assert_eq!(id(t.resolve(0x41000, 3)), None, "one past the end");
+        assert_eq!(id(t.resolve(0x5000, 3)), None);
+        // Once alpha is retired, its generation's samples get absolute frames,
+        // never beta's module.
+        t.retire(1);
+        assert_eq!(id(t.resolve(0x40010, 2)), None);
+        assert_eq!(id(t.resolve(0x40010, 3)), Some(2));
+    }
+
     #[test]
     fn scan_finds_executable_and_libc() {
         let objs = scan(b"/proc/self/exe");
