@@ -169,12 +169,21 @@ fn python_runtime_marks() {
     assert!(spulse::python_runtime_enter().is_err(), "no recorder running");
     let (_dir, path) = spool_path("py.spool");
     let g = spulse::start(&path).unwrap();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let s2 = stop.clone();
+    let busy = std::thread::spawn(move || {
+        while !s2.load(std::sync::atomic::Ordering::Relaxed) {
+            burn(0.01);
+        }
+    });
     burn(0.05);
     spulse::python_runtime_enter().unwrap();
     assert!(spulse::python_runtime_enter().is_err(), "already inside");
     burn(0.05);
     spulse::python_runtime_leave().unwrap();
     burn(0.05);
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    busy.join().unwrap();
     g.finish().unwrap();
     let snap = spulse::Snapshot::open(&path).unwrap();
     let ev = snap.python_runtime_events();
@@ -184,6 +193,12 @@ fn python_runtime_marks() {
     assert_eq!(ev[0].pid, unsafe { libc::getpid() } as u32);
     assert!(ev[0].time_us < ev[1].time_us);
     assert!(ev[0].samples_before > 0 && ev[1].samples_before > ev[0].samples_before);
+    // Every sample before a mark in the stream was taken before it.
+    for e in ev {
+        for i in 0..e.samples_before as usize {
+            assert!(snap.sample(i).time_us <= e.time_us, "sample {i} taken after the mark precedes it");
+        }
+    }
 }
 
 #[test]

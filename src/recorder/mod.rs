@@ -322,12 +322,16 @@ pub(crate) fn forget_parent_recorder_after_fork() {
 }
 
 /// Mark that this process enters Python-runtime mode (a tag-6 record), for
-/// embedders of CPython's perf trampoline.
+/// embedders of CPython's perf trampoline. Call it before activating the
+/// trampoline: it returns once the record is written after every sample taken
+/// so far, so every sample that can see trampoline frames follows it. (It waits
+/// for the writer thread: microseconds, or up to one flush of work.)
 pub fn python_runtime_enter() -> Result<(), Error> {
     python_mark(true)
 }
 
-/// Mark that this process leaves Python-runtime mode.
+/// Mark that this process leaves Python-runtime mode (call it after the
+/// trampoline is deactivated).
 pub fn python_runtime_leave() -> Result<(), Error> {
     python_mark(false)
 }
@@ -344,8 +348,16 @@ fn python_mark(entering: bool) -> Result<(), Error> {
             if entering { "in" } else { "out of" }
         )));
     }
-    tx.send(Control::Python { entering, time_us: signal::now_us() })
-        .map_err(|_| Error::Recorder("the spulse writer thread is gone".into()))
+    let (ack_tx, ack_rx) = mpsc::sync_channel(1);
+    let gone = || Error::Recorder("the spulse writer thread is gone".into());
+    let res = match tx.send(Control::Python { entering, ack: ack_tx }) {
+        Ok(()) => ack_rx.recv_timeout(Duration::from_secs(10)).unwrap_or_else(|_| Err(gone())),
+        Err(_) => Err(gone()),
+    };
+    if res.is_err() {
+        PYTHON_INSIDE.store(!entering, Ordering::SeqCst);
+    }
+    res
 }
 
 fn frequency(b: &RecorderBuilder) -> Result<u32, Error> {

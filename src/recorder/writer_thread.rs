@@ -45,8 +45,10 @@ pub(crate) enum Control {
     Abort,
     /// Stop, drain, flush, sync and report.
     Stop,
-    /// A Python-runtime transition.
-    Python { entering: bool, time_us: u64 },
+    /// A Python-runtime transition: drain, write the record stamped now, and
+    /// acknowledge (the caller waits, so nothing it does afterwards can precede
+    /// the record in the stream).
+    Python { entering: bool, ack: std::sync::mpsc::SyncSender<Result<(), Error>> },
 }
 
 /// What the writer thread owns.
@@ -82,7 +84,6 @@ struct Run {
     interner: Interner,
     pending_retire: Vec<usize>,
     retired: Vec<Retired>,
-    python: Vec<(u64, bool)>,
     samples_written: u64,
     error: Option<Error>,
     frames: Vec<Frame>,
@@ -126,7 +127,10 @@ pub(crate) fn main(rx: Receiver<Control>) -> Result<Stats, Error> {
     let st = loop {
         match rx.recv() {
             Ok(Control::Start(st)) => break *st,
-            Ok(Control::Python { .. }) => continue,
+            Ok(Control::Python { ack, .. }) => {
+                let _ = ack.send(Err(Error::Recorder("the recorder is not started yet".into())));
+                continue;
+            }
             Ok(Control::Abort) | Ok(Control::Stop) | Err(_) => {
                 return Err(Error::Recorder("recorder start was abandoned".into()));
             }
@@ -138,7 +142,6 @@ pub(crate) fn main(rx: Receiver<Control>) -> Result<Stats, Error> {
         interner: Interner::default(),
         pending_retire: Vec::new(),
         retired: Vec::new(),
-        python: Vec::new(),
         samples_written: 0,
         error: None,
         frames: Vec::new(),
@@ -149,7 +152,9 @@ pub(crate) fn main(rx: Receiver<Control>) -> Result<Stats, Error> {
         let wait = next.saturating_duration_since(now);
         match rx.recv_timeout(wait) {
             Ok(Control::Stop) | Err(RecvTimeoutError::Disconnected) => break,
-            Ok(Control::Python { entering, time_us }) => run.python.push((time_us, entering)),
+            Ok(Control::Python { entering, ack }) => {
+                let _ = ack.send(run.python_mark(entering));
+            }
             Ok(Control::Start(_)) | Ok(Control::Abort) => {}
             Err(RecvTimeoutError::Timeout) => {
                 run.tick();
@@ -298,31 +303,33 @@ impl Run {
     }
 
     fn drain(&mut self) {
-        // Python transitions in time order, interleaved with the samples.
-        self.python.sort_by_key(|p| p.0);
-        let mut py = std::mem::take(&mut self.python).into_iter().peekable();
         let shared = self.st.shared.clone();
         while let Some(()) = shared.ring.pop(|s| {
             if let Some(s) = s {
-                while let Some(&(t, entering)) = py.peek() {
-                    if t > s.time_us {
-                        break;
-                    }
-                    py.next();
-                    self.python_record(t, entering);
-                }
                 self.write_sample(&s);
             }
         }) {}
-        for (t, entering) in py {
-            self.python_record(t, entering);
-        }
     }
 
-    fn python_record(&mut self, t: u64, entering: bool) {
-        if self.error.is_none() {
-            let r = self.st.out.python_runtime(self.st.pid, t, entering);
-            self.note(r);
+    /// Write a Python-runtime record after every sample published so far (each
+    /// was timestamped before it was published, so before now), stamped now.
+    fn python_mark(&mut self, entering: bool) -> Result<(), Error> {
+        self.drain();
+        if let Some(e) = &self.error {
+            return Err(Error::Recorder(format!("the spool writer failed earlier: {e}")));
+        }
+        let r = self
+            .st
+            .out
+            .python_runtime(self.st.pid, signal::now_us(), entering)
+            .and_then(|()| self.st.out.flush());
+        match r {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                let msg = e.to_string();
+                self.note(Err::<(), _>(e));
+                Err(Error::Recorder(format!("cannot write the Python-runtime record: {msg}")))
+            }
         }
     }
 
