@@ -1,0 +1,101 @@
+//! Automatic fallback: in a process where `perf_event_open` is refused (a
+//! seccomp filter returning EACCES, as container runtimes do), the default
+//! engine choice must fall back to per-thread CPU timers, say so in `Stats`
+//! and in the spool header, and still reach the requested rate.
+
+mod recorder_support;
+
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+
+use recorder_support::*;
+
+/// Refuse `perf_event_open` with EACCES for this thread and the threads it creates.
+fn refuse_perf_event_open() {
+    const RET_ERRNO: u32 = 0x0005_0000;
+    const RET_ALLOW: u32 = 0x7fff_0000;
+    let nr = libc::SYS_perf_event_open as u32;
+    let mut filter = [
+        // A = seccomp_data.nr
+        libc::sock_filter { code: 0x20, jt: 0, jf: 0, k: 0 },
+        // if A == nr goto refuse else goto allow
+        libc::sock_filter { code: 0x15, jt: 0, jf: 1, k: nr },
+        libc::sock_filter { code: 0x06, jt: 0, jf: 0, k: RET_ERRNO | libc::EACCES as u32 },
+        libc::sock_filter { code: 0x06, jt: 0, jf: 0, k: RET_ALLOW },
+    ];
+    let prog = libc::sock_fprog { len: filter.len() as u16, filter: filter.as_mut_ptr() };
+    // SAFETY: standard seccomp filter installation on the calling thread; the
+    // program only refuses one system call.
+    unsafe {
+        assert_eq!(libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), 0);
+        assert_eq!(
+            libc::prctl(libc::PR_SET_SECCOMP, libc::SECCOMP_MODE_FILTER, &prog as *const libc::sock_fprog),
+            0,
+            "seccomp: {}",
+            std::io::Error::last_os_error()
+        );
+    }
+}
+
+fn burn(cpu: f64) -> f64 {
+    let c0 = thread_cpu_seconds();
+    let end = Instant::now() + Duration::from_secs(10);
+    let mut h = 1u64;
+    while thread_cpu_seconds() - c0 < cpu && Instant::now() < end {
+        for i in 0..100_000u64 {
+            h = (h ^ black_box(i)).wrapping_mul(0x100_0000_01b3);
+        }
+    }
+    black_box(h);
+    thread_cpu_seconds() - c0
+}
+
+/// Child role (re-executed by the test below): refuse perf events, record with
+/// the default engine choice, print what happened.
+#[test]
+fn fallback_role() {
+    let Ok(path) = std::env::var("SPULSE_TEST_FALLBACK_SPOOL") else { return };
+    refuse_perf_event_open();
+    // Forcing the refused engine is an error that says what and why, and
+    // leaves nothing installed or created.
+    let forced = std::path::PathBuf::from(format!("{path}.forced"));
+    let e = spulse::Recorder::builder().engine(spulse::EngineChoice::PerfEvent).start(&forced).unwrap_err();
+    let msg = e.to_string();
+    assert!(msg.contains("perf_event_open") && msg.contains("denied"), "{msg}");
+    assert!(!forced.exists());
+    // SAFETY: querying a disposition (null new action).
+    let trap = unsafe {
+        let mut cur: libc::sigaction = std::mem::zeroed();
+        libc::sigaction(libc::SIGTRAP, std::ptr::null(), &mut cur);
+        cur.sa_sigaction
+    };
+    assert_eq!(trap, libc::SIG_DFL, "SIGTRAP handler left installed after a refused start");
+    let g = spulse::Recorder::builder().frequency_hz(999).start(&path).unwrap();
+    let tid = gettid();
+    let cpu = burn(1.0);
+    let stats = g.finish().unwrap();
+    println!("RESULT {} {} {cpu} {tid}", stats.engine, stats.samples_written);
+}
+
+#[test]
+fn perf_refused_falls_back_to_thread_timers() {
+    let (_dir, path) = spool_path("fallback.spool");
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "fallback_role", "--nocapture", "--test-threads", "1"])
+        .env("SPULSE_TEST_FALLBACK_SPOOL", &path)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{out:?}");
+    let line = stdout.lines().find_map(|l| l.split_once("RESULT ").map(|x| x.1)).expect("child result");
+    let f: Vec<&str> = line.split_whitespace().collect();
+    assert_eq!(f[0], "thread-cpu-timer", "engine after perf was refused");
+    let cpu: f64 = f[2].parse().unwrap();
+    let tid: u32 = f[3].parse().unwrap();
+    let snap = spulse::Snapshot::open(&path).unwrap();
+    assert_eq!(snap.engine(), spulse::Engine::ThreadCpuTimer, "the header says which engine ran");
+    let n = snap.samples().filter(|s| snap.thread(s.thread).tid == tid).count() as f64;
+    let ratio = n / (cpu * 999.0);
+    eprintln!("fallback: {n} samples for {cpu:.3} CPU-s: capture {ratio:.3}");
+    assert!(ratio >= 0.9 && ratio <= 1.1, "capture {ratio:.3}");
+}
