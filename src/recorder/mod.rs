@@ -154,6 +154,20 @@ impl Recorder {
 }
 
 /// Recorder settings; [`RecorderBuilder::start`] starts recording.
+///
+/// ```no_run
+/// use std::time::Duration;
+///
+/// let guard = spulse::Recorder::builder()
+///     .frequency_hz(4000)
+///     .max_stack_depth(256)
+///     .flush_interval(Duration::from_millis(20))
+///     .start("out.spool")?;
+/// // ... the work to profile ...
+/// let stats = guard.finish()?;
+/// println!("{} samples ({} lost) by {}", stats.samples_written, stats.lost(), stats.engine);
+/// # Ok::<(), spulse::Error>(())
+/// ```
 #[derive(Debug, Clone)]
 pub struct RecorderBuilder {
     frequency_hz: Option<u32>,
