@@ -434,7 +434,7 @@ fn start_inner(b: &RecorderBuilder, path: &Path) -> Result<Guard, Error> {
         })
         .unwrap_or_default();
     let dl = modules::dl_counters();
-    let objects = modules::scan(&exe_path);
+    let objects = modules::scan(&exe_path, &|_| false);
     let snapshot = modules::initial_snapshot(&objects, 0);
     let (main_top, main_span) = signal::main_stack_bounds();
     let tcb_block_offset = signal::probe_tcb_stack_offset();

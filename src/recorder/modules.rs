@@ -60,8 +60,9 @@ pub(crate) struct LoadedObject {
     pub key: ObjectKey,
     pub build_id: Vec<u8>,
     pub segments: Vec<ExecSegment>,
-    /// Unwind information, when the object has an `.eh_frame_hdr`.
-    pub unwind: framehop::Module<Vec<u8>>,
+    /// The unwinder's module (absent for objects the caller already knows:
+    /// their data is not copied again).
+    pub unwind: Option<framehop::Module<Vec<u8>>>,
 }
 
 const PT_LOAD: u32 = 1;
@@ -72,6 +73,7 @@ const NT_GNU_BUILD_ID: u32 = 3;
 
 struct ScanState<'a> {
     exe_path: &'a [u8],
+    known: &'a dyn Fn(&ObjectKey) -> bool,
     out: Vec<LoadedObject>,
 }
 
@@ -94,8 +96,9 @@ pub(crate) fn dl_counters() -> (u64, u64) {
     counters
 }
 
-/// Every loaded object with at least one executable segment.
-pub(crate) fn scan(exe_path: &[u8]) -> Vec<LoadedObject> {
+/// Every loaded object with at least one executable segment. Objects for which
+/// `known` returns true are listed by key and segments only.
+pub(crate) fn scan(exe_path: &[u8], known: &dyn Fn(&ObjectKey) -> bool) -> Vec<LoadedObject> {
     unsafe extern "C" fn each(info: *mut libc::dl_phdr_info, _size: usize, data: *mut c_void) -> c_int {
         // SAFETY: `data` is the `&mut ScanState` passed by `scan`; `info` and the
         // program headers it points to are valid during the callback, and the
@@ -114,14 +117,14 @@ pub(crate) fn scan(exe_path: &[u8]) -> Vec<LoadedObject> {
             };
             let name =
                 if info.dlpi_name.is_null() { &[][..] } else { CStr::from_ptr(info.dlpi_name).to_bytes() };
-            if let Some(obj) = read_object(info.dlpi_addr, name, phdrs, st.exe_path) {
+            if let Some(obj) = read_object(info.dlpi_addr, name, phdrs, st.exe_path, st.known) {
                 st.out.push(obj);
             }
         }));
         let _ = res;
         0
     }
-    let mut st = ScanState { exe_path, out: Vec::new() };
+    let mut st = ScanState { exe_path, known, out: Vec::new() };
     // SAFETY: the callback only uses the state we pass, which outlives the call.
     unsafe { libc::dl_iterate_phdr(Some(each), &mut st as *mut ScanState<'_> as *mut c_void) };
     st.out
@@ -158,6 +161,7 @@ unsafe fn read_object(
     name: &[u8],
     phdrs: &[libc::Elf64_Phdr],
     exe: &[u8],
+    known: &dyn Fn(&ObjectKey) -> bool,
 ) -> Option<LoadedObject> {
     let segments: Vec<ExecSegment> = phdrs
         .iter()
@@ -166,6 +170,10 @@ unsafe fn read_object(
         .collect();
     let first = segments.first()?.avma;
     let path = if name.is_empty() { exe.to_vec() } else { name.to_vec() };
+    let key = ObjectKey { bias, path, first_exec: first };
+    if known(&key) {
+        return Some(LoadedObject { key, build_id: Vec::new(), segments, unwind: None });
+    }
 
     // Build id from the PT_NOTE segments.
     let mut build_id = Vec::new();
@@ -205,8 +213,8 @@ unsafe fn read_object(
     let hi = segments.iter().map(|s| s.avma + s.size).max()?;
     let text_lo = lo.wrapping_sub(bias);
     info.text_svma = Some(text_lo..hi.wrapping_sub(bias));
-    let unwind = framehop::Module::new(String::from_utf8_lossy(&path).into_owned(), lo..hi, bias, info);
-    Some(LoadedObject { key: ObjectKey { bias, path, first_exec: first }, build_id, segments, unwind })
+    let unwind = framehop::Module::new(String::from_utf8_lossy(&key.path).into_owned(), lo..hi, bias, info);
+    Some(LoadedObject { key, build_id, segments, unwind: Some(unwind) })
 }
 
 /// The GNU build id in a block of ELF notes.
@@ -319,8 +327,8 @@ impl ModuleTable {
 /// Build the first snapshot from a scan.
 pub(crate) fn initial_snapshot(objects: &[LoadedObject], generation: u64) -> UnwindSnapshot {
     let mut unwinder = NativeUnwinder::new();
-    for o in objects {
-        unwinder.add_module(o.unwind.clone());
+    for u in objects.iter().filter_map(|o| o.unwind.as_ref()) {
+        unwinder.add_module(u.clone());
     }
     UnwindSnapshot { generation, unwinder }
 }
@@ -336,8 +344,8 @@ pub(crate) fn next_snapshot(
     for &start in removed {
         unwinder.remove_module(start);
     }
-    for o in added {
-        unwinder.add_module(o.unwind.clone());
+    for u in added.iter().filter_map(|o| o.unwind.as_ref()) {
+        unwinder.add_module(u.clone());
     }
     UnwindSnapshot { generation, unwinder }
 }
@@ -382,7 +390,7 @@ mod tests {
 
     #[test]
     fn scan_finds_executable_and_libc() {
-        let objs = scan(b"/proc/self/exe");
+        let objs = scan(b"/proc/self/exe", &|_| false);
         assert!(objs.iter().any(|o| o.key.path == b"/proc/self/exe"), "executable missing");
         assert!(objs.iter().any(|o| String::from_utf8_lossy(&o.key.path).contains("libc")), "libc missing");
         let exe = objs.iter().find(|o| o.key.path == b"/proc/self/exe").unwrap();

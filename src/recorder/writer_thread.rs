@@ -232,11 +232,12 @@ impl Run {
             return None;
         }
         self.st.dl = dl;
-        let objects = modules::scan(&self.st.exe_path);
-        let gen = self.st.generation + 1;
-        let present: HashSet<&modules::ObjectKey> = objects.iter().map(|o| &o.key).collect();
         let known: HashSet<modules::ObjectKey> =
             self.st.table.entries.iter().filter(|e| e.gen_removed.is_none()).map(|e| e.key.clone()).collect();
+        // Objects already in the table are listed without copying their data again.
+        let objects = modules::scan(&self.st.exe_path, &|k| known.contains(k));
+        let gen = self.st.generation + 1;
+        let present: HashSet<&modules::ObjectKey> = objects.iter().map(|o| &o.key).collect();
         let removed: Vec<usize> = (0..self.st.table.entries.len())
             .filter(|&i| {
                 let e = &self.st.table.entries[i];
