@@ -57,6 +57,8 @@ fn top_symbolizes_with_three_to_one_split() {
 
     let text = ok(&["top", s(&spool)]);
     assert!(text.lines().any(|l| l.contains("hot_a (hotprog)") && l.contains("75.00%")), "{text}");
+    let by_total = top_json(&["top", s(&spool), "--json", "--sort", "total"]);
+    assert_eq!(by_total[0]["function"], "main", "main has the most total samples");
     let n1 = ok(&["top", s(&spool), "-n", "1"]);
     assert_eq!(n1.lines().count(), 3, "total line, header and one row: {n1}");
 }

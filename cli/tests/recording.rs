@@ -29,7 +29,19 @@ fn quickstart() -> PathBuf {
             cmd.arg("--release");
         }
         cmd.env("CARGO_TARGET_DIR", profile_dir.parent().unwrap());
-        let st = cmd.status().expect("run cargo");
+        // Never hang on a build lock: give up after ten minutes.
+        let mut child = cmd.spawn().expect("run cargo");
+        let t0 = std::time::Instant::now();
+        let st = loop {
+            if let Some(st) = child.try_wait().unwrap() {
+                break st;
+            }
+            if t0.elapsed() > std::time::Duration::from_secs(600) {
+                let _ = child.kill();
+                panic!("building the quickstart example took over 10 minutes; build it first");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        };
         assert!(st.success(), "building the quickstart example failed");
     }
     path

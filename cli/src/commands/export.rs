@@ -63,21 +63,19 @@ pub fn run(args: &ExportArgs) -> Result<(), CliError> {
     };
     let title = format!("spulse {}", args.file.display());
     let filter = args.filter.filter();
-    let res = match args.format {
-        Format::Firefox => {
-            export::firefox::write(&replay, &filter, &mut sym, &title, &mut *out)?;
-            Ok(())
-        }
-        f => {
-            let per_thread = matches!(f, Format::Speedscope | Format::Pprof);
-            let agg = aggregate(&replay, &filter, per_thread)?;
-            symbolize_all(&replay, &agg, &mut sym);
-            match f {
-                Format::Pprof => export::pprof::write(&replay, &agg, &mut sym, &title, &mut *out),
-                Format::Collapsed => export::collapsed::write(&replay, &agg, &mut sym, &mut *out),
-                Format::Svg => export::svg::write(&replay, &agg, &mut sym, &title, &mut *out),
-                Format::Speedscope => export::speedscope::write(&replay, &agg, &mut sym, &title, &mut *out),
-                Format::Firefox => unreachable!("handled above"),
+    let res = if args.format == Format::Firefox {
+        export::firefox::write(&replay, &filter, &mut sym, &title, &mut *out)?;
+        Ok(())
+    } else {
+        let per_thread = matches!(args.format, Format::Speedscope | Format::Pprof);
+        let agg = aggregate(&replay, &filter, per_thread)?;
+        symbolize_all(&replay, &agg, &mut sym);
+        match args.format {
+            Format::Pprof => export::pprof::write(&replay, &agg, &mut sym, &title, &mut *out),
+            Format::Svg => export::svg::write(&replay, &agg, &mut sym, &title, &mut *out),
+            Format::Speedscope => export::speedscope::write(&replay, &agg, &mut sym, &title, &mut *out),
+            Format::Collapsed | Format::Firefox => {
+                export::collapsed::write(&replay, &agg, &mut sym, &mut *out)
             }
         }
     };
