@@ -14,10 +14,7 @@ use std::time::Duration;
 use recorder_support::*;
 use spulse::{Frame, ModuleId};
 
-#[path = "../examples/support/mod.rs"]
-mod plugin_support;
-
-fn burn(p: &plugin_support::Plugin, cpu: f64) {
+fn burn(p: &Plugin, cpu: f64) {
     let c0 = thread_cpu_seconds();
     while thread_cpu_seconds() - c0 < cpu {
         black_box(p.call(black_box(200_000)));
@@ -27,13 +24,13 @@ fn burn(p: &plugin_support::Plugin, cpu: f64) {
 #[test]
 fn dlopen_dlclose_same_address_two_generations() {
     let (dir, path) = spool_path("dl.spool");
-    let alpha = plugin_support::build_plugin(dir.path(), "plugin_alpha").expect("build libplugin_alpha.so");
-    let beta = plugin_support::build_plugin(dir.path(), "plugin_beta").expect("build libplugin_beta.so");
+    let alpha = build_plugin(dir.path(), "plugin_alpha").expect("build libplugin_alpha.so");
+    let beta = build_plugin(dir.path(), "plugin_beta").expect("build libplugin_beta.so");
 
     let tick = Duration::from_millis(20);
     let guard = spulse::Recorder::builder().frequency_hz(999).flush_interval(tick).start(&path).unwrap();
 
-    let a = plugin_support::Plugin::open(&alpha, "plugin_alpha").unwrap();
+    let a = Plugin::open(&alpha, "plugin_alpha").unwrap();
     std::thread::sleep(tick * 5);
     burn(&a, 0.4);
     let base_a = a.base();
@@ -42,7 +39,7 @@ fn dlopen_dlclose_same_address_two_generations() {
     a.close();
     std::thread::sleep(tick * 5);
     let t_open_b = spulse_now_us();
-    let b = plugin_support::Plugin::open(&beta, "plugin_beta").unwrap();
+    let b = Plugin::open(&beta, "plugin_beta").unwrap();
     let base_b = b.base();
     std::thread::sleep(tick * 5);
     burn(&b, 0.4);

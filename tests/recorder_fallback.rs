@@ -97,5 +97,5 @@ fn perf_refused_falls_back_to_thread_timers() {
     let n = snap.samples().filter(|s| snap.thread(s.thread).tid == tid).count() as f64;
     let ratio = n / (cpu * 999.0);
     eprintln!("fallback: {n} samples for {cpu:.3} CPU-s: capture {ratio:.3}");
-    assert!(ratio >= 0.9 && ratio <= 1.1, "capture {ratio:.3}");
+    assert!((0.9..=1.1).contains(&ratio), "capture {ratio:.3}");
 }

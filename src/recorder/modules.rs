@@ -110,10 +110,7 @@ pub(crate) fn scan(exe_path: &[u8], known: &dyn Fn(&ObjectKey) -> bool) -> Vec<L
             let phdrs: &[libc::Elf64_Phdr] = if info.dlpi_phdr.is_null() || info.dlpi_phnum == 0 {
                 &[]
             } else {
-                std::slice::from_raw_parts(
-                    info.dlpi_phdr as *const libc::Elf64_Phdr,
-                    info.dlpi_phnum as usize,
-                )
+                std::slice::from_raw_parts(info.dlpi_phdr, info.dlpi_phnum as usize)
             };
             let name =
                 if info.dlpi_name.is_null() { &[][..] } else { CStr::from_ptr(info.dlpi_name).to_bytes() };

@@ -8,7 +8,8 @@ mod symbols;
 use std::collections::HashMap;
 use std::path::PathBuf;
 
-pub use symbols::Symbolizer;
+#[allow(unused_imports)]
+pub use symbols::{build_plugin, Plugin, Symbolizer};
 
 /// A fresh path for a spool inside a new temp dir (kept alive by the returned dir).
 pub fn spool_path(name: &str) -> (tempfile::TempDir, PathBuf) {
