@@ -1,0 +1,244 @@
+//! The comparison workload: N threads doing a fixed amount of CPU work split
+//! 50/30/20 across three known functions, under one profiler chosen on the
+//! command line. Prints one JSON object with timings, CPU, memory and the
+//! profiler's sample counts, for `compare/run.py` to tabulate.
+//!
+//! Usage: workload --profiler none|spulse|pprof --freq HZ --threads N
+//!                 [--rounds R] [--depth D] [--out PATH]
+
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+
+/// Iterations in one chunk of work (about 20 us on the reference machine).
+const CHUNK: u64 = 8_000;
+
+#[inline(never)]
+fn hot_alpha(n: u64, seed: u64) -> u64 {
+    let mut x = seed;
+    for i in 0..n {
+        x = x.wrapping_mul(6364136223846793005).wrapping_add(i ^ 0x9e37);
+        x ^= x >> 29;
+    }
+    black_box(x)
+}
+
+#[inline(never)]
+fn hot_beta(n: u64, seed: u64) -> u64 {
+    let mut x = seed;
+    for i in 0..n {
+        x = x.wrapping_mul(2862933555777941757).wrapping_add(i ^ 0x7f4a);
+        x ^= x >> 31;
+    }
+    black_box(x)
+}
+
+#[inline(never)]
+fn hot_gamma(n: u64, seed: u64) -> u64 {
+    let mut x = seed;
+    for i in 0..n {
+        x = x.wrapping_mul(3935559000370003845).wrapping_add(i ^ 0x51ed);
+        x ^= x >> 27;
+    }
+    black_box(x)
+}
+
+/// One round: 5 chunks in alpha, 3 in beta, 2 in gamma, below `depth` frames.
+#[inline(never)]
+fn descend(depth: u32, seed: u64) -> u64 {
+    if depth > 0 {
+        return black_box(descend(depth - 1, seed.wrapping_add(1))).wrapping_add(1);
+    }
+    let mut x = seed;
+    for _ in 0..5 {
+        x = hot_alpha(CHUNK, x);
+    }
+    for _ in 0..3 {
+        x = hot_beta(CHUNK, x);
+    }
+    for _ in 0..2 {
+        x = hot_gamma(CHUNK, x);
+    }
+    x
+}
+
+fn thread_cpu() -> Duration {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime writes one timespec into the valid, exclusive `ts`.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
+fn gettid() -> u32 {
+    // SAFETY: gettid has no preconditions.
+    unsafe { libc::syscall(libc::SYS_gettid) as u32 }
+}
+
+struct Args {
+    profiler: String,
+    freq: u32,
+    threads: usize,
+    rounds: u64,
+    depth: u32,
+    out: String,
+}
+
+fn parse_args() -> Args {
+    let mut a = Args {
+        profiler: "none".into(),
+        freq: 999,
+        threads: 1,
+        rounds: 4000,
+        depth: 20,
+        out: "/tmp/spulse-compare.spool".into(),
+    };
+    let argv: Vec<String> = std::env::args().skip(1).collect();
+    let mut i = 0;
+    while i < argv.len() {
+        let v = argv.get(i + 1).cloned().unwrap_or_default();
+        match argv[i].as_str() {
+            "--profiler" => a.profiler = v,
+            "--freq" => a.freq = v.parse().expect("--freq"),
+            "--threads" => a.threads = v.parse().expect("--threads"),
+            "--rounds" => a.rounds = v.parse().expect("--rounds"),
+            "--depth" => a.depth = v.parse().expect("--depth"),
+            "--out" => a.out = v,
+            other => panic!("unknown argument {other}"),
+        }
+        i += 2;
+    }
+    a
+}
+
+fn rusage() -> (f64, i64) {
+    // SAFETY: getrusage fills the zeroed struct we own.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: as above; RUSAGE_SELF is always valid.
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
+    let cpu = ru.ru_utime.tv_sec as f64
+        + ru.ru_utime.tv_usec as f64 / 1e6
+        + ru.ru_stime.tv_sec as f64
+        + ru.ru_stime.tv_usec as f64 / 1e6;
+    (cpu, ru.ru_maxrss)
+}
+
+fn run_workload(threads: usize, rounds: u64, depth: u32) -> (Vec<(u32, f64)>, u64) {
+    let handles: Vec<_> = (0..threads)
+        .map(|t| {
+            std::thread::Builder::new()
+                .name(format!("worker-{t}"))
+                .spawn(move || {
+                    let mut x = t as u64;
+                    for r in 0..rounds {
+                        x = descend(depth, x ^ r);
+                    }
+                    (gettid(), thread_cpu().as_secs_f64(), x)
+                })
+                .expect("spawn")
+        })
+        .collect();
+    let mut per_thread = Vec::new();
+    let mut check = 0u64;
+    for h in handles {
+        let (tid, cpu, x) = h.join().expect("worker");
+        per_thread.push((tid, cpu));
+        check ^= x;
+    }
+    (per_thread, check)
+}
+
+fn main() {
+    let a = parse_args();
+    let _ = std::fs::remove_file(&a.out);
+    let t0 = Instant::now();
+    let mut extra = String::new();
+    let (per_thread, check);
+    match a.profiler.as_str() {
+        "none" => {
+            (per_thread, check) = run_workload(a.threads, a.rounds, a.depth);
+        }
+        "spulse" => {
+            let guard = spulse::Recorder::builder().frequency_hz(a.freq).start(&a.out).expect("spulse start");
+            (per_thread, check) = run_workload(a.threads, a.rounds, a.depth);
+            let stats = guard.finish().expect("spulse finish");
+            let l0 = Instant::now();
+            let snap = spulse::Snapshot::open(&a.out).expect("open spool");
+            let load_s = l0.elapsed().as_secs_f64();
+            let mut counts = std::collections::HashMap::<u32, u64>::new();
+            for s in snap.samples() {
+                *counts.entry(snap.thread(s.thread).tid).or_default() += 1;
+            }
+            let per: Vec<String> =
+                per_thread.iter().map(|(tid, _)| counts.get(tid).copied().unwrap_or(0).to_string()).collect();
+            let bytes = std::fs::metadata(&a.out).map(|m| m.len()).unwrap_or(0);
+            extra = format!(
+                r#","samples":{},"per_thread_samples":[{}],"profile_bytes":{},"load_s":{:.6},"engine":"{}""#,
+                snap.len(),
+                per.join(","),
+                bytes,
+                load_s,
+                stats.engine
+            );
+        }
+        #[cfg(any(feature = "pprof-default", feature = "pprof-framehop"))]
+        "pprof" => {
+            let guard = pprof::ProfilerGuardBuilder::default()
+                .frequency(a.freq as i32)
+                .blocklist(&["libc", "libgcc", "pthread", "vdso"])
+                .build()
+                .expect("pprof start");
+            (per_thread, check) = run_workload(a.threads, a.rounds, a.depth);
+            let l0 = Instant::now();
+            let report = guard.report().build().expect("pprof report");
+            let load_s = l0.elapsed().as_secs_f64();
+            drop(guard);
+            let mut by_name = std::collections::HashMap::<String, i64>::new();
+            let mut leaves = std::collections::HashMap::<String, i64>::new();
+            let mut by_fn = [0i64; 3];
+            let mut total = 0i64;
+            for (frames, count) in &report.data {
+                total += *count as i64;
+                *by_name.entry(frames.thread_name.clone()).or_default() += *count as i64;
+                // The first frame whose symbol is the workload's own code (for an
+                // address with inlined calls, its outermost function).
+                let leaf = frames
+                    .frames
+                    .iter()
+                    .filter_map(|inlined| inlined.last())
+                    .map(|s| s.name())
+                    .find(|n| !n.contains("pprof::") && !n.contains("backtrace") && !n.contains("perf_signal_handler"))
+                    .unwrap_or_default();
+                if std::env::var_os("WORKLOAD_DEBUG").is_some() {
+                    *leaves.entry(leaf.clone()).or_default() += *count as i64;
+                }
+                for (i, n) in ["hot_alpha", "hot_beta", "hot_gamma"].iter().enumerate() {
+                    if leaf.contains(n) {
+                        by_fn[i] += *count as i64;
+                    }
+                }
+            }
+            if std::env::var_os("WORKLOAD_DEBUG").is_some() {
+                eprintln!("{leaves:#?}");
+            }
+            let per: Vec<String> = (0..per_thread.len())
+                .map(|t| by_name.get(&format!("worker-{t}")).copied().unwrap_or(0).to_string())
+                .collect();
+            extra = format!(
+                r#","samples":{},"per_thread_samples":[{}],"functions":{{"hot_alpha":{},"hot_beta":{},"hot_gamma":{}}},"load_s":{:.6}"#,
+                total,
+                per.join(","),
+                by_fn[0],
+                by_fn[1],
+                by_fn[2],
+                load_s
+            );
+        }
+        other => panic!("profiler {other} not built into this binary"),
+    }
+    let wall = t0.elapsed().as_secs_f64();
+    let (cpu, maxrss) = rusage();
+    let workload_cpu: f64 = per_thread.iter().map(|(_, c)| c).sum();
+    println!(
+        r#"{{"profiler":"{}","freq":{},"threads":{},"wall_s":{:.6},"cpu_s":{:.6},"workload_cpu_s":{:.6},"maxrss_kb":{},"check":{}{}}}"#,
+        a.profiler, a.freq, a.threads, wall, cpu, workload_cpu, maxrss, check, extra
+    );
+}
