@@ -245,6 +245,13 @@ impl Symbolizer {
         self.other_frames.clear();
     }
 
+    /// Re-read perf maps on next use (a JIT appends to its map while it runs):
+    /// forgets the maps and every absolute frame resolved from them.
+    pub fn refresh_perf_maps(&mut self) {
+        self.perf_maps.clear();
+        self.other_frames.clear();
+    }
+
     /// How many module files were loaded.
     pub fn files_loaded(&self) -> usize {
         self.files_loaded

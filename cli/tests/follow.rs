@@ -182,3 +182,48 @@ fn follow_bad_input() {
     let o = spulse(&["follow", s(&spool), "--interval", "0"]);
     assert_eq!(o.status.code(), Some(2));
 }
+
+#[test]
+fn follow_rereads_perf_maps_as_they_grow() {
+    let dir = tempfile::tempdir().unwrap();
+    let spool = dir.path().join("jit.spool");
+    let pid = std::process::id();
+    let map = format!("/tmp/perf-{pid}.map");
+    let _ = std::fs::remove_file(&map);
+    let header = Header { start_time_us: START_US, interval_us: INTERVAL_US, engine: Engine::PerfEvent };
+    let mut w = SpoolWriter::new(std::fs::File::create(&spool).unwrap(), header).unwrap();
+    let th = w.define_thread(pid, pid, "jit").unwrap();
+    let f = w.define_frame(Frame::Absolute { address: 0x7e00_0000_0040, kernel: false }).unwrap();
+    let st = w.define_stack(None, f).unwrap();
+    for i in 0..5 {
+        w.sample(START_US + (i + 1) * INTERVAL_US, th, st).unwrap();
+    }
+    w.into_inner().unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_spulse"))
+        .args(["follow", s(&spool), "--interval", "0.1", "--idle-exit", "0"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut reader = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    let mut seen_unknown = false;
+    let mut seen_name = false;
+    let t0 = Instant::now();
+    while !seen_name && t0.elapsed() < Duration::from_secs(10) {
+        line.clear();
+        if std::io::BufRead::read_line(&mut reader, &mut line).unwrap() == 0 {
+            break;
+        }
+        if line.contains("[unknown] 0x7e0000000040") && !seen_unknown {
+            seen_unknown = true;
+            // The JIT writes its map only now.
+            std::fs::write(&map, "7e0000000000 100 jitted_fn\n").unwrap();
+        }
+        seen_name |= line.contains("jitted_fn (perf-");
+    }
+    let _ = Command::new("kill").args(["-INT", &child.id().to_string()]).status();
+    let o = child.wait_with_output().unwrap();
+    let _ = std::fs::remove_file(&map);
+    assert!(seen_unknown && seen_name, "unknown first, then named: {}", stderr(&o));
+}

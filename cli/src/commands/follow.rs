@@ -8,7 +8,8 @@
 //!   (`/proc/<pid>` is absent), or
 //! - the file has not grown for `--idle-exit` seconds (0 disables this).
 //!
-//! On a terminal the table is redrawn in place; on a pipe one table is printed
+//! Perf maps (`/tmp/perf-<pid>.map`) are re-read for every table, since a JIT
+//! keeps appending to its map. On a terminal the table is redrawn in place; on a pipe one table is printed
 //! per interval, separated by a header line.
 
 use std::collections::{BTreeSet, HashMap};
@@ -149,6 +150,8 @@ pub fn run(args: &FollowArgs) -> Result<(), CliError> {
             last_pos = tail.position();
             last_len = len;
         }
+        // JIT runtimes append to their perf maps while they run.
+        sym.refresh_perf_maps();
         print_table(&tail, &live, &mut sym, args, terminal, started.elapsed(), live.read - prev_read)?;
         prev_read = live.read;
 
