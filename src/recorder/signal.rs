@@ -6,15 +6,20 @@
 //! It saves and restores `errno`; it takes no lock (the ring and the cache pool
 //! are claimed with one CAS each, and a failed claim drops the sample and counts
 //! it); it never allocates (ring slots and caches are allocated at start, framehop
-//! runs with `MustNotAllocateDuringUnwind`); it calls only `syscall(SYS_gettid)`,
-//! `clock_gettime` (vDSO), `pthread_self` (reads the thread pointer) and, for
-//! foreign signals, `sigaction`/`tgkill`; the executable is linked with full
+//! runs with `MustNotAllocateDuringUnwind`); it calls only `clock_gettime`
+//! (vDSO), `pthread_self` (reads the thread pointer), `__errno_location`,
+//! `syscall(SYS_gettid)` (only if the TCB probe below failed; otherwise the
+//! thread id is read from glibc's `struct pthread`) and, for foreign signals,
+//! `sigaction`/`tgkill`; the executable is linked with full
 //! RELRO (`-z now`, rustc's default on Linux) and every one of these functions is
 //! called once before the handler is installed, so no PLT slot is resolved by the
 //! dynamic loader inside the handler. It uses no Rust thread-local. It never
 //! panics by construction (slice accesses are bounded by checks, arithmetic is
-//! wrapping or checked; framehop and gimli are built without overflow checks) and
-//! an `extern "C"` function aborts rather than unwinding out of a signal frame.
+//! wrapping or checked; framehop and gimli are built without overflow checks even
+//! in debug builds, see the root `Cargo.toml`) and an `extern "C"` function
+//! aborts rather than unwinding out of a signal frame. The handler runs on the
+//! interrupted thread's own stack (no `SA_ONSTACK`: Rust's 8 KiB alternate
+//! stacks are too small for the ~17 KiB the unwinder needs).
 //!
 //! # Which stack memory is read (proven mapped)
 //! Only 8-byte-aligned words in `[sp, top)` of the interrupted thread's own stack:
