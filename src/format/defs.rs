@@ -489,3 +489,24 @@ impl Iterator for StackFrames<'_> {
         Some(node.frame)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The id-space limit cannot be reached by a test file (it takes 2^32 - 1
+    /// definitions), so the rule is checked directly.
+    #[test]
+    fn too_many_definitions() {
+        let last = MAX_IDS as usize - 1;
+        assert_eq!(dense("frame", last as u64, last), Ok(()));
+        assert_eq!(
+            dense("frame", MAX_IDS, MAX_IDS as usize),
+            Err(FormatErrorKind::TooManyDefinitions("frame"))
+        );
+        assert_eq!(
+            dense("stack", 3, 2),
+            Err(FormatErrorKind::NonDenseId { what: "stack", found: 3, expected: 2 })
+        );
+    }
+}
