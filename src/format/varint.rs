@@ -100,6 +100,44 @@ pub(crate) fn decode_sample(rest: &[u8]) -> Option<(i64, u64, u64, usize)> {
 /// re-sliced buffers, which keeps the hot loops of the readers short.
 #[inline(always)]
 pub(crate) fn decode_sample_at(buf: &[u8], p: usize) -> Option<(i64, u64, u64, usize)> {
+    // Common case: a window of 32 bytes (more than the longest sample record)
+    // is available, and every varint has at most three bytes. Offsets into the
+    // fixed-size window are masked, which is exact here (they stay below 10)
+    // and lets the compiler drop a bounds check per byte.
+    if let Some(w) = buf.get(p..p.wrapping_add(32)) {
+        let w: &[u8; 32] = w.try_into().ok()?;
+        if let Some((z, q)) = uvar_in(w, 1) {
+            if let Some((t, q)) = uvar_in(w, q) {
+                if let Some((s, q)) = uvar_in(w, q) {
+                    return Some((((z >> 1) as i64) ^ -((z & 1) as i64), t, s, p + q));
+                }
+            }
+        }
+    }
+    decode_sample_at_general(buf, p)
+}
+
+/// A canonical varint of at most three bytes at `w[q]` (`q < 10`), with the
+/// offset past it; `None` for anything else (the general decoder decides).
+#[inline(always)]
+fn uvar_in(w: &[u8; 32], q: usize) -> Option<(u64, usize)> {
+    let b0 = w[q & 31] as u64;
+    if b0 < 0x80 {
+        return Some((b0, q + 1));
+    }
+    let b1 = w[(q + 1) & 31] as u64;
+    if b1 < 0x80 {
+        return (b1 != 0).then_some(((b0 & 0x7f) | b1 << 7, q + 2));
+    }
+    let b2 = w[(q + 2) & 31] as u64;
+    if b2 < 0x80 && b2 != 0 {
+        return Some(((b0 & 0x7f) | (b1 & 0x7f) << 7 | b2 << 14, q + 3));
+    }
+    None
+}
+
+#[inline(always)]
+fn decode_sample_at_general(buf: &[u8], p: usize) -> Option<(i64, u64, u64, usize)> {
     let (z, p) = uvar_at(buf, p + 1)?;
     let (t, p) = uvar_at(buf, p)?;
     let (s, p) = uvar_at(buf, p)?;
@@ -163,6 +201,24 @@ mod tests {
     }
 
     proptest::proptest! {
+        /// The windowed sample decoder agrees with the general one.
+        #[test]
+        fn sample_decoders_agree(d: i64, t in 0u64..1 << 22, s: u64, small: bool, bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..40)) {
+            let (d, s) = if small { (d % 10_000, s % 3_000_000) } else { (d, s) };
+            let mut rec = vec![5u8];
+            put_i64(&mut rec, d);
+            put_u64(&mut rec, t);
+            put_u64(&mut rec, s);
+            let len = rec.len();
+            rec.extend_from_slice(&bytes);
+            proptest::prop_assert_eq!(decode_sample_at(&rec, 0), Some((d, t, s, len)));
+            let mut junk = vec![5u8];
+            junk.extend_from_slice(&bytes);
+            proptest::prop_assert_eq!(decode_sample_at(&junk, 0), decode_sample_at_general(&junk, 0));
+            let squashed: Vec<u8> = std::iter::once(5).chain(bytes.iter().map(|b| b & 0x81)).collect();
+            proptest::prop_assert_eq!(decode_sample_at(&squashed, 0), decode_sample_at_general(&squashed, 0));
+        }
+
         /// Agrees with the `integer-encoding` crate: every value it encodes
         /// decodes back, and on arbitrary bytes we accept exactly its canonical
         /// decodings.

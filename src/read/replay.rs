@@ -218,7 +218,8 @@ impl Replay {
             file_pos: offset,
             time,
             skip_before,
-            batch: Vec::new(),
+            batch: None,
+            batch_len: 0,
             next: 0,
             pending_error: None,
             done: false,
@@ -336,7 +337,10 @@ pub struct ReplaySamples<'a> {
     file_pos: u64,
     time: u64,
     skip_before: Option<u64>,
-    batch: Vec<Sample>,
+    /// Decoded samples (allocated on first use): `batch[next..batch_len]` are
+    /// still to be handed out.
+    batch: Option<Box<[Sample; BATCH]>>,
+    batch_len: usize,
     next: usize,
     /// An error to report once the samples before it were handed out.
     pending_error: Option<Error>,
@@ -389,12 +393,13 @@ impl ReplaySamples<'_> {
         let threads = defs.threads().len() as u64;
         let stacks = defs.stack_count() as u64;
         let buf = &self.buf[..self.filled];
-        let batch = &mut self.batch;
+        let batch = self.batch.as_mut().expect("allocated by fill");
+        let mut n = self.batch_len;
         let mut skip = self.skip_before;
         let mut pos = self.pos;
         let mut time = self.time;
         let mut result = Ok(());
-        while batch.len() < BATCH && pos < buf.len() {
+        while n < BATCH && pos < buf.len() {
             let (delta, thread, stack, end) = if buf[pos] == tag::SAMPLE {
                 match varint::decode_sample_at(buf, pos) {
                     Some(s) => s,
@@ -432,8 +437,10 @@ impl ReplaySamples<'_> {
                 }
                 skip = None;
             }
-            batch.push(Sample { time_us: t, thread: ThreadId(thread as u32), stack: StackId(stack as u32) });
+            batch[n] = Sample { time_us: t, thread: ThreadId(thread as u32), stack: StackId(stack as u32) };
+            n += 1;
         }
+        self.batch_len = n;
         self.skip_before = skip;
         self.pos = pos;
         self.time = time;
@@ -442,14 +449,16 @@ impl ReplaySamples<'_> {
 
     /// Refill the batch; at the end of the prefix it stays empty.
     fn fill(&mut self) {
-        self.batch.clear();
+        self.batch_len = 0;
         self.next = 0;
-        if self.batch.capacity() == 0 {
-            self.batch.reserve_exact(BATCH);
+        if self.batch.is_none() {
+            let zero = Sample { time_us: 0, thread: ThreadId(0), stack: StackId(0) };
+            let boxed: Box<[Sample]> = vec![zero; BATCH].into_boxed_slice();
+            self.batch = Some(boxed.try_into().expect("BATCH elements"));
         }
         loop {
             let stuck = self.decode_into_batch().is_err();
-            if self.batch.len() >= BATCH {
+            if self.batch_len >= BATCH {
                 return;
             }
             if !stuck && self.pos < self.filled {
@@ -479,15 +488,21 @@ impl Iterator for ReplaySamples<'_> {
 
     #[inline]
     fn next(&mut self) -> Option<Result<Sample, Error>> {
-        if let Some(&s) = self.batch.get(self.next) {
-            self.next += 1;
-            return Some(Ok(s));
+        if self.next < self.batch_len {
+            if let Some(batch) = &self.batch {
+                let s = batch[self.next];
+                self.next += 1;
+                return Some(Ok(s));
+            }
         }
         if !self.done {
             self.fill();
-            if let Some(&s) = self.batch.get(self.next) {
-                self.next += 1;
-                return Some(Ok(s));
+            if self.next < self.batch_len {
+                if let Some(batch) = &self.batch {
+                    let s = batch[self.next];
+                    self.next += 1;
+                    return Some(Ok(s));
+                }
             }
         }
         self.pending_error.take().map(Err)
