@@ -33,7 +33,7 @@ fn compress_block(rounds: u64) -> u64 {
 fn ingest(deadline: Instant) -> u64 {
     let mut acc = 0;
     while Instant::now() < deadline {
-        // Three parts parsing for one part compressing.
+        // Three times the iterations parsing as compressing.
         acc ^= parse_records(300_000);
         acc ^= compress_block(100_000);
     }
