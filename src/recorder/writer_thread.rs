@@ -17,11 +17,25 @@
 //!    published, so no sample can refer to a module before its record;
 //! 5. reclaim replaced snapshots no handler can hold, and flush.
 //!
-//! The window left open: a library unloaded and another mapped at the same
-//! address within one tick, and sampled in that window before step 4 publishes
-//! the new generation, is attributed to the old library (the handler cannot ask
-//! the loader anything). Ticks are `flush_interval` apart (50 ms by default).
-
+//! # No sample attributed to the wrong library
+//! The handler unwinds with the snapshot it finds and stamps the sample with that
+//! snapshot's generation, but the loader may have changed the address space since
+//! (a library closed and another mapped at the same address) before this thread
+//! noticed. So every tick records *when* the loader state was last known to equal
+//! the current generation: `verified[g]` is the time taken just before reading the
+//! loader's counters and finding them unchanged (the counters move before a new
+//! object's code can run). A sample `(g, t)`:
+//! * with `t <= verified[g]` ran while generation `g` was exactly the address
+//!   space: resolved against that generation (and cached);
+//! * with `t` after the current tick's check: held back to the next tick, when the
+//!   check will have covered it (at stop, the final check covers everything);
+//! * otherwise it is in doubt, and each frame is checked on its own: a module of
+//!   generation `g` counts only if it was still mapped at `t` (never removed, or
+//!   `t <= verified[removed - 1]`); a module that appeared later counts only if
+//!   every transition since `g` was exact (the loader's add/remove counters moved
+//!   by exactly the objects the rescan found, so no object came and went unseen)
+//!   and it was still mapped at `t`. A frame that fails is written as an absolute
+//!   address: unattributed, never misattributed.
 use std::collections::{HashMap, HashSet};
 use std::fs::File;
 use std::sync::atomic::Ordering;
@@ -87,6 +101,40 @@ struct Run {
     samples_written: u64,
     error: Option<Error>,
     frames: Vec<Frame>,
+    /// Per generation: latest time (unix us) the loader state was known to equal it.
+    verified: Vec<u64>,
+    /// Per generation: whether the change into it was exact (no unseen object).
+    exact: Vec<bool>,
+    /// Time taken before this tick's loader check: samples after it are held.
+    horizon: u64,
+    /// Samples taken after the last check, waiting for the next one.
+    held: Vec<HeldSample>,
+    /// The counters moved without a visible change since the last generation:
+    /// some object came and went unseen, so the next change is not exact.
+    unseen_objects: bool,
+}
+
+/// A sample held back to the next tick (owned copy of a ring slot).
+struct HeldSample {
+    time_us: u64,
+    tid: u32,
+    weight: u32,
+    generation: u64,
+    truncated: bool,
+    addrs: Vec<u64>,
+}
+
+impl HeldSample {
+    fn view(&self) -> RawSample<'_> {
+        RawSample {
+            time_us: self.time_us,
+            tid: self.tid,
+            weight: self.weight,
+            generation: self.generation,
+            truncated: self.truncated,
+            addrs: &self.addrs,
+        }
+    }
 }
 
 /// Define module records for a scan's objects (generation `gen`) and add them
@@ -145,7 +193,16 @@ pub(crate) fn main(rx: Receiver<Control>) -> Result<Stats, Error> {
         samples_written: 0,
         error: None,
         frames: Vec::new(),
+        verified: Vec::new(),
+        exact: Vec::new(),
+        horizon: 0,
+        held: Vec::new(),
+        unseen_objects: false,
     };
+    // The initial scan was taken before the engine started: every sample is later,
+    // so generation 0 is verified from the first tick's check on.
+    run.verified.resize(run.st.generation as usize + 1, 0);
+    run.exact.resize(run.st.generation as usize + 1, true);
     let mut next = Instant::now() + interval;
     loop {
         let now = Instant::now();
@@ -180,7 +237,7 @@ impl Run {
 
     fn tick(&mut self) {
         let change = self.scan_modules();
-        self.drain();
+        self.drain(false);
         self.apply_module_change(change);
         self.st.engine.tick();
         signal::reclaim(&mut self.retired);
@@ -227,10 +284,17 @@ impl Run {
     /// write the module records of new objects that reuse no active span at once,
     /// so samples already in the ring that ran in them can be resolved.
     fn scan_modules(&mut self) -> Option<Change> {
+        // Taken before the counters are read: if they did not move, the address
+        // space at this time was exactly the current generation's.
+        let checked_at = signal::now_us();
+        self.horizon = checked_at;
         let dl = modules::dl_counters();
         if dl == self.st.dl {
+            let g = self.st.generation as usize;
+            self.verified[g] = self.verified[g].max(checked_at);
             return None;
         }
+        let prev_dl = self.st.dl;
         self.st.dl = dl;
         let known: HashSet<modules::ObjectKey> =
             self.st.table.entries.iter().filter(|e| e.gen_removed.is_none()).map(|e| e.key.clone()).collect();
@@ -246,8 +310,21 @@ impl Run {
             .collect();
         let added: Vec<LoadedObject> = objects.into_iter().filter(|o| !known.contains(&o.key)).collect();
         if removed.is_empty() && added.is_empty() {
+            // The counters moved but the objects are the same (say, a library
+            // opened and closed between two ticks): the state now is the current
+            // generation again, but not continuously since the last check.
+            self.unseen_objects = true;
             return None;
         }
+        let removed_objects: HashSet<&modules::ObjectKey> =
+            removed.iter().map(|&i| &self.st.table.entries[i].key).collect();
+        let exact = !std::mem::take(&mut self.unseen_objects)
+            && dl.0.wrapping_sub(prev_dl.0) == added.len() as u64
+            && dl.1.wrapping_sub(prev_dl.1) == removed_objects.len() as u64;
+        drop(removed_objects);
+        // The new generation is verified only from the next check on.
+        self.verified.push(0);
+        self.exact.push(exact);
         // The unwinder keys modules by the start of their whole range: the lowest
         // executable segment of the object.
         let mut starts: HashMap<modules::ObjectKey, u64> = HashMap::new();
@@ -303,27 +380,66 @@ impl Run {
         self.interner.clear_stack_cache();
     }
 
-    fn drain(&mut self) {
+    /// Write what the ring holds. Unless `all`, samples taken after this tick's
+    /// loader check are held for the next tick (see the module doc).
+    fn drain(&mut self, all: bool) {
+        let held = std::mem::take(&mut self.held);
+        for h in &held {
+            if !all && h.time_us > self.horizon {
+                self.held.push(HeldSample { addrs: h.addrs.clone(), ..*h });
+            } else {
+                self.write_sample(&h.view());
+            }
+        }
         let shared = self.st.shared.clone();
         while let Some(()) = shared.ring.pop(|s| {
             if let Some(s) = s {
-                self.write_sample(&s);
+                if !all && s.time_us > self.horizon {
+                    self.held.push(HeldSample {
+                        time_us: s.time_us,
+                        tid: s.tid,
+                        weight: s.weight,
+                        generation: s.generation,
+                        truncated: s.truncated,
+                        addrs: s.addrs.to_vec(),
+                    });
+                } else {
+                    self.write_sample(&s);
+                }
             }
         }) {}
     }
 
-    /// Write a Python-runtime record after every sample published so far (each
-    /// was timestamped before it was published, so before now), stamped now.
+    /// Whether module entry `e`, found for a sample of generation `gen` taken at
+    /// `t`, was certainly the object mapped there at `t`.
+    fn certainly_mapped(&self, e: &ModuleEntry, gen: u64, t: u64) -> bool {
+        if e.gen_added > gen {
+            // Appeared after the handler's snapshot: only if no object came and
+            // went unseen in between.
+            let exact = (gen + 1..=e.gen_added).all(|g| self.exact.get(g as usize).copied().unwrap_or(false));
+            if !exact {
+                return false;
+            }
+        }
+        match e.gen_removed {
+            None => true,
+            Some(r) => r >= 1 && self.verified.get(r as usize - 1).is_some_and(|&v| t <= v),
+        }
+    }
+
+    /// Write a Python-runtime record stamped with a fresh loader check's time,
+    /// after every sample taken before that time and before every sample taken
+    /// after it (those are held for the next tick, as in a tick).
     fn python_mark(&mut self, entering: bool) -> Result<(), Error> {
-        self.drain();
+        let change = self.scan_modules();
+        let mark_time = self.horizon;
+        self.drain(false);
+        self.apply_module_change(change);
         if let Some(e) = &self.error {
             return Err(Error::Recorder(format!("the spool writer failed earlier: {e}")));
         }
-        let r = self
-            .st
-            .out
-            .python_runtime(self.st.pid, signal::now_us(), entering)
-            .and_then(|()| self.st.out.flush());
+        let r =
+            self.st.out.python_runtime(self.st.pid, mark_time, entering).and_then(|()| self.st.out.flush());
         match r {
             Ok(()) => Ok(()),
             Err(e) => {
@@ -344,7 +460,10 @@ impl Run {
 
     fn sample_inner(&mut self, s: &RawSample<'_>) -> Result<(), Error> {
         let thread = self.interner.thread(&mut self.st.out, self.st.pid, s.tid)?;
-        let leaf = match self.interner.cached(s.generation, s.truncated, s.addrs) {
+        let exact_state = self.verified.get(s.generation as usize).is_some_and(|&v| s.time_us <= v);
+        let cached =
+            if exact_state { self.interner.cached(s.generation, s.truncated, s.addrs) } else { None };
+        let leaf = match cached {
             Some(l) => l,
             None => {
                 let mut frames = std::mem::take(&mut self.frames);
@@ -355,7 +474,15 @@ impl Run {
                 for (i, &a) in s.addrs.iter().enumerate().rev() {
                     // Return addresses point after the call: step back into it.
                     let addr = if i == 0 { a } else { a.wrapping_sub(1) };
-                    frames.push(match self.st.table.resolve(addr, s.generation) {
+                    let entry = self.st.table.resolve(addr, s.generation).filter(|e| {
+                        if exact_state {
+                            // The address space was generation `g` at `t`: only its own modules.
+                            e.gen_added <= s.generation
+                        } else {
+                            self.certainly_mapped(e, s.generation, s.time_us)
+                        }
+                    });
+                    frames.push(match entry {
                         Some(e) => Frame::Module {
                             module: e.id,
                             file_relative: addr - e.seg.avma + e.seg.file_offset,
@@ -366,7 +493,9 @@ impl Run {
                 let r = self.interner.stack(&mut self.st.out, &frames);
                 self.frames = frames;
                 let leaf = r?;
-                self.interner.remember(leaf);
+                if exact_state {
+                    self.interner.remember(leaf);
+                }
                 leaf
             }
         };
@@ -379,12 +508,12 @@ impl Run {
 
     fn finish(mut self) -> Result<Stats, Error> {
         self.st.engine.stop();
-        let change = self.scan_modules();
-        self.drain();
-        self.apply_module_change(change);
-        // Withdraw the state from the handler; wait until no handler uses it.
+        // Withdraw the state from the handler and wait until no handler uses it:
+        // every sample is then in the ring, taken before the check below.
         let _ = signal::unpublish();
-        self.drain();
+        let change = self.scan_modules();
+        self.drain(true);
+        self.apply_module_change(change);
         let pending = std::mem::take(&mut self.pending_retire);
         for idx in pending {
             self.retire(idx);
