@@ -215,7 +215,13 @@ pub(crate) fn main(rx: Receiver<Control>) -> Result<Stats, Error> {
             Ok(Control::Start(_)) | Ok(Control::Abort) => {}
             Err(RecvTimeoutError::Timeout) => {
                 run.tick();
-                next = Instant::now() + interval;
+                // Fixed rate: the next tick is one interval after this one was
+                // due, not after it finished, so flushes never drift apart.
+                next += interval;
+                let now = Instant::now();
+                if next <= now {
+                    next = now + interval;
+                }
             }
         }
     }
