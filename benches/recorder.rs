@@ -8,37 +8,23 @@
 //! part runs once, briefly.
 
 use std::hint::black_box;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use criterion::Criterion;
 
-fn thread_cpu() -> f64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: clock_gettime writes the struct we pass.
-    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    ts.tv_sec as f64 + ts.tv_nsec as f64 / 1e9
-}
+#[path = "../examples/support/mod.rs"]
+mod support;
 
-fn gettid() -> u32 {
-    // SAFETY: no arguments, cannot fail.
-    unsafe { libc::syscall(libc::SYS_gettid) as u32 }
-}
+use support::{burn_cpu, gettid, thread_cpu_seconds as thread_cpu};
 
 /// Busy user-space work until the thread used `cpu` seconds. The CPU clock is
 /// read (a system call) only every ~0.5 ms: the perf engine counts user time,
 /// and a workload that spends a few percent of its time in system calls would
-/// measure that, not the recorder.
-#[inline(never)]
+/// measure that, not the recorder. Always inlined, so that the busy leaf frame
+/// (`burn_cpu`) sits directly under `at_depth`.
+#[inline(always)]
 fn spin_cpu(cpu: f64) -> u64 {
-    let c0 = thread_cpu();
-    let end = Instant::now() + Duration::from_secs_f64(cpu * 20.0 + 1.0);
-    let mut h = 1u64;
-    while thread_cpu() - c0 < cpu && Instant::now() < end {
-        for i in 0..500_000u64 {
-            h = (h ^ black_box(i)).wrapping_mul(0x100_0000_01b3);
-        }
-    }
-    h
+    burn_cpu(cpu, 500_000, Duration::from_secs_f64(cpu * 20.0 + 1.0))
 }
 
 #[inline(never)]

@@ -6,34 +6,18 @@
 //! cargo run --release --example threads [out.spool]
 //! ```
 
+mod support;
+
 use std::collections::HashMap;
 use std::hint::black_box;
 use std::sync::mpsc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-fn thread_cpu() -> f64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: clock_gettime writes the struct we pass.
-    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    ts.tv_sec as f64 + ts.tv_nsec as f64 / 1e9
-}
+use support::{gettid, thread_cpu_seconds as thread_cpu};
 
-fn gettid() -> u32 {
-    // SAFETY: no arguments, cannot fail.
-    unsafe { libc::syscall(libc::SYS_gettid) as u32 }
-}
-
-#[inline(never)]
+/// Burn `cpu` seconds of this thread's CPU time (at most 10 s of wall time).
 fn burn(cpu: f64) {
-    let c0 = thread_cpu();
-    let end = Instant::now() + Duration::from_secs(10);
-    let mut h = 1u64;
-    while thread_cpu() - c0 < cpu && Instant::now() < end {
-        for i in 0..5_000u64 {
-            h = (h ^ black_box(i)).wrapping_mul(0x100_0000_01b3);
-        }
-    }
-    black_box(h);
+    black_box(support::burn_cpu(cpu, 5_000, Duration::from_secs(10)));
 }
 
 fn spawn(name: String, cpu: f64, tx: mpsc::Sender<(u32, String, f64)>) -> std::thread::JoinHandle<()> {

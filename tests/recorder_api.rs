@@ -7,22 +7,10 @@ mod recorder_support;
 
 use std::hint::black_box;
 use std::os::unix::fs::PermissionsExt;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use recorder_support::*;
 use spulse::{EngineChoice, Error, Frame};
-
-fn burn(cpu: f64) {
-    let c0 = thread_cpu_seconds();
-    let end = Instant::now() + Duration::from_secs(10);
-    let mut h = 1u64;
-    while thread_cpu_seconds() - c0 < cpu && Instant::now() < end {
-        for i in 0..10_000u64 {
-            h = (h ^ black_box(i)).wrapping_mul(0x100_0000_01b3);
-        }
-    }
-    black_box(h);
-}
 
 fn disposition(sig: i32) -> usize {
     // SAFETY: querying a disposition (null new action).

@@ -3,22 +3,9 @@
 
 mod recorder_support;
 
-use std::hint::black_box;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use recorder_support::*;
-
-fn burn(cpu: f64) {
-    let c0 = thread_cpu_seconds();
-    let end = Instant::now() + Duration::from_secs(10);
-    let mut h = 1u64;
-    while thread_cpu_seconds() - c0 < cpu && Instant::now() < end {
-        for i in 0..10_000u64 {
-            h = (h ^ black_box(i)).wrapping_mul(0x100_0000_01b3);
-        }
-    }
-    black_box(h);
-}
 
 /// Child role: record, burn, let two flush intervals pass, report the time and
 /// CPU so far, burn a little more and die by SIGKILL.
@@ -46,11 +33,7 @@ fn crash_role() {
 fn sigkill_mid_recording_leaves_a_readable_spool() {
     for round in 0..3 {
         let (_dir, path) = spool_path("crash.spool");
-        let out = std::process::Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", "crash_role", "--nocapture", "--test-threads", "1"])
-            .env("SPULSE_TEST_CRASH_SPOOL", &path)
-            .output()
-            .unwrap();
+        let out = run_role("crash_role", "SPULSE_TEST_CRASH_SPOOL", &path);
         use std::os::unix::process::ExitStatusExt;
         assert_eq!(out.status.signal(), Some(libc::SIGKILL), "child should die by SIGKILL: {out:?}");
         let stdout = String::from_utf8_lossy(&out.stdout);

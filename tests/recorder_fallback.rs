@@ -6,7 +6,7 @@
 mod recorder_support;
 
 use std::hint::black_box;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use recorder_support::*;
 
@@ -37,16 +37,10 @@ fn refuse_perf_event_open() {
     }
 }
 
+/// Burn `cpu` seconds of CPU (the clock read every 100 000 rounds); returns the CPU time used.
 fn burn(cpu: f64) -> f64 {
     let c0 = thread_cpu_seconds();
-    let end = Instant::now() + Duration::from_secs(10);
-    let mut h = 1u64;
-    while thread_cpu_seconds() - c0 < cpu && Instant::now() < end {
-        for i in 0..100_000u64 {
-            h = (h ^ black_box(i)).wrapping_mul(0x100_0000_01b3);
-        }
-    }
-    black_box(h);
+    black_box(burn_cpu(cpu, 100_000, Duration::from_secs(10)));
     thread_cpu_seconds() - c0
 }
 
@@ -80,11 +74,7 @@ fn fallback_role() {
 #[test]
 fn perf_refused_falls_back_to_thread_timers() {
     let (_dir, path) = spool_path("fallback.spool");
-    let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "fallback_role", "--nocapture", "--test-threads", "1"])
-        .env("SPULSE_TEST_FALLBACK_SPOOL", &path)
-        .output()
-        .unwrap();
+    let out = run_role("fallback_role", "SPULSE_TEST_FALLBACK_SPOOL", &path);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{out:?}");
     let line = stdout.lines().find_map(|l| l.split_once("RESULT ").map(|x| x.1)).expect("child result");

@@ -5,9 +5,8 @@
 
 mod recorder_support;
 
-use std::hint::black_box;
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use recorder_support::*;
 use spulse::EngineChoice;
@@ -15,16 +14,9 @@ use spulse::EngineChoice;
 /// A shell loop that burns ~0.2-0.5 s of CPU, then prints "done".
 const BUSY_SH: &str = "i=0; while [ $i -lt 150000 ]; do i=$((i+1)); done; echo done";
 
+/// Burn `cpu` seconds of CPU, giving up after 5 s of wall time.
 fn burn(cpu: f64) -> u64 {
-    let c0 = thread_cpu_seconds();
-    let end = Instant::now() + Duration::from_secs(5);
-    let mut h = 1u64;
-    while thread_cpu_seconds() - c0 < cpu && Instant::now() < end {
-        for i in 0..10_000u64 {
-            h = (h ^ black_box(i)).wrapping_mul(0x100_0000_01b3);
-        }
-    }
-    h
+    burn_cpu(cpu, 10_000, Duration::from_secs(5))
 }
 
 fn wait_exit_code(pid: libc::pid_t) -> Result<i32, String> {

@@ -60,22 +60,37 @@ fn expected_local(id: u64) -> u64 {
     local
 }
 
-fn run_once(round: usize) {
-    let _serial = serial();
-    let (_dir, path) = spool_path("stress.spool");
-    let guard = spulse::Recorder::builder().frequency_hz(4000).start(&path).unwrap();
+/// `THREADS` threads running `work` on one shared map, table and channel.
+struct Workers {
+    shared: Arc<Mutex<HashMap<u64, u64>>>,
+    table: Arc<RwLock<Vec<u64>>>,
+    /// Every worker's sender; ends when they all finish.
+    rx: mpsc::Receiver<u64>,
+    /// Worker `id` is at index `id`; each returns its `work` answer.
+    handles: Vec<std::thread::JoinHandle<u64>>,
+}
+
+fn spawn_workers() -> Workers {
     let shared = Arc::new(Mutex::new(HashMap::new()));
     let table = Arc::new(RwLock::new(Vec::new()));
     let (tx, rx) = mpsc::channel();
-    let hs: Vec<_> = (0..THREADS)
+    let handles = (0..THREADS)
         .map(|id| {
             let (shared, table, tx) = (shared.clone(), table.clone(), tx.clone());
             std::thread::spawn(move || work(id, &shared, &table, &tx))
         })
         .collect();
     drop(tx);
+    Workers { shared, table, rx, handles }
+}
+
+fn run_once(round: usize) {
+    let _serial = serial();
+    let (_dir, path) = spool_path("stress.spool");
+    let guard = spulse::Recorder::builder().frequency_hz(4000).start(&path).unwrap();
+    let Workers { shared, table, rx, handles } = spawn_workers();
     let received: u64 = rx.iter().count() as u64;
-    let locals: Vec<u64> = hs.into_iter().map(|h| h.join().expect("worker panicked")).collect();
+    let locals: Vec<u64> = handles.into_iter().map(|h| h.join().expect("worker panicked")).collect();
     let stats = guard.finish().unwrap();
 
     for (id, l) in locals.iter().enumerate() {
@@ -121,18 +136,9 @@ fn eight_threads_with_thread_timers_at_4khz() {
         .engine(spulse::EngineChoice::ThreadCpuTimer)
         .start(&path)
         .unwrap();
-    let shared = Arc::new(Mutex::new(HashMap::new()));
-    let table = Arc::new(RwLock::new(Vec::new()));
-    let (tx, rx) = mpsc::channel();
-    let hs: Vec<_> = (0..THREADS)
-        .map(|id| {
-            let (shared, table, tx) = (shared.clone(), table.clone(), tx.clone());
-            std::thread::spawn(move || work(id, &shared, &table, &tx))
-        })
-        .collect();
-    drop(tx);
+    let Workers { rx, handles, .. } = spawn_workers();
     let _ = rx.iter().count();
-    for (id, h) in hs.into_iter().enumerate() {
+    for (id, h) in handles.into_iter().enumerate() {
         assert_eq!(h.join().unwrap(), expected_local(id as u64));
     }
     let stats = guard.finish().unwrap();

@@ -19,9 +19,7 @@ fn find<'a>(rows: &'a [Value], name: &str) -> &'a Value {
 
 #[test]
 fn info_json_counts() {
-    let p = program();
-    let spool = p.dir.path().join("a.spool");
-    standard(&p, &spool);
+    let (_p, spool) = fixture();
     let v: Value = serde_json::from_str(&ok(&["info", s(&spool), "--json"])).unwrap();
     assert_eq!(v["samples"], 400);
     assert_eq!(v["threads"], 2);
@@ -41,9 +39,7 @@ fn info_json_counts() {
 
 #[test]
 fn top_symbolizes_with_three_to_one_split() {
-    let p = program();
-    let spool = p.dir.path().join("a.spool");
-    standard(&p, &spool);
+    let (_p, spool) = fixture();
     let rows = top_json(&["top", s(&spool), "--json"]);
     let a = find(&rows, "hot_a");
     let b = find(&rows, "hot_b");
@@ -65,9 +61,7 @@ fn top_symbolizes_with_three_to_one_split() {
 
 #[test]
 fn top_filters_by_thread_and_time() {
-    let p = program();
-    let spool = p.dir.path().join("a.spool");
-    standard(&p, &spool);
+    let (_p, spool) = fixture();
     let rows = top_json(&["top", s(&spool), "--json", "--thread", "1002"]);
     assert_eq!(find(&rows, "hot_a")["self"], 100);
     assert!(rows.iter().all(|r| r["function"] != "hot_b"));
@@ -80,9 +74,7 @@ fn top_filters_by_thread_and_time() {
 
 #[test]
 fn collapsed_agrees_with_top() {
-    let p = program();
-    let spool = p.dir.path().join("a.spool");
-    standard(&p, &spool);
+    let (p, spool) = fixture();
     let out = p.dir.path().join("a.folded");
     ok(&["export", s(&spool), "--format", "collapsed", "-o", s(&out)]);
     let text = std::fs::read_to_string(&out).unwrap();
@@ -182,9 +174,7 @@ fn symbols_dir_finds_separate_debug_file_by_build_id() {
 
 #[test]
 fn no_symbolize_flag() {
-    let p = program();
-    let spool = p.dir.path().join("a.spool");
-    standard(&p, &spool);
+    let (p, spool) = fixture();
     let rows = top_json(&["top", s(&spool), "--json", "--no-symbolize"]);
     assert_eq!(find(&rows, &format!("hotprog+{:#x}", p.hot_a))["self"], 300);
 }
@@ -247,9 +237,7 @@ fn bad_input_export() {
 
 #[test]
 fn bad_arguments() {
-    let p = program();
-    let spool = p.dir.path().join("a.spool");
-    standard(&p, &spool);
+    let (_p, spool) = fixture();
     let o = spulse(&["top", s(&spool), "--thread", "99999"]);
     assert_eq!(o.status.code(), Some(2));
     assert!(stderr(&o).contains("no thread with tid 99999"), "{}", stderr(&o));
@@ -263,9 +251,7 @@ fn bad_arguments() {
 
 #[test]
 fn truncated_spool_is_read_with_one_warning() {
-    let p = program();
-    let spool = p.dir.path().join("a.spool");
-    standard(&p, &spool);
+    let (_p, spool) = fixture();
     let mut bytes = std::fs::read(&spool).unwrap();
     // A sample record is 4+ bytes; cut the last one in half: at most one sample is lost.
     bytes.truncate(bytes.len() - 2);
@@ -314,9 +300,7 @@ fn empty_spool_through_every_command() {
 
 #[test]
 fn export_to_stdout_and_unwritable_output() {
-    let p = program();
-    let spool = p.dir.path().join("a.spool");
-    standard(&p, &spool);
+    let (p, spool) = fixture();
     let folded = ok(&["export", s(&spool), "--format", "collapsed", "-o", "-"]);
     assert_eq!(folded, "main;hot_a 300\nmain;hot_b 100\n");
     let bad = p.dir.path().join("no/such/dir/out.pb.gz");

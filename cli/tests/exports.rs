@@ -12,15 +12,11 @@ use std::process::Command;
 use common::*;
 use serde_json::Value;
 
-fn fixture() -> (Program, std::path::PathBuf) {
-    let p = program();
-    let spool = p.dir.path().join("a.spool");
-    standard(&p, &spool);
-    (p, spool)
-}
-
-fn export(spool: &std::path::Path, format: &str, out: &std::path::Path) {
-    ok(&["export", s(spool), "--format", format, "-o", s(out)]);
+/// Export `spool` in `format` to `name` in the program's directory; returns its path.
+fn export(p: &Program, spool: &std::path::Path, format: &str, name: &str) -> std::path::PathBuf {
+    let out = p.dir.path().join(name);
+    ok(&["export", s(spool), "--format", format, "-o", s(&out)]);
+    out
 }
 
 /// Parse `go tool pprof -top` rows into name -> (flat, cum).
@@ -51,8 +47,7 @@ fn pprof_top(file: &std::path::Path, tmp: &std::path::Path) -> HashMap<String, (
 #[test]
 fn pprof_is_read_by_go_tool_pprof() {
     let (p, spool) = fixture();
-    let out = p.dir.path().join("a.pb.gz");
-    export(&spool, "pprof", &out);
+    let out = export(&p, &spool, "pprof", "a.pb.gz");
     let rows = pprof_top(&out, p.dir.path());
     assert_eq!(rows.get("hot_a"), Some(&(300.0, 300.0)), "{rows:?}");
     assert_eq!(rows.get("hot_b"), Some(&(100.0, 100.0)), "{rows:?}");
@@ -64,8 +59,7 @@ fn pprof_carries_mappings_addresses_and_build_ids() {
     use prost::Message;
     use spulse_cli::export::pprof::Profile;
     let (p, spool) = fixture();
-    let out = p.dir.path().join("a.pb.gz");
-    export(&spool, "pprof", &out);
+    let out = export(&p, &spool, "pprof", "a.pb.gz");
     let mut raw = Vec::new();
     flate2::read::GzDecoder::new(std::fs::File::open(&out).unwrap()).read_to_end(&mut raw).unwrap();
     let prof = Profile::decode(&*raw).expect("valid profile.proto");
@@ -131,8 +125,7 @@ fn pprof_without_symbols_can_be_resymbolized_by_go_tool_pprof() {
 #[test]
 fn svg_flame_graph_names_functions() {
     let (p, spool) = fixture();
-    let out = p.dir.path().join("a.svg");
-    export(&spool, "svg", &out);
+    let out = export(&p, &spool, "svg", "a.svg");
     let svg = std::fs::read_to_string(&out).unwrap();
     assert!(svg.starts_with("<?xml") && svg.contains("<svg"), "not an SVG");
     assert!(svg.trim_end().ends_with("</svg>"));
@@ -144,8 +137,7 @@ fn svg_flame_graph_names_functions() {
 #[test]
 fn speedscope_validates_against_published_schema() {
     let (p, spool) = fixture();
-    let out = p.dir.path().join("a.speedscope.json");
-    export(&spool, "speedscope", &out);
+    let out = export(&p, &spool, "speedscope", "a.speedscope.json");
     let schema = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/speedscope-file-format-schema.json");
     let script = "import json,sys,jsonschema\n\
                   schema=json.load(open(sys.argv[1])); doc=json.load(open(sys.argv[2]))\n\
@@ -210,8 +202,7 @@ fn firefox_leaf_counts(v: &Value) -> HashMap<String, u64> {
 #[test]
 fn firefox_profile_parses_and_names_hot_functions() {
     let (p, spool) = fixture();
-    let out = p.dir.path().join("a.json");
-    export(&spool, "firefox", &out);
+    let out = export(&p, &spool, "firefox", "a.json");
     let v: Value = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).expect("JSON");
     assert!(v["meta"]["preprocessedProfileVersion"].as_u64().is_some());
     assert_eq!(v["meta"]["symbolicated"], true);

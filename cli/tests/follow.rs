@@ -5,37 +5,19 @@ mod common;
 
 use std::io::Write;
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::*;
-use spulse::{Engine, Frame, Header, NewModule, SpoolWriter};
+use spulse::{Engine, Frame, SpoolWriter};
 
 /// Append `rounds` rounds of 3 hot_a + 1 hot_b samples, flushing each round,
 /// `pause` apart. The spool's process is `pid`.
 fn writer(p: &Program, path: &Path, pid: u32, rounds: u32, pause: Duration) {
-    let header = Header { start_time_us: START_US, interval_us: INTERVAL_US, engine: Engine::PerfEvent };
-    let mut w = SpoolWriter::new(std::fs::File::create(path).unwrap(), header).unwrap();
-    let mp = p.path.as_os_str().as_encoded_bytes().to_vec();
-    let (off, filesz, vaddr) = p.text;
-    let m = w
-        .define_module(&NewModule {
-            pid,
-            start: BASE + vaddr,
-            size: filesz,
-            file_offset: off,
-            generation: 1,
-            path: &mp,
-            build_id: &p.build_id,
-        })
-        .unwrap();
+    let mut w = SpoolWriter::new(std::fs::File::create(path).unwrap(), header(Engine::PerfEvent)).unwrap();
+    let m = define_program(&mut w, p, pid, p.path.as_os_str().as_encoded_bytes(), &p.build_id);
     let th = w.define_thread(pid, pid, "main").unwrap();
-    let f_main = w.define_frame(Frame::Module { module: m, file_relative: p.main }).unwrap();
-    let f_a = w.define_frame(Frame::Module { module: m, file_relative: p.hot_a }).unwrap();
-    let f_b = w.define_frame(Frame::Module { module: m, file_relative: p.hot_b }).unwrap();
-    let s_main = w.define_stack(None, f_main).unwrap();
-    let s_a = w.define_stack(Some(s_main), f_a).unwrap();
-    let s_b = w.define_stack(Some(s_main), f_b).unwrap();
+    let (s_a, s_b) = define_hot_stacks(&mut w, p, m);
     w.flush().unwrap();
     let mut t = START_US;
     for _ in 0..rounds {
@@ -72,12 +54,7 @@ fn follow_prints_tables_while_written_and_stops_when_idle() {
         assert!(t0.elapsed() < Duration::from_secs(10));
         std::thread::sleep(Duration::from_millis(5));
     }
-    let child = Command::new(env!("CARGO_BIN_EXE_spulse"))
-        .args(["follow", s(&spool), "--interval", "0.2", "--idle-exit", "3", "-n", "5"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let child = spawn_spulse(&["follow", s(&spool), "--interval", "0.2", "--idle-exit", "3", "-n", "5"]);
     writer_thread.join().unwrap();
     let o = child.wait_with_output().unwrap();
     let out = stdout(&o);
@@ -128,12 +105,7 @@ fn follow_stops_cleanly_on_sigint() {
     let p = program();
     let spool = p.dir.path().join("int.spool");
     writer(&p, &spool, std::process::id(), 1, Duration::ZERO);
-    let mut child = Command::new(env!("CARGO_BIN_EXE_spulse"))
-        .args(["follow", s(&spool), "--interval", "0.1", "--idle-exit", "0"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = spawn_spulse(&["follow", s(&spool), "--interval", "0.1", "--idle-exit", "0"]);
     // The first table means the Ctrl-C handler is installed.
     let mut reader = std::io::BufReader::new(child.stdout.take().unwrap());
     let mut first = String::new();
@@ -190,8 +162,7 @@ fn follow_rereads_perf_maps_as_they_grow() {
     let pid = std::process::id();
     let map = format!("/tmp/perf-{pid}.map");
     let _ = std::fs::remove_file(&map);
-    let header = Header { start_time_us: START_US, interval_us: INTERVAL_US, engine: Engine::PerfEvent };
-    let mut w = SpoolWriter::new(std::fs::File::create(&spool).unwrap(), header).unwrap();
+    let mut w = SpoolWriter::new(std::fs::File::create(&spool).unwrap(), header(Engine::PerfEvent)).unwrap();
     let th = w.define_thread(pid, pid, "jit").unwrap();
     let f = w.define_frame(Frame::Absolute { address: 0x7e00_0000_0040, kernel: false }).unwrap();
     let st = w.define_stack(None, f).unwrap();
@@ -199,12 +170,7 @@ fn follow_rereads_perf_maps_as_they_grow() {
         w.sample(START_US + (i + 1) * INTERVAL_US, th, st).unwrap();
     }
     w.into_inner().unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_spulse"))
-        .args(["follow", s(&spool), "--interval", "0.1", "--idle-exit", "0"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = spawn_spulse(&["follow", s(&spool), "--interval", "0.1", "--idle-exit", "0"]);
     let mut reader = std::io::BufReader::new(child.stdout.take().unwrap());
     let mut line = String::new();
     let mut seen_unknown = false;

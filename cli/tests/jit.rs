@@ -3,11 +3,11 @@
 
 mod common;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use common::*;
 use serde_json::Value;
-use spulse::{Engine, Frame, Header, NewModule, SpoolWriter};
+use spulse::{Engine, Frame, SpoolWriter};
 
 const JIT: u64 = 0x7f00_0000_1010;
 const KERNEL: u64 = 0xffff_ffff_8100_0000;
@@ -33,21 +33,9 @@ fn perf_map(pid: u32) -> MapFile {
 /// main;jit inside (10) and outside (5) a Python-runtime interval when `python`,
 /// a kernel leaf (2), and a truncated stack ending in hot_a (3).
 fn write(p: &Program, path: &Path, pid: u32, python: bool) {
-    let header = Header { start_time_us: START_US, interval_us: INTERVAL_US, engine: Engine::ThreadCpuTimer };
-    let mut w = SpoolWriter::new(std::fs::File::create(path).unwrap(), header).unwrap();
-    let mp = p.path.as_os_str().as_encoded_bytes().to_vec();
-    let (off, filesz, vaddr) = p.text;
-    let m = w
-        .define_module(&NewModule {
-            pid,
-            start: BASE + vaddr,
-            size: filesz,
-            file_offset: off,
-            generation: 1,
-            path: &mp,
-            build_id: &p.build_id,
-        })
-        .unwrap();
+    let mut w =
+        SpoolWriter::new(std::fs::File::create(path).unwrap(), header(Engine::ThreadCpuTimer)).unwrap();
+    let m = define_program(&mut w, p, pid, p.path.as_os_str().as_encoded_bytes(), &p.build_id);
     let f_main = w.define_frame(Frame::Module { module: m, file_relative: p.main }).unwrap();
     let f_a = w.define_frame(Frame::Module { module: m, file_relative: p.hot_a }).unwrap();
     let f_jit = w.define_frame(Frame::Absolute { address: JIT, kernel: false }).unwrap();
@@ -85,6 +73,16 @@ fn write(p: &Program, path: &Path, pid: u32, python: bool) {
     w.into_inner().unwrap();
 }
 
+/// The test program, a perf map for `pid` (removed on drop) and the spool `name`
+/// in the program's directory, written by `write`.
+fn setup(pid: u32, name: &str, python: bool) -> (Program, MapFile, PathBuf) {
+    let p = program();
+    let map = perf_map(pid);
+    let spool = p.dir.path().join(name);
+    write(&p, &spool, pid, python);
+    (p, map, spool)
+}
+
 fn top(spool: &Path) -> Vec<Value> {
     serde_json::from_str::<Value>(&ok(&["top", s(spool), "--json", "-n", "0"]))
         .unwrap()
@@ -99,11 +97,8 @@ fn self_of(rows: &[Value], name: &str) -> Option<u64> {
 
 #[test]
 fn perf_map_names_only_inside_python_intervals() {
-    let p = program();
     let pid = 4_190_001;
-    let _map = perf_map(pid);
-    let spool = p.dir.path().join("py.spool");
-    write(&p, &spool, pid, true);
+    let (p, _map, spool) = setup(pid, "py.spool", true);
     let rows = top(&spool);
     assert_eq!(self_of(&rows, "py::hot_py:/app/x.py"), Some(10), "{rows:?}");
     assert_eq!(self_of(&rows, &format!("[unknown] {JIT:#x}")), Some(5), "{rows:?}");
@@ -131,11 +126,8 @@ fn perf_map_names_only_inside_python_intervals() {
 
 #[test]
 fn perf_map_applies_everywhere_without_python_records() {
-    let p = program();
     let pid = 4_190_002;
-    let _map = perf_map(pid);
-    let spool = p.dir.path().join("jit.spool");
-    write(&p, &spool, pid, false);
+    let (_p, _map, spool) = setup(pid, "jit.spool", false);
     let rows = top(&spool);
     assert_eq!(self_of(&rows, "py::hot_py:/app/x.py"), Some(15), "{rows:?}");
 }
@@ -143,11 +135,8 @@ fn perf_map_applies_everywhere_without_python_records() {
 #[test]
 fn perf_map_of_another_user_is_ignored() {
     use std::os::unix::fs::MetadataExt;
-    let p = program();
     let pid = 4_190_003;
-    let map = perf_map(pid);
-    let spool = p.dir.path().join("other.spool");
-    write(&p, &spool, pid, false);
+    let (_p, map, spool) = setup(pid, "other.spool", false);
     let me = std::fs::metadata("/proc/self").unwrap().uid();
     if me != 0 {
         // Only root can give the file away; without it, check the owned case.
@@ -163,11 +152,8 @@ fn perf_map_of_another_user_is_ignored() {
 
 #[test]
 fn perf_map_names_reach_pprof_and_speedscope() {
-    let p = program();
     let pid = 4_190_004;
-    let _map = perf_map(pid);
-    let spool = p.dir.path().join("py2.spool");
-    write(&p, &spool, pid, true);
+    let (p, _map, spool) = setup(pid, "py2.spool", true);
     let out = p.dir.path().join("py.speedscope.json");
     ok(&["export", s(&spool), "--format", "speedscope", "-o", s(&out)]);
     let text = std::fs::read_to_string(&out).unwrap();

@@ -1,10 +1,13 @@
-//! A small offline symbolizer for the examples and the recorder tests: names the
-//! frames of a spool from the symbol tables of the files its modules name.
-//! (The `spulse` tool does this properly, with debug info; this is the minimum an
-//! example needs to print a readable summary.)
+//! Shared by the examples, the recorder tests and the recorder bench: a small
+//! offline symbolizer that names the frames of a spool from the symbol tables of
+//! the files its modules name (the `spulse` tool does this properly, with debug
+//! info; this is the minimum an example needs to print a readable summary), a
+//! test plugin library, and per-thread CPU time and busy-loop helpers.
 #![allow(dead_code)]
 
 use std::collections::HashMap;
+use std::hint::black_box;
+use std::time::{Duration, Instant};
 
 use object::{Object, ObjectSegment, ObjectSymbol};
 use spulse::{Definitions, Frame, FrameId};
@@ -158,4 +161,34 @@ impl Plugin {
         // SAFETY: the handle is ours and closed once.
         unsafe { libc::dlclose(self.handle) };
     }
+}
+
+/// CPU time of the calling thread, in seconds.
+pub fn thread_cpu_seconds() -> f64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime writes the struct we pass.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    ts.tv_sec as f64 + ts.tv_nsec as f64 / 1e9
+}
+
+/// The calling thread's kernel id.
+pub fn gettid() -> u32 {
+    // SAFETY: no arguments, cannot fail.
+    unsafe { libc::syscall(libc::SYS_gettid) as u32 }
+}
+
+/// Busy user-space hashing on the calling thread until it has used `cpu` seconds
+/// of CPU time or `limit` of wall time has passed. The CPU clock (a system call)
+/// is read once every `chunk` rounds. Returns the hash, for `black_box`.
+#[inline(never)]
+pub fn burn_cpu(cpu: f64, chunk: u64, limit: Duration) -> u64 {
+    let c0 = thread_cpu_seconds();
+    let end = Instant::now() + limit;
+    let mut h = 1u64;
+    while thread_cpu_seconds() - c0 < cpu && Instant::now() < end {
+        for i in 0..chunk {
+            h = (h ^ black_box(i)).wrapping_mul(0x100_0000_01b3);
+        }
+    }
+    h
 }

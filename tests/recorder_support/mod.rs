@@ -1,15 +1,17 @@
 //! Shared helpers of the recorder tests: a temp spool path, per-thread CPU time,
-//! and naming the leaf function of each sample.
+//! a busy loop, and naming the leaf function of each sample.
 #![allow(dead_code)]
 
 #[path = "../../examples/support/mod.rs"]
 mod symbols;
 
 use std::collections::HashMap;
+use std::hint::black_box;
 use std::path::PathBuf;
+use std::time::Duration;
 
 #[allow(unused_imports)]
-pub use symbols::{build_plugin, Plugin, Symbolizer};
+pub use symbols::{build_plugin, burn_cpu, gettid, thread_cpu_seconds, Plugin, Symbolizer};
 
 /// A fresh path for a spool inside a new temp dir (kept alive by the returned dir).
 pub fn spool_path(name: &str) -> (tempfile::TempDir, PathBuf) {
@@ -18,18 +20,10 @@ pub fn spool_path(name: &str) -> (tempfile::TempDir, PathBuf) {
     (dir, p)
 }
 
-/// CPU time of the calling thread, in seconds.
-pub fn thread_cpu_seconds() -> f64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: clock_gettime writes the struct we pass.
-    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    ts.tv_sec as f64 + ts.tv_nsec as f64 / 1e9
-}
-
-/// The calling thread's kernel id.
-pub fn gettid() -> u32 {
-    // SAFETY: no arguments, cannot fail.
-    unsafe { libc::syscall(libc::SYS_gettid) as u32 }
+/// Burn `cpu` seconds of the calling thread's CPU time (reading the clock every
+/// 10 000 rounds, giving up after 10 s of wall time).
+pub fn burn(cpu: f64) {
+    black_box(burn_cpu(cpu, 10_000, Duration::from_secs(10)));
 }
 
 /// Samples per (tid, leaf function name).
@@ -52,6 +46,16 @@ pub fn per_thread(snap: &spulse::Snapshot) -> HashMap<u32, u64> {
         *out.entry(snap.thread(s.thread).tid).or_default() += 1;
     }
     out
+}
+
+/// Re-run this test binary for the single test `role` alone (with output
+/// shown), with the environment variable `var` set to `path`; its output.
+pub fn run_role(role: &str, var: &str, path: &std::path::Path) -> std::process::Output {
+    std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", role, "--nocapture", "--test-threads", "1"])
+        .env(var, path)
+        .output()
+        .unwrap()
 }
 
 /// One recorder per process: tests of one file that record take this lock.

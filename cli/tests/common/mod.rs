@@ -3,11 +3,12 @@
 //! symbolization is exercised against a real ELF file.
 #![allow(dead_code)]
 
+use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Child, Command, Output, Stdio};
 
 use object::{Object, ObjectSegment, ObjectSymbol};
-use spulse::{Engine, Frame, Header, NewModule, SpoolWriter};
+use spulse::{Engine, Frame, Header, ModuleId, NewModule, SpoolWriter, StackId};
 
 pub const START_US: u64 = 1_700_000_000_000_000;
 pub const INTERVAL_US: u64 = 1000;
@@ -96,29 +97,51 @@ pub struct Spec<'a> {
 /// Module base address used by every fixture.
 pub const BASE: u64 = 0x5555_5555_0000;
 
-/// Write a spool over the test program: main;hot_a and main;hot_b samples.
-pub fn write_spool(p: &Program, spec: &Spec<'_>) {
-    let file = std::fs::File::create(spec.path).unwrap();
-    let header = Header { start_time_us: START_US, interval_us: INTERVAL_US, engine: Engine::PerfEvent };
-    let mut w = SpoolWriter::new(std::io::BufWriter::new(file), header).unwrap();
+/// The header of every fixture spool: `START_US`, `INTERVAL_US` and `engine`.
+pub fn header(engine: Engine) -> Header {
+    Header { start_time_us: START_US, interval_us: INTERVAL_US, engine }
+}
+
+/// Define the test program's executable segment as a module of `pid` mapped at
+/// `BASE`, named `path` with build id `build_id`.
+pub fn define_program<W: Write>(
+    w: &mut SpoolWriter<W>,
+    p: &Program,
+    pid: u32,
+    path: &[u8],
+    build_id: &[u8],
+) -> ModuleId {
     let (off, filesz, vaddr) = p.text;
-    let m = w
-        .define_module(&NewModule {
-            pid: PID,
-            start: BASE + vaddr,
-            size: filesz,
-            file_offset: off,
-            generation: 1,
-            path: spec.module_path,
-            build_id: spec.build_id,
-        })
-        .unwrap();
+    w.define_module(&NewModule {
+        pid,
+        start: BASE + vaddr,
+        size: filesz,
+        file_offset: off,
+        generation: 1,
+        path,
+        build_id,
+    })
+    .unwrap()
+}
+
+/// Define the frames main, hot_a and hot_b of module `m` and the stacks
+/// main;hot_a and main;hot_b, returned in that order.
+pub fn define_hot_stacks<W: Write>(w: &mut SpoolWriter<W>, p: &Program, m: ModuleId) -> (StackId, StackId) {
     let f_main = w.define_frame(Frame::Module { module: m, file_relative: p.main }).unwrap();
     let f_a = w.define_frame(Frame::Module { module: m, file_relative: p.hot_a }).unwrap();
     let f_b = w.define_frame(Frame::Module { module: m, file_relative: p.hot_b }).unwrap();
     let s_main = w.define_stack(None, f_main).unwrap();
     let s_a = w.define_stack(Some(s_main), f_a).unwrap();
     let s_b = w.define_stack(Some(s_main), f_b).unwrap();
+    (s_a, s_b)
+}
+
+/// Write a spool over the test program: main;hot_a and main;hot_b samples.
+pub fn write_spool(p: &Program, spec: &Spec<'_>) {
+    let file = std::fs::File::create(spec.path).unwrap();
+    let mut w = SpoolWriter::new(std::io::BufWriter::new(file), header(Engine::PerfEvent)).unwrap();
+    let m = define_program(&mut w, p, PID, spec.module_path, spec.build_id);
+    let (s_a, s_b) = define_hot_stacks(&mut w, p, m);
     let t1 = w.define_thread(PID, 1001, "main").unwrap();
     let t2 = w.define_thread(PID, 1002, "worker").unwrap();
     let mut t = START_US;
@@ -152,9 +175,27 @@ pub fn standard(p: &Program, path: &Path) {
     );
 }
 
+/// The test program and the standard fixture over it in `a.spool` in its directory.
+pub fn fixture() -> (Program, PathBuf) {
+    let p = program();
+    let spool = p.dir.path().join("a.spool");
+    standard(&p, &spool);
+    (p, spool)
+}
+
 /// Run the real binary.
 pub fn spulse(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_spulse")).args(args).output().expect("run spulse")
+}
+
+/// Start the real binary with its stdout and stderr piped.
+pub fn spawn_spulse(args: &[&str]) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_spulse"))
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start spulse")
 }
 
 pub fn stdout(o: &Output) -> String {
