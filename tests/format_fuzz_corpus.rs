@@ -185,10 +185,12 @@ fn tiny_definitions_cost_a_bounded_multiple_of_their_size() {
     }
 }
 
-/// Regenerates the seed corpus: valid spools, truncated ones and corrupt ones.
+/// The seed corpus is generated: valid spools, truncated ones and corrupt ones.
+/// This test checks that the committed seeds are exactly what the generator
+/// makes today (so the corpus follows format changes); with
+/// `SPULSE_WRITE_CORPUS=1` it rewrites them instead.
 #[test]
-#[ignore]
-fn generate_seed_corpus() {
+fn seed_corpus_is_current() {
     let mut seeds: Vec<(String, Vec<u8>)> = Vec::new();
     for (i, n) in [(1u64, 0usize), (2, 20), (3, 100), (4, 400)] {
         let (bytes, model) = build(random_ops(i, n));
@@ -211,6 +213,7 @@ fn generate_seed_corpus() {
     seeds.push(("header-only".into(), build(std::iter::empty()).0));
     seeds.push(("short-header".into(), b"SPULSE3\0\x80\x80".to_vec()));
     seeds.push(("bad-magic".into(), b"SPULSE2\0\x00\x00\x00".to_vec()));
+    let write = std::env::var_os("SPULSE_WRITE_CORPUS").is_some();
     for (target, _) in targets() {
         let dir = corpus_dir(target);
         std::fs::create_dir_all(&dir).unwrap();
@@ -220,7 +223,14 @@ fn generate_seed_corpus() {
                 // The first two bytes seed the append sizes.
                 data.splice(0..0, [name.len() as u8, 7]);
             }
-            std::fs::write(dir.join(format!("seed-{name}")), data).unwrap();
+            let path = dir.join(format!("seed-{name}"));
+            if write {
+                std::fs::write(&path, data).unwrap();
+            } else {
+                let committed = std::fs::read(&path)
+                    .unwrap_or_else(|e| panic!("{}: {e} (run with SPULSE_WRITE_CORPUS=1)", path.display()));
+                assert!(committed == data, "{} is stale: run with SPULSE_WRITE_CORPUS=1", path.display());
+            }
         }
     }
 }
