@@ -109,6 +109,18 @@ fn parse_args() -> Args {
     a
 }
 
+/// Peak resident memory of this program, from `/proc/self/status` (`VmHWM`):
+/// unlike `ru_maxrss`, it starts afresh at `exec`, so the harness's own memory
+/// (inherited across fork) does not leak into it.
+fn peak_rss_kb() -> i64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines().find(|l| l.starts_with("VmHWM:")).and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        })
+        .unwrap_or(-1)
+}
+
 fn rusage() -> (f64, i64) {
     // SAFETY: getrusage fills the zeroed struct we own.
     let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
@@ -235,7 +247,8 @@ fn main() {
         other => panic!("profiler {other} not built into this binary"),
     }
     let wall = t0.elapsed().as_secs_f64();
-    let (cpu, maxrss) = rusage();
+    let (cpu, _) = rusage();
+    let maxrss = peak_rss_kb();
     let workload_cpu: f64 = per_thread.iter().map(|(_, c)| c).sum();
     println!(
         r#"{{"profiler":"{}","freq":{},"threads":{},"wall_s":{:.6},"cpu_s":{:.6},"workload_cpu_s":{:.6},"maxrss_kb":{},"check":{}{}}}"#,
