@@ -186,11 +186,12 @@ fn advise_huge_pages<T>(v: &mut Vec<T>) {
         let aligned = (start + HUGE - 1) & !(HUGE - 1);
         let end = (start + bytes) & !(HUGE - 1);
         if end > aligned {
-            // SAFETY: [aligned, end) lies inside the vector's own allocation
-            // (its capacity), which stays alive and unmoved for this call;
+            // [aligned, end) lies inside the vector's own allocation (its
+            // capacity), which stays alive and unmoved for this call;
             // MADV_HUGEPAGE only changes how the kernel backs those pages, never
-            // their contents, so no Rust invariant can be affected. Failure
-            // (e.g. no THP support) is harmless and ignored.
+            // their contents. Failure (e.g. no THP support) is harmless.
+            // SAFETY: a range of our own live allocation; advice only, so no
+            // Rust invariant can be affected.
             unsafe {
                 libc::madvise(aligned as *mut libc::c_void, end - aligned, libc::MADV_HUGEPAGE);
             }

@@ -100,10 +100,11 @@ pub(crate) fn dl_counters() -> (u64, u64) {
 /// `known` returns true are listed by key and segments only.
 pub(crate) fn scan(exe_path: &[u8], known: &dyn Fn(&ObjectKey) -> bool) -> Vec<LoadedObject> {
     unsafe extern "C" fn each(info: *mut libc::dl_phdr_info, _size: usize, data: *mut c_void) -> c_int {
-        // SAFETY: `data` is the `&mut ScanState` passed by `scan`; `info` and the
-        // program headers it points to are valid during the callback, and the
-        // loader lock held by dl_iterate_phdr keeps the object mapped while we copy
-        // from it. A panic must not unwind into C: catch it and skip the object.
+        // `data` is the `&mut ScanState` passed by `scan`; `info` and the program
+        // headers it points to are valid during the callback, and the loader lock
+        // held by dl_iterate_phdr keeps the object mapped while we copy from it.
+        // A panic must not unwind into C: catch it and skip the object.
+        // SAFETY: the pointers are valid for the callback's duration (see above).
         let res = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| unsafe {
             let st = &mut *(data as *mut ScanState<'_>);
             let info = &*info;
