@@ -68,9 +68,11 @@ def spulse_functions(cli, spool):
     rows = json.loads(out)
     counts = {}
     top = []
+    total = sum(r["self"] for r in rows) or 1
     for r in sorted(rows, key=lambda r: -r["self"]):
         name = r["function"]
-        top.append(name)
+        if r["self"] >= 0.01 * total:
+            top.append(name)
         # The hot functions call nothing of their own, so their total (inlined
         # helpers included) is their self time at function granularity.
         for f in FUNCS:
@@ -83,17 +85,20 @@ def perf_functions(data):
     t0 = time.time()
     out = sh(["perf", "report", "-i", data, "--stdio", "--no-children", "--sort", "sym", "-F", "overhead,sample,sym", "-g", "none"]).stdout
     load_s = time.time() - t0
-    counts, top, total = {}, [], 0
+    counts, rows, total = {}, [], 0
     for line in out.splitlines():
-        m = re.match(r"\s*([\d.]+)%\s+(\d+)\s+\[.\]\s+(.*)$", line)
+        m = re.match(r"\s*([\d.]+)%\s+(\d+)\s+\[(.)\]\s+(.*)$", line)
         if not m:
             continue
-        n, name = int(m.group(2)), m.group(3).strip()
+        n, name = int(m.group(2)), m.group(4).strip()
         total += n
-        top.append(name)
+        if m.group(3) == ".":  # user-space symbols only: ours never sample the kernel
+            rows.append((n, name))
         for f in FUNCS:
             if f in name:
                 counts[f] = counts.get(f, 0) + n
+    # perf's own top-10 by self samples, keeping only functions with >= 1% of them
+    top = [name for n, name in sorted(rows, reverse=True) if n >= 0.01 * total][:10]
     # perf's "pid" sort key is per thread: "tid:comm".
     tid_out = sh(["perf", "report", "-i", data, "--stdio", "--sort", "pid", "-F", "sample,pid", "-g", "none"]).stdout
     per_tid = []
@@ -187,6 +192,9 @@ def main():
 
     if paranoid_old is not None:
         open(paranoid_path, "w").write(str(paranoid_old))
+    with open(os.path.join(tmp, "results.json"), "w") as f:
+        json.dump([{"freq": k[0], "threads": k[1], "profiler": k[2], "runs": v} for k, v in results.items()], f)
+    print("raw results:", os.path.join(tmp, "results.json"), file=sys.stderr)
     rows = []
     for (freq, threads, p), runs in sorted(results.items()):
         base = results.get((freq, threads, "none"), [])
@@ -218,6 +226,7 @@ def main():
             continue
         ptop = set(perf_runs[0]["top10"])
         agree[(freq, threads, p)] = "%d/%d" % (len(ptop & set(runs[0]["top10"])), len(ptop))
+        # (functions with >= 1% of self samples in perf's top 10, found in ours)
 
     head = ("| Hz | threads | profiler | wall x | CPU x | capture | worst split error (pts) | thread spread % "
             "| bytes/s | RSS added MiB | load s | top-10 shared with perf | runs |")
@@ -238,7 +247,10 @@ def main():
             "`wall x`/`CPU x`: time against no profiler (process CPU; perf's own process is not counted).\n"
             "`capture`: samples / (workload threads' CPU seconds x frequency). `worst split error`: largest\n"
             "distance, in percentage points, between a function's share of the three hot functions' samples and\n"
-            "its known share (50/30/20). `thread spread`: (max - min) / mean of per-thread samples.\n\n"
+            "its known share (50/30/20). `thread spread`: (max - min) / mean of per-thread samples.\n"
+            "`top-10 shared with perf`: of perf's user-space functions with >= 1% of self samples (at most 10),\n"
+            "how many are among ours (names as each tool demangles them; spulse lists inlined functions as\n"
+            "their own rows, so an inlined helper can take a place). RSS is the workload's VmHWM.\n\n"
             + table + "\n"
         )
         path = os.path.join(ROOT, "BENCHMARKS.md")
