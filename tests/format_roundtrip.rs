@@ -122,3 +122,18 @@ fn replay_reports_a_file_changed_after_open() {
         assert!(e.offset().unwrap() <= cut as u64, "cut {cut}: {e}");
     }
 }
+
+#[test]
+fn replay_matches_snapshot_across_read_chunks() {
+    // Definitions interleaved with samples, in a file several read chunks
+    // long: the scan's direct path, its definition skipping and its batch
+    // path all hand out exactly the Snapshot's samples, in order.
+    let (bytes, _) = build(random_ops(17, 60_000));
+    assert!(bytes.len() > 3 * 64 * 1024, "{} bytes", bytes.len());
+    let snap = Snapshot::from_bytes(&bytes).unwrap();
+    let file = temp_file(&bytes);
+    let replay = Replay::options().chunk_size(0).open(file.path()).unwrap();
+    let got: Vec<_> = replay.samples().map(Result::unwrap).collect();
+    assert_eq!(got.len(), snap.len());
+    assert!(got.iter().copied().eq((0..snap.len()).map(|i| snap.sample(i))));
+}

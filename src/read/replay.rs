@@ -223,6 +223,9 @@ impl Replay {
             next: 0,
             pending_error: None,
             done: false,
+            direct_limit: 0,
+            threads: self.defs.threads().len() as u64,
+            stacks: self.defs.stack_count() as u64,
         }
     }
 }
@@ -345,6 +348,11 @@ pub struct ReplaySamples<'a> {
     /// An error to report once the samples before it were handed out.
     pending_error: Option<Error>,
     done: bool,
+    /// See [`ReplaySamples::update_direct_limit`].
+    direct_limit: usize,
+    /// Thread and stack counts of the definitions, for the reference checks.
+    threads: u64,
+    stacks: u64,
 }
 
 impl ReplaySamples<'_> {
@@ -389,9 +397,7 @@ impl ReplaySamples<'_> {
     /// it, or the file changed) or refers out of bounds.
     #[inline]
     fn decode_into_batch(&mut self) -> Result<(), ()> {
-        let defs = &self.replay.defs;
-        let threads = defs.threads().len() as u64;
-        let stacks = defs.stack_count() as u64;
+        let (threads, stacks) = (self.threads, self.stacks);
         let buf = &self.buf[..self.filled];
         let batch = self.batch.as_mut().expect("allocated by fill");
         let mut n = self.batch_len;
@@ -483,28 +489,93 @@ impl ReplaySamples<'_> {
     }
 }
 
+impl ReplaySamples<'_> {
+    /// Where the direct path may start decoding: a position `pos` with
+    /// `pos < direct_limit` has a full 32-byte window in the read buffer. It
+    /// is zero (the direct path is off) while the batch holds samples or a
+    /// seek is skipping early samples, so `next` tests one bound only.
+    fn update_direct_limit(&mut self) {
+        self.direct_limit = if self.next >= self.batch_len && self.skip_before.is_none() {
+            (self.filled + 1).saturating_sub(32)
+        } else {
+            0
+        };
+    }
+
+    /// Decode the sample record at `pos` straight from the read buffer: the
+    /// steady state of a scan, which then costs no batch store and reload.
+    /// `None` leaves everything else (definitions in between, the end of the
+    /// buffer, a seek in progress, samples already in the batch) to
+    /// [`next_slow`](Self::next_slow).
+    #[inline(always)]
+    fn decode_direct(&mut self) -> Option<Sample> {
+        let pos = self.pos;
+        if pos >= self.direct_limit {
+            return None;
+        }
+        let window = self.buf.get(pos..pos.wrapping_add(32))?;
+        if window[0] != tag::SAMPLE {
+            return None;
+        }
+        let (delta, thread, stack, end) = varint::decode_sample_at(window, 0)?;
+        let time = self.time.checked_add_signed(delta)?;
+        if thread >= self.threads || stack >= self.stacks {
+            return None;
+        }
+        self.pos = pos + end;
+        self.time = time;
+        Some(Sample { time_us: time, thread: ThreadId(thread as u32), stack: StackId(stack as u32) })
+    }
+
+    /// Skip the definition records at `pos` while the read buffer holds them
+    /// whole (they were applied when the replay was opened), so that
+    /// definitions interleaved with samples do not send the scan to the batch
+    /// path. Returns whether anything was skipped.
+    fn skip_definitions(&mut self) -> bool {
+        let start = self.pos;
+        let buf = &self.buf[..self.filled];
+        while self.skip_before.is_none() && buf.len().saturating_sub(self.pos) >= 32 {
+            match next_validated(&buf[self.pos..]) {
+                Some((None, len)) => self.pos += len,
+                _ => break,
+            }
+        }
+        self.pos != start
+    }
+
+    /// Everything but the direct path: hand out batched samples, skip
+    /// definitions, or decode the next batch (reading more of the file).
+    #[inline(never)]
+    fn next_slow(&mut self) -> Option<Result<Sample, Error>> {
+        if self.next >= self.batch_len {
+            if self.skip_definitions() {
+                self.update_direct_limit();
+                if let Some(s) = self.decode_direct() {
+                    return Some(Ok(s));
+                }
+            }
+            if !self.done {
+                self.fill();
+            }
+        }
+        let s = match &self.batch {
+            Some(batch) if self.next < self.batch_len => batch[self.next],
+            _ => return self.pending_error.take().map(Err),
+        };
+        self.next += 1;
+        self.update_direct_limit();
+        Some(Ok(s))
+    }
+}
+
 impl Iterator for ReplaySamples<'_> {
     type Item = Result<Sample, Error>;
 
     #[inline]
     fn next(&mut self) -> Option<Result<Sample, Error>> {
-        if self.next < self.batch_len {
-            if let Some(batch) = &self.batch {
-                let s = batch[self.next];
-                self.next += 1;
-                return Some(Ok(s));
-            }
+        if let Some(s) = self.decode_direct() {
+            return Some(Ok(s));
         }
-        if !self.done {
-            self.fill();
-            if self.next < self.batch_len {
-                if let Some(batch) = &self.batch {
-                    let s = batch[self.next];
-                    self.next += 1;
-                    return Some(Ok(s));
-                }
-            }
-        }
-        self.pending_error.take().map(Err)
+        self.next_slow()
     }
 }
