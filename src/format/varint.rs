@@ -136,6 +136,39 @@ fn uvar_in(w: &[u8; 32], q: usize) -> Option<(u64, usize)> {
     None
 }
 
+/// Decode a sample record that was already validated (the tag is `w[0]`),
+/// for sequential replay of a checked prefix: it only finds the varints'
+/// lengths and values, without the canonical-form checks of
+/// [`decode_sample_at`]. `None` for a varint longer than three bytes (the
+/// caller falls back to the general path). If the bytes changed since they
+/// were validated, the result is some wrong sample, never a fault.
+#[inline(always)]
+pub(crate) fn decode_validated_sample(w: &[u8; 32]) -> Option<(i64, u64, u64, usize)> {
+    let (z, q) = trusted_in(w, 1)?;
+    let (t, q) = trusted_in(w, q)?;
+    let (s, q) = trusted_in(w, q)?;
+    Some((((z >> 1) as i64) ^ -((z & 1) as i64), t, s, q))
+}
+
+/// A varint of at most three bytes at `w[q]` (`q < 10`), not checked for
+/// canonical form.
+#[inline(always)]
+fn trusted_in(w: &[u8; 32], q: usize) -> Option<(u64, usize)> {
+    let b0 = w[q & 31] as u64;
+    if b0 < 0x80 {
+        return Some((b0, q + 1));
+    }
+    let b1 = w[(q + 1) & 31] as u64;
+    if b1 < 0x80 {
+        return Some(((b0 & 0x7f) | b1 << 7, q + 2));
+    }
+    let b2 = w[(q + 2) & 31] as u64;
+    if b2 < 0x80 {
+        return Some(((b0 & 0x7f) | (b1 & 0x7f) << 7 | b2 << 14, q + 3));
+    }
+    None
+}
+
 #[inline(always)]
 fn decode_sample_at_general(buf: &[u8], p: usize) -> Option<(i64, u64, u64, usize)> {
     let (z, p) = uvar_at(buf, p + 1)?;

@@ -513,12 +513,14 @@ impl ReplaySamples<'_> {
         if pos >= self.direct_limit {
             return None;
         }
-        let window = self.buf.get(pos..pos.wrapping_add(32))?;
+        let window: &[u8; 32] = self.buf.get(pos..pos.wrapping_add(32))?.try_into().ok()?;
         if window[0] != tag::SAMPLE {
             return None;
         }
-        let (delta, thread, stack, end) = varint::decode_sample_at(window, 0)?;
-        let time = self.time.checked_add_signed(delta)?;
+        let (delta, thread, stack, end) = varint::decode_validated_sample(window)?;
+        // No overflow in the validated prefix; wrapping keeps a file changed
+        // since then from panicking.
+        let time = self.time.wrapping_add_signed(delta);
         if thread >= self.threads || stack >= self.stacks {
             return None;
         }
