@@ -245,6 +245,14 @@ mod tests {
             let len = rec.len();
             rec.extend_from_slice(&bytes);
             proptest::prop_assert_eq!(decode_sample_at(&rec, 0), Some((d, t, s, len)));
+            // The replay decoder of validated records agrees on canonical ones
+            // whose varints fit its three-byte fast path.
+            let mut window = [0u8; 32];
+            let n = rec.len().min(32);
+            window[..n].copy_from_slice(&rec[..n]);
+            let fits = [(d << 1) ^ (d >> 63), t as i64, s as i64].iter().all(|&v| (v as u64) < 1 << 21);
+            let expected = if fits { Some((d, t, s, len)) } else { None };
+            proptest::prop_assert_eq!(decode_validated_sample(&window), expected);
             let mut junk = vec![5u8];
             junk.extend_from_slice(&bytes);
             proptest::prop_assert_eq!(decode_sample_at(&junk, 0), decode_sample_at_general(&junk, 0));
