@@ -243,19 +243,11 @@ impl Definitions {
                         Frame::Module { module: ModuleId(m), file_relative }
                     }
                     frame_kind::ABSOLUTE => {
-                        let address = c.u64()?;
-                        let mode_at = c.pos;
-                        let mode = c.u64()?;
-                        if mode > 1 {
-                            return Err(c.bad(mode_at, FormatErrorKind::BadValue("frame mode bit", mode)));
-                        }
-                        Frame::Absolute { address, kernel: mode == 1 }
+                        let (address, kernel) = c.absolute_frame()?;
+                        Frame::Absolute { address, kernel }
                     }
                     frame_kind::TRUNCATED => {
-                        let payload_at = c.pos;
-                        if c.u64()? != 0 {
-                            return Err(c.bad(payload_at, FormatErrorKind::BadTruncationMarker));
-                        }
+                        c.truncation_payload()?;
                         Frame::Truncated
                     }
                     other => return Err(c.bad(kind_at, FormatErrorKind::UnknownFrameKind(other))),

@@ -102,14 +102,28 @@ impl<'a> Cursor<'a> {
 
     #[inline]
     pub(crate) fn i64(&mut self) -> Result<i64, DecodeError> {
-        match varint::decode_i64(&self.buf[self.pos..]) {
-            Ok((v, n)) => {
-                self.pos += n;
-                Ok(v)
-            }
-            Err(VarintError::Incomplete) => Err(DecodeError::Incomplete),
-            Err(VarintError::Bad) => Err(DecodeError::Bad { at: self.pos, kind: FormatErrorKind::BadVarint }),
+        Ok(varint::unzigzag(self.u64()?))
+    }
+
+    /// The rest of an absolute frame after its kind: the address and the
+    /// user/kernel mode bit.
+    pub(crate) fn absolute_frame(&mut self) -> Result<(u64, bool), DecodeError> {
+        let address = self.u64()?;
+        let mode_at = self.pos;
+        let mode = self.u64()?;
+        if mode > 1 {
+            return Err(self.bad(mode_at, FormatErrorKind::BadValue("frame mode bit", mode)));
         }
+        Ok((address, mode == 1))
+    }
+
+    /// The zero payload of a truncated-stack marker.
+    pub(crate) fn truncation_payload(&mut self) -> Result<(), DecodeError> {
+        let payload_at = self.pos;
+        if self.u64()? != 0 {
+            return Err(self.bad(payload_at, FormatErrorKind::BadTruncationMarker));
+        }
+        Ok(())
     }
 
     /// A length-prefixed byte string of at most `limit` bytes. The length is
@@ -179,20 +193,11 @@ pub(crate) fn decode(buf: &[u8]) -> Result<(Record<'_>, usize), DecodeError> {
                     RawFrame::Module { module, file_relative }
                 }
                 frame_kind::ABSOLUTE => {
-                    let address = c.u64()?;
-                    let mode_at = c.pos;
-                    let mode = c.u64()?;
-                    if mode > 1 {
-                        return Err(c.bad(mode_at, FormatErrorKind::BadValue("frame mode bit", mode)));
-                    }
-                    RawFrame::Absolute { address, kernel: mode == 1 }
+                    let (address, kernel) = c.absolute_frame()?;
+                    RawFrame::Absolute { address, kernel }
                 }
                 frame_kind::TRUNCATED => {
-                    let payload_at = c.pos;
-                    let payload = c.u64()?;
-                    if payload != 0 {
-                        return Err(c.bad(payload_at, FormatErrorKind::BadTruncationMarker));
-                    }
+                    c.truncation_payload()?;
                     RawFrame::Truncated
                 }
                 other => return Err(c.bad(kind_at, FormatErrorKind::UnknownFrameKind(other))),

@@ -63,10 +63,10 @@ fn decode_u64_long(buf: &[u8]) -> Result<(u64, usize), VarintError> {
 }
 
 /// Decode a signed (zigzag) varint from the start of `buf`.
-#[inline(always)]
+#[cfg(test)]
 pub(crate) fn decode_i64(buf: &[u8]) -> Result<(i64, usize), VarintError> {
     let (z, n) = decode_u64(buf)?;
-    Ok((((z >> 1) as i64) ^ -((z & 1) as i64), n))
+    Ok((unzigzag(z), n))
 }
 
 /// Append an unsigned varint to `out` (the same bytes as
@@ -106,10 +106,10 @@ pub(crate) fn decode_sample_at(buf: &[u8], p: usize) -> Option<(i64, u64, u64, u
     // and lets the compiler drop a bounds check per byte.
     if let Some(w) = buf.get(p..p.wrapping_add(32)) {
         let w: &[u8; 32] = w.try_into().ok()?;
-        if let Some((z, q)) = uvar_in(w, 1) {
-            if let Some((t, q)) = uvar_in(w, q) {
-                if let Some((s, q)) = uvar_in(w, q) {
-                    return Some((((z >> 1) as i64) ^ -((z & 1) as i64), t, s, p + q));
+        if let Some((z, q)) = uvar_in::<true>(w, 1) {
+            if let Some((t, q)) = uvar_in::<true>(w, q) {
+                if let Some((s, q)) = uvar_in::<true>(w, q) {
+                    return Some((unzigzag(z), t, s, p + q));
                 }
             }
         }
@@ -117,20 +117,22 @@ pub(crate) fn decode_sample_at(buf: &[u8], p: usize) -> Option<(i64, u64, u64, u
     decode_sample_at_general(buf, p)
 }
 
-/// A canonical varint of at most three bytes at `w[q]` (`q < 10`), with the
-/// offset past it; `None` for anything else (the general decoder decides).
+/// A varint of at most three bytes at `w[q]` (`q < 10`), with the offset past
+/// it; `None` for anything longer and, when `CANONICAL`, for an overlong one
+/// (the general decoder then decides). Replay of a validated prefix skips the
+/// canonical-form check.
 #[inline(always)]
-fn uvar_in(w: &[u8; 32], q: usize) -> Option<(u64, usize)> {
+fn uvar_in<const CANONICAL: bool>(w: &[u8; 32], q: usize) -> Option<(u64, usize)> {
     let b0 = w[q & 31] as u64;
     if b0 < 0x80 {
         return Some((b0, q + 1));
     }
     let b1 = w[(q + 1) & 31] as u64;
     if b1 < 0x80 {
-        return (b1 != 0).then_some(((b0 & 0x7f) | b1 << 7, q + 2));
+        return (!CANONICAL || b1 != 0).then_some(((b0 & 0x7f) | b1 << 7, q + 2));
     }
     let b2 = w[(q + 2) & 31] as u64;
-    if b2 < 0x80 && b2 != 0 {
+    if b2 < 0x80 && (!CANONICAL || b2 != 0) {
         return Some(((b0 & 0x7f) | (b1 & 0x7f) << 7 | b2 << 14, q + 3));
     }
     None
@@ -144,29 +146,16 @@ fn uvar_in(w: &[u8; 32], q: usize) -> Option<(u64, usize)> {
 /// were validated, the result is some wrong sample, never a fault.
 #[inline(always)]
 pub(crate) fn decode_validated_sample(w: &[u8; 32]) -> Option<(i64, u64, u64, usize)> {
-    let (z, q) = trusted_in(w, 1)?;
-    let (t, q) = trusted_in(w, q)?;
-    let (s, q) = trusted_in(w, q)?;
-    Some((((z >> 1) as i64) ^ -((z & 1) as i64), t, s, q))
+    let (z, q) = uvar_in::<false>(w, 1)?;
+    let (t, q) = uvar_in::<false>(w, q)?;
+    let (s, q) = uvar_in::<false>(w, q)?;
+    Some((unzigzag(z), t, s, q))
 }
 
-/// A varint of at most three bytes at `w[q]` (`q < 10`), not checked for
-/// canonical form.
+/// The signed value of a zigzag-encoded one.
 #[inline(always)]
-fn trusted_in(w: &[u8; 32], q: usize) -> Option<(u64, usize)> {
-    let b0 = w[q & 31] as u64;
-    if b0 < 0x80 {
-        return Some((b0, q + 1));
-    }
-    let b1 = w[(q + 1) & 31] as u64;
-    if b1 < 0x80 {
-        return Some(((b0 & 0x7f) | b1 << 7, q + 2));
-    }
-    let b2 = w[(q + 2) & 31] as u64;
-    if b2 < 0x80 {
-        return Some(((b0 & 0x7f) | (b1 & 0x7f) << 7 | b2 << 14, q + 3));
-    }
-    None
+pub(crate) fn unzigzag(z: u64) -> i64 {
+    ((z >> 1) as i64) ^ -((z & 1) as i64)
 }
 
 #[inline(always)]
@@ -174,7 +163,7 @@ fn decode_sample_at_general(buf: &[u8], p: usize) -> Option<(i64, u64, u64, usiz
     let (z, p) = uvar_at(buf, p + 1)?;
     let (t, p) = uvar_at(buf, p)?;
     let (s, p) = uvar_at(buf, p)?;
-    Some((((z >> 1) as i64) ^ -((z & 1) as i64), t, s, p))
+    Some((unzigzag(z), t, s, p))
 }
 
 /// A complete, canonical varint at `buf[p]`, with the offset past it.
