@@ -5,7 +5,8 @@
 //! CPU time x frequency) with 1, 2 and 8 busy threads.
 //!
 //! `cargo bench --bench recorder` prints every figure; under `cargo test` each
-//! part runs once, briefly.
+//! part runs once, briefly. `SPULSE_BENCH_PARTS=handler,overhead,capture`
+//! (any subset) picks the parts to run.
 
 use std::hint::black_box;
 use std::time::Duration;
@@ -207,10 +208,17 @@ fn capture(cpu_each: f64) {
 fn main() {
     let bench = std::env::args().any(|a| a == "--bench");
     let mut c = Criterion::default().configure_from_args();
-    if std::env::var_os("SPULSE_BENCH_ONLY_CAPTURE").is_none() {
+    // `SPULSE_BENCH_PARTS=handler,capture` (say) runs only those parts.
+    let parts = std::env::var("SPULSE_BENCH_PARTS").unwrap_or_else(|_| "handler,overhead,capture".into());
+    let part = |name: &str| parts.split(',').any(|p| p.trim() == name);
+    if part("handler") {
         handler_cost(if bench { 1.0 } else { 0.05 });
+    }
+    if part("overhead") {
         overhead(&mut c, bench);
     }
-    capture(if bench { 1.0 } else { 0.05 });
+    if part("capture") {
+        capture(if bench { 1.0 } else { 0.05 });
+    }
     c.final_summary();
 }
