@@ -4,10 +4,73 @@
 //! profiler's sample counts, for `compare/run.py` to tabulate.
 //!
 //! Usage: workload --profiler none|spulse|pprof --freq HZ --threads N
-//!                 [--rounds R] [--depth D] [--out PATH]
+//!                 [--rounds R] [--depth D] [--out PATH] [--gaps SECONDS]
+//!
+//! With `--gaps S`, each thread instead runs a gap meter for S seconds (below
+//! the same `depth` frames): a tight loop reading the time-stamp counter that
+//! adds up every gap between two reads longer than [`GAP_MIN_TICKS`] and
+//! shorter than [`GAP_MAX_TICKS`]. Such a gap is time taken from the thread by
+//! an interruption: for a profiler, the signal's delivery, its handler and the
+//! return. Longer gaps are the thread being descheduled (8 threads share 2
+//! cores) and count as neither interruption nor running time. The harness
+//! compares the stolen share with and without a profiler: a direct measure of
+//! the time a profiler takes from the threads it samples, without the +-5%
+//! run-to-run drift of end-to-end timings on a shared virtual machine.
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};
+
+/// Shortest gap counted as an interruption (about 0.5 us at 2.1 GHz; a loop
+/// iteration takes a few dozen ticks).
+const GAP_MIN_TICKS: u64 = 1_000;
+/// Longest gap counted as an interruption (about 100 us); longer ones are
+/// descheduling.
+const GAP_MAX_TICKS: u64 = 200_000;
+
+#[inline(always)]
+fn ticks() -> u64 {
+    // SAFETY: rdtsc exists on every x86_64 CPU and has no memory effects.
+    unsafe { core::arch::x86_64::_rdtsc() }
+}
+
+/// The gap meter's loop: returns (ticks running, ticks stolen by interruptions,
+/// interruptions) over `seconds` of wall time.
+#[inline(never)]
+fn gap_meter(seconds: f64) -> (u64, u64, u64) {
+    let end = Instant::now() + Duration::from_secs_f64(seconds);
+    let (mut running, mut stolen, mut gaps) = (0u64, 0u64, 0u64);
+    let mut prev = ticks();
+    loop {
+        for _ in 0..100_000 {
+            let t = ticks();
+            let d = t.wrapping_sub(prev);
+            prev = t;
+            if d < GAP_MIN_TICKS {
+                running += d;
+            } else if d < GAP_MAX_TICKS {
+                running += d;
+                stolen += d;
+                gaps += 1;
+                HIST[((d / GAP_MIN_TICKS) as usize).min(HIST.len() - 1)]
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+        }
+        if Instant::now() >= end {
+            return (running, stolen, gaps);
+        }
+        prev = ticks();
+    }
+}
+
+/// The gap meter below `depth` frames, like the workload's hot functions.
+#[inline(never)]
+fn descend_gaps(depth: u32, seconds: f64) -> (u64, u64, u64) {
+    if depth > 0 {
+        let r = black_box(descend_gaps(depth - 1, seconds));
+        return (r.0, r.1, black_box(r.2));
+    }
+    gap_meter(seconds)
+}
 
 /// Iterations in one chunk of work (about 20 us on the reference machine).
 const CHUNK: u64 = 8_000;
@@ -80,6 +143,7 @@ struct Args {
     rounds: u64,
     depth: u32,
     out: String,
+    gaps: Option<f64>,
 }
 
 fn parse_args() -> Args {
@@ -90,6 +154,7 @@ fn parse_args() -> Args {
         rounds: 4000,
         depth: 20,
         out: "/tmp/spulse-compare.spool".into(),
+        gaps: None,
     };
     let argv: Vec<String> = std::env::args().skip(1).collect();
     let mut i = 0;
@@ -102,6 +167,7 @@ fn parse_args() -> Args {
             "--rounds" => a.rounds = v.parse().expect("--rounds"),
             "--depth" => a.depth = v.parse().expect("--depth"),
             "--out" => a.out = v,
+            "--gaps" => a.gaps = Some(v.parse().expect("--gaps")),
             other => panic!("unknown argument {other}"),
         }
         i += 2;
@@ -133,15 +199,29 @@ fn rusage() -> (f64, i64) {
     (cpu, ru.ru_maxrss)
 }
 
+/// Histogram of interruption lengths, in units of `GAP_MIN_TICKS`.
+static HIST: [std::sync::atomic::AtomicU64; 64] = [const { std::sync::atomic::AtomicU64::new(0) }; 64];
+/// Gap-meter totals of every thread: ticks running, ticks stolen, gaps.
+static GAPS: [std::sync::atomic::AtomicU64; 3] = [const { std::sync::atomic::AtomicU64::new(0) }; 3];
+static GAP_SECONDS: std::sync::Mutex<Option<f64>> = std::sync::Mutex::new(None);
+
 fn run_workload(threads: usize, rounds: u64, depth: u32) -> (Vec<(u32, f64)>, u64) {
+    let gap_seconds = *GAP_SECONDS.lock().unwrap();
     let handles: Vec<_> = (0..threads)
         .map(|t| {
             std::thread::Builder::new()
                 .name(format!("worker-{t}"))
                 .spawn(move || {
                     let mut x = t as u64;
-                    for r in 0..rounds {
-                        x = descend(depth, x ^ r);
+                    if let Some(s) = gap_seconds {
+                        let r = descend_gaps(depth, s);
+                        for (total, v) in GAPS.iter().zip([r.0, r.1, r.2]) {
+                            total.fetch_add(v, std::sync::atomic::Ordering::Relaxed);
+                        }
+                    } else {
+                        for r in 0..rounds {
+                            x = descend(depth, x ^ r);
+                        }
                     }
                     (gettid(), thread_cpu().as_secs_f64(), x)
                 })
@@ -160,6 +240,7 @@ fn run_workload(threads: usize, rounds: u64, depth: u32) -> (Vec<(u32, f64)>, u6
 
 fn main() {
     let a = parse_args();
+    *GAP_SECONDS.lock().unwrap() = a.gaps;
     let _ = std::fs::remove_file(&a.out);
     let t0 = Instant::now();
     let mut extra = String::new();
@@ -250,6 +331,12 @@ fn main() {
     let (cpu, _) = rusage();
     let maxrss = peak_rss_kb();
     let workload_cpu: f64 = per_thread.iter().map(|(_, c)| c).sum();
+    if a.gaps.is_some() {
+        let g: Vec<u64> = GAPS.iter().map(|v| v.load(std::sync::atomic::Ordering::Relaxed)).collect();
+        extra.push_str(&format!(r#","gap_running_ticks":{},"gap_stolen_ticks":{},"gaps":{}"#, g[0], g[1], g[2]));
+        let h: Vec<String> = HIST.iter().map(|v| v.load(std::sync::atomic::Ordering::Relaxed).to_string()).collect();
+        extra.push_str(&format!(r#","gap_hist":[{}]"#, h.join(",")));
+    }
     println!(
         r#"{{"profiler":"{}","freq":{},"threads":{},"wall_s":{:.6},"cpu_s":{:.6},"workload_cpu_s":{:.6},"maxrss_kb":{},"check":{}{}}}"#,
         a.profiler, a.freq, a.threads, wall, cpu, workload_cpu, maxrss, check, extra
