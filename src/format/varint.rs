@@ -108,7 +108,7 @@ pub(crate) fn decode_sample_at(buf: &[u8], p: usize) -> Option<(i64, u64, u64, u
         let w: &[u8; 32] = w.try_into().ok()?;
         if let Some((z, q)) = uvar_in::<true>(w, 1) {
             if let Some((t, q)) = uvar_in::<true>(w, q) {
-                if let Some((s, q)) = uvar_in::<true>(w, q) {
+                if let Some((s, q)) = last_uvar_in_checked::<true>(w, q) {
                     return Some((unzigzag(z), t, s, p + q));
                 }
             }
@@ -152,16 +152,21 @@ pub(crate) fn decode_validated_sample(w: &[u8; 32]) -> Option<(i64, u64, u64, us
     Some((unzigzag(z), t, s, q))
 }
 
-/// [`uvar_in`] for a validated record's stack id, without the canonical check
-/// and without a branch on the varint's length: that length (one to three
-/// bytes) follows which stack was sampled and defeats branch prediction,
-/// while the other fields nearly always have the same length. The three bytes
-/// are loaded independently, so the offset of the next record depends on two
-/// loads and a few instructions. (The strict decoder keeps its branches: with
-/// the canonical checks added, this form cost more instructions than the
-/// mispredictions it saved.)
+/// [`uvar_in`] for a record's last field, the stack id, without a branch on
+/// the varint's length: that length (one to three bytes) follows which stack
+/// was sampled and defeats branch prediction (it was the largest cost left in
+/// every reader's sample loop), while the other fields nearly always have the
+/// same length. The three bytes are loaded independently, so the offset of
+/// the next record depends on two loads and a few instructions. The validated
+/// replay path skips the canonical-form check.
 #[inline(always)]
 fn last_uvar_in(w: &[u8; 32], q: usize) -> Option<(u64, usize)> {
+    last_uvar_in_checked::<false>(w, q)
+}
+
+/// [`last_uvar_in`], rejecting an overlong encoding when `CANONICAL`.
+#[inline(always)]
+fn last_uvar_in_checked<const CANONICAL: bool>(w: &[u8; 32], q: usize) -> Option<(u64, usize)> {
     let (b0, b1, b2) = (w[q & 31] as u64, w[(q + 1) & 31] as u64, w[(q + 2) & 31] as u64);
     // Continuation flags: c0 for a second byte, c1 for a third.
     let c0 = b0 >> 7;
@@ -171,6 +176,10 @@ fn last_uvar_in(w: &[u8; 32], q: usize) -> Option<(u64, usize)> {
     }
     let (m0, m1) = (0u64.wrapping_sub(c0), 0u64.wrapping_sub(c1));
     let v = (b0 & 0x7f) | (m0 & (b1 & 0x7f) << 7) | (m1 & b2 << 14);
+    // Canonical: not below the smallest value of its length.
+    if CANONICAL && v < ((m0 & !m1 & 0x80) | (m1 & 0x4000)) {
+        return None;
+    }
     Some((v, q + 1 + (c0 + c1) as usize))
 }
 
