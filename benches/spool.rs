@@ -123,6 +123,13 @@ fn spool_benches(c: &mut Criterion) {
             v["time"].len()
         });
     });
+    // The same JSON into generic values, as `JSON.parse` in seed 003's comparison.
+    g.bench_function(BenchmarkId::new("json_parse_value", n), |b| {
+        b.iter(|| {
+            let v: serde_json::Value = serde_json::from_slice(black_box(&json)).unwrap();
+            v["time"].as_array().map(Vec::len)
+        });
+    });
     g.finish();
 }
 
