@@ -244,7 +244,7 @@ def main():
             f"Measured {datetime.date.today()} on {uname.node} ({os.cpu_count()} cores, Linux {uname.release}) by\n"
             f"`python3 compare/run.py --reps {a.reps} --freqs {a.freqs} --threads {a.threads} --rounds {a.rounds} --write`.\n"
             "Each cell is the median of the runs; runs of all profilers alternate within each repetition.\n"
-            "`wall x`/`CPU x`: time against no profiler (process CPU; perf's own process is not counted).\n"
+            "`wall x`/`CPU x`: time against no profiler until profiling ended (process CPU; spulse: after `finish`, which drains, writes and syncs; pprof-rs: before it builds its report; perf's own process is not counted).\n"
             "`capture`: samples / (workload threads' CPU seconds x frequency). `worst split error`: largest\n"
             "distance, in percentage points, between a function's share of the three hot functions' samples and\n"
             "its known share (50/30/20). `thread spread`: (max - min) / mean of per-thread samples.\n"

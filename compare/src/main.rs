@@ -16,6 +16,8 @@
 //! compares the stolen share with and without a profiler: a direct measure of
 //! the time a profiler takes from the threads it samples, without the +-5%
 //! run-to-run drift of end-to-end timings on a shared virtual machine.
+//! `window_cpu_s` is the process CPU spent while the threads ran (the
+//! profiler's own threads included, its start and stop excluded).
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};
@@ -182,7 +184,9 @@ fn peak_rss_kb() -> i64 {
     std::fs::read_to_string("/proc/self/status")
         .ok()
         .and_then(|s| {
-            s.lines().find(|l| l.starts_with("VmHWM:")).and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+            s.lines()
+                .find(|l| l.starts_with("VmHWM:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
         })
         .unwrap_or(-1)
 }
@@ -205,7 +209,18 @@ static HIST: [std::sync::atomic::AtomicU64; 64] = [const { std::sync::atomic::At
 static GAPS: [std::sync::atomic::AtomicU64; 3] = [const { std::sync::atomic::AtomicU64::new(0) }; 3];
 static GAP_SECONDS: std::sync::Mutex<Option<f64>> = std::sync::Mutex::new(None);
 
+/// Process CPU seconds spent inside `run_workload` (every thread: the
+/// workload's and the profiler's), as f64 bits.
+static WINDOW_CPU: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
 fn run_workload(threads: usize, rounds: u64, depth: u32) -> (Vec<(u32, f64)>, u64) {
+    let cpu0 = rusage().0;
+    let r = run_workload_threads(threads, rounds, depth);
+    WINDOW_CPU.store((rusage().0 - cpu0).to_bits(), std::sync::atomic::Ordering::Relaxed);
+    r
+}
+
+fn run_workload_threads(threads: usize, rounds: u64, depth: u32) -> (Vec<(u32, f64)>, u64) {
     let gap_seconds = *GAP_SECONDS.lock().unwrap();
     let handles: Vec<_> = (0..threads)
         .map(|t| {
@@ -245,6 +260,11 @@ fn main() {
     let t0 = Instant::now();
     let mut extra = String::new();
     let (per_thread, check);
+    // Wall and process CPU when profiling ended: after spulse's `finish` (which
+    // drains, writes and syncs), before pprof-rs builds its report. Loading or
+    // symbolizing the profile afterwards is timed separately (`load_s`).
+    let mut ended: Option<(f64, f64)> = None;
+    let mut end_now = || *ended.get_or_insert((t0.elapsed().as_secs_f64(), rusage().0));
     match a.profiler.as_str() {
         "none" => {
             (per_thread, check) = run_workload(a.threads, a.rounds, a.depth);
@@ -253,6 +273,7 @@ fn main() {
             let guard = spulse::Recorder::builder().frequency_hz(a.freq).start(&a.out).expect("spulse start");
             (per_thread, check) = run_workload(a.threads, a.rounds, a.depth);
             let stats = guard.finish().expect("spulse finish");
+            end_now();
             let l0 = Instant::now();
             let snap = spulse::Snapshot::open(&a.out).expect("open spool");
             let load_s = l0.elapsed().as_secs_f64();
@@ -280,6 +301,7 @@ fn main() {
                 .build()
                 .expect("pprof start");
             (per_thread, check) = run_workload(a.threads, a.rounds, a.depth);
+            end_now();
             let l0 = Instant::now();
             let report = guard.report().build().expect("pprof report");
             let load_s = l0.elapsed().as_secs_f64();
@@ -298,7 +320,11 @@ fn main() {
                     .iter()
                     .filter_map(|inlined| inlined.last())
                     .map(|s| s.name())
-                    .find(|n| !n.contains("pprof::") && !n.contains("backtrace") && !n.contains("perf_signal_handler"))
+                    .find(|n| {
+                        !n.contains("pprof::")
+                            && !n.contains("backtrace")
+                            && !n.contains("perf_signal_handler")
+                    })
                     .unwrap_or_default();
                 if std::env::var_os("WORKLOAD_DEBUG").is_some() {
                     *leaves.entry(leaf.clone()).or_default() += *count as i64;
@@ -327,14 +353,18 @@ fn main() {
         }
         other => panic!("profiler {other} not built into this binary"),
     }
-    let wall = t0.elapsed().as_secs_f64();
-    let (cpu, _) = rusage();
+    let (wall, cpu) = end_now();
     let maxrss = peak_rss_kb();
     let workload_cpu: f64 = per_thread.iter().map(|(_, c)| c).sum();
     if a.gaps.is_some() {
         let g: Vec<u64> = GAPS.iter().map(|v| v.load(std::sync::atomic::Ordering::Relaxed)).collect();
-        extra.push_str(&format!(r#","gap_running_ticks":{},"gap_stolen_ticks":{},"gaps":{}"#, g[0], g[1], g[2]));
-        let h: Vec<String> = HIST.iter().map(|v| v.load(std::sync::atomic::Ordering::Relaxed).to_string()).collect();
+        let window = f64::from_bits(WINDOW_CPU.load(std::sync::atomic::Ordering::Relaxed));
+        extra.push_str(&format!(
+            r#","gap_running_ticks":{},"gap_stolen_ticks":{},"gaps":{},"window_cpu_s":{:.6}"#,
+            g[0], g[1], g[2], window
+        ));
+        let h: Vec<String> =
+            HIST.iter().map(|v| v.load(std::sync::atomic::Ordering::Relaxed).to_string()).collect();
         extra.push_str(&format!(r#","gap_hist":[{}]"#, h.join(",")));
     }
     println!(
