@@ -71,7 +71,10 @@ fn measured(data: &[u8], check: fn(&[u8])) -> usize {
     PEAK.load(Ordering::Relaxed) - base
 }
 
-fn targets() -> [(&'static str, fn(&[u8])); 3] {
+/// A fuzz target: its name and the function it runs on one input.
+type Target = (&'static str, fn(&[u8]));
+
+fn targets() -> [Target; 3] {
     [
         ("snapshot", spulse::read::fuzz_check_snapshot),
         ("replay", spulse::read::fuzz_check_replay),

@@ -48,8 +48,7 @@ fn sigkill_mid_recording_leaves_a_readable_spool() {
 
         let snap = spulse::Snapshot::open(&path).expect("spool opens after SIGKILL");
         let before =
-            snap.samples().filter(|s| s.time_us <= t as u64 && snap.thread(s.thread).tid == tid).count()
-                as f64;
+            snap.samples().filter(|s| s.time_us <= t && snap.thread(s.thread).tid == tid).count() as f64;
         let expected = cpu * 999.0;
         eprintln!("round {round}: {before} samples before the mark, expected ~{expected:.0}");
         assert!(before >= 0.9 * expected, "only {before} of ~{expected:.0} samples flushed before the kill");

@@ -14,9 +14,6 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use recorder_support::*;
 use spulse::Frame;
 
-#[path = "../examples/support/mod.rs"]
-mod plugin_support;
-
 fn now_us() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_micros() as u64
 }
@@ -26,8 +23,8 @@ fn dlopen_churn_never_misattributes() {
     let cycles: usize = std::env::var("SPULSE_DLOPEN_CYCLES").ok().and_then(|v| v.parse().ok()).unwrap_or(60);
     let (dir, path) = spool_path("churn.spool");
     let libs = [
-        plugin_support::build_plugin(dir.path(), "plugin_alpha").expect("build alpha"),
-        plugin_support::build_plugin(dir.path(), "plugin_beta").expect("build beta"),
+        build_plugin(dir.path(), "plugin_alpha").expect("build alpha"),
+        build_plugin(dir.path(), "plugin_beta").expect("build beta"),
     ];
     let names = ["plugin_alpha", "plugin_beta"];
     let tick = Duration::from_millis(5);
@@ -39,7 +36,7 @@ fn dlopen_churn_never_misattributes() {
     for i in 0..cycles {
         let which = i % 2;
         let t_open = now_us();
-        let p = plugin_support::Plugin::open(&libs[which], names[which]).unwrap();
+        let p = Plugin::open(&libs[which], names[which]).unwrap();
         bases.insert(p.base());
         // Give the writer a tick to register the library (with jitter, so the
         // cycle cannot lock onto the writer's phase), then burn ~8 ms in it: the

@@ -421,12 +421,12 @@ impl Definitions {
 
     /// The id of the frame with dense index `index`, if that many are defined.
     pub fn frame_id(&self, index: usize) -> Option<FrameId> {
-        (index < self.frames.len()).then(|| FrameId(index as u32))
+        (index < self.frames.len()).then_some(FrameId(index as u32))
     }
 
     /// The id of the stack node with dense index `index`, if that many are defined.
     pub fn stack_id(&self, index: usize) -> Option<StackId> {
-        (index < self.stack_frame.len()).then(|| StackId(index as u32))
+        (index < self.stack_frame.len()).then_some(StackId(index as u32))
     }
 
     /// Number of stack nodes.

@@ -87,8 +87,8 @@ pub fn fuzz_check_tail(data: &[u8]) {
         Err(_) => {
             // Tail must reject the same header.
             let file = TempFile::new(data);
-            let e = Tail::open(&file.path).err().expect("Tail accepted a bad header");
-            return assert_same_error(&snap.err().expect("Snapshot accepted a bad header"), &e);
+            let e = Tail::open(&file.path).expect_err("Tail accepted a bad header");
+            return assert_same_error(&snap.expect_err("Snapshot accepted a bad header"), &e);
         }
     };
     let mut file = TempFile::new(&data[..hlen]);

@@ -77,10 +77,13 @@ pub(crate) fn scan_from(
     Ok(Stop::End)
 }
 
+/// A sample record's fields: timestamp delta, thread id, stack id.
+pub(crate) type SampleFields = (i64, u64, u64);
+
 /// Skip one already-validated record, returning the sample fields if it is a
 /// sample. Used by sequential iteration over a prefix that passed `scan`.
 #[inline]
-pub(crate) fn next_validated(rest: &[u8]) -> Option<(Option<(i64, u64, u64)>, usize)> {
+pub(crate) fn next_validated(rest: &[u8]) -> Option<(Option<SampleFields>, usize)> {
     if rest[0] == tag::SAMPLE {
         let (d, t, s, len) = varint::decode_sample(rest)?;
         return Some((Some((d, t, s)), len));
