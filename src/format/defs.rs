@@ -360,6 +360,13 @@ impl Definitions {
         self.last_time_us.checked_add_signed(delta_us).ok_or(FormatErrorKind::TimestampOverflow)
     }
 
+    /// Account for `count` samples that were checked in bulk (see
+    /// `read/parallel.rs`), the last of them at `last_time_us`.
+    pub(crate) fn commit_samples(&mut self, count: u64, last_time_us: u64) {
+        self.sample_count += count;
+        self.last_time_us = last_time_us;
+    }
+
     pub(crate) fn last_time_us(&self) -> u64 {
         self.last_time_us
     }

@@ -18,7 +18,28 @@ use crate::{Error, Sample, Snapshot, Tail};
 /// validated prefix alone gives the same samples without recovery.
 #[doc(hidden)]
 pub fn fuzz_check_snapshot(data: &[u8]) {
-    let snap = match Snapshot::from_bytes(data) {
+    // The two-thread load (forced on any size) agrees with the sequential one.
+    let (two, one) = (Snapshot::from_bytes_split(data, 0), Snapshot::from_bytes_split(data, usize::MAX));
+    match (&two, &one) {
+        (Ok(a), Ok(b)) => {
+            assert!(a.samples().eq(b.samples()), "two-thread load: other samples");
+            assert_eq!(
+                (a.valid_len(), a.recovered_from_truncated_tail()),
+                (b.valid_len(), b.recovered_from_truncated_tail())
+            );
+            assert_eq!(
+                (a.stack_count(), a.frames(), a.threads()),
+                (b.stack_count(), b.frames(), b.threads())
+            );
+        }
+        (Err(a), Err(b)) => assert_same_error(a, b),
+        _ => panic!(
+            "two-thread and sequential loads disagree: {:?} / {:?}",
+            two.as_ref().err(),
+            one.as_ref().err()
+        ),
+    }
+    let snap = match one {
         Ok(s) => s,
         Err(e) => {
             let offset = e.offset().expect("a format error names its offset");

@@ -3,6 +3,7 @@
 //! record loop.
 
 mod fuzz;
+pub(crate) mod parallel;
 mod replay;
 pub(crate) mod scan;
 mod snapshot;
@@ -10,6 +11,8 @@ mod tail;
 
 #[doc(hidden)]
 pub use fuzz::{fuzz_check_replay, fuzz_check_snapshot, fuzz_check_tail};
+#[doc(hidden)]
+pub use parallel::speculations_applied;
 pub use replay::{Replay, ReplayOptions, ReplaySamples};
 pub use snapshot::Snapshot;
 pub use tail::Tail;

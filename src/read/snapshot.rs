@@ -6,7 +6,8 @@
 use std::ops::Deref;
 use std::path::Path;
 
-use super::scan::{format_error, scan, Stop};
+use super::parallel::{self, Columns};
+use super::scan::format_error;
 use crate::format::defs::Definitions;
 use crate::format::record;
 use crate::format::{Sample, StackId, ThreadId};
@@ -70,8 +71,17 @@ impl Snapshot {
         Snapshot::from_bytes(&bytes).map_err(|e| e.with_path(path))
     }
 
-    /// Decode and validate a spool held in memory.
+    /// Decode and validate a spool held in memory. A spool of more than a few
+    /// MiB is decoded on two threads (see `src/read/parallel.rs`), with exactly
+    /// the result, errors included, of reading it sequentially.
     pub fn from_bytes(bytes: &[u8]) -> Result<Snapshot, Error> {
+        Snapshot::from_bytes_split(bytes, parallel::PARALLEL_MIN_BYTES)
+    }
+
+    /// [`Snapshot::from_bytes`] with the size from which a second thread is
+    /// used (`usize::MAX`: never), for tests that compare the two ways.
+    #[doc(hidden)]
+    pub fn from_bytes_split(bytes: &[u8], min_parallel_bytes: usize) -> Result<Snapshot, Error> {
         let (header, hlen) = record::decode_header(bytes).map_err(|(at, k)| format_error(at as u64, k))?;
         let mut defs = Definitions::new(header);
         // A sample record is at least four bytes, so this many samples is an
@@ -79,29 +89,26 @@ impl Snapshot {
         // Pages of unused capacity are never touched; the columns are shrunk
         // to fit at the end.
         let bound = (bytes.len() - hlen) / 4;
-        let mut times = Vec::with_capacity(bound);
-        let mut threads = Vec::with_capacity(bound);
-        let mut stacks = Vec::with_capacity(bound);
-        advise_huge_pages(&mut times);
-        advise_huge_pages(&mut threads);
-        advise_huge_pages(&mut stacks);
-        let (used, stop) = scan(&bytes[hlen..], hlen as u64, &mut defs, |s, _| {
-            times.push(s.time_us);
-            threads.push(s.thread.get());
-            stacks.push(s.stack.get());
-            true
-        })?;
+        let mut cols = Columns {
+            times: Vec::with_capacity(bound),
+            threads: Vec::with_capacity(bound),
+            stacks: Vec::with_capacity(bound),
+        };
+        advise_huge_pages(&mut cols.times);
+        advise_huge_pages(&mut cols.threads);
+        advise_huge_pages(&mut cols.stacks);
+        let (valid_len, recovered) = parallel::load(bytes, hlen, &mut defs, &mut cols, min_parallel_bytes)?;
+        let Columns { mut times, mut threads, mut stacks } = cols;
         times.shrink_to_fit();
         threads.shrink_to_fit();
         stacks.shrink_to_fit();
-        let valid_len = (hlen + used) as u64;
         Ok(Snapshot {
             defs,
             times,
             threads,
             stacks,
-            recovered: stop == Stop::Incomplete,
-            valid_len,
+            recovered,
+            valid_len: valid_len as u64,
             file_len: bytes.len() as u64,
         })
     }
@@ -174,7 +181,7 @@ fn read_file(path: &Path) -> std::io::Result<Vec<u8>> {
 /// Ask the kernel to back a large column with transparent huge pages: filling
 /// 16 bytes per sample otherwise costs one page fault per 4 KiB, which is a
 /// large share of the time to load a big spool. Purely advisory.
-fn advise_huge_pages<T>(v: &mut Vec<T>) {
+pub(crate) fn advise_huge_pages<T>(v: &mut Vec<T>) {
     #[cfg(target_os = "linux")]
     {
         const HUGE: usize = 2 << 20;

@@ -1,0 +1,130 @@
+//! `Snapshot`'s two-thread load (`src/read/parallel.rs`) against the
+//! sequential one: the same samples, definitions, recovery and errors (kind
+//! and byte offset) on valid spools, on every kind of cut and on corrupted
+//! bytes, with the two-thread path forced on small inputs.
+
+mod format_common;
+
+use format_common::*;
+use spulse::Snapshot;
+
+/// Random ops with long stretches of samples only (the two-thread path needs
+/// runs of sample records past the midpoint to start from).
+fn runs_ops(seed: u64, n: usize) -> Vec<Op> {
+    let mut ops = random_ops(seed, n);
+    for (i, op) in ops.iter_mut().enumerate() {
+        if (i / 150) % 3 != 0 {
+            op.0 = 8; // a sample
+        }
+    }
+    ops
+}
+
+fn both(bytes: &[u8]) -> (Result<Snapshot, spulse::Error>, Result<Snapshot, spulse::Error>) {
+    (Snapshot::from_bytes_split(bytes, 0), Snapshot::from_bytes_split(bytes, usize::MAX))
+}
+
+fn assert_same(bytes: &[u8], what: &str) {
+    match both(bytes) {
+        (Ok(p), Ok(s)) => {
+            assert_eq!(p.len(), s.len(), "{what}: sample count");
+            assert!(p.samples().eq(s.samples()), "{what}: samples");
+            assert_eq!(p.valid_len(), s.valid_len(), "{what}: valid length");
+            assert_eq!(p.recovered_from_truncated_tail(), s.recovered_from_truncated_tail(), "{what}");
+            assert_eq!(p.sample_count(), s.sample_count(), "{what}");
+            assert_eq!(p.stack_count(), s.stack_count(), "{what}");
+            assert_eq!(p.frames(), s.frames(), "{what}");
+            assert_eq!(p.modules(), s.modules(), "{what}");
+            assert_eq!(p.threads(), s.threads(), "{what}");
+            assert_eq!(p.deactivations(), s.deactivations(), "{what}");
+        }
+        (Err(a), Err(b)) => {
+            assert_eq!(a.offset(), b.offset(), "{what}: {a} / {b}");
+            assert_eq!(a.format_kind(), b.format_kind(), "{what}: {a} / {b}");
+        }
+        (p, s) => panic!("{what}: two threads gave {:?}, one gave {:?}", p.err(), s.err()),
+    }
+}
+
+#[test]
+fn two_threads_load_what_one_loads() {
+    for seed in 1..=4 {
+        let (bytes, model) = build(runs_ops(seed, 12_000));
+        let before = spulse::read::speculations_applied();
+        let (p, _) = both(&bytes);
+        let p = p.unwrap();
+        assert_snapshot_matches(&p, &model);
+        assert!(
+            spulse::read::speculations_applied() > before,
+            "seed {seed}: the two-thread path did not run"
+        );
+        assert_same(&bytes, &format!("seed {seed}"));
+    }
+}
+
+#[test]
+fn cuts_and_corruptions_give_the_same_result() {
+    let (bytes, _) = build(runs_ops(9, 8_000));
+    let n = bytes.len();
+    assert!(n > 20_000, "{n} bytes");
+    // Cuts everywhere in the second half, where the speculation runs.
+    for cut in (n / 2..n).step_by(97).chain(n - 40..n) {
+        assert_same(&bytes[..cut], &format!("cut at {cut}"));
+    }
+    // One corrupted byte: most give an error somewhere in the second half
+    // (or a different valid spool), which must be the sequential reader's.
+    let mut errors = 0;
+    for at in (8..n).step_by(61) {
+        for v in [0x00u8, 0xff, 0x05, bytes[at] ^ 0x80, bytes[at].wrapping_add(1)] {
+            let mut bad = bytes.clone();
+            bad[at] = v;
+            errors += Snapshot::from_bytes_split(&bad, usize::MAX).is_err() as usize;
+            assert_same(&bad, &format!("byte {at} = {v:#04x}"));
+        }
+    }
+    assert!(errors > 100, "only {errors} corruptions were errors");
+}
+
+/// A sample record (tag 5, zigzag delta, thread, stack) in the spool's varints.
+fn sample_record(delta: i64, thread: u64, stack: u64) -> Vec<u8> {
+    use integer_encoding::VarInt;
+    let mut r = vec![5u8];
+    r.extend(delta.encode_var_vec());
+    r.extend(thread.encode_var_vec());
+    r.extend(stack.encode_var_vec());
+    r
+}
+
+#[test]
+fn a_bad_sample_inside_a_run_is_found_at_its_offset() {
+    let (bytes, model) = build(runs_ops(5, 8_000));
+    let n = bytes.len();
+    // Record boundaries in the second half between two sample records.
+    let spots: Vec<usize> = model
+        .boundaries
+        .windows(2)
+        .map(|w| w[0] as usize)
+        .filter(|&b| b > n / 2 + 64 && bytes[b] == 5 && bytes.get(b.wrapping_sub(1)).is_some())
+        .step_by(37)
+        .take(12)
+        .collect();
+    assert!(spots.len() >= 6, "{} spots", spots.len());
+    for &at in &spots {
+        // The first undefined ids at this point of the stream.
+        let prefix = Snapshot::from_bytes(&bytes[..at]).unwrap();
+        let (threads, stacks) = (prefix.threads().len() as u64, prefix.stack_count() as u64);
+        let bad_records = [
+            (sample_record(0, threads, 0), "thread"),
+            (sample_record(0, 0, stacks), "stack"),
+            (sample_record(-(1i64 << 62), 0, 0), "timestamp"),
+        ];
+        for (rec, what) in &bad_records {
+            let mut bad = bytes[..at].to_vec();
+            bad.extend_from_slice(rec);
+            bad.extend_from_slice(&bytes[at..]);
+            let e = Snapshot::from_bytes_split(&bad, 0).expect_err(what);
+            assert_eq!(e.offset(), Some(at as u64), "{what} at {at}: {e}");
+            assert_same(&bad, &format!("bad {what} at {at}"));
+        }
+    }
+}
