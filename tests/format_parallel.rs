@@ -128,3 +128,23 @@ fn a_bad_sample_inside_a_run_is_found_at_its_offset() {
         }
     }
 }
+
+#[test]
+fn opening_a_large_file_reads_and_loads_it_whole() {
+    // Past the size from which the file is read and loaded by two threads.
+    let (bytes, model) = build(runs_ops(21, 900_000));
+    assert!(bytes.len() > 5 << 20, "{} bytes", bytes.len());
+    let file = temp_file(&bytes);
+    let before = spulse::read::speculations_applied();
+    let snap = Snapshot::open(file.path()).unwrap();
+    assert!(spulse::read::speculations_applied() > before, "the two-thread path did not run");
+    assert_snapshot_matches(&snap, &model);
+    assert_eq!(snap.valid_len(), bytes.len() as u64);
+    assert_eq!(snap.file_len(), bytes.len() as u64);
+    // Cut inside its last record: the same recovery as from memory.
+    let cut = temp_file(&bytes[..bytes.len() - 1]);
+    let a = Snapshot::open(cut.path()).unwrap();
+    let b = Snapshot::from_bytes_split(&bytes[..bytes.len() - 1], usize::MAX).unwrap();
+    assert!(a.recovered_from_truncated_tail() && b.recovered_from_truncated_tail());
+    assert!(a.samples().eq(b.samples()));
+}

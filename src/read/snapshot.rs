@@ -167,12 +167,50 @@ impl Snapshot {
     }
 }
 
-/// `std::fs::read`, with the buffer backed by huge pages where possible.
+/// `std::fs::read`, with the buffer backed by huge pages where possible. A
+/// file large enough to be loaded on two threads is also read by two: the
+/// copy out of the page cache (and the page faults of the fresh buffer) is a
+/// fifth of the time to open a large spool.
 fn read_file(path: &Path) -> std::io::Result<Vec<u8>> {
     use std::io::Read;
+    use std::os::unix::fs::FileExt;
     let mut file = std::fs::File::open(path)?;
-    let len = file.metadata()?.len();
-    let mut bytes = Vec::with_capacity(usize::try_from(len).unwrap_or(0).saturating_add(1));
+    let len = usize::try_from(file.metadata()?.len()).unwrap_or(usize::MAX);
+    let two_cores = std::thread::available_parallelism().is_ok_and(|n| n.get() >= 2);
+    if len >= parallel::PARALLEL_MIN_BYTES && two_cores {
+        // Zero-filled by the allocator without touching the pages (fresh
+        // mapping), so this costs no more than reading into spare capacity.
+        let mut bytes = vec![0u8; len];
+        advise_huge_pages(&mut bytes);
+        let (first, second) = bytes.split_at_mut(len / 2);
+        let read_all = |buf: &mut [u8], at: u64| -> std::io::Result<usize> {
+            let mut done = 0;
+            while done < buf.len() {
+                match file.read_at(&mut buf[done..], at + done as u64) {
+                    Ok(0) => break,
+                    Ok(n) => done += n,
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            Ok(done)
+        };
+        let (a, b) = std::thread::scope(|s| {
+            let b = s.spawn(|| read_all(second, (len / 2) as u64));
+            (read_all(first, 0), b.join())
+        });
+        let b = b.unwrap_or_else(|_| Err(std::io::Error::other("reader thread failed")));
+        match (a?, b?) {
+            // The file as long as it was at open: its snapshot is complete.
+            (a, b) if a == len / 2 => {
+                bytes.truncate(a + b);
+                return Ok(bytes);
+            }
+            // It shrank while being read: read it again in one piece.
+            _ => {}
+        }
+    }
+    let mut bytes = Vec::with_capacity(len.saturating_add(1));
     advise_huge_pages(&mut bytes);
     file.read_to_end(&mut bytes)?;
     Ok(bytes)
