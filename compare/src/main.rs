@@ -271,7 +271,30 @@ fn main() {
         }
         "spulse" => {
             let guard = spulse::Recorder::builder().frequency_hz(a.freq).start(&a.out).expect("spulse start");
+            // WORKLOAD_HANDLER_TIMING=1: also report the handler's own time.
+            let timing = std::env::var_os("WORKLOAD_HANDLER_TIMING").is_some();
+            let mut handler = String::new();
+            if timing {
+                spulse::__bench::handler_timing(true);
+            }
             (per_thread, check) = run_workload(a.threads, a.rounds, a.depth);
+            if timing {
+                spulse::__bench::handler_timing(false);
+                let hist = spulse::__bench::take_handler_times();
+                let total: u64 = hist.iter().sum();
+                let mut acc = 0;
+                let mut median = 0;
+                for (i, n) in hist.iter().enumerate() {
+                    acc += n;
+                    if acc * 2 >= total {
+                        median = i as u64 * spulse::__bench::BUCKET_NS;
+                        break;
+                    }
+                }
+                let mean = hist.iter().enumerate().map(|(i, n)| i as u64 * n).sum::<u64>() * spulse::__bench::BUCKET_NS
+                    / total.max(1);
+                handler = format!(r#","handler_median_ns":{median},"handler_mean_ns":{mean}"#);
+            }
             let stats = guard.finish().expect("spulse finish");
             end_now();
             let l0 = Instant::now();
@@ -292,6 +315,7 @@ fn main() {
                 load_s,
                 stats.engine
             );
+            extra.push_str(&handler);
         }
         #[cfg(any(feature = "pprof-default", feature = "pprof-framehop"))]
         "pprof" => {
