@@ -218,9 +218,6 @@ impl Replay {
             file_pos: offset,
             time,
             skip_before,
-            batch: None,
-            batch_len: 0,
-            next: 0,
             pending_error: None,
             done: false,
             direct_limit: 0,
@@ -322,15 +319,14 @@ impl Deref for Replay {
     }
 }
 
-/// Samples decoded per refill of [`ReplaySamples`]' internal batch.
-const BATCH: usize = 4096;
-
 /// Iterator over a [`Replay`]'s samples.
 ///
-/// Samples are decoded in batches of a few thousand by a tight loop over the
-/// read buffer; `next` hands them out one by one. The prefix was validated when
-/// the replay was opened, so the loop only re-checks references cheaply
-/// (bounds), to stay safe if the file was changed since.
+/// The prefix was validated when the replay was opened, so iteration only
+/// decodes: each sample record is read straight from a fixed-size read buffer
+/// (see [`ReplaySamples::decode_direct`]); definition records are skipped, and
+/// the ends of read chunks and seeks go through a general one-record step.
+/// References are still bounds-checked, so that a file changed since it was
+/// opened gives wrong samples or a `ChangedSinceOpen` error, never a panic.
 #[derive(Debug)]
 pub struct ReplaySamples<'a> {
     replay: &'a Replay,
@@ -339,12 +335,8 @@ pub struct ReplaySamples<'a> {
     filled: usize,
     file_pos: u64,
     time: u64,
+    /// While seeking: samples before this timestamp are not handed out.
     skip_before: Option<u64>,
-    /// Decoded samples (allocated on first use): `batch[next..batch_len]` are
-    /// still to be handed out.
-    batch: Option<Box<[Sample; BATCH]>>,
-    batch_len: usize,
-    next: usize,
     /// An error to report once the samples before it were handed out.
     pending_error: Option<Error>,
     done: bool,
@@ -353,6 +345,18 @@ pub struct ReplaySamples<'a> {
     /// Thread and stack counts of the definitions, for the reference checks.
     threads: u64,
     stacks: u64,
+}
+
+/// What one general decoding step found at the read position.
+enum Step {
+    Sample(Sample),
+    /// A definition record (already applied at open), now skipped.
+    Definition,
+    /// The buffer ends inside the record, or it does not decode (the file
+    /// changed): read more, which tells the two apart.
+    NeedMore,
+    /// A sample whose reference or timestamp is out of range: the file changed.
+    Changed,
 }
 
 impl ReplaySamples<'_> {
@@ -392,121 +396,18 @@ impl ReplaySamples<'_> {
         Ok(true)
     }
 
-    /// Decode the samples of `buf[pos..filled]` into the batch, up to [`BATCH`].
-    /// Returns `Err(())` if a record does not decode (the buffer ends inside
-    /// it, or the file changed) or refers out of bounds.
-    #[inline]
-    fn decode_into_batch(&mut self) -> Result<(), ()> {
-        let (threads, stacks) = (self.threads, self.stacks);
-        let buf = &self.buf[..self.filled];
-        let batch = self.batch.as_mut().expect("allocated by fill");
-        let mut n = self.batch_len;
-        let mut skip = self.skip_before;
-        let mut pos = self.pos;
-        let mut time = self.time;
-        let mut result = Ok(());
-        while n < BATCH && pos < buf.len() {
-            let (delta, thread, stack, end) = if buf[pos] == tag::SAMPLE {
-                match varint::decode_sample_at(buf, pos) {
-                    Some(s) => s,
-                    None => {
-                        result = Err(());
-                        break;
-                    }
-                }
-            } else {
-                match next_validated(&buf[pos..]) {
-                    Some((Some((d, t, s)), len)) => (d, t, s, pos + len),
-                    Some((None, len)) => {
-                        pos += len;
-                        continue;
-                    }
-                    None => {
-                        result = Err(());
-                        break;
-                    }
-                }
-            };
-            let Some(t) = time.checked_add_signed(delta) else {
-                result = Err(());
-                break;
-            };
-            if thread >= threads || stack >= stacks {
-                result = Err(());
-                break;
-            }
-            pos = end;
-            time = t;
-            if let Some(first) = skip {
-                if t < first {
-                    continue;
-                }
-                skip = None;
-            }
-            batch[n] = Sample { time_us: t, thread: ThreadId(thread as u32), stack: StackId(stack as u32) };
-            n += 1;
-        }
-        self.batch_len = n;
-        self.skip_before = skip;
-        self.pos = pos;
-        self.time = time;
-        result
-    }
-
-    /// Refill the batch; at the end of the prefix it stays empty.
-    fn fill(&mut self) {
-        self.batch_len = 0;
-        self.next = 0;
-        if self.batch.is_none() {
-            let zero = Sample { time_us: 0, thread: ThreadId(0), stack: StackId(0) };
-            let boxed: Box<[Sample]> = vec![zero; BATCH].into_boxed_slice();
-            self.batch = Some(boxed.try_into().expect("BATCH elements"));
-        }
-        loop {
-            let stuck = self.decode_into_batch().is_err();
-            if self.batch_len >= BATCH {
-                return;
-            }
-            if !stuck && self.pos < self.filled {
-                continue;
-            }
-            match self.refill() {
-                Ok(true) => continue,
-                Ok(false) => {
-                    if self.pos < self.filled {
-                        self.pending_error = Some(self.changed());
-                    }
-                    self.done = true;
-                    return;
-                }
-                Err(e) => {
-                    self.pending_error = Some(e);
-                    self.done = true;
-                    return;
-                }
-            }
-        }
-    }
-}
-
-impl ReplaySamples<'_> {
     /// Where the direct path may start decoding: a position `pos` with
     /// `pos < direct_limit` has a full 32-byte window in the read buffer. It
-    /// is zero (the direct path is off) while the batch holds samples or a
-    /// seek is skipping early samples, so `next` tests one bound only.
+    /// is zero (the direct path is off) while a seek skips early samples, so
+    /// `next` tests one bound only.
     fn update_direct_limit(&mut self) {
-        self.direct_limit = if self.next >= self.batch_len && self.skip_before.is_none() {
-            (self.filled + 1).saturating_sub(32)
-        } else {
-            0
-        };
+        self.direct_limit = if self.skip_before.is_none() { (self.filled + 1).saturating_sub(32) } else { 0 };
     }
 
     /// Decode the sample record at `pos` straight from the read buffer: the
-    /// steady state of a scan, which then costs no batch store and reload.
-    /// `None` leaves everything else (definitions in between, the end of the
-    /// buffer, a seek in progress, samples already in the batch) to
-    /// [`next_slow`](Self::next_slow).
+    /// steady state of a scan. `None` leaves everything else (definitions,
+    /// the end of the buffer, a seek in progress, a varint longer than three
+    /// bytes) to [`next_slow`](Self::next_slow).
     #[inline(always)]
     fn decode_direct(&mut self) -> Option<Sample> {
         let pos = self.pos;
@@ -529,44 +430,64 @@ impl ReplaySamples<'_> {
         Some(Sample { time_us: time, thread: ThreadId(thread as u32), stack: StackId(stack as u32) })
     }
 
-    /// Skip the definition records at `pos` while the read buffer holds them
-    /// whole (they were applied when the replay was opened), so that
-    /// definitions interleaved with samples do not send the scan to the batch
-    /// path. Returns whether anything was skipped.
-    fn skip_definitions(&mut self) -> bool {
-        let start = self.pos;
-        let buf = &self.buf[..self.filled];
-        while self.skip_before.is_none() && buf.len().saturating_sub(self.pos) >= 32 {
-            match next_validated(&buf[self.pos..]) {
-                Some((None, len)) => self.pos += len,
-                _ => break,
-            }
+    /// Decode the one record at `pos` with the general decoder.
+    fn step(&mut self) -> Step {
+        let Some((fields, len)) =
+            self.buf.get(self.pos..self.filled).filter(|b| !b.is_empty()).and_then(next_validated)
+        else {
+            return Step::NeedMore;
+        };
+        let Some((delta, thread, stack)) = fields else {
+            self.pos += len;
+            return Step::Definition;
+        };
+        let Some(time) = self.time.checked_add_signed(delta) else { return Step::Changed };
+        if thread >= self.threads || stack >= self.stacks {
+            return Step::Changed;
         }
-        self.pos != start
+        self.pos += len;
+        self.time = time;
+        Step::Sample(Sample { time_us: time, thread: ThreadId(thread as u32), stack: StackId(stack as u32) })
     }
 
-    /// Everything but the direct path: hand out batched samples, skip
-    /// definitions, or decode the next batch (reading more of the file).
+    /// Everything but the direct path, one record at a time.
     #[inline(never)]
     fn next_slow(&mut self) -> Option<Result<Sample, Error>> {
-        if self.next >= self.batch_len {
-            if self.skip_definitions() {
-                self.update_direct_limit();
-                if let Some(s) = self.decode_direct() {
-                    return Some(Ok(s));
+        while !self.done {
+            if let Some(s) = self.decode_direct() {
+                return Some(Ok(s));
+            }
+            match self.step() {
+                Step::Sample(s) => match self.skip_before {
+                    Some(first) if s.time_us < first => {}
+                    Some(_) => {
+                        self.skip_before = None;
+                        self.update_direct_limit();
+                        return Some(Ok(s));
+                    }
+                    None => return Some(Ok(s)),
+                },
+                Step::Definition => {}
+                Step::NeedMore => match self.refill() {
+                    Ok(true) => self.update_direct_limit(),
+                    Ok(false) => {
+                        if self.pos < self.filled {
+                            self.pending_error = Some(self.changed());
+                        }
+                        self.done = true;
+                    }
+                    Err(e) => {
+                        self.pending_error = Some(e);
+                        self.done = true;
+                    }
+                },
+                Step::Changed => {
+                    self.pending_error = Some(self.changed());
+                    self.done = true;
                 }
             }
-            if !self.done {
-                self.fill();
-            }
         }
-        let s = match &self.batch {
-            Some(batch) if self.next < self.batch_len => batch[self.next],
-            _ => return self.pending_error.take().map(Err),
-        };
-        self.next += 1;
-        self.update_direct_limit();
-        Some(Ok(s))
+        self.pending_error.take().map(Err)
     }
 }
 
