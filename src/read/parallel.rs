@@ -87,7 +87,13 @@ pub(crate) fn load(
     };
     let cancel = AtomicBool::new(false);
     std::thread::scope(|s| {
-        let rest = s.spawn(|| speculate(bytes, sync, &cancel));
+        let spawned = std::thread::Builder::new()
+            .name("spulse-load".into())
+            .spawn_scoped(s, || speculate(bytes, sync, &cancel));
+        // No thread to be had (resource limits): read it all on this one.
+        let Ok(rest) = spawned else {
+            return sequential(bytes, hlen, defs, cols);
+        };
         let first = scan(&bytes[hlen..sync], hlen as u64, defs, |x, _| {
             cols.push(x);
             true

@@ -195,19 +195,25 @@ fn read_file(path: &Path) -> std::io::Result<Vec<u8>> {
             }
             Ok(done)
         };
-        let (a, b) = std::thread::scope(|s| {
-            let b = s.spawn(|| read_all(second, (len / 2) as u64));
-            (read_all(first, 0), b.join())
+        let halves = std::thread::scope(|s| {
+            // No thread to be had (resource limits): read it in one piece below.
+            let other = std::thread::Builder::new()
+                .name("spulse-read".into())
+                .spawn_scoped(s, || read_all(second, (len / 2) as u64))
+                .ok()?;
+            let a = read_all(first, 0);
+            Some((a, other.join().unwrap_or_else(|_| Err(std::io::Error::other("reader thread failed")))))
         });
-        let b = b.unwrap_or_else(|_| Err(std::io::Error::other("reader thread failed")));
-        match (a?, b?) {
-            // The file as long as it was at open: its snapshot is complete.
-            (a, b) if a == len / 2 => {
-                bytes.truncate(a + b);
-                return Ok(bytes);
+        if let Some((a, b)) = halves {
+            match (a?, b?) {
+                // The file as long as it was at open: its snapshot is complete.
+                (a, b) if a == len / 2 => {
+                    bytes.truncate(a + b);
+                    return Ok(bytes);
+                }
+                // It shrank while being read: read it again in one piece.
+                _ => {}
             }
-            // It shrank while being read: read it again in one piece.
-            _ => {}
         }
     }
     let mut bytes = Vec::with_capacity(len.saturating_add(1));
