@@ -77,17 +77,21 @@ fn main() -> Result<(), spulse::Error> {
         }
         Some("snapshot") if args.len() == 3 => {
             let bytes = std::fs::read(&args[2])?;
-            let mut best = Duration::MAX;
+            // Large spools load on two threads: this thread's CPU time is not
+            // the whole cost, so wall time is shown too.
+            let (mut best, mut best_wall) = (Duration::MAX, Duration::MAX);
             let mut n = 0;
             for _ in 0..5 {
-                let c = cpu_time();
+                let (c, w) = (cpu_time(), Instant::now());
                 n = spulse::Snapshot::from_bytes(&bytes)?.len();
                 best = best.min(cpu_time() - c);
+                best_wall = best_wall.min(w.elapsed());
             }
-            let dt = best.as_secs_f64();
+            let (dt, wall) = (best.as_secs_f64(), best_wall.as_secs_f64());
             println!(
-                "{n} samples; Snapshot::from_bytes best of 5: {dt:.3} s CPU ({:.0} M samples/s)",
-                n as f64 / dt / 1e6
+                "{n} samples; Snapshot::from_bytes best of 5: {wall:.3} s wall ({:.0} M samples/s), {dt:.3} s CPU \
+                 of the calling thread",
+                n as f64 / wall / 1e6
             );
         }
         Some("json") if args.len() == 3 => {
