@@ -20,7 +20,7 @@
 //!    run check, a record the speculation could not decode, or a first half
 //!    that did not end at the position) is re-read sequentially from there, so
 //!    errors, their offsets and the recovered tail are exactly those of the
-//!    sequential reader; `tests/format_roundtrip.rs` and the fuzz checks
+//!    sequential reader; `tests/format_parallel.rs` and the fuzz checks
 //!    compare the two.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

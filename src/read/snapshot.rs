@@ -1,7 +1,9 @@
 //! `Snapshot`: a whole spool decoded into memory for random access.
 //!
 //! Samples are stored column-wise (timestamps, threads, stacks), so loading a
-//! large profile allocates a few growing vectors, not one object per sample.
+//! large profile allocates three vectors sized once from the file length, not
+//! one object per sample. Large spools are read and loaded on two threads
+//! (`parallel.rs`).
 
 use std::ops::Deref;
 use std::path::Path;
