@@ -13,7 +13,7 @@ pub use format::{
     Deactivation, Engine, Frame, FrameId, Header, Module, ModuleId, PythonRuntimeEvent, Sample, StackId,
     StackNode, Thread, ThreadId,
 };
-pub use read::{Replay, ReplayOptions, ReplaySamples, Snapshot, Tail};
+pub use read::{Replay, ReplayOptions, ReplaySamples, Snapshot, SnapshotSamples, Tail};
 #[doc(hidden)]
 pub use recorder::bench_support as __bench;
 pub use recorder::{

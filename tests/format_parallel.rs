@@ -148,3 +148,59 @@ fn opening_a_large_file_reads_and_loads_it_whole() {
     assert!(a.recovered_from_truncated_tail() && b.recovered_from_truncated_tail());
     assert!(a.samples().eq(b.samples()));
 }
+
+/// Samples that do not all fit the narrow columns (4-byte time offsets, 2-byte
+/// thread ids) widen the block they fall in, in either half of a two-thread
+/// load, and every value comes back exactly.
+#[test]
+fn samples_that_do_not_fit_narrow_columns_widen_their_block() {
+    use spulse::{Engine, Frame, Header, SpoolWriter};
+    const N: usize = 400_000;
+    const HOUR_US: u64 = 3_600_000_000;
+    // (what, sample index, time offset from the regular one, thread)
+    let cases: [(&str, Option<usize>, i64, usize); 7] = [
+        ("nothing", None, 0, 0),
+        ("a late sample, first half", Some(N / 4), 5 * HOUR_US as i64, 1),
+        ("a late sample, second half", Some(3 * N / 4), 5 * HOUR_US as i64, 1),
+        ("an early sample, first half", Some(N / 4), -(START_US as i64) + 7, 1),
+        ("an early sample, second half", Some(3 * N / 4), -600_000_000, 1),
+        ("thread 69,999, first half", Some(N / 4), 0, 69_999),
+        ("thread 69,999, second half", Some(3 * N / 4), 0, 69_999),
+    ];
+    for (what, at, shift, odd_thread) in cases {
+        let header = Header { start_time_us: START_US, interval_us: 1000, engine: Engine::ThreadCpuTimer };
+        let mut w = SpoolWriter::new(Vec::new(), header).unwrap();
+        let threads: Vec<_> = (0..70_000u32).map(|i| w.define_thread(1, i + 1, "t").unwrap()).collect();
+        let frame = w.define_frame(Frame::Absolute { address: 0x1000, kernel: false }).unwrap();
+        let root = w.define_stack(None, frame).unwrap();
+        let leaf = w.define_stack(Some(root), frame).unwrap();
+        let mut expected = Vec::with_capacity(N);
+        for i in 0..N {
+            let regular = START_US + i as u64 * 1000;
+            let (time, thread) = match at {
+                Some(a) if a == i => (regular.wrapping_add_signed(shift), odd_thread),
+                _ => (regular, i % 6),
+            };
+            let stack = if i % 3 == 0 { root } else { leaf };
+            w.sample(time, threads[thread], stack).unwrap();
+            expected.push((time, thread, stack.index()));
+        }
+        let bytes = w.into_inner().unwrap();
+        let before = spulse::read::speculations_applied();
+        let (p, s) = both(&bytes);
+        let (p, s) = (p.unwrap(), s.unwrap());
+        assert!(spulse::read::speculations_applied() > before, "{what}: the two-thread path did not run");
+        let got: Vec<_> = p.samples().map(|x| (x.time_us, x.thread.index(), x.stack.index())).collect();
+        assert!(got == expected, "{what}: two-thread load");
+        assert!(s.samples().eq(p.samples()), "{what}: one-thread load");
+        assert_eq!(p.sample(N - 1).time_us, expected[N - 1].0, "{what}");
+        assert_eq!(p.time_range().unwrap().1, expected.iter().map(|e| e.0).max().unwrap(), "{what}");
+        // Two blocks (one per thread); only the one holding the odd sample is wide.
+        let narrow = match at {
+            None => 2,
+            Some(_) => 1,
+        };
+        assert_eq!(p.column_blocks(), (2, narrow), "{what}: two-thread load");
+        assert_eq!(s.column_blocks(), (1, (at.is_none()) as usize), "{what}: one-thread load");
+    }
+}

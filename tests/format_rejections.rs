@@ -362,7 +362,7 @@ fn timestamps_stay_in_range() {
     // Exactly zero is fine.
     let mut bytes = prefix();
     bytes.extend_from_slice(&rec(5, &[I(-(START as i64) - 1000), U(0), U(0)]));
-    assert_eq!(Snapshot::from_bytes(&bytes).unwrap().sample_times().last(), Some(&0));
+    assert_eq!(Snapshot::from_bytes(&bytes).unwrap().sample_times().last(), Some(0));
 }
 
 #[test]

@@ -87,7 +87,7 @@ fn seeking_uses_the_index_and_returns_the_suffix() {
     let (lo, hi) = snap.time_range().unwrap();
     for k in 0..=10u64 {
         let t = lo + (hi - lo) / 10 * k;
-        let first = snap.sample_times().iter().position(|&x| x >= t).unwrap_or(snap.len());
+        let first = snap.sample_times().position(|x| x >= t).unwrap_or(snap.len());
         let got: Vec<_> = replay.samples_from(t).map(Result::unwrap).collect();
         assert_eq!(got.len(), snap.len() - first, "t={t}");
         assert!(got.iter().copied().eq((first..snap.len()).map(|i| snap.sample(i))));

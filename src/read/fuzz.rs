@@ -86,7 +86,7 @@ pub fn fuzz_check_replay(data: &[u8]) {
     // Seeking: the suffix from the first sample at or after `t`.
     if let Some((lo, hi)) = snap.time_range() {
         for t in [lo, lo + (hi - lo) / 2, hi, hi.saturating_add(1)] {
-            let first = snap.sample_times().iter().position(|&x| x >= t).unwrap_or(snap.len());
+            let first = snap.sample_times().position(|x| x >= t).unwrap_or(snap.len());
             let got: Vec<Sample> = replay.samples_from(t).map(|s| s.expect("replay")).collect();
             assert!(got.iter().copied().eq((first..snap.len()).map(|i| snap.sample(i))), "seek to {t}");
         }

@@ -2,6 +2,7 @@
 //! bounded memory) and [`Tail`] (follows a growing file), all built on one
 //! record loop.
 
+mod columns;
 mod fuzz;
 pub(crate) mod parallel;
 mod replay;
@@ -14,5 +15,6 @@ pub use fuzz::{fuzz_check_replay, fuzz_check_snapshot, fuzz_check_tail};
 #[doc(hidden)]
 pub use parallel::speculations_applied;
 pub use replay::{Replay, ReplayOptions, ReplaySamples};
+pub use columns::Samples as SnapshotSamples;
 pub use snapshot::Snapshot;
 pub use tail::Tail;

@@ -25,11 +25,11 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-use super::scan::{format_error, scan, Stop};
-use super::snapshot::advise_huge_pages;
+use super::scan::{format_error, scan_from, Stop};
+use super::columns::{Block, Fill, Filler, Layout, SampleColumns};
 use crate::format::defs::Definitions;
 use crate::format::record::{self, DecodeError};
-use crate::format::{tag, varint};
+use crate::format::{tag, varint, Sample};
 use crate::Error;
 
 /// Spools shorter than this (bytes after the header) load on one core: below
@@ -52,21 +52,6 @@ pub fn speculations_applied() -> u64 {
     SPECULATIONS_APPLIED.load(Ordering::Relaxed)
 }
 
-/// The sample columns a [`Snapshot`](super::Snapshot) is built from.
-pub(crate) struct Columns {
-    pub times: Vec<u64>,
-    pub threads: Vec<u32>,
-    pub stacks: Vec<u32>,
-}
-
-impl Columns {
-    fn push(&mut self, s: crate::Sample) {
-        self.times.push(s.time_us);
-        self.threads.push(s.thread.get());
-        self.stacks.push(s.stack.get());
-    }
-}
-
 /// Validate `bytes` (a spool whose header, `hlen` bytes, was already read)
 /// into `defs` and `cols`, using a second thread for the second half when
 /// `min_parallel` bytes or more follow the header. Returns the length of the
@@ -75,7 +60,7 @@ pub(crate) fn load(
     bytes: &[u8],
     hlen: usize,
     defs: &mut Definitions,
-    cols: &mut Columns,
+    cols: &mut SampleColumns,
     min_parallel: usize,
 ) -> Result<(usize, bool), Error> {
     let body = bytes.len() - hlen;
@@ -94,19 +79,16 @@ pub(crate) fn load(
         let Ok(rest) = spawned else {
             return sequential(bytes, hlen, defs, cols);
         };
-        let first = scan(&bytes[hlen..sync], hlen as u64, defs, |x, _| {
-            cols.push(x);
-            true
-        });
+        let first = validate_into(bytes, hlen, sync, defs, cols);
         let resume = match first {
             Err(e) => {
                 cancel.store(true, Ordering::Relaxed);
                 return Err(e);
             }
             // The first half ended exactly at `sync`: it is a record boundary.
-            Ok((used, Stop::End)) if hlen + used == sync => None,
+            Ok((end, Stop::End)) if end == sync => None,
             // A record straddles `sync`: the speculation started mid-record.
-            Ok((used, _)) => Some(hlen + used),
+            Ok((end, _)) => Some(end),
         };
         let resume = match resume {
             Some(at) => {
@@ -114,7 +96,7 @@ pub(crate) fn load(
                 at
             }
             None => match rest.join() {
-                Ok(spec) => match apply(bytes, &spec, defs, cols).inspect(|_| {
+                Ok(spec) => match apply(bytes, spec, defs, cols).inspect(|_| {
                     SPECULATIONS_APPLIED.fetch_add(1, Ordering::Relaxed);
                 })? {
                     Some(at) => at,
@@ -134,13 +116,52 @@ fn sequential(
     bytes: &[u8],
     from: usize,
     defs: &mut Definitions,
-    cols: &mut Columns,
+    cols: &mut SampleColumns,
 ) -> Result<(usize, bool), Error> {
-    let (used, stop) = scan(&bytes[from..], from as u64, defs, |x, _| {
-        cols.push(x);
-        true
-    })?;
-    Ok((from + used, stop == Stop::Incomplete))
+    let (end, stop) = validate_into(bytes, from, bytes.len(), defs, cols)?;
+    Ok((end, stop == Stop::Incomplete))
+}
+
+/// The sequential reader over `bytes[from..to]` (`from` a record boundary),
+/// appending samples to the last block of `cols`. Returns the offset it
+/// stopped at (a record boundary) and why.
+fn validate_into(
+    bytes: &[u8],
+    from: usize,
+    to: usize,
+    defs: &mut Definitions,
+    cols: &mut SampleColumns,
+) -> Result<(usize, Stop), Error> {
+    struct Validate<'b, 'd> {
+        buf: &'b [u8],
+        base: u64,
+        pos: usize,
+        defs: &'d mut Definitions,
+        /// A sample the filler had no room for, already validated.
+        pending: Option<Sample>,
+    }
+    impl Fill for Validate<'_, '_> {
+        type Out = Result<Stop, Error>;
+        #[inline(always)]
+        fn run<L: Layout>(&mut self, w: &mut Filler<'_, L>) -> Result<Stop, Error> {
+            let pending = &mut self.pending;
+            scan_from(self.buf, &mut self.pos, self.base, self.defs, |s, _| {
+                w.put(s.time_us, s.thread.get(), s.stack.get()) || {
+                    *pending = Some(s);
+                    false
+                }
+            })
+        }
+    }
+    let mut v = Validate { buf: &bytes[from..to], base: from as u64, pos: 0, defs, pending: None };
+    loop {
+        let stop = cols.last_mut().fill(&mut v)?;
+        match v.pending.take() {
+            // Widens the block or grows it, then the scan goes on.
+            Some(s) => cols.push(s),
+            None => return Ok((from + v.pos, stop)),
+        }
+    }
 }
 
 /// A position at or after `from` (within [`SYNC_WINDOW`]) from which
@@ -166,8 +187,9 @@ fn find_sync(bytes: &[u8], from: usize) -> Option<usize> {
 /// One piece of the speculatively decoded rest of the file, in stream order.
 enum Segment {
     /// Consecutive sample records starting at file offset `offset`, decoded
-    /// into `rel[start..end]` (timestamps relative to the time before the
-    /// run), `threads` and `stacks`.
+    /// into the speculation's block at `start..end`, with their largest ids
+    /// and the range of their timestamps relative to the time at the start of
+    /// the speculation.
     Samples {
         offset: usize,
         start: usize,
@@ -176,85 +198,134 @@ enum Segment {
         max_stack: u32,
         min_rel: i64,
         max_rel: i64,
+        last_rel: i64,
     },
-    /// Any other record (or a sample record outside the fast decoder's reach),
-    /// at `offset`, whose syntax decoded completely.
-    Record { offset: usize },
+    /// A record other than a sample at `offset`, whose syntax decoded
+    /// completely, with `start` samples decoded before it.
+    Record { offset: usize, start: usize },
 }
 
 /// The speculatively decoded rest of the file.
 struct Speculation {
-    rel: Vec<i64>,
-    threads: Vec<u32>,
-    stacks: Vec<u32>,
+    /// The samples, with timestamps relative to the time at the start of the
+    /// speculation (the block is rebased onto it when that is known).
+    block: Block,
     segments: Vec<Segment>,
     /// Where decoding stopped short of the end (a record it could not decode
     /// completely, or cancellation); `None` if it reached the end exactly.
     stopped_at: Option<usize>,
 }
 
-/// Decode `bytes[from..]` without validation (see the module documentation).
-fn speculate(bytes: &[u8], from: usize, cancel: &AtomicBool) -> Speculation {
-    let bound = (bytes.len() - from) / 4;
-    let mut sp = Speculation {
-        rel: Vec::with_capacity(bound),
-        threads: Vec::with_capacity(bound),
-        stacks: Vec::with_capacity(bound),
-        segments: Vec::new(),
-        stopped_at: None,
-    };
-    advise_huge_pages(&mut sp.rel);
-    advise_huge_pages(&mut sp.threads);
-    advise_huge_pages(&mut sp.stacks);
-    let mut p = from;
-    while p < bytes.len() {
-        if cancel.load(Ordering::Relaxed) {
-            sp.stopped_at = Some(p);
-            return sp;
-        }
-        let (offset, start) = (p, sp.rel.len());
-        let (mut rel, mut min_rel, mut max_rel) = (0i64, i64::MAX, i64::MIN);
-        let (mut max_thread, mut max_stack) = (0u32, 0u32);
+/// The speculative decoder's position and the statistics of the run of
+/// samples it is in.
+struct Decoder<'b> {
+    bytes: &'b [u8],
+    cancel: &'b AtomicBool,
+    p: usize,
+    /// Timestamp relative to the start of the speculation.
+    rel: i64,
+    /// Samples decoded so far (all runs).
+    n: usize,
+    min_rel: i64,
+    max_rel: i64,
+    max_thread: u32,
+    max_stack: u32,
+}
+
+impl Fill for Decoder<'_> {
+    /// The time and thread of a sample the filler had no room for (not
+    /// consumed), if any.
+    type Out = Option<(u64, u32)>;
+
+    /// Decode sample records from `p` until a record that is not one (or
+    /// that does not decode, or cancellation), keeping the run's statistics.
+    #[inline(always)]
+    fn run<L: Layout>(&mut self, w: &mut Filler<'_, L>) -> Option<(u64, u32)> {
+        let bytes = self.bytes;
+        let (mut p, mut rel, mut n) = (self.p, self.rel, self.n);
+        let (mut min_rel, mut max_rel) = (self.min_rel, self.max_rel);
+        let (mut max_thread, mut max_stack) = (self.max_thread, self.max_stack);
+        let mut no_room = None;
         while bytes.get(p) == Some(&tag::SAMPLE) {
-            if sp.rel.len() % 4096 == 0 && cancel.load(Ordering::Relaxed) {
+            if n % 4096 == 0 && self.cancel.load(Ordering::Relaxed) {
                 break;
             }
             let Some((delta, thread, stack, next)) = varint::decode_sample_at(bytes, p) else { break };
-            let (Some(r), Ok(t), Ok(s)) =
-                (rel.checked_add(delta), u32::try_from(thread), u32::try_from(stack))
+            let (Some(r), Ok(t), Ok(s)) = (rel.checked_add(delta), u32::try_from(thread), u32::try_from(stack))
             else {
                 break;
             };
+            if !w.put(r as u64, t, s) {
+                no_room = Some((r as u64, t));
+                break;
+            }
             rel = r;
             min_rel = min_rel.min(r);
             max_rel = max_rel.max(r);
             max_thread = max_thread.max(t);
             max_stack = max_stack.max(s);
-            sp.rel.push(r);
-            sp.threads.push(t);
-            sp.stacks.push(s);
+            n += 1;
             p = next;
         }
-        if sp.rel.len() > start {
-            let end = sp.rel.len();
+        (self.p, self.rel, self.n) = (p, rel, n);
+        (self.min_rel, self.max_rel) = (min_rel, max_rel);
+        (self.max_thread, self.max_stack) = (max_thread, max_stack);
+        no_room
+    }
+}
+
+/// Decode `bytes[from..]` without validation (see the module documentation).
+fn speculate(bytes: &[u8], from: usize, cancel: &AtomicBool) -> Speculation {
+    let bound = (bytes.len() - from) / 4;
+    let mut sp = Speculation { block: Block::new(0, bound), segments: Vec::new(), stopped_at: None };
+    let mut d = Decoder {
+        bytes,
+        cancel,
+        p: from,
+        rel: 0,
+        n: 0,
+        min_rel: i64::MAX,
+        max_rel: i64::MIN,
+        max_thread: 0,
+        max_stack: 0,
+    };
+    while d.p < bytes.len() {
+        if cancel.load(Ordering::Relaxed) {
+            sp.stopped_at = Some(d.p);
+            return sp;
+        }
+        let (offset, start) = (d.p, d.n);
+        (d.min_rel, d.max_rel, d.max_thread, d.max_stack) = (i64::MAX, i64::MIN, 0, 0);
+        while let Some((time, thread)) = sp.block.fill(&mut d) {
+            sp.block.make_room(time, thread);
+        }
+        if d.n > start {
             sp.segments.push(Segment::Samples {
                 offset,
                 start,
-                end,
-                max_thread,
-                max_stack,
-                min_rel,
-                max_rel,
+                end: d.n,
+                max_thread: d.max_thread,
+                max_stack: d.max_stack,
+                min_rel: d.min_rel,
+                max_rel: d.max_rel,
+                last_rel: d.rel,
             });
             continue;
         }
-        match record::decode(&bytes[p..]) {
+        // A sample record the loop above did not take (cut short, not
+        // canonical, or out of its reach) ends the speculation: the
+        // sequential reader decides about it.
+        if bytes[d.p] == tag::SAMPLE {
+            sp.stopped_at = Some(d.p);
+            return sp;
+        }
+        match record::decode(&bytes[d.p..]) {
             Ok((_, len)) => {
-                sp.segments.push(Segment::Record { offset: p });
-                p += len;
+                sp.segments.push(Segment::Record { offset: d.p, start: d.n });
+                d.p += len;
             }
             Err(_) => {
-                sp.stopped_at = Some(p);
+                sp.stopped_at = Some(d.p);
                 return sp;
             }
         }
@@ -262,20 +333,26 @@ fn speculate(bytes: &[u8], from: usize, cancel: &AtomicBool) -> Speculation {
     sp
 }
 
-/// Apply the speculation in stream order after the first half was validated.
-/// Returns the offset from which the sequential reader must continue, or
+/// Apply the speculation in stream order after the first half was validated:
+/// its block joins `cols`, cut back to what passed. Returns the offset from
+/// which the sequential reader must continue (appending to that block), or
 /// `None` when everything was applied and the file ends on a record boundary.
 fn apply(
     bytes: &[u8],
-    sp: &Speculation,
+    sp: Speculation,
     defs: &mut Definitions,
-    cols: &mut Columns,
+    cols: &mut SampleColumns,
 ) -> Result<Option<usize>, Error> {
-    for seg in &sp.segments {
+    // The time every relative timestamp of the speculation counts from (only
+    // sample records move the running time).
+    let t0 = defs.last_time_us();
+    let in_range = |r: i64| t0.checked_add_signed(r).is_some();
+    let Speculation { mut block, segments, stopped_at } = sp;
+    block.rebase(t0);
+    cols.push_block(block);
+    for seg in &segments {
         match *seg {
-            Segment::Samples { offset, start, end, max_thread, max_stack, min_rel, max_rel } => {
-                let time = defs.last_time_us();
-                let in_range = |r: i64| time.checked_add_signed(r).is_some();
+            Segment::Samples { offset, start, end, max_thread, max_stack, min_rel, max_rel, last_rel } => {
                 if max_thread as usize >= defs.threads().len()
                     || max_stack as usize >= defs.stack_count()
                     || !in_range(min_rel)
@@ -283,25 +360,31 @@ fn apply(
                 {
                     // Some sample of the run breaks a rule: the sequential
                     // reader finds which, with its offset.
+                    cols.last_mut().truncate(start);
                     return Ok(Some(offset));
                 }
-                cols.times.extend(sp.rel[start..end].iter().map(|&r| time.wrapping_add_signed(r)));
-                cols.threads.extend_from_slice(&sp.threads[start..end]);
-                cols.stacks.extend_from_slice(&sp.stacks[start..end]);
-                defs.commit_samples((end - start) as u64, time.wrapping_add_signed(sp.rel[end - 1]));
+                defs.commit_samples((end - start) as u64, t0.wrapping_add_signed(last_rel));
             }
-            Segment::Record { offset } => match defs.read_record(&bytes[offset..]) {
-                Ok((sample, _)) => {
-                    if let Some(s) = sample {
-                        cols.push(s);
+            Segment::Record { offset, start } => {
+                // Never a sample record (the speculation stops at one it
+                // cannot take), so applying it moves no sample column.
+                debug_assert_ne!(bytes[offset], tag::SAMPLE);
+                match defs.read_record(&bytes[offset..]) {
+                    Ok((None, _)) => {}
+                    Ok((Some(_), _)) => unreachable!("speculation segments hold no sample record"),
+                    // Cannot happen for a record whose syntax decoded
+                    // completely; the sequential reader decides if it does.
+                    Err(DecodeError::Incomplete) => {
+                        cols.last_mut().truncate(start);
+                        return Ok(Some(offset));
+                    }
+                    Err(DecodeError::Bad { at, kind }) => {
+                        return Err(format_error((offset + at) as u64, kind))
                     }
                 }
-                // Cannot happen for a record whose syntax decoded completely;
-                // the sequential reader decides if it does.
-                Err(DecodeError::Incomplete) => return Ok(Some(offset)),
-                Err(DecodeError::Bad { at, kind }) => return Err(format_error((offset + at) as u64, kind)),
-            },
+            }
         }
     }
-    Ok(sp.stopped_at)
+    // Stopped short: the samples decoded up to there were all applied.
+    Ok(stopped_at)
 }

@@ -1,18 +1,19 @@
 //! `Snapshot`: a whole spool decoded into memory for random access.
 //!
-//! Samples are stored column-wise (timestamps, threads, stacks), so loading a
-//! large profile allocates three vectors sized once from the file length, not
-//! one object per sample. Large spools are read and loaded on two threads
-//! (`parallel.rs`).
+//! Samples are stored column-wise (`columns.rs`: timestamps, threads,
+//! stacks), so loading a large profile allocates a few vectors sized once from
+//! the file length, not one object per sample. Large spools are read and
+//! loaded on two threads (`parallel.rs`).
 
 use std::ops::Deref;
 use std::path::Path;
 
-use super::parallel::{self, Columns};
+use super::columns::{Block, SampleColumns, Samples};
+use super::parallel;
 use super::scan::format_error;
 use crate::format::defs::Definitions;
 use crate::format::record;
-use crate::format::{Sample, StackId, ThreadId};
+use crate::format::Sample;
 use crate::Error;
 
 /// A fully decoded spool.
@@ -57,9 +58,7 @@ use crate::Error;
 #[derive(Debug, Clone)]
 pub struct Snapshot {
     defs: Definitions,
-    times: Vec<u64>,
-    threads: Vec<u32>,
-    stacks: Vec<u32>,
+    samples: SampleColumns,
     recovered: bool,
     valid_len: u64,
     file_len: u64,
@@ -91,24 +90,12 @@ impl Snapshot {
         // Pages of unused capacity are never touched; the columns are shrunk
         // to fit at the end.
         let bound = (bytes.len() - hlen) / 4;
-        let mut cols = Columns {
-            times: Vec::with_capacity(bound),
-            threads: Vec::with_capacity(bound),
-            stacks: Vec::with_capacity(bound),
-        };
-        advise_huge_pages(&mut cols.times);
-        advise_huge_pages(&mut cols.threads);
-        advise_huge_pages(&mut cols.stacks);
-        let (valid_len, recovered) = parallel::load(bytes, hlen, &mut defs, &mut cols, min_parallel_bytes)?;
-        let Columns { mut times, mut threads, mut stacks } = cols;
-        times.shrink_to_fit();
-        threads.shrink_to_fit();
-        stacks.shrink_to_fit();
+        let mut samples = SampleColumns::new(Block::new(header.start_time_us, bound));
+        let (valid_len, recovered) = parallel::load(bytes, hlen, &mut defs, &mut samples, min_parallel_bytes)?;
+        samples.finish();
         Ok(Snapshot {
             defs,
-            times,
-            threads,
-            stacks,
+            samples,
             recovered,
             valid_len: valid_len as u64,
             file_len: bytes.len() as u64,
@@ -137,35 +124,50 @@ impl Snapshot {
 
     /// Number of samples.
     pub fn len(&self) -> usize {
-        self.times.len()
+        self.samples.len()
     }
 
     /// Whether there are no samples.
     pub fn is_empty(&self) -> bool {
-        self.times.is_empty()
+        self.samples.len() == 0
     }
 
     /// One sample by index (stream order).
+    ///
+    /// # Panics
+    ///
+    /// If `i >= self.len()`.
     pub fn sample(&self, i: usize) -> Sample {
-        Sample { time_us: self.times[i], thread: ThreadId(self.threads[i]), stack: StackId(self.stacks[i]) }
+        match self.samples.get(i) {
+            Some(s) => s,
+            None => panic!("sample index {i} out of range for a snapshot of {} samples", self.len()),
+        }
     }
 
     /// Every sample in stream order.
-    pub fn samples(&self) -> impl ExactSizeIterator<Item = Sample> + '_ {
-        (0..self.times.len()).map(move |i| self.sample(i))
+    pub fn samples(&self) -> Samples<'_> {
+        self.samples.iter()
     }
 
     /// Sample timestamps (unix microseconds), stream order.
-    pub fn sample_times(&self) -> &[u64] {
-        &self.times
+    pub fn sample_times(&self) -> impl ExactSizeIterator<Item = u64> + '_ {
+        self.samples().map(|s| s.time_us)
     }
 
     /// First and last sample timestamps, if any (samples may be out of order
     /// across threads: these are the minimum and maximum).
     pub fn time_range(&self) -> Option<(u64, u64)> {
-        let min = *self.times.iter().min()?;
-        let max = *self.times.iter().max()?;
+        let min = self.sample_times().min()?;
+        let max = self.sample_times().max()?;
         Some((min, max))
+    }
+
+    /// How many blocks the samples are stored in and how many of those use
+    /// the narrow (10 bytes per sample) columns; for tests.
+    #[doc(hidden)]
+    pub fn column_blocks(&self) -> (usize, usize) {
+        let b = self.samples.blocks();
+        (b.len(), b.iter().filter(|b| b.is_narrow()).count())
     }
 }
 
