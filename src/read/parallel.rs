@@ -7,21 +7,24 @@
 //! 1. Past the midpoint, find a position from which [`SYNC_RECORDS`] records in
 //!    a row decode as sample records: very likely a record boundary.
 //! 2. One thread validates the first half exactly as the sequential reader
-//!    does, stopping at that position; a second thread meanwhile decodes the
-//!    rest into runs of samples (with each run's largest thread and stack ids
-//!    and its timestamp range, relative to the run's start) and the offsets of
-//!    the other records between them, checking only syntax.
+//!    does, stopping at that position, into the first block of sample
+//!    columns (`columns.rs`); a second thread meanwhile decodes the rest
+//!    straight into a second block, with timestamps relative to the time at
+//!    the position (not yet known), noting each run of samples (its largest
+//!    thread and stack ids and its timestamp range) and the offsets of the
+//!    other records between them, checking only syntax.
 //! 3. If the first half ends exactly at the chosen position, it was a
 //!    boundary and the decoding of the rest is the one the sequential reader
-//!    would make. The validating thread then applies the rest in stream order:
-//!    other records through the same rule code as always, runs of samples
-//!    with one check per run (ids below the counts defined so far, timestamps
-//!    in range from the running time). Anything that does not pass (a failed
-//!    run check, a record the speculation could not decode, or a first half
-//!    that did not end at the position) is re-read sequentially from there, so
-//!    errors, their offsets and the recovered tail are exactly those of the
-//!    sequential reader; `tests/format_parallel.rs` and the fuzz checks
-//!    compare the two.
+//!    would make. The validating thread then rebases the second block onto
+//!    the time it reached and applies the rest in stream order: other records
+//!    through the same rule code as always, runs of samples with one check per
+//!    run (ids below the counts defined so far, timestamps in range); no
+//!    sample is copied. Anything that does not pass (a failed run check, a
+//!    record the speculation could not decode, or a first half that did not
+//!    end at the position) cuts the second block back to what passed and is
+//!    re-read sequentially from there, so errors, their offsets and the
+//!    recovered tail are exactly those of the sequential reader;
+//!    `tests/format_parallel.rs` and the fuzz checks compare the two.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
