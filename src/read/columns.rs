@@ -389,3 +389,107 @@ impl Iterator for Samples<'_> {
 impl ExactSizeIterator for Samples<'_> {}
 
 impl std::iter::FusedIterator for Samples<'_> {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Pushes `samples` through fillers, making room whenever one is full
+    /// or a sample does not fit its layout, as the loaders do.
+    struct Feed<'s> {
+        samples: &'s [(u64, u32, u32)],
+        next: usize,
+    }
+
+    impl Fill for Feed<'_> {
+        type Out = Option<(u64, u32)>;
+        fn run<L: Layout>(&mut self, w: &mut Filler<'_, L>) -> Option<(u64, u32)> {
+            while let Some(&(time, thread, stack)) = self.samples.get(self.next) {
+                if !w.put(time, thread, stack) {
+                    return Some((time, thread));
+                }
+                self.next += 1;
+            }
+            None
+        }
+    }
+
+    fn load(block: &mut Block, samples: &[(u64, u32, u32)]) {
+        let mut feed = Feed { samples, next: 0 };
+        while let Some((time, thread)) = block.fill(&mut feed) {
+            block.make_room(time, thread);
+        }
+    }
+
+    fn contents(cols: &SampleColumns) -> Vec<(u64, u32, u32)> {
+        cols.iter().map(|s| (s.time_us, s.thread.get(), s.stack.get())).collect()
+    }
+
+    #[test]
+    fn a_full_filler_grows_the_block_and_keeps_it_narrow() {
+        let start = 1_700_000_000_000_000;
+        let samples: Vec<_> = (0..5000).map(|i| (start + i * 1000, (i % 7) as u32, i as u32)).collect();
+        let mut block = Block::new(start, 3);
+        load(&mut block, &samples);
+        assert!(block.is_narrow());
+        let mut cols = SampleColumns::new(block);
+        cols.finish();
+        assert_eq!(cols.len(), 5000);
+        assert_eq!(contents(&cols), samples);
+        assert_eq!(cols.iter().len(), 5000);
+        assert_eq!(cols.get(4999).map(|s| s.time_us), Some(samples[4999].0));
+        assert_eq!(cols.get(5000), None);
+    }
+
+    #[test]
+    fn values_outside_the_narrow_layout_widen_it_once() {
+        let start: u64 = 1_000_000;
+        // The first times past either end of the narrow range, far past it,
+        // and a thread id past 16 bits, each after some narrow samples. (Times
+        // wrap: 0 and u64::MAX are inside the range around this start.)
+        let (lo, hi) = (start.wrapping_sub(BIAS), start.wrapping_sub(BIAS).wrapping_add(1 << 32));
+        assert!(Block::new(start, 0).origin == lo);
+        let odds = [(hi, 1, 1), (lo.wrapping_sub(1), 1, 1), (start + (1 << 40), 1, 1), (start, 70_000, 1)];
+        for (i, fits) in [(hi.wrapping_sub(1), 1), (lo, 1), (0, 1), (u64::MAX, 1), (start, 65_535)].into_iter().enumerate() {
+            let mut block = Block::new(start, 1);
+            load(&mut block, &[(fits.0, fits.1, 0)]);
+            assert!(block.is_narrow(), "{i}");
+            assert_eq!(block.get(0).time_us, fits.0);
+        }
+        for odd in odds {
+            let mut samples: Vec<_> = (0..100).map(|i| (start + i, 2, 3)).collect();
+            samples.push(odd);
+            samples.extend((0..100).map(|i| (start + 200 + i, 4, u32::MAX)));
+            let mut block = Block::new(start, samples.len());
+            load(&mut block, &samples[..100]);
+            assert!(block.is_narrow(), "{odd:?}");
+            load(&mut block, &samples[100..]);
+            assert!(!block.is_narrow(), "{odd:?}");
+            let mut cols = SampleColumns::new(block);
+            cols.finish();
+            assert_eq!(contents(&cols), samples, "{odd:?}");
+        }
+    }
+
+    #[test]
+    fn blocks_rebase_truncate_and_read_in_order() {
+        // A second block pushed relative to an unknown start, rebased later.
+        let mut first = Block::new(500, 10);
+        load(&mut first, &[(500, 0, 0), (700, 1, 1)]);
+        let mut second = Block::new(0, 10);
+        let rel = |r: i64| r as u64;
+        load(&mut second, &[(rel(-50), 2, 2), (rel(10), 3, 3), (rel(20), 4, 4)]);
+        second.rebase(700);
+        second.truncate(2);
+        let mut cols = SampleColumns::new(first);
+        cols.push_block(second);
+        cols.push_block(Block::new(0, 0));
+        cols.finish();
+        assert_eq!(cols.blocks().len(), 2, "the empty block is dropped");
+        assert_eq!(contents(&cols), [(500, 0, 0), (700, 1, 1), (650, 2, 2), (710, 3, 3)]);
+        assert_eq!(cols.get(2).map(|s| s.time_us), Some(650));
+        let mut it = cols.iter();
+        it.next();
+        assert_eq!(it.len(), 3);
+    }
+}
