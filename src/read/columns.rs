@@ -34,7 +34,11 @@ pub(crate) struct Cols<O, T> {
 
 impl<O, T> Cols<O, T> {
     fn with_capacity(n: usize) -> Self {
-        let mut c = Cols { offs: Vec::with_capacity(n), threads: Vec::with_capacity(n), stacks: Vec::with_capacity(n) };
+        let mut c = Cols {
+            offs: Vec::with_capacity(n),
+            threads: Vec::with_capacity(n),
+            stacks: Vec::with_capacity(n),
+        };
         advise_huge_pages(&mut c.offs);
         advise_huge_pages(&mut c.threads);
         advise_huge_pages(&mut c.stacks);
@@ -450,7 +454,9 @@ mod tests {
         let (lo, hi) = (start.wrapping_sub(BIAS), start.wrapping_sub(BIAS).wrapping_add(1 << 32));
         assert!(Block::new(start, 0).origin == lo);
         let odds = [(hi, 1, 1), (lo.wrapping_sub(1), 1, 1), (start + (1 << 40), 1, 1), (start, 70_000, 1)];
-        for (i, fits) in [(hi.wrapping_sub(1), 1), (lo, 1), (0, 1), (u64::MAX, 1), (start, 65_535)].into_iter().enumerate() {
+        for (i, fits) in
+            [(hi.wrapping_sub(1), 1), (lo, 1), (0, 1), (u64::MAX, 1), (start, 65_535)].into_iter().enumerate()
+        {
             let mut block = Block::new(start, 1);
             load(&mut block, &[(fits.0, fits.1, 0)]);
             assert!(block.is_narrow(), "{i}");

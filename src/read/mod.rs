@@ -10,11 +10,11 @@ pub(crate) mod scan;
 mod snapshot;
 mod tail;
 
+pub use columns::Samples as SnapshotSamples;
 #[doc(hidden)]
 pub use fuzz::{fuzz_check_replay, fuzz_check_snapshot, fuzz_check_tail};
 #[doc(hidden)]
 pub use parallel::speculations_applied;
 pub use replay::{Replay, ReplayOptions, ReplaySamples};
-pub use columns::Samples as SnapshotSamples;
 pub use snapshot::Snapshot;
 pub use tail::Tail;

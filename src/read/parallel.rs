@@ -28,8 +28,8 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-use super::scan::{format_error, scan_from, Stop};
 use super::columns::{Block, Fill, Filler, Layout, SampleColumns};
+use super::scan::{format_error, scan_from, Stop};
 use crate::format::defs::Definitions;
 use crate::format::record::{self, DecodeError};
 use crate::format::{tag, varint, Sample};
@@ -254,7 +254,8 @@ impl Fill for Decoder<'_> {
                 break;
             }
             let Some((delta, thread, stack, next)) = varint::decode_sample_at(bytes, p) else { break };
-            let (Some(r), Ok(t), Ok(s)) = (rel.checked_add(delta), u32::try_from(thread), u32::try_from(stack))
+            let (Some(r), Ok(t), Ok(s)) =
+                (rel.checked_add(delta), u32::try_from(thread), u32::try_from(stack))
             else {
                 break;
             };

@@ -91,15 +91,10 @@ impl Snapshot {
         // to fit at the end.
         let bound = (bytes.len() - hlen) / 4;
         let mut samples = SampleColumns::new(Block::new(header.start_time_us, bound));
-        let (valid_len, recovered) = parallel::load(bytes, hlen, &mut defs, &mut samples, min_parallel_bytes)?;
+        let (valid_len, recovered) =
+            parallel::load(bytes, hlen, &mut defs, &mut samples, min_parallel_bytes)?;
         samples.finish();
-        Ok(Snapshot {
-            defs,
-            samples,
-            recovered,
-            valid_len: valid_len as u64,
-            file_len: bytes.len() as u64,
-        })
+        Ok(Snapshot { defs, samples, recovered, valid_len: valid_len as u64, file_len: bytes.len() as u64 })
     }
 
     /// Whether the file ended partway through its final record (which was dropped).
