@@ -222,7 +222,7 @@ fn read_file(path: &Path) -> std::io::Result<Vec<u8>> {
 }
 
 /// Ask the kernel to back a large column with transparent huge pages: filling
-/// 16 bytes per sample otherwise costs one page fault per 4 KiB, which is a
+/// 10 bytes per sample otherwise costs one page fault per 4 KiB, which is a
 /// large share of the time to load a big spool. Purely advisory.
 pub(crate) fn advise_huge_pages<T>(v: &mut Vec<T>) {
     #[cfg(target_os = "linux")]
