@@ -322,8 +322,8 @@ impl Deref for Replay {
 /// Iterator over a [`Replay`]'s samples.
 ///
 /// The prefix was validated when the replay was opened, so iteration only
-/// decodes: each sample record is read straight from a fixed-size read buffer
-/// (see [`ReplaySamples::decode_direct`]); definition records are skipped, and
+/// decodes: each sample record is read straight from a fixed-size read
+/// buffer; definition records are skipped, and
 /// the ends of read chunks and seeks go through a general one-record step.
 /// References are still bounds-checked, so that a file changed since it was
 /// opened gives wrong samples or a `ChangedSinceOpen` error, never a panic.
