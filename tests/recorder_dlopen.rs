@@ -35,8 +35,10 @@ fn dlopen_dlclose_same_address_two_generations() {
     burn(&a, 0.4);
     let base_a = a.base();
     std::thread::sleep(tick * 5);
-    let t_close_a = spulse_now_us();
     a.close();
+    // Alpha's own teardown code (its `_fini`, run by dlclose) can still be
+    // sampled while `close` runs; once it returns, alpha is unmapped.
+    let t_close_a = spulse_now_us();
     std::thread::sleep(tick * 5);
     let t_open_b = spulse_now_us();
     let b = Plugin::open(&beta, "plugin_beta").unwrap();
@@ -84,18 +86,26 @@ fn dlopen_dlclose_same_address_two_generations() {
             in_a += 1;
             deep_a += reaches_exe as u32;
             assert!(s.time_us < t_close_a, "alpha sample after alpha was closed");
-            assert!(name.starts_with("plugin_alpha"), "alpha sample named {name}");
+            assert!(name.starts_with("plugin_alpha") || is_crt(&name), "alpha sample named {name}");
         } else {
             in_b += 1;
             deep_b += reaches_exe as u32;
             assert!(s.time_us > t_open_b, "beta sample before beta was opened");
-            assert!(name.starts_with("plugin_beta"), "beta sample named {name}");
+            assert!(name.starts_with("plugin_beta") || is_crt(&name), "beta sample named {name}");
         }
     }
     eprintln!("alpha {in_a} ({deep_a} reach the exe), beta {in_b} ({deep_b}); {stats:?}");
     assert!(in_a >= 200 && in_b >= 200, "samples in the libraries: alpha {in_a}, beta {in_b}");
     assert!(deep_a as f64 >= 0.9 * in_a as f64, "alpha stacks stop in the library");
     assert!(deep_b as f64 >= 0.9 * in_b as f64, "beta stacks stop in the library");
+}
+
+/// The start-up and teardown code the toolchain links into every shared
+/// library, which dlopen and dlclose run (and a sample can land in).
+fn is_crt(name: &str) -> bool {
+    ["_init", "_fini", "frame_dummy", "register_tm_clones", "deregister_tm_clones", "__do_global_dtors_aux"]
+        .iter()
+        .any(|c| name.starts_with(c))
 }
 
 fn spulse_now_us() -> u64 {
