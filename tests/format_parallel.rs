@@ -149,25 +149,33 @@ fn opening_a_large_file_reads_and_loads_it_whole() {
     assert!(a.samples().eq(b.samples()));
 }
 
-/// Samples that do not all fit the narrow columns (4-byte time offsets, 2-byte
-/// thread ids) widen the block they fall in, in either half of a two-thread
-/// load, and every value comes back exactly.
+/// Samples that do not fit a narrow block (4-byte time offsets, 2-byte thread
+/// ids) start a new block or widen one, in either half of a two-thread load,
+/// and every value comes back exactly.
 #[test]
-fn samples_that_do_not_fit_narrow_columns_widen_their_block() {
+fn samples_that_do_not_fit_a_narrow_block_start_a_new_one_or_widen_it() {
     use spulse::{Engine, Frame, Header, SpoolWriter};
     const N: usize = 400_000;
     const HOUR_US: u64 = 3_600_000_000;
-    // (what, sample index, time offset from the regular one, thread)
-    let cases: [(&str, Option<usize>, i64, usize); 7] = [
-        ("nothing", None, 0, 0),
-        ("a late sample, first half", Some(N / 4), 5 * HOUR_US as i64, 1),
-        ("a late sample, second half", Some(3 * N / 4), 5 * HOUR_US as i64, 1),
-        ("an early sample, first half", Some(N / 4), -(START_US as i64) + 7, 1),
-        ("an early sample, second half", Some(3 * N / 4), -600_000_000, 1),
-        ("thread 69,999, first half", Some(N / 4), 0, 69_999),
-        ("thread 69,999, second half", Some(3 * N / 4), 0, 69_999),
+    // (what, sample index, time offset from the regular one, thread, and the
+    // (blocks, narrow blocks) of the two-thread and of the one-thread load).
+    // There is one block per loading thread. A time outside a block's range
+    // starts a new block; if the next (regular) sample is outside the new
+    // block's range too, it widens that block. A thread id past 16 bits
+    // widens the block it falls in.
+    type Shape = ((usize, usize), (usize, usize));
+    let new_block_widened: Shape = ((3, 2), (2, 1));
+    let cases: [(&str, Option<usize>, i64, usize, Shape); 7] = [
+        ("nothing", None, 0, 0, ((2, 2), (1, 1))),
+        ("a late sample, first half", Some(N / 4), 5 * HOUR_US as i64, 1, new_block_widened),
+        ("a late sample, second half", Some(3 * N / 4), 5 * HOUR_US as i64, 1, new_block_widened),
+        ("an early sample, first half", Some(N / 4), -(START_US as i64) + 7, 1, new_block_widened),
+        // Ten minutes early: the regular samples after it fit its block.
+        ("an early sample, second half", Some(3 * N / 4), -600_000_000, 1, ((3, 3), (2, 2))),
+        ("thread 69,999, first half", Some(N / 4), 0, 69_999, ((2, 1), (1, 0))),
+        ("thread 69,999, second half", Some(3 * N / 4), 0, 69_999, ((2, 1), (1, 0))),
     ];
-    for (what, at, shift, odd_thread) in cases {
+    for (what, at, shift, odd_thread, shape) in cases {
         let header = Header { start_time_us: START_US, interval_us: 1000, engine: Engine::ThreadCpuTimer };
         let mut w = SpoolWriter::new(Vec::new(), header).unwrap();
         let threads: Vec<_> = (0..70_000u32).map(|i| w.define_thread(1, i + 1, "t").unwrap()).collect();
@@ -195,12 +203,61 @@ fn samples_that_do_not_fit_narrow_columns_widen_their_block() {
         assert!(s.samples().eq(p.samples()), "{what}: one-thread load");
         assert_eq!(p.sample(N - 1).time_us, expected[N - 1].0, "{what}");
         assert_eq!(p.time_range().unwrap().1, expected.iter().map(|e| e.0).max().unwrap(), "{what}");
-        // Two blocks (one per thread); only the one holding the odd sample is wide.
-        let narrow = match at {
-            None => 2,
-            Some(_) => 1,
-        };
-        assert_eq!(p.column_blocks(), (2, narrow), "{what}: two-thread load");
-        assert_eq!(s.column_blocks(), (1, (at.is_none()) as usize), "{what}: one-thread load");
+        assert_eq!((p.column_blocks(), s.column_blocks()), shape, "{what}");
+    }
+}
+
+/// A profile of many hours loads into narrow columns, one block per hour or
+/// so, on either path, with every sample exact.
+#[test]
+fn a_long_profile_stays_in_narrow_blocks() {
+    use spulse::{Engine, Frame, Header, SpoolWriter};
+    // Ten hours, one sample every 100 ms, cycling over three threads.
+    const N: u64 = 360_000;
+    let header = Header { start_time_us: START_US, interval_us: 100_000, engine: Engine::ThreadCpuTimer };
+    let mut w = SpoolWriter::new(Vec::new(), header).unwrap();
+    let threads: Vec<_> = (0..3u32).map(|i| w.define_thread(1, i + 1, "t").unwrap()).collect();
+    let frame = w.define_frame(Frame::Absolute { address: 0x1000, kernel: false }).unwrap();
+    let stack = w.define_stack(None, frame).unwrap();
+    for i in 0..N {
+        // Now and then another record, so that the speculation has many runs.
+        if i % 20_000 == 10_000 {
+            w.define_thread(2, i as u32, "later").unwrap();
+        }
+        w.sample(START_US + i * 100_000, threads[(i % 3) as usize], stack).unwrap();
+    }
+    let bytes = w.into_inner().unwrap();
+    let before = spulse::read::speculations_applied();
+    let (p, s) = both(&bytes);
+    let (p, s) = (p.unwrap(), s.unwrap());
+    assert!(spulse::read::speculations_applied() > before, "the two-thread path did not run");
+    for (snap, how) in [(&p, "two threads"), (&s, "one thread")] {
+        let (blocks, narrow) = snap.column_blocks();
+        assert_eq!(blocks, narrow, "{how}: every block narrow");
+        assert!((9..=10).contains(&blocks), "{how}: {blocks} blocks");
+        assert_eq!(snap.len(), N as usize);
+        assert!(snap.sample_times().eq((0..N).map(|i| START_US + i * 100_000)), "{how}");
+        assert_eq!(snap.sample(N as usize - 1).time_us, START_US + (N - 1) * 100_000);
+        assert_eq!(snap.sample(200_000).thread.index(), 200_000 % 3);
+    }
+    // Cuts and bad samples in the second half, where the speculation's own
+    // columns have several blocks by then: the two loads still agree.
+    let n = bytes.len();
+    for k in 1..=6 {
+        let at = n / 2 + k * (n / 2) / 7;
+        assert_same(&bytes[..at], &format!("cut at {at}"));
+        // A record boundary near `at`: sample records here are 4-6 bytes.
+        let boundary = (at..at + 8)
+            .find(|&b| {
+                Snapshot::from_bytes_split(&bytes[..b], usize::MAX)
+                    .is_ok_and(|x| !x.recovered_from_truncated_tail())
+            })
+            .unwrap();
+        let mut bad = bytes[..boundary].to_vec();
+        bad.extend_from_slice(&sample_record(0, 1000, 0));
+        bad.extend_from_slice(&bytes[boundary..]);
+        let e = Snapshot::from_bytes_split(&bad, 0).expect_err("thread 1000 is undefined");
+        assert_eq!(e.offset(), Some(boundary as u64));
+        assert_same(&bad, &format!("bad sample at {boundary}"));
     }
 }

@@ -7,11 +7,17 @@
 //!
 //! A block stores each timestamp as an offset from the block's origin. It
 //! starts narrow, 10 bytes per sample: 4-byte offsets (from 4.5 minutes before
-//! the time the block starts at to 67 minutes after it) and 2-byte thread ids. The first
-//! sample that does not fit widens the block, once, to 8-byte offsets and
-//! 4-byte thread ids (16 bytes per sample). Memory written while loading is
-//! most of the cost of loading a large spool (the kernel zeroes every fresh
-//! page first), so the narrow form loads faster as well as smaller.
+//! the time the block starts at to 67 minutes after it) and 2-byte thread ids.
+//! A sample whose time is outside that range starts a new narrow block, so a
+//! profile of many hours stays narrow (one block per hour or so). A thread id
+//! past 16 bits, or a time outside the range of a block of fewer than
+//! [`MIN_SPLIT`] samples (timestamps jumping back and forth, which only
+//! corrupt-looking input does), widens the block instead, once, to 8-byte
+//! offsets and 4-byte thread ids (16 bytes per sample); so there are fewer
+//! blocks than one per [`MIN_SPLIT`] samples, plus one per loading thread.
+//! Memory written while loading is a share of the cost of loading a large
+//! spool (the kernel zeroes every fresh page first), so the narrow form loads
+//! faster as well as smaller.
 
 use std::mem::MaybeUninit;
 
@@ -23,6 +29,10 @@ use crate::format::{Sample, StackId, ThreadId};
 /// before (samples of different threads arrive slightly out of order) to 67
 /// minutes after.
 const BIAS: u64 = 1 << 28;
+
+/// The fewest samples a narrow block holds before a time outside its range
+/// starts a new block rather than widening it.
+pub(crate) const MIN_SPLIT: usize = 4096;
 
 /// One column per field.
 #[derive(Debug, Clone)]
@@ -198,27 +208,27 @@ impl Block {
         matches!(self.cols, Width::Narrow(_))
     }
 
-    /// Append a sample taken at `time_us`.
+    /// Append a sample taken at `time_us`; `false` (nothing appended) if it
+    /// does not fit the narrow layout.
     #[inline(always)]
-    pub(crate) fn push(&mut self, time_us: u64, thread: u32, stack: u32) {
+    fn try_push(&mut self, time_us: u64, thread: u32, stack: u32) -> bool {
         let off = time_us.wrapping_sub(self.origin);
         match &mut self.cols {
-            Width::Narrow(c) => {
-                if let (Ok(o), Ok(t)) = (u32::try_from(off), u16::try_from(thread)) {
+            Width::Narrow(c) => match NarrowLayout::narrow(off, thread) {
+                Some((o, t)) => {
                     c.offs.push(o);
                     c.threads.push(t);
                     c.stacks.push(stack);
-                } else {
-                    self.widen();
-                    self.push(time_us, thread, stack);
                 }
-            }
+                None => return false,
+            },
             Width::Wide(c) => {
                 c.offs.push(off);
                 c.threads.push(thread);
                 c.stacks.push(stack);
             }
         }
+        true
     }
 
     /// Run the decoding loop `f` with a [`Filler`] over the block's spare
@@ -231,22 +241,34 @@ impl Block {
         }
     }
 
-    /// Make room for a sample at `time_us` of `thread` that a [`Filler`]
-    /// could not take: widen the block if it does not fit the narrow layout,
-    /// else grow the capacity.
+    /// Grow the capacity (the loaders reserve an upper bound up front, so
+    /// only tests get here).
     #[cold]
-    pub(crate) fn make_room(&mut self, time_us: u64, thread: u32) {
-        let off = time_us.wrapping_sub(self.origin);
-        match &mut self.cols {
-            Width::Narrow(_) if NarrowLayout::narrow(off, thread).is_none() => self.widen(),
-            Width::Narrow(c) => reserve(c),
-            Width::Wide(c) => reserve(c),
-        }
+    fn reserve(&mut self) {
         fn reserve<O, T>(c: &mut Cols<O, T>) {
             let more = (c.offs.len() / 8).max(1024);
             c.offs.reserve(more);
             c.threads.reserve(more);
             c.stacks.reserve(more);
+        }
+        match &mut self.cols {
+            Width::Narrow(c) => reserve(c),
+            Width::Wide(c) => reserve(c),
+        }
+    }
+
+    /// Unused capacity, in samples.
+    fn spare(&self) -> usize {
+        match &self.cols {
+            Width::Narrow(c) => c.offs.capacity() - c.offs.len(),
+            Width::Wide(c) => c.offs.capacity() - c.offs.len(),
+        }
+    }
+
+    fn shrink_to_fit(&mut self) {
+        match &mut self.cols {
+            Width::Narrow(c) => c.shrink_to_fit(),
+            Width::Wide(c) => c.shrink_to_fit(),
         }
     }
 
@@ -292,13 +314,15 @@ impl Block {
 #[derive(Debug, Clone, Default)]
 pub(crate) struct SampleColumns {
     blocks: Vec<Block>,
+    /// Index of each block's first sample (after [`finish`](Self::finish)).
+    starts: Vec<usize>,
     len: usize,
 }
 
 impl SampleColumns {
     /// Columns starting with `first`.
     pub(crate) fn new(first: Block) -> SampleColumns {
-        SampleColumns { blocks: vec![first], len: 0 }
+        SampleColumns { blocks: vec![first], starts: Vec::new(), len: 0 }
     }
 
     /// The block samples are appended to.
@@ -307,27 +331,76 @@ impl SampleColumns {
         self.blocks.last_mut().expect("columns always have a block")
     }
 
-    /// Append a sample to the last block.
-    #[inline(always)]
+    /// Append a sample (to the last block, or to a new one: see the module
+    /// documentation).
     pub(crate) fn push(&mut self, s: Sample) {
-        self.last_mut().push(s.time_us, s.thread.get(), s.stack.get());
+        let (time, thread, stack) = (s.time_us, s.thread.get(), s.stack.get());
+        while !self.last_mut().try_push(time, thread, stack) {
+            self.make_room(time, thread);
+        }
     }
 
-    /// Append a block (decoded elsewhere) after the samples so far.
-    pub(crate) fn push_block(&mut self, b: Block) {
-        self.blocks.push(b);
+    /// Make room for a sample at `time_us` of `thread` that the last block
+    /// (or its [`Filler`]) could not take: a new block if the time is outside
+    /// a narrow block's range and the block holds [`MIN_SPLIT`] samples or
+    /// more, wider columns if the sample does not fit otherwise, else more
+    /// capacity.
+    #[cold]
+    pub(crate) fn make_room(&mut self, time_us: u64, thread: u32) {
+        let last = self.last_mut();
+        let off = time_us.wrapping_sub(last.origin);
+        let narrow = last.is_narrow();
+        if narrow && u16::try_from(thread).is_ok() && u32::try_from(off).is_err() && last.len() >= MIN_SPLIT {
+            // The new block takes over the room reserved for the rest.
+            let spare = last.spare();
+            last.shrink_to_fit();
+            self.blocks.push(Block::new(time_us, spare.max(1)));
+        } else if narrow && NarrowLayout::narrow(off, thread).is_none() {
+            last.widen();
+        } else {
+            last.reserve();
+        }
+    }
+
+    /// Append `other`'s blocks, moving their timestamps by `delta_us` (see
+    /// [`Block::rebase`]).
+    pub(crate) fn append_rebased(&mut self, other: SampleColumns, delta_us: u64) {
+        for mut b in other.blocks {
+            b.rebase(delta_us);
+            self.blocks.push(b);
+        }
+    }
+
+    /// Samples held so far (while loading).
+    pub(crate) fn count(&self) -> usize {
+        self.blocks.iter().map(Block::len).sum()
+    }
+
+    /// Keep the first `n` samples.
+    pub(crate) fn truncate(&mut self, mut n: usize) {
+        let mut keep = 0;
+        for b in &mut self.blocks {
+            keep += 1;
+            if n <= b.len() {
+                b.truncate(n);
+                break;
+            }
+            n -= b.len();
+        }
+        self.blocks.truncate(keep.max(1));
     }
 
     /// Drop unused capacity and empty blocks, once loading is over.
     pub(crate) fn finish(&mut self) {
         self.blocks.retain(|b| b.len() > 0);
+        let mut start = 0;
+        self.starts.clear();
         for b in &mut self.blocks {
-            match &mut b.cols {
-                Width::Narrow(c) => c.shrink_to_fit(),
-                Width::Wide(c) => c.shrink_to_fit(),
-            }
+            b.shrink_to_fit();
+            self.starts.push(start);
+            start += b.len();
         }
-        self.len = self.blocks.iter().map(Block::len).sum();
+        self.len = start;
     }
 
     /// The blocks (for tests of the widening).
@@ -340,15 +413,13 @@ impl SampleColumns {
         self.len
     }
 
-    /// The sample at index `i` in stream order.
-    pub(crate) fn get(&self, mut i: usize) -> Option<Sample> {
-        for b in &self.blocks {
-            if i < b.len() {
-                return Some(b.get(i));
-            }
-            i -= b.len();
+    /// The sample at index `i` in stream order (after [`finish`](Self::finish)).
+    pub(crate) fn get(&self, i: usize) -> Option<Sample> {
+        if i >= self.len {
+            return None;
         }
-        None
+        let k = self.starts.partition_point(|&s| s <= i) - 1;
+        Some(self.blocks[k].get(i - self.starts[k]))
     }
 
     /// Every sample in stream order.
@@ -418,10 +489,10 @@ mod tests {
         }
     }
 
-    fn load(block: &mut Block, samples: &[(u64, u32, u32)]) {
+    fn load(cols: &mut SampleColumns, samples: &[(u64, u32, u32)]) {
         let mut feed = Feed { samples, next: 0 };
-        while let Some((time, thread)) = block.fill(&mut feed) {
-            block.make_room(time, thread);
+        while let Some((time, thread)) = cols.last_mut().fill(&mut feed) {
+            cols.make_room(time, thread);
         }
     }
 
@@ -429,16 +500,18 @@ mod tests {
         cols.iter().map(|s| (s.time_us, s.thread.get(), s.stack.get())).collect()
     }
 
+    fn shape(cols: &SampleColumns) -> Vec<(usize, bool)> {
+        cols.blocks().iter().map(|b| (b.len(), b.is_narrow())).collect()
+    }
+
     #[test]
     fn a_full_filler_grows_the_block_and_keeps_it_narrow() {
         let start = 1_700_000_000_000_000;
         let samples: Vec<_> = (0..5000).map(|i| (start + i * 1000, (i % 7) as u32, i as u32)).collect();
-        let mut block = Block::new(start, 3);
-        load(&mut block, &samples);
-        assert!(block.is_narrow());
-        let mut cols = SampleColumns::new(block);
+        let mut cols = SampleColumns::new(Block::new(start, 3));
+        load(&mut cols, &samples);
         cols.finish();
-        assert_eq!(cols.len(), 5000);
+        assert_eq!(shape(&cols), [(5000, true)]);
         assert_eq!(contents(&cols), samples);
         assert_eq!(cols.iter().len(), 5000);
         assert_eq!(cols.get(4999).map(|s| s.time_us), Some(samples[4999].0));
@@ -446,56 +519,90 @@ mod tests {
     }
 
     #[test]
-    fn values_outside_the_narrow_layout_widen_it_once() {
+    fn an_edge_of_the_narrow_range_widens_a_small_block() {
         let start: u64 = 1_000_000;
         // The first times past either end of the narrow range, far past it,
-        // and a thread id past 16 bits, each after some narrow samples. (Times
-        // wrap: 0 and u64::MAX are inside the range around this start.)
+        // and a thread id past 16 bits, each after some narrow samples (fewer
+        // than MIN_SPLIT). Times wrap: 0 and u64::MAX are inside the range
+        // around this start.
         let (lo, hi) = (start.wrapping_sub(BIAS), start.wrapping_sub(BIAS).wrapping_add(1 << 32));
         assert!(Block::new(start, 0).origin == lo);
-        let odds = [(hi, 1, 1), (lo.wrapping_sub(1), 1, 1), (start + (1 << 40), 1, 1), (start, 70_000, 1)];
         for (i, fits) in
             [(hi.wrapping_sub(1), 1), (lo, 1), (0, 1), (u64::MAX, 1), (start, 65_535)].into_iter().enumerate()
         {
-            let mut block = Block::new(start, 1);
-            load(&mut block, &[(fits.0, fits.1, 0)]);
-            assert!(block.is_narrow(), "{i}");
-            assert_eq!(block.get(0).time_us, fits.0);
+            let mut cols = SampleColumns::new(Block::new(start, 1));
+            load(&mut cols, &[(fits.0, fits.1, 0)]);
+            cols.finish();
+            assert_eq!(shape(&cols), [(1, true)], "{i}");
+            assert_eq!(cols.get(0).unwrap().time_us, fits.0);
         }
+        let odds = [(hi, 1, 1), (lo.wrapping_sub(1), 1, 1), (start + (1 << 40), 1, 1), (start, 70_000, 1)];
         for odd in odds {
             let mut samples: Vec<_> = (0..100).map(|i| (start + i, 2, 3)).collect();
             samples.push(odd);
             samples.extend((0..100).map(|i| (start + 200 + i, 4, u32::MAX)));
-            let mut block = Block::new(start, samples.len());
-            load(&mut block, &samples[..100]);
-            assert!(block.is_narrow(), "{odd:?}");
-            load(&mut block, &samples[100..]);
-            assert!(!block.is_narrow(), "{odd:?}");
-            let mut cols = SampleColumns::new(block);
+            let mut cols = SampleColumns::new(Block::new(start, samples.len()));
+            load(&mut cols, &samples[..100]);
+            load(&mut cols, &samples[100..]);
             cols.finish();
+            assert_eq!(shape(&cols), [(201, false)], "{odd:?}");
             assert_eq!(contents(&cols), samples, "{odd:?}");
         }
     }
 
     #[test]
-    fn blocks_rebase_truncate_and_read_in_order() {
-        // A second block pushed relative to an unknown start, rebased later.
-        let mut first = Block::new(500, 10);
-        load(&mut first, &[(500, 0, 0), (700, 1, 1)]);
-        let mut second = Block::new(0, 10);
-        let rel = |r: i64| r as u64;
-        load(&mut second, &[(rel(-50), 2, 2), (rel(10), 3, 3), (rel(20), 4, 4)]);
-        second.rebase(700);
-        second.truncate(2);
-        let mut cols = SampleColumns::new(first);
-        cols.push_block(second);
-        cols.push_block(Block::new(0, 0));
+    fn time_outside_a_full_block_starts_a_new_narrow_block() {
+        let start: u64 = 1_700_000_000_000_000;
+        // Ten hours, one sample every 100 ms: a new block about every 67
+        // minutes, all narrow, but for a thread id past 16 bits in the last
+        // block, which widens that block only.
+        let mut samples: Vec<_> = (0..360_000u64).map(|i| (start + i * 100_000, (i % 3) as u32, 7)).collect();
+        samples[350_000].1 = 100_000;
+        let mut cols = SampleColumns::new(Block::new(start, samples.len()));
+        load(&mut cols, &samples);
         cols.finish();
-        assert_eq!(cols.blocks().len(), 2, "the empty block is dropped");
+        let blocks = shape(&cols);
+        assert_eq!(blocks.len(), 9, "{blocks:?}");
+        assert!(blocks[..8].iter().all(|&(n, narrow)| narrow && n >= 40_000), "{blocks:?}");
+        assert!(!blocks[8].1, "{blocks:?}");
+        assert_eq!(contents(&cols), samples);
+        for i in (0..samples.len()).step_by(997).chain([samples.len() - 1]) {
+            let s = cols.get(i).unwrap();
+            assert_eq!((s.time_us, s.thread.get(), s.stack.get()), samples[i], "{i}");
+        }
+        // Jumping back and forth from the start: one widened block, not one
+        // block per sample.
+        let jumpy: Vec<_> = (0..10_000u64).map(|i| (start + (i % 2) * (1 << 40) + i, 1, 1)).collect();
+        let mut cols = SampleColumns::new(Block::new(start, jumpy.len()));
+        load(&mut cols, &jumpy);
+        cols.finish();
+        assert_eq!(shape(&cols), [(10_000, false)]);
+        assert_eq!(contents(&cols), jumpy);
+    }
+
+    #[test]
+    fn columns_rebase_truncate_and_read_in_order() {
+        // Columns pushed relative to a start not yet known, rebased later.
+        let mut cols = SampleColumns::new(Block::new(500, 10));
+        load(&mut cols, &[(500, 0, 0), (700, 1, 1)]);
+        let mut rest = SampleColumns::new(Block::new(0, 10));
+        let rel = |r: i64| r as u64;
+        load(&mut rest, &[(rel(-50), 2, 2), (rel(10), 3, 3), (rel(20), 4, 4)]);
+        let before = cols.count();
+        cols.append_rebased(rest, 700);
+        cols.truncate(before + 2);
+        cols.finish();
         assert_eq!(contents(&cols), [(500, 0, 0), (700, 1, 1), (650, 2, 2), (710, 3, 3)]);
         assert_eq!(cols.get(2).map(|s| s.time_us), Some(650));
         let mut it = cols.iter();
         it.next();
         assert_eq!(it.len(), 3);
+        // Cutting at a block boundary drops the later blocks.
+        let mut rest = SampleColumns::new(Block::new(0, 10));
+        load(&mut rest, &[(5, 9, 9)]);
+        cols.append_rebased(rest, 1000);
+        cols.truncate(4);
+        cols.finish();
+        assert_eq!(shape(&cols), [(2, true), (2, true)]);
     }
 }

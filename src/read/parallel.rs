@@ -7,21 +7,21 @@
 //! 1. Past the midpoint, find a position from which [`SYNC_RECORDS`] records in
 //!    a row decode as sample records: very likely a record boundary.
 //! 2. One thread validates the first half exactly as the sequential reader
-//!    does, stopping at that position, into the first block of sample
-//!    columns (`columns.rs`); a second thread meanwhile decodes the rest
-//!    straight into a second block, with timestamps relative to the time at
+//!    does, stopping at that position, into the sample columns
+//!    (`columns.rs`); a second thread meanwhile decodes the rest straight
+//!    into columns of its own, with timestamps relative to the time at
 //!    the position (not yet known), noting each run of samples (its largest
 //!    thread and stack ids and its timestamp range) and the offsets of the
 //!    other records between them, checking only syntax.
 //! 3. If the first half ends exactly at the chosen position, it was a
 //!    boundary and the decoding of the rest is the one the sequential reader
-//!    would make. The validating thread then rebases the second block onto
+//!    would make. The validating thread then rebases the second columns onto
 //!    the time it reached and applies the rest in stream order: other records
 //!    through the same rule code as always, runs of samples with one check per
 //!    run (ids below the counts defined so far, timestamps in range); no
 //!    sample is copied. Anything that does not pass (a failed run check, a
 //!    record the speculation could not decode, or a first half that did not
-//!    end at the position) cuts the second block back to what passed and is
+//!    end at the position) cuts the second columns back to what passed and is
 //!    re-read sequentially from there, so errors, their offsets and the
 //!    recovered tail are exactly those of the sequential reader;
 //!    `tests/format_parallel.rs` and the fuzz checks compare the two.
@@ -160,7 +160,7 @@ fn validate_into(
     loop {
         let stop = cols.last_mut().fill(&mut v)?;
         match v.pending.take() {
-            // Widens the block or grows it, then the scan goes on.
+            // A new block, wider columns or more room; then the scan goes on.
             Some(s) => cols.push(s),
             None => return Ok((from + v.pos, stop)),
         }
@@ -190,7 +190,7 @@ fn find_sync(bytes: &[u8], from: usize) -> Option<usize> {
 /// One piece of the speculatively decoded rest of the file, in stream order.
 enum Segment {
     /// Consecutive sample records starting at file offset `offset`, decoded
-    /// into the speculation's block at `start..end`, with their largest ids
+    /// into the speculation's columns at `start..end`, with their largest ids
     /// and the range of their timestamps relative to the time at the start of
     /// the speculation.
     Samples {
@@ -211,8 +211,8 @@ enum Segment {
 /// The speculatively decoded rest of the file.
 struct Speculation {
     /// The samples, with timestamps relative to the time at the start of the
-    /// speculation (the block is rebased onto it when that is known).
-    block: Block,
+    /// speculation (rebased onto it when that is known).
+    cols: SampleColumns,
     segments: Vec<Segment>,
     /// Where decoding stopped short of the end (a record it could not decode
     /// completely, or cancellation); `None` if it reached the end exactly.
@@ -281,7 +281,11 @@ impl Fill for Decoder<'_> {
 /// Decode `bytes[from..]` without validation (see the module documentation).
 fn speculate(bytes: &[u8], from: usize, cancel: &AtomicBool) -> Speculation {
     let bound = (bytes.len() - from) / 4;
-    let mut sp = Speculation { block: Block::new(0, bound), segments: Vec::new(), stopped_at: None };
+    let mut sp = Speculation {
+        cols: SampleColumns::new(Block::new(0, bound)),
+        segments: Vec::new(),
+        stopped_at: None,
+    };
     let mut d = Decoder {
         bytes,
         cancel,
@@ -300,8 +304,8 @@ fn speculate(bytes: &[u8], from: usize, cancel: &AtomicBool) -> Speculation {
         }
         let (offset, start) = (d.p, d.n);
         (d.min_rel, d.max_rel, d.max_thread, d.max_stack) = (i64::MAX, i64::MIN, 0, 0);
-        while let Some((time, thread)) = sp.block.fill(&mut d) {
-            sp.block.make_room(time, thread);
+        while let Some((time, thread)) = sp.cols.last_mut().fill(&mut d) {
+            sp.cols.make_room(time, thread);
         }
         if d.n > start {
             sp.segments.push(Segment::Samples {
@@ -338,8 +342,8 @@ fn speculate(bytes: &[u8], from: usize, cancel: &AtomicBool) -> Speculation {
 }
 
 /// Apply the speculation in stream order after the first half was validated:
-/// its block joins `cols`, cut back to what passed. Returns the offset from
-/// which the sequential reader must continue (appending to that block), or
+/// its columns join `cols`, cut back to what passed. Returns the offset from
+/// which the sequential reader must continue (appending to them), or
 /// `None` when everything was applied and the file ends on a record boundary.
 fn apply(
     bytes: &[u8],
@@ -351,9 +355,9 @@ fn apply(
     // sample records move the running time).
     let t0 = defs.last_time_us();
     let in_range = |r: i64| t0.checked_add_signed(r).is_some();
-    let Speculation { mut block, segments, stopped_at } = sp;
-    block.rebase(t0);
-    cols.push_block(block);
+    let Speculation { cols: rest, segments, stopped_at } = sp;
+    let before = cols.count();
+    cols.append_rebased(rest, t0);
     for seg in &segments {
         match *seg {
             Segment::Samples { offset, start, end, max_thread, max_stack, min_rel, max_rel, last_rel } => {
@@ -364,7 +368,7 @@ fn apply(
                 {
                     // Some sample of the run breaks a rule: the sequential
                     // reader finds which, with its offset.
-                    cols.last_mut().truncate(start);
+                    cols.truncate(before + start);
                     return Ok(Some(offset));
                 }
                 defs.commit_samples((end - start) as u64, t0.wrapping_add_signed(last_rel));
@@ -379,7 +383,7 @@ fn apply(
                     // Cannot happen for a record whose syntax decoded
                     // completely; the sequential reader decides if it does.
                     Err(DecodeError::Incomplete) => {
-                        cols.last_mut().truncate(start);
+                        cols.truncate(before + start);
                         return Ok(Some(offset));
                     }
                     Err(DecodeError::Bad { at, kind }) => {
