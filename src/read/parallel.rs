@@ -82,10 +82,17 @@ pub(crate) fn load(
         let Ok(rest) = spawned else {
             return sequential(bytes, hlen, defs, cols);
         };
+        // Stop the speculation and wait for its thread to exit: the scope
+        // would wait for it too, but only for its closure to return, not for
+        // the thread's exit (and its thread-local destructors) to finish.
+        let abandon = |rest: std::thread::ScopedJoinHandle<'_, Speculation>| {
+            cancel.store(true, Ordering::Relaxed);
+            let _ = rest.join();
+        };
         let first = validate_into(bytes, hlen, sync, defs, cols);
         let resume = match first {
             Err(e) => {
-                cancel.store(true, Ordering::Relaxed);
+                abandon(rest);
                 return Err(e);
             }
             // The first half ended exactly at `sync`: it is a record boundary.
@@ -95,7 +102,7 @@ pub(crate) fn load(
         };
         let resume = match resume {
             Some(at) => {
-                cancel.store(true, Ordering::Relaxed);
+                abandon(rest);
                 at
             }
             None => match rest.join() {
