@@ -311,7 +311,7 @@ impl Block {
 }
 
 /// Every sample of a snapshot, in stream order.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub(crate) struct SampleColumns {
     blocks: Vec<Block>,
     /// Index of each block's first sample (after [`finish`](Self::finish)).
