@@ -159,10 +159,10 @@ fn fill_cols<L: Layout, F: Fill>(origin: u64, cols: &mut Cols<L::Off, L::Thread>
     let out = f.run(&mut w);
     let n = w.n;
     let len = cols.offs.len() + n;
-    // SAFETY: the filler wrote elements 0..n of each column's spare capacity
-    // (`put` writes all three at index `n` before counting it), so the first
-    // `len` elements of each vector are initialized, and `len` is within the
-    // capacity because the spare slices were.
+    // The filler wrote elements 0..n of each column's spare capacity (`put`
+    // writes all three at index `n` before counting it).
+    // SAFETY: so the first `len` elements of each vector are initialized, and
+    // `len` is within the capacity, as the spare slices were.
     unsafe {
         cols.offs.set_len(len);
         cols.threads.set_len(len);
