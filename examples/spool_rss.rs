@@ -10,8 +10,11 @@
 //! (validating every record), scans every sample and prints the count, the
 //! index size and the time taken. Peak RSS comes from `/usr/bin/time -v`.
 //! `snapshot` times `Snapshot::from_bytes` (wall, and the calling thread's CPU
-//! time) and `json` compares it with the serde_json parse of the same data
-//! (wall time: the spool loads on two threads).
+//! time; with `SPULSE_ONE_THREAD` set, the one-thread load) and `json`
+//! compares it with the serde_json parse of the same data (wall time: the
+//! spool loads on two threads). `write PATH SAMPLES TICK_US` spaces the
+//! generator's ticks `TICK_US` apart instead of 1 ms (10,000 gives a 5.8-hour
+//! profile of 10 M samples).
 
 #[path = "../benches/spool_profile/mod.rs"]
 mod spool_profile;
@@ -32,16 +35,18 @@ fn cpu_time() -> Duration {
 fn main() -> Result<(), spulse::Error> {
     let args: Vec<String> = std::env::args().collect();
     match args.get(1).map(String::as_str) {
-        Some("write") if args.len() == 4 => {
+        Some("write") if args.len() == 4 || args.len() == 5 => {
             let n: u64 = args[3].parse().expect("sample count");
+            let tick_us: u64 = args.get(4).map_or(1000, |t| t.parse().expect("tick in microseconds"));
             let file = std::fs::File::create(&args[2])?;
             let header = spulse::Header {
                 start_time_us: spool_profile::START_US,
-                interval_us: 1000,
+                interval_us: tick_us,
                 engine: spulse::Engine::ThreadCpuTimer,
             };
             let mut w = spulse::SpoolWriter::new(file, header)?;
             let mut g = spool_profile::Generator::new(&mut w, 1);
+            g.tick_us = tick_us;
             g.write(&mut w, n);
             let len = w.len();
             w.into_inner()?;
@@ -137,7 +142,7 @@ fn main() -> Result<(), spulse::Error> {
             );
         }
         _ => {
-            eprintln!("usage: spool_rss write PATH SAMPLES | replay PATH | snapshot PATH | json PATH");
+            eprintln!("usage: spool_rss write PATH SAMPLES [TICK_US] | replay PATH | snapshot PATH | json PATH");
             std::process::exit(2);
         }
     }

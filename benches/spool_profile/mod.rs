@@ -93,6 +93,8 @@ pub struct Generator {
     nodes: std::collections::HashMap<(Option<StackId>, usize), StackId>,
     modules: Vec<spulse::ModuleId>,
     tick: u64,
+    /// Microseconds between ticks (1,000: a 1 kHz profile).
+    pub tick_us: u64,
     pending: Vec<(u64, usize, usize)>,
     last_time: u64,
     /// Bytes taken by sample records alone.
@@ -131,6 +133,7 @@ impl Generator {
             nodes: Default::default(),
             modules,
             tick: 0,
+            tick_us: 1000,
             pending: Vec::new(),
             last_time: START_US,
             sample_bytes: 0,
@@ -177,11 +180,11 @@ impl Generator {
         let goal = self.samples + n;
         while self.samples < goal {
             if self.pending.is_empty() {
-                // One 1 ms tick: each busy thread sampled once, with jitter.
+                // One tick (1 ms by default): each busy thread sampled once, with jitter.
                 self.tick += 1;
                 for t in 0..THREADS {
                     if self.rng.below(10) < 8 {
-                        let time = START_US + self.tick * 1000 + t as u64 * 150 + self.rng.below(40);
+                        let time = START_US + self.tick * self.tick_us + t as u64 * 150 + self.rng.below(40);
                         let leaf = self.shape.pick(&mut self.rng);
                         self.pending.push((time, t, leaf));
                     }

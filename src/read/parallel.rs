@@ -374,7 +374,9 @@ fn apply(
                     || !in_range(max_rel)
                 {
                     // Some sample of the run breaks a rule: the sequential
-                    // reader finds which, with its offset.
+                    // reader finds which, with its offset (so this load ends
+                    // in that error; the columns are cut back anyway, to hold
+                    // exactly the samples applied so far).
                     cols.truncate(before + start);
                     return Ok(Some(offset));
                 }
