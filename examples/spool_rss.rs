@@ -142,7 +142,9 @@ fn main() -> Result<(), spulse::Error> {
             );
         }
         _ => {
-            eprintln!("usage: spool_rss write PATH SAMPLES [TICK_US] | replay PATH | snapshot PATH | json PATH");
+            eprintln!(
+                "usage: spool_rss write PATH SAMPLES [TICK_US] | replay PATH | snapshot PATH | json PATH"
+            );
             std::process::exit(2);
         }
     }
