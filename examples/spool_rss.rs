@@ -42,7 +42,6 @@ fn main() -> Result<(), spulse::Error> {
             let header = spulse::Header {
                 start_time_us: spool_profile::START_US,
                 interval_us: tick_us,
-                engine: spulse::Engine::ThreadCpuTimer,
             };
             let mut w = spulse::SpoolWriter::new(file, header)?;
             let mut g = spool_profile::Generator::new(&mut w, 1);
