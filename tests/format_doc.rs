@@ -111,15 +111,15 @@ fn format_md_example_decodes_as_described() {
     assert_eq!(snap.python_runtime_events()[0].samples_before, 2);
 
     // The claims of the paragraph after the dump.
-    let cut = Snapshot::from_bytes(&bytes[..0x60]).unwrap();
-    assert!(cut.recovered_from_truncated_tail() && cut.is_empty() && cut.valid_len() == 0x5e);
-    let cut = Snapshot::from_bytes(&bytes[..0x63]).unwrap();
+    let cut = Snapshot::from_bytes(&bytes[..0x5f]).unwrap();
+    assert!(cut.recovered_from_truncated_tail() && cut.is_empty() && cut.valid_len() == 0x5d);
+    let cut = Snapshot::from_bytes(&bytes[..0x62]).unwrap();
     assert!(!cut.recovered_from_truncated_tail() && cut.len() == 1);
     let mut bad = bytes.clone();
-    bad[0x61] = 0x01;
+    bad[0x60] = 0x01;
     let e = Snapshot::from_bytes(&bad).unwrap_err();
     assert_eq!(e.format_kind(), Some(&spulse::FormatErrorKind::UndefinedReference { what: "thread", id: 1 }));
-    assert_eq!(e.offset(), Some(0x5e));
+    assert_eq!(e.offset(), Some(0x5d));
 }
 
 /// Prints the dump in FORMAT.md's layout (run with --nocapture to regenerate).

@@ -9,9 +9,7 @@
 mod format_common;
 
 use format_common::temp_file;
-use spulse::{
-    Error, FormatErrorKind as K, Frame, Header, NewModule, Replay, Snapshot, SpoolWriter, Tail,
-};
+use spulse::{Error, FormatErrorKind as K, Frame, Header, NewModule, Replay, Snapshot, SpoolWriter, Tail};
 
 const START: u64 = 1_000_000;
 
@@ -46,11 +44,7 @@ fn rec(tag: u8, fields: &[F]) -> Vec<u8> {
 /// A writer with one module (pid 7, [0x10000, 0x11000), file offset 0x2000),
 /// one module frame, one absolute frame, one root stack and one thread.
 fn base() -> SpoolWriter<Vec<u8>> {
-    let mut w = SpoolWriter::new(
-        Vec::new(),
-        Header { start_time_us: START, interval_us: 1000 },
-    )
-    .unwrap();
+    let mut w = SpoolWriter::new(Vec::new(), Header { start_time_us: START, interval_us: 1000 }).unwrap();
     let m = w
         .define_module(&NewModule {
             pid: 7,

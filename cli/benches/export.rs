@@ -27,8 +27,7 @@ fn full_run() -> bool {
 /// to 40 over 64 functions' worth of frames, `samples` samples.
 fn synthetic(path: &Path, samples: u64) {
     let file = std::fs::File::create(path).unwrap();
-    let header =
-        Header { start_time_us: 1_700_000_000_000_000, interval_us: 1000 };
+    let header = Header { start_time_us: 1_700_000_000_000_000, interval_us: 1000 };
     let mut w = SpoolWriter::new(std::io::BufWriter::with_capacity(1 << 20, file), header).unwrap();
     let m = w
         .define_module(&NewModule {

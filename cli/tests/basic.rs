@@ -280,8 +280,7 @@ fn help_has_examples() {
 fn empty_spool_through_every_command() {
     let dir = tempfile::tempdir().unwrap();
     let spool = dir.path().join("empty.spool");
-    let header =
-        spulse::Header { start_time_us: START_US, interval_us: 500 };
+    let header = spulse::Header { start_time_us: START_US, interval_us: 500 };
     spulse::SpoolWriter::new(std::fs::File::create(&spool).unwrap(), header).unwrap().into_inner().unwrap();
     let v: Value = serde_json::from_str(&ok(&["info", s(&spool), "--json"])).unwrap();
     assert_eq!((v["samples"].as_u64(), v["duration_us"].as_u64()), (Some(0), Some(0)));

@@ -206,7 +206,7 @@ fn read_file(file: std::fs::File, len: u64) -> std::io::Result<Vec<u8>> {
     if len >= parallel::PARALLEL_MIN_BYTES && two_cores {
         // Zero-filled by the allocator without touching the pages (fresh
         // mapping), so this costs no more than reading into spare capacity.
-        let mut bytes = vec![0u8; len];
+        let mut bytes = zeroed_buffer(len)?;
         advise_huge_pages(&mut bytes);
         let (first, second) = bytes.split_at_mut(len / 2);
         let read_all = |buf: &mut [u8], at: u64| -> std::io::Result<usize> {
@@ -242,10 +242,40 @@ fn read_file(file: std::fs::File, len: u64) -> std::io::Result<Vec<u8>> {
             }
         }
     }
-    let mut bytes = Vec::with_capacity(len);
+    let mut bytes = Vec::new();
+    bytes.try_reserve_exact(len).map_err(|_| no_memory(len))?;
     advise_huge_pages(&mut bytes);
     file.take(limit).read_to_end(&mut bytes)?;
     Ok(bytes)
+}
+
+fn no_memory(len: usize) -> std::io::Error {
+    std::io::Error::new(
+        std::io::ErrorKind::OutOfMemory,
+        format!(
+            "cannot allocate {len} bytes to read the file into memory (Replay reads it with bounded memory)"
+        ),
+    )
+}
+
+/// A zero-filled buffer of `len` bytes, like `vec![0u8; len]` (the allocator
+/// hands out fresh zeroed pages without writing them), but an error instead of
+/// an abort when the memory cannot be had: the length comes from an untrusted
+/// file (a sparse file can claim terabytes).
+fn zeroed_buffer(len: usize) -> std::io::Result<Vec<u8>> {
+    if len == 0 {
+        return Ok(Vec::new());
+    }
+    let layout = std::alloc::Layout::array::<u8>(len).map_err(|_| no_memory(len))?;
+    // SAFETY: `layout` has a non-zero size (`len > 0`).
+    let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+    if ptr.is_null() {
+        return Err(no_memory(len));
+    }
+    // SAFETY: `ptr` was allocated by the global allocator with `layout`, which
+    // is the layout of a `Vec<u8>` of capacity `len` (size `len`, alignment 1),
+    // and all `len` bytes are initialized (zeroed); the Vec takes ownership.
+    Ok(unsafe { Vec::from_raw_parts(ptr, len, len) })
 }
 
 /// Ask the kernel to back a large column with transparent huge pages: filling
