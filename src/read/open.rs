@@ -5,7 +5,7 @@
 //!   has when opened (`Snapshot`, `Replay`) or follows its growth (`Tail`), and
 //!   decides on the header from its first [`MAX_HEADER_LEN`] bytes before
 //!   reading any further.
-//! * `Snapshot` also accepts a FIFO or pipe (`spulse top <(zcat a.spool.gz)`,
+//! * `Snapshot` also accepts a FIFO or pipe (`<(zcat a.spool.gz)` in a shell,
 //!   `/dev/stdin`), read to its end but never beyond
 //!   [`Snapshot::MAX_STREAM_BYTES`](crate::Snapshot::MAX_STREAM_BYTES).
 //!   `Replay` and `Tail` re-read the file at offsets, which a pipe cannot do, so
@@ -68,9 +68,11 @@ pub(crate) fn open_regular(path: &Path, reader: &str) -> Result<(File, u64), Err
     match open(path, reader, false)? {
         Opened::Regular { file, len } => Ok((file, len)),
         // `open` refuses pipes when they are not accepted.
-        Opened::Pipe(_) => Err(Error::io(Some(path), refusal("a FIFO or pipe", reader, false))),
+        Opened::Pipe(_) => Err(Error::io(Some(path), refusal(FIFO, reader, false))),
     }
 }
+
+const FIFO: &str = "a FIFO or pipe";
 
 fn check_kind(t: &std::fs::FileType, reader: &str, pipes: bool) -> io::Result<()> {
     let what = if t.is_file() {
@@ -79,7 +81,7 @@ fn check_kind(t: &std::fs::FileType, reader: &str, pipes: bool) -> io::Result<()
         if pipes {
             return Ok(());
         }
-        "a FIFO or pipe"
+        FIFO
     } else if t.is_char_device() {
         "a character device"
     } else if t.is_block_device() {
@@ -95,12 +97,17 @@ fn check_kind(t: &std::fs::FileType, reader: &str, pipes: bool) -> io::Result<()
 }
 
 fn refusal(what: &str, reader: &str, pipes: bool) -> io::Error {
-    let accepts = if pipes {
-        "reads only regular files and pipes"
+    let msg = if pipes {
+        format!("refusing to read {what}: {reader} reads only regular files and pipes")
+    } else if what == FIFO {
+        format!(
+            "refusing to read {what}: {reader} reads only regular files (it re-reads them at \
+             offsets); save the stream to a file first"
+        )
     } else {
-        "reads only regular files (it re-reads them at offsets); save the stream to a file first"
+        format!("refusing to read {what}: {reader} reads only regular files")
     };
-    io::Error::new(io::ErrorKind::InvalidInput, format!("refusing to read {what}: {reader} {accepts}"))
+    io::Error::new(io::ErrorKind::InvalidInput, msg)
 }
 
 fn clear_nonblocking(file: &File) -> io::Result<()> {
