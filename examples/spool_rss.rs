@@ -39,11 +39,7 @@ fn main() -> Result<(), spulse::Error> {
             let n: u64 = args[3].parse().expect("sample count");
             let tick_us: u64 = args.get(4).map_or(1000, |t| t.parse().expect("tick in microseconds"));
             let file = std::fs::File::create(&args[2])?;
-            let header = spulse::Header {
-                start_time_us: spool_profile::START_US,
-                interval_us: tick_us,
-                engine: spulse::Engine::ThreadCpuTimer,
-            };
+            let header = spulse::Header { start_time_us: spool_profile::START_US, interval_us: tick_us };
             let mut w = spulse::SpoolWriter::new(file, header)?;
             let mut g = spool_profile::Generator::new(&mut w, 1);
             g.tick_us = tick_us;

@@ -2,14 +2,14 @@
 //! `SpoolWriter` produces for the records the document describes, with the
 //! offsets the document states, and must decode to the values it states.
 
-use spulse::{Engine, Frame, Header, NewModule, Snapshot, SpoolWriter};
+use spulse::{Frame, Header, NewModule, Snapshot, SpoolWriter};
 
 const START: u64 = 1_700_000_000_000_000;
 
 /// The example file of FORMAT.md, built with the writer, and the offset at which
 /// each record (header first) starts.
 fn example() -> (Vec<u8>, Vec<u64>) {
-    let header = Header { start_time_us: START, interval_us: 1000, engine: Engine::ThreadCpuTimer };
+    let header = Header { start_time_us: START, interval_us: 1000 };
     let mut w = SpoolWriter::new(Vec::new(), header).unwrap();
     let mut starts = vec![0, w.len()];
     let mut mark = |w: &SpoolWriter<Vec<u8>>| starts.push(w.len());
@@ -109,18 +109,17 @@ fn format_md_example_decodes_as_described() {
     assert_eq!(snap.deactivations().len(), 1);
     assert!(!snap.is_module_active(snap.modules()[0].id));
     assert_eq!(snap.python_runtime_events()[0].samples_before, 2);
-    assert_eq!(snap.engine(), Engine::ThreadCpuTimer);
 
     // The claims of the paragraph after the dump.
-    let cut = Snapshot::from_bytes(&bytes[..0x60]).unwrap();
-    assert!(cut.recovered_from_truncated_tail() && cut.is_empty() && cut.valid_len() == 0x5e);
-    let cut = Snapshot::from_bytes(&bytes[..0x63]).unwrap();
+    let cut = Snapshot::from_bytes(&bytes[..0x5f]).unwrap();
+    assert!(cut.recovered_from_truncated_tail() && cut.is_empty() && cut.valid_len() == 0x5d);
+    let cut = Snapshot::from_bytes(&bytes[..0x62]).unwrap();
     assert!(!cut.recovered_from_truncated_tail() && cut.len() == 1);
     let mut bad = bytes.clone();
-    bad[0x61] = 0x01;
+    bad[0x60] = 0x01;
     let e = Snapshot::from_bytes(&bad).unwrap_err();
     assert_eq!(e.format_kind(), Some(&spulse::FormatErrorKind::UndefinedReference { what: "thread", id: 1 }));
-    assert_eq!(e.offset(), Some(0x5e));
+    assert_eq!(e.offset(), Some(0x5d));
 }
 
 /// Prints the dump in FORMAT.md's layout (run with --nocapture to regenerate).

@@ -112,7 +112,7 @@ fn committed_corpus_passes_every_check_with_bounded_allocation() {
 #[test]
 fn tiny_definitions_cost_a_bounded_multiple_of_their_size() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let header = b"SPULSE3\0\x00\x00\x00".to_vec();
+    let header = b"SPULSE3\0\x00\x00".to_vec();
     let uvar = |mut v: u64, out: &mut Vec<u8>| {
         while v >= 0x80 {
             out.push(v as u8 | 0x80);
@@ -215,7 +215,7 @@ fn seed_corpus_is_current() {
     }
     seeds.push(("header-only".into(), build(std::iter::empty()).0));
     seeds.push(("short-header".into(), b"SPULSE3\0\x80\x80".to_vec()));
-    seeds.push(("bad-magic".into(), b"SPULSE2\0\x00\x00\x00".to_vec()));
+    seeds.push(("bad-magic".into(), b"SPULSE2\0\x00\x00".to_vec()));
     let write = std::env::var_os("SPULSE_WRITE_CORPUS").is_some();
     for (target, _) in targets() {
         let dir = corpus_dir(target);

@@ -154,7 +154,7 @@ fn opening_a_large_file_reads_and_loads_it_whole() {
 /// and every value comes back exactly.
 #[test]
 fn samples_that_do_not_fit_a_narrow_block_start_a_new_one_or_widen_it() {
-    use spulse::{Engine, Frame, Header, SpoolWriter};
+    use spulse::{Frame, Header, SpoolWriter};
     const N: usize = 400_000;
     const HOUR_US: u64 = 3_600_000_000;
     // (what, sample index, time offset from the regular one, thread, and the
@@ -176,7 +176,7 @@ fn samples_that_do_not_fit_a_narrow_block_start_a_new_one_or_widen_it() {
         ("thread 69,999, second half", Some(3 * N / 4), 0, 69_999, ((2, 1), (1, 0))),
     ];
     for (what, at, shift, odd_thread, shape) in cases {
-        let header = Header { start_time_us: START_US, interval_us: 1000, engine: Engine::ThreadCpuTimer };
+        let header = Header { start_time_us: START_US, interval_us: 1000 };
         let mut w = SpoolWriter::new(Vec::new(), header).unwrap();
         let threads: Vec<_> = (0..70_000u32).map(|i| w.define_thread(1, i + 1, "t").unwrap()).collect();
         let frame = w.define_frame(Frame::Absolute { address: 0x1000, kernel: false }).unwrap();
@@ -211,10 +211,10 @@ fn samples_that_do_not_fit_a_narrow_block_start_a_new_one_or_widen_it() {
 /// so, on either path, with every sample exact.
 #[test]
 fn a_long_profile_stays_in_narrow_blocks() {
-    use spulse::{Engine, Frame, Header, SpoolWriter};
+    use spulse::{Frame, Header, SpoolWriter};
     // Ten hours, one sample every 100 ms, cycling over three threads.
     const N: u64 = 360_000;
-    let header = Header { start_time_us: START_US, interval_us: 100_000, engine: Engine::ThreadCpuTimer };
+    let header = Header { start_time_us: START_US, interval_us: 100_000 };
     let mut w = SpoolWriter::new(Vec::new(), header).unwrap();
     let threads: Vec<_> = (0..3u32).map(|i| w.define_thread(1, i + 1, "t").unwrap()).collect();
     let frame = w.define_frame(Frame::Absolute { address: 0x1000, kernel: false }).unwrap();

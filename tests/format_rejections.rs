@@ -9,9 +9,7 @@
 mod format_common;
 
 use format_common::temp_file;
-use spulse::{
-    Engine, Error, FormatErrorKind as K, Frame, Header, NewModule, Replay, Snapshot, SpoolWriter, Tail,
-};
+use spulse::{Error, FormatErrorKind as K, Frame, Header, NewModule, Replay, Snapshot, SpoolWriter, Tail};
 
 const START: u64 = 1_000_000;
 
@@ -46,11 +44,7 @@ fn rec(tag: u8, fields: &[F]) -> Vec<u8> {
 /// A writer with one module (pid 7, [0x10000, 0x11000), file offset 0x2000),
 /// one module frame, one absolute frame, one root stack and one thread.
 fn base() -> SpoolWriter<Vec<u8>> {
-    let mut w = SpoolWriter::new(
-        Vec::new(),
-        Header { start_time_us: START, interval_us: 1000, engine: Engine::Unknown },
-    )
-    .unwrap();
+    let mut w = SpoolWriter::new(Vec::new(), Header { start_time_us: START, interval_us: 1000 }).unwrap();
     let m = w
         .define_module(&NewModule {
             pid: 7,
@@ -338,12 +332,49 @@ fn unknown_values() {
 
 #[test]
 fn header_fields() {
+    // The header ends after the interval: the next byte is a record tag.
     let e = Snapshot::from_bytes(b"SPULSE3\0\x01\x02\x09").unwrap_err();
-    assert_eq!((e.format_kind(), e.offset()), (Some(&K::BadValue("sampling engine", 9)), Some(10)));
+    assert_eq!((e.format_kind(), e.offset()), (Some(&K::UnknownTag(9)), Some(10)));
     let e = Snapshot::from_bytes(b"SPULSE3\0\x01\x82\x00\x00").unwrap_err();
     assert_eq!((e.format_kind(), e.offset()), (Some(&K::BadVarint), Some(9)));
-    let e = Snapshot::from_bytes(b"SPULSE4\0\x01\x02\x00").unwrap_err();
+    let e = Snapshot::from_bytes(b"SPULSE4\0\x01\x02").unwrap_err();
     assert_eq!((e.format_kind(), e.offset()), (Some(&K::BadMagic), Some(0)));
+}
+
+/// A spool assembled byte by byte from seed 001's header (magic, start time,
+/// requested interval, and nothing else) reads in every reader, and the
+/// writer's header is exactly those bytes.
+#[test]
+fn seed_header_is_magic_start_and_interval_only() {
+    let mut bytes = b"SPULSE3\0".to_vec();
+    uvar(START, &mut bytes);
+    uvar(1000, &mut bytes);
+    let header_len = bytes.len();
+    let written = SpoolWriter::new(Vec::new(), Header { start_time_us: START, interval_us: 1000 })
+        .unwrap()
+        .into_inner()
+        .unwrap();
+    assert_eq!(written, bytes, "the writer's header is the seed's");
+    // A thread, an absolute frame, a root stack, then a sample right after them.
+    bytes.extend(rec(4, &[U(0), U(7), U(8), U(4), Raw(b"main")]));
+    bytes.extend(rec(2, &[U(0), U(1), U(0x1000), U(0)]));
+    bytes.extend(rec(3, &[U(0), U(0), U(0)]));
+    bytes.extend(rec(5, &[I(250), U(0), U(0)]));
+    let snap = Snapshot::from_bytes(&bytes).unwrap();
+    assert_eq!((snap.start_time_us(), snap.interval_us()), (START, 1000));
+    assert!(!snap.recovered_from_truncated_tail());
+    assert_eq!(snap.sample_times().collect::<Vec<_>>(), [START + 250]);
+    assert_eq!(snap.thread(snap.sample(0).thread).name, "main");
+    let file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(file.path(), &bytes).unwrap();
+    let replay = Replay::open(file.path()).unwrap();
+    assert_eq!(replay.samples().map(|s| s.unwrap().time_us).collect::<Vec<_>>(), [START + 250]);
+    let mut tail = Tail::open(file.path()).unwrap();
+    assert_eq!(tail.poll().unwrap().len(), 1);
+    assert_eq!(tail.position(), bytes.len() as u64);
+    // The header alone is a valid, empty spool.
+    let empty = Snapshot::from_bytes(&bytes[..header_len]).unwrap();
+    assert!(empty.is_empty() && !empty.recovered_from_truncated_tail());
 }
 
 #[test]

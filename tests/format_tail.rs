@@ -8,7 +8,7 @@ use std::io::Write;
 
 use format_common::*;
 use proptest::prelude::*;
-use spulse::{Engine, Header, Snapshot, SpoolWriter, Tail};
+use spulse::{Header, Snapshot, SpoolWriter, Tail};
 
 fn grow_and_tail(bytes: &[u8], sizes: &[usize]) -> (Vec<spulse::Sample>, usize) {
     let mut file = tempfile::NamedTempFile::new().unwrap();
@@ -43,9 +43,9 @@ fn grow_and_tail(bytes: &[u8], sizes: &[usize]) -> (Vec<spulse::Sample>, usize) 
 }
 
 fn header_len_of(bytes: &[u8]) -> usize {
-    // The header is the magic and three varints.
+    // The header is the magic and two varints.
     let mut pos = 8;
-    for _ in 0..3 {
+    for _ in 0..2 {
         while bytes[pos] & 0x80 != 0 {
             pos += 1;
         }
@@ -72,7 +72,7 @@ proptest! {
 
 #[test]
 fn more_than_one_batch_pending() {
-    let header = Header { start_time_us: 5_000_000, interval_us: 1000, engine: Engine::PerfEvent };
+    let header = Header { start_time_us: 5_000_000, interval_us: 1000 };
     let mut w = SpoolWriter::new(Vec::new(), header).unwrap();
     let t = w.define_thread(1, 1, "main").unwrap();
     let f = w.define_frame(spulse::Frame::Absolute { address: 0x1000, kernel: false }).unwrap();

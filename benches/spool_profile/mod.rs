@@ -8,7 +8,7 @@
 
 use std::io::Write;
 
-use spulse::{Engine, Frame, Header, NewModule, SpoolWriter, StackId, ThreadId};
+use spulse::{Frame, Header, NewModule, SpoolWriter, StackId, ThreadId};
 
 pub const START_US: u64 = 1_700_000_000_000_000;
 pub const THREADS: usize = 6;
@@ -209,7 +209,7 @@ impl Generator {
 
 /// A whole spool of `n` samples in memory, plus its generator (for statistics).
 pub fn spool(n: u64) -> (Vec<u8>, Generator) {
-    let header = Header { start_time_us: START_US, interval_us: 1000, engine: Engine::ThreadCpuTimer };
+    let header = Header { start_time_us: START_US, interval_us: 1000 };
     let mut w = SpoolWriter::new(Vec::with_capacity(n as usize * 6 + (1 << 20)), header).unwrap();
     let mut g = Generator::new(&mut w, 1);
     g.write(&mut w, n);

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use spulse::{Engine, Frame, Header, NewModule, Replay, SpoolWriter};
+use spulse::{Frame, Header, NewModule, Replay, SpoolWriter};
 use spulse_cli::aggregate::{aggregate, Filter};
 use spulse_cli::export;
 use spulse_cli::report::symbolize_all;
@@ -27,8 +27,7 @@ fn full_run() -> bool {
 /// to 40 over 64 functions' worth of frames, `samples` samples.
 fn synthetic(path: &Path, samples: u64) {
     let file = std::fs::File::create(path).unwrap();
-    let header =
-        Header { start_time_us: 1_700_000_000_000_000, interval_us: 1000, engine: Engine::PerfEvent };
+    let header = Header { start_time_us: 1_700_000_000_000_000, interval_us: 1000 };
     let mut w = SpoolWriter::new(std::io::BufWriter::with_capacity(1 << 20, file), header).unwrap();
     let m = w
         .define_module(&NewModule {

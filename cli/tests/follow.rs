@@ -9,12 +9,12 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::*;
-use spulse::{Engine, Frame, SpoolWriter};
+use spulse::{Frame, SpoolWriter};
 
 /// Append `rounds` rounds of 3 hot_a + 1 hot_b samples, flushing each round,
 /// `pause` apart. The spool's process is `pid`.
 fn writer(p: &Program, path: &Path, pid: u32, rounds: u32, pause: Duration) {
-    let mut w = SpoolWriter::new(std::fs::File::create(path).unwrap(), header(Engine::PerfEvent)).unwrap();
+    let mut w = SpoolWriter::new(std::fs::File::create(path).unwrap(), header()).unwrap();
     let m = define_program(&mut w, p, pid, p.path.as_os_str().as_encoded_bytes(), &p.build_id);
     let th = w.define_thread(pid, pid, "main").unwrap();
     let (s_a, s_b) = define_hot_stacks(&mut w, p, m);
@@ -162,7 +162,7 @@ fn follow_rereads_perf_maps_as_they_grow() {
     let pid = std::process::id();
     let map = format!("/tmp/perf-{pid}.map");
     let _ = std::fs::remove_file(&map);
-    let mut w = SpoolWriter::new(std::fs::File::create(&spool).unwrap(), header(Engine::PerfEvent)).unwrap();
+    let mut w = SpoolWriter::new(std::fs::File::create(&spool).unwrap(), header()).unwrap();
     let th = w.define_thread(pid, pid, "jit").unwrap();
     let f = w.define_frame(Frame::Absolute { address: 0x7e00_0000_0040, kernel: false }).unwrap();
     let st = w.define_stack(None, f).unwrap();

@@ -9,7 +9,7 @@ use std::process::Command;
 use common::*;
 use object::{Object, ObjectSegment, ObjectSymbol};
 use serde_json::Value;
-use spulse::{Engine, Frame, Header, NewModule, SpoolWriter};
+use spulse::{Frame, Header, NewModule, SpoolWriter};
 
 const SRC: &str = r#"
 static inline __attribute__((always_inline)) double mix(double x, int i) {
@@ -59,7 +59,7 @@ fn inlined_functions_are_expanded() {
         .unwrap();
     let off = |va: u64| va - seg.2 + seg.0;
     let spool = dir.path().join("inl.spool");
-    let header = Header { start_time_us: START_US, interval_us: INTERVAL_US, engine: Engine::PerfEvent };
+    let header = Header { start_time_us: START_US, interval_us: INTERVAL_US };
     let mut w = SpoolWriter::new(std::fs::File::create(&spool).unwrap(), header).unwrap();
     let mp = exe.as_os_str().as_encoded_bytes().to_vec();
     let module = w

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use common::*;
 use serde_json::Value;
-use spulse::{Engine, Frame, SpoolWriter};
+use spulse::{Frame, SpoolWriter};
 
 const JIT: u64 = 0x7f00_0000_1010;
 const KERNEL: u64 = 0xffff_ffff_8100_0000;
@@ -33,8 +33,7 @@ fn perf_map(pid: u32) -> MapFile {
 /// main;jit inside (10) and outside (5) a Python-runtime interval when `python`,
 /// a kernel leaf (2), and a truncated stack ending in hot_a (3).
 fn write(p: &Program, path: &Path, pid: u32, python: bool) {
-    let mut w =
-        SpoolWriter::new(std::fs::File::create(path).unwrap(), header(Engine::ThreadCpuTimer)).unwrap();
+    let mut w = SpoolWriter::new(std::fs::File::create(path).unwrap(), header()).unwrap();
     let m = define_program(&mut w, p, pid, p.path.as_os_str().as_encoded_bytes(), &p.build_id);
     let f_main = w.define_frame(Frame::Module { module: m, file_relative: p.main }).unwrap();
     let f_a = w.define_frame(Frame::Module { module: m, file_relative: p.hot_a }).unwrap();

@@ -6,10 +6,10 @@
 use std::path::Path;
 use std::process::Command;
 
-use spulse::{Engine, Frame, Header, NewModule, SpoolWriter};
+use spulse::{Frame, Header, NewModule, SpoolWriter};
 
 fn spool(path: &Path, samples: u64) {
-    let header = Header { start_time_us: 1_000_000, interval_us: 100, engine: Engine::PerfEvent };
+    let header = Header { start_time_us: 1_000_000, interval_us: 100 };
     let file = std::io::BufWriter::new(std::fs::File::create(path).unwrap());
     let mut w = SpoolWriter::new(file, header).unwrap();
     let m = w

@@ -383,10 +383,6 @@ impl Definitions {
     pub fn interval_us(&self) -> u64 {
         self.header.interval_us
     }
-    /// The sampling engine recorded in the header.
-    pub fn engine(&self) -> Engine {
-        self.header.engine
-    }
     /// Samples seen so far (by a `Snapshot` or `Replay`: all of them).
     pub fn sample_count(&self) -> u64 {
         self.sample_count

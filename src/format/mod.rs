@@ -15,6 +15,10 @@ pub use types::*;
 /// The eight-byte magic value every spool starts with.
 pub const MAGIC: [u8; 8] = *b"SPULSE3\0";
 
+/// The longest a valid stream header can be: the magic and two varints of at
+/// most ten bytes each. Readers decide on the header from this many bytes.
+pub(crate) const MAX_HEADER_LEN: usize = MAGIC.len() + 2 * 10;
+
 /// Record tags (the first byte of every record).
 pub mod tag {
     /// Defines an executable mapping and its stable module id.

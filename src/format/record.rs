@@ -337,10 +337,7 @@ pub(crate) fn decode_header(buf: &[u8]) -> Result<(crate::Header, usize), (usize
     };
     let (start_time_us, _) = field(&mut c)?;
     let (interval_us, _) = field(&mut c)?;
-    let (engine, at) = field(&mut c)?;
-    let engine =
-        crate::Engine::from_code(engine).ok_or((at, FormatErrorKind::BadValue("sampling engine", engine)))?;
-    Ok((crate::Header { start_time_us, interval_us, engine }, c.pos))
+    Ok((crate::Header { start_time_us, interval_us }, c.pos))
 }
 
 /// Append the stream header to `out`.
@@ -348,5 +345,4 @@ pub(crate) fn encode_header(h: &crate::Header, out: &mut Vec<u8>) {
     out.extend_from_slice(&super::MAGIC);
     varint::put_u64(out, h.start_time_us);
     varint::put_u64(out, h.interval_us);
-    varint::put_u64(out, h.engine.code());
 }

@@ -46,11 +46,14 @@ typed_id!(
     ThreadId
 );
 
-/// The sampling engine that produced a spool (stored in the header).
+/// The sampling engine that ran a recording, as reported by
+/// [`Stats`](crate::Stats) and [`Guard::engine`](crate::Guard::engine). The
+/// spool itself does not record it: its header is only the magic, the start
+/// time and the requested interval.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum Engine {
-    /// Not recorded (a spool written by hand or by a tool).
+    /// No engine (a guard that was already stopped).
     Unknown,
     /// Per-thread `perf_event_open` task-clock events.
     PerfEvent,
@@ -61,27 +64,6 @@ pub enum Engine {
 }
 
 impl Engine {
-    /// The header code of this engine.
-    pub fn code(self) -> u64 {
-        match self {
-            Engine::Unknown => 0,
-            Engine::PerfEvent => 1,
-            Engine::ThreadCpuTimer => 2,
-            Engine::ProcessTimer => 3,
-        }
-    }
-
-    /// The engine for a header code, if it is one.
-    pub fn from_code(code: u64) -> Option<Engine> {
-        Some(match code {
-            0 => Engine::Unknown,
-            1 => Engine::PerfEvent,
-            2 => Engine::ThreadCpuTimer,
-            3 => Engine::ProcessTimer,
-            _ => return None,
-        })
-    }
-
     /// A short human name ("perf-event", "thread-cpu-timer", ...).
     pub fn name(self) -> &'static str {
         match self {
@@ -107,8 +89,6 @@ pub struct Header {
     pub start_time_us: u64,
     /// Requested sample interval in microseconds.
     pub interval_us: u64,
-    /// The sampling engine that ran.
-    pub engine: Engine,
 }
 
 /// A module (an executable mapping) as defined by a tag-1 record.

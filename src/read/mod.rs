@@ -4,6 +4,7 @@
 
 mod columns;
 mod fuzz;
+mod open;
 pub(crate) mod parallel;
 mod replay;
 pub(crate) mod scan;

@@ -12,10 +12,11 @@ use std::ops::Deref;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
+use super::open;
 use super::scan::{format_error, next_validated, scan, Stop};
 use crate::format::defs::Definitions;
 use crate::format::record;
-use crate::format::{tag, varint};
+use crate::format::{tag, varint, MAX_HEADER_LEN};
 use crate::format::{Sample, StackId, ThreadId};
 use crate::{Error, FormatErrorKind};
 
@@ -93,21 +94,22 @@ impl Replay {
     }
 
     fn open_with(path: &Path, opts: ReplayOptions) -> Result<Replay, Error> {
-        let file = File::open(path).map_err(|e| Error::io(Some(path), e))?;
+        // A regular file only (see `open.rs`): iteration re-reads it at offsets.
+        // Validate the file as it is now: bytes appended while opening are not
+        // part of the retained prefix (so opening always terminates).
+        let (file, file_len) = open::open_regular(path, "Replay")?;
         let mut buf = vec![0u8; opts.chunk_size];
         let mut filled = 0usize;
         let mut file_pos = 0u64;
         let mut eof = false;
-        // Validate the file as it is now: bytes appended while opening are not
-        // part of the retained prefix (so opening always terminates).
-        let file_len = file.metadata().map_err(|e| Error::io(Some(path), e))?.len();
         let read_at = |buf: &mut [u8], pos: u64| -> Result<usize, Error> {
             let want = (file_len.saturating_sub(pos)).min(buf.len() as u64) as usize;
             read_at(&file, &mut buf[..want], pos)
         };
-        // Read enough for the header.
-        while !eof && filled < 64 {
-            let n = read_at(&mut buf[filled..], file_pos)?;
+        // Read just enough to decide on the header, so that a file that is not
+        // a spool is rejected before more of it is read.
+        while !eof && filled < MAX_HEADER_LEN {
+            let n = read_at(&mut buf[filled..MAX_HEADER_LEN], file_pos)?;
             if n == 0 {
                 eof = true;
             }

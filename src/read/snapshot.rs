@@ -9,6 +9,7 @@ use std::ops::Deref;
 use std::path::Path;
 
 use super::columns::{Block, SampleColumns, Samples};
+use super::open;
 use super::parallel;
 use super::scan::format_error;
 use crate::format::defs::Definitions;
@@ -24,10 +25,10 @@ use crate::Error;
 /// # Example
 ///
 /// ```
-/// use spulse::{Engine, Frame, Header, Snapshot, SpoolWriter};
+/// use spulse::{Frame, Header, Snapshot, SpoolWriter};
 ///
 /// // A spool with one thread, a two-frame stack and two samples.
-/// let header = Header { start_time_us: 1_000_000, interval_us: 1_000, engine: Engine::Unknown };
+/// let header = Header { start_time_us: 1_000_000, interval_us: 1_000 };
 /// let mut w = SpoolWriter::new(Vec::new(), header)?;
 /// let main = w.define_thread(7, 7, "main")?;
 /// let outer = w.define_frame(Frame::Absolute { address: 0x40_1000, kernel: false })?;
@@ -65,10 +66,35 @@ pub struct Snapshot {
 }
 
 impl Snapshot {
+    /// The most bytes [`Snapshot::open`] reads from a FIFO or pipe (1 GiB). A
+    /// stream gives no length up front, so this bounds the memory a hostile or
+    /// endless one can cost; a longer spool is refused with an error naming the
+    /// path, and can still be read as a regular file.
+    pub const MAX_STREAM_BYTES: u64 = 1 << 30;
+
     /// Read and validate the spool at `path`.
+    ///
+    /// `path` may be a regular file, read up to its length when opened, or a
+    /// FIFO or pipe, read to its end (at most [`Snapshot::MAX_STREAM_BYTES`]);
+    /// a FIFO with no writer reads as empty. Anything else (a device, a socket,
+    /// a directory) is refused. Either way the header is checked on the first
+    /// few bytes, so something that is not a spool is rejected without being
+    /// read in full.
     pub fn open(path: impl AsRef<Path>) -> Result<Snapshot, Error> {
+        Snapshot::open_with_stream_limit(path, Self::MAX_STREAM_BYTES)
+    }
+
+    /// [`Snapshot::open`] with another bound on a stream's length, for tests.
+    #[doc(hidden)]
+    pub fn open_with_stream_limit(path: impl AsRef<Path>, limit: u64) -> Result<Snapshot, Error> {
         let path = path.as_ref();
-        let bytes = read_file(path).map_err(|e| Error::io(Some(path), e))?;
+        let bytes = match open::open(path, "Snapshot", true)? {
+            open::Opened::Regular { file, len } => {
+                open::check_header_at_start(&file, path)?;
+                read_file(file, len).map_err(|e| Error::io(Some(path), e))?
+            }
+            open::Opened::Pipe(file) => open::read_stream(file, path, limit)?,
+        };
         Snapshot::from_bytes(&bytes).map_err(|e| e.with_path(path))
     }
 
@@ -166,20 +192,21 @@ impl Snapshot {
     }
 }
 
-/// `std::fs::read`, with the buffer backed by huge pages where possible. A
+/// Read a regular file of `len` bytes (its length when opened; bytes appended
+/// since are not read), with the buffer backed by huge pages where possible. A
 /// file large enough to be loaded on two threads is also read by two: the
 /// copy out of the page cache (and the page faults of the fresh buffer) is a
 /// fifth of the time to open a large spool.
-fn read_file(path: &Path) -> std::io::Result<Vec<u8>> {
+fn read_file(file: std::fs::File, len: u64) -> std::io::Result<Vec<u8>> {
     use std::io::Read;
     use std::os::unix::fs::FileExt;
-    let mut file = std::fs::File::open(path)?;
-    let len = usize::try_from(file.metadata()?.len()).unwrap_or(usize::MAX);
+    let limit = len;
+    let len = usize::try_from(len).unwrap_or(usize::MAX);
     let two_cores = std::thread::available_parallelism().is_ok_and(|n| n.get() >= 2);
     if len >= parallel::PARALLEL_MIN_BYTES && two_cores {
         // Zero-filled by the allocator without touching the pages (fresh
         // mapping), so this costs no more than reading into spare capacity.
-        let mut bytes = vec![0u8; len];
+        let mut bytes = zeroed_buffer(len)?;
         advise_huge_pages(&mut bytes);
         let (first, second) = bytes.split_at_mut(len / 2);
         let read_all = |buf: &mut [u8], at: u64| -> std::io::Result<usize> {
@@ -215,10 +242,40 @@ fn read_file(path: &Path) -> std::io::Result<Vec<u8>> {
             }
         }
     }
-    let mut bytes = Vec::with_capacity(len.saturating_add(1));
+    let mut bytes = Vec::new();
+    bytes.try_reserve_exact(len).map_err(|_| no_memory(len))?;
     advise_huge_pages(&mut bytes);
-    file.read_to_end(&mut bytes)?;
+    file.take(limit).read_to_end(&mut bytes)?;
     Ok(bytes)
+}
+
+fn no_memory(len: usize) -> std::io::Error {
+    std::io::Error::new(
+        std::io::ErrorKind::OutOfMemory,
+        format!(
+            "cannot allocate {len} bytes to read the file into memory (Replay reads it with bounded memory)"
+        ),
+    )
+}
+
+/// A zero-filled buffer of `len` bytes, like `vec![0u8; len]` (the allocator
+/// hands out fresh zeroed pages without writing them), but an error instead of
+/// an abort when the memory cannot be had: the length comes from an untrusted
+/// file (a sparse file can claim terabytes).
+fn zeroed_buffer(len: usize) -> std::io::Result<Vec<u8>> {
+    if len == 0 {
+        return Ok(Vec::new());
+    }
+    let layout = std::alloc::Layout::array::<u8>(len).map_err(|_| no_memory(len))?;
+    // SAFETY: `layout` has a non-zero size (`len > 0`).
+    let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+    if ptr.is_null() {
+        return Err(no_memory(len));
+    }
+    // SAFETY: `ptr` was allocated by the global allocator with `layout`, which
+    // is the layout of a `Vec<u8>` of capacity `len` (size `len`, alignment 1),
+    // and all `len` bytes are initialized (zeroed); the Vec takes ownership.
+    Ok(unsafe { Vec::from_raw_parts(ptr, len, len) })
 }
 
 /// Ask the kernel to back a large column with transparent huge pages: filling

@@ -11,10 +11,11 @@ use std::ops::Deref;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
+use super::open;
 use super::scan::{format_error, scan_from, Stop};
 use crate::format::defs::Definitions;
 use crate::format::record;
-use crate::format::Sample;
+use crate::format::{Sample, MAX_HEADER_LEN};
 use crate::Error;
 
 const READ_CHUNK: usize = 1 << 20;
@@ -41,11 +42,14 @@ impl Tail {
     /// Most samples one poll returns.
     pub const MAX_BATCH: usize = 16_384;
 
-    /// Open `path` and read its header. A file shorter than its header is an error.
+    /// Open `path` and read its header. A file shorter than its header is an
+    /// error. `path` must be a regular file: a `Tail` reads it at offsets as it
+    /// grows, so a FIFO, a device or a socket is refused with an error naming
+    /// it.
     pub fn open(path: impl AsRef<Path>) -> Result<Tail, Error> {
         let path = path.as_ref();
-        let file = File::open(path).map_err(|e| Error::io(Some(path), e))?;
-        let mut head = [0u8; 64];
+        let (file, _) = open::open_regular(path, "Tail")?;
+        let mut head = [0u8; MAX_HEADER_LEN];
         let mut n = 0;
         while n < head.len() {
             let got = file.read_at(&mut head[n..], n as u64).map_err(|e| Error::io(Some(path), e))?;

@@ -423,6 +423,16 @@ fn start_inner(b: &RecorderBuilder, path: &Path) -> Result<Guard, Error> {
         .open(path)
         .map_err(|e| Error::Io { path: Some(path.to_path_buf()), source: e })?;
     let mut cleanup = Cleanup { path: Some(path.to_path_buf()), installed: Vec::new(), tx: None, join: None };
+    // The header goes out as soon as the file exists, before any engine or
+    // thread starts: a reader that opens the file while `start` runs (a `Tail`,
+    // `spulse follow`) finds at most a few microseconds of an empty file, never
+    // a header cut short. Every sample is taken later, and sample deltas are
+    // signed anyway.
+    let start_time_us = signal::now_us();
+    let mut out = SpoolWriter::new(file, Header { start_time_us, interval_us }).map_err(|e| match e {
+        Error::Io { path: None, source } => Error::Io { path: Some(path.to_path_buf()), source },
+        other => other,
+    })?;
 
     // SAFETY: getpid has no preconditions.
     let pid = unsafe { libc::getpid() } as u32;
@@ -467,7 +477,6 @@ fn start_inner(b: &RecorderBuilder, path: &Path) -> Result<Guard, Error> {
         tid_rx.recv().map_err(|_| Error::Recorder("the spulse writer thread exited at start".into()))?;
     shared.writer_tid.store(writer_tid, Ordering::SeqCst);
     signal::publish(shared.clone());
-    let start_time_us = signal::now_us();
 
     let candidates: &[EngineChoice] = match b.engine {
         EngineChoice::Auto => {
@@ -523,11 +532,6 @@ fn start_inner(b: &RecorderBuilder, path: &Path) -> Result<Guard, Error> {
     // stays installed (it ignores our stray signals) rather than exposing them to
     // the default disposition, which would kill the process.
     cleanup.installed.clear();
-    let mut out =
-        SpoolWriter::new(file, Header { start_time_us, interval_us, engine: kind }).map_err(|e| match e {
-            Error::Io { path: None, source } => Error::Io { path: Some(path.to_path_buf()), source },
-            other => other,
-        })?;
     let mut table = modules::ModuleTable::default();
     let refs: Vec<&modules::LoadedObject> = objects.iter().collect();
     writer_thread::define_objects(&mut out, &mut table, pid, &refs, 0)?;

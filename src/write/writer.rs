@@ -46,9 +46,9 @@ pub struct NewModule<'a> {
 /// # Example
 ///
 /// ```
-/// use spulse::{Engine, Error, Frame, Header, NewModule, SpoolWriter};
+/// use spulse::{Error, Frame, Header, NewModule, SpoolWriter};
 ///
-/// let header = Header { start_time_us: 1_700_000_000_000_000, interval_us: 1_000, engine: Engine::Unknown };
+/// let header = Header { start_time_us: 1_700_000_000_000_000, interval_us: 1_000 };
 /// let mut w = SpoolWriter::new(Vec::new(), header)?;
 /// let libc = w.define_module(&NewModule {
 ///     pid: 42,

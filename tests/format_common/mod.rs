@@ -7,7 +7,7 @@
 use std::io::Write;
 use std::path::Path;
 
-use spulse::{Engine, Frame, Header, NewModule, Replay, Snapshot, SpoolWriter, Tail};
+use spulse::{Frame, Header, NewModule, Replay, Snapshot, SpoolWriter, Tail};
 
 /// One generator step: a selector and three raw operands, interpreted against
 /// the writer's current state so that every step yields a valid record.
@@ -216,7 +216,7 @@ fn tid(w: &SpoolWriter<Vec<u8>>, i: usize) -> spulse::ThreadId {
 
 /// Build a valid spool from `ops`.
 pub fn build(ops: impl IntoIterator<Item = Op>) -> (Vec<u8>, Model) {
-    let header = Header { start_time_us: START_US, interval_us: 1000, engine: Engine::ThreadCpuTimer };
+    let header = Header { start_time_us: START_US, interval_us: 1000 };
     let mut g = Gen {
         w: SpoolWriter::new(Vec::new(), header).unwrap(),
         m: Model::default(),

@@ -77,7 +77,6 @@ pub fn run(args: &InfoArgs) -> Result<(), CliError> {
             "valid_bytes": replay.valid_len(),
             "start_time_us": defs.start_time_us(),
             "interval_us": defs.interval_us(),
-            "engine": defs.engine().name(),
             "duration_us": duration_us,
             "first_sample_us": (samples > 0).then_some(first),
             "last_sample_us": (samples > 0).then_some(last),
@@ -112,10 +111,9 @@ pub fn run(args: &InfoArgs) -> Result<(), CliError> {
             defs.start_time_us()
         )?;
         writeln!(out, "interval:        {} us", defs.interval_us())?;
-        match defs.engine() {
-            spulse::Engine::Unknown => writeln!(out, "engine:          not recorded")?,
-            e => writeln!(out, "engine:          {e}")?,
-        }
+        // The spool header is only the start time and the requested interval:
+        // which engine ran is reported by the recorder's `Stats`, not the file.
+        writeln!(out, "engine:          not recorded in the spool")?;
         writeln!(out, "duration:        {:.3} s (start to last sample)", duration_us as f64 / 1e6)?;
         writeln!(out, "samples:         {samples}")?;
         writeln!(out, "threads:         {} in {} process(es)", defs.threads().len(), pids.len())?;

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 
 use object::{Object, ObjectSegment, ObjectSymbol};
-use spulse::{Engine, Frame, Header, ModuleId, NewModule, SpoolWriter, StackId};
+use spulse::{Frame, Header, ModuleId, NewModule, SpoolWriter, StackId};
 
 pub const START_US: u64 = 1_700_000_000_000_000;
 pub const INTERVAL_US: u64 = 1000;
@@ -97,9 +97,9 @@ pub struct Spec<'a> {
 /// Module base address used by every fixture.
 pub const BASE: u64 = 0x5555_5555_0000;
 
-/// The header of every fixture spool: `START_US`, `INTERVAL_US` and `engine`.
-pub fn header(engine: Engine) -> Header {
-    Header { start_time_us: START_US, interval_us: INTERVAL_US, engine }
+/// The header of every fixture spool: `START_US` and `INTERVAL_US`.
+pub fn header() -> Header {
+    Header { start_time_us: START_US, interval_us: INTERVAL_US }
 }
 
 /// Define the test program's executable segment as a module of `pid` mapped at
@@ -139,7 +139,7 @@ pub fn define_hot_stacks<W: Write>(w: &mut SpoolWriter<W>, p: &Program, m: Modul
 /// Write a spool over the test program: main;hot_a and main;hot_b samples.
 pub fn write_spool(p: &Program, spec: &Spec<'_>) {
     let file = std::fs::File::create(spec.path).unwrap();
-    let mut w = SpoolWriter::new(std::io::BufWriter::new(file), header(Engine::PerfEvent)).unwrap();
+    let mut w = SpoolWriter::new(std::io::BufWriter::new(file), header()).unwrap();
     let m = define_program(&mut w, p, PID, spec.module_path, spec.build_id);
     let (s_a, s_b) = define_hot_stacks(&mut w, p, m);
     let t1 = w.define_thread(PID, 1001, "main").unwrap();
