@@ -275,9 +275,21 @@ pub fn run(args: &FollowArgs) -> Result<(), CliError> {
         }
         // JIT runtimes append to their perf maps while they run.
         sym.refresh_perf_maps();
-        let screen_size = if terminal { terminal_size::terminal_size() } else { None };
-        let size = screen_size.map(|(w, h)| (w.0 as usize, h.0 as usize));
-        print_table(&tail, &live, &mut sym, args, size, terminal, started.elapsed(), live.read - prev_read)?;
+        let (width, rows) = match terminal.then(terminal_size::terminal_size).flatten() {
+            Some((w, h)) => (Some(w.0 as usize), Some(h.0 as usize)),
+            None => (None, None),
+        };
+        let fitted = Fit { width, rows };
+        print_table(
+            &tail,
+            &live,
+            &mut sym,
+            args,
+            fitted,
+            terminal,
+            started.elapsed(),
+            live.read - prev_read,
+        )?;
         prev_read = live.read;
 
         if stop.load(Ordering::SeqCst) {
@@ -300,9 +312,12 @@ pub fn run(args: &FollowArgs) -> Result<(), CliError> {
         }
     }
     if let Some(screen) = screen {
-        // Back on the normal screen, leave the final table there once.
+        // Back on the normal screen, leave the final table there once, cut to
+        // the terminal's width (it may scroll: it stays in the scrollback).
         drop(screen);
-        print_table(&tail, &live, &mut sym, args, None, false, started.elapsed(), live.read - prev_read)?;
+        let width = terminal_size::terminal_size().map(|(w, _)| w.0 as usize);
+        let fitted = Fit { width, rows: None };
+        print_table(&tail, &live, &mut sym, args, fitted, false, started.elapsed(), live.read - prev_read)?;
     }
     if tail.has_incomplete_record() {
         warn_truncated(&args.file, tail.position());
@@ -311,15 +326,23 @@ pub fn run(args: &FollowArgs) -> Result<(), CliError> {
     Ok(())
 }
 
-/// Print one table. `size` (columns, rows) fits it to a terminal: rows are cut
-/// so that the header stays on screen, lines are cut to the width.
+/// The terminal a table is fitted to: lines are cut to `width` columns, and
+/// the function rows are cut so that the whole table, header included, fits
+/// in `rows` lines.
+#[derive(Debug, Clone, Copy)]
+struct Fit {
+    width: Option<usize>,
+    rows: Option<usize>,
+}
+
+/// Print one table, fitted to `fit`; `redraw` clears the screen first.
 #[allow(clippy::too_many_arguments)]
 fn print_table(
     tail: &Tail,
     live: &Live,
     sym: &mut Symbolizer,
     args: &FollowArgs,
-    size: Option<(usize, usize)>,
+    fit_to: Fit,
     redraw: bool,
     elapsed: Duration,
     new: u64,
@@ -335,14 +358,18 @@ fn print_table(
     );
     // The header line and the table's column line take two rows, and the
     // last row stays empty so the final newline never scrolls the screen.
-    let (width, limit) = match size {
-        Some((cols, rows)) => {
+    let limit = match fit_to.rows {
+        Some(rows) => {
             let fit_rows = rows.saturating_sub(3).max(1);
-            let limit = if args.n == 0 { fit_rows } else { args.n.min(fit_rows) };
-            (Some(cols.max(1)), limit)
+            if args.n == 0 {
+                fit_rows
+            } else {
+                args.n.min(fit_rows)
+            }
         }
-        None => (None, args.n),
+        None => args.n,
     };
+    let width = fit_to.width.map(|w| w.max(1));
     // Drawn into memory first, then written at once (no flicker).
     let mut frame: Vec<u8> = Vec::new();
     if redraw {
