@@ -248,7 +248,8 @@ pub fn in_ci() -> bool {
 /// Check that an external oracle (`go tool pprof`, Python's `jsonschema`,
 /// binutils) can run, by running `probe` (a command and its arguments).
 /// Returns true when it can. When it cannot: in CI (`ci`) the test fails,
-/// elsewhere a loud SKIPPED line says which check was skipped and why, and
+/// elsewhere a loud SKIPPED line on stderr says which check was skipped and
+/// why, and
 /// false is returned so the caller leaves out only that check.
 pub fn oracle_in(ci: bool, what: &str, probe: &[&str], install: &str) -> bool {
     let (cmd, args) = probe.split_first().expect("probe command");
@@ -260,7 +261,13 @@ pub fn oracle_in(ci: bool, what: &str, probe: &[&str], install: &str) -> bool {
     if ci {
         panic!("test oracle {what} is missing in CI ({why}); .ci/run must install it ({install})");
     }
-    eprintln!("SKIPPED: the {what} check: {why}; install {install} to run it (with CI=true this fails)");
+    // Written to the process's stderr directly, not through the test
+    // harness's capture, so the line shows even when the test passes.
+    let _ = writeln!(
+        std::io::stderr(),
+        "SKIPPED in {}: the {what} check: {why}; install {install} to run it (with CI=true this fails)",
+        std::thread::current().name().unwrap_or("this test")
+    );
     false
 }
 
