@@ -393,3 +393,39 @@ fn follow_on_an_80x24_terminal_fits_and_restores_the_screen() {
     assert!(final_lines.iter().all(|l| columns(l) <= 80), "{after}");
     assert!(!after.contains('\x1b'), "{after:?}");
 }
+
+#[test]
+fn follow_waits_for_the_header_of_a_running_recording() {
+    // The recorder created and locked the file but has written only part of
+    // the header: without --wait this is not an error while the lock is held.
+    let dir = tempfile::tempdir().unwrap();
+    let spool = dir.path().join("young.spool");
+    let mut w = SpoolWriter::new(Vec::new(), header(Engine::PerfEvent)).unwrap();
+    let th = w.define_thread(PID, PID, "main").unwrap();
+    let f = w.define_frame(Frame::Absolute { address: 0x1000, kernel: false }).unwrap();
+    let st = w.define_stack(None, f).unwrap();
+    for i in 0..7 {
+        w.sample(START_US + (i + 1) * INTERVAL_US, th, st).unwrap();
+    }
+    let bytes = w.into_inner().unwrap();
+    let mut file = std::fs::File::create(&spool).unwrap();
+    let lock = RecordingLock::hold(&spool);
+    file.write_all(&bytes[..4]).unwrap();
+    let mut child = spawn_spulse(&["follow", s(&spool), "--interval", "0.1"]);
+    let mut err = std::io::BufReader::new(child.stderr.take().unwrap());
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut err, &mut line).unwrap();
+    assert!(line.contains("waiting for the recorder to write the spool's header"), "{line}");
+    file.write_all(&bytes[4..]).unwrap();
+    drop(lock);
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut err, &mut rest).unwrap();
+    let o = child.wait_with_output().unwrap();
+    assert!(o.status.success(), "{rest}");
+    assert!(rest.contains("stopped: recording ended") && rest.contains("; 7 samples"), "{rest}");
+    // The same partial header with nobody recording is an error at once.
+    std::fs::write(&spool, &bytes[..4]).unwrap();
+    let o = spulse(&["follow", s(&spool)]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("file ends inside the stream header"), "{}", stderr(&o));
+}

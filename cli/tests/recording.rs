@@ -1,6 +1,7 @@
 //! A real recording: the library's `quickstart` example (three parts
 //! `parse_records` for one part `compress_block`) read by every command and
-//! export, with `go tool pprof` as the oracle for pprof.
+//! export, with `go tool pprof` as the oracle for pprof (outside CI, when it is
+//! missing, only that check is skipped, loudly: `common::oracle`).
 //!
 //! The example binary is taken from the same target directory
 //! (`cargo test --workspace --all-targets` builds it); when it has not been

@@ -167,12 +167,18 @@ fn open_tail(args: &FollowArgs, stop: &AtomicBool) -> Result<Option<Tail>, CliEr
         };
         let header_pending = matches!(e.format_kind(), Some(FormatErrorKind::TruncatedHeader))
             && File::open(&args.file).is_ok_and(|f| recording_running(&f, &args.file).unwrap_or(false));
-        if !(args.wait && not_there_yet(&e)) && !header_pending {
+        let wanted = header_pending || (args.wait && not_there_yet(&e));
+        if !wanted {
             return Err(e.into());
         }
-        if args.wait && !announced {
+        if !announced {
+            let what = if header_pending {
+                "the recorder to write the spool's header"
+            } else {
+                "the spool to appear"
+            };
             eprintln!(
-                "spulse: follow: {}: waiting for the spool to appear{}",
+                "spulse: follow: {}: waiting for {what}{}",
                 escape(&args.file.display().to_string()),
                 match args.wait_timeout {
                     Some(t) => format!(" (up to {} s; Ctrl-C to stop)", t.as_secs_f64()),
