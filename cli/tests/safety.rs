@@ -284,10 +284,54 @@ fn numeric_arguments_are_range_checked() {
 #[test]
 fn oracle_helper_skips_loudly_outside_ci_and_fails_in_ci() {
     let missing = ["spulse-no-such-oracle-program", "--version"];
-    assert!(!oracle_in(false, "a missing tool", &missing, "nothing"));
+    assert!(!oracle_in(false, "(oracle helper self-test) missing tool", &missing, "nothing"));
     let failed = std::panic::catch_unwind(|| oracle_in(true, "a missing tool", &missing, "nothing"));
     assert!(failed.is_err(), "a missing oracle fails in CI");
     // A present program passes either way (the shell is on every machine).
     assert!(oracle_in(true, "sh", &["sh", "-c", "exit 0"], "sh"));
-    assert!(!oracle_in(false, "failing sh", &["sh", "-c", "exit 3"], "sh"));
+    assert!(!oracle_in(false, "(oracle helper self-test) failing sh", &["sh", "-c", "exit 3"], "sh"));
+}
+
+#[test]
+fn interrupted_export_removes_its_temporary_file() {
+    let dir = tempfile::tempdir().unwrap();
+    // Enough samples that the Firefox export (which keeps every sample) runs
+    // for a while after its temporary file is created.
+    let spool = dir.path().join("big.spool");
+    let mut w = SpoolWriter::new(
+        std::io::BufWriter::new(std::fs::File::create(&spool).unwrap()),
+        header(Engine::PerfEvent),
+    )
+    .unwrap();
+    let th = w.define_thread(PID, PID, "main").unwrap();
+    let stacks: Vec<_> = (0..64u64)
+        .map(|i| {
+            let f = w.define_frame(Frame::Absolute { address: 0x1000 + i * 16, kernel: false }).unwrap();
+            w.define_stack(None, f).unwrap()
+        })
+        .collect();
+    for i in 0..1_500_000u64 {
+        w.sample(START_US + i * INTERVAL_US, th, stacks[(i % 64) as usize]).unwrap();
+    }
+    w.into_inner().unwrap();
+    let out = dir.path().join("big.json");
+    std::fs::write(&out, "earlier export\n").unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_spulse"))
+        .args(["export", s(&spool), "--format", "firefox", "-o", s(&out)])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t0 = std::time::Instant::now();
+    while temporaries(dir.path()).is_empty() {
+        assert!(child.try_wait().unwrap().is_none(), "the export ended before its temporary file was seen");
+        assert!(t0.elapsed() < std::time::Duration::from_secs(60), "no temporary file");
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    let st = Command::new("kill").args(["-INT", &child.id().to_string()]).status().unwrap();
+    assert!(st.success());
+    let o = child.wait_with_output().unwrap();
+    assert_eq!(o.status.code(), Some(130), "{}", stderr(&o));
+    assert!(stderr(&o).contains("interrupted"), "{}", stderr(&o));
+    assert_eq!(std::fs::read_to_string(&out).unwrap(), "earlier export\n");
+    assert!(temporaries(dir.path()).is_empty(), "{:?}", temporaries(dir.path()));
 }

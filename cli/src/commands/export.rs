@@ -4,6 +4,7 @@ use std::fs::OpenOptions;
 use std::io::{BufWriter, Write};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 
 use clap::{Args, ValueEnum};
 
@@ -88,6 +89,9 @@ impl<W: Write> Write for Counted<W> {
         self.note(r)
     }
 }
+
+/// Exit code of an export ended by Ctrl-C (128 + SIGINT, as shells report it).
+const EXIT_INTERRUPTED: i32 = 130;
 
 /// Where the export goes.
 enum Target {
@@ -178,13 +182,36 @@ pub fn run(args: &ExportArgs) -> Result<(), CliError> {
                 _ => Path::new("."),
             };
             let prefix = format!(".{}.", path.file_name().unwrap_or_default().to_string_lossy());
+            // Ctrl-C (SIGINT, SIGTERM, SIGHUP) would end the process without
+            // running drops: its handler, which ctrlc runs on a thread of its
+            // own, removes the temporary file named here before exiting. It is
+            // installed before the file exists, and the rename into place holds
+            // the lock, so the file is either removed or complete.
+            let pending: Arc<Mutex<Option<PathBuf>>> = Arc::new(Mutex::new(None));
+            {
+                let pending = pending.clone();
+                let shown = out_name.clone();
+                let _ = ctrlc::set_handler(move || {
+                    let tmp = pending.lock().unwrap_or_else(|e| e.into_inner()).take();
+                    if let Some(tmp) = tmp {
+                        let _ = std::fs::remove_file(tmp);
+                        eprintln!("spulse: export: interrupted; {shown} left as it was");
+                    }
+                    std::process::exit(EXIT_INTERRUPTED);
+                });
+            }
             // Mode 0666 less the umask, as a file created by `File::create` gets.
-            let tmp = tempfile::Builder::new()
-                .prefix(&prefix)
-                .suffix(".tmp")
-                .permissions(std::fs::Permissions::from_mode(0o666))
-                .tempfile_in(dir)
-                .map_err(|e| CliError::output(&out_name, e))?;
+            let tmp = {
+                let mut guard = pending.lock().unwrap_or_else(|e| e.into_inner());
+                let tmp = tempfile::Builder::new()
+                    .prefix(&prefix)
+                    .suffix(".tmp")
+                    .permissions(std::fs::Permissions::from_mode(0o666))
+                    .tempfile_in(dir)
+                    .map_err(|e| CliError::output(&out_name, e))?;
+                *guard = Some(tmp.path().to_path_buf());
+                tmp
+            };
             // On any error below `tmp` is dropped, which deletes it: an existing
             // output stays as it was.
             let mut out = Counted::new(BufWriter::new(tmp));
@@ -193,7 +220,14 @@ pub fn run(args: &ExportArgs) -> Result<(), CliError> {
             let bytes = out.bytes;
             let tmp = out.inner.into_inner().map_err(|e| CliError::output(&out_name, e.into_error()))?;
             tmp.as_file().sync_all().map_err(|e| CliError::output(&out_name, e))?;
-            tmp.persist(&path).map_err(|e| CliError::output(&out_name, e.error))?;
+            {
+                let mut guard = pending.lock().unwrap_or_else(|e| e.into_inner());
+                if guard.take().is_none() {
+                    // The handler already removed it and is exiting.
+                    return Err(CliError::other("interrupted"));
+                }
+                tmp.persist(&path).map_err(|e| CliError::output(&out_name, e.error))?;
+            }
             report(n, &out_name, bytes);
             Ok(())
         }
