@@ -273,6 +273,14 @@ fn numeric_arguments_are_range_checked() {
     }
     let o = spulse(&["follow", sp, "--interval", "1e20"]);
     assert!(stderr(&o).contains("out of range: seconds from 0.01 to 604800"), "{}", stderr(&o));
+    let o = spulse(&["top", sp, "--from", "-1"]);
+    assert!(
+        stderr(&o).contains("`-1` is not a whole number from 0 to 18446744073709551615"),
+        "{}",
+        stderr(&o)
+    );
+    let o = spulse(&["follow", sp, "-n", "1e3"]);
+    assert!(stderr(&o).contains("`1e3` is not a whole number from 0 to"), "{}", stderr(&o));
     let o = spulse(&["export", sp, "--format", "collapsed", "-o", "-", "--from", "9", "--to", "3"]);
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     assert!(stderr(&o).contains("--from 9 must be below --to 3"), "{}", stderr(&o));

@@ -34,7 +34,7 @@ use clap::Args;
 use spulse::{FormatErrorKind, Sample, StackId, Tail};
 
 use super::top::write_table;
-use super::{parse_seconds, with_stdout, SymbolArgs};
+use super::{parse_count, parse_seconds, with_stdout, SymbolArgs};
 use crate::aggregate::{Aggregate, Context};
 use crate::display::{escape, fit};
 use crate::input::warn_truncated;
@@ -67,16 +67,17 @@ pub struct FollowArgs {
     /// Seconds between tables (0.01 to 604800).
     #[arg(long, value_name = "SECS", default_value = "1", value_parser = interval_secs, allow_negative_numbers = true)]
     pub interval: Duration,
-    /// Stop when the file has not grown for this many seconds (0: never, the default).
+    /// Stop when the file has not grown for this many seconds (0: never).
     #[arg(long, value_name = "SECS", default_value = "0", value_parser = idle_secs, allow_negative_numbers = true)]
     pub idle_exit: Duration,
-    /// How many functions to show (0: as many as fit; on a terminal, never
-    /// more than fit its height).
+    /// How many functions to show (0: all; on a terminal, never more than fit
+    /// its height).
     #[arg(
         short = 'n',
         long = "limit",
         value_name = "N",
         default_value_t = 20,
+        value_parser = parse_count,
         allow_negative_numbers = true
     )]
     pub n: usize,

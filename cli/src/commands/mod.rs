@@ -53,6 +53,17 @@ pub fn parse_seconds(s: &str, min: f64, max: f64) -> Result<std::time::Duration,
     Ok(std::time::Duration::from_secs_f64(v))
 }
 
+/// Parse a whole number from 0 to `u64::MAX` for a clap value parser, with a
+/// message that says the range (for `-1` or `1e3`, say).
+pub fn parse_u64(s: &str) -> Result<u64, String> {
+    s.trim().parse::<u64>().map_err(|_| format!("`{s}` is not a whole number from 0 to {}", u64::MAX))
+}
+
+/// Parse a count (a whole number from 0 to `usize::MAX`) for a clap value parser.
+pub fn parse_count(s: &str) -> Result<usize, String> {
+    s.trim().parse::<usize>().map_err(|_| format!("`{s}` is not a whole number from 0 to {}", usize::MAX))
+}
+
 /// Format unix microseconds as `YYYY-MM-DD hh:mm:ss.ffffff UTC`.
 pub fn format_unix_us(us: u64) -> String {
     let secs = us / 1_000_000;

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use clap::{Args, ValueEnum};
 use serde_json::json;
 
-use super::{with_stdout, SymbolArgs};
+use super::{parse_count, parse_u64, with_stdout, SymbolArgs};
 use crate::aggregate::{aggregate, Filter};
 use crate::display::{escape, fit};
 use crate::input::open_replay;
@@ -31,10 +31,10 @@ pub struct FilterArgs {
     #[arg(long, value_name = "TID", allow_negative_numbers = true)]
     pub thread: Option<u32>,
     /// Only samples at or after US microseconds since the profile start.
-    #[arg(long, value_name = "US", allow_negative_numbers = true)]
+    #[arg(long, value_name = "US", value_parser = parse_u64, allow_negative_numbers = true)]
     pub from: Option<u64>,
     /// Only samples before US microseconds since the profile start.
-    #[arg(long, value_name = "US", allow_negative_numbers = true)]
+    #[arg(long, value_name = "US", value_parser = parse_u64, allow_negative_numbers = true)]
     pub to: Option<u64>,
 }
 
@@ -62,6 +62,7 @@ pub struct TopArgs {
         long = "limit",
         value_name = "N",
         default_value_t = 20,
+        value_parser = parse_count,
         allow_negative_numbers = true
     )]
     pub n: usize,
