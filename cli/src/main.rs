@@ -27,6 +27,7 @@ enum Command {
 fn main() {
     // Errors are reported as one line; a panic (a bug) also stays on one line.
     std::panic::set_hook(Box::new(|info| {
+        follow::restore_terminal();
         eprintln!("spulse: internal error: {}", spulse_cli::display::escape(&info.to_string()));
     }));
     let cli = Cli::parse();

@@ -204,6 +204,9 @@ fn open_tail(args: &FollowArgs, stop: &AtomicBool) -> Result<Option<Tail>, CliEr
     }
 }
 
+/// Whether the alternate screen is on (see [`restore_terminal`]).
+static ALT_SCREEN_ON: AtomicBool = AtomicBool::new(false);
+
 /// The alternate screen, entered on creation and left (with the cursor shown
 /// again) on drop, so every way out of `run` restores the terminal.
 struct AltScreen;
@@ -214,14 +217,23 @@ impl AltScreen {
         // Alternate screen on, cursor hidden.
         let _ = out.write_all(b"\x1b[?1049h\x1b[?25l");
         let _ = out.flush();
+        ALT_SCREEN_ON.store(true, Ordering::SeqCst);
         AltScreen
     }
 }
 
 impl Drop for AltScreen {
     fn drop(&mut self) {
+        restore_terminal();
+    }
+}
+
+/// Leave the alternate screen if `follow` entered it, showing the cursor
+/// again (the normal screen comes back as it was). Idempotent; the panic hook
+/// calls it before printing, so that the message lands on the normal screen.
+pub fn restore_terminal() {
+    if ALT_SCREEN_ON.swap(false, Ordering::SeqCst) {
         let mut out = std::io::stdout().lock();
-        // Cursor shown, alternate screen off (the normal screen comes back as it was).
         let _ = out.write_all(b"\x1b[?25h\x1b[?1049l");
         let _ = out.flush();
     }
