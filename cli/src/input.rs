@@ -7,6 +7,7 @@ use std::path::Path;
 use indicatif::{ProgressBar, ProgressStyle};
 use spulse::Replay;
 
+use crate::display::escape;
 use crate::CliError;
 
 /// Open and validate a spool for sequential reading. A spool whose final record
@@ -34,7 +35,7 @@ pub fn warn_truncated(path: &Path, valid_len: u64) {
     let file_len = std::fs::metadata(path).map(|m| m.len()).unwrap_or(valid_len);
     eprintln!(
         "spulse: warning: {}: ends inside a record at byte offset {valid_len}; ignoring the last {} bytes",
-        path.display(),
+        escape(&path.display().to_string()),
         file_len.saturating_sub(valid_len)
     );
 }

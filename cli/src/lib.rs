@@ -6,10 +6,12 @@
 //! - [`symbolize`]: offline symbolization of frames (addr2line + object, perf maps).
 //! - [`report`]: function tables (`top`) and folded stacks built from the above.
 //! - [`export`]: the export formats (pprof, firefox, collapsed, svg, speedscope).
+//! - [`display`]: escaping untrusted text for the terminal and XML, fitting it to a width.
 //! - [`commands`]: one module per subcommand.
 
 pub mod aggregate;
 pub mod commands;
+pub mod display;
 pub mod error;
 pub mod export;
 pub mod input;

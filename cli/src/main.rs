@@ -27,7 +27,8 @@ enum Command {
 fn main() {
     // Errors are reported as one line; a panic (a bug) also stays on one line.
     std::panic::set_hook(Box::new(|info| {
-        eprintln!("spulse: internal error: {info}");
+        follow::restore_terminal();
+        eprintln!("spulse: internal error: {}", spulse_cli::display::escape(&info.to_string()));
     }));
     let cli = Cli::parse();
     let res = match &cli.command {
@@ -37,7 +38,8 @@ fn main() {
         Command::Follow(a) => follow::run(a),
     };
     if let Err(e) = res {
-        eprintln!("spulse: error: {e}");
+        // Messages may quote spool content or paths: never let them reach the terminal raw.
+        eprintln!("spulse: error: {}", spulse_cli::display::escape(&e.message));
         std::process::exit(e.code);
     }
 }

@@ -1,54 +1,93 @@
 //! `spulse follow`: a live top table of a spool that is still being written,
 //! read incrementally with `Tail`.
 //!
+//! While it records, the recorder holds an exclusive `flock` on the spool. The
+//! follower tries a non-blocking shared lock on its own descriptor of the file:
+//! `EWOULDBLOCK` means the recording is still running; success means it ended
+//! (the lock is released at once). This works across PID namespaces and does
+//! not depend on `/proc`.
+//!
 //! It stops, printing the final table, when
-//! - Ctrl-C is pressed (SIGINT), or
-//! - the writer is gone: everything written so far was read and no process
-//!   named by the spool's thread or module records is alive any more
-//!   (`/proc/<pid>` is absent), or
-//! - the file has not grown for `--idle-exit` seconds (0 disables this).
+//! - Ctrl-C is pressed (SIGINT; also SIGTERM and SIGHUP), or
+//! - the recording ended (nobody holds the lock) and everything was read, or
+//! - the file has not grown for `--idle-exit` seconds (off by default).
+//!
+//! With `--wait` a spool that does not exist yet (or whose header is not yet
+//! complete) is waited for, up to `--wait-timeout` seconds or until Ctrl-C.
 //!
 //! Perf maps (`/tmp/perf-<pid>.map`) are re-read for every table, since a JIT
-//! keeps appending to its map. On a terminal the table is redrawn in place; on a pipe one table is printed
-//! per interval, separated by a header line.
+//! keeps appending to its map. On a terminal the table is drawn on the
+//! alternate screen, fitted to the terminal's width and height (the header
+//! always stays on screen), and the normal screen is restored on exit, where
+//! the final table is printed once. On a pipe one table is printed per
+//! interval, separated by a header line.
 
-use std::collections::{BTreeSet, HashMap};
-use std::io::IsTerminal;
-use std::path::PathBuf;
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::{IsTerminal, Write};
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use spulse::{Sample, StackId, Tail};
+use spulse::{FormatErrorKind, Sample, StackId, Tail};
 
 use super::top::write_table;
-use super::{with_stdout, SymbolArgs};
+use super::{parse_count, parse_seconds, with_stdout, SymbolArgs};
 use crate::aggregate::{Aggregate, Context};
+use crate::display::{escape, fit};
 use crate::input::warn_truncated;
 use crate::report::top;
 use crate::symbolize::Symbolizer;
 use crate::CliError;
 
+/// Longest `--interval`, `--idle-exit` and `--wait-timeout`: one week.
+const MAX_SECS: f64 = 7.0 * 86_400.0;
+
+fn interval_secs(s: &str) -> Result<Duration, String> {
+    parse_seconds(s, 0.01, MAX_SECS)
+}
+
+fn idle_secs(s: &str) -> Result<Duration, String> {
+    parse_seconds(s, 0.0, MAX_SECS)
+}
+
 /// Arguments of `spulse follow`.
 #[derive(Debug, Args)]
 #[command(
-    after_help = "Examples:\n  spulse follow /tmp/app.spool\n  spulse follow /tmp/app.spool --interval 5 -n 10 | tee top.log\n\n\
-Stops on Ctrl-C, when no process recorded in the spool is alive and everything\n\
-was read, or when the file has not grown for --idle-exit seconds."
+    after_help = "Examples:\n  spulse follow /tmp/app.spool\n  spulse follow /tmp/app.spool --interval 5 -n 10 | tee top.log\n  spulse follow --wait --wait-timeout 60 /tmp/app.spool\n\n\
+Stops on Ctrl-C, when the recording has ended (the recorder no longer holds its\n\
+lock on the spool) and everything was read, or when the file has not grown for\n\
+--idle-exit seconds."
 )]
 pub struct FollowArgs {
     /// The spool file (being written by a running process).
     pub file: PathBuf,
-    /// Seconds between tables.
-    #[arg(long, value_name = "SECS", default_value_t = 1.0)]
-    pub interval: f64,
+    /// Seconds between tables (0.01 to 604800).
+    #[arg(long, value_name = "SECS", default_value = "1", value_parser = interval_secs, allow_negative_numbers = true)]
+    pub interval: Duration,
     /// Stop when the file has not grown for this many seconds (0: never).
-    #[arg(long, value_name = "SECS", default_value_t = 10.0)]
-    pub idle_exit: f64,
-    /// How many functions to show.
-    #[arg(short = 'n', long = "limit", value_name = "N", default_value_t = 20)]
+    #[arg(long, value_name = "SECS", default_value = "0", value_parser = idle_secs, allow_negative_numbers = true)]
+    pub idle_exit: Duration,
+    /// How many functions to show (0: all; on a terminal, never more than fit
+    /// its height).
+    #[arg(
+        short = 'n',
+        long = "limit",
+        value_name = "N",
+        default_value_t = 20,
+        value_parser = parse_count,
+        allow_negative_numbers = true
+    )]
     pub n: usize,
+    /// Wait for the spool to appear if it does not exist yet (until Ctrl-C, or
+    /// for --wait-timeout seconds).
+    #[arg(long)]
+    pub wait: bool,
+    /// With --wait: give up after this many seconds (0 to 604800).
+    #[arg(long, value_name = "SECS", requires = "wait", value_parser = idle_secs, allow_negative_numbers = true)]
+    pub wait_timeout: Option<Duration>,
     #[command(flatten)]
     pub symbols: SymbolArgs,
 }
@@ -87,34 +126,136 @@ impl Live {
     }
 }
 
-fn pids_alive(tail: &Tail) -> Option<bool> {
-    let pids: BTreeSet<u32> =
-        tail.threads().iter().map(|t| t.pid).chain(tail.modules().iter().map(|m| m.pid)).collect();
-    if pids.is_empty() {
-        return None;
+/// Whether a recorder still holds its exclusive lock on the spool (`lock` is
+/// the follower's own descriptor of it).
+fn recording_running(lock: &File, path: &Path) -> Result<bool, CliError> {
+    use rustix::fs::{flock, FlockOperation};
+    match flock(lock, FlockOperation::NonBlockingLockShared) {
+        Ok(()) => {
+            // Got it: nobody records. Release it at once, so that a new
+            // recording into the same file is never held up by us.
+            let _ = flock(lock, FlockOperation::Unlock);
+            Ok(false)
+        }
+        Err(e) if e == rustix::io::Errno::WOULDBLOCK => Ok(true),
+        Err(e) => Err(CliError::other(format!(
+            "{}: cannot check whether the recording is running (flock): {}",
+            path.display(),
+            std::io::Error::from(e)
+        ))),
     }
-    Some(pids.iter().any(|p| std::path::Path::new(&format!("/proc/{p}")).exists()))
+}
+
+/// Whether opening failed only because the spool is not there yet, or its
+/// header is not complete yet (the recorder just created it).
+fn not_there_yet(e: &spulse::Error) -> bool {
+    match e {
+        spulse::Error::Io { source, .. } => source.kind() == std::io::ErrorKind::NotFound,
+        _ => matches!(e.format_kind(), Some(FormatErrorKind::TruncatedHeader)),
+    }
+}
+
+/// Open the spool for tailing. With `--wait`, wait for it to appear; `None`
+/// when Ctrl-C ended the wait. Without `--wait`, a header still being written
+/// by a running recorder is waited for too.
+fn open_tail(args: &FollowArgs, stop: &AtomicBool) -> Result<Option<Tail>, CliError> {
+    let started = Instant::now();
+    let mut announced = false;
+    loop {
+        let e = match Tail::open(&args.file) {
+            Ok(t) => return Ok(Some(t)),
+            Err(e) => e,
+        };
+        let header_pending = matches!(e.format_kind(), Some(FormatErrorKind::TruncatedHeader))
+            && File::open(&args.file).is_ok_and(|f| recording_running(&f, &args.file).unwrap_or(false));
+        let wanted = header_pending || (args.wait && not_there_yet(&e));
+        if !wanted {
+            return Err(e.into());
+        }
+        if !announced {
+            let what = if header_pending {
+                "the recorder to write the spool's header"
+            } else {
+                "the spool to appear"
+            };
+            eprintln!(
+                "spulse: follow: {}: waiting for {what}{}",
+                escape(&args.file.display().to_string()),
+                match args.wait_timeout {
+                    Some(t) => format!(" (up to {} s; Ctrl-C to stop)", t.as_secs_f64()),
+                    None => " (Ctrl-C to stop)".to_string(),
+                }
+            );
+            announced = true;
+        }
+        if stop.load(Ordering::SeqCst) {
+            return Ok(None);
+        }
+        if let Some(limit) = args.wait_timeout {
+            if started.elapsed() >= limit {
+                return Err(CliError::input(format!(
+                    "{}: did not appear within {} s (--wait-timeout)",
+                    args.file.display(),
+                    limit.as_secs_f64()
+                )));
+            }
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Whether the alternate screen is on (see [`restore_terminal`]).
+static ALT_SCREEN_ON: AtomicBool = AtomicBool::new(false);
+
+/// The alternate screen, entered on creation and left (with the cursor shown
+/// again) on drop, so every way out of `run` restores the terminal.
+struct AltScreen;
+
+impl AltScreen {
+    fn enter() -> AltScreen {
+        let mut out = std::io::stdout().lock();
+        // Alternate screen on, cursor hidden.
+        let _ = out.write_all(b"\x1b[?1049h\x1b[?25l");
+        let _ = out.flush();
+        ALT_SCREEN_ON.store(true, Ordering::SeqCst);
+        AltScreen
+    }
+}
+
+impl Drop for AltScreen {
+    fn drop(&mut self) {
+        restore_terminal();
+    }
+}
+
+/// Leave the alternate screen if `follow` entered it, showing the cursor
+/// again (the normal screen comes back as it was). Idempotent; the panic hook
+/// calls it before printing, so that the message lands on the normal screen.
+pub fn restore_terminal() {
+    if ALT_SCREEN_ON.swap(false, Ordering::SeqCst) {
+        let mut out = std::io::stdout().lock();
+        let _ = out.write_all(b"\x1b[?25h\x1b[?1049l");
+        let _ = out.flush();
+    }
 }
 
 /// Run `spulse follow`.
 pub fn run(args: &FollowArgs) -> Result<(), CliError> {
-    if !(args.interval > 0.0 && args.interval.is_finite()) {
-        return Err(CliError::input(format!(
-            "--interval {} must be a positive number of seconds",
-            args.interval
-        )));
-    }
-    if !(args.idle_exit >= 0.0 && args.idle_exit.is_finite()) {
-        return Err(CliError::input(format!("--idle-exit {} must be zero or more seconds", args.idle_exit)));
-    }
-    let mut tail = Tail::open(&args.file)?;
     let stop = Arc::new(AtomicBool::new(false));
     {
         let stop = stop.clone();
         // If a handler cannot be installed (one already is), Ctrl-C simply kills us.
         let _ = ctrlc::set_handler(move || stop.store(true, Ordering::SeqCst));
     }
+    let shown = escape(&args.file.display().to_string()).into_owned();
+    let Some(mut tail) = open_tail(args, &stop)? else {
+        eprintln!("spulse: follow: {shown}: stopped: interrupted while waiting for the spool");
+        return Ok(());
+    };
+    let lock =
+        File::open(&args.file).map_err(|e| CliError::input(format!("{}: {e}", args.file.display())))?;
     let terminal = std::io::stdout().is_terminal();
+    let screen = terminal.then(AltScreen::enter);
     let mut sym = Symbolizer::new(args.symbols.options());
     let mut live = Live {
         contexts: Vec::new(),
@@ -124,8 +265,7 @@ pub fn run(args: &FollowArgs) -> Result<(), CliError> {
         next_event: 0,
         inside: HashMap::new(),
     };
-    let interval = Duration::from_secs_f64(args.interval);
-    let idle_limit = (args.idle_exit > 0.0).then(|| Duration::from_secs_f64(args.idle_exit));
+    let idle_limit = (!args.idle_exit.is_zero()).then_some(args.idle_exit);
     let started = Instant::now();
     let mut last_growth = Instant::now();
     let mut last_pos = tail.position();
@@ -135,7 +275,9 @@ pub fn run(args: &FollowArgs) -> Result<(), CliError> {
     let reason;
     loop {
         let tick = Instant::now();
-        // Drain everything complete.
+        // Asked before draining: when the lock is free, the recorder wrote its
+        // last bytes before releasing it, so the drain below reads them all.
+        let running = recording_running(&lock, &args.file)?;
         loop {
             batch.clear();
             batch.extend_from_slice(tail.poll()?);
@@ -152,16 +294,29 @@ pub fn run(args: &FollowArgs) -> Result<(), CliError> {
         }
         // JIT runtimes append to their perf maps while they run.
         sym.refresh_perf_maps();
-        print_table(&tail, &live, &mut sym, args, terminal, started.elapsed(), live.read - prev_read)?;
+        let (width, rows) = match terminal.then(terminal_size::terminal_size).flatten() {
+            Some((w, h)) => (Some(w.0 as usize), Some(h.0 as usize)),
+            None => (None, None),
+        };
+        let fitted = Fit { width, rows };
+        print_table(
+            &tail,
+            &live,
+            &mut sym,
+            args,
+            fitted,
+            terminal,
+            started.elapsed(),
+            live.read - prev_read,
+        )?;
         prev_read = live.read;
 
-        let caught_up = !tail.has_incomplete_record();
         if stop.load(Ordering::SeqCst) {
             reason = "interrupted".to_string();
             break;
         }
-        if caught_up && pids_alive(&tail) == Some(false) {
-            reason = "writer gone (no process recorded in the spool is running)".to_string();
+        if !running {
+            reason = "recording ended (the recorder no longer holds the spool's lock)".to_string();
             break;
         }
         if let Some(limit) = idle_limit {
@@ -171,44 +326,83 @@ pub fn run(args: &FollowArgs) -> Result<(), CliError> {
             }
         }
         // Sleep until the next tick in small steps, so Ctrl-C is prompt.
-        while tick.elapsed() < interval && !stop.load(Ordering::SeqCst) {
-            std::thread::sleep(Duration::from_millis(20).min(interval));
+        while tick.elapsed() < args.interval && !stop.load(Ordering::SeqCst) {
+            std::thread::sleep(Duration::from_millis(20).min(args.interval));
         }
+    }
+    if let Some(screen) = screen {
+        // Back on the normal screen, leave the final table there once, cut to
+        // the terminal's width (it may scroll: it stays in the scrollback).
+        drop(screen);
+        let width = terminal_size::terminal_size().map(|(w, _)| w.0 as usize);
+        let fitted = Fit { width, rows: None };
+        print_table(&tail, &live, &mut sym, args, fitted, false, started.elapsed(), live.read - prev_read)?;
     }
     if tail.has_incomplete_record() {
         warn_truncated(&args.file, tail.position());
     }
-    eprintln!("spulse: follow: {}: stopped: {reason}; {} samples", args.file.display(), live.read);
+    eprintln!("spulse: follow: {shown}: stopped: {reason}; {} samples", live.read);
     Ok(())
 }
 
+/// The terminal a table is fitted to: lines are cut to `width` columns, and
+/// the function rows are cut so that the whole table, header included, fits
+/// in `rows` lines.
+#[derive(Debug, Clone, Copy)]
+struct Fit {
+    width: Option<usize>,
+    rows: Option<usize>,
+}
+
+/// Print one table, fitted to `fit`; `redraw` clears the screen first.
+#[allow(clippy::too_many_arguments)]
 fn print_table(
     tail: &Tail,
     live: &Live,
     sym: &mut Symbolizer,
     args: &FollowArgs,
-    terminal: bool,
+    fit_to: Fit,
+    redraw: bool,
     elapsed: Duration,
     new: u64,
 ) -> Result<(), CliError> {
     let agg = Aggregate::from_counts(live.contexts.clone(), live.counts.clone());
     let stats = top(tail, &agg, sym);
-    with_stdout(|out| {
-        if terminal {
-            write!(out, "\x1b[2J\x1b[H")?;
+    let header = format!(
+        "--- {} at {:.1} s: {} samples (+{new}), {} threads ---",
+        escape(&args.file.display().to_string()),
+        elapsed.as_secs_f64(),
+        live.read,
+        tail.threads().len()
+    );
+    // The header line and the table's column line take two rows, and the
+    // last row stays empty so the final newline never scrolls the screen.
+    let limit = match fit_to.rows {
+        Some(rows) => {
+            let fit_rows = rows.saturating_sub(3).max(1);
+            if args.n == 0 {
+                fit_rows
+            } else {
+                args.n.min(fit_rows)
+            }
         }
-        writeln!(
-            out,
-            "--- {} at {:.1} s: {} samples (+{new}), {} threads ---",
-            args.file.display(),
-            elapsed.as_secs_f64(),
-            live.read,
-            tail.threads().len()
-        )?;
-        write_table(out, &stats, sym, agg.total, args.n)?;
-        if !terminal {
-            writeln!(out)?;
-        }
-        Ok(())
-    })
+        None => args.n,
+    };
+    let width = fit_to.width.map(|w| w.max(1));
+    // Drawn into memory first, then written at once (no flicker).
+    let mut frame: Vec<u8> = Vec::new();
+    if redraw {
+        // Cursor home, clear the screen.
+        frame.extend_from_slice(b"\x1b[H\x1b[2J");
+    }
+    let header = match width {
+        Some(w) => fit(&header, w),
+        None => header.as_str().into(),
+    };
+    let _ = writeln!(frame, "{header}");
+    let _ = write_table(&mut frame, &stats, sym, agg.total, limit, width);
+    if !redraw {
+        frame.push(b'\n');
+    }
+    with_stdout(|out| out.write_all(&frame))
 }

@@ -8,6 +8,7 @@ use clap::Args;
 use serde_json::json;
 
 use super::{format_unix_us, with_stdout};
+use crate::display::escape;
 use crate::input::{open_replay, progress};
 use crate::symbolize::module_name;
 use crate::CliError;
@@ -101,7 +102,7 @@ pub fn run(args: &InfoArgs) -> Result<(), CliError> {
         writeln!(
             out,
             "file:            {} ({file_len} bytes, {} valid)",
-            args.file.display(),
+            escape(&args.file.display().to_string()),
             replay.valid_len()
         )?;
         writeln!(
@@ -136,7 +137,14 @@ pub fn run(args: &InfoArgs) -> Result<(), CliError> {
         if !defs.threads().is_empty() {
             writeln!(out, "\n{:>8} {:>8} {:>10}  NAME", "PID", "TID", "SAMPLES")?;
             for t in defs.threads() {
-                writeln!(out, "{:>8} {:>8} {:>10}  {}", t.pid, t.tid, per_thread[t.id.index()], t.name)?;
+                writeln!(
+                    out,
+                    "{:>8} {:>8} {:>10}  {}",
+                    t.pid,
+                    t.tid,
+                    per_thread[t.id.index()],
+                    escape(&t.name)
+                )?;
             }
         }
         if !defs.modules().is_empty() {
@@ -156,8 +164,8 @@ pub fn run(args: &InfoArgs) -> Result<(), CliError> {
                     m.size,
                     if defs.is_module_active(m.id) { "yes" } else { "no" },
                     if bid.is_empty() { "-" } else { &bid[..bid.len().min(8)] },
-                    module_name(m),
-                    m.path().display()
+                    escape(&module_name(m)),
+                    escape(&m.path().display().to_string())
                 )?;
             }
         }

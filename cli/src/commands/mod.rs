@@ -43,6 +43,27 @@ pub fn with_stdout(f: impl FnOnce(&mut dyn Write) -> std::io::Result<()>) -> Res
     }
 }
 
+/// Parse a number of seconds between `min` and `max` (inclusive) for a clap
+/// value parser; the message says what was wrong.
+pub fn parse_seconds(s: &str, min: f64, max: f64) -> Result<std::time::Duration, String> {
+    let v: f64 = s.trim().parse().map_err(|_| format!("`{s}` is not a number of seconds"))?;
+    if !(v >= min && v <= max) {
+        return Err(format!("{s} is out of range: seconds from {min} to {max}"));
+    }
+    Ok(std::time::Duration::from_secs_f64(v))
+}
+
+/// Parse a whole number from 0 to `u64::MAX` for a clap value parser, with a
+/// message that says the range (for `-1` or `1e3`, say).
+pub fn parse_u64(s: &str) -> Result<u64, String> {
+    s.trim().parse::<u64>().map_err(|_| format!("`{s}` is not a whole number from 0 to {}", u64::MAX))
+}
+
+/// Parse a count (a whole number from 0 to `usize::MAX`) for a clap value parser.
+pub fn parse_count(s: &str) -> Result<usize, String> {
+    s.trim().parse::<usize>().map_err(|_| format!("`{s}` is not a whole number from 0 to {}", usize::MAX))
+}
+
 /// Format unix microseconds as `YYYY-MM-DD hh:mm:ss.ffffff UTC`.
 pub fn format_unix_us(us: u64) -> String {
     let secs = us / 1_000_000;

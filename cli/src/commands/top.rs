@@ -6,8 +6,9 @@ use std::path::PathBuf;
 use clap::{Args, ValueEnum};
 use serde_json::json;
 
-use super::{with_stdout, SymbolArgs};
+use super::{parse_count, parse_u64, with_stdout, SymbolArgs};
 use crate::aggregate::{aggregate, Filter};
+use crate::display::{escape, fit};
 use crate::input::open_replay;
 use crate::report::{symbolize_all, top, FunctionStats};
 use crate::symbolize::Symbolizer;
@@ -27,13 +28,13 @@ pub enum SortBy {
 #[derive(Debug, Clone, Args)]
 pub struct FilterArgs {
     /// Only samples of the thread with this kernel thread id.
-    #[arg(long, value_name = "TID")]
+    #[arg(long, value_name = "TID", allow_negative_numbers = true)]
     pub thread: Option<u32>,
     /// Only samples at or after US microseconds since the profile start.
-    #[arg(long, value_name = "US")]
+    #[arg(long, value_name = "US", value_parser = parse_u64, allow_negative_numbers = true)]
     pub from: Option<u64>,
     /// Only samples before US microseconds since the profile start.
-    #[arg(long, value_name = "US")]
+    #[arg(long, value_name = "US", value_parser = parse_u64, allow_negative_numbers = true)]
     pub to: Option<u64>,
 }
 
@@ -56,7 +57,14 @@ pub struct TopArgs {
     #[arg(long)]
     pub json: bool,
     /// How many functions to show (0: all).
-    #[arg(short = 'n', long = "limit", value_name = "N", default_value_t = 20)]
+    #[arg(
+        short = 'n',
+        long = "limit",
+        value_name = "N",
+        default_value_t = 20,
+        value_parser = parse_count,
+        allow_negative_numbers = true
+    )]
     pub n: usize,
     /// Sort column.
     #[arg(long, value_enum, default_value_t = SortBy::SelfSamples)]
@@ -82,28 +90,33 @@ fn pct(n: u64, total: u64) -> f64 {
     }
 }
 
-/// Write a top table (shared with `follow`).
+/// Write a top table (shared with `follow`): at most `limit` rows (0: all),
+/// each line cut to `width` columns when given. Names are escaped for display.
 pub fn write_table(
     out: &mut dyn Write,
     stats: &[FunctionStats],
     sym: &Symbolizer,
     total: u64,
     limit: usize,
+    width: Option<usize>,
 ) -> std::io::Result<()> {
-    writeln!(out, "{:>10} {:>7} {:>10} {:>7}  FUNCTION (MODULE)", "SELF", "SELF%", "TOTAL", "TOTAL%")?;
+    let mut line = |text: String| match width {
+        Some(w) => writeln!(out, "{}", fit(&text, w)),
+        None => writeln!(out, "{text}"),
+    };
+    line(format!("{:>10} {:>7} {:>10} {:>7}  FUNCTION (MODULE)", "SELF", "SELF%", "TOTAL", "TOTAL%"))?;
     let shown = if limit == 0 { stats.len() } else { limit.min(stats.len()) };
     for s in &stats[..shown] {
         let f = sym.function(s.func);
-        writeln!(
-            out,
+        line(format!(
             "{:>10} {:>6.2}% {:>10} {:>6.2}%  {} ({})",
             s.self_samples,
             pct(s.self_samples, total),
             s.total_samples,
             pct(s.total_samples, total),
-            f.name,
-            f.module
-        )?;
+            escape(&f.name),
+            escape(&f.module)
+        ))?;
     }
     Ok(())
 }
@@ -145,7 +158,7 @@ pub fn run(args: &TopArgs) -> Result<(), CliError> {
             writeln!(out, "{}", serde_json::to_string_pretty(&v).expect("json"))
         } else {
             writeln!(out, "{total} samples")?;
-            write_table(out, &stats, &sym, total, args.n)
+            write_table(out, &stats, &sym, total, args.n, None)
         }
     })
 }

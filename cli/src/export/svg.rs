@@ -5,6 +5,7 @@ use std::io::Write;
 use spulse::Definitions;
 
 use crate::aggregate::Aggregate;
+use crate::display::xml_text;
 use crate::report::folded;
 use crate::symbolize::Symbolizer;
 
@@ -16,9 +17,12 @@ pub fn write(
     title: &str,
     out: &mut dyn Write,
 ) -> std::io::Result<()> {
-    let lines: Vec<String> = folded(defs, agg, sym).into_iter().map(|(s, n)| format!("{s} {n}")).collect();
+    // inferno escapes XML's markup characters but passes control characters
+    // through, and XML 1.0 forbids most of them even as character references.
+    let lines: Vec<String> =
+        folded(defs, agg, sym).into_iter().map(|(s, n)| format!("{} {n}", xml_text(&s))).collect();
     let mut opts = inferno::flamegraph::Options::default();
-    opts.title = title.to_string();
+    opts.title = xml_text(title).into_owned();
     opts.count_name = "samples".to_string();
     if lines.is_empty() {
         // inferno refuses empty input; an empty profile still gets a valid SVG.

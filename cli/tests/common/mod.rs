@@ -216,3 +216,81 @@ pub fn ok(args: &[&str]) -> String {
 pub fn s(p: &Path) -> &str {
     p.to_str().unwrap()
 }
+
+/// Holds the recorder's lock on a spool (`flock(LOCK_EX)`, as a running
+/// recorder does) until dropped, so `follow` sees the recording as running.
+pub struct RecordingLock(std::fs::File);
+
+impl RecordingLock {
+    pub fn hold(path: &Path) -> RecordingLock {
+        use std::os::fd::AsRawFd;
+        let f = std::fs::File::open(path).expect("open spool to lock it");
+        // SAFETY: flock on a descriptor this struct owns and keeps open.
+        let r = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) };
+        assert_eq!(r, 0, "flock: {}", std::io::Error::last_os_error());
+        RecordingLock(f)
+    }
+}
+
+impl Drop for RecordingLock {
+    fn drop(&mut self) {
+        use std::os::fd::AsRawFd;
+        // SAFETY: the descriptor is open until self.0 is dropped right after.
+        unsafe { libc::flock(self.0.as_raw_fd(), libc::LOCK_UN) };
+    }
+}
+
+/// Whether this run must have every test oracle (`CI=true`, as `.ci/run` sets).
+pub fn in_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| v == "true")
+}
+
+/// Check that an external oracle (`go tool pprof`, Python's `jsonschema`,
+/// binutils) can run, by running `probe` (a command and its arguments).
+/// Returns true when it can. When it cannot: in CI (`ci`) the test fails,
+/// elsewhere a loud SKIPPED line on stderr says which check was skipped and
+/// why, and
+/// false is returned so the caller leaves out only that check.
+pub fn oracle_in(ci: bool, what: &str, probe: &[&str], install: &str) -> bool {
+    let (cmd, args) = probe.split_first().expect("probe command");
+    let why = match Command::new(cmd).args(args).stdout(Stdio::null()).stderr(Stdio::null()).status() {
+        Ok(st) if st.success() => return true,
+        Ok(st) => format!("`{}` exited with {st}", probe.join(" ")),
+        Err(e) => format!("`{cmd}` cannot run: {e}"),
+    };
+    if ci {
+        panic!("test oracle {what} is missing in CI ({why}); .ci/run must install it ({install})");
+    }
+    // Written to the process's stderr directly, not through the test
+    // harness's capture, so the line shows even when the test passes.
+    let _ = writeln!(
+        std::io::stderr(),
+        "SKIPPED in {}: the {what} check: {why}; install {install} to run it (with CI=true this fails)",
+        std::thread::current().name().unwrap_or("this test")
+    );
+    false
+}
+
+/// [`oracle_in`] with this run's CI setting.
+pub fn oracle(what: &str, probe: &[&str], install: &str) -> bool {
+    oracle_in(in_ci(), what, probe, install)
+}
+
+/// `go tool pprof`.
+pub fn have_go_pprof() -> bool {
+    oracle("go tool pprof", &["go", "tool", "pprof", "-h"], "Debian's golang-go")
+}
+
+/// Python 3 with the `jsonschema` package.
+pub fn have_jsonschema() -> bool {
+    oracle(
+        "Python jsonschema",
+        &["python3", "-c", "import jsonschema"],
+        "python3 and `pip install jsonschema`",
+    )
+}
+
+/// A binutils program (`objcopy`, `addr2line`).
+pub fn have_binutils(program: &str) -> bool {
+    oracle(&format!("binutils {program}"), &[program, "--version"], "Debian's binutils")
+}
