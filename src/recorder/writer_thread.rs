@@ -38,6 +38,7 @@
 //!   address: unattributed, never misattributed.
 use std::collections::{HashMap, HashSet};
 use std::fs::File;
+use std::os::fd::AsRawFd;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::Arc;
@@ -112,6 +113,15 @@ struct Run {
     /// The counters moved without a visible change since the last generation:
     /// some object came and went unseen, so the next change is not exact.
     unseen_objects: bool,
+    /// Every thread seen while recording (but the writer), by tid.
+    threads: HashMap<u32, ThreadSeen>,
+}
+
+/// What is known of one thread of the process.
+#[derive(Default, Clone, Copy)]
+struct ThreadSeen {
+    sampled: bool,
+    blocking: bool,
 }
 
 /// A sample held back to the next tick (owned copy of a ring slot).
@@ -198,6 +208,7 @@ pub(crate) fn main(rx: Receiver<Control>) -> Result<Stats, Error> {
         horizon: 0,
         held: Vec::new(),
         unseen_objects: false,
+        threads: HashMap::new(),
     };
     // The initial scan was taken before the engine started: every sample is later,
     // so generation 0 is verified from the first tick's check on.
@@ -241,7 +252,30 @@ impl Run {
         }
     }
 
+    /// Note the threads alive now; a thread seen for the first time is checked
+    /// for blocking the profiling signal (`at_end`: every thread never sampled
+    /// is checked again).
+    fn scan_threads(&mut self, at_end: bool) {
+        let Ok(tids) = super::engine::list_tids() else { return };
+        let writer = self.st.shared.writer_tid.load(Ordering::Relaxed);
+        let sig = match self.st.engine.kind() {
+            crate::Engine::PerfEvent => libc::SIGTRAP,
+            _ => libc::SIGPROF,
+        };
+        for tid in tids {
+            if tid == writer {
+                continue;
+            }
+            let new = !self.threads.contains_key(&tid);
+            let t = self.threads.entry(tid).or_default();
+            if (new || (at_end && !t.sampled)) && !t.blocking {
+                t.blocking = blocks_signal(tid, sig);
+            }
+        }
+    }
+
     fn tick(&mut self) {
+        self.scan_threads(false);
         let change = self.scan_modules();
         self.drain(false);
         self.apply_module_change(change);
@@ -457,6 +491,7 @@ impl Run {
     }
 
     fn write_sample(&mut self, s: &RawSample<'_>) {
+        self.threads.entry(s.tid).or_default().sampled = true;
         if self.error.is_some() || s.addrs.is_empty() {
             return;
         }
@@ -513,6 +548,7 @@ impl Run {
     }
 
     fn finish(mut self) -> Result<Stats, Error> {
+        self.scan_threads(true);
         self.st.engine.stop();
         // Withdraw the state from the handler and wait until no handler uses it:
         // every sample is then in the ring, taken before the check below.
@@ -533,6 +569,11 @@ impl Run {
             let r = self.st.out.get_ref().sync_all().map_err(Error::from);
             self.note(r);
         }
+        // The recording is complete on disk: release the followers' lock now
+        // rather than at close, which a forked child holding a copy of the
+        // descriptor would delay.
+        // SAFETY: flock on the spool's descriptor, which the writer owns.
+        unsafe { libc::flock(self.st.out.get_ref().as_raw_fd(), libc::LOCK_UN) };
         if let Some(e) = self.error.take() {
             return Err(e);
         }
@@ -552,6 +593,20 @@ impl Run {
             engine: self.st.engine.kind(),
             duration: self.st.started.elapsed(),
             module_generations: self.st.generation + 1,
+            threads_seen: self.threads.len() as u64,
+            threads_never_sampled: self.threads.values().filter(|t| !t.sampled).count() as u64,
+            threads_blocking_signal: self.threads.values().filter(|t| t.blocking).count() as u64,
         })
     }
+}
+
+/// Whether thread `tid` of this process blocks signal `sig` (its `SigBlk` mask
+/// in `/proc/self/task/<tid>/status`); false when that cannot be read.
+fn blocks_signal(tid: u32, sig: i32) -> bool {
+    let Ok(status) = std::fs::read_to_string(format!("/proc/self/task/{tid}/status")) else { return false };
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("SigBlk:"))
+        .and_then(|m| u64::from_str_radix(m.trim(), 16).ok())
+        .is_some_and(|mask| sig >= 1 && mask & (1u64 << (sig - 1)) != 0)
 }
