@@ -22,6 +22,7 @@
 //!   process-timer fallback engine's itimer survives a direct `exec` of the
 //!   profiled process (not a fork+exec); see `engine/timer.rs`.
 
+mod cfi_check;
 mod engine;
 mod intern;
 mod modules;
