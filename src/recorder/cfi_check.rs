@@ -39,8 +39,8 @@
 //! frames unwind by frame pointer.
 
 use gimli::{
-    BaseAddresses, CfaRule, EhFrame, EhFrameHdr, EhFrameOffset, LittleEndian, RegisterRule,
-    UnwindContext, UnwindSection, UnwindTableRow, X86_64,
+    BaseAddresses, CfaRule, EhFrame, EhFrameHdr, EhFrameOffset, LittleEndian, RegisterRule, UnwindContext,
+    UnwindSection, UnwindTableRow, X86_64,
 };
 
 /// What [`filter_eh_frame_hdr`] kept.
@@ -89,10 +89,8 @@ pub(crate) fn filter_eh_frame_hdr(
     let table_at = count_at.checked_add(count_size)?;
     let entry_size = fixed_size(table_enc)?.checked_mul(2)?;
 
-    let bases = BaseAddresses::default()
-        .set_eh_frame_hdr(hdr_svma)
-        .set_eh_frame(eh_frame_svma)
-        .set_text(text_svma);
+    let bases =
+        BaseAddresses::default().set_eh_frame_hdr(hdr_svma).set_eh_frame(eh_frame_svma).set_text(text_svma);
     let parsed = EhFrameHdr::new(hdr, LittleEndian).parse(&bases, 8).ok()?;
     let eh_frame_ptr = parsed.eh_frame_ptr().direct().ok()?;
     let table = parsed.table()?;
@@ -212,7 +210,14 @@ pub(crate) mod synth {
 
     /// Append an FDE for `[pc, pc + len)` (stated addresses, `.eh_frame` at
     /// `eh_svma`) with `insns`; return its offset.
-    pub(crate) fn fde(out: &mut Vec<u8>, eh_svma: u64, cie_at: usize, pc: u64, len: u32, insns: &[u8]) -> usize {
+    pub(crate) fn fde(
+        out: &mut Vec<u8>,
+        eh_svma: u64,
+        cie_at: usize,
+        pc: u64,
+        len: u32,
+        insns: &[u8],
+    ) -> usize {
         let at = out.len();
         let mut body = Vec::new();
         body.extend_from_slice(&((at + 4 - cie_at) as u32).to_le_bytes());

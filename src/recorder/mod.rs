@@ -6,8 +6,24 @@
 //! the process itimer), `signal.rs` (the handler and every piece of unsafe code it
 //! runs), `ring.rs` (handler -> writer queue), `unwind.rs` (framehop caches and the
 //! walk), `modules.rs` (loaded objects, generations, unwinder snapshots),
+//! `cfi_check.rs` (which unwind tables the handler may be handed),
 //! `intern.rs` and `writer_thread.rs` (the spool side). This file holds the public
 //! API: builder, guard, statistics, Python-runtime marks.
+//!
+//! # Starting
+//! Every builder value is checked before anything is created, so a bad one is
+//! an `Err` naming it with no file, signal handler or thread left behind. The
+//! output path is a template (`{pid}`, `{timestamp}`), `SPULSE_OUTPUT`
+//! overrides it, and `overwrite(true)` replaces an existing spool by unlink and
+//! exclusive create (never through a symlink, never a spool whose recorder is
+//! still running).
+//!
+//! # Followers' lock
+//! The spool's descriptor holds `flock(LOCK_EX)` from creation until the final
+//! `fsync` (then `LOCK_UN`), or until the process dies. A reader that gets
+//! `EWOULDBLOCK` from `flock(LOCK_SH | LOCK_NB)` on its own descriptor knows the
+//! recording is still running; once it gets the lock, the file is complete (or
+//! its writer died) and will not grow.
 //!
 //! # Processes
 //! * A forked child gets nothing: no engine delivers signals to it (perf events
@@ -316,7 +332,9 @@ impl RecorderBuilder {
             )));
         }
         if mode & 0o600 != 0o600 {
-            return Err(Error::Recorder(format!("mode {mode:#o} must give the owner read and write (0o600)")));
+            return Err(Error::Recorder(format!(
+                "mode {mode:#o} must give the owner read and write (0o600)"
+            )));
         }
         let (template, from_env) = match std::env::var_os("SPULSE_OUTPUT") {
             Some(v) if !v.is_empty() => (PathBuf::from(v), true),
@@ -324,12 +342,10 @@ impl RecorderBuilder {
         };
         // SAFETY: getpid has no preconditions.
         let pid = unsafe { libc::getpid() } as u32;
-        let secs = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs());
-        let path = expand_template(&template, pid, secs).map_err(|msg| {
-            Error::Recorder(if from_env { format!("SPULSE_OUTPUT: {msg}") } else { msg })
-        })?;
+        let secs =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+        let path = expand_template(&template, pid, secs)
+            .map_err(|msg| Error::Recorder(if from_env { format!("SPULSE_OUTPUT: {msg}") } else { msg }))?;
         Ok(Checked { hz, path })
     }
 }

@@ -175,7 +175,13 @@ unsafe fn read_object(
     let path = if name.is_empty() { exe.to_vec() } else { name.to_vec() };
     let key = ObjectKey { bias, path, first_exec: first };
     if known(&key) {
-        return Some(LoadedObject { key, build_id: Vec::new(), segments, unwind: None, unwind_dropped: Vec::new() });
+        return Some(LoadedObject {
+            key,
+            build_id: Vec::new(),
+            segments,
+            unwind: None,
+            unwind_dropped: Vec::new(),
+        });
     }
 
     // Build id from the PT_NOTE segments.
@@ -206,7 +212,8 @@ unsafe fn read_object(
                     let len = end - eh_svma;
                     // SAFETY: [eh_svma, end) is the tail of one PT_LOAD.
                     let eh = unsafe { copy_mapped(bias, eh_svma, len) };
-                    tables = Some(UnwindTables { hdr, hdr_svma: h.p_vaddr, eh_frame: eh, eh_frame_svma: eh_svma });
+                    tables =
+                        Some(UnwindTables { hdr, hdr_svma: h.p_vaddr, eh_frame: eh, eh_frame_svma: eh_svma });
                 }
             }
         }

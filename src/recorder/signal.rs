@@ -14,10 +14,12 @@
 //! RELRO (`-z now`, rustc's default on Linux) and every one of these functions is
 //! called once before the handler is installed, so no PLT slot is resolved by the
 //! dynamic loader inside the handler. It uses no Rust thread-local. It never
-//! panics by construction (slice accesses are bounded by checks, arithmetic is
-//! wrapping or checked; framehop and gimli are built without overflow checks even
-//! in debug builds, see the root `Cargo.toml`) and an `extern "C"` function
-//! aborts rather than unwinding out of a signal frame. The handler runs on the
+//! panics by construction, in every build profile of a dependent crate
+//! (overflow checks on or off): slice accesses are bounded by checks, our
+//! arithmetic is wrapping or checked, and framehop is handed only unwind tables
+//! whose every step it performs with checked arithmetic (`cfi_check.rs` gives
+//! the argument, line by line through framehop and gimli). An `extern "C"`
+//! function aborts rather than unwinding out of a signal frame. The handler runs on the
 //! interrupted thread's own stack (no `SA_ONSTACK`: Rust's 8 KiB alternate
 //! stacks are too small for the ~17 KiB the unwinder needs).
 //!
@@ -46,7 +48,9 @@
 //! `sig_data` our perf events carry); `SIGPROF` with `si_code == SI_TIMER` and
 //! `si_value == MAGIC` (our per-thread timers); `SIGPROF` with `si_code ==
 //! SI_KERNEL` once our process timer was ever armed. Anything else is chained to
-//! the disposition saved when the handler was installed. Our signals arriving when
+//! the old action returned by the `sigaction` call that installed the handler
+//! (not one queried earlier, which another thread could have replaced in
+//! between). Our signals arriving when
 //! no recorder runs (pending strays after stop, or in a forked child) are ignored:
 //! the handler stays installed after stop for exactly that reason, since the
 //! default action of both signals kills the process.
