@@ -233,6 +233,28 @@ fn the_spool_is_locked_exactly_while_recording() {
     g.finish().unwrap();
     assert!(shared_lock_free(&path), "the lock must be released when the recording finishes");
 
+    // A forked child shares the spool's open file description (and so the
+    // lock) until it exits: finishing releases the lock all the same.
+    std::fs::remove_file(&path).unwrap();
+    let g = spulse::start(&path).unwrap();
+    // SAFETY: the child only calls pause (async-signal-safe) until killed.
+    let child = unsafe { libc::fork() };
+    if child == 0 {
+        loop {
+            // SAFETY: pause has no preconditions.
+            unsafe { libc::pause() };
+        }
+    }
+    assert!(child > 0, "fork failed");
+    g.finish().unwrap();
+    let free = shared_lock_free(&path);
+    // SAFETY: killing and reaping the child forked above.
+    unsafe {
+        libc::kill(child, libc::SIGKILL);
+        libc::waitpid(child, std::ptr::null_mut(), 0);
+    }
+    assert!(free, "a forked child must not keep the finished recording locked");
+
     // Dropping the guard releases it too.
     std::fs::remove_file(&path).unwrap();
     let g = spulse::start(&path).unwrap();
