@@ -37,6 +37,9 @@
 //! (return address at `sp` for the first frame, frame pointers after it). Such
 //! FDEs are rare (PLT stubs, signal trampolines, hand-written assembly); their
 //! frames unwind by frame pointer.
+//!
+//! The rules mirrored here are framehop's x86_64 ones; on other architectures
+//! `modules.rs` hands the tables over unfiltered and this argument does not apply.
 
 use gimli::{
     BaseAddresses, CfaRule, EhFrame, EhFrameHdr, EhFrameOffset, LittleEndian, RegisterRule, UnwindContext,

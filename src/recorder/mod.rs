@@ -270,7 +270,8 @@ impl RecorderBuilder {
     /// removed, never followed, and a reader holding the old file keeps reading
     /// the old file. A spool that a running recorder still holds locked (see the
     /// crate documentation on live reading) and a path that is not a regular
-    /// file or symlink (a directory, FIFO, device) are refused.
+    /// file or symlink (a directory, FIFO, device) are refused. The old file is
+    /// removed before sampling starts: if the start then fails, neither remains.
     pub fn overwrite(mut self, overwrite: bool) -> Self {
         self.overwrite = overwrite;
         self
@@ -311,7 +312,7 @@ impl RecorderBuilder {
         if !(2..=MAX_RING_SLOTS).contains(&slots) {
             return Err(Error::Recorder(format!("ring_capacity {slots} is outside 2..={MAX_RING_SLOTS}")));
         }
-        let bytes = slots.next_power_of_two() * (ring::HEADER_WORDS + depth) * 8;
+        let bytes = slots.next_power_of_two().saturating_mul((ring::HEADER_WORDS + depth) * 8);
         if bytes > MAX_RING_BYTES {
             return Err(Error::Recorder(format!(
                 "ring_capacity {slots} with max_stack_depth {depth} needs {} MiB for the sample ring, \

@@ -246,9 +246,14 @@ pub(crate) fn unwind_module(
     let mut info = ExplicitModuleSectionInfo::<Vec<u8>> { base_svma: 0, ..Default::default() };
     let mut dropped = Vec::new();
     if let Some(t) = tables {
-        if let Some(f) =
+        // The filter mirrors framehop's x86_64 rules; elsewhere the tables are
+        // handed over as they are (the no-overflow argument is x86_64's).
+        let filtered = if cfg!(target_arch = "x86_64") {
             cfi_check::filter_eh_frame_hdr(&t.hdr, t.hdr_svma, &t.eh_frame, t.eh_frame_svma, text.start)
-        {
+        } else {
+            Some(cfi_check::Filtered { hdr: t.hdr.clone(), kept: 0, dropped: 0, dropped_starts: Vec::new() })
+        };
+        if let Some(f) = filtered {
             let eh_end = t.eh_frame_svma.wrapping_add(t.eh_frame.len() as u64);
             info.eh_frame_svma = Some(t.eh_frame_svma..eh_end);
             info.eh_frame = Some(t.eh_frame);
