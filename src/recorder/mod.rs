@@ -20,7 +20,8 @@
 //!
 //! # Followers' lock
 //! The spool's descriptor holds `flock(LOCK_EX)` from creation until the final
-//! `fsync` (then `LOCK_UN`), or until the process dies. A reader that gets
+//! `fsync` (then `LOCK_UN`), or until the process dies (and any child forked
+//! meanwhile, which shares the open file description, exits). A reader that gets
 //! `EWOULDBLOCK` from `flock(LOCK_SH | LOCK_NB)` on its own descriptor knows the
 //! recording is still running; once it gets the lock, the file is complete (or
 //! its writer died) and will not grow.
