@@ -134,7 +134,12 @@ impl fmt::Display for FormatErrorKind {
 }
 
 /// The error type of every fallible operation in spulse.
-#[derive(Debug)]
+///
+/// `Debug` prints the same sentence as `Display`, so that `main` returning
+/// `Result<(), spulse::Error>` reports e.g. `Error: out.spool: the spool already
+/// exists; ...` rather than a struct dump. Match on the variants (or use
+/// [`Error::format_kind`], [`Error::offset`], [`std::error::Error::source`])
+/// for the details.
 #[non_exhaustive]
 pub enum Error {
     /// An I/O error, with the file it concerns when there is one.
@@ -217,6 +222,12 @@ impl fmt::Display for Error {
             Error::WriterPoisoned => write!(f, "spool writer failed earlier and accepts no more records"),
             Error::Recorder(msg) => write!(f, "{msg}"),
         }
+    }
+}
+
+impl fmt::Debug for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
     }
 }
 

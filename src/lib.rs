@@ -18,6 +18,6 @@ pub use read::{Replay, ReplayOptions, ReplaySamples, Snapshot, SnapshotSamples, 
 pub use recorder::bench_support as __bench;
 pub use recorder::{
     python_runtime_enter, python_runtime_leave, start, EngineChoice, Guard, LostSamples, Recorder,
-    RecorderBuilder, Stats, DEFAULT_FREQUENCY_HZ,
+    RecorderBuilder, Stats, DEFAULT_FREQUENCY_HZ, MAX_RING_BYTES,
 };
 pub use write::{NewModule, SpoolWriter};

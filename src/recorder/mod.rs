@@ -6,8 +6,25 @@
 //! the process itimer), `signal.rs` (the handler and every piece of unsafe code it
 //! runs), `ring.rs` (handler -> writer queue), `unwind.rs` (framehop caches and the
 //! walk), `modules.rs` (loaded objects, generations, unwinder snapshots),
+//! `cfi_check.rs` (which unwind tables the handler may be handed),
 //! `intern.rs` and `writer_thread.rs` (the spool side). This file holds the public
 //! API: builder, guard, statistics, Python-runtime marks.
+//!
+//! # Starting
+//! Every builder value is checked before anything is created, so a bad one is
+//! an `Err` naming it with no file, signal handler or thread left behind. The
+//! output path is a template (`{pid}`, `{timestamp}`), `SPULSE_OUTPUT`
+//! overrides it, and `overwrite(true)` replaces an existing spool by unlink and
+//! exclusive create (never through a symlink, never a spool whose recorder is
+//! still running).
+//!
+//! # Followers' lock
+//! The spool's descriptor holds `flock(LOCK_EX)` from creation until the final
+//! `fsync` (then `LOCK_UN`), or until the process dies (and any child forked
+//! meanwhile, which shares the open file description, exits). A reader that gets
+//! `EWOULDBLOCK` from `flock(LOCK_SH | LOCK_NB)` on its own descriptor knows the
+//! recording is still running; once it gets the lock, the file is complete (or
+//! its writer died) and will not grow.
 //!
 //! # Processes
 //! * A forked child gets nothing: no engine delivers signals to it (perf events
@@ -22,6 +39,7 @@
 //!   process-timer fallback engine's itimer survives a direct `exec` of the
 //!   profiled process (not a fork+exec); see `engine/timer.rs`.
 
+mod cfi_check;
 mod engine;
 mod intern;
 mod modules;
@@ -31,6 +49,7 @@ mod unwind;
 mod writer_thread;
 
 use std::fs::{File, OpenOptions};
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -100,6 +119,17 @@ pub struct Stats {
     pub duration: Duration,
     /// Module-table generations seen (1 + the number of changes).
     pub module_generations: u64,
+    /// Threads of the process seen while recording (found in `/proc/self/task`
+    /// at each flush, or in a sample), not counting the recorder's own thread.
+    pub threads_seen: u64,
+    /// Of those, threads that never got a sample: threads that used no CPU time
+    /// while recording, and threads that block the profiling signal (which
+    /// therefore cannot be sampled; see `threads_blocking_signal`).
+    pub threads_never_sampled: u64,
+    /// Threads seen blocking the engine's profiling signal (`SigBlk` in
+    /// `/proc/self/task/<tid>/status` when the thread was first seen or at the
+    /// end). Their CPU time is missing from the profile.
+    pub threads_blocking_signal: u64,
 }
 
 impl Stats {
@@ -176,6 +206,7 @@ pub struct RecorderBuilder {
     flush_interval: Duration,
     engine: EngineChoice,
     mode: u32,
+    overwrite: bool,
 }
 
 impl Default for RecorderBuilder {
@@ -187,6 +218,7 @@ impl Default for RecorderBuilder {
             flush_interval: Duration::from_millis(50),
             engine: EngineChoice::Auto,
             mode: 0o600,
+            overwrite: false,
         }
     }
 }
@@ -207,12 +239,16 @@ impl RecorderBuilder {
         self.max_stack_depth = depth;
         self
     }
-    /// Samples the ring holds between flushes (rounded up to a power of two).
+    /// Samples the ring holds between flushes (2..=1048576, rounded up to a
+    /// power of two). The ring is allocated at start:
+    /// `slots x (4 + max_stack_depth) x 8` bytes, which must not exceed
+    /// [`MAX_RING_BYTES`] (256 MiB); the defaults take 2 MiB.
     pub fn ring_capacity(mut self, slots: usize) -> Self {
         self.ring_capacity = slots;
         self
     }
-    /// How often the writer thread drains the ring and appends to the spool.
+    /// How often the writer thread drains the ring and appends to the spool
+    /// (1 ms..=10 min).
     pub fn flush_interval(mut self, interval: Duration) -> Self {
         self.flush_interval = interval;
         self
@@ -222,19 +258,218 @@ impl RecorderBuilder {
         self.engine = engine;
         self
     }
-    /// Permission bits of the new spool (default 0600).
+    /// Permission bits of the new spool (default 0600; the process umask still
+    /// applies). Only the `0o777` bits are allowed (no setuid, setgid or sticky
+    /// bit) and the owner must keep read and write permission.
     pub fn mode(mut self, mode: u32) -> Self {
         self.mode = mode;
         self
     }
+    /// Replace a spool that already exists at the path (default: refuse).
+    /// The old file is unlinked and a new one created in its place (still
+    /// `O_EXCL | O_NOFOLLOW`, with [`mode`](Self::mode)): a symlink at the path is
+    /// removed, never followed, and a reader holding the old file keeps reading
+    /// the old file. A spool that a running recorder still holds locked (see the
+    /// crate documentation on live reading) and a path that is not a regular
+    /// file or symlink (a directory, FIFO, device) are refused. The old file is
+    /// removed before sampling starts: if the start then fails, neither remains.
+    pub fn overwrite(mut self, overwrite: bool) -> Self {
+        self.overwrite = overwrite;
+        self
+    }
 
-    /// Create the spool at `path` (which must not exist) and start recording.
+    /// Create the spool at `path` and start recording.
+    ///
+    /// `path` is a template: `{pid}` becomes the process id and `{timestamp}`
+    /// the start time in seconds since the Unix epoch (`{{` and `}}` stand for
+    /// literal braces; any other `{...}` is an error). When the `SPULSE_OUTPUT`
+    /// environment variable is set and not empty, it replaces `path` (and is a
+    /// template too). The file must not exist unless [`overwrite`](Self::overwrite)
+    /// is set. Every setting is checked before anything is created: a bad value
+    /// is an `Err` naming it, and leaves no file, no signal handler and no thread.
     pub fn start(&self, path: impl AsRef<Path>) -> Result<Guard, Error> {
         start_with(self, path.as_ref())
     }
 }
 
+/// Most bytes the sample ring may take (`ring_capacity x (4 + max_stack_depth) x 8`).
+pub const MAX_RING_BYTES: usize = 256 << 20;
+
+/// Settings checked and resolved before anything is created.
+struct Checked {
+    hz: u32,
+    path: PathBuf,
+}
+
+impl RecorderBuilder {
+    /// Check every setting; resolve the frequency and the output path.
+    fn check(&self, path: &Path) -> Result<Checked, Error> {
+        let hz = frequency(self)?;
+        let depth = self.max_stack_depth;
+        if depth == 0 || depth >= crate::format::limits::MAX_STACK_DEPTH as usize {
+            return Err(Error::Recorder(format!("max_stack_depth {depth} is outside 1..=4095")));
+        }
+        let slots = self.ring_capacity;
+        if !(2..=MAX_RING_SLOTS).contains(&slots) {
+            return Err(Error::Recorder(format!("ring_capacity {slots} is outside 2..={MAX_RING_SLOTS}")));
+        }
+        let bytes = slots.next_power_of_two().saturating_mul((ring::HEADER_WORDS + depth) * 8);
+        if bytes > MAX_RING_BYTES {
+            return Err(Error::Recorder(format!(
+                "ring_capacity {slots} with max_stack_depth {depth} needs {} MiB for the sample ring, \
+                 more than the limit of {} MiB; lower one of them",
+                bytes >> 20,
+                MAX_RING_BYTES >> 20
+            )));
+        }
+        let fi = self.flush_interval;
+        if fi < Duration::from_millis(1) || fi > MAX_FLUSH_INTERVAL {
+            return Err(Error::Recorder(format!("flush_interval {fi:?} is outside 1ms..=10min")));
+        }
+        let mode = self.mode;
+        if mode & !0o777 != 0 {
+            return Err(Error::Recorder(format!(
+                "mode {mode:#o} has bits other than permissions (setuid, setgid, sticky or unknown); \
+                 only 0o777 bits are allowed"
+            )));
+        }
+        if mode & 0o600 != 0o600 {
+            return Err(Error::Recorder(format!(
+                "mode {mode:#o} must give the owner read and write (0o600)"
+            )));
+        }
+        let (template, from_env) = match std::env::var_os("SPULSE_OUTPUT") {
+            Some(v) if !v.is_empty() => (PathBuf::from(v), true),
+            _ => (path.to_path_buf(), false),
+        };
+        // SAFETY: getpid has no preconditions.
+        let pid = unsafe { libc::getpid() } as u32;
+        let secs =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+        let path = expand_template(&template, pid, secs)
+            .map_err(|msg| Error::Recorder(if from_env { format!("SPULSE_OUTPUT: {msg}") } else { msg }))?;
+        Ok(Checked { hz, path })
+    }
+}
+
+/// Largest `ring_capacity`.
+const MAX_RING_SLOTS: usize = 1 << 20;
+/// Longest `flush_interval`.
+const MAX_FLUSH_INTERVAL: Duration = Duration::from_secs(600);
+
+/// Replace `{pid}` and `{timestamp}` in `template`; `{{`/`}}` are literal braces.
+fn expand_template(template: &Path, pid: u32, unix_secs: u64) -> Result<PathBuf, String> {
+    use std::os::unix::ffi::{OsStrExt, OsStringExt};
+    let bytes = template.as_os_str().as_bytes();
+    let shown = template.display();
+    let mut out = Vec::with_capacity(bytes.len() + 16);
+    let mut i = 0;
+    while i < bytes.len() {
+        let rest = &bytes[i..];
+        if rest.starts_with(b"{{") || rest.starts_with(b"}}") {
+            out.push(rest[0]);
+            i += 2;
+        } else if rest.starts_with(b"{pid}") {
+            out.extend_from_slice(pid.to_string().as_bytes());
+            i += 5;
+        } else if rest.starts_with(b"{timestamp}") {
+            out.extend_from_slice(unix_secs.to_string().as_bytes());
+            i += 11;
+        } else if rest[0] == b'{' || rest[0] == b'}' {
+            let end = rest.iter().position(|&b| b == b'}').map_or(rest.len(), |e| e + 1);
+            return Err(format!(
+                "path template \"{shown}\" has an unknown placeholder \"{}\" at byte {i} \
+                 (known: {{pid}}, {{timestamp}}; write {{{{ or }}}} for a literal brace)",
+                String::from_utf8_lossy(&rest[..end.min(40)])
+            ));
+        } else {
+            out.push(rest[0]);
+            i += 1;
+        }
+    }
+    if out.is_empty() {
+        return Err("the spool path is empty".into());
+    }
+    Ok(PathBuf::from(std::ffi::OsString::from_vec(out)))
+}
+
+/// Create the spool file: new (`O_EXCL`), never through a symlink, close-on-exec,
+/// and locked (`flock(LOCK_EX)`) for as long as the recording runs.
+fn create_spool(path: &Path, mode: u32, overwrite: bool) -> Result<File, Error> {
+    let io_err = |source| Error::Io { path: Some(path.to_path_buf()), source };
+    if overwrite {
+        remove_for_overwrite(path)?;
+    }
+    let file = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(mode)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)
+        .map_err(|e| {
+            if e.kind() == std::io::ErrorKind::AlreadyExists {
+                io_err(std::io::Error::new(
+                    std::io::ErrorKind::AlreadyExists,
+                    "the spool already exists; use a path template such as \"out-{pid}.spool\" \
+                     (or \"{timestamp}\"), set SPULSE_OUTPUT, or replace it with \
+                     Recorder::builder().overwrite(true)",
+                ))
+            } else {
+                io_err(e)
+            }
+        })?;
+    // SAFETY: flock on a descriptor we own.
+    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        let e = std::io::Error::last_os_error();
+        let _ = std::fs::remove_file(path);
+        return Err(io_err(e));
+    }
+    Ok(file)
+}
+
+/// For `overwrite(true)`: unlink what is at `path` if it is a regular file
+/// that no running recorder holds, or a symlink (removed, not followed).
+fn remove_for_overwrite(path: &Path) -> Result<(), Error> {
+    let io_err = |source| Error::Io { path: Some(path.to_path_buf()), source };
+    let meta = match std::fs::symlink_metadata(path) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(io_err(e)),
+    };
+    let ft = meta.file_type();
+    if ft.is_file() {
+        // O_NONBLOCK: never wait on the open; O_NOFOLLOW: it may have been
+        // replaced by a symlink since the lstat.
+        let f = OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
+            .open(path)
+            .map_err(io_err)?;
+        // SAFETY: flock on a descriptor we own.
+        if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_SH | libc::LOCK_NB) } != 0 {
+            return Err(Error::Recorder(format!(
+                "{}: not overwritten: a running recorder is still writing it (it holds the spool's lock)",
+                path.display()
+            )));
+        }
+    } else if !ft.is_symlink() {
+        return Err(Error::Recorder(format!(
+            "{}: not overwritten: it is not a regular file or symlink",
+            path.display()
+        )));
+    }
+    match std::fs::remove_file(path) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(io_err(e)),
+    }
+}
+
 /// Start recording to `path` with the defaults.
+///
+/// `path` is a template (`{pid}`, `{timestamp}`) and `SPULSE_OUTPUT` overrides
+/// it, as for [`RecorderBuilder::start`]; an existing file is refused (use
+/// `Recorder::builder().overwrite(true)` to replace it).
 pub fn start(path: impl AsRef<Path>) -> Result<Guard, Error> {
     Recorder::builder().start(path)
 }
@@ -406,22 +641,11 @@ fn start_with(b: &RecorderBuilder, path: &Path) -> Result<Guard, Error> {
 }
 
 fn start_inner(b: &RecorderBuilder, path: &Path) -> Result<Guard, Error> {
-    let hz = frequency(b)?;
-    if b.max_stack_depth == 0 || b.max_stack_depth >= crate::format::limits::MAX_STACK_DEPTH as usize {
-        return Err(Error::Recorder(format!("max_stack_depth {} is outside 1..=4095", b.max_stack_depth)));
-    }
-    if b.flush_interval.is_zero() {
-        return Err(Error::Recorder("flush_interval must be positive".into()));
-    }
+    let Checked { hz, path } = b.check(path)?;
+    let path = path.as_path();
     let period_ns = 1_000_000_000u64 / hz as u64;
     let interval_us = (1_000_000 + hz as u64 / 2) / hz as u64;
-    let file: File = OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(b.mode)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(path)
-        .map_err(|e| Error::Io { path: Some(path.to_path_buf()), source: e })?;
+    let file = create_spool(path, b.mode, b.overwrite)?;
     let mut cleanup = Cleanup { path: Some(path.to_path_buf()), installed: Vec::new(), tx: None, join: None };
     // The header goes out as soon as the file exists, before any engine or
     // thread starts: a reader that opens the file while `start` runs (a `Tail`,

@@ -23,6 +23,7 @@
 use std::ffi::CStr;
 use std::os::raw::{c_int, c_void};
 
+use super::cfi_check;
 use framehop::{ExplicitModuleSectionInfo, MustNotAllocateDuringUnwind, Unwinder as _};
 
 /// The unwinder type the handler uses.
@@ -63,6 +64,10 @@ pub(crate) struct LoadedObject {
     /// The unwinder's module (absent for objects the caller already knows:
     /// their data is not copied again).
     pub unwind: Option<framehop::Module<Vec<u8>>>,
+    /// Start addresses (in memory) of the functions whose unwind entries were
+    /// left out of the handler's search table (see `cfi_check`).
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub unwind_dropped: Vec<u64>,
 }
 
 const PT_LOAD: u32 = 1;
@@ -170,7 +175,13 @@ unsafe fn read_object(
     let path = if name.is_empty() { exe.to_vec() } else { name.to_vec() };
     let key = ObjectKey { bias, path, first_exec: first };
     if known(&key) {
-        return Some(LoadedObject { key, build_id: Vec::new(), segments, unwind: None });
+        return Some(LoadedObject {
+            key,
+            build_id: Vec::new(),
+            segments,
+            unwind: None,
+            unwind_dropped: Vec::new(),
+        });
     }
 
     // Build id from the PT_NOTE segments.
@@ -188,7 +199,9 @@ unsafe fn read_object(
     }
 
     // Unwind tables: .eh_frame_hdr from PT_GNU_EH_FRAME, .eh_frame from its pointer.
-    let mut info = ExplicitModuleSectionInfo::<Vec<u8>> { base_svma: 0, ..Default::default() };
+    let lo = segments.iter().map(|s| s.avma).min()?;
+    let hi = segments.iter().map(|s| s.avma + s.size).max()?;
+    let mut tables = None;
     if let Some(h) = phdrs.iter().find(|p| p.p_type == PT_GNU_EH_FRAME) {
         if in_load(phdrs, h.p_vaddr, h.p_memsz).is_some() && h.p_memsz >= 8 {
             // SAFETY: inside a PT_LOAD (checked above).
@@ -199,20 +212,59 @@ unsafe fn read_object(
                     let len = end - eh_svma;
                     // SAFETY: [eh_svma, end) is the tail of one PT_LOAD.
                     let eh = unsafe { copy_mapped(bias, eh_svma, len) };
-                    info.eh_frame_svma = Some(eh_svma..end);
-                    info.eh_frame = Some(eh);
-                    info.eh_frame_hdr_svma = Some(h.p_vaddr..h.p_vaddr + h.p_memsz);
-                    info.eh_frame_hdr = Some(hdr);
+                    tables =
+                        Some(UnwindTables { hdr, hdr_svma: h.p_vaddr, eh_frame: eh, eh_frame_svma: eh_svma });
                 }
             }
         }
     }
-    let lo = segments.iter().map(|s| s.avma).min()?;
-    let hi = segments.iter().map(|s| s.avma + s.size).max()?;
-    let text_lo = lo.wrapping_sub(bias);
-    info.text_svma = Some(text_lo..hi.wrapping_sub(bias));
-    let unwind = framehop::Module::new(String::from_utf8_lossy(&key.path).into_owned(), lo..hi, bias, info);
-    Some(LoadedObject { key, build_id, segments, unwind: Some(unwind) })
+    let (unwind, unwind_dropped) = unwind_module(&key.path, lo..hi, bias, tables);
+    Some(LoadedObject { key, build_id, segments, unwind: Some(unwind), unwind_dropped })
+}
+
+/// An object's `.eh_frame_hdr` and `.eh_frame` bytes with their stated addresses.
+pub(crate) struct UnwindTables {
+    pub hdr: Vec<u8>,
+    pub hdr_svma: u64,
+    pub eh_frame: Vec<u8>,
+    pub eh_frame_svma: u64,
+}
+
+/// The unwinder's module for an object whose code spans `avma` in memory, loaded
+/// with `bias`. The handler may only see FDEs it unwinds without any possible
+/// integer overflow, so the search table is rebuilt by `cfi_check`; a header
+/// that cannot be rebuilt leaves the object to frame pointers. Also returns the
+/// memory addresses of the functions whose FDEs were left out.
+pub(crate) fn unwind_module(
+    path: &[u8],
+    avma: std::ops::Range<u64>,
+    bias: u64,
+    tables: Option<UnwindTables>,
+) -> (framehop::Module<Vec<u8>>, Vec<u64>) {
+    let text = avma.start.wrapping_sub(bias)..avma.end.wrapping_sub(bias);
+    // base_svma 0: framehop adds it to 32-bit relative addresses unchecked.
+    let mut info = ExplicitModuleSectionInfo::<Vec<u8>> { base_svma: 0, ..Default::default() };
+    let mut dropped = Vec::new();
+    if let Some(t) = tables {
+        // The filter mirrors framehop's x86_64 rules; elsewhere the tables are
+        // handed over as they are (the no-overflow argument is x86_64's).
+        let filtered = if cfg!(target_arch = "x86_64") {
+            cfi_check::filter_eh_frame_hdr(&t.hdr, t.hdr_svma, &t.eh_frame, t.eh_frame_svma, text.start)
+        } else {
+            Some(cfi_check::Filtered { hdr: t.hdr.clone(), kept: 0, dropped: 0, dropped_starts: Vec::new() })
+        };
+        if let Some(f) = filtered {
+            let eh_end = t.eh_frame_svma.wrapping_add(t.eh_frame.len() as u64);
+            info.eh_frame_svma = Some(t.eh_frame_svma..eh_end);
+            info.eh_frame = Some(t.eh_frame);
+            info.eh_frame_hdr_svma = Some(t.hdr_svma..t.hdr_svma.wrapping_add(t.hdr.len() as u64));
+            info.eh_frame_hdr = Some(f.hdr);
+            dropped = f.dropped_starts.iter().map(|s| s.wrapping_add(bias)).collect();
+        }
+    }
+    info.text_svma = Some(text);
+    let name = String::from_utf8_lossy(path).into_owned();
+    (framehop::Module::new(name, avma, bias, info), dropped)
 }
 
 /// The GNU build id in a block of ELF notes.

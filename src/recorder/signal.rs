@@ -14,10 +14,12 @@
 //! RELRO (`-z now`, rustc's default on Linux) and every one of these functions is
 //! called once before the handler is installed, so no PLT slot is resolved by the
 //! dynamic loader inside the handler. It uses no Rust thread-local. It never
-//! panics by construction (slice accesses are bounded by checks, arithmetic is
-//! wrapping or checked; framehop and gimli are built without overflow checks even
-//! in debug builds, see the root `Cargo.toml`) and an `extern "C"` function
-//! aborts rather than unwinding out of a signal frame. The handler runs on the
+//! panics by construction, in every build profile of a dependent crate
+//! (overflow checks on or off): slice accesses are bounded by checks, our
+//! arithmetic is wrapping or checked, and framehop is handed only unwind tables
+//! whose every step it performs with checked arithmetic (`cfi_check.rs` gives
+//! the argument, line by line through framehop and gimli). An `extern "C"`
+//! function aborts rather than unwinding out of a signal frame. The handler runs on the
 //! interrupted thread's own stack (no `SA_ONSTACK`: Rust's 8 KiB alternate
 //! stacks are too small for the ~17 KiB the unwinder needs).
 //!
@@ -46,7 +48,9 @@
 //! `sig_data` our perf events carry); `SIGPROF` with `si_code == SI_TIMER` and
 //! `si_value == MAGIC` (our per-thread timers); `SIGPROF` with `si_code ==
 //! SI_KERNEL` once our process timer was ever armed. Anything else is chained to
-//! the disposition saved when the handler was installed. Our signals arriving when
+//! the old action returned by the `sigaction` call that installed the handler
+//! (not one queried earlier, which another thread could have replaced in
+//! between). Our signals arriving when
 //! no recorder runs (pending strays after stop, or in a forked child) are ignored:
 //! the handler stays installed after stop for exactly that reason, since the
 //! default action of both signals kills the process.
@@ -55,7 +59,7 @@ use std::os::raw::{c_int, c_void};
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicUsize, Ordering};
 use std::sync::{Arc, Once};
 
-use nix::sys::signal::{SaFlags, SigAction, SigHandler, SigSet, Signal};
+use nix::sys::signal::Signal;
 
 use super::modules::UnwindSnapshot;
 use super::ring::HEADER_WORDS;
@@ -437,10 +441,30 @@ fn prime() {
 /// Install our handler for `sig`. Returns whether it was installed by this call
 /// (false: it was already ours from an earlier recorder). Refuses when another
 /// handler owns the signal.
+///
+/// The disposition our handler chains to is the old action returned by the very
+/// `sigaction` call that installs ours, so nothing installed between a query and
+/// the install is lost. If that old action turns out to be someone else's
+/// handler (installed concurrently by another thread), it is put back exactly
+/// as it was and the install is refused, as if it had been there all along.
 pub(crate) fn install(sig: Signal) -> Result<bool, String> {
+    install_with(sig, || {})
+}
+
+/// [`install`], running `between` after the query and before the install (tests
+/// use it to install a handler in that window).
+fn install_with(sig: Signal, between: impl FnOnce()) -> Result<bool, String> {
     prime();
     let Some(prev) = prev_for(sig as c_int) else {
         return Err(format!("{sig} is not a signal spulse samples with"));
+    };
+    let ours = on_signal as extern "C" fn(c_int, *mut libc::siginfo_t, *mut c_void) as usize;
+    let foreign = |h: usize| h != ours && h != libc::SIG_DFL && h != libc::SIG_IGN;
+    let refuse = |h: usize| {
+        format!(
+            "{sig} is already handled by another signal handler (at {h:#x}); spulse does not take over \
+             a signal someone else owns"
+        )
     };
     // SAFETY: querying the disposition (null new action) has no effect.
     let mut cur: libc::sigaction = unsafe { std::mem::zeroed() };
@@ -448,28 +472,40 @@ pub(crate) fn install(sig: Signal) -> Result<bool, String> {
     if unsafe { libc::sigaction(sig as c_int, std::ptr::null(), &mut cur) } != 0 {
         return Err(format!("cannot query the disposition of {sig}: {}", std::io::Error::last_os_error()));
     }
-    let ours = on_signal as extern "C" fn(c_int, *mut libc::siginfo_t, *mut c_void) as usize;
     if cur.sa_sigaction == ours {
         return Ok(false);
     }
-    if cur.sa_sigaction != libc::SIG_DFL && cur.sa_sigaction != libc::SIG_IGN {
-        return Err(format!(
-            "{sig} is already handled by another signal handler (at {:#x}); spulse does not take over \
-             a signal someone else owns",
-            cur.sa_sigaction
-        ));
+    if foreign(cur.sa_sigaction) {
+        return Err(refuse(cur.sa_sigaction));
     }
+    // Until the install returns the old action, foreign signals that reach our
+    // handler are passed to what the query found.
     prev.handler.store(cur.sa_sigaction, Ordering::SeqCst);
     prev.flags.store(cur.sa_flags, Ordering::SeqCst);
-    let action = SigAction::new(
-        SigHandler::SigAction(on_signal),
-        SaFlags::SA_SIGINFO | SaFlags::SA_RESTART,
-        SigSet::empty(),
-    );
-    // SAFETY: the handler is async-signal-safe as documented in this module.
-    unsafe { nix::sys::signal::sigaction(sig, &action) }
-        .map_err(|e| format!("cannot install the {sig} handler: {e}"))?;
-    Ok(true)
+    between();
+    // SAFETY: a zeroed sigaction is a valid value to fill in.
+    let mut action: libc::sigaction = unsafe { std::mem::zeroed() };
+    action.sa_sigaction = ours;
+    action.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART;
+    // SAFETY: sigemptyset initializes the mask we pass.
+    unsafe { libc::sigemptyset(&mut action.sa_mask) };
+    // SAFETY: a zeroed sigaction is a valid out-parameter.
+    let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
+    // SAFETY: valid pointers to an initialized action and an out-parameter; the
+    // handler is async-signal-safe as documented in this module.
+    if unsafe { libc::sigaction(sig as c_int, &action, &mut old) } != 0 {
+        return Err(format!("cannot install the {sig} handler: {}", std::io::Error::last_os_error()));
+    }
+    if foreign(old.sa_sigaction) {
+        // SAFETY: putting back, unchanged, the action the kernel just returned.
+        unsafe { libc::sigaction(sig as c_int, &old, std::ptr::null_mut()) };
+        return Err(refuse(old.sa_sigaction));
+    }
+    if old.sa_sigaction != ours {
+        prev.handler.store(old.sa_sigaction, Ordering::SeqCst);
+        prev.flags.store(old.sa_flags, Ordering::SeqCst);
+    }
+    Ok(old.sa_sigaction != ours)
 }
 
 /// Put back the disposition saved by [`install`] (only after a failed start).
@@ -708,4 +744,63 @@ pub(crate) fn main_stack_bounds() -> (u64, u64) {
         prev_end = end;
     }
     (0, 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn disposition(sig: c_int) -> libc::sigaction {
+        // SAFETY: querying (null new action) into a valid out-pointer.
+        unsafe {
+            let mut cur: libc::sigaction = std::mem::zeroed();
+            libc::sigaction(sig, std::ptr::null(), &mut cur);
+            cur
+        }
+    }
+
+    fn set(sig: c_int, handler: usize, flags: c_int) {
+        // SAFETY: installing a plain disposition in this test process.
+        unsafe {
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            sa.sa_sigaction = handler;
+            sa.sa_flags = flags;
+            libc::sigaction(sig, &sa, std::ptr::null_mut());
+        }
+    }
+
+    extern "C" fn late(_: c_int, _: *mut libc::siginfo_t, _: *mut c_void) {}
+
+    /// SIGPROF only (no other unit test touches it); one test, so the steps
+    /// cannot interleave.
+    #[test]
+    fn install_uses_the_old_action_the_installing_call_returns() {
+        let ours = on_signal as extern "C" fn(c_int, *mut libc::siginfo_t, *mut c_void) as usize;
+        let late = late as extern "C" fn(c_int, *mut libc::siginfo_t, *mut c_void) as usize;
+        let saved = disposition(libc::SIGPROF);
+
+        // A handler installed between the query and the install is neither
+        // overwritten nor lost: it is put back as it was and the install refused.
+        set(libc::SIGPROF, libc::SIG_DFL, 0);
+        let r = install_with(Signal::SIGPROF, || set(libc::SIGPROF, late, libc::SA_SIGINFO));
+        let msg = r.expect_err("a handler installed concurrently must not be overwritten");
+        assert!(msg.contains("another signal handler"), "{msg}");
+        let now = disposition(libc::SIGPROF);
+        assert_eq!(now.sa_sigaction, late);
+        assert_ne!(now.sa_flags & libc::SA_SIGINFO, 0);
+
+        // SIG_IGN set in the same window is what we chain to (the query saw DFL).
+        set(libc::SIGPROF, libc::SIG_DFL, 0);
+        assert_eq!(install_with(Signal::SIGPROF, || set(libc::SIGPROF, libc::SIG_IGN, 0)), Ok(true));
+        assert_eq!(disposition(libc::SIGPROF).sa_sigaction, ours);
+        assert_eq!(PREV_PROF.handler.load(Ordering::SeqCst), libc::SIG_IGN);
+        // Already ours: nothing changes.
+        assert_eq!(install(Signal::SIGPROF), Ok(false));
+        assert_eq!(PREV_PROF.handler.load(Ordering::SeqCst), libc::SIG_IGN);
+
+        restore(Signal::SIGPROF);
+        assert_eq!(disposition(libc::SIGPROF).sa_sigaction, libc::SIG_IGN);
+        // SAFETY: restoring the disposition the test started with.
+        unsafe { libc::sigaction(libc::SIGPROF, &saved, std::ptr::null_mut()) };
+    }
 }

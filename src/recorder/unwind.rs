@@ -134,3 +134,116 @@ where
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::recorder::modules;
+    use proptest::prelude::*;
+
+    /// Code addresses of this process to start unwinds at: functions in the test
+    /// executable, libc and the dynamic loader, and the starts of the functions
+    /// whose unwind entries `cfi_check` left out (PLT stubs, trampolines: the
+    /// ones framehop would evaluate on its unchecked path).
+    fn code_addresses(objects: &[modules::LoadedObject]) -> Vec<u64> {
+        let mut v = vec![
+            code_addresses as fn(&[modules::LoadedObject]) -> Vec<u64> as usize as u64,
+            libc::getpid as unsafe extern "C" fn() -> libc::pid_t as usize as u64,
+            libc::malloc as unsafe extern "C" fn(usize) -> *mut libc::c_void as usize as u64,
+            libc::dlsym as unsafe extern "C" fn(*mut libc::c_void, *const libc::c_char) -> *mut libc::c_void
+                as usize as u64,
+        ];
+        v.extend(objects.iter().flat_map(|o| o.unwind_dropped.iter().copied()));
+        v
+    }
+
+    /// A module whose unwind tables framehop would evaluate on its unchecked
+    /// path: a CFA expression that yields 4 makes its `cfa - 8` underflow (a panic
+    /// in a debug build) once the return address cannot be read at CFA - 8. The
+    /// table the handler gets leaves that FDE out, so the unwind ends in an error.
+    #[test]
+    fn an_fde_on_the_unchecked_path_is_never_handed_to_the_unwinder() {
+        use crate::recorder::cfi_check::synth::{cie, fde, hdr};
+        let (hdr_svma, eh_svma, text, avma) = (0x1000u64, 0x2000u64, 0x10000u64, 0x5000_0000u64);
+        let mut eh = Vec::new();
+        let c = cie(&mut eh, &[0x0c, 7, 8, 0x90, 1]);
+        let good = fde(&mut eh, eh_svma, c, text, 0x40, &[0x41, 0x0e, 16, 0x86, 2, 0x43, 0x0d, 6]);
+        // DW_CFA_def_cfa_expression { DW_OP_lit4 }
+        let lit4 = fde(&mut eh, eh_svma, c, text + 0x40, 0x40, &[0x0f, 1, 0x34]);
+        eh.extend_from_slice(&[0, 0, 0, 0]);
+        let tables = modules::UnwindTables {
+            hdr: hdr(hdr_svma, eh_svma, &[(text, good), (text + 0x40, lit4)]),
+            hdr_svma,
+            eh_frame: eh,
+            eh_frame_svma: eh_svma,
+        };
+        let bias = avma - text;
+        let (module, dropped) = modules::unwind_module(b"synthetic", avma..avma + 0x1000, bias, Some(tables));
+        assert_eq!(dropped, [avma + 0x40]);
+        let mut unwinder = NativeUnwinder::new();
+        unwinder.add_module(module);
+        let pool = CachePool::new(1);
+        let mut guard = pool.claim(0).unwrap();
+        let mut out = [0u64; 8];
+        let regs = Regs { pc: avma + 0x48, sp: 0x7000_0000, fp: 0x7000_0100, lr: 0 };
+        let (n, truncated) = unwind_into(&unwinder, guard.cache(), &regs, &mut |_| Err(()), &mut out);
+        assert_eq!((n, truncated), (1, true));
+        assert_eq!(out[0], avma + 0x48);
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 3000, ..ProptestConfig::default() })]
+        /// Whatever the registers and stack hold, unwinding with the handler's
+        /// unwinder over this process's real modules returns rather than panics
+        /// (run it in a debug build: framehop and gimli then have overflow
+        /// checks on). The stack is a buffer at a stated address anywhere from
+        /// 8 up to the top of the address space; its words are arbitrary,
+        /// pointers into it, or code addresses.
+        #[test]
+        fn hostile_registers_and_stack_never_panic(
+            base_words in prop_oneof![1u64..512, (1u64 << 40)..(1u64 << 44), (u64::MAX / 8 - 80)..=(u64::MAX / 8 - 64)],
+            words in proptest::collection::vec((0u8..5, any::<u64>()), 1..64),
+            sp_index in 0usize..64,
+            pc_choice in any::<proptest::sample::Index>(),
+            pc_known in any::<bool>(),
+            pc_offset in 0u64..4096,
+            fp in prop_oneof![any::<u64>(), Just(u64::MAX), Just(0u64), 1u64..64],
+            pc_raw in any::<u64>(),
+        ) {
+            thread_local! {
+                static SNAP: (modules::UnwindSnapshot, Vec<u64>) = {
+                    let objects = modules::scan(b"", &|_| false);
+                    (modules::initial_snapshot(&objects, 0), code_addresses(&objects))
+                };
+            }
+            let base = base_words * 8;
+            let code = SNAP.with(|s| s.1.clone());
+            let stack: Vec<u64> = words
+                .iter()
+                .map(|&(kind, v)| match kind {
+                    0 => v,
+                    1 => base.wrapping_add((v % 80) * 8),
+                    2 => code[(v % code.len() as u64) as usize].wrapping_add(v % 512),
+                    3 => u64::MAX - (v % 32),
+                    _ => v % 64,
+                })
+                .collect();
+            let hi = base + stack.len() as u64 * 8;
+            let sp = base + (sp_index.min(stack.len() - 1) as u64) * 8;
+            let pc = if pc_known { pc_choice.get(&code).wrapping_add(pc_offset % 32) } else { pc_raw };
+            let mut read = |addr: u64| -> Result<u64, ()> {
+                if addr & 7 != 0 || addr < base || addr >= hi {
+                    return Err(());
+                }
+                Ok(stack[((addr - base) / 8) as usize])
+            };
+            let pool = CachePool::new(1);
+            let mut guard = pool.claim(0).unwrap();
+            let mut out = [0u64; 128];
+            let (n, _) = SNAP.with(|s| {
+                unwind_into(&s.0.unwinder, guard.cache(), &Regs { pc, sp, fp, lr: 0 }, &mut read, &mut out)
+            });
+            prop_assert!(n >= 1 && out[0] == pc);
+        }
+    }
+}

@@ -36,8 +36,16 @@
 //!   by exactly the objects the rescan found, so no object came and went unseen)
 //!   and it was still mapped at `t`. A frame that fails is written as an absolute
 //!   address: unattributed, never misattributed.
+//!
+//! "Never removed" only holds if every removal was seen. When the counters moved
+//! by more than the rescan explains (an object came and went between two ticks,
+//! or was closed and reopened at the same address, which looks like no change),
+//! the time between the last check that found the counters unchanged and this
+//! check is an *unseen window*: no module is certain for a sample taken inside
+//! it, whatever its generation, so its frames are written as absolute addresses.
 use std::collections::{HashMap, HashSet};
 use std::fs::File;
+use std::os::fd::AsRawFd;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::Arc;
@@ -101,10 +109,8 @@ struct Run {
     samples_written: u64,
     error: Option<Error>,
     frames: Vec<Frame>,
-    /// Per generation: latest time (unix us) the loader state was known to equal it.
-    verified: Vec<u64>,
-    /// Per generation: whether the change into it was exact (no unseen object).
-    exact: Vec<bool>,
+    /// What is known of the loader state over time.
+    timeline: Timeline,
     /// Time taken before this tick's loader check: samples after it are held.
     horizon: u64,
     /// Samples taken after the last check, waiting for the next one.
@@ -112,6 +118,73 @@ struct Run {
     /// The counters moved without a visible change since the last generation:
     /// some object came and went unseen, so the next change is not exact.
     unseen_objects: bool,
+    /// Every thread seen while recording (but the writer), by tid.
+    threads: HashMap<u32, ThreadSeen>,
+}
+
+/// What is known of one thread of the process.
+#[derive(Default, Clone, Copy)]
+struct ThreadSeen {
+    sampled: bool,
+    blocking: bool,
+}
+
+/// What the writer knows of the loader state over time (see the module doc).
+#[derive(Default)]
+struct Timeline {
+    /// Per generation: latest time (unix us) the loader state was known to equal it.
+    verified: Vec<u64>,
+    /// Per generation: whether the change into it was exact (no unseen object).
+    exact: Vec<bool>,
+    /// `(after, until]`: times in which some object may have come and gone
+    /// unseen, in order.
+    unseen: Vec<(u64, u64)>,
+}
+
+impl Timeline {
+    /// Record that the loader changed unseen since generation `gen` was last
+    /// verified, and before `now`.
+    fn unseen_window(&mut self, gen: usize, now: u64) {
+        let after = self.verified.get(gen).copied().unwrap_or(0);
+        match self.unseen.last_mut() {
+            // Consecutive windows (no check found the state unchanged in
+            // between) merge, so the list grows only with separate episodes.
+            Some(last) if after <= last.1 => last.1 = last.1.max(now),
+            _ => self.unseen.push((after, now)),
+        }
+    }
+
+    /// Whether `t` lies in an unseen window.
+    fn in_unseen_window(&self, t: u64) -> bool {
+        // Recent windows first: samples are recent.
+        self.unseen.iter().rev().any(|&(after, until)| after < t && t <= until)
+    }
+
+    /// Whether a sample of generation `gen` taken at `t` ran while the address
+    /// space was exactly that generation's.
+    fn exact_state(&self, gen: u64, t: u64) -> bool {
+        self.verified.get(gen as usize).is_some_and(|&v| t <= v) && !self.in_unseen_window(t)
+    }
+
+    /// Whether module entry `e`, found for a sample of generation `gen` taken at
+    /// `t`, was certainly the object mapped there at `t`.
+    fn certainly_mapped(&self, e: &ModuleEntry, gen: u64, t: u64) -> bool {
+        if self.in_unseen_window(t) {
+            return false;
+        }
+        if e.gen_added > gen {
+            // Appeared after the handler's snapshot: only if no object came and
+            // went unseen in between.
+            let exact = (gen + 1..=e.gen_added).all(|g| self.exact.get(g as usize).copied().unwrap_or(false));
+            if !exact {
+                return false;
+            }
+        }
+        match e.gen_removed {
+            None => true,
+            Some(r) => r >= 1 && self.verified.get(r as usize - 1).is_some_and(|&v| t <= v),
+        }
+    }
 }
 
 /// A sample held back to the next tick (owned copy of a ring slot).
@@ -193,16 +266,16 @@ pub(crate) fn main(rx: Receiver<Control>) -> Result<Stats, Error> {
         samples_written: 0,
         error: None,
         frames: Vec::new(),
-        verified: Vec::new(),
-        exact: Vec::new(),
+        timeline: Timeline::default(),
         horizon: 0,
         held: Vec::new(),
         unseen_objects: false,
+        threads: HashMap::new(),
     };
     // The initial scan was taken before the engine started: every sample is later,
     // so generation 0 is verified from the first tick's check on.
-    run.verified.resize(run.st.generation as usize + 1, 0);
-    run.exact.resize(run.st.generation as usize + 1, true);
+    run.timeline.verified.resize(run.st.generation as usize + 1, 0);
+    run.timeline.exact.resize(run.st.generation as usize + 1, true);
     let mut next = Instant::now() + interval;
     loop {
         let now = Instant::now();
@@ -241,7 +314,30 @@ impl Run {
         }
     }
 
+    /// Note the threads alive now; a thread seen for the first time is checked
+    /// for blocking the profiling signal (`at_end`: every thread never sampled
+    /// is checked again).
+    fn scan_threads(&mut self, at_end: bool) {
+        let Ok(tids) = super::engine::list_tids() else { return };
+        let writer = self.st.shared.writer_tid.load(Ordering::Relaxed);
+        let sig = match self.st.engine.kind() {
+            crate::Engine::PerfEvent => libc::SIGTRAP,
+            _ => libc::SIGPROF,
+        };
+        for tid in tids {
+            if tid == writer {
+                continue;
+            }
+            let new = !self.threads.contains_key(&tid);
+            let t = self.threads.entry(tid).or_default();
+            if (new || (at_end && !t.sampled)) && !t.blocking {
+                t.blocking = blocks_signal(tid, sig);
+            }
+        }
+    }
+
     fn tick(&mut self) {
+        self.scan_threads(false);
         let change = self.scan_modules();
         self.drain(false);
         self.apply_module_change(change);
@@ -295,9 +391,9 @@ impl Run {
         let checked_at = signal::now_us();
         self.horizon = checked_at;
         let dl = modules::dl_counters();
+        let g = self.st.generation as usize;
         if dl == self.st.dl {
-            let g = self.st.generation as usize;
-            self.verified[g] = self.verified[g].max(checked_at);
+            self.timeline.verified[g] = self.timeline.verified[g].max(checked_at);
             return None;
         }
         let prev_dl = self.st.dl;
@@ -320,17 +416,21 @@ impl Run {
             // opened and closed between two ticks): the state now is the current
             // generation again, but not continuously since the last check.
             self.unseen_objects = true;
+            self.timeline.unseen_window(g, checked_at);
             return None;
         }
         let removed_objects: HashSet<&modules::ObjectKey> =
             removed.iter().map(|&i| &self.st.table.entries[i].key).collect();
-        let exact = !std::mem::take(&mut self.unseen_objects)
-            && dl.0.wrapping_sub(prev_dl.0) == added.len() as u64
+        let explained = dl.0.wrapping_sub(prev_dl.0) == added.len() as u64
             && dl.1.wrapping_sub(prev_dl.1) == removed_objects.len() as u64;
+        let exact = !std::mem::take(&mut self.unseen_objects) && explained;
         drop(removed_objects);
+        if !explained {
+            self.timeline.unseen_window(g, checked_at);
+        }
         // The new generation is verified only from the next check on.
-        self.verified.push(0);
-        self.exact.push(exact);
+        self.timeline.verified.push(0);
+        self.timeline.exact.push(exact);
         // The unwinder keys modules by the start of their whole range: the lowest
         // executable segment of the object.
         let mut starts: HashMap<modules::ObjectKey, u64> = HashMap::new();
@@ -416,23 +516,6 @@ impl Run {
         }) {}
     }
 
-    /// Whether module entry `e`, found for a sample of generation `gen` taken at
-    /// `t`, was certainly the object mapped there at `t`.
-    fn certainly_mapped(&self, e: &ModuleEntry, gen: u64, t: u64) -> bool {
-        if e.gen_added > gen {
-            // Appeared after the handler's snapshot: only if no object came and
-            // went unseen in between.
-            let exact = (gen + 1..=e.gen_added).all(|g| self.exact.get(g as usize).copied().unwrap_or(false));
-            if !exact {
-                return false;
-            }
-        }
-        match e.gen_removed {
-            None => true,
-            Some(r) => r >= 1 && self.verified.get(r as usize - 1).is_some_and(|&v| t <= v),
-        }
-    }
-
     /// Write a Python-runtime record stamped with a fresh loader check's time,
     /// after every sample taken before that time and before every sample taken
     /// after it (those are held for the next tick, as in a tick).
@@ -457,6 +540,7 @@ impl Run {
     }
 
     fn write_sample(&mut self, s: &RawSample<'_>) {
+        self.threads.entry(s.tid).or_default().sampled = true;
         if self.error.is_some() || s.addrs.is_empty() {
             return;
         }
@@ -466,7 +550,7 @@ impl Run {
 
     fn sample_inner(&mut self, s: &RawSample<'_>) -> Result<(), Error> {
         let thread = self.interner.thread(&mut self.st.out, self.st.pid, s.tid)?;
-        let exact_state = self.verified.get(s.generation as usize).is_some_and(|&v| s.time_us <= v);
+        let exact_state = self.timeline.exact_state(s.generation, s.time_us);
         let cached =
             if exact_state { self.interner.cached(s.generation, s.truncated, s.addrs) } else { None };
         let leaf = match cached {
@@ -485,7 +569,7 @@ impl Run {
                             // The address space was generation `g` at `t`: only its own modules.
                             e.gen_added <= s.generation
                         } else {
-                            self.certainly_mapped(e, s.generation, s.time_us)
+                            self.timeline.certainly_mapped(e, s.generation, s.time_us)
                         }
                     });
                     frames.push(match entry {
@@ -513,6 +597,7 @@ impl Run {
     }
 
     fn finish(mut self) -> Result<Stats, Error> {
+        self.scan_threads(true);
         self.st.engine.stop();
         // Withdraw the state from the handler and wait until no handler uses it:
         // every sample is then in the ring, taken before the check below.
@@ -533,6 +618,11 @@ impl Run {
             let r = self.st.out.get_ref().sync_all().map_err(Error::from);
             self.note(r);
         }
+        // The recording is complete on disk: release the followers' lock now
+        // rather than at close, which a forked child holding a copy of the
+        // descriptor would delay.
+        // SAFETY: flock on the spool's descriptor, which the writer owns.
+        unsafe { libc::flock(self.st.out.get_ref().as_raw_fd(), libc::LOCK_UN) };
         if let Some(e) = self.error.take() {
             return Err(e);
         }
@@ -552,6 +642,79 @@ impl Run {
             engine: self.st.engine.kind(),
             duration: self.st.started.elapsed(),
             module_generations: self.st.generation + 1,
+            threads_seen: self.threads.len() as u64,
+            threads_never_sampled: self.threads.values().filter(|t| !t.sampled).count() as u64,
+            threads_blocking_signal: self.threads.values().filter(|t| t.blocking).count() as u64,
         })
+    }
+}
+
+/// Whether thread `tid` of this process blocks signal `sig` (its `SigBlk` mask
+/// in `/proc/self/task/<tid>/status`); false when that cannot be read.
+fn blocks_signal(tid: u32, sig: i32) -> bool {
+    let Ok(status) = std::fs::read_to_string(format!("/proc/self/task/{tid}/status")) else { return false };
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("SigBlk:"))
+        .and_then(|m| u64::from_str_radix(m.trim(), 16).ok())
+        .is_some_and(|mask| sig >= 1 && mask & (1u64 << (sig - 1)) != 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::recorder::modules::{ExecSegment, ObjectKey};
+
+    fn module(gen_added: u64, gen_removed: Option<u64>) -> ModuleEntry {
+        ModuleEntry {
+            id: crate::ModuleId(0),
+            key: ObjectKey { bias: 0x40000, path: b"libbeta.so".to_vec(), first_exec: 0x40000 },
+            seg: ExecSegment { avma: 0x40000, size: 0x1000, file_offset: 0x1000 },
+            gen_added,
+            gen_removed,
+            retired: false,
+        }
+    }
+
+    /// A library closed, another mapped at its address, closed, and the first
+    /// reopened there, all between two checks: the rescan sees the same objects,
+    /// but samples taken in between ran in the other library, so nothing
+    /// resolved for them may be trusted.
+    #[test]
+    fn an_unseen_close_and_reopen_makes_its_window_uncertain() {
+        let mut tl = Timeline { verified: vec![100], exact: vec![true], unseen: Vec::new() };
+        let beta = module(0, None);
+        assert!(tl.exact_state(0, 100));
+        assert!(tl.certainly_mapped(&beta, 0, 150), "no unseen change known yet");
+        // The check at 200 finds the counters moved and the objects the same.
+        tl.unseen_window(0, 200);
+        for t in [101, 150, 200] {
+            assert!(!tl.certainly_mapped(&beta, 0, t), "t = {t}");
+            assert!(!tl.exact_state(0, t), "t = {t}");
+        }
+        // Before the window and after it (once verified again) it is certain.
+        assert!(tl.exact_state(0, 100) && tl.certainly_mapped(&beta, 0, 90));
+        tl.verified[0] = 300;
+        assert!(tl.exact_state(0, 250) && tl.certainly_mapped(&beta, 0, 250));
+        assert!(!tl.exact_state(0, 150), "a late sample from the window stays uncertain");
+        // A second window right after the first merges with it; a later one does not.
+        tl.unseen_window(0, 350);
+        tl.unseen_window(0, 400);
+        assert_eq!(tl.unseen, [(100, 200), (300, 400)]);
+        tl.verified[0] = 420;
+        tl.unseen_window(0, 450);
+        assert_eq!(tl.unseen, [(100, 200), (300, 400), (420, 450)]);
+        assert!(tl.exact_state(0, 410) && !tl.exact_state(0, 430));
+    }
+
+    #[test]
+    fn removal_and_later_generations() {
+        let tl = Timeline { verified: vec![100, 200, 0], exact: vec![true, true, false], unseen: Vec::new() };
+        // Removed in generation 1: certain up to generation 0's last check.
+        assert!(tl.certainly_mapped(&module(0, Some(1)), 0, 100));
+        assert!(!tl.certainly_mapped(&module(0, Some(1)), 0, 101));
+        // Added later: only across exact transitions.
+        assert!(tl.certainly_mapped(&module(1, None), 0, 150));
+        assert!(!tl.certainly_mapped(&module(2, None), 0, 150));
     }
 }

@@ -1,0 +1,304 @@
+//! What the signal handler's unwinder may be handed: each module's
+//! `.eh_frame_hdr` search table is rebuilt at load time (in the writer thread,
+//! never in the handler) to list only the FDEs whose unwinding provably cannot
+//! overflow an integer, so that the handler never panics even when framehop and
+//! gimli are compiled with overflow checks (a dependent crate's debug build).
+//!
+//! # The argument (framehop 0.16 on x86_64, gimli 0.33, `.eh_frame_hdr` lookups)
+//! Arithmetic framehop does in the handler, and why it cannot overflow:
+//! * Module lookup: `address - base_avma` only after `address >= base_avma`;
+//!   `ra - 1` on a non-zero return address; `base_svma + relative` with
+//!   `base_svma == 0` (how `modules.rs` builds every module).
+//! * Search-table lookup (gimli `EhHdrTable::lookup`): `(len / 2) * row_size`
+//!   with `len` the table's FDE count, which this module rewrites to the number
+//!   of entries actually present; `pointer_to_offset` computes
+//!   `fde_pointer - eh_frame_ptr` unchecked, so every kept entry is checked here
+//!   to point at or after `.eh_frame`.
+//! * CFI parsing and row evaluation (gimli): wrapping or checked arithmetic
+//!   throughout (`Wrapping` factors, `wrapping_add_sized` pointers), a pure
+//!   function of the section bytes; an FDE that gimli cannot parse here is
+//!   dropped, so the handler never parses one.
+//! * Rule translation (`translate_into_unwind_rule`) adds the CFA offset and the
+//!   frame pointer's save offset unchecked: kept rows must have that sum in range.
+//! * Executing a cached rule: every step is `checked_*` except the read of the
+//!   return address at `new_sp - 8`, where `new_sp` is `sp + 8 * n`, `bp + 16`
+//!   or `sp + 8 * (n + 1)` from checked additions; `sp` starts as the interrupted
+//!   stack pointer (inside the thread's proven stack, far above 8) and every
+//!   later `sp` is a previous `new_sp` whose `new_sp - 8` was read successfully
+//!   from that stack. So `new_sp >= 8`.
+//! * framehop's uncached path (`unwind_frame` in `x86_64/dwarf.rs`) computes
+//!   `cfa - 8` unchecked, and evaluates DWARF expressions (which may loop). It is
+//!   taken exactly for rows framehop cannot translate into a cached rule, so
+//!   every FDE with such a row is dropped from the table: the handler never
+//!   takes that path.
+//!
+//! A lookup inside a dropped FDE finds the previous FDE, which does not cover
+//! the address, or none: framehop then uses its checked rules for uncovered code
+//! (return address at `sp` for the first frame, frame pointers after it). Such
+//! FDEs are rare (PLT stubs, signal trampolines, hand-written assembly); their
+//! frames unwind by frame pointer.
+//!
+//! The rules mirrored here are framehop's x86_64 ones; on other architectures
+//! `modules.rs` hands the tables over unfiltered and this argument does not apply.
+
+use gimli::{
+    BaseAddresses, CfaRule, EhFrame, EhFrameHdr, EhFrameOffset, LittleEndian, RegisterRule, UnwindContext,
+    UnwindSection, UnwindTableRow, X86_64,
+};
+
+/// What [`filter_eh_frame_hdr`] kept.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Filtered {
+    /// The rebuilt `.eh_frame_hdr`.
+    pub hdr: Vec<u8>,
+    /// FDEs kept in the search table.
+    pub kept: usize,
+    /// FDEs dropped from it.
+    pub dropped: usize,
+    /// Stated start addresses of the dropped FDEs.
+    pub dropped_starts: Vec<u64>,
+}
+
+/// Size of a fixed-size `DW_EH_PE_*` value format, `None` for LEB128 (and omit).
+fn fixed_size(enc: u8) -> Option<usize> {
+    match enc & 0x0f {
+        0x00 => Some(8),        // absptr (64-bit)
+        0x02 | 0x0a => Some(2), // udata2, sdata2
+        0x03 | 0x0b => Some(4), // udata4, sdata4
+        0x04 | 0x0c => Some(8), // udata8, sdata8
+        _ => None,
+    }
+}
+
+/// Rebuild `hdr` (an `.eh_frame_hdr` at stated address `hdr_svma`) so that its
+/// search table lists only FDEs of `eh_frame` (at `eh_frame_svma`) that unwind
+/// without the possibility of an integer overflow (see the module doc). `None`
+/// when the header cannot be rebuilt (no table, a variable-size encoding, a
+/// table gimli cannot read): the caller then gives the module no unwind tables.
+pub(crate) fn filter_eh_frame_hdr(
+    hdr: &[u8],
+    hdr_svma: u64,
+    eh_frame: &[u8],
+    eh_frame_svma: u64,
+    text_svma: u64,
+) -> Option<Filtered> {
+    let (&version, rest) = hdr.split_first()?;
+    let (ptr_enc, count_enc, table_enc) = (*rest.first()?, *rest.get(1)?, *rest.get(2)?);
+    if version != 1 || count_enc == 0xff || table_enc == 0xff {
+        return None;
+    }
+    let count_at = 4usize.checked_add(fixed_size(ptr_enc)?)?;
+    let count_size = fixed_size(count_enc)?;
+    let table_at = count_at.checked_add(count_size)?;
+    let entry_size = fixed_size(table_enc)?.checked_mul(2)?;
+
+    let bases =
+        BaseAddresses::default().set_eh_frame_hdr(hdr_svma).set_eh_frame(eh_frame_svma).set_text(text_svma);
+    let parsed = EhFrameHdr::new(hdr, LittleEndian).parse(&bases, 8).ok()?;
+    let eh_frame_ptr = parsed.eh_frame_ptr().direct().ok()?;
+    let table = parsed.table()?;
+    let mut section = EhFrame::new(eh_frame, LittleEndian);
+    section.set_address_size(8);
+    let mut ctx = UnwindContext::new();
+
+    let mut out = hdr.get(..table_at)?.to_vec();
+    let mut iter = table.iter(&bases);
+    let (mut kept, mut dropped, mut i) = (0usize, 0usize, 0usize);
+    let mut dropped_starts = Vec::new();
+    while let Some((start, fde_ptr)) = iter.next().ok()? {
+        let entry_at = table_at.checked_add(i.checked_mul(entry_size)?)?;
+        let entry = hdr.get(entry_at..entry_at.checked_add(entry_size)?)?;
+        i += 1;
+        let safe = fde_ptr
+            .direct()
+            .ok()
+            .and_then(|p| p.checked_sub(eh_frame_ptr))
+            .and_then(|off| usize::try_from(off).ok())
+            .is_some_and(|off| fde_is_safe(&section, &bases, &mut ctx, off));
+        if safe {
+            out.extend_from_slice(entry);
+            kept += 1;
+        } else {
+            dropped += 1;
+            dropped_starts.extend(start.direct().ok());
+        }
+    }
+    let count = (kept as u64).to_le_bytes();
+    if count[count_size..].iter().any(|&b| b != 0) {
+        return None;
+    }
+    out[count_at..table_at].copy_from_slice(&count[..count_size]);
+    Some(Filtered { hdr: out, kept, dropped, dropped_starts })
+}
+
+/// Whether the FDE at `offset` parses and every row of it translates into one of
+/// framehop's cached rules without overflow.
+fn fde_is_safe(
+    section: &EhFrame<gimli::EndianSlice<'_, LittleEndian>>,
+    bases: &BaseAddresses,
+    ctx: &mut UnwindContext<usize>,
+    offset: usize,
+) -> bool {
+    let Ok(fde) = section.fde_from_offset(bases, EhFrameOffset(offset), EhFrame::cie_from_offset) else {
+        return false;
+    };
+    let Ok(mut rows) = fde.rows(section, bases, ctx) else { return false };
+    loop {
+        match rows.next_row() {
+            Ok(Some(row)) => {
+                if !row_is_cacheable(row) {
+                    return false;
+                }
+            }
+            Ok(None) => return true,
+            Err(_) => return false,
+        }
+    }
+}
+
+/// The offset of a register saved relative to the CFA: `Ok(None)` when it is
+/// not saved, `Err` for any other kind of rule.
+fn cfa_offset(rule: Option<RegisterRule<usize>>) -> Result<Option<i64>, ()> {
+    match rule {
+        None | Some(RegisterRule::Undefined) | Some(RegisterRule::SameValue) => Ok(None),
+        Some(RegisterRule::Offset(o)) => Ok(Some(o)),
+        Some(_) => Err(()),
+    }
+}
+
+/// Whether framehop 0.16 turns `row` into a cached x86_64 rule (and the
+/// translation's own arithmetic stays in range). Mirrors its
+/// `translate_into_unwind_rule`: a row it would evaluate on the uncached path
+/// is not cacheable.
+fn row_is_cacheable(row: &UnwindTableRow<usize>) -> bool {
+    match row.register(X86_64::RA) {
+        None | Some(RegisterRule::Undefined) => return true, // end of stack
+        Some(RegisterRule::Offset(-8)) => {}
+        Some(_) => return false,
+    }
+    let Ok(bp) = cfa_offset(row.register(X86_64::RBP)) else { return false };
+    match *row.cfa() {
+        CfaRule::RegisterAndOffset { register, offset } if register == X86_64::RSP => {
+            if u16::try_from(offset / 8).is_err() {
+                return false;
+            }
+            match bp {
+                None => true,
+                Some(bp) => offset.checked_add(bp).is_some_and(|s| i16::try_from(s / 8).is_ok()),
+            }
+        }
+        CfaRule::RegisterAndOffset { register, offset } if register == X86_64::RBP => {
+            offset == 16 && bp == Some(-16)
+        }
+        _ => false,
+    }
+}
+
+/// Builders of synthetic `.eh_frame` / `.eh_frame_hdr` sections for tests.
+#[cfg(test)]
+pub(crate) mod synth {
+    /// Append a CIE (code align 1, data align -8, RA = r16, augmentation "zR"
+    /// with pcrel|sdata4 FDE pointers) and return its offset.
+    pub(crate) fn cie(out: &mut Vec<u8>, initial: &[u8]) -> usize {
+        let at = out.len();
+        let mut body = vec![0, 0, 0, 0, 1, b'z', b'R', 0, 1, 0x78, 16, 1, 0x1b];
+        body.extend_from_slice(initial);
+        while (body.len() + 4) % 8 != 0 {
+            body.push(0); // DW_CFA_nop
+        }
+        out.extend_from_slice(&(body.len() as u32).to_le_bytes());
+        out.extend_from_slice(&body);
+        at
+    }
+
+    /// Append an FDE for `[pc, pc + len)` (stated addresses, `.eh_frame` at
+    /// `eh_svma`) with `insns`; return its offset.
+    pub(crate) fn fde(
+        out: &mut Vec<u8>,
+        eh_svma: u64,
+        cie_at: usize,
+        pc: u64,
+        len: u32,
+        insns: &[u8],
+    ) -> usize {
+        let at = out.len();
+        let mut body = Vec::new();
+        body.extend_from_slice(&((at + 4 - cie_at) as u32).to_le_bytes());
+        let field = eh_svma + at as u64 + 8;
+        body.extend_from_slice(&(pc.wrapping_sub(field) as i32).to_le_bytes());
+        body.extend_from_slice(&len.to_le_bytes());
+        body.push(0); // augmentation data length
+        body.extend_from_slice(insns);
+        while (body.len() + 4) % 8 != 0 {
+            body.push(0);
+        }
+        out.extend_from_slice(&(body.len() as u32).to_le_bytes());
+        out.extend_from_slice(&body);
+        at
+    }
+
+    /// An `.eh_frame_hdr` (pcrel|sdata4 eh_frame_ptr, udata4 count,
+    /// datarel|sdata4 table) for `(pc, fde offset)` entries.
+    pub(crate) fn hdr(hdr_svma: u64, eh_svma: u64, entries: &[(u64, usize)]) -> Vec<u8> {
+        let mut h = vec![1, 0x1b, 0x03, 0x3b];
+        h.extend_from_slice(&((eh_svma.wrapping_sub(hdr_svma + 4)) as i32).to_le_bytes());
+        h.extend_from_slice(&(entries.len() as u32).to_le_bytes());
+        for &(pc, off) in entries {
+            h.extend_from_slice(&(pc.wrapping_sub(hdr_svma) as i32).to_le_bytes());
+            h.extend_from_slice(&((eh_svma + off as u64).wrapping_sub(hdr_svma) as i32).to_le_bytes());
+        }
+        h
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::synth::*;
+    use super::*;
+
+    #[test]
+    fn keeps_cacheable_fdes_and_drops_the_rest() {
+        let (hdr_svma, eh_svma, text) = (0x1000u64, 0x2000u64, 0x10000u64);
+        let mut eh = Vec::new();
+        // CIE: CFA = rsp + 8, RA at CFA - 8.
+        let c = cie(&mut eh, &[0x0c, 7, 8, 0x90, 1]);
+        // Plain function: push rbp; mov rbp, rsp => CFA = rbp + 16, rbp at CFA - 16.
+        let good = fde(&mut eh, eh_svma, c, text, 0x40, &[0x41, 0x0e, 16, 0x86, 2, 0x43, 0x0d, 6]);
+        // PLT-like: CFA is an expression (DW_CFA_def_cfa_expression: breg7 +8).
+        let expr = fde(&mut eh, eh_svma, c, text + 0x40, 0x10, &[0x0f, 2, 0x77, 8]);
+        // CFA = rbp + 0 with rbp saved at CFA - 16: framehop's uncached path.
+        let odd = fde(&mut eh, eh_svma, c, text + 0x50, 0x10, &[0x0c, 6, 0, 0x86, 2]);
+        // CFA = rsp + 8, rbp saved at CFA + (i64::MAX - 7) (factored 2^60 + 1
+        // times -8, wrapping): framehop's `offset + bp_offset` would overflow.
+        let huge = fde(
+            &mut eh,
+            eh_svma,
+            c,
+            text + 0x60,
+            0x10,
+            &[0x86, 0x81, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x10],
+        );
+        // RA saved at CFA - 16: uncached.
+        let ra = fde(&mut eh, eh_svma, c, text + 0x70, 0x10, &[0x90, 2]);
+        eh.extend_from_slice(&[0, 0, 0, 0]); // terminator
+        let entries =
+            [(text, good), (text + 0x40, expr), (text + 0x50, odd), (text + 0x60, huge), (text + 0x70, ra)];
+        let h = hdr(hdr_svma, eh_svma, &entries);
+        let f = filter_eh_frame_hdr(&h, hdr_svma, &eh, eh_svma, text).expect("rebuildable header");
+        assert_eq!((f.kept, f.dropped), (1, 4));
+        assert_eq!(f.dropped_starts, [text + 0x40, text + 0x50, text + 0x60, text + 0x70]);
+        assert_eq!(f.hdr, hdr(hdr_svma, eh_svma, &entries[..1]));
+
+        // An entry pointing before .eh_frame (framehop would subtract unchecked).
+        let mut bad = hdr(hdr_svma, eh_svma, &[(text, good)]);
+        let moved = (eh_svma + 0x100).wrapping_sub(hdr_svma + 4) as i32;
+        bad[4..8].copy_from_slice(&moved.to_le_bytes());
+        let f = filter_eh_frame_hdr(&bad, hdr_svma, &eh, eh_svma, text).unwrap();
+        assert_eq!((f.kept, f.dropped), (0, 1));
+
+        // A LEB128 table encoding cannot be rebuilt in place.
+        let mut leb = h.clone();
+        leb[3] = 0x31;
+        assert!(filter_eh_frame_hdr(&leb, hdr_svma, &eh, eh_svma, text).is_none());
+    }
+}
