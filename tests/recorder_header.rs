@@ -26,11 +26,11 @@ fn tail_opened_right_after_start_sees_the_complete_seed_header() {
     let _serial = serial();
     let (_dir, path) = spool_path("header.spool");
     let before = now_us();
-    // A flush interval far longer than the test: the writer thread never ticks
+    // The longest flush interval the builder accepts, far longer than the test: the writer thread never ticks
     // before `finish`, so whatever the file holds was written during `start`.
     let guard = spulse::Recorder::builder()
         .frequency_hz(500)
-        .flush_interval(Duration::from_secs(3600))
+        .flush_interval(Duration::from_secs(600))
         .start(&path)
         .expect("start");
     let after = now_us();
