@@ -1,12 +1,24 @@
 //! Interactive SVG flame graph through `inferno`, from the folded stacks.
+//!
+//! inferno holds its whole input, so the stacks handed to it are bounded: only
+//! frames at least [`MIN_FRACTION`] of the samples wide (narrower ones are not
+//! drawn), widest first, within [`TEXT_BUDGET`] bytes of folded text; the
+//! samples of frames left out count in their nearest drawn caller.
 
 use std::io::Write;
 
 use spulse::Definitions;
 
 use crate::aggregate::Aggregate;
-use crate::report::folded;
+use crate::report::CallTree;
 use crate::symbolize::Symbolizer;
+
+/// Frames narrower than this fraction of all samples are not drawn (inferno's
+/// default minimum width, 0.1 px, of its default 1200 px image).
+pub const MIN_FRACTION: f64 = 0.1 / 1200.0;
+
+/// The most folded-stack text handed to inferno.
+pub const TEXT_BUDGET: usize = 64 << 20;
 
 /// Write an SVG flame graph titled `title`.
 pub fn write(
@@ -16,7 +28,12 @@ pub fn write(
     title: &str,
     out: &mut dyn Write,
 ) -> std::io::Result<()> {
-    let lines: Vec<String> = folded(defs, agg, sym).into_iter().map(|(s, n)| format!("{s} {n}")).collect();
+    let tree = CallTree::build(defs, agg, sym, true);
+    let lines: Vec<String> = tree
+        .folded_lines_within(sym, MIN_FRACTION, TEXT_BUDGET)
+        .into_iter()
+        .map(|(s, n)| format!("{s} {n}"))
+        .collect();
     let mut opts = inferno::flamegraph::Options::default();
     opts.title = title.to_string();
     opts.count_name = "samples".to_string();
