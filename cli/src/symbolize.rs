@@ -497,6 +497,7 @@ pub struct Symbolizer {
     other_frames: HashMap<(FrameId, u32, bool), Rc<Resolved>>,
     perf_maps: HashMap<u32, Option<PerfMap>>,
     files_loaded: usize,
+    lookups: u64,
 }
 
 /// The file name of a module path (or the whole path if it has no `/`).
@@ -616,6 +617,7 @@ impl Symbolizer {
             other_frames: HashMap::new(),
             perf_maps: HashMap::new(),
             files_loaded: 0,
+            lookups: 0,
         }
     }
 
@@ -646,6 +648,12 @@ impl Symbolizer {
     /// How many files had their debug data (DWARF and symbol table) loaded.
     pub fn files_loaded(&self) -> usize {
         self.files_loaded
+    }
+
+    /// How many times [`Symbolizer::resolve`] was called (cached or not): the
+    /// work measure of the reports, which look each distinct stack node up once.
+    pub fn lookups(&self) -> u64 {
+        self.lookups
     }
 
     /// How many distinct files (by device and inode) were opened and parsed.
@@ -809,6 +817,7 @@ impl Symbolizer {
 
     /// Resolve a frame in a context (the context matters only for absolute frames).
     pub fn resolve(&mut self, defs: &Definitions, frame: FrameId, ctx: &Context) -> Rc<Resolved> {
+        self.lookups += 1;
         match defs.frame(frame) {
             Frame::Module { module, file_relative } => {
                 let i = frame.index();
