@@ -210,3 +210,73 @@ fn go_tool_pprof_keeps_trait_impls_apart() {
     assert_eq!(flat(" <a::B as a::Peek>::peek"), 1.0, "{text}");
     assert_eq!(flat(" a::generic"), 4.0, "{text}");
 }
+
+#[test]
+fn firefox_profile_names_processes_and_keeps_inlined_frames_with_addresses() {
+    let dir = tempfile::tempdir().unwrap();
+    let exe = rust_program(dir.path(), "a_legacy", &[]);
+    let b = binary(&exe);
+    let spool = dir.path().join("a.spool");
+    spool_over(&exe, &b, &spool, STACKS);
+    let out = dir.path().join("a.json");
+    ok(&["export", s(&spool), "--format", "firefox", "-o", s(&out)]);
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+
+    let cats: Vec<&str> =
+        v["meta"]["categories"].as_array().unwrap().iter().map(|c| c["name"].as_str().unwrap()).collect();
+    let cat =
+        |n: &str| cats.iter().position(|c| *c == n).unwrap_or_else(|| panic!("no category {n}: {cats:?}"));
+    let threads = v["threads"].as_array().unwrap();
+    assert_eq!(threads.len(), 1);
+    let th = &threads[0];
+    // The spool's only thread is the process's main thread (tid == pid).
+    assert_eq!(th["processName"], "a_legacy");
+    assert_eq!(th["name"], "a_legacy");
+
+    let strings = th["stringArray"].as_array().unwrap();
+    let st = |i: &serde_json::Value| strings[i.as_u64().unwrap() as usize].as_str().unwrap();
+    let (ft, fu) = (&th["frameTable"], &th["funcTable"]);
+    let n = ft["length"].as_u64().unwrap() as usize;
+    let mut seen_inline = false;
+    for i in 0..n {
+        let f = ft["func"][i].as_u64().unwrap() as usize;
+        let name = st(&fu["name"][f]);
+        assert!(!name.starts_with('\u{1}'), "placeholder left in the profile");
+        let depth = ft["inlineDepth"][i].as_u64().unwrap();
+        let category = ft["category"][i].as_u64().unwrap() as usize;
+        if depth > 0 {
+            seen_inline = true;
+            // An inlined frame has the address and library of the frame it is
+            // inlined into.
+            let addr = ft["address"][i].as_i64().unwrap();
+            assert!(addr >= 0, "inlined {name} has no address");
+            let res = fu["resource"][f].as_i64().unwrap();
+            assert!(res >= 0, "inlined {name} has no library");
+            assert!(
+                (0..n).any(|j| ft["inlineDepth"][j] == 0 && ft["address"][j].as_i64() == Some(addr)),
+                "no depth-0 frame at {addr:#x} for inlined {name}"
+            );
+        }
+        let want = if name.starts_with("core::") || name.starts_with("std::") || name.starts_with("<core::") {
+            "Std/libc"
+        } else {
+            "User code"
+        };
+        assert_eq!(category, cat(want), "{name} in {}", cats[category]);
+        if name == "<a::A as a::Peek>::peek" {
+            // The source view: the function's file and the frame's line.
+            assert!(st(&fu["fileName"][f]).ends_with("a.rs"), "{}", fu["fileName"][f]);
+            assert!(ft["line"][i].as_u64().is_some_and(|l| l > 0), "no line for {name}");
+        }
+    }
+    assert!(seen_inline, "the optimised fixture has inlined frames");
+    // One function per (name, library): the call tree merges its frames.
+    let fnames: Vec<(String, i64)> = (0..fu["length"].as_u64().unwrap() as usize)
+        .filter(|&f| (0..n).any(|i| ft["func"][i] == f))
+        .map(|f| (st(&fu["name"][f]).to_string(), fu["resource"][f].as_i64().unwrap()))
+        .collect();
+    let mut dedup = fnames.clone();
+    dedup.sort();
+    dedup.dedup();
+    assert_eq!(dedup.len(), fnames.len(), "{fnames:?}");
+}
