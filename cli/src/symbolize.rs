@@ -375,6 +375,9 @@ impl DebugData {
 
     /// Split DWARF for one unit: from the `.dwp`, else from the `.dwo` file
     /// the unit names (opened like every other file, without blocking).
+    // addr2line's continuation API takes an `Arc`; the symbolizer is used
+    // from one thread, so the reader's `Rc`s are never shared across threads.
+    #[allow(clippy::arc_with_non_send_sync)]
     fn load_dwo(&self, load: addr2line::SplitDwarfLoad<Reader>) -> Option<Arc<gimli::Dwarf<Reader>>> {
         if let Some(dwp) = &self.dwp {
             if let Ok(Some(cu)) = dwp.find_cu(load.dwo_id, &load.parent) {
@@ -773,7 +776,7 @@ impl Symbolizer {
             // No build id recorded: only the named file itself can be trusted.
             None => false,
         };
-        let primary = self.inspect(&m.path());
+        let primary = self.inspect(m.path());
         let primary_ok = primary.as_ref().is_some_and(|p| want.is_none() || matches(p));
         let mut chosen: Option<Rc<Parsed>> = None;
         if (!primary_ok || !primary.as_ref().is_some_and(|p| p.has_dwarf)) && want.is_some() {

@@ -51,6 +51,8 @@ fn deep_spool(path: &Path, chains: u64, depth: u64) {
 
 /// Run the real binary with stdout counted (not kept); returns (stdout bytes,
 /// stdout lines, peak RSS in KB) of that one child.
+// The child is reaped by `wait4` (for its own rusage), not by `Child::wait`.
+#[allow(clippy::zombie_processes)]
 fn run_measured(args: &[&str]) -> (u64, u64, i64) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_spulse"))
         .args(args)

@@ -18,7 +18,9 @@ fn build_quickstart() -> PathBuf {
     let target = profile_dir.parent().unwrap();
     let release = profile_dir.file_name().unwrap() == "release";
     let mut cmd = Command::new(&cargo);
-    cmd.current_dir(root).args(["build", "-p", "spulse", "--example", "quickstart", "--target-dir"]).arg(target);
+    cmd.current_dir(root)
+        .args(["build", "-p", "spulse", "--example", "quickstart", "--target-dir"])
+        .arg(target);
     if release {
         cmd.arg("--release");
     }

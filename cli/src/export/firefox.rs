@@ -57,6 +57,9 @@ enum FxFrame {
     Labels(Vec<(fx::StringHandle, fx::CategoryHandle)>),
 }
 
+/// A source file and line (0: unknown).
+type SourceLine = (Option<Rc<str>>, u32);
+
 /// An inlined frame behind a placeholder label.
 struct InlineFrame {
     module: usize,
@@ -143,7 +146,7 @@ pub fn write(
     type Placeholder = (fx::StringHandle, fx::CategoryHandle);
     let mut placeholders: HashMap<(usize, u32, usize), Placeholder> = HashMap::new();
     // Source location of each library frame's address: (module, rva) -> (file, line).
-    let mut lib_lines: HashMap<(usize, u32), (Option<Rc<str>>, u32)> = HashMap::new();
+    let mut lib_lines: HashMap<(usize, u32), SourceLine> = HashMap::new();
 
     // Libraries and their symbol tables, from the module frames the selected
     // samples use (a first, aggregating pass finds them).
@@ -401,7 +404,7 @@ fn fill_in_thread(
     th: &mut Value,
     sym: &Symbolizer,
     inline_frames: &[InlineFrame],
-    lib_lines: &HashMap<(usize, u32), (Option<Rc<str>>, u32)>,
+    lib_lines: &HashMap<(usize, u32), SourceLine>,
     lib_modules: &[Option<usize>],
 ) {
     let Some(th) = th.as_object_mut() else { return };
