@@ -18,7 +18,7 @@
 //! Firefox) keep inlined functions, nested under their caller.
 
 use std::borrow::Cow;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::io::Write;
 
 use spulse::{Definitions, StackId};
@@ -43,14 +43,14 @@ pub struct FunctionStats {
 /// Frames shared by several stacks are resolved once (the symbolizer caches them).
 pub fn symbolize_all(defs: &Definitions, agg: &Aggregate, sym: &mut Symbolizer) {
     let bar = progress(agg.distinct() as u64, "symbolizing");
-    let mut done: HashMap<(usize, StackId), ()> = HashMap::new();
+    let mut done: HashSet<(usize, StackId)> = HashSet::new();
     for (i, (c, stack, _)) in agg.iter().enumerate() {
         let ctx = agg.contexts[c];
         // Walk up to the first stack already visited in this context: its
         // frames (and its ancestors') are resolved.
         let mut cur = Some(stack);
         while let Some(id) = cur {
-            if done.insert((c, id), ()).is_some() {
+            if !done.insert((c, id)) {
                 break;
             }
             let s = defs.stack(id);
@@ -91,7 +91,39 @@ impl CallTree {
     /// nodes of their own (under their caller); without, each frame is the
     /// function that contains its code.
     pub fn build(defs: &Definitions, agg: &Aggregate, sym: &mut Symbolizer, inlines: bool) -> CallTree {
+        Self::build_with(defs, agg, sym, inlines, false)
+    }
+
+    /// [`CallTree::build`] for the text views (folded stacks, flame graphs),
+    /// which show names only: functions with the same name (in different
+    /// modules) are one node.
+    pub fn build_by_name(defs: &Definitions, agg: &Aggregate, sym: &mut Symbolizer) -> CallTree {
+        Self::build_with(defs, agg, sym, true, true)
+    }
+
+    fn build_with(
+        defs: &Definitions,
+        agg: &Aggregate,
+        sym: &mut Symbolizer,
+        inlines: bool,
+        by_name: bool,
+    ) -> CallTree {
         let mut t = CallTree { nodes: Vec::new(), index: HashMap::new(), self_count: Vec::new() };
+        // With `by_name`: the first function seen with each name stands for all.
+        let mut canonical: HashMap<String, u32> = HashMap::new();
+        let mut canon = |sym: &Symbolizer, f: u32| -> u32 {
+            if !by_name {
+                return f;
+            }
+            let name = &sym.function(f).name;
+            match canonical.get(name) {
+                Some(&c) => c,
+                None => {
+                    canonical.insert(name.clone(), f);
+                    f
+                }
+            }
+        };
         // Tree node of each (context, spool stack) placed so far.
         let mut placed: HashMap<(usize, StackId), u32> = HashMap::new();
         let mut path: Vec<StackId> = Vec::new();
@@ -112,10 +144,10 @@ impl CallTree {
                 let r = sym.resolve(defs, defs.stack(id).frame, &ctx);
                 if inlines {
                     for f in r.frames.iter().rev() {
-                        node = t.child(node, f.func);
+                        node = t.child(node, canon(sym, f.func));
                     }
                 } else {
-                    node = t.child(node, r.outer().func);
+                    node = t.child(node, canon(sym, r.outer().func));
                 }
                 placed.insert((c, id), node);
             }
@@ -259,13 +291,14 @@ impl CallTree {
     }
 
     /// Write every node with samples of its own as a folded line
-    /// (`root;...;leaf count`), depth-first with children in name order (so
-    /// equal texts are adjacent and merged). Memory beyond the tree is one line.
+    /// (`root;...;leaf count`), depth-first with children in name order.
+    /// Memory beyond the tree is one line.
     pub fn write_folded(&self, sym: &Symbolizer, out: &mut dyn Write) -> std::io::Result<()> {
         let mut line = String::new();
         let mut ends: Vec<usize> = Vec::new();
-        // Two sibling functions with the same name (different modules) give
-        // the same text: merge consecutive equal lines.
+        // Sibling names that differ only in characters a folded line cannot
+        // hold (`;`, line breaks) give the same text: merge consecutive equal
+        // lines.
         let mut pending: Option<(String, u64)> = None;
         self.walk(sym, |v| match v {
             Some((node, func)) => {
@@ -413,5 +446,5 @@ pub fn write_folded(
     sym: &mut Symbolizer,
     out: &mut dyn Write,
 ) -> std::io::Result<()> {
-    CallTree::build(defs, agg, sym, true).write_folded(sym, out)
+    CallTree::build_by_name(defs, agg, sym).write_folded(sym, out)
 }

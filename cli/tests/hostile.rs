@@ -1,6 +1,6 @@
 //! Spools are untrusted: module paths that name FIFOs (the module file, its
-//! `.dwp`, a split-DWARF `.dwo`, a debug file) never block the symbolizer, and
-//! one file under many spellings of its path is loaded once.
+//! `.dwp`, a split-DWARF `.dwo`, a debug file, a perf map) never block the
+//! symbolizer, and one file under many spellings of its path is loaded once.
 
 mod common;
 
@@ -239,5 +239,36 @@ fn many_spellings_of_one_file_load_it_once() {
         let rows = top_functions(&spool, &["-n", "0"]);
         assert!(rows.iter().all(|r| r.0 == "hot_a"), "{rows:?}");
         assert_eq!(rows.iter().map(|r| r.1).sum::<u64>(), 100);
+        // Folded stacks show names only: one line for them all.
+        let o = run_bounded(&["export", s(&spool), "--format", "collapsed", "-o", "-"]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        assert_eq!(stdout(&o), "hot_a 100\n");
     }
+}
+
+#[test]
+fn fifo_perf_map_is_skipped() {
+    // A pid no test uses, so that /tmp/perf-<pid>.map is ours to create.
+    let pid = 4_190_777;
+    let map = PathBuf::from(format!("/tmp/perf-{pid}.map"));
+    let _ = std::fs::remove_file(&map);
+    mkfifo(&map);
+    struct Remove(PathBuf);
+    impl Drop for Remove {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.0);
+        }
+    }
+    let _cleanup = Remove(map);
+    let dir = tempfile::tempdir().unwrap();
+    let spool = dir.path().join("jit.spool");
+    let file = std::fs::File::create(&spool).unwrap();
+    let mut w = SpoolWriter::new(file, header(Engine::PerfEvent)).unwrap();
+    let th = w.define_thread(pid, pid, "main").unwrap();
+    let f = w.define_frame(Frame::Absolute { address: 0x7f00_0000_1000, kernel: false }).unwrap();
+    let st = w.define_stack(None, f).unwrap();
+    w.sample(START_US + INTERVAL_US, th, st).unwrap();
+    w.into_inner().unwrap();
+    let rows = top_functions(&spool, &[]);
+    assert_eq!(rows, [("[unknown] 0x7f0000001000".to_string(), 1)]);
 }

@@ -96,7 +96,8 @@ fn real_recording_through_every_command() {
         *leaf.entry(stack.rsplit(';').next().unwrap().to_string()).or_default() += n;
     }
     assert_eq!(sum, samples);
-    let inl: Value = serde_json::from_str(&ok(&["top", s(&spool), "--json", "-n", "0", "--inlines"])).unwrap();
+    let inl: Value =
+        serde_json::from_str(&ok(&["top", s(&spool), "--json", "-n", "0", "--inlines"])).unwrap();
     for r in inl.as_array().unwrap() {
         let name = r["function"].as_str().unwrap();
         assert_eq!(leaf.get(name).copied().unwrap_or(0), r["self"].as_u64().unwrap(), "{name}");

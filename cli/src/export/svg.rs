@@ -28,7 +28,7 @@ pub fn write(
     title: &str,
     out: &mut dyn Write,
 ) -> std::io::Result<()> {
-    let tree = CallTree::build(defs, agg, sym, true);
+    let tree = CallTree::build_by_name(defs, agg, sym);
     let lines: Vec<String> = tree
         .folded_lines_within(sym, MIN_FRACTION, TEXT_BUDGET)
         .into_iter()
