@@ -10,7 +10,7 @@
 //! `Line`s (inlined functions first, the containing function last, as pprof
 //! expects); frames of modules that could not be symbolized carry none. A
 //! `Function`'s `system_name` is its linkage (mangled) name, or empty when it
-//! has none (perf-map and unresolved names).
+//! has none (perf-map and unresolved names) or it equals the display name.
 //!
 //! Memory is bounded by the distinct frames and stacks: the tables are built
 //! first, then the samples are encoded and compressed one at a time (the
@@ -241,8 +241,10 @@ impl Tables {
                     // The linkage name, so that pprof neither re-demangles nor
                     // "simplifies" the display name (it strips `<...>` from a
                     // name equal to its system name, merging unrelated
-                    // functions); empty when there is none.
-                    let system_name = self.strings.get(f.linkage.as_deref().unwrap_or(""));
+                    // functions); empty when there is none or it is the
+                    // display name itself (a C function's DWARF name).
+                    let linkage = f.linkage.as_deref().filter(|l| *l != func.name);
+                    let system_name = self.strings.get(linkage.unwrap_or(""));
                     let filename = self.strings.get(f.file.as_deref().unwrap_or(""));
                     self.p.function.push(Function { id: fnext, name, system_name, filename, start_line: 0 });
                     fnext
