@@ -519,7 +519,8 @@ pub fn module_name(m: &Module) -> String {
 /// Rust names get one display whichever mangling they came in (the standard
 /// library ships v0 symbols, most crates legacy ones): no hash or crate
 /// disambiguator, no generic arguments (legacy symbols do not record them),
-/// closures and shims as legacy spells them (`{{closure}}`, `{{vtable.shim}}`).
+/// closures and shims as legacy spells them (`{{closure}}`, `{{vtable.shim}}`),
+/// inherent methods of path types as `a::Type::f` (v0 says `<a::Type>::f`).
 /// A generic function therefore shows as one row for all its instances.
 pub fn demangle(name: &str) -> Cow<'_, str> {
     if let Ok(d) = rustc_demangle::try_demangle(name) {
@@ -537,6 +538,41 @@ pub fn demangle(name: &str) -> Cow<'_, str> {
 
 /// Bring a demangled Rust path to the display [`demangle`] documents.
 fn normalize_rust(s: &str) -> String {
+    unwrap_inherent(&strip_generics(s))
+}
+
+/// v0 spells a method of an inherent impl on a path type `<a::Type>::f`,
+/// legacy `a::Type::f`: use the legacy spelling (primitive types, slices,
+/// references and trait impls keep their brackets).
+fn unwrap_inherent(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = String::with_capacity(s.len());
+    let mut i = 0;
+    while i < b.len() {
+        let at_segment_start = i == 0 || out.ends_with("::");
+        if b[i] == b'<' && at_segment_start {
+            if let Some(len) = s[i + 1..].find('>') {
+                let inner = &s[i + 1..i + 1 + len];
+                let is_path = inner.contains("::")
+                    && !inner.contains([' ', '<', '&', '*', '[', '('])
+                    && inner.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_');
+                if is_path && s[i + 2 + len..].starts_with("::") {
+                    out.push_str(inner);
+                    i += len + 2;
+                    continue;
+                }
+            }
+        }
+        let ch = s[i..].chars().next().expect("in bounds");
+        out.push(ch);
+        i += ch.len_utf8();
+    }
+    out
+}
+
+/// Drop generic argument lists and spell v0's `{closure#N}`-style segments as
+/// legacy does.
+fn strip_generics(s: &str) -> String {
     let b = s.as_bytes();
     let mut out = String::with_capacity(s.len());
     let mut i = 0;
@@ -991,6 +1027,12 @@ mod tests {
             "a::call::{{closure}}::{{vtable.shim}}"
         );
         assert_eq!(normalize_rust("<[u8] as a::B<&str>>::f"), "<[u8] as a::B>::f");
+        // Inherent methods: v0 brackets the type, legacy does not.
+        assert_eq!(normalize_rust("<std::time::Instant>::now"), "std::time::Instant::now");
+        assert_eq!(normalize_rust("<alloc::vec::Vec<u8>>::push"), "alloc::vec::Vec::push");
+        assert_eq!(normalize_rust("a::b::<x::Y>::f"), "a::b::f");
+        assert_eq!(normalize_rust("<u64>::wrapping_mul"), "<u64>::wrapping_mul");
+        assert_eq!(normalize_rust("<&str>::len"), "<&str>::len");
     }
 
     #[test]

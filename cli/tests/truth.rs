@@ -25,11 +25,15 @@ impl Peek for B {
     #[inline(never)]
     fn peek(&self, n: u64) -> u64 { (0..n).fold(7, |h, i| h.rotate_left(3) ^ i) }
 }
+impl A {
+    #[inline(never)]
+    pub fn inherent(&self, n: u64) -> u64 { std::hint::black_box(n).wrapping_mul(7) }
+}
 #[inline(never)]
 pub fn generic<T: Copy + Into<u64>>(x: T) -> u64 { std::hint::black_box(x.into()) * 3 }
 fn main() {
     let n = std::hint::black_box(10);
-    println!("{}", A.peek(n) + B.peek(n) + generic(3u32) + generic(4u16));
+    println!("{}", A.peek(n) + B.peek(n) + generic(3u32) + generic(4u16) + A.inherent(n));
 }
 "#;
 
@@ -141,8 +145,12 @@ fn top_self(spool: &Path) -> HashMap<String, u64> {
         .collect()
 }
 
-const STACKS: &[(&str, u64)] =
-    &[("<a::A as a::Peek>::peek", 3), ("<a::B as a::Peek>::peek", 1), ("a::generic", 4)];
+const STACKS: &[(&str, u64)] = &[
+    ("<a::A as a::Peek>::peek", 3),
+    ("<a::B as a::Peek>::peek", 1),
+    ("a::generic", 4),
+    ("a::A::inherent", 2),
+];
 
 #[test]
 fn legacy_and_v0_symbols_display_alike() {
