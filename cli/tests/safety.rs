@@ -306,11 +306,8 @@ fn interrupted_export_removes_its_temporary_file() {
     // Enough samples that the Firefox export (which keeps every sample) runs
     // for a while after its temporary file is created.
     let spool = dir.path().join("big.spool");
-    let mut w = SpoolWriter::new(
-        std::io::BufWriter::new(std::fs::File::create(&spool).unwrap()),
-        header(),
-    )
-    .unwrap();
+    let mut w =
+        SpoolWriter::new(std::io::BufWriter::new(std::fs::File::create(&spool).unwrap()), header()).unwrap();
     let th = w.define_thread(PID, PID, "main").unwrap();
     let stacks: Vec<_> = (0..64u64)
         .map(|i| {

@@ -10,7 +10,7 @@ use super::{parse_count, parse_u64, with_stdout, SymbolArgs};
 use crate::aggregate::{aggregate, Filter};
 use crate::display::{escape, fit};
 use crate::input::open_replay;
-use crate::report::{symbolize_all, top, FunctionStats};
+use crate::report::{symbolize_all, top_with, FunctionStats};
 use crate::symbolize::Symbolizer;
 use crate::CliError;
 
@@ -48,7 +48,7 @@ impl FilterArgs {
 /// Arguments of `spulse top`.
 #[derive(Debug, Args)]
 #[command(
-    after_help = "Examples:\n  spulse top app.spool\n  spulse top app.spool -n 10 --thread 4242 --from 1000000 --to 3000000\n  spulse top app.spool --json --symbols /usr/lib/debug"
+    after_help = "Examples:\n  spulse top app.spool\n  spulse top app.spool -n 10 --thread 4242 --from 1000000 --to 3000000\n  spulse top app.spool --json --symbols /usr/lib/debug\n  spulse top app.spool --inlines"
 )]
 pub struct TopArgs {
     /// The spool file.
@@ -69,6 +69,10 @@ pub struct TopArgs {
     /// Sort column.
     #[arg(long, value_enum, default_value_t = SortBy::SelfSamples)]
     pub sort: SortBy,
+    /// List inlined functions as rows of their own (by default their samples
+    /// count for the function they were inlined into).
+    #[arg(long)]
+    pub inlines: bool,
     #[command(flatten)]
     pub filter: FilterArgs,
     #[command(flatten)]
@@ -137,7 +141,7 @@ pub fn run(args: &TopArgs) -> Result<(), CliError> {
     }
     let mut sym = Symbolizer::new(args.symbols.options());
     symbolize_all(&replay, &agg, &mut sym);
-    let mut stats = top(&replay, &agg, &mut sym);
+    let mut stats = top_with(&replay, &agg, &mut sym, args.inlines);
     sort_stats(&mut stats, args.sort);
     let total = agg.total;
     with_stdout(|out| {

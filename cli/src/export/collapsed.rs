@@ -1,11 +1,16 @@
 //! Folded stacks (`a;b;c 42`), the input format of flame graph tools.
+//!
+//! Written line by line from the [`crate::report::CallTree`]: memory is bounded
+//! by the distinct stacks; the output is the sum of the depths of the distinct
+//! sampled stacks (each line spells its stack in full). Inlined functions are
+//! frames of their own, under the function they were inlined into.
 
 use std::io::Write;
 
 use spulse::Definitions;
 
 use crate::aggregate::Aggregate;
-use crate::report::folded;
+use crate::report::write_folded;
 use crate::symbolize::Symbolizer;
 
 /// Write folded stacks, one `root;...;leaf count` line per distinct stack.
@@ -15,8 +20,5 @@ pub fn write(
     sym: &mut Symbolizer,
     out: &mut dyn Write,
 ) -> std::io::Result<()> {
-    for (stack, count) in folded(defs, agg, sym) {
-        writeln!(out, "{stack} {count}")?;
-    }
-    Ok(())
+    write_folded(defs, agg, sym, out)
 }
