@@ -15,9 +15,16 @@ pub use types::*;
 /// The eight-byte magic value every spool starts with.
 pub const MAGIC: [u8; 8] = *b"SPULSE3\0";
 
-/// The longest a valid stream header can be: the magic and two varints of at
-/// most ten bytes each. Readers decide on the header from this many bytes.
-pub(crate) const MAX_HEADER_LEN: usize = MAGIC.len() + 2 * 10;
+/// The longest a valid stream header can be: the magic and two varints (start
+/// time and interval) of at most ten bytes each. Readers decide on the header
+/// from this many bytes, so a file that is not a spool is rejected without
+/// reading more of it.
+pub(crate) const MAX_HEADER_LEN: usize = MAGIC.len() + 2 * varint::MAX_LEN;
+
+/// The shortest sample record: its tag and three one-byte varints. Readers
+/// bound the number of samples in `n` bytes by `n / MIN_SAMPLE_RECORD_LEN`,
+/// so sample columns reserved from it never reallocate.
+pub(crate) const MIN_SAMPLE_RECORD_LEN: usize = 4;
 
 /// Record tags (the first byte of every record).
 pub mod tag {

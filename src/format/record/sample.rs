@@ -1,0 +1,243 @@
+//! The sample record: its layout, written once, and the specialised readers of
+//! that layout that the readers' hot loops use.
+//!
+//! A sample record is the tag byte followed by three varints: the zigzag
+//! timestamp delta, the thread id and the stack id. [`read_fields`] is the only
+//! code that knows this order. It is generic over a [`FieldReader`], which says
+//! how one varint is read:
+//!
+//! * [`Cursor`] (the general record decoder, [`super::decode`]): any length,
+//!   complete and canonical, with errors that name the offending field;
+//! * a 32-byte [`Window`] with varints of at most three bytes, optionally
+//!   skipping the canonical-form check: the steady state of every reader's
+//!   sample loop, where a varint longer than that falls back to the cursor.
+//!
+//! Nearly every field of a sample is one or two bytes (ids, small deltas), so
+//! the window reader handles almost every record; the stack id, the last field,
+//! is read without a branch on its length (see [`Window::last_field`]).
+
+use super::{Cursor, DecodeError};
+use crate::format::varint::unzigzag;
+
+/// Bytes a [`Window`] holds: more than the longest sample record a window
+/// reader accepts (the tag and three varints of at most three bytes), rounded
+/// up to a power of two so that offsets into it can be masked.
+pub(crate) const WINDOW: usize = 32;
+
+/// The fields of a sample record, before they are checked against the
+/// definitions.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct SampleFields {
+    /// Microseconds since the previous sample (or the header's start time).
+    pub(crate) delta_us: i64,
+    /// Thread id (a reference to a thread record).
+    pub(crate) thread: u64,
+    /// Stack id (a reference to a stack record).
+    pub(crate) stack: u64,
+}
+
+/// How the varint fields of a record are read, in stream order.
+pub(crate) trait FieldReader {
+    /// Why a field could not be read.
+    type Error;
+
+    /// The next field.
+    fn field(&mut self) -> Result<u64, Self::Error>;
+
+    /// The next field, known to be the record's last; a reader may read it
+    /// differently (see [`Window::last_field`]).
+    #[inline(always)]
+    fn last_field(&mut self) -> Result<u64, Self::Error> {
+        self.field()
+    }
+}
+
+/// The sample layout: read the fields of a sample record (whose tag the reader
+/// has already passed) into `out`, in stream order. On an error, the fields
+/// before the failing one are in `out`: the general decoder reports them as a
+/// partial record, whose complete fields are still checked (FORMAT.md, section
+/// 6).
+#[inline(always)]
+pub(crate) fn read_fields<R: FieldReader>(r: &mut R, out: &mut SampleFields) -> Result<(), R::Error> {
+    out.delta_us = unzigzag(r.field()?);
+    out.thread = r.field()?;
+    out.stack = r.last_field()?;
+    Ok(())
+}
+
+impl FieldReader for Cursor<'_> {
+    type Error = DecodeError;
+
+    #[inline(always)]
+    fn field(&mut self) -> Result<u64, DecodeError> {
+        self.u64()
+    }
+}
+
+/// Reads varints of at most three bytes from a fixed window of [`WINDOW`]
+/// bytes, at offset `q` (below 10 while a sample is read). Offsets are masked
+/// to the window, which is exact here and lets the compiler drop a bounds check
+/// per byte. Fails (`Err(())`) on a longer varint and, when `CANONICAL`, on an
+/// overlong one; the caller then falls back to the cursor, which decides.
+pub(crate) struct Window<'w, const CANONICAL: bool> {
+    w: &'w [u8; WINDOW],
+    q: usize,
+}
+
+impl<'w, const CANONICAL: bool> Window<'w, CANONICAL> {
+    /// A reader positioned just past the tag at `w[0]`.
+    #[inline(always)]
+    pub(crate) fn after_tag(w: &'w [u8; WINDOW]) -> Self {
+        Window { w, q: 1 }
+    }
+
+    /// The offset in the window just past the last field read.
+    #[inline(always)]
+    pub(crate) fn pos(&self) -> usize {
+        self.q
+    }
+
+    #[inline(always)]
+    fn byte(&self, i: usize) -> u64 {
+        self.w[(self.q + i) & (WINDOW - 1)] as u64
+    }
+}
+
+impl<const CANONICAL: bool> FieldReader for Window<'_, CANONICAL> {
+    type Error = ();
+
+    #[inline(always)]
+    fn field(&mut self) -> Result<u64, ()> {
+        let b0 = self.byte(0);
+        if b0 < 0x80 {
+            self.q += 1;
+            return Ok(b0);
+        }
+        let b1 = self.byte(1);
+        if b1 < 0x80 {
+            if CANONICAL && b1 == 0 {
+                return Err(());
+            }
+            self.q += 2;
+            return Ok((b0 & 0x7f) | b1 << 7);
+        }
+        let b2 = self.byte(2);
+        if b2 < 0x80 && (!CANONICAL || b2 != 0) {
+            self.q += 3;
+            return Ok((b0 & 0x7f) | (b1 & 0x7f) << 7 | b2 << 14);
+        }
+        Err(())
+    }
+
+    /// The stack id without a branch on its length: that length (one to
+    /// three bytes) follows which stack was sampled and defeats branch
+    /// prediction, while the other fields nearly always have the same length.
+    /// The three bytes are loaded independently, so the offset of the next
+    /// record depends on two loads and a few instructions. The canonical-form
+    /// check is one compare against the smallest value of the length found.
+    #[inline(always)]
+    fn last_field(&mut self) -> Result<u64, ()> {
+        let (b0, b1, b2) = (self.byte(0), self.byte(1), self.byte(2));
+        // Continuation flags: c0 for a second byte, c1 for a third.
+        let c0 = b0 >> 7;
+        let c1 = c0 & (b1 >> 7);
+        if c1 & (b2 >> 7) != 0 {
+            return Err(());
+        }
+        let (m0, m1) = (0u64.wrapping_sub(c0), 0u64.wrapping_sub(c1));
+        let v = (b0 & 0x7f) | (m0 & (b1 & 0x7f) << 7) | (m1 & b2 << 14);
+        if CANONICAL && v < ((m0 & !m1 & 0x80) | (m1 & 0x4000)) {
+            return Err(());
+        }
+        self.q += 1 + (c0 + c1) as usize;
+        Ok(v)
+    }
+}
+
+/// Decode the sample record whose tag is `buf[p]` when its three varints are
+/// complete and canonical, returning its fields and the offset just past it.
+/// `None` leaves the record to the general decoder, which reports why.
+///
+/// The window reader takes the record when a full window is available and
+/// every varint has at most three bytes; otherwise the cursor reads it. Works
+/// on positions rather than re-sliced buffers, which keeps the readers' hot
+/// loops short.
+#[inline(always)]
+pub(crate) fn decode_at(buf: &[u8], p: usize) -> Option<(SampleFields, usize)> {
+    let mut f = SampleFields::default();
+    if let Some(w) = buf.get(p..p.wrapping_add(WINDOW)) {
+        let w: &[u8; WINDOW] = w.try_into().ok()?;
+        let mut r = Window::<true>::after_tag(w);
+        if read_fields(&mut r, &mut f).is_ok() {
+            return Some((f, p + r.pos()));
+        }
+    }
+    let mut c = Cursor::new(buf, p + 1);
+    read_fields(&mut c, &mut f).ok()?;
+    Some((f, c.pos))
+}
+
+/// Decode a sample record that was already validated (its tag is `w[0]`), for
+/// sequential replay of a checked prefix: the window reader without the
+/// canonical-form checks, returning the fields and the record's length. `None`
+/// for a varint longer than three bytes (the caller falls back to the general
+/// decoder). If the bytes changed since they were validated, the result is
+/// some wrong sample, never a fault.
+#[inline(always)]
+pub(crate) fn decode_validated(w: &[u8; WINDOW]) -> Option<(SampleFields, usize)> {
+    let mut f = SampleFields::default();
+    let mut r = Window::<false>::after_tag(w);
+    read_fields(&mut r, &mut f).ok()?;
+    Some((f, r.pos()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::format::record::{decode, Record};
+    use crate::format::varint::{put_i64, put_u64};
+    use proptest::prelude::*;
+
+    /// What the general decoder makes of the sample record at `buf[0]`, as
+    /// [`decode_at`] reports it.
+    fn general(buf: &[u8]) -> Option<(SampleFields, usize)> {
+        match decode(buf) {
+            Ok((Record::Sample(f), len)) => Some((f, len)),
+            _ => None,
+        }
+    }
+
+    proptest! {
+        /// The window readers agree with the general decoder on encoded
+        /// samples and on arbitrary bytes.
+        #[test]
+        fn readers_agree(d: i64, t in 0u64..1 << 22, s: u64, small: bool, bytes in proptest::collection::vec(any::<u8>(), 0..40)) {
+            let (d, s) = if small { (d % 10_000, s % 3_000_000) } else { (d, s) };
+            let mut rec = vec![crate::format::tag::SAMPLE];
+            put_i64(&mut rec, d);
+            put_u64(&mut rec, t);
+            put_u64(&mut rec, s);
+            let len = rec.len();
+            rec.extend_from_slice(&bytes);
+            let fields = SampleFields { delta_us: d, thread: t, stack: s };
+            prop_assert_eq!(decode_at(&rec, 0), Some((fields, len)));
+            prop_assert_eq!(general(&rec), Some((fields, len)));
+            // The replay reader of validated records agrees on canonical ones
+            // whose varints fit its three-byte window reader.
+            let mut window = [0u8; WINDOW];
+            let n = rec.len().min(WINDOW);
+            window[..n].copy_from_slice(&rec[..n]);
+            let fits = [(d << 1) ^ (d >> 63), t as i64, s as i64].iter().all(|&v| (v as u64) < 1 << 21);
+            let expected = if fits { Some((fields, len)) } else { None };
+            prop_assert_eq!(decode_validated(&window), expected);
+            // On arbitrary bytes (and on bytes with mostly continuation bits
+            // and zeros, which exercise the overlong and long cases) the
+            // specialised decoder accepts exactly what the general one does.
+            let mut junk = vec![crate::format::tag::SAMPLE];
+            junk.extend_from_slice(&bytes);
+            prop_assert_eq!(decode_at(&junk, 0), general(&junk));
+            let squashed: Vec<u8> = std::iter::once(crate::format::tag::SAMPLE).chain(bytes.iter().map(|b| b & 0x81)).collect();
+            prop_assert_eq!(decode_at(&squashed, 0), general(&squashed));
+        }
+    }
+}
