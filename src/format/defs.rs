@@ -1,9 +1,15 @@
 //! `Definitions`: everything a spool has defined so far, and the rules that tie
 //! a record to the records before it.
 //!
-//! The writer runs every record through [`Definitions::apply`] before encoding it
-//! and every reader runs every decoded record through it, so the two can never
-//! disagree about what a valid spool is.
+//! Records are decoded by the record codec ([`super::record`]) and only then
+//! checked here: [`Definitions::read_record`] checks what
+//! [`record::decode_fields`] returns (for a record cut short, its complete
+//! fields) and applies it; runs of sample records go through
+//! [`Definitions::apply_samples`], which checks what the codec's sample decoder
+//! ([`sample::decode_at`]) returns. The writer runs every record it encodes
+//! through `read_record` (samples through [`Definitions::apply_sample`], the
+//! same rule) before handing it on, and every reader runs every record through
+//! the same code, so the two can never disagree about what a valid spool is.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -123,7 +129,8 @@ impl Definitions {
             if t != tag::SAMPLE {
                 break;
             }
-            let Some((SampleFields { delta_us: delta, thread, stack }, end)) = sample::decode_at(buf, p) else {
+            let Some((SampleFields { delta_us: delta, thread, stack }, end)) = sample::decode_at(buf, p)
+            else {
                 break;
             };
             let Some(next) = time.checked_add_signed(delta) else {
@@ -398,7 +405,8 @@ impl Definitions {
                         self.active_by_pid.remove(&md.pid);
                     }
                 }
-                self.deactivations.push(Deactivation { module: ModuleId(m), samples_before: self.sample_count });
+                self.deactivations
+                    .push(Deactivation { module: ModuleId(m), samples_before: self.sample_count });
             }
         }
         None

@@ -1,5 +1,7 @@
-//! The on-disk layer: constants of the spool format, the varint codec, the record
-//! codec and the validation rules shared by the writer and every reader.
+//! The on-disk layer: constants of the spool format, the varint codec
+//! (`varint`), the record codec (`record`, with the sample record's layout and
+//! fast decoders in `record::sample`) and the validation rules shared by the
+//! writer and every reader (`defs`), which check what the record codec decodes.
 //!
 //! `FORMAT.md` at the repository root is the byte-level specification; this module
 //! is its only implementation. Readers (`crate::read`) and the writer

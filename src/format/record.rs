@@ -1,8 +1,13 @@
 //! The record codec: one `Record` enum, decoded from and encoded into bytes.
 //!
 //! Decoding only checks the syntax of a record (tags, varints, lengths against
-//! the format's limits). The rules that relate a record to earlier ones live in
-//! [`super::defs`].
+//! the format's limits, the values of flags, UTF-8 of thread names). It reads
+//! the fields in stream order into the record, so a record that does not decode
+//! completely comes back as a [`Partial`] holding the fields before the one
+//! that failed. The rules that relate a record to earlier ones live in
+//! [`super::defs`], which checks what this module decoded, partial records
+//! included. The sample record's layout and the fast decoders of it that the
+//! readers' sample loops use are in [`sample`].
 
 use super::limits::*;
 use super::varint::{self, VarintError};
@@ -324,7 +329,7 @@ fn read_fields<'a>(rec: &mut Record<'a>, c: &mut Cursor<'a>) -> Result<(), Decod
 
 /// Append the encoding of `rec` to `out`.
 pub(crate) fn encode(rec: &Record<'_>, out: &mut Vec<u8>) {
-    use varint::{put_i64, put_u64};
+    use varint::put_u64;
     match *rec {
         Record::Module { id, pid, start, size, file_offset, generation, path, build_id } => {
             out.push(tag::MODULE);
@@ -370,12 +375,7 @@ pub(crate) fn encode(rec: &Record<'_>, out: &mut Vec<u8>) {
             put_u64(out, name.len() as u64);
             out.extend_from_slice(name);
         }
-        Record::Sample(SampleFields { delta_us, thread, stack }) => {
-            out.push(tag::SAMPLE);
-            put_i64(out, delta_us);
-            put_u64(out, thread);
-            put_u64(out, stack);
-        }
+        Record::Sample(ref fields) => sample::encode(fields, out),
         Record::PythonRuntime { pid, time_us, entering } => {
             out.push(tag::PYTHON_RUNTIME);
             put_u64(out, pid);

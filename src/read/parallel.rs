@@ -265,7 +265,8 @@ impl Fill for Decoder<'_> {
             if n % CANCEL_CHECK_SAMPLES == 0 && self.cancel.load(Ordering::Relaxed) {
                 break;
             }
-            let Some((SampleFields { delta_us: delta, thread, stack }, next)) = sample::decode_at(bytes, p) else {
+            let Some((SampleFields { delta_us: delta, thread, stack }, next)) = sample::decode_at(bytes, p)
+            else {
                 break;
             };
             let (Some(r), Ok(t), Ok(s)) =

@@ -411,7 +411,8 @@ impl ReplaySamples<'_> {
     /// is zero (the direct path is off) while a seek skips early samples, so
     /// `next` tests one bound only.
     fn update_direct_limit(&mut self) {
-        self.direct_limit = if self.skip_before.is_none() { (self.filled + 1).saturating_sub(WINDOW) } else { 0 };
+        self.direct_limit =
+            if self.skip_before.is_none() { (self.filled + 1).saturating_sub(WINDOW) } else { 0 };
     }
 
     /// Decode the sample record at `pos` straight from the read buffer: the

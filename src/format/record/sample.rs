@@ -2,9 +2,10 @@
 //! that layout that the readers' hot loops use.
 //!
 //! A sample record is the tag byte followed by three varints: the zigzag
-//! timestamp delta, the thread id and the stack id. [`read_fields`] is the only
-//! code that knows this order. It is generic over a [`FieldReader`], which says
-//! how one varint is read:
+//! timestamp delta, the thread id and the stack id. [`encode`] writes it (for
+//! the record codec and the writer's sample path) and [`read_fields`] is the
+//! only code that reads it. Reading is generic over a [`FieldReader`], which
+//! says how one varint is read:
 //!
 //! * [`Cursor`] (the general record decoder, [`super::decode`]): any length,
 //!   complete and canonical, with errors that name the offending field;
@@ -17,7 +18,8 @@
 //! is read without a branch on its length (see [`Window::last_field`]).
 
 use super::{Cursor, DecodeError};
-use crate::format::varint::unzigzag;
+use crate::format::tag;
+use crate::format::varint::{put_i64, put_u64, unzigzag};
 
 /// Bytes a [`Window`] holds: more than the longest sample record a window
 /// reader accepts (the tag and three varints of at most three bytes), rounded
@@ -34,6 +36,15 @@ pub(crate) struct SampleFields {
     pub(crate) thread: u64,
     /// Stack id (a reference to a stack record).
     pub(crate) stack: u64,
+}
+
+/// Append a sample record with `fields` to `out`.
+#[inline]
+pub(crate) fn encode(fields: &SampleFields, out: &mut Vec<u8>) {
+    out.push(tag::SAMPLE);
+    put_i64(out, fields.delta_us);
+    put_u64(out, fields.thread);
+    put_u64(out, fields.stack);
 }
 
 /// How the varint fields of a record are read, in stream order.
@@ -101,6 +112,25 @@ impl<'w, const CANONICAL: bool> Window<'w, CANONICAL> {
     fn byte(&self, i: usize) -> u64 {
         self.w[(self.q + i) & (WINDOW - 1)] as u64
     }
+
+    /// The varint at `q` and its length, if it has at most three bytes (and,
+    /// when `CANONICAL`, is not overlong).
+    #[inline(always)]
+    fn short_varint(&self) -> Option<(u64, usize)> {
+        let b0 = self.byte(0);
+        if b0 < 0x80 {
+            return Some((b0, 1));
+        }
+        let b1 = self.byte(1);
+        if b1 < 0x80 {
+            return (!CANONICAL || b1 != 0).then_some(((b0 & 0x7f) | b1 << 7, 2));
+        }
+        let b2 = self.byte(2);
+        if b2 < 0x80 && (!CANONICAL || b2 != 0) {
+            return Some(((b0 & 0x7f) | (b1 & 0x7f) << 7 | b2 << 14, 3));
+        }
+        None
+    }
 }
 
 impl<const CANONICAL: bool> FieldReader for Window<'_, CANONICAL> {
@@ -108,25 +138,11 @@ impl<const CANONICAL: bool> FieldReader for Window<'_, CANONICAL> {
 
     #[inline(always)]
     fn field(&mut self) -> Result<u64, ()> {
-        let b0 = self.byte(0);
-        if b0 < 0x80 {
-            self.q += 1;
-            return Ok(b0);
-        }
-        let b1 = self.byte(1);
-        if b1 < 0x80 {
-            if CANONICAL && b1 == 0 {
-                return Err(());
-            }
-            self.q += 2;
-            return Ok((b0 & 0x7f) | b1 << 7);
-        }
-        let b2 = self.byte(2);
-        if b2 < 0x80 && (!CANONICAL || b2 != 0) {
-            self.q += 3;
-            return Ok((b0 & 0x7f) | (b1 & 0x7f) << 7 | b2 << 14);
-        }
-        Err(())
+        // The length is added once, after the branches join: the common
+        // one-byte case then falls through to the next field.
+        let (v, len) = self.short_varint().ok_or(())?;
+        self.q += len;
+        Ok(v)
     }
 
     /// The stack id without a branch on its length: that length (one to
@@ -195,7 +211,6 @@ pub(crate) fn decode_validated(w: &[u8; WINDOW]) -> Option<(SampleFields, usize)
 mod tests {
     use super::*;
     use crate::format::record::{decode, Record};
-    use crate::format::varint::{put_i64, put_u64};
     use proptest::prelude::*;
 
     /// What the general decoder makes of the sample record at `buf[0]`, as
@@ -213,13 +228,11 @@ mod tests {
         #[test]
         fn readers_agree(d: i64, t in 0u64..1 << 22, s: u64, small: bool, bytes in proptest::collection::vec(any::<u8>(), 0..40)) {
             let (d, s) = if small { (d % 10_000, s % 3_000_000) } else { (d, s) };
-            let mut rec = vec![crate::format::tag::SAMPLE];
-            put_i64(&mut rec, d);
-            put_u64(&mut rec, t);
-            put_u64(&mut rec, s);
+            let fields = SampleFields { delta_us: d, thread: t, stack: s };
+            let mut rec = Vec::new();
+            encode(&fields, &mut rec);
             let len = rec.len();
             rec.extend_from_slice(&bytes);
-            let fields = SampleFields { delta_us: d, thread: t, stack: s };
             prop_assert_eq!(decode_at(&rec, 0), Some((fields, len)));
             prop_assert_eq!(general(&rec), Some((fields, len)));
             // The replay reader of validated records agrees on canonical ones
