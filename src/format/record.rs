@@ -266,7 +266,9 @@ pub(crate) fn decode_fields(buf: &[u8]) -> Result<(Record<'_>, usize), Partial<'
 /// order, checking the syntax of each as it is read.
 fn read_fields<'a>(rec: &mut Record<'a>, c: &mut Cursor<'a>) -> Result<(), DecodeError> {
     match rec {
-        Record::Sample(f) => sample::read_fields(c, f)?,
+        Record::Sample(f) => {
+            c.pos = sample::read_fields(c, c.pos, f)?;
+        }
         Record::Stack { id, parent, frame } => {
             *id = c.u64()?;
             *parent = c.u64()?.checked_sub(1);

@@ -47,89 +47,66 @@ pub(crate) fn encode(fields: &SampleFields, out: &mut Vec<u8>) {
     put_u64(out, fields.stack);
 }
 
-/// How the varint fields of a record are read, in stream order.
+/// How the varint fields of a record are read. Positions are passed in and
+/// returned rather than kept in the reader, which lets the compiler keep the
+/// window reader's offsets as constants on each path of the sample loops.
 pub(crate) trait FieldReader {
     /// Why a field could not be read.
     type Error;
 
-    /// The next field.
-    fn field(&mut self) -> Result<u64, Self::Error>;
+    /// The field at offset `q`, and the offset just past it.
+    fn field(&mut self, q: usize) -> Result<(u64, usize), Self::Error>;
 
-    /// The next field, known to be the record's last; a reader may read it
-    /// differently (see [`Window::last_field`]).
+    /// The field at offset `q`, known to be the record's last; a reader may
+    /// read it differently (see [`Window::last_field`]).
     #[inline(always)]
-    fn last_field(&mut self) -> Result<u64, Self::Error> {
-        self.field()
+    fn last_field(&mut self, q: usize) -> Result<(u64, usize), Self::Error> {
+        self.field(q)
     }
 }
 
-/// The sample layout: read the fields of a sample record (whose tag the reader
-/// has already passed) into `out`, in stream order. On an error, the fields
-/// before the failing one are in `out`: the general decoder reports them as a
-/// partial record, whose complete fields are still checked (FORMAT.md, section
-/// 6).
+/// The sample layout: read the fields of the sample record whose tag is at
+/// offset `q - 1` into `out`, in stream order, returning the offset just past
+/// the record. On an error, the fields before the failing one are in `out`:
+/// the general decoder reports them as a partial record, whose complete
+/// fields are still checked (FORMAT.md, section 6).
 #[inline(always)]
-pub(crate) fn read_fields<R: FieldReader>(r: &mut R, out: &mut SampleFields) -> Result<(), R::Error> {
-    out.delta_us = unzigzag(r.field()?);
-    out.thread = r.field()?;
-    out.stack = r.last_field()?;
-    Ok(())
+pub(crate) fn read_fields<R: FieldReader>(
+    r: &mut R,
+    q: usize,
+    out: &mut SampleFields,
+) -> Result<usize, R::Error> {
+    let (z, q) = r.field(q)?;
+    out.delta_us = unzigzag(z);
+    let (thread, q) = r.field(q)?;
+    out.thread = thread;
+    let (stack, q) = r.last_field(q)?;
+    out.stack = stack;
+    Ok(q)
 }
 
 impl FieldReader for Cursor<'_> {
     type Error = DecodeError;
 
     #[inline(always)]
-    fn field(&mut self) -> Result<u64, DecodeError> {
-        self.u64()
+    fn field(&mut self, q: usize) -> Result<(u64, usize), DecodeError> {
+        self.pos = q;
+        let v = self.u64()?;
+        Ok((v, self.pos))
     }
 }
 
 /// Reads varints of at most three bytes from a fixed window of [`WINDOW`]
-/// bytes, at offset `q` (below 10 while a sample is read). Offsets are masked
-/// to the window, which is exact here and lets the compiler drop a bounds check
-/// per byte. Fails (`Err(())`) on a longer varint and, when `CANONICAL`, on an
+/// bytes (offsets below 10 while a sample is read). Offsets are masked to the
+/// window, which is exact here and lets the compiler drop a bounds check per
+/// byte. Fails (`Err(())`) on a longer varint and, when `CANONICAL`, on an
 /// overlong one; the caller then falls back to the cursor, which decides.
-pub(crate) struct Window<'w, const CANONICAL: bool> {
-    w: &'w [u8; WINDOW],
-    q: usize,
-}
+pub(crate) struct Window<'w, const CANONICAL: bool>(pub(crate) &'w [u8; WINDOW]);
 
-impl<'w, const CANONICAL: bool> Window<'w, CANONICAL> {
-    /// A reader positioned just past the tag at `w[0]`.
+impl<const CANONICAL: bool> Window<'_, CANONICAL> {
     #[inline(always)]
-    pub(crate) fn after_tag(w: &'w [u8; WINDOW]) -> Self {
-        Window { w, q: 1 }
-    }
-
-    /// The offset in the window just past the last field read.
-    #[inline(always)]
-    pub(crate) fn pos(&self) -> usize {
-        self.q
-    }
-
-    #[inline(always)]
-    fn byte(&self, i: usize) -> u64 {
-        self.w[(self.q + i) & (WINDOW - 1)] as u64
-    }
-
-    /// The varint at `q` and its length, if it has at most three bytes (and,
-    /// when `CANONICAL`, is not overlong).
-    #[inline(always)]
-    fn short_varint(&self) -> Option<(u64, usize)> {
-        let b0 = self.byte(0);
-        if b0 < 0x80 {
-            return Some((b0, 1));
-        }
-        let b1 = self.byte(1);
-        if b1 < 0x80 {
-            return (!CANONICAL || b1 != 0).then_some(((b0 & 0x7f) | b1 << 7, 2));
-        }
-        let b2 = self.byte(2);
-        if b2 < 0x80 && (!CANONICAL || b2 != 0) {
-            return Some(((b0 & 0x7f) | (b1 & 0x7f) << 7 | b2 << 14, 3));
-        }
-        None
+    fn byte(&self, q: usize) -> u64 {
+        self.0[q & (WINDOW - 1)] as u64
     }
 }
 
@@ -137,12 +114,23 @@ impl<const CANONICAL: bool> FieldReader for Window<'_, CANONICAL> {
     type Error = ();
 
     #[inline(always)]
-    fn field(&mut self) -> Result<u64, ()> {
-        // The length is added once, after the branches join: the common
-        // one-byte case then falls through to the next field.
-        let (v, len) = self.short_varint().ok_or(())?;
-        self.q += len;
-        Ok(v)
+    fn field(&mut self, q: usize) -> Result<(u64, usize), ()> {
+        let b0 = self.byte(q);
+        if b0 < 0x80 {
+            return Ok((b0, q + 1));
+        }
+        let b1 = self.byte(q + 1);
+        if b1 < 0x80 {
+            if CANONICAL && b1 == 0 {
+                return Err(());
+            }
+            return Ok(((b0 & 0x7f) | b1 << 7, q + 2));
+        }
+        let b2 = self.byte(q + 2);
+        if b2 < 0x80 && (!CANONICAL || b2 != 0) {
+            return Ok(((b0 & 0x7f) | (b1 & 0x7f) << 7 | b2 << 14, q + 3));
+        }
+        Err(())
     }
 
     /// The stack id without a branch on its length: that length (one to
@@ -152,8 +140,8 @@ impl<const CANONICAL: bool> FieldReader for Window<'_, CANONICAL> {
     /// record depends on two loads and a few instructions. The canonical-form
     /// check is one compare against the smallest value of the length found.
     #[inline(always)]
-    fn last_field(&mut self) -> Result<u64, ()> {
-        let (b0, b1, b2) = (self.byte(0), self.byte(1), self.byte(2));
+    fn last_field(&mut self, q: usize) -> Result<(u64, usize), ()> {
+        let (b0, b1, b2) = (self.byte(q), self.byte(q + 1), self.byte(q + 2));
         // Continuation flags: c0 for a second byte, c1 for a third.
         let c0 = b0 >> 7;
         let c1 = c0 & (b1 >> 7);
@@ -165,8 +153,7 @@ impl<const CANONICAL: bool> FieldReader for Window<'_, CANONICAL> {
         if CANONICAL && v < ((m0 & !m1 & 0x80) | (m1 & 0x4000)) {
             return Err(());
         }
-        self.q += 1 + (c0 + c1) as usize;
-        Ok(v)
+        Ok((v, q + 1 + (c0 + c1) as usize))
     }
 }
 
@@ -180,17 +167,24 @@ impl<const CANONICAL: bool> FieldReader for Window<'_, CANONICAL> {
 /// loops short.
 #[inline(always)]
 pub(crate) fn decode_at(buf: &[u8], p: usize) -> Option<(SampleFields, usize)> {
-    let mut f = SampleFields::default();
     if let Some(w) = buf.get(p..p.wrapping_add(WINDOW)) {
         let w: &[u8; WINDOW] = w.try_into().ok()?;
-        let mut r = Window::<true>::after_tag(w);
-        if read_fields(&mut r, &mut f).is_ok() {
-            return Some((f, p + r.pos()));
+        let mut f = SampleFields::default();
+        if let Ok(q) = read_fields(&mut Window::<true>(w), 1, &mut f) {
+            return Some((f, p + q));
         }
     }
-    let mut c = Cursor::new(buf, p + 1);
-    read_fields(&mut c, &mut f).ok()?;
-    Some((f, c.pos))
+    decode_at_cursor(buf, p)
+}
+
+/// [`decode_at`] with the cursor: records near the end of the input or with a
+/// varint longer than three bytes. Kept out of line, so that the readers' hot
+/// loops hold only the window reader.
+#[inline(never)]
+fn decode_at_cursor(buf: &[u8], p: usize) -> Option<(SampleFields, usize)> {
+    let mut f = SampleFields::default();
+    let end = read_fields(&mut Cursor::new(buf, p), p + 1, &mut f).ok()?;
+    Some((f, end))
 }
 
 /// Decode a sample record that was already validated (its tag is `w[0]`), for
@@ -202,9 +196,8 @@ pub(crate) fn decode_at(buf: &[u8], p: usize) -> Option<(SampleFields, usize)> {
 #[inline(always)]
 pub(crate) fn decode_validated(w: &[u8; WINDOW]) -> Option<(SampleFields, usize)> {
     let mut f = SampleFields::default();
-    let mut r = Window::<false>::after_tag(w);
-    read_fields(&mut r, &mut f).ok()?;
-    Some((f, r.pos()))
+    let len = read_fields(&mut Window::<false>(w), 1, &mut f).ok()?;
+    Some((f, len))
 }
 
 #[cfg(test)]
