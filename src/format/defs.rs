@@ -19,6 +19,8 @@ use super::tag;
 use super::types::*;
 use crate::FormatErrorKind;
 
+/// `stack_parent` of a root node. Stack ids are below `MAX_IDS` (u32::MAX), so
+/// no stack has this id.
 const NO_PARENT: u32 = u32::MAX;
 
 /// Definitions retained by every reader: modules, frames, stacks, threads,

@@ -23,6 +23,12 @@ pub const MAGIC: [u8; 8] = *b"SPULSE3\0";
 /// reading more of it.
 pub(crate) const MAX_HEADER_LEN: usize = MAGIC.len() + 2 * varint::MAX_LEN;
 
+/// The longest record: a module record (its tag, six varints, the two
+/// length-prefixed strings at their limits). A reader's buffer holds at least
+/// this many bytes, so that any record fits in it whole.
+pub(crate) const MAX_RECORD_LEN: usize =
+    1 + 8 * varint::MAX_LEN + limits::MAX_PATH_LEN as usize + limits::MAX_BUILD_ID_LEN as usize;
+
 /// The shortest sample record: its tag and three one-byte varints. Readers
 /// bound the number of samples in `n` bytes by `n / MIN_SAMPLE_RECORD_LEN`,
 /// so sample columns reserved from it never reallocate.

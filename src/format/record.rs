@@ -267,7 +267,15 @@ pub(crate) fn decode_fields(buf: &[u8]) -> Result<(Record<'_>, usize), Partial<'
 fn read_fields<'a>(rec: &mut Record<'a>, c: &mut Cursor<'a>) -> Result<(), DecodeError> {
     match rec {
         Record::Sample(f) => {
-            c.pos = sample::read_fields(c, c.pos, f)?;
+            let q = c.pos;
+            let mut r = sample::Recording::new(c);
+            match sample::read_fields(&mut r, q) {
+                Ok((fields, end)) => (*f, c.pos) = (fields, end),
+                Err(e) => {
+                    *f = r.partial();
+                    return Err(e);
+                }
+            }
         }
         Record::Stack { id, parent, frame } => {
             *id = c.u64()?;

@@ -17,7 +17,7 @@ use super::scan::{format_error, next_validated, scan, Stop};
 use crate::format::defs::Definitions;
 use crate::format::record;
 use crate::format::record::sample::{self, SampleFields, WINDOW};
-use crate::format::{tag, MAX_HEADER_LEN};
+use crate::format::{tag, MAX_HEADER_LEN, MAX_RECORD_LEN};
 use crate::format::{Sample, StackId, ThreadId};
 use crate::{Error, FormatErrorKind};
 
@@ -26,9 +26,10 @@ const DEFAULT_CHUNK: usize = 1 << 20;
 /// at most this many samples before the one it wants, while a file has to hold
 /// 64 M samples before the default index limit doubles the stride.
 const INITIAL_STRIDE: u64 = 1024;
-/// The smallest read buffer: large enough that any definition record (at most
-/// a few KiB) fits in it whole.
+/// The smallest read buffer. Opening refills the buffer around an incomplete
+/// record, so the buffer must hold the longest record whole.
 const MIN_CHUNK: usize = 64 * 1024;
+const _: () = assert!(MIN_CHUNK >= MAX_RECORD_LEN);
 
 /// Options for [`Replay`].
 #[derive(Debug, Clone, Copy)]

@@ -15,7 +15,7 @@ use crate::format::defs::Definitions;
 use crate::format::limits::{MAX_BUILD_ID_LEN, MAX_PATH_LEN, MAX_THREAD_NAME_LEN};
 use crate::format::record::sample::{self, SampleFields};
 use crate::format::record::{self, DecodeError, RawFrame, Record};
-use crate::format::{Frame, FrameId, Header, ModuleId, StackId, ThreadId};
+use crate::format::{Frame, FrameId, Header, ModuleId, StackId, ThreadId, MAX_RECORD_LEN};
 use crate::{Error, FormatErrorKind};
 
 /// A module to define (see [`SpoolWriter::define_module`]).
@@ -93,7 +93,8 @@ impl<W: Write> SpoolWriter<W> {
         let mut w = SpoolWriter {
             out,
             defs: Definitions::new(header),
-            buf: Vec::with_capacity(Self::AUTO_FLUSH_BYTES + 4096),
+            // Room for the record that crosses the flush threshold.
+            buf: Vec::with_capacity(Self::AUTO_FLUSH_BYTES + MAX_RECORD_LEN),
             flushed: 0,
             poisoned: false,
         };

@@ -7,7 +7,8 @@
 //! only code that reads it. Reading is generic over a [`FieldReader`], which
 //! says how one varint is read:
 //!
-//! * [`Cursor`] (the general record decoder, [`super::decode`]): any length,
+//! * [`Cursor`] (the general record decoder, [`super::decode`], through a
+//!   [`Recording`] that keeps the fields read before an error): any length,
 //!   complete and canonical, with errors that name the offending field;
 //! * a 32-byte [`Window`] with varints of at most three bytes, optionally
 //!   skipping the canonical-form check: the steady state of every reader's
@@ -66,23 +67,52 @@ pub(crate) trait FieldReader {
 }
 
 /// The sample layout: read the fields of the sample record whose tag is at
-/// offset `q - 1` into `out`, in stream order, returning the offset just past
-/// the record. On an error, the fields before the failing one are in `out`:
-/// the general decoder reports them as a partial record, whose complete
-/// fields are still checked (FORMAT.md, section 6).
+/// offset `q - 1`, in stream order, returning them and the offset just past
+/// the record.
 #[inline(always)]
-pub(crate) fn read_fields<R: FieldReader>(
-    r: &mut R,
-    q: usize,
-    out: &mut SampleFields,
-) -> Result<usize, R::Error> {
+pub(crate) fn read_fields<R: FieldReader>(r: &mut R, q: usize) -> Result<(SampleFields, usize), R::Error> {
     let (z, q) = r.field(q)?;
-    out.delta_us = unzigzag(z);
     let (thread, q) = r.field(q)?;
-    out.thread = thread;
     let (stack, q) = r.last_field(q)?;
-    out.stack = stack;
-    Ok(q)
+    Ok((SampleFields { delta_us: unzigzag(z), thread, stack }, q))
+}
+
+/// A cursor that keeps the fields it read, so that a sample record that does
+/// not decode completely can be reported with the fields before the one that
+/// failed (the general decoder's partial record, whose complete fields are
+/// still checked; FORMAT.md, section 6).
+pub(crate) struct Recording<'c, 'a> {
+    cursor: &'c mut Cursor<'a>,
+    /// The fields read so far, in stream order (the delta still zigzagged),
+    /// the others zero.
+    values: [u64; 3],
+    read: usize,
+}
+
+impl<'c, 'a> Recording<'c, 'a> {
+    pub(crate) fn new(cursor: &'c mut Cursor<'a>) -> Self {
+        Recording { cursor, values: [0; 3], read: 0 }
+    }
+
+    /// The fields read before an error, the others zero.
+    pub(crate) fn partial(&self) -> SampleFields {
+        let [z, thread, stack] = self.values;
+        SampleFields { delta_us: unzigzag(z), thread, stack }
+    }
+}
+
+impl FieldReader for Recording<'_, '_> {
+    type Error = DecodeError;
+
+    #[inline(always)]
+    fn field(&mut self, q: usize) -> Result<(u64, usize), DecodeError> {
+        let (v, q) = self.cursor.field(q)?;
+        if let Some(slot) = self.values.get_mut(self.read) {
+            *slot = v;
+            self.read += 1;
+        }
+        Ok((v, q))
+    }
 }
 
 impl FieldReader for Cursor<'_> {
@@ -169,8 +199,7 @@ impl<const CANONICAL: bool> FieldReader for Window<'_, CANONICAL> {
 pub(crate) fn decode_at(buf: &[u8], p: usize) -> Option<(SampleFields, usize)> {
     if let Some(w) = buf.get(p..p.wrapping_add(WINDOW)) {
         let w: &[u8; WINDOW] = w.try_into().ok()?;
-        let mut f = SampleFields::default();
-        if let Ok(q) = read_fields(&mut Window::<true>(w), 1, &mut f) {
+        if let Ok((f, q)) = read_fields(&mut Window::<true>(w), 1) {
             return Some((f, p + q));
         }
     }
@@ -182,9 +211,7 @@ pub(crate) fn decode_at(buf: &[u8], p: usize) -> Option<(SampleFields, usize)> {
 /// loops hold only the window reader.
 #[inline(never)]
 fn decode_at_cursor(buf: &[u8], p: usize) -> Option<(SampleFields, usize)> {
-    let mut f = SampleFields::default();
-    let end = read_fields(&mut Cursor::new(buf, p), p + 1, &mut f).ok()?;
-    Some((f, end))
+    read_fields(&mut Cursor::new(buf, p), p + 1).ok()
 }
 
 /// Decode a sample record that was already validated (its tag is `w[0]`), for
@@ -195,9 +222,7 @@ fn decode_at_cursor(buf: &[u8], p: usize) -> Option<(SampleFields, usize)> {
 /// some wrong sample, never a fault.
 #[inline(always)]
 pub(crate) fn decode_validated(w: &[u8; WINDOW]) -> Option<(SampleFields, usize)> {
-    let mut f = SampleFields::default();
-    let len = read_fields(&mut Window::<false>(w), 1, &mut f).ok()?;
-    Some((f, len))
+    read_fields(&mut Window::<false>(w), 1).ok()
 }
 
 #[cfg(test)]
