@@ -247,6 +247,10 @@ pub(crate) fn decode(buf: &[u8]) -> Result<(Record<'_>, usize), DecodeError> {
 /// [`Partial`] with the fields before the one that failed, so that the rules
 /// on those fields can still be checked (a complete field is checked even if
 /// its record is not; FORMAT.md, section 6).
+// The error carries the partial record by value, as large as the record
+// itself: it is consumed by the caller at once (`Definitions::read_record`),
+// never propagated up a call chain, and boxing it would allocate per error.
+#[allow(clippy::result_large_err)]
 pub(crate) fn decode_fields(buf: &[u8]) -> Result<(Record<'_>, usize), Partial<'_>> {
     let Some(&t) = buf.first() else {
         return Err(Partial { record: None, fields: 0, error: DecodeError::Incomplete });
