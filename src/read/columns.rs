@@ -107,8 +107,8 @@ impl Layout for WideLayout {
 /// Writes samples into a block's spare capacity. It lives on the decoding
 /// loop's stack, so its count and slices stay in registers (pushing to the
 /// block's vectors one by one keeps their lengths in memory, and updating them
-/// costs about a third of the decoding loop's time); the block's lengths are set once, when
-/// [`Block::fill`] returns.
+/// costs about a third of the decoding loop's time); the block's lengths are
+/// set once, when [`Block::fill`] returns.
 pub(crate) struct Filler<'a, L: Layout> {
     origin: u64,
     offs: &'a mut [MaybeUninit<L::Off>],

@@ -24,7 +24,7 @@ use crate::{Error, FormatErrorKind};
 const DEFAULT_CHUNK: usize = 1 << 20;
 /// Samples per index entry until the index first fills: a seek then decodes
 /// at most this many samples before the one it wants, while a file has to hold
-/// 64 M samples before the default index limit doubles the stride.
+/// 2^26 (67 M) samples before the default index limit doubles the stride.
 const INITIAL_STRIDE: u64 = 1024;
 /// The smallest read buffer. Opening refills the buffer around an incomplete
 /// record, so the buffer must hold the longest record whole.
@@ -408,9 +408,9 @@ impl ReplaySamples<'_> {
     }
 
     /// Where the direct path may start decoding: a position `pos` with
-    /// `pos < direct_limit` has a full window of [`WINDOW`] bytes in the read buffer. It
-    /// is zero (the direct path is off) while a seek skips early samples, so
-    /// `next` tests one bound only.
+    /// `pos < direct_limit` has a full window of [`WINDOW`] bytes in the read
+    /// buffer. It is zero (the direct path is off) while a seek skips early
+    /// samples, so `next` tests one bound only.
     fn update_direct_limit(&mut self) {
         self.direct_limit =
             if self.skip_before.is_none() { (self.filled + 1).saturating_sub(WINDOW) } else { 0 };
