@@ -422,6 +422,32 @@ fn a_partial_record_already_wrong_is_corruption_not_a_truncated_tail() {
 }
 
 #[test]
+fn a_rule_on_an_earlier_field_is_reported_before_a_later_syntax_error() {
+    // Fields are checked in stream order: a complete field that breaks a rule
+    // is the error, whatever follows it; a malformed field is the error when
+    // every field before it is valid. One case per record kind.
+    let overlong = Raw(&[0x80, 0x00]);
+    let big = 1u64 << 32;
+    let undefined = |what, id| K::UndefinedReference { what, id };
+    rejects(prefix(), &rec(5, &[I(1), U(42), Raw(&[0x80, 0x00])]), undefined("thread", 42), 0);
+    rejects(prefix(), &rec(5, &[I(1), Raw(&[0x80, 0x00]), U(42)]), K::BadVarint, 2);
+    rejects(
+        prefix(),
+        &rec(1, &[U(5), U(7), U(0x20000), U(1), U(0), U(0), U(5000)]),
+        K::NonDenseId { what: "module", found: 5, expected: 1 },
+        0,
+    );
+    rejects(prefix(), &rec(1, &[U(1), U(7), U(0x20000), U(0), U(0), Raw(&[0x80, 0x00])]), K::EmptyModule, 0);
+    rejects(prefix(), &rec(2, &[U(2), U(0), U(9), Raw(&[0x80, 0x00])]), undefined("module", 9), 0);
+    rejects(prefix(), &rec(2, &[U(9), U(3)]), K::NonDenseId { what: "frame", found: 9, expected: 2 }, 0);
+    rejects(prefix(), &rec(3, &[U(1), U(6), overlong]), undefined("stack", 5), 0);
+    rejects(prefix(), &rec(4, &[U(1), U(1), U(big), U(1), Raw(b"\xff")]), K::BadValue("tid", big), 0);
+    rejects(prefix(), &rec(4, &[U(1), U(1), U(1), U(1), Raw(b"\xff")]), K::BadUtf8("thread name"), 4);
+    rejects(prefix(), &rec(6, &[U(big), U(1), U(2)]), K::BadValue("pid", big), 0);
+    rejects(prefix(), &rec(8, &[U(3)]), undefined("module", 3), 0);
+}
+
+#[test]
 fn rejected_writes_leave_no_bytes_and_the_writer_usable() {
     let mut w = base();
     let before = w.len();

@@ -31,8 +31,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use super::columns::{Block, Fill, Filler, Layout, SampleColumns};
 use super::scan::{format_error, scan_from, Stop};
 use crate::format::defs::Definitions;
+use crate::format::record::sample::{self, SampleFields};
 use crate::format::record::{self, DecodeError};
-use crate::format::{tag, varint, Sample};
+use crate::format::{tag, Sample, MIN_SAMPLE_RECORD_LEN};
 use crate::Error;
 
 /// Spools shorter than this (bytes after the header) load on one core: below
@@ -44,6 +45,10 @@ pub(crate) const PARALLEL_MIN_BYTES: usize = 4 << 20;
 const SYNC_RECORDS: usize = 64;
 /// How far past the midpoint a synchronization position is looked for.
 const SYNC_WINDOW: usize = 64 << 10;
+/// The speculative decoder looks for cancellation once per this many samples:
+/// often enough that an abandoned speculation stops within microseconds,
+/// rarely enough that the atomic load costs nothing in the sample loop.
+const CANCEL_CHECK_SAMPLES: usize = 4096;
 
 /// Loads whose second half was applied from the speculative decoding (for
 /// tests, which check that the two-thread path really ran).
@@ -184,8 +189,8 @@ fn find_sync(bytes: &[u8], from: usize) -> Option<usize> {
             if bytes.get(p) != Some(&tag::SAMPLE) {
                 continue 'candidates;
             }
-            match varint::decode_sample_at(bytes, p) {
-                Some((_, _, _, next)) => p = next,
+            match sample::decode_at(bytes, p) {
+                Some((_, next)) => p = next,
                 None => continue 'candidates,
             }
         }
@@ -257,10 +262,13 @@ impl Fill for Decoder<'_> {
         let (mut max_thread, mut max_stack) = (self.max_thread, self.max_stack);
         let mut no_room = None;
         while bytes.get(p) == Some(&tag::SAMPLE) {
-            if n % 4096 == 0 && self.cancel.load(Ordering::Relaxed) {
+            if n % CANCEL_CHECK_SAMPLES == 0 && self.cancel.load(Ordering::Relaxed) {
                 break;
             }
-            let Some((delta, thread, stack, next)) = varint::decode_sample_at(bytes, p) else { break };
+            let Some((SampleFields { delta_us: delta, thread, stack }, next)) = sample::decode_at(bytes, p)
+            else {
+                break;
+            };
             let (Some(r), Ok(t), Ok(s)) =
                 (rel.checked_add(delta), u32::try_from(thread), u32::try_from(stack))
             else {
@@ -287,7 +295,7 @@ impl Fill for Decoder<'_> {
 
 /// Decode `bytes[from..]` without validation (see the module documentation).
 fn speculate(bytes: &[u8], from: usize, cancel: &AtomicBool) -> Speculation {
-    let bound = (bytes.len() - from) / 4;
+    let bound = (bytes.len() - from) / MIN_SAMPLE_RECORD_LEN;
     let mut sp = Speculation {
         cols: SampleColumns::new(Block::new(0, bound)),
         segments: Vec::new(),

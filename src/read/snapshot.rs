@@ -14,7 +14,7 @@ use super::parallel;
 use super::scan::format_error;
 use crate::format::defs::Definitions;
 use crate::format::record;
-use crate::format::Sample;
+use crate::format::{Sample, MIN_SAMPLE_RECORD_LEN};
 use crate::Error;
 
 /// A fully decoded spool.
@@ -111,11 +111,10 @@ impl Snapshot {
     pub fn from_bytes_split(bytes: &[u8], min_parallel_bytes: usize) -> Result<Snapshot, Error> {
         let (header, hlen) = record::decode_header(bytes).map_err(|(at, k)| format_error(at as u64, k))?;
         let mut defs = Definitions::new(header);
-        // A sample record is at least four bytes, so this many samples is an
-        // upper bound: the columns never grow (and never copy) while loading.
-        // Pages of unused capacity are never touched; the columns are shrunk
-        // to fit at the end.
-        let bound = (bytes.len() - hlen) / 4;
+        // An upper bound on the samples (see `MIN_SAMPLE_RECORD_LEN`): the
+        // columns never grow (and never copy) while loading. Pages of unused
+        // capacity are never touched; the columns are shrunk to fit at the end.
+        let bound = (bytes.len() - hlen) / MIN_SAMPLE_RECORD_LEN;
         let mut samples = SampleColumns::new(Block::new(header.start_time_us, bound));
         let (valid_len, recovered) =
             parallel::load(bytes, hlen, &mut defs, &mut samples, min_parallel_bytes)?;
