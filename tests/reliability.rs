@@ -12,6 +12,9 @@
 //! SPULSE_SOAK_SECS=600 cargo test --release --test reliability soak -- --nocapture
 //! ```
 
+mod emulator;
+use emulator::self_command;
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -30,7 +33,7 @@ fn now_us() -> u64 {
 }
 
 fn spawn_child(mode: &str, spool: &std::path::Path, extra: &[(&str, String)]) -> Child {
-    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    let mut cmd = self_command();
     cmd.args(["--exact", "child_entry", "--nocapture", "--test-threads=1"])
         .env(CHILD_ENV, mode)
         .env("SPULSE_TEST_SPOOL", spool)
