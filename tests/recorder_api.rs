@@ -324,3 +324,37 @@ fn a_full_ring_drops_and_counts_never_blocks() {
         );
     }
 }
+
+/// Our handler put back with `signal()` (as code that saved and restored the
+/// disposition around its own handler does) lacks SA_SIGINFO: on aarch64 the
+/// kernel would then pass it no siginfo or ucontext. The next start installs it
+/// again with SA_SIGINFO, and samples are recorded.
+#[test]
+fn handler_restored_without_siginfo_is_reinstalled() {
+    let _serial = serial();
+    let (dir, path) = spool_path("first.spool");
+    spulse::Recorder::builder().engine(EngineChoice::ThreadCpuTimer).start(&path).unwrap().finish().unwrap();
+    extern "C" fn foreign(_: i32) {}
+    // SAFETY: a trivial handler, then the previous (our) handler put back
+    // with `signal()`, which drops SA_SIGINFO.
+    unsafe {
+        let ours = libc::signal(libc::SIGPROF, foreign as extern "C" fn(i32) as usize);
+        libc::signal(libc::SIGPROF, ours);
+    }
+    let flags = || {
+        // SAFETY: querying a disposition (null new action).
+        unsafe {
+            let mut cur: libc::sigaction = std::mem::zeroed();
+            libc::sigaction(libc::SIGPROF, std::ptr::null(), &mut cur);
+            cur.sa_flags
+        }
+    };
+    assert_eq!(flags() & libc::SA_SIGINFO, 0, "signal() installs without SA_SIGINFO");
+    let second = dir.path().join("second.spool");
+    let g = spulse::Recorder::builder().engine(EngineChoice::ThreadCpuTimer).start(&second).unwrap();
+    assert_ne!(flags() & libc::SA_SIGINFO, 0, "the handler is installed with SA_SIGINFO again");
+    burn(0.2);
+    let stats = g.finish().unwrap();
+    assert!(stats.samples_written > 0, "{stats:?}");
+    assert_eq!(spulse::Snapshot::open(&second).unwrap().len() as u64, stats.samples_written);
+}

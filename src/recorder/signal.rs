@@ -449,7 +449,22 @@ pub(crate) fn install(sig: Signal) -> Result<bool, String> {
         return Err(format!("cannot query the disposition of {sig}: {}", std::io::Error::last_os_error()));
     }
     let ours = on_signal as extern "C" fn(c_int, *mut libc::siginfo_t, *mut c_void) as usize;
+    let action = SigAction::new(
+        SigHandler::SigAction(on_signal),
+        SaFlags::SA_SIGINFO | SaFlags::SA_RESTART,
+        SigSet::empty(),
+    );
     if cur.sa_sigaction == ours {
+        if cur.sa_flags & libc::SA_SIGINFO != 0 {
+            return Ok(false);
+        }
+        // Our handler, put back by someone with `signal()` (no SA_SIGINFO): on
+        // aarch64 the kernel then passes no siginfo or ucontext pointers at all
+        // (x86_64 passes them regardless). Install it again as it must be; the
+        // disposition saved for chaining stays the one from before ours.
+        // SAFETY: the handler is async-signal-safe as documented in this module.
+        unsafe { nix::sys::signal::sigaction(sig, &action) }
+            .map_err(|e| format!("cannot install the {sig} handler: {e}"))?;
         return Ok(false);
     }
     if cur.sa_sigaction != libc::SIG_DFL && cur.sa_sigaction != libc::SIG_IGN {
@@ -461,11 +476,6 @@ pub(crate) fn install(sig: Signal) -> Result<bool, String> {
     }
     prev.handler.store(cur.sa_sigaction, Ordering::SeqCst);
     prev.flags.store(cur.sa_flags, Ordering::SeqCst);
-    let action = SigAction::new(
-        SigHandler::SigAction(on_signal),
-        SaFlags::SA_SIGINFO | SaFlags::SA_RESTART,
-        SigSet::empty(),
-    );
     // SAFETY: the handler is async-signal-safe as documented in this module.
     unsafe { nix::sys::signal::sigaction(sig, &action) }
         .map_err(|e| format!("cannot install the {sig} handler: {e}"))?;
