@@ -52,7 +52,9 @@ fn fallback_role() {
     // qemu-user has no perf_event_open (ENOSYS) and refuses seccomp filters:
     // there the emulator itself is the refusal under test.
     let refusal = if emulated() && !perf_event_open_implemented() {
-        eprintln!("perf_event_open is not implemented by this emulator: testing the fallback from that refusal");
+        eprintln!(
+            "perf_event_open is not implemented by this emulator: testing the fallback from that refusal"
+        );
         "not implemented"
     } else {
         refuse_perf_event_open();

@@ -67,7 +67,8 @@ fn leaf_samples_unwind_to_the_thread_root() {
         }
         leaf_inner += 1;
         let truncated = frames.iter().any(|&f| snap.frame(f) == Frame::Truncated);
-        let chain_ok = names.len() > 3 && names[1].ends_with("unwind_middle") && names[2].ends_with("unwind_outer");
+        let chain_ok =
+            names.len() > 3 && names[1].ends_with("unwind_middle") && names[2].ends_with("unwind_outer");
         // Past `unwind_outer`: the spawn closure and std's thread entry, then
         // glibc's `start_thread` and `clone3`/`clone` at most.
         let entry = names.iter().rposition(|n| n.ends_with("thread_start") && n.contains("std"));

@@ -161,7 +161,9 @@ fn soak() {
         );
         if emulator::emulated() {
             // The child's RSS is the emulator's, its translated code included.
-            eprintln!("RSS CHECK NOT APPLICABLE: the child runs under an emulator (RSS {warm} kB -> {late} kB)");
+            eprintln!(
+                "RSS CHECK NOT APPLICABLE: the child runs under an emulator (RSS {warm} kB -> {late} kB)"
+            );
         } else {
             assert!(late <= warm + 16 * 1024, "RSS grew from {warm} kB to {late} kB");
         }

@@ -27,8 +27,9 @@ fn aarch64_spool_symbolized_by_build_id() {
     let exe = std::env::var_os("SPULSE_AARCH64_QUICKSTART")
         .map(PathBuf::from)
         .expect("SPULSE_AARCH64_QUICKSTART must name the aarch64 quickstart executable (see .ci/aarch64)");
-    let runner = std::env::var("CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER")
-        .expect("CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER must give the emulator command (see .ci/aarch64)");
+    let runner = std::env::var("CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER").expect(
+        "CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER must give the emulator command (see .ci/aarch64)",
+    );
     let runner: Vec<&str> = runner.split_whitespace().collect();
     let (emu, emu_args) = runner.split_first().expect("a non-empty runner command");
 
@@ -39,7 +40,12 @@ fn aarch64_spool_symbolized_by_build_id() {
     std::fs::copy(&exe, &copy).unwrap_or_else(|e| panic!("copy {}: {e}", exe.display()));
     let data = std::fs::read(&copy).unwrap();
     let elf = object::File::parse(&*data).expect("the quickstart is an ELF file");
-    assert_eq!(elf.architecture(), object::Architecture::Aarch64, "{} is not an aarch64 executable", exe.display());
+    assert_eq!(
+        elf.architecture(),
+        object::Architecture::Aarch64,
+        "{} is not an aarch64 executable",
+        exe.display()
+    );
     let build_id = elf.build_id().unwrap().expect("the quickstart has a build id").to_vec();
     drop(elf);
 
@@ -97,5 +103,8 @@ fn aarch64_spool_symbolized_by_build_id() {
         }
     }
     assert!(leaf > 100, "{leaf} samples in parse_records");
-    assert!(via_ingest as f64 >= 0.95 * leaf as f64, "{via_ingest} of {leaf} parse_records samples under ingest");
+    assert!(
+        via_ingest as f64 >= 0.95 * leaf as f64,
+        "{via_ingest} of {leaf} parse_records samples under ingest"
+    );
 }
