@@ -63,7 +63,8 @@ fn aarch64_spool_symbolized_by_build_id() {
     let info: Value = serde_json::from_str(&ok(&["info", s(&spool), "--json"])).unwrap();
     let samples = info["samples"].as_u64().unwrap();
     assert!(samples > 200, "{info}");
-    assert_eq!(info["threads"], 3, "three workers");
+    // The three workers, and the main thread when a sample caught it starting them.
+    assert!((3..=4).contains(&info["threads"].as_u64().unwrap()), "{info}");
 
     let top = |extra: &[&str]| -> HashMap<String, u64> {
         let mut args = vec!["top", s(&spool), "--json", "-n", "0"];
@@ -87,24 +88,28 @@ fn aarch64_spool_symbolized_by_build_id() {
     assert!((0.65..0.85).contains(&share), "parse share {share:.3}: {parse} vs {compress}");
     assert!(parse + compress >= 0.9 * samples as f64, "the workers' time is in the hot functions");
 
-    // Folded stacks (root first): the leaf's caller comes from the link register.
+    // Folded stacks (root first; inlined callees such as `black_box` follow
+    // their function): the leaf's caller comes from the link register, and the
+    // walk reaches the thread root (std's thread entry, below it only glibc's
+    // thread start in the stripped libc).
     let folded = dir.path().join("a64.folded");
     ok(&["export", s(&spool), "--format", "collapsed", "--symbols", debug_s, "-o", s(&folded)]);
-    let (mut leaf, mut via_ingest) = (0u64, 0u64);
+    let (mut leaf, mut complete) = (0u64, 0u64);
     for l in std::fs::read_to_string(&folded).unwrap().lines() {
         let (stack, n) = l.rsplit_once(' ').unwrap();
         let n: u64 = n.parse().unwrap();
         let frames: Vec<&str> = stack.split(';').collect();
-        if frames.last() == Some(&"quickstart::parse_records") {
-            leaf += n;
-            if frames.len() >= 2 && frames[frames.len() - 2] == "quickstart::ingest" {
-                via_ingest += n;
-            }
+        let Some(i) = frames.iter().position(|f| *f == "quickstart::parse_records") else { continue };
+        leaf += n;
+        let caller_ok = i >= 1 && frames[i - 1] == "quickstart::ingest";
+        let root_ok = frames.iter().position(|f| f.ends_with("::thread_start")).is_some_and(|r| r <= 2);
+        if caller_ok && root_ok {
+            complete += n;
         }
     }
     assert!(leaf > 100, "{leaf} samples in parse_records");
     assert!(
-        via_ingest as f64 >= 0.95 * leaf as f64,
-        "{via_ingest} of {leaf} parse_records samples under ingest"
+        complete as f64 >= 0.95 * leaf as f64,
+        "{complete} of {leaf} parse_records samples unwound to the root"
     );
 }
