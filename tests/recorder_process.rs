@@ -167,10 +167,11 @@ fn direct_exec_role() {
 /// survives exec by POSIX rules; that engine is only the last resort.)
 #[test]
 fn direct_exec_of_recorded_process() {
+    let exe = std::env::current_exe().unwrap();
     for engine in ["perf", "timers"] {
         for round in 0..3 {
             let dir = tempfile::tempdir().unwrap();
-            let out = self_command()
+            let out = Command::new(&exe)
                 .args(["--exact", "direct_exec_role", "--nocapture", "--test-threads", "1"])
                 .env("SPULSE_TEST_DIRECT_EXEC", engine)
                 .env("SPULSE_TEST_DIR", dir.path())
