@@ -209,15 +209,57 @@ fn foreign_sigprof_is_chained_to_the_previous_disposition() {
     let _ = prev;
 }
 
+/// The lowest usable address of the calling thread's stack.
+fn stack_lo() -> usize {
+    // SAFETY: standard attribute queries on the calling thread; the attr is
+    // initialized by pthread_getattr_np and destroyed afterwards.
+    unsafe {
+        let mut attr: libc::pthread_attr_t = std::mem::zeroed();
+        assert_eq!(libc::pthread_getattr_np(libc::pthread_self(), &mut attr), 0);
+        let (mut addr, mut size) = (std::ptr::null_mut(), 0usize);
+        assert_eq!(libc::pthread_attr_getstack(&attr, &mut addr, &mut size), 0);
+        libc::pthread_attr_destroy(&mut attr);
+        addr as usize
+    }
+}
+
+/// Descend in frames of about 2 KiB until at most `left` bytes of the thread's
+/// stack remain below, then run `f` there. (A thread's stack cannot be made
+/// smaller than `PTHREAD_STACK_MIN`, which is 128 KiB on aarch64.)
+#[inline(never)]
+fn with_stack_left(lo: usize, left: usize, f: &mut dyn FnMut()) {
+    let pad = [0u8; 2048];
+    let here = black_box(&pad) as *const [u8; 2048] as usize;
+    if here.saturating_sub(lo) > left {
+        with_stack_left(lo, left, f);
+    } else {
+        f();
+    }
+    // Used after the call, so the recursion is not a tail call.
+    black_box(&pad);
+}
+
 #[test]
 fn small_stack_threads_are_sampled_without_overflowing() {
     let _serial = serial();
     let (_dir, path) = spool_path("small.spool");
     let g = spulse::Recorder::builder().frequency_hz(4000).start(&path).unwrap();
+    // The small case runs with 16 KiB of stack left, below the 32 KiB the
+    // handler wants before it unwinds; the roomy one at the top of 256 KiB.
     let hs: Vec<_> = [24usize << 10, 256 << 10]
         .into_iter()
         .map(|size| {
-            std::thread::Builder::new().stack_size(size).spawn(move || (size, gettid(), burn(0.1))).unwrap()
+            std::thread::Builder::new()
+                .stack_size(size)
+                .spawn(move || {
+                    if size < 256 << 10 {
+                        with_stack_left(stack_lo(), 16 << 10, &mut || burn(0.1));
+                    } else {
+                        burn(0.1);
+                    }
+                    (size, gettid(), ())
+                })
+                .unwrap()
         })
         .collect();
     let tids: Vec<(usize, u32)> = hs
@@ -253,7 +295,9 @@ fn small_stack_threads_are_sampled_without_overflowing() {
 fn a_full_ring_drops_and_counts_never_blocks() {
     let _serial = serial();
     let (_dir, path) = spool_path("full.spool");
+    let (choice, engine) = perf_engine_for("a_full_ring_drops_and_counts_never_blocks");
     let g = spulse::Recorder::builder()
+        .engine(choice)
         .frequency_hz(4000)
         .ring_capacity(4)
         .flush_interval(Duration::from_millis(500))
@@ -266,9 +310,51 @@ fn a_full_ring_drops_and_counts_never_blocks() {
     assert!(stats.samples_lost.ring_full > 100, "a 4-slot ring drained every 500 ms must overflow");
     assert_eq!(snap.len() as u64, stats.samples_written);
     assert!(stats.samples_written >= 4);
-    assert_eq!(
-        stats.signals,
-        stats.samples_written + stats.lost(),
-        "every signal is written or counted lost"
-    );
+    if engine == spulse::Engine::PerfEvent {
+        assert_eq!(
+            stats.signals,
+            stats.samples_written + stats.lost(),
+            "every signal is written or counted lost"
+        );
+    } else {
+        // A timer signal weighs 1 + its overruns: it accounts for at least one sample.
+        assert!(
+            stats.samples_written + stats.lost() >= stats.signals,
+            "every signal is written or counted lost (weighted): {stats:?}"
+        );
+    }
+}
+
+/// Our handler put back with `signal()` (as code that saved and restored the
+/// disposition around its own handler does) lacks SA_SIGINFO: on aarch64 the
+/// kernel would then pass it no siginfo or ucontext. The next start installs it
+/// again with SA_SIGINFO, and samples are recorded.
+#[test]
+fn handler_restored_without_siginfo_is_reinstalled() {
+    let _serial = serial();
+    let (dir, path) = spool_path("first.spool");
+    spulse::Recorder::builder().engine(EngineChoice::ThreadCpuTimer).start(&path).unwrap().finish().unwrap();
+    extern "C" fn foreign(_: i32) {}
+    // SAFETY: a trivial handler, then the previous (our) handler put back
+    // with `signal()`, which drops SA_SIGINFO.
+    unsafe {
+        let ours = libc::signal(libc::SIGPROF, foreign as extern "C" fn(i32) as usize);
+        libc::signal(libc::SIGPROF, ours);
+    }
+    let flags = || {
+        // SAFETY: querying a disposition (null new action).
+        unsafe {
+            let mut cur: libc::sigaction = std::mem::zeroed();
+            libc::sigaction(libc::SIGPROF, std::ptr::null(), &mut cur);
+            cur.sa_flags
+        }
+    };
+    assert_eq!(flags() & libc::SA_SIGINFO, 0, "signal() installs without SA_SIGINFO");
+    let second = dir.path().join("second.spool");
+    let g = spulse::Recorder::builder().engine(EngineChoice::ThreadCpuTimer).start(&second).unwrap();
+    assert_ne!(flags() & libc::SA_SIGINFO, 0, "the handler is installed with SA_SIGINFO again");
+    burn(0.2);
+    let stats = g.finish().unwrap();
+    assert!(stats.samples_written > 0, "{stats:?}");
+    assert_eq!(spulse::Snapshot::open(&second).unwrap().len() as u64, stats.samples_written);
 }

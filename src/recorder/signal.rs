@@ -472,7 +472,25 @@ fn install_with(sig: Signal, between: impl FnOnce()) -> Result<bool, String> {
     if unsafe { libc::sigaction(sig as c_int, std::ptr::null(), &mut cur) } != 0 {
         return Err(format!("cannot query the disposition of {sig}: {}", std::io::Error::last_os_error()));
     }
+    // SAFETY: a zeroed sigaction is a valid value to fill in.
+    let mut action: libc::sigaction = unsafe { std::mem::zeroed() };
+    action.sa_sigaction = ours;
+    action.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART;
+    // SAFETY: sigemptyset initializes the mask we pass.
+    unsafe { libc::sigemptyset(&mut action.sa_mask) };
     if cur.sa_sigaction == ours {
+        if cur.sa_flags & libc::SA_SIGINFO != 0 {
+            return Ok(false);
+        }
+        // Our handler, put back by someone with `signal()` (no SA_SIGINFO): on
+        // aarch64 the kernel then passes no siginfo or ucontext pointers at all
+        // (x86_64 passes them regardless). Install it again as it must be; the
+        // disposition saved for chaining stays the one from before ours.
+        // SAFETY: a valid pointer to an initialized action; the handler is
+        // async-signal-safe as documented in this module.
+        if unsafe { libc::sigaction(sig as c_int, &action, std::ptr::null_mut()) } != 0 {
+            return Err(format!("cannot install the {sig} handler: {}", std::io::Error::last_os_error()));
+        }
         return Ok(false);
     }
     if foreign(cur.sa_sigaction) {
@@ -483,12 +501,6 @@ fn install_with(sig: Signal, between: impl FnOnce()) -> Result<bool, String> {
     prev.handler.store(cur.sa_sigaction, Ordering::SeqCst);
     prev.flags.store(cur.sa_flags, Ordering::SeqCst);
     between();
-    // SAFETY: a zeroed sigaction is a valid value to fill in.
-    let mut action: libc::sigaction = unsafe { std::mem::zeroed() };
-    action.sa_sigaction = ours;
-    action.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART;
-    // SAFETY: sigemptyset initializes the mask we pass.
-    unsafe { libc::sigemptyset(&mut action.sa_mask) };
     // SAFETY: a zeroed sigaction is a valid out-parameter.
     let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
     // SAFETY: valid pointers to an initialized action and an out-parameter; the
