@@ -23,8 +23,9 @@ use std::io::Write;
 
 use spulse::{Definitions, StackId};
 
-use crate::aggregate::{Aggregate, Context};
+use crate::aggregate::Aggregate;
 use crate::input::progress;
+use crate::select::Context;
 use crate::symbolize::Symbolizer;
 
 /// Self and total sample counts of one function.

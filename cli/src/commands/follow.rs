@@ -34,11 +34,12 @@ use clap::Args;
 use spulse::{FormatErrorKind, Sample, StackId, Tail};
 
 use super::top::write_table;
-use super::{parse_count, parse_seconds, with_stdout, SymbolArgs};
-use crate::aggregate::{Aggregate, Context};
+use super::{parse_count, parse_seconds, with_stdout, FilterArgs, SymbolArgs};
+use crate::aggregate::Aggregate;
 use crate::display::{escape, fit};
 use crate::input::warn_truncated;
 use crate::report::top;
+use crate::select::{Contexts, Filter, Selector};
 use crate::symbolize::Symbolizer;
 use crate::CliError;
 
@@ -89,40 +90,37 @@ pub struct FollowArgs {
     #[arg(long, value_name = "SECS", requires = "wait", value_parser = idle_secs, allow_negative_numbers = true)]
     pub wait_timeout: Option<Duration>,
     #[command(flatten)]
+    pub filter: FilterArgs,
+    #[command(flatten)]
     pub symbols: SymbolArgs,
 }
 
-/// Counts per (context, stack) gathered while tailing.
+/// Counts per (context, stack) of the selected samples, gathered while tailing.
 struct Live {
-    contexts: Vec<Context>,
-    ctx_index: HashMap<Context, u32>,
+    select: Selector,
+    contexts: Contexts,
     counts: HashMap<(u32, StackId), u64>,
-    /// Samples read (ordinal of the next one).
-    read: u64,
-    next_event: usize,
-    inside: HashMap<u32, bool>,
 }
 
 impl Live {
-    fn add(&mut self, tail: &Tail, batch: &[Sample]) {
-        let events = tail.python_runtime_events();
-        for s in batch {
-            while self.next_event < events.len() && events[self.next_event].samples_before <= self.read {
-                let e = events[self.next_event];
-                self.inside.insert(e.pid, e.entering);
-                self.next_event += 1;
-            }
-            self.read += 1;
-            let pid = tail.thread(s.thread).pid;
-            let allowed = self.inside.get(&pid).copied().unwrap_or(true);
-            let c = Context { thread: None, pid, perf_map_allowed: allowed };
-            let next = self.contexts.len() as u32;
-            let ci = *self.ctx_index.entry(c).or_insert_with(|| {
-                self.contexts.push(c);
-                next
-            });
-            *self.counts.entry((ci, s.stack)).or_insert(0) += 1;
+    fn new(filter: &Filter, tail: &Tail) -> Live {
+        Live {
+            select: Selector::new(filter, tail.start_time_us()),
+            contexts: Contexts::new(tail, false),
+            counts: HashMap::new(),
         }
+    }
+
+    fn add(&mut self, tail: &Tail, batch: &[Sample]) {
+        for s in batch {
+            let Some(sel) = self.select.next(tail, s) else { continue };
+            *self.counts.entry((self.contexts.id(tail, &sel), s.stack)).or_insert(0) += 1;
+        }
+    }
+
+    /// The counts so far as an aggregation.
+    fn aggregate(&self) -> Aggregate {
+        Aggregate::from_counts(self.contexts.list().to_vec(), self.counts.clone())
     }
 }
 
@@ -247,6 +245,10 @@ pub fn run(args: &FollowArgs) -> Result<(), CliError> {
         // If a handler cannot be installed (one already is), Ctrl-C simply kills us.
         let _ = ctrlc::set_handler(move || stop.store(true, Ordering::SeqCst));
     }
+    let filter = args.filter.filter();
+    // A thread or process id is not checked against the spool: its thread
+    // record may be written later in the recording.
+    filter.check_window()?;
     let shown = escape(&args.file.display().to_string()).into_owned();
     let Some(mut tail) = open_tail(args, &stop)? else {
         eprintln!("spulse: follow: {shown}: stopped: interrupted while waiting for the spool");
@@ -257,14 +259,7 @@ pub fn run(args: &FollowArgs) -> Result<(), CliError> {
     let terminal = std::io::stdout().is_terminal();
     let screen = terminal.then(AltScreen::enter);
     let mut sym = Symbolizer::new(args.symbols.options());
-    let mut live = Live {
-        contexts: Vec::new(),
-        ctx_index: HashMap::new(),
-        counts: HashMap::new(),
-        read: 0,
-        next_event: 0,
-        inside: HashMap::new(),
-    };
+    let mut live = Live::new(&filter, &tail);
     let idle_limit = (!args.idle_exit.is_zero()).then_some(args.idle_exit);
     let started = Instant::now();
     let mut last_growth = Instant::now();
@@ -307,9 +302,9 @@ pub fn run(args: &FollowArgs) -> Result<(), CliError> {
             fitted,
             terminal,
             started.elapsed(),
-            live.read - prev_read,
+            live.select.selected() - prev_read,
         )?;
-        prev_read = live.read;
+        prev_read = live.select.selected();
 
         if stop.load(Ordering::SeqCst) {
             reason = "interrupted".to_string();
@@ -336,12 +331,21 @@ pub fn run(args: &FollowArgs) -> Result<(), CliError> {
         drop(screen);
         let width = terminal_size::terminal_size().map(|(w, _)| w.0 as usize);
         let fitted = Fit { width, rows: None };
-        print_table(&tail, &live, &mut sym, args, fitted, false, started.elapsed(), live.read - prev_read)?;
+        print_table(
+            &tail,
+            &live,
+            &mut sym,
+            args,
+            fitted,
+            false,
+            started.elapsed(),
+            live.select.selected() - prev_read,
+        )?;
     }
     if tail.has_incomplete_record() {
         warn_truncated(&args.file, tail.position());
     }
-    eprintln!("spulse: follow: {shown}: stopped: {reason}; {} samples", live.read);
+    eprintln!("spulse: follow: {shown}: stopped: {reason}; {} samples", live.select.selected());
     Ok(())
 }
 
@@ -366,13 +370,13 @@ fn print_table(
     elapsed: Duration,
     new: u64,
 ) -> Result<(), CliError> {
-    let agg = Aggregate::from_counts(live.contexts.clone(), live.counts.clone());
+    let agg = live.aggregate();
     let stats = top(tail, &agg, sym);
     let header = format!(
         "--- {} at {:.1} s: {} samples (+{new}), {} threads ---",
         escape(&args.file.display().to_string()),
         elapsed.as_secs_f64(),
-        live.read,
+        live.select.selected(),
         tail.threads().len()
     );
     // The header line and the table's column line take two rows, and the

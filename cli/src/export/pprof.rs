@@ -25,8 +25,11 @@ use flate2::Compression;
 use prost::Message;
 use spulse::{Definitions, Frame, FrameId, StackId};
 
-use crate::aggregate::{Aggregate, Context};
+use super::Job;
+use crate::aggregate::Aggregate;
+use crate::select::Context;
 use crate::symbolize::Symbolizer;
+use crate::CliError;
 
 /// `perftools.profiles.Profile`.
 #[derive(Clone, PartialEq, prost::Message)]
@@ -257,10 +260,18 @@ impl Tables {
     }
 }
 
+/// Write the gzipped profile of the selected samples, one pprof sample per
+/// distinct (thread, stack).
+pub fn export(job: &Job<'_>, sym: &mut Symbolizer, out: &mut dyn Write) -> Result<u64, CliError> {
+    let agg = job.aggregate(sym, true)?;
+    write(job.replay, &agg, sym, job.title, out).map_err(|e| job.write_error(e))?;
+    Ok(agg.total)
+}
+
 /// Write the gzipped profile. Locations, functions, mappings and strings are
 /// built first (bounded by the distinct frames); the samples, one per distinct
 /// (thread, stack) or stack, are then encoded and compressed one at a time.
-pub fn write(
+fn write(
     defs: &Definitions,
     agg: &Aggregate,
     sym: &mut Symbolizer,
