@@ -7,12 +7,9 @@ use std::collections::HashMap;
 
 use spulse::{Definitions, Replay, StackId};
 
-use crate::input::progress;
+use crate::input::{progress, PROGRESS_STEP};
 use crate::select::{Context, Contexts, Filter, Selector};
 use crate::CliError;
-
-/// Samples between progress bar updates (a power of two: the check is a mask).
-pub const PROGRESS_STEP: u64 = 1 << 16;
 
 /// A multiplicative hasher for the small integer keys of the per-thread counts
 /// (the default SipHash costs more than the rest of the per-sample work).
@@ -59,8 +56,6 @@ pub struct Aggregate {
     counts: Counts,
     /// Samples counted (after filtering).
     pub total: u64,
-    /// Samples read (before filtering).
-    pub read: u64,
     /// Smallest and largest timestamp of the counted samples.
     pub time_range: Option<(u64, u64)>,
 }
@@ -83,7 +78,7 @@ impl Aggregate {
     pub fn from_counts(contexts: Vec<Context>, counts: HashMap<(u32, StackId), u64>) -> Aggregate {
         let total = counts.values().sum();
         let counts = counts.into_iter().collect();
-        Aggregate { contexts, counts: Counts::Sparse(counts), total, read: total, time_range: None }
+        Aggregate { contexts, counts: Counts::Sparse(counts), total, time_range: None }
     }
 
     /// Number of distinct (context, stack) pairs with samples.
@@ -139,7 +134,6 @@ pub fn aggregate(replay: &Replay, filter: &Filter, per_thread: bool) -> Result<A
         contexts: contexts.into_vec(),
         counts,
         total,
-        read: select.read(),
         time_range: (total > 0).then_some((tmin, tmax)),
     })
 }

@@ -40,11 +40,6 @@ pub struct Filter {
 }
 
 impl Filter {
-    /// Whether the filter selects every sample.
-    pub fn is_all(&self) -> bool {
-        *self == Filter::default()
-    }
-
     /// Reject a filter that can select nothing by construction: a time window
     /// that ends where or before it starts. Needs no spool, so commands call it
     /// before opening anything.

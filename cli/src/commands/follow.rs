@@ -34,7 +34,7 @@ use clap::Args;
 use spulse::{FormatErrorKind, Sample, StackId, Tail};
 
 use super::top::write_table;
-use super::{parse_count, parse_seconds, with_stdout, FilterArgs, SymbolArgs};
+use super::{parse_count, parse_seconds, with_stdout, FilterArgs, SymbolArgs, DEFAULT_LIMIT};
 use crate::aggregate::Aggregate;
 use crate::display::{escape, fit};
 use crate::input::warn_truncated;
@@ -42,6 +42,18 @@ use crate::report::top;
 use crate::select::{Contexts, Filter, Selector};
 use crate::symbolize::Symbolizer;
 use crate::CliError;
+
+/// How often `--wait` looks for the spool again.
+const WAIT_POLL: Duration = Duration::from_millis(50);
+
+/// Longest sleep between checks for Ctrl-C while waiting for the next table,
+/// short enough that stopping feels immediate.
+const STOP_POLL: Duration = Duration::from_millis(20);
+
+/// Rows of a fitted screen that are not function rows: the header line, the
+/// table's column line, and the last row, left empty so the final newline
+/// never scrolls the screen.
+const NON_TABLE_ROWS: usize = 3;
 
 /// Longest `--interval`, `--idle-exit` and `--wait-timeout`: one week.
 const MAX_SECS: f64 = 7.0 * 86_400.0;
@@ -77,7 +89,7 @@ pub struct FollowArgs {
         short = 'n',
         long = "limit",
         value_name = "N",
-        default_value_t = 20,
+        default_value_t = DEFAULT_LIMIT,
         value_parser = parse_count,
         allow_negative_numbers = true
     )]
@@ -198,7 +210,7 @@ fn open_tail(args: &FollowArgs, stop: &AtomicBool) -> Result<Option<Tail>, CliEr
                 )));
             }
         }
-        std::thread::sleep(Duration::from_millis(50));
+        std::thread::sleep(WAIT_POLL);
     }
 }
 
@@ -322,7 +334,7 @@ pub fn run(args: &FollowArgs) -> Result<(), CliError> {
         }
         // Sleep until the next tick in small steps, so Ctrl-C is prompt.
         while tick.elapsed() < args.interval && !stop.load(Ordering::SeqCst) {
-            std::thread::sleep(Duration::from_millis(20).min(args.interval));
+            std::thread::sleep(STOP_POLL.min(args.interval));
         }
     }
     if let Some(screen) = screen {
@@ -379,11 +391,9 @@ fn print_table(
         live.select.selected(),
         tail.threads().len()
     );
-    // The header line and the table's column line take two rows, and the
-    // last row stays empty so the final newline never scrolls the screen.
     let limit = match fit_to.rows {
         Some(rows) => {
-            let fit_rows = rows.saturating_sub(3).max(1);
+            let fit_rows = rows.saturating_sub(NON_TABLE_ROWS).max(1);
             if args.n == 0 {
                 fit_rows
             } else {

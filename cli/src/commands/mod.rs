@@ -14,6 +14,10 @@ use crate::select::Filter;
 use crate::symbolize;
 use crate::CliError;
 
+/// Rows `top` and `follow` show unless `-n` says otherwise: the hot functions
+/// of most profiles, on one screen.
+pub const DEFAULT_LIMIT: usize = 20;
+
 /// Sample selection, the same for every command that reads samples.
 #[derive(Debug, Clone, Args)]
 pub struct FilterArgs {

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use clap::{Args, ValueEnum};
 use serde_json::json;
 
-use super::{parse_count, with_stdout, FilterArgs, SymbolArgs};
+use super::{parse_count, with_stdout, FilterArgs, SymbolArgs, DEFAULT_LIMIT};
 use crate::aggregate::aggregate;
 use crate::display::{escape, fit};
 use crate::input::open_replay;
@@ -40,7 +40,7 @@ pub struct TopArgs {
         short = 'n',
         long = "limit",
         value_name = "N",
-        default_value_t = 20,
+        default_value_t = DEFAULT_LIMIT,
         value_parser = parse_count,
         allow_negative_numbers = true
     )]

@@ -32,11 +32,15 @@ use serde_json::Value;
 use spulse::{Definitions, Frame, FrameId, StackId};
 
 use super::Job;
-use crate::aggregate::{aggregate, PROGRESS_STEP};
-use crate::input::progress;
+use crate::aggregate::aggregate;
+use crate::input::{progress, PROGRESS_STEP};
 use crate::select::{Context, Contexts, Selector};
 use crate::symbolize::{module_name, Symbolizer};
 use crate::CliError;
+
+/// Spool times are microseconds; the profile takes nanoseconds and milliseconds.
+const NS_PER_US: u64 = 1000;
+const US_PER_MS: f64 = 1000.0;
 
 /// The Breakpad-style debug id of an ELF build id (first 16 bytes as a
 /// little-endian GUID, age 0), as Firefox's symbolication expects.
@@ -127,10 +131,10 @@ pub fn export(job: &Job<'_>, sym: &mut Symbolizer, out: &mut dyn Write) -> Resul
     let (replay, filter, product) = (job.replay, job.filter, job.title);
     let defs: &Definitions = replay;
     let start_us = defs.start_time_us();
-    let interval = fx::SamplingInterval::from_nanos(defs.interval_us().max(1).saturating_mul(1000));
+    let interval = fx::SamplingInterval::from_nanos(defs.interval_us().max(1).saturating_mul(NS_PER_US));
     let mut profile = fx::Profile::new(
         product,
-        fx::ReferenceTimestamp::from_millis_since_unix_epoch(start_us as f64 / 1000.0),
+        fx::ReferenceTimestamp::from_millis_since_unix_epoch(start_us as f64 / US_PER_MS),
         interval,
     );
     let zero = fx::Timestamp::from_millis_since_reference(0.0);
@@ -341,7 +345,7 @@ pub fn export(job: &Job<'_>, sym: &mut Symbolizer, out: &mut dyn Write) -> Resul
             }
         };
         let t = fx::Timestamp::from_nanos_since_reference(
-            s.time_us.saturating_sub(start_us).saturating_mul(1000),
+            s.time_us.saturating_sub(start_us).saturating_mul(NS_PER_US),
         );
         profile.add_sample(th, t, Some(stack), cpu, 1);
     }

@@ -31,6 +31,9 @@ use crate::select::Context;
 use crate::symbolize::Symbolizer;
 use crate::CliError;
 
+/// Nanoseconds per microsecond: spool times are microseconds, pprof's nanoseconds.
+const NS_PER_US: i64 = 1000;
+
 /// `perftools.profiles.Profile`.
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct Profile {
@@ -285,11 +288,11 @@ fn write(
             ValueType { r#type: strings.get("cpu"), unit: strings.get("nanoseconds") },
         ],
         period_type: Some(ValueType { r#type: strings.get("cpu"), unit: strings.get("nanoseconds") }),
-        period: (defs.interval_us() as i64).saturating_mul(1000),
-        time_nanos: (defs.start_time_us() as i64).saturating_mul(1000),
+        period: (defs.interval_us() as i64).saturating_mul(NS_PER_US),
+        time_nanos: (defs.start_time_us() as i64).saturating_mul(NS_PER_US),
         duration_nanos: agg
             .time_range
-            .map(|(_, last)| (last.saturating_sub(defs.start_time_us()) as i64).saturating_mul(1000))
+            .map(|(_, last)| (last.saturating_sub(defs.start_time_us()) as i64).saturating_mul(NS_PER_US))
             .unwrap_or(0),
         ..Default::default()
     };
