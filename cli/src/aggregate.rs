@@ -106,7 +106,7 @@ pub fn aggregate(replay: &Replay, filter: &Filter, per_thread: bool) -> Result<A
     for s in replay.samples() {
         let s = s?;
         let n = select.read();
-        if n % PROGRESS_STEP == 0 {
+        if n.is_multiple_of(PROGRESS_STEP) {
             bar.set_position(n);
         }
         let Some(sel) = select.next(defs, &s) else { continue };

@@ -58,7 +58,7 @@ pub fn symbolize_all(defs: &Definitions, agg: &Aggregate, sym: &mut Symbolizer) 
             sym.resolve(defs, s.frame, &ctx);
             cur = s.parent;
         }
-        if i % SYMBOLIZE_PROGRESS_STEP == 0 {
+        if i.is_multiple_of(SYMBOLIZE_PROGRESS_STEP) {
             bar.set_position(i as u64);
         }
     }

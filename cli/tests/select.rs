@@ -18,7 +18,7 @@ const SAMPLES: u64 = 600;
 /// Sample `i` of the fixture: its thread index, whether it is in `hot_b`
 /// (else `hot_a`), and its time in microseconds since the profile start.
 fn plan(i: u64) -> (usize, bool, u64) {
-    ((i % 3) as usize, i % 4 == 0 || (i % 3 == 2 && i % 5 == 0), (i + 1) * INTERVAL_US)
+    ((i % 3) as usize, i.is_multiple_of(4) || (i % 3 == 2 && i.is_multiple_of(5)), (i + 1) * INTERVAL_US)
 }
 
 /// Two processes running the test program, three threads, and a

@@ -40,7 +40,7 @@ pub fn run(args: &InfoArgs) -> Result<(), CliError> {
         first = first.min(s.time_us);
         last = last.max(s.time_us);
         n += 1;
-        if n % PROGRESS_STEP == 0 {
+        if n.is_multiple_of(PROGRESS_STEP) {
             bar.set_position(n);
         }
     }

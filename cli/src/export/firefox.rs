@@ -236,7 +236,7 @@ pub fn export(job: &Job<'_>, sym: &mut Symbolizer, out: &mut dyn Write) -> Resul
     for s in replay.samples() {
         let s = s?;
         let n = select.read();
-        if n % PROGRESS_STEP == 0 {
+        if n.is_multiple_of(PROGRESS_STEP) {
             bar.set_position(n);
         }
         let Some(sel) = select.next(defs, &s) else { continue };
