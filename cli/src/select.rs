@@ -174,8 +174,9 @@ impl Selector {
     }
 
     /// Whether `pid` is inside a Python-runtime interval at sample ordinal `n`
-    /// (or has no recorded transition). A process with a transition anywhere
-    /// in the spool is outside until its first `enter`.
+    /// (or has no recorded transition). A process with a recorded transition
+    /// (anywhere in the spool; in what has been read of a spool still being
+    /// written) is outside until its first `enter`.
     #[inline]
     fn python_state(&mut self, events: &[PythonRuntimeEvent], n: u64, pid: u32) -> bool {
         for e in &events[self.registered..] {
