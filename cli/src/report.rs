@@ -23,8 +23,9 @@ use std::io::Write;
 
 use spulse::{Definitions, StackId};
 
-use crate::aggregate::{Aggregate, Context};
+use crate::aggregate::Aggregate;
 use crate::input::progress;
+use crate::select::Context;
 use crate::symbolize::Symbolizer;
 
 /// Self and total sample counts of one function.
@@ -57,7 +58,7 @@ pub fn symbolize_all(defs: &Definitions, agg: &Aggregate, sym: &mut Symbolizer) 
             sym.resolve(defs, s.frame, &ctx);
             cur = s.parent;
         }
-        if i & 0xff == 0 {
+        if i.is_multiple_of(SYMBOLIZE_PROGRESS_STEP) {
             bar.set_position(i as u64);
         }
     }
@@ -74,6 +75,14 @@ pub fn expand(defs: &Definitions, sym: &mut Symbolizer, ctx: &Context, stack: St
 }
 
 const NO_NODE: u32 = u32::MAX;
+
+/// Stacks symbolized between progress bar updates (a stack can load a module,
+/// so updates are more frequent than while reading samples).
+const SYMBOLIZE_PROGRESS_STEP: usize = 256;
+
+/// Bytes a folded line takes beyond its stack text: a space, a count of up to
+/// 20 digits and a newline, rounded up.
+const FOLDED_LINE_EXTRA: usize = 24;
 
 /// Symbolized stacks as a tree: one node per distinct (parent node, function),
 /// with the samples whose innermost function is that node.
@@ -365,7 +374,7 @@ impl CallTree {
             if p != NO_NODE && !taken[p as usize] {
                 continue;
             }
-            used += cost[i] + 24;
+            used += cost[i] + FOLDED_LINE_EXTRA;
             if used > budget {
                 break;
             }

@@ -22,7 +22,7 @@
 //! `/tmp/perf-<pid>.map` when that file exists, is a regular file (not a
 //! symlink) and belongs to the user running the tool; when the spool records
 //! Python-runtime intervals for the process, only samples inside them use the
-//! map (see [`crate::aggregate::Context`]).
+//! map (see [`crate::select::Context`]).
 
 use std::borrow::Cow;
 use std::cell::{OnceCell, RefCell};
@@ -41,7 +41,7 @@ use gimli::Reader as _;
 use object::{Object, ObjectSection, ObjectSegment, ObjectSymbol};
 use spulse::{Definitions, Frame, FrameId, Module};
 
-use crate::aggregate::Context;
+use crate::select::Context;
 
 /// The largest file the symbolizer maps (module, debug, `.dwp` or `.dwo`
 /// file); a larger one is treated as missing.

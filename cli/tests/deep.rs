@@ -10,8 +10,9 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 
 use spulse::{Frame, Header, NewModule, SpoolWriter};
-use spulse_cli::aggregate::{aggregate, Filter};
+use spulse_cli::aggregate::aggregate;
 use spulse_cli::report::CallTree;
+use spulse_cli::select::Filter;
 use spulse_cli::symbolize::{Options, Symbolizer};
 
 /// A module name long enough that the folded text dwarfs everything else.

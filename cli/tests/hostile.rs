@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use spulse::{Frame, SpoolWriter};
-use spulse_cli::aggregate::Context;
+use spulse_cli::select::Context;
 use spulse_cli::symbolize::{Options, Symbolizer};
 
 fn mkfifo(path: &Path) {

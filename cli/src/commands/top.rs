@@ -6,8 +6,8 @@ use std::path::PathBuf;
 use clap::{Args, ValueEnum};
 use serde_json::json;
 
-use super::{parse_count, parse_u64, with_stdout, SymbolArgs};
-use crate::aggregate::{aggregate, Filter};
+use super::{parse_count, with_stdout, FilterArgs, SymbolArgs, DEFAULT_LIMIT};
+use crate::aggregate::aggregate;
 use crate::display::{escape, fit};
 use crate::input::open_replay;
 use crate::report::{symbolize_all, top_with, FunctionStats};
@@ -24,31 +24,10 @@ pub enum SortBy {
     Total,
 }
 
-/// Sample selection shared by `top` and `export`.
-#[derive(Debug, Clone, Args)]
-pub struct FilterArgs {
-    /// Only samples of the thread with this kernel thread id.
-    #[arg(long, value_name = "TID", allow_negative_numbers = true)]
-    pub thread: Option<u32>,
-    /// Only samples at or after US microseconds since the profile start.
-    #[arg(long, value_name = "US", value_parser = parse_u64, allow_negative_numbers = true)]
-    pub from: Option<u64>,
-    /// Only samples before US microseconds since the profile start.
-    #[arg(long, value_name = "US", value_parser = parse_u64, allow_negative_numbers = true)]
-    pub to: Option<u64>,
-}
-
-impl FilterArgs {
-    /// The filter.
-    pub fn filter(&self) -> Filter {
-        Filter { tid: self.thread, from_us: self.from, to_us: self.to }
-    }
-}
-
 /// Arguments of `spulse top`.
 #[derive(Debug, Args)]
 #[command(
-    after_help = "Examples:\n  spulse top app.spool\n  spulse top app.spool -n 10 --thread 4242 --from 1000000 --to 3000000\n  spulse top app.spool --json --symbols /usr/lib/debug\n  spulse top app.spool --inlines"
+    after_help = "Examples:\n  spulse top app.spool\n  spulse top app.spool -n 10 --thread 4242 --from 1000000 --to 3000000\n  spulse top app.spool --pid 4200\n  spulse top app.spool --json --symbols /usr/lib/debug\n  spulse top app.spool --inlines"
 )]
 pub struct TopArgs {
     /// The spool file.
@@ -61,7 +40,7 @@ pub struct TopArgs {
         short = 'n',
         long = "limit",
         value_name = "N",
-        default_value_t = 20,
+        default_value_t = DEFAULT_LIMIT,
         value_parser = parse_count,
         allow_negative_numbers = true
     )]
@@ -127,18 +106,11 @@ pub fn write_table(
 
 /// Run `spulse top`.
 pub fn run(args: &TopArgs) -> Result<(), CliError> {
-    if let (Some(f), Some(t)) = (args.filter.from, args.filter.to) {
-        if f >= t {
-            return Err(CliError::input(format!("--from {f} must be below --to {t}")));
-        }
-    }
+    let filter = args.filter.filter();
+    filter.check_window()?;
     let replay = open_replay(&args.file)?;
-    let agg = aggregate(&replay, &args.filter.filter(), false)?;
-    if let Some(tid) = args.filter.thread {
-        if !replay.threads().iter().any(|t| t.tid == tid) {
-            return Err(CliError::input(format!("{}: no thread with tid {tid}", args.file.display())));
-        }
-    }
+    filter.validate(&replay, &args.file)?;
+    let agg = aggregate(&replay, &filter, false)?;
     let mut sym = Symbolizer::new(args.symbols.options());
     symbolize_all(&replay, &agg, &mut sym);
     let mut stats = top_with(&replay, &agg, &mut sym, args.inlines);

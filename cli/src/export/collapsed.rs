@@ -7,18 +7,14 @@
 
 use std::io::Write;
 
-use spulse::Definitions;
-
-use crate::aggregate::Aggregate;
+use super::Job;
 use crate::report::write_folded;
 use crate::symbolize::Symbolizer;
+use crate::CliError;
 
 /// Write folded stacks, one `root;...;leaf count` line per distinct stack.
-pub fn write(
-    defs: &Definitions,
-    agg: &Aggregate,
-    sym: &mut Symbolizer,
-    out: &mut dyn Write,
-) -> std::io::Result<()> {
-    write_folded(defs, agg, sym, out)
+pub fn export(job: &Job<'_>, sym: &mut Symbolizer, out: &mut dyn Write) -> Result<u64, CliError> {
+    let agg = job.aggregate(sym, false)?;
+    write_folded(job.replay, &agg, sym, out).map_err(|e| job.write_error(e))?;
+    Ok(agg.total)
 }

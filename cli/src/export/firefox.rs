@@ -29,12 +29,18 @@ use std::sync::Arc;
 use fx::debugid::DebugId;
 use fxprof_processed_profile as fx;
 use serde_json::Value;
-use spulse::{Definitions, Frame, FrameId, Replay, StackId, ThreadId};
+use spulse::{Definitions, Frame, FrameId, StackId};
 
-use crate::aggregate::{aggregate, Context, Filter};
-use crate::input::progress;
+use super::Job;
+use crate::aggregate::aggregate;
+use crate::input::{progress, PROGRESS_STEP};
+use crate::select::{Context, Contexts, Selector};
 use crate::symbolize::{module_name, Symbolizer};
 use crate::CliError;
+
+/// Spool times are microseconds; the profile takes nanoseconds and milliseconds.
+const NS_PER_US: u64 = 1000;
+const US_PER_MS: f64 = 1000.0;
 
 /// The Breakpad-style debug id of an ELF build id (first 16 bytes as a
 /// little-endian GUID, age 0), as Firefox's symbolication expects.
@@ -119,21 +125,16 @@ impl Categories {
     }
 }
 
-/// Build and write the profile. Samples are streamed from `replay`; the Firefox
-/// format itself keeps one entry per sample.
-pub fn write(
-    replay: &Replay,
-    filter: &Filter,
-    sym: &mut Symbolizer,
-    product: &str,
-    out: &mut dyn Write,
-) -> Result<(), CliError> {
+/// Build and write the profile of the selected samples. Samples are streamed
+/// from the spool; the Firefox format itself keeps one entry per sample.
+pub fn export(job: &Job<'_>, sym: &mut Symbolizer, out: &mut dyn Write) -> Result<u64, CliError> {
+    let (replay, filter, product) = (job.replay, job.filter, job.title);
     let defs: &Definitions = replay;
     let start_us = defs.start_time_us();
-    let interval = fx::SamplingInterval::from_nanos(defs.interval_us().max(1).saturating_mul(1000));
+    let interval = fx::SamplingInterval::from_nanos(defs.interval_us().max(1).saturating_mul(NS_PER_US));
     let mut profile = fx::Profile::new(
         product,
-        fx::ReferenceTimestamp::from_millis_since_unix_epoch(start_us as f64 / 1000.0),
+        fx::ReferenceTimestamp::from_millis_since_unix_epoch(start_us as f64 / US_PER_MS),
         interval,
     );
     let zero = fx::Timestamp::from_millis_since_reference(0.0);
@@ -224,41 +225,26 @@ pub fn write(
         threads.push(th);
     }
 
-    let from = filter.from_us.map(|f| start_us.saturating_add(f));
-    let to = filter.to_us.map(|t| start_us.saturating_add(t));
-    let has_python = !defs.python_runtime_events().is_empty();
-    let events = defs.python_runtime_events();
-    let mut next_event = 0usize;
-    let mut inside: HashMap<u32, bool> = events.iter().map(|e| (e.pid, false)).collect();
-
-    let mut stacks: HashMap<(ThreadId, StackId, bool), fx::StackHandle> = HashMap::new();
+    let mut select = Selector::new(filter, start_us);
+    // Per-thread contexts: a stack is interned once per (context, stack), as
+    // the profile's stack tables are per thread.
+    let mut contexts = Contexts::new(defs, true);
+    let mut stacks: HashMap<(u32, StackId), fx::StackHandle> = HashMap::new();
     let mut fxframes: HashMap<(FrameId, u32, bool), Arc<FxFrame>> = HashMap::new();
     let cpu = fx::CpuDelta::from_micros(defs.interval_us());
     let bar = progress(defs.sample_count(), "exporting");
-    for (n, s) in replay.samples().enumerate() {
+    for s in replay.samples() {
         let s = s?;
-        if n & 0xffff == 0 {
-            bar.set_position(n as u64);
+        let n = select.read();
+        if n.is_multiple_of(PROGRESS_STEP) {
+            bar.set_position(n);
         }
-        let thread = defs.thread(s.thread);
-        if filter.tid.is_some_and(|tid| tid != thread.tid)
-            || from.is_some_and(|f| s.time_us < f)
-            || to.is_some_and(|e| s.time_us >= e)
-        {
-            continue;
-        }
-        let allowed = if has_python {
-            while next_event < events.len() && events[next_event].samples_before <= n as u64 {
-                inside.insert(events[next_event].pid, events[next_event].entering);
-                next_event += 1;
-            }
-            inside.get(&thread.pid).copied().unwrap_or(true)
-        } else {
-            true
-        };
-        let ctx = Context { thread: Some(s.thread), pid: thread.pid, perf_map_allowed: allowed };
+        let Some(sel) = select.next(defs, &s) else { continue };
+        let ci = contexts.id(defs, &sel);
+        let ctx = contexts.get(ci);
+        let allowed = sel.perf_map_allowed;
         let th = threads[s.thread.index()];
-        let key = (s.thread, s.stack, allowed);
+        let key = (ci, s.stack);
         let stack = match stacks.get(&key) {
             Some(&h) => h,
             None => {
@@ -268,7 +254,7 @@ pub fn write(
                 let mut cur = Some(s.stack);
                 let mut parent = None;
                 while let Some(id) = cur {
-                    if let Some(&h) = stacks.get(&(s.thread, id, allowed)) {
+                    if let Some(&h) = stacks.get(&(ci, id)) {
                         parent = Some(h);
                         break;
                     }
@@ -278,7 +264,7 @@ pub fn write(
                 for &id in path.iter().rev() {
                     let frame = defs.stack(id).frame;
                     let fkey = match defs.frame(frame) {
-                        Frame::Absolute { .. } => (frame, thread.pid, allowed),
+                        Frame::Absolute { .. } => (frame, sel.pid, allowed),
                         _ => (frame, 0, false),
                     };
                     let fxf = match fxframes.get(&fkey) {
@@ -353,13 +339,13 @@ pub fn write(
                         let fh = profile.intern_frame(th, info(fx::Frame::Label(sh), cat));
                         parent = Some(profile.intern_stack(th, parent, fh));
                     }
-                    stacks.insert((s.thread, id, allowed), parent.expect("a stack node has a frame"));
+                    stacks.insert((ci, id), parent.expect("a stack node has a frame"));
                 }
                 parent.expect("a stack has a frame")
             }
         };
         let t = fx::Timestamp::from_nanos_since_reference(
-            s.time_us.saturating_sub(start_us).saturating_mul(1000),
+            s.time_us.saturating_sub(start_us).saturating_mul(NS_PER_US),
         );
         profile.add_sample(th, t, Some(stack), cpu, 1);
     }
@@ -373,9 +359,8 @@ pub fn write(
             fill_in_thread(th, sym, &inline_frames, &lib_lines, &lib_modules);
         }
     }
-    serde_json::to_writer(&mut *out, &doc)
-        .map_err(|e| CliError::other(format!("writing the profile: {e}")))?;
-    Ok(())
+    serde_json::to_writer(&mut *out, &doc).map_err(|e| job.write_error(e.into()))?;
+    Ok(select.selected())
 }
 
 /// The module of each entry of the profile's `libs` array (matched by path

@@ -25,8 +25,14 @@ use flate2::Compression;
 use prost::Message;
 use spulse::{Definitions, Frame, FrameId, StackId};
 
-use crate::aggregate::{Aggregate, Context};
+use super::Job;
+use crate::aggregate::Aggregate;
+use crate::select::Context;
 use crate::symbolize::Symbolizer;
+use crate::CliError;
+
+/// Nanoseconds per microsecond: spool times are microseconds, pprof's nanoseconds.
+const NS_PER_US: i64 = 1000;
 
 /// `perftools.profiles.Profile`.
 #[derive(Clone, PartialEq, prost::Message)]
@@ -257,10 +263,18 @@ impl Tables {
     }
 }
 
+/// Write the gzipped profile of the selected samples, one pprof sample per
+/// distinct (thread, stack).
+pub fn export(job: &Job<'_>, sym: &mut Symbolizer, out: &mut dyn Write) -> Result<u64, CliError> {
+    let agg = job.aggregate(sym, true)?;
+    write(job.replay, &agg, sym, job.title, out).map_err(|e| job.write_error(e))?;
+    Ok(agg.total)
+}
+
 /// Write the gzipped profile. Locations, functions, mappings and strings are
 /// built first (bounded by the distinct frames); the samples, one per distinct
 /// (thread, stack) or stack, are then encoded and compressed one at a time.
-pub fn write(
+fn write(
     defs: &Definitions,
     agg: &Aggregate,
     sym: &mut Symbolizer,
@@ -274,11 +288,11 @@ pub fn write(
             ValueType { r#type: strings.get("cpu"), unit: strings.get("nanoseconds") },
         ],
         period_type: Some(ValueType { r#type: strings.get("cpu"), unit: strings.get("nanoseconds") }),
-        period: (defs.interval_us() as i64).saturating_mul(1000),
-        time_nanos: (defs.start_time_us() as i64).saturating_mul(1000),
+        period: (defs.interval_us() as i64).saturating_mul(NS_PER_US),
+        time_nanos: (defs.start_time_us() as i64).saturating_mul(NS_PER_US),
         duration_nanos: agg
             .time_range
-            .map(|(_, last)| (last.saturating_sub(defs.start_time_us()) as i64).saturating_mul(1000))
+            .map(|(_, last)| (last.saturating_sub(defs.start_time_us()) as i64).saturating_mul(NS_PER_US))
             .unwrap_or(0),
         ..Default::default()
     };

@@ -15,9 +15,11 @@ use std::io::Write;
 use serde_json::json;
 use spulse::{Definitions, ThreadId};
 
+use super::Job;
 use crate::aggregate::Aggregate;
 use crate::report::expand;
 use crate::symbolize::Symbolizer;
+use crate::CliError;
 
 /// The `$schema` URL speedscope files declare.
 pub const SCHEMA_URL: &str = "https://www.speedscope.app/file-format-schema.json";
@@ -36,8 +38,15 @@ fn title(defs: &Definitions, thread: Option<ThreadId>) -> String {
     }
 }
 
+/// Write a speedscope file of the selected samples, one profile per thread.
+pub fn export(job: &Job<'_>, sym: &mut Symbolizer, out: &mut dyn Write) -> Result<u64, CliError> {
+    let agg = job.aggregate(sym, true)?;
+    write(job.replay, &agg, sym, job.title, out).map_err(|e| job.write_error(e))?;
+    Ok(agg.total)
+}
+
 /// Write a speedscope file. `agg` must be a per-thread aggregation.
-pub fn write(
+fn write(
     defs: &Definitions,
     agg: &Aggregate,
     sym: &mut Symbolizer,

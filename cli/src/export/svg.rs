@@ -9,10 +9,12 @@ use std::io::Write;
 
 use spulse::Definitions;
 
+use super::Job;
 use crate::aggregate::Aggregate;
 use crate::display::xml_text;
 use crate::report::CallTree;
 use crate::symbolize::Symbolizer;
+use crate::CliError;
 
 /// Frames narrower than this fraction of all samples are not drawn (inferno's
 /// default minimum width, 0.1 px, of its default 1200 px image).
@@ -21,8 +23,15 @@ pub const MIN_FRACTION: f64 = 0.1 / 1200.0;
 /// The most folded-stack text handed to inferno.
 pub const TEXT_BUDGET: usize = 64 << 20;
 
+/// Write an SVG flame graph of the selected samples.
+pub fn export(job: &Job<'_>, sym: &mut Symbolizer, out: &mut dyn Write) -> Result<u64, CliError> {
+    let agg = job.aggregate(sym, false)?;
+    write(job.replay, &agg, sym, job.title, out).map_err(|e| job.write_error(e))?;
+    Ok(agg.total)
+}
+
 /// Write an SVG flame graph titled `title`.
-pub fn write(
+fn write(
     defs: &Definitions,
     agg: &Aggregate,
     sym: &mut Symbolizer,
