@@ -41,11 +41,10 @@
 
 mod cfi_check;
 mod engine;
+mod handler;
 mod intern;
 mod modules;
-mod ring;
-mod signal;
-mod unwind;
+mod sys;
 mod writer_thread;
 
 use std::fs::{File, OpenOptions};
@@ -61,6 +60,8 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::Signal;
 
 use crate::{Engine, Error, Header, SpoolWriter};
+use handler as signal;
+use handler::{ring, unwind};
 use writer_thread::{Control, WriterState};
 
 /// Which sampling engine to use.
@@ -549,17 +550,17 @@ impl Drop for Guard {
 #[doc(hidden)]
 pub mod bench_support {
     /// Width of one histogram bucket in nanoseconds.
-    pub const BUCKET_NS: u64 = super::signal::TIMING_BUCKET_NS;
+    pub const BUCKET_NS: u64 = super::handler::TIMING_BUCKET_NS;
 
     /// Turn handler timing on or off (off by default; costs one relaxed load).
     pub fn handler_timing(on: bool) {
-        super::signal::set_timing(on)
+        super::handler::set_timing(on)
     }
 
     /// Take and reset the histogram of handler times (`BUCKET_NS` per bucket;
     /// the last bucket collects everything slower).
     pub fn take_handler_times() -> Vec<u64> {
-        super::signal::take_timing()
+        super::handler::take_timing()
     }
 }
 
@@ -723,13 +724,13 @@ fn start_inner(b: &RecorderBuilder, path: &Path) -> Result<Guard, Error> {
             }
         }
         let r = match c {
-            EngineChoice::PerfEvent => engine::perf::PerfEngine::start(period_ns, writer_tid)
+            EngineChoice::PerfEvent => sys::perf::PerfEngine::start(period_ns, writer_tid)
                 .map(engine::Engine::Perf)
                 .map_err(|e| format!("perf_event_open (task-clock, sigtrap) was refused: {e}")),
-            EngineChoice::ThreadCpuTimer => engine::timer::ThreadTimers::start(period_ns, writer_tid)
+            EngineChoice::ThreadCpuTimer => sys::timer::ThreadTimers::start(period_ns, writer_tid)
                 .map(engine::Engine::Threads)
                 .map_err(|e| format!("per-thread CPU timers (timer_create) were refused: {e}")),
-            _ => engine::timer::ProcessTimer::start(period_ns)
+            _ => sys::timer::ProcessTimer::start(period_ns)
                 .map(engine::Engine::Process)
                 .map_err(|e| format!("setitimer(ITIMER_PROF) was refused: {e}")),
         };

@@ -52,10 +52,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::engine::Engine;
+use super::handler::ring::RawSample;
+use super::handler::{self as signal, Retired};
 use super::intern::Interner;
 use super::modules::{self, LoadedObject, ModuleEntry, ModuleTable};
-use super::ring::RawSample;
-use super::signal::{self, Retired};
 use super::{LostSamples, Shared, Stats};
 use crate::{Error, Frame, NewModule, SpoolWriter};
 
@@ -318,7 +318,7 @@ impl Run {
     /// for blocking the profiling signal (`at_end`: every thread never sampled
     /// is checked again).
     fn scan_threads(&mut self, at_end: bool) {
-        let Ok(tids) = super::engine::list_tids() else { return };
+        let Ok(tids) = super::sys::list_tids() else { return };
         let writer = self.st.shared.writer_tid.load(Ordering::Relaxed);
         let sig = match self.st.engine.kind() {
             crate::Engine::PerfEvent => libc::SIGTRAP,

@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use framehop::{FrameAddress, Unwinder as _};
 
-use super::modules::{NativeCache, NativeUnwinder};
+use crate::recorder::modules::{NativeCache, NativeUnwinder};
 
 struct CacheSlot {
     busy: AtomicBool,

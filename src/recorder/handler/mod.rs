@@ -61,10 +61,13 @@ use std::sync::{Arc, Once};
 
 use nix::sys::signal::Signal;
 
-use super::modules::UnwindSnapshot;
-use super::ring::HEADER_WORDS;
-use super::unwind::{unwind_into, Regs};
-use super::Shared;
+pub(crate) mod ring;
+pub(crate) mod unwind;
+
+use crate::recorder::modules::UnwindSnapshot;
+use crate::recorder::Shared;
+use ring::HEADER_WORDS;
+use unwind::{unwind_into, Regs};
 
 /// The value our perf events and timers carry in their signal information.
 pub(crate) const MAGIC: u64 = 0x5350_554c_5345_0001;
@@ -565,7 +568,7 @@ extern "C" fn after_fork_in_child() {
     // ring or spool: withdraw the state (the Arc is leaked in the child), and let
     // the child start a recorder of its own.
     STATE.store(std::ptr::null_mut(), Ordering::SeqCst);
-    super::forget_parent_recorder_after_fork();
+    crate::recorder::forget_parent_recorder_after_fork();
 }
 
 fn register_atfork() {
