@@ -56,6 +56,16 @@ fn fallback_role() {
     let e = spulse::Recorder::builder().engine(spulse::EngineChoice::PerfEvent).start(&forced).unwrap_err();
     let msg = e.to_string();
     assert!(msg.contains("perf_event_open") && msg.contains("denied"), "{msg}");
+    // The OS error is the error's source, typed.
+    match &e {
+        spulse::Error::Recorder(spulse::RecorderError::EngineRefused { what, source }) => {
+            assert!(what.contains("perf_event_open"), "{what}");
+            assert_eq!(source.raw_os_error(), Some(libc::EACCES), "{source}");
+        }
+        other => panic!("expected EngineRefused, got {other}"),
+    }
+    let source = std::error::Error::source(&e).expect("the OS error as source");
+    assert_eq!(source.downcast_ref::<std::io::Error>().and_then(|e| e.raw_os_error()), Some(libc::EACCES));
     assert!(!forced.exists());
     // SAFETY: querying a disposition (null new action).
     let trap = unsafe {

@@ -127,7 +127,10 @@ impl Interner {
             let fid = self.frame(w, f)?;
             parent = Some(self.node(w, parent, fid)?);
         }
-        parent.ok_or(Error::Recorder("internal error: empty stack".into()))
+        parent.ok_or(Error::Recorder(crate::RecorderError::WriterFailed {
+            what: "was given an empty stack to write",
+            source: None,
+        }))
     }
 
     /// A cached leaf for a raw sample, if seen before.

@@ -52,12 +52,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::engine::Engine;
-use super::handler::ring::RawSample;
-use super::handler::{self as signal, Retired};
+use super::handler::ring::{Consumer, RawSample};
+use super::handler::{self, Retired, Shared};
 use super::intern::Interner;
 use super::modules::{self, LoadedObject, ModuleEntry, ModuleTable};
-use super::{LostSamples, Shared, Stats};
-use crate::{Error, Frame, NewModule, SpoolWriter};
+use super::sys;
+use super::{LostSamples, Stats};
+use crate::{Error, Frame, NewModule, RecorderError, SpoolWriter};
 
 /// Messages to the writer thread.
 pub(crate) enum Control {
@@ -76,6 +77,8 @@ pub(crate) enum Control {
 /// What the writer thread owns.
 pub(crate) struct WriterState {
     pub shared: Arc<Shared>,
+    /// The ring's one consumer; taken out while a drain runs.
+    pub consumer: Option<Consumer>,
     pub out: SpoolWriter<File>,
     pub table: ModuleTable,
     pub engine: Engine,
@@ -249,11 +252,14 @@ pub(crate) fn main(rx: Receiver<Control>) -> Result<Stats, Error> {
         match rx.recv() {
             Ok(Control::Start(st)) => break *st,
             Ok(Control::Python { ack, .. }) => {
-                let _ = ack.send(Err(Error::Recorder("the recorder is not started yet".into())));
+                let _ = ack.send(Err(Error::Recorder(RecorderError::NotRunning)));
                 continue;
             }
             Ok(Control::Abort) | Ok(Control::Stop) | Err(_) => {
-                return Err(Error::Recorder("recorder start was abandoned".into()));
+                return Err(Error::Recorder(RecorderError::WriterFailed {
+                    what: "exited at start",
+                    source: None,
+                }));
             }
         }
     };
@@ -342,7 +348,7 @@ impl Run {
         self.drain(false);
         self.apply_module_change(change);
         self.st.engine.tick();
-        signal::reclaim(&mut self.retired);
+        handler::reclaim(&mut self.retired);
         if self.error.is_none() {
             let r = self.st.out.flush();
             self.note(r);
@@ -388,7 +394,7 @@ impl Run {
     fn scan_modules(&mut self) -> Option<Change> {
         // Taken before the counters are read: if they did not move, the address
         // space at this time was exactly the current generation's.
-        let checked_at = signal::now_us();
+        let checked_at = sys::now_us();
         self.horizon = checked_at;
         let dl = modules::dl_counters();
         let g = self.st.generation as usize;
@@ -498,7 +504,9 @@ impl Run {
             }
         }
         let shared = self.st.shared.clone();
-        while let Some(()) = shared.ring.pop(|s| {
+        // Out of `self` for the loop, whose closure borrows `self` mutably.
+        let Some(mut consumer) = self.st.consumer.take() else { return };
+        while let Some(()) = consumer.pop(&shared.ring, |s| {
             if let Some(s) = s {
                 if !all && s.time_us > self.horizon {
                     self.held.push(HeldSample {
@@ -514,6 +522,7 @@ impl Run {
                 }
             }
         }) {}
+        self.st.consumer = Some(consumer);
     }
 
     /// Write a Python-runtime record stamped with a fresh loader check's time,
@@ -525,16 +534,22 @@ impl Run {
         self.drain(false);
         self.apply_module_change(change);
         if let Some(e) = &self.error {
-            return Err(Error::Recorder(format!("the spool writer failed earlier: {e}")));
+            return Err(Error::Recorder(RecorderError::WriterFailed {
+                what: "failed earlier",
+                source: Some(e.to_io_error()),
+            }));
         }
         let r =
             self.st.out.python_runtime(self.st.pid, mark_time, entering).and_then(|()| self.st.out.flush());
         match r {
             Ok(()) => Ok(()),
             Err(e) => {
-                let msg = e.to_string();
+                let source = e.to_io_error();
                 self.note(Err::<(), _>(e));
-                Err(Error::Recorder(format!("cannot write the Python-runtime record: {msg}")))
+                Err(Error::Recorder(RecorderError::WriterFailed {
+                    what: "could not write the Python-runtime record",
+                    source: Some(source),
+                }))
             }
         }
     }
@@ -601,7 +616,7 @@ impl Run {
         self.st.engine.stop();
         // Withdraw the state from the handler and wait until no handler uses it:
         // every sample is then in the ring, taken before the check below.
-        let _ = signal::unpublish();
+        let _ = handler::unpublish();
         let change = self.scan_modules();
         self.drain(true);
         self.apply_module_change(change);
@@ -609,7 +624,7 @@ impl Run {
         for idx in pending {
             self.retire(idx);
         }
-        signal::reclaim(&mut self.retired);
+        handler::reclaim(&mut self.retired);
         if self.error.is_none() {
             let r = self.st.out.flush();
             self.note(r);

@@ -1,8 +1,37 @@
-//! The OS layer: every raw system call the recorder makes outside the signal
-//! handler.
+//! The OS layer: the raw system calls and `/proc` reads of the recorder, the way
+//! the rest of it sees Linux. `sigaction.rs` installs, restores and remembers
+//! signal dispositions; `perf.rs` opens the per-thread perf events; `timer.rs`
+//! arms the per-thread POSIX CPU timers and the process itimer; `tcb.rs` probes
+//! glibc's thread control block; `maps.rs` finds the main thread's stack. The
+//! functions here that the signal handler calls ([`gettid`], [`now_us`] and
+//! [`sigaction::previous_of`]) are async-signal-safe: a system call or a vDSO
+//! clock read, or atomics.
 
+pub(crate) mod maps;
 pub(crate) mod perf;
+pub(crate) mod sigaction;
+pub(crate) mod tcb;
 pub(crate) mod timer;
+
+/// The value our perf events and timers carry in their signal information, by
+/// which the handler tells our signals from anyone else's.
+pub(crate) const SIGNAL_MAGIC: u64 = 0x5350_554c_5345_0001;
+
+/// The calling thread's kernel id.
+#[inline]
+pub(crate) fn gettid() -> u32 {
+    // SAFETY: gettid takes no arguments and cannot fail.
+    unsafe { libc::syscall(libc::SYS_gettid) as u32 }
+}
+
+/// Unix time in microseconds (vDSO clock_gettime: no lock, no allocation).
+#[inline]
+pub(crate) fn now_us() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime writes the timespec we pass.
+    unsafe { libc::clock_gettime(libc::CLOCK_REALTIME, &mut ts) };
+    (ts.tv_sec as u64).wrapping_mul(1_000_000).wrapping_add(ts.tv_nsec as u64 / 1000)
+}
 
 use std::io;
 

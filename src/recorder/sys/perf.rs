@@ -35,8 +35,7 @@ use std::collections::HashSet;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
-use super::list_tids;
-use crate::recorder::signal::MAGIC;
+use super::{list_tids, SIGNAL_MAGIC as MAGIC};
 
 /// `struct perf_event_attr` up to `sig_data` (PERF_ATTR_SIZE_VER7, 128 bytes).
 #[repr(C)]
