@@ -2,13 +2,16 @@
 //! every thread's CPU time with a signal handler, and a writer thread turns the
 //! samples into a spool.
 //!
-//! Pieces: `engine/` (who sends the signal: perf events, per-thread CPU timers,
-//! the process itimer), `signal.rs` (the handler and every piece of unsafe code it
-//! runs), `ring.rs` (handler -> writer queue), `unwind.rs` (framehop caches and the
-//! walk), `modules.rs` (loaded objects, generations, unwinder snapshots),
-//! `cfi_check.rs` (which unwind tables the handler may be handed),
-//! `intern.rs` and `writer_thread.rs` (the spool side). This file holds the public
-//! API: builder, guard, statistics, Python-runtime marks.
+//! Pieces: `handler/` (everything that runs in the signal handler: the handler,
+//! the ring's producer side, the unwinder cache pool and walk, the module-snapshot
+//! cell, the shared state and counters; its `mod.rs` gives the async-signal-safety
+//! argument), `sys/` (the OS layer: `sigaction`, `perf_event_open`, timers,
+//! thread-control-block probing, `/proc/self/maps`), `engine.rs` (the running
+//! engine: who sends the signal), `modules.rs` (loaded objects, generations,
+//! unwinder snapshots), `cfi_check.rs` (which unwind tables the handler may be
+//! handed), `intern.rs` and `writer_thread.rs` (the spool side). This file holds
+//! the public API: builder, guard, statistics, Python-runtime marks, and the
+//! start sequence.
 //!
 //! # Starting
 //! Every builder value is checked before anything is created, so a bad one is
@@ -37,7 +40,7 @@
 //! * `exec`: perf events are removed at exec (`remove_on_exec`) and POSIX timers
 //!   are deleted, so the new program never sees a profiling signal. The
 //!   process-timer fallback engine's itimer survives a direct `exec` of the
-//!   profiled process (not a fork+exec); see `engine/timer.rs`.
+//!   profiled process (not a fork+exec); see `sys/timer.rs`.
 
 mod cfi_check;
 mod engine;

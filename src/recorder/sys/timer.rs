@@ -22,7 +22,7 @@
 use std::collections::HashMap;
 use std::io;
 
-use super::{list_tids, SIGNAL_MAGIC as MAGIC};
+use super::{list_tids, SIGNAL_MAGIC};
 
 /// Per-thread CPU-clock timers.
 pub(crate) struct ThreadTimers {
@@ -74,7 +74,7 @@ impl ThreadTimers {
         let mut sev: libc::sigevent = unsafe { std::mem::zeroed() };
         sev.sigev_notify = libc::SIGEV_THREAD_ID;
         sev.sigev_signo = libc::SIGPROF;
-        sev.sigev_value = libc::sigval { sival_ptr: MAGIC as usize as *mut libc::c_void };
+        sev.sigev_value = libc::sigval { sival_ptr: SIGNAL_MAGIC as usize as *mut libc::c_void };
         sev.sigev_notify_thread_id = tid as libc::c_int;
         let mut id: libc::c_int = 0;
         // SAFETY: raw timer_create(clock, sigevent*, kernel_timer_t*): the kernel
