@@ -51,7 +51,7 @@ mod sys;
 mod writer_thread;
 
 use std::fs::{File, OpenOptions};
-use std::os::fd::AsRawFd;
+use std::os::fd::AsFd;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
@@ -326,8 +326,7 @@ impl RecorderBuilder {
             Some(v) if !v.is_empty() => (PathBuf::from(v), true),
             _ => (path.to_path_buf(), false),
         };
-        // SAFETY: getpid has no preconditions.
-        let pid = unsafe { libc::getpid() } as u32;
+        let pid = sys::getpid();
         let secs =
             std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
         let path = expand_template(&template, pid, secs).map_err(|msg| {
@@ -425,9 +424,7 @@ fn create_spool(path: &Path, mode: u32, overwrite: bool) -> Result<File, Error> 
                 io_err(e)
             }
         })?;
-    // SAFETY: flock on a descriptor we own.
-    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-        let e = std::io::Error::last_os_error();
+    if let Err(e) = sys::try_lock(file.as_fd(), sys::Lock::Exclusive) {
         let _ = std::fs::remove_file(path);
         return Err(io_err(e));
     }
@@ -452,8 +449,7 @@ fn remove_for_overwrite(path: &Path) -> Result<(), Error> {
             .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
             .open(path)
             .map_err(io_err)?;
-        // SAFETY: flock on a descriptor we own.
-        if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_SH | libc::LOCK_NB) } != 0 {
+        if sys::try_lock(f.as_fd(), sys::Lock::Shared).is_err() {
             return Err(Error::Recorder(RecorderError::OverwriteRefused {
                 path: path.to_path_buf(),
                 reason: "a running recorder is still writing it (it holds the spool's lock)",
@@ -521,8 +517,7 @@ impl Guard {
         let Some(run) = self.inner.take() else {
             return Err(Error::Recorder(RecorderError::NotRunning));
         };
-        // SAFETY: getpid has no preconditions.
-        if unsafe { libc::getpid() } as u32 != run.pid {
+        if sys::getpid() != run.pid {
             // A forked child: the recorder belongs to the parent; touch nothing.
             std::mem::forget(run);
             return Err(Error::Recorder(RecorderError::ForkedChild));
@@ -656,11 +651,11 @@ fn start_inner(b: &RecorderBuilder, path: &Path) -> Result<Guard, Error> {
     // a header cut short. Every sample is taken later, and sample deltas are
     // signed anyway.
     let start_time_us = sys::now_us();
+    let sink: Box<dyn writer_thread::Sink> = Box::new(file);
     let mut out =
-        SpoolWriter::new(file, Header { start_time_us, interval_us }).map_err(|e| e.with_path(path))?;
+        SpoolWriter::new(sink, Header { start_time_us, interval_us }).map_err(|e| e.with_path(path))?;
 
-    // SAFETY: getpid has no preconditions.
-    let pid = unsafe { libc::getpid() } as u32;
+    let pid = sys::getpid();
     let exe_path = std::fs::read_link("/proc/self/exe")
         .or_else(|_| std::env::current_exe())
         .map(|p| {

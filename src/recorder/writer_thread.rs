@@ -45,7 +45,8 @@
 //! it, whatever its generation, so its frames are written as absolute addresses.
 use std::collections::{HashMap, HashSet};
 use std::fs::File;
-use std::os::fd::AsRawFd;
+use std::io::Write;
+use std::os::fd::AsFd;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::Arc;
@@ -59,6 +60,31 @@ use super::modules::{self, LoadedObject, ModuleEntry, ModuleTable};
 use super::sys;
 use super::{LostSamples, Stats};
 use crate::{Error, Frame, NewModule, RecorderError, SpoolWriter};
+
+/// Where the spool's bytes go. The writer thread appends to it, and at the end
+/// makes it durable and lets readers know the recording is over.
+pub(crate) trait Sink: Write + Send {
+    /// Make everything written so far durable.
+    fn sync(&self) -> std::io::Result<()>;
+    /// Tell readers that nothing more will be written.
+    fn release(&self);
+}
+
+impl Sink for File {
+    fn sync(&self) -> std::io::Result<()> {
+        self.sync_all()
+    }
+
+    /// Drops the followers' lock (`flock(LOCK_EX)`, taken at creation) now
+    /// rather than at close, which a forked child holding a copy of the
+    /// descriptor would delay.
+    fn release(&self) {
+        sys::unlock(self.as_fd());
+    }
+}
+
+/// The spool writer over the writer thread's sink.
+pub(crate) type Out = SpoolWriter<Box<dyn Sink>>;
 
 /// Messages to the writer thread.
 pub(crate) enum Control {
@@ -79,7 +105,7 @@ pub(crate) struct WriterState {
     pub shared: Arc<Shared>,
     /// The ring's one consumer; taken out while a drain runs.
     pub consumer: Option<Consumer>,
-    pub out: SpoolWriter<File>,
+    pub out: Out,
     pub table: ModuleTable,
     pub engine: Engine,
     pub exe_path: Vec<u8>,
@@ -216,7 +242,7 @@ impl HeldSample {
 /// Define module records for a scan's objects (generation `gen`) and add them
 /// to the table.
 pub(crate) fn define_objects(
-    out: &mut SpoolWriter<File>,
+    out: &mut Out,
     table: &mut ModuleTable,
     pid: u32,
     objects: &[&LoadedObject],
@@ -630,14 +656,11 @@ impl Run {
             self.note(r);
         }
         if self.error.is_none() {
-            let r = self.st.out.get_ref().sync_all().map_err(Error::from);
+            let r = self.st.out.get_ref().sync().map_err(Error::from);
             self.note(r);
         }
-        // The recording is complete on disk: release the followers' lock now
-        // rather than at close, which a forked child holding a copy of the
-        // descriptor would delay.
-        // SAFETY: flock on the spool's descriptor, which the writer owns.
-        unsafe { libc::flock(self.st.out.get_ref().as_raw_fd(), libc::LOCK_UN) };
+        // The recording is complete on disk: readers may know it now.
+        self.st.out.get_ref().release();
         if let Some(e) = self.error.take() {
             return Err(e);
         }

@@ -13,6 +13,8 @@ pub(crate) mod sigaction;
 pub(crate) mod tcb;
 pub(crate) mod timer;
 
+use std::os::fd::{AsRawFd, BorrowedFd};
+
 /// The value our perf events and timers carry in their signal information, by
 /// which the handler tells our signals from anyone else's.
 pub(crate) const SIGNAL_MAGIC: u64 = 0x5350_554c_5345_0001;
@@ -45,4 +47,40 @@ pub(crate) fn list_tids() -> io::Result<Vec<u32>> {
         }
     }
     Ok(v)
+}
+
+/// This process's id.
+#[inline]
+pub(crate) fn getpid() -> u32 {
+    // SAFETY: getpid takes no arguments and cannot fail.
+    unsafe { libc::getpid() as u32 }
+}
+
+/// An advisory whole-file lock (`flock`).
+#[derive(Clone, Copy)]
+pub(crate) enum Lock {
+    /// `LOCK_EX`: the recorder's, held while a recording runs.
+    Exclusive,
+    /// `LOCK_SH`: a reader's probe of whether a recording still runs.
+    Shared,
+}
+
+/// Take `lock` on `fd` without waiting (`LOCK_NB`): `EWOULDBLOCK` when another
+/// open file description holds a conflicting lock.
+pub(crate) fn try_lock(fd: BorrowedFd<'_>, lock: Lock) -> std::io::Result<()> {
+    let op = match lock {
+        Lock::Exclusive => libc::LOCK_EX,
+        Lock::Shared => libc::LOCK_SH,
+    };
+    // SAFETY: flock on a descriptor the caller keeps open for the call.
+    if unsafe { libc::flock(fd.as_raw_fd(), op | libc::LOCK_NB) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Release this open file description's lock on `fd`.
+pub(crate) fn unlock(fd: BorrowedFd<'_>) {
+    // SAFETY: flock on a descriptor the caller keeps open for the call.
+    unsafe { libc::flock(fd.as_raw_fd(), libc::LOCK_UN) };
 }
