@@ -359,7 +359,7 @@ const MAX_UNWIND_CACHES: usize = 64;
 /// claim a huge weight for the one stack seen when it ran again.
 const MAX_SIGNAL_WEIGHT: u32 = 64;
 /// Largest `ring_capacity`.
-const MAX_RING_SLOTS: usize = 1 << 20;
+const MAX_RING_SLOTS: usize = ring::MAX_SLOTS;
 /// Longest `flush_interval`.
 const MAX_FLUSH_INTERVAL: Duration = Duration::from_secs(600);
 

@@ -5,9 +5,11 @@
 //! reads; `ring.rs` the slot claim (handler -> writer queue); `unwind.rs` the
 //! unwinder cache pool and the walk; `snapshot.rs` the module-snapshot cell and
 //! its deferred reclamation; `shared.rs` the state and counters; `timing.rs` the
-//! benchmark histogram of handler times. The raw system calls made outside the
-//! handler (installing it with `sigaction`, the engines, probing the thread
-//! control block, reading `/proc/self/maps`) live in `../sys/`.
+//! benchmark histogram of handler times. The raw system calls (installing the
+//! handler with `sigaction`, the engines, probing the thread control block,
+//! reading `/proc/self/maps`) live in `../sys/`; of those the handler calls only
+//! `sys::gettid`, `sys::now_us` and `sys::sigaction::previous_of` (one system
+//! call, one vDSO clock read, two atomic loads).
 //!
 //! # What the handler may do
 //! It saves and restores `errno`; it takes no lock (the ring and the cache pool

@@ -22,6 +22,8 @@
 use std::cell::UnsafeCell;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+/// Most slots a ring has (the builder's `ring_capacity` limit).
+pub(crate) const MAX_SLOTS: usize = 1 << 20;
 /// Words before the addresses in a slot.
 pub(crate) const HEADER_WORDS: usize = 4;
 /// Flag: unwinding stopped before the root (error or depth limit).
@@ -80,7 +82,7 @@ impl Ring {
     /// A ring of at least `capacity` slots of `max_depth` addresses each, and
     /// its one consumer.
     pub(crate) fn new(capacity: usize, max_depth: usize) -> (Ring, Consumer) {
-        let cap = capacity.clamp(2, 1 << 20).next_power_of_two();
+        let cap = capacity.clamp(2, MAX_SLOTS).next_power_of_two();
         let stride = HEADER_WORDS + max_depth;
         let seqs = (0..cap).map(|i| SlotSeq { seq: AtomicUsize::new(i) }).collect();
         let words = (0..cap * stride).map(|_| UnsafeCell::new(0)).collect();
