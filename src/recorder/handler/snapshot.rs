@@ -39,7 +39,7 @@ impl SnapshotCell {
         unsafe { &*self.ptr.load(Ordering::SeqCst) }
     }
 
-    /// Generation of the current snapshot (writer side).
+    /// Run `f` on the current snapshot (writer thread only).
     pub(crate) fn with_current<R>(&self, f: impl FnOnce(&UnwindSnapshot) -> R) -> R {
         // SAFETY: only the writer thread swaps the pointer and it is the caller,
         // so the current snapshot stays alive during `f`.
