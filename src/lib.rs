@@ -7,7 +7,7 @@ pub mod read;
 mod recorder;
 pub mod write;
 
-pub use error::{Error, FormatErrorKind};
+pub use error::{Error, FormatErrorKind, RecorderError};
 pub use format::defs::{Definitions, StackFrames};
 pub use format::{
     Deactivation, Engine, Frame, FrameId, Header, Module, ModuleId, PythonRuntimeEvent, Sample, StackId,

@@ -10,7 +10,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::time::Duration;
 
 use recorder_support::*;
-use spulse::{EngineChoice, Error, Frame};
+use spulse::{EngineChoice, Error, Frame, RecorderError};
 
 fn disposition(sig: i32) -> usize {
     // SAFETY: querying a disposition (null new action).
@@ -34,6 +34,11 @@ fn start_failures_and_single_recorder() {
     let e = spulse::Recorder::builder().engine(EngineChoice::ThreadCpuTimer).start(&path).unwrap_err();
     let msg = e.to_string();
     assert!(msg.contains("SIGPROF") && msg.contains("another"), "{msg}");
+    let foreign_addr = foreign as extern "C" fn(i32) as usize;
+    assert!(
+        matches!(e, Error::Recorder(RecorderError::SignalInUse { signal: "SIGPROF", handler }) if handler == foreign_addr),
+        "{msg}"
+    );
     assert!(!path.exists(), "a failed start must remove the spool it created");
     assert_eq!(disposition(libc::SIGPROF), foreign as extern "C" fn(i32) as usize);
     assert_eq!(disposition(libc::SIGTRAP), trap_before, "nothing installed on failure");
@@ -71,6 +76,7 @@ fn start_failures_and_single_recorder() {
     let g = spulse::start(&p1).unwrap();
     let e = spulse::start(&p2).unwrap_err();
     assert!(e.to_string().contains("already running"), "{e}");
+    assert!(matches!(e, Error::Recorder(RecorderError::AlreadyRunning)), "{e}");
     assert!(!p2.exists());
     let meta = std::fs::metadata(&p1).unwrap();
     assert_eq!(meta.permissions().mode() & 0o777, 0o600, "spool mode");
@@ -97,6 +103,16 @@ fn frequency_from_environment_and_builder() {
     std::env::set_var("SPULSE_FREQUENCY", "fast");
     let e = spulse::start(dir.path().join("bad.spool")).unwrap_err();
     assert!(e.to_string().contains("SPULSE_FREQUENCY"), "{e}");
+    assert!(
+        matches!(&e, Error::Recorder(RecorderError::InvalidConfig { setting: "SPULSE_FREQUENCY", .. })),
+        "{e}"
+    );
+    std::env::set_var("SPULSE_FREQUENCY", "0");
+    let e = spulse::start(dir.path().join("bad.spool")).unwrap_err();
+    assert!(
+        matches!(&e, Error::Recorder(RecorderError::InvalidConfig { setting: "SPULSE_FREQUENCY", .. })),
+        "{e}"
+    );
     std::env::remove_var("SPULSE_FREQUENCY");
     let env = spulse::Snapshot::open(dir.path().join("env.spool")).unwrap();
     assert_eq!(env.interval_us(), 4000);
@@ -154,7 +170,8 @@ fn deep_stacks_keep_leaf_frames_under_a_truncation_marker() {
 #[test]
 fn python_runtime_marks() {
     let _serial = serial();
-    assert!(spulse::python_runtime_enter().is_err(), "no recorder running");
+    let e = spulse::python_runtime_enter().unwrap_err();
+    assert!(matches!(e, Error::Recorder(RecorderError::NotRunning)), "no recorder running: {e}");
     let (_dir, path) = spool_path("py.spool");
     let g = spulse::start(&path).unwrap();
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -166,7 +183,11 @@ fn python_runtime_marks() {
     });
     burn(0.05);
     spulse::python_runtime_enter().unwrap();
-    assert!(spulse::python_runtime_enter().is_err(), "already inside");
+    let e = spulse::python_runtime_enter().unwrap_err();
+    assert!(
+        matches!(e, Error::Recorder(RecorderError::PythonModeAlready { entering: true })),
+        "already inside: {e}"
+    );
     burn(0.05);
     spulse::python_runtime_leave().unwrap();
     burn(0.05);

@@ -66,6 +66,17 @@ fn fallback_role() {
     let e = spulse::Recorder::builder().engine(spulse::EngineChoice::PerfEvent).start(&forced).unwrap_err();
     let msg = e.to_string();
     assert!(msg.contains("perf_event_open") && msg.contains(refusal), "{msg}");
+    // The OS error is the error's source, typed.
+    let errno = if refusal == "denied" { libc::EACCES } else { libc::ENOSYS };
+    match &e {
+        spulse::Error::Recorder(spulse::RecorderError::EngineRefused { what, source }) => {
+            assert!(what.contains("perf_event_open"), "{what}");
+            assert_eq!(source.raw_os_error(), Some(errno), "{source}");
+        }
+        other => panic!("expected EngineRefused, got {other}"),
+    }
+    let source = std::error::Error::source(&e).expect("the OS error as source");
+    assert_eq!(source.downcast_ref::<std::io::Error>().and_then(|e| e.raw_os_error()), Some(errno));
     assert!(!forced.exists());
     // SAFETY: querying a disposition (null new action).
     let trap = unsafe {

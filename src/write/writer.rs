@@ -108,15 +108,11 @@ impl<W: Write> SpoolWriter<W> {
         &self.defs
     }
 
-    /// Total bytes of the spool so far, buffered or written.
+    /// Total bytes of the spool so far, buffered or written (never zero: the
+    /// header is written at creation, which is why there is no `is_empty`).
+    #[allow(clippy::len_without_is_empty)]
     pub fn len(&self) -> u64 {
         self.flushed + self.buf.len() as u64
-    }
-
-    /// Whether nothing at all was produced (never true: the header is written
-    /// at creation).
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 
     /// Bytes encoded but not yet handed to the sink.

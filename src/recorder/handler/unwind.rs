@@ -6,14 +6,14 @@
 //! `AtomicBool`, and framehop with `MustNotAllocateDuringUnwind` keeps its DWARF
 //! evaluation state in the cache and on the stack. The only memory read outside
 //! the unwinder's own owned data goes through the `read_stack` callback that
-//! `signal.rs` builds from proven stack bounds.
+//! the handler (`mod.rs`) builds from proven stack bounds.
 
 use std::cell::UnsafeCell;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use framehop::{FrameAddress, Unwinder as _};
 
-use super::modules::{NativeCache, NativeUnwinder};
+use crate::recorder::modules::{NativeCache, NativeUnwinder};
 
 struct CacheSlot {
     busy: AtomicBool,
