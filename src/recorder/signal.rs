@@ -76,22 +76,30 @@ static IN_HANDLER: AtomicUsize = AtomicUsize::new(0);
 /// Set once the process timer was armed: `SI_KERNEL` SIGPROFs are ours from then on.
 static PROCESS_TIMER_USED: AtomicBool = AtomicBool::new(false);
 
-/// Benchmark instrumentation: when on, each of our signals adds its handler time
-/// (entry to exit, read with [`bench_ticks`]) to a fixed histogram.
+/// Benchmark instrumentation (the `testing` feature only): when on, each of
+/// our signals adds its handler time (entry to exit, read with [`bench_ticks`])
+/// to a fixed histogram.
+#[cfg(feature = "testing")]
 static TIMING: AtomicBool = AtomicBool::new(false);
 /// Width of a histogram bucket.
+#[cfg(feature = "testing")]
 pub(crate) const TIMING_BUCKET_NS: u64 = 20;
 /// Buckets (the last one collects everything slower).
+#[cfg(feature = "testing")]
 pub(crate) const TIMING_BUCKETS: usize = 2048;
+#[cfg(feature = "testing")]
 #[allow(clippy::declare_interior_mutable_const)]
 const ZERO: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+#[cfg(feature = "testing")]
 static TIMING_HIST: [std::sync::atomic::AtomicU64; TIMING_BUCKETS] = [ZERO; TIMING_BUCKETS];
 
 /// Nanoseconds per tick of [`bench_ticks`], as a 32.32 fixed-point number.
+#[cfg(feature = "testing")]
 static TICK_NS_Q32: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1 << 32);
 
 /// Turn handler timing on or off. Turning it on calibrates the tick counter
 /// against `CLOCK_MONOTONIC` (about 20 ms).
+#[cfg(feature = "testing")]
 pub(crate) fn set_timing(on: bool) {
     if on {
         let (t0, n0) = (bench_ticks(), mono_ns());
@@ -107,6 +115,7 @@ pub(crate) fn set_timing(on: bool) {
 /// The clock of the handler-time histogram. On x86_64 the time-stamp counter:
 /// reading it costs a few nanoseconds, where `clock_gettime` costs 40-120 ns in
 /// the handler (cold vDSO data) and that cost would be counted as the handler's.
+#[cfg(feature = "testing")]
 #[inline(always)]
 fn bench_ticks() -> u64 {
     #[cfg(target_arch = "x86_64")]
@@ -122,6 +131,7 @@ fn bench_ticks() -> u64 {
 }
 
 /// Take (and reset) the handler-time histogram.
+#[cfg(feature = "testing")]
 pub(crate) fn take_timing() -> Vec<u64> {
     TIMING_HIST.iter().map(|b| b.swap(0, Ordering::Relaxed)).collect()
 }
@@ -196,6 +206,7 @@ extern "C" fn on_signal(sig: c_int, info: *mut libc::siginfo_t, ctx: *mut c_void
     // SAFETY: `info` comes from the kernel (SA_SIGINFO).
     match unsafe { classify(sig, info) } {
         Some(weight) => {
+            #[cfg(feature = "testing")]
             let t0 = if TIMING.load(Ordering::Relaxed) { bench_ticks() } else { 0 };
             IN_HANDLER.fetch_add(1, Ordering::SeqCst);
             let st = STATE.load(Ordering::SeqCst);
@@ -208,6 +219,7 @@ extern "C" fn on_signal(sig: c_int, info: *mut libc::siginfo_t, ctx: *mut c_void
                 unsafe { record(st, weight, ctx) };
             }
             IN_HANDLER.fetch_sub(1, Ordering::SeqCst);
+            #[cfg(feature = "testing")]
             if t0 != 0 {
                 let ticks = bench_ticks().wrapping_sub(t0) as u128;
                 let ns = (ticks * TICK_NS_Q32.load(Ordering::Relaxed) as u128) >> 32;

@@ -2,8 +2,7 @@
 //! a busy loop, and naming the leaf function of each sample.
 #![allow(dead_code)]
 
-#[path = "../../examples/support/mod.rs"]
-mod symbols;
+use spulse_testkit::symbols;
 
 use std::collections::HashMap;
 use std::hint::black_box;

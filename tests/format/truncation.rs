@@ -3,11 +3,10 @@
 //! decreases as the cut moves forward, and the recovered flag is set exactly
 //! when the cut falls inside a record.
 
-mod format_common;
 
 use std::io::{Seek, Write};
 
-use format_common::*;
+use spulse_testkit::spool::*;
 use spulse::{FormatErrorKind, Replay, Snapshot, Tail};
 
 #[test]

@@ -2,11 +2,10 @@
 //! records and more than one batch of samples pending) yield exactly the
 //! samples `Snapshot` sees, in batches of at most 16,384.
 
-mod format_common;
 
 use std::io::Write;
 
-use format_common::*;
+use spulse_testkit::spool::*;
 use proptest::prelude::*;
 use spulse::{Header, Snapshot, SpoolWriter, Tail};
 

@@ -1,9 +1,8 @@
 //! Round trips of random valid record sequences through `SpoolWriter` and every
 //! reader (`Snapshot`, `Replay`, `Tail`), compared with the generator's model.
 
-mod format_common;
 
-use format_common::*;
+use spulse_testkit::spool::*;
 use proptest::prelude::*;
 use spulse::{Replay, Snapshot, Tail};
 
