@@ -1,12 +1,11 @@
 //! Replays the committed fuzz corpus (`fuzz/corpus/<target>/`) through the same
-//! checks the cargo-fuzz targets run (`spulse_testkit::fuzz::fuzz_check_*`), so every
+//! cross-reader checks of `spulse_testkit::fuzz` (`fuzz_check_*`), so every
 //! seed and every crash ever found stays a regression test in CI. A counting
 //! global allocator asserts that no input makes a reader allocate more than a
 //! small multiple of its size, including synthesized hostile inputs made of
 //! nothing but tiny definitions.
 //!
 //! `cargo test --test format_fuzz_corpus -- --ignored` regenerates the seeds.
-
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::path::{Path, PathBuf};

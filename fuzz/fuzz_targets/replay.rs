@@ -11,7 +11,10 @@ fuzz_target!(|data: &[u8]| {
     let path = std::env::temp_dir().join(format!("spulse-fuzz-replay-{}", std::process::id()));
     std::fs::write(&path, data).expect("write the input to a temporary file");
     if let Ok(replay) = Replay::options().index_limit(2).open(&path) {
-        let (lo, hi) = replay.samples().flatten().fold((u64::MAX, 0), |(lo, hi), s| (lo.min(s.time_us), hi.max(s.time_us)));
+        let (lo, hi) = replay
+            .samples()
+            .flatten()
+            .fold((u64::MAX, 0), |(lo, hi), s| (lo.min(s.time_us), hi.max(s.time_us)));
         replay.samples_from(lo / 2 + hi / 2).for_each(drop);
     }
     let _ = std::fs::remove_file(&path);

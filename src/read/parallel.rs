@@ -24,7 +24,8 @@
 //!    end at the position) cuts the second columns back to what passed and is
 //!    re-read sequentially from there, so errors, their offsets and the
 //!    recovered tail are exactly those of the sequential reader;
-//!    `tests/format_parallel.rs` and the fuzz checks compare the two.
+//!    `tests/format_readers/parallel.rs` and the fuzz corpus checks compare
+//!    the two.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 

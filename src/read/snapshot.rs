@@ -69,7 +69,8 @@ impl Snapshot {
     /// The most bytes [`Snapshot::open`] reads from a FIFO or pipe (1 GiB). A
     /// stream gives no length up front, so this bounds the memory a hostile or
     /// endless one can cost; a longer spool is refused with an error naming the
-    /// path, and can still be read as a regular file.
+    /// path, and can still be read as a regular file
+    /// or with [`Snapshot::open_with_stream_limit`].
     pub const MAX_STREAM_BYTES: u64 = 1 << 30;
 
     /// Read and validate the spool at `path`.

@@ -1,10 +1,9 @@
 //! A synthetic spool shaped like a real profile, shared by `benches/spool.rs`,
-//! `tests/format_size.rs` and `examples/spool_rss.rs`: a few thousand distinct
+//! `tests/format/size.rs` and `examples/spool_rss.rs`: a few thousand distinct
 //! leaf stacks of depth 10-60 sharing call-path prefixes, chosen with a skewed
 //! (Zipf-like) popularity, interned lazily on first use as a recorder does;
 //! several threads sampled at 1 kHz with jitter and occasional out-of-order
 //! arrival (negative deltas).
-#![allow(dead_code)]
 
 use std::io::Write;
 

@@ -1,10 +1,9 @@
 //! Round trips of random valid record sequences through `SpoolWriter` and every
 //! reader (`Snapshot`, `Replay`, `Tail`), compared with the generator's model.
 
-
-use spulse_testkit::spool::*;
 use proptest::prelude::*;
 use spulse::{Replay, Snapshot, Tail};
+use spulse_testkit::spool::*;
 
 fn op() -> impl Strategy<Value = Op> {
     (any::<u8>(), any::<u64>(), any::<u64>(), any::<u64>())

@@ -3,11 +3,10 @@
 //! decreases as the cut moves forward, and the recovered flag is set exactly
 //! when the cut falls inside a record.
 
-
 use std::io::{Seek, Write};
 
-use spulse_testkit::spool::*;
 use spulse::{FormatErrorKind, Replay, Snapshot, Tail};
+use spulse_testkit::spool::*;
 
 #[test]
 fn every_cut_of_a_generated_spool() {

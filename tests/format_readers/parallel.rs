@@ -3,9 +3,8 @@
 //! and byte offset) on valid spools, on every kind of cut and on corrupted
 //! bytes, with the two-thread path forced on small inputs.
 
-
-use spulse_testkit::spool::*;
 use spulse::Snapshot;
+use spulse_testkit::spool::*;
 
 /// Random ops with long stretches of samples only (the two-thread path needs
 /// runs of sample records past the midpoint to start from).

@@ -235,7 +235,11 @@ fn snapshot_of_a_file_too_large_for_memory_is_an_error_not_an_abort() {
     std::fs::write(file.path(), spool(3)).unwrap();
     file.as_file().set_len(64 << 30).expect("a sparse 64 GiB file on the temporary directory's file system");
     let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "untrusted_files::snapshot_of_a_file_too_large_for_memory_is_an_error_not_an_abort", "--nocapture"])
+        .args([
+            "--exact",
+            "untrusted_files::snapshot_of_a_file_too_large_for_memory_is_an_error_not_an_abort",
+            "--nocapture",
+        ])
         .env("SPULSE_TEST_SNAPSHOT_RLIMIT", file.path())
         .output()
         .unwrap();
