@@ -14,10 +14,17 @@ pub use format::{
     StackNode, Thread, ThreadId,
 };
 pub use read::{Replay, ReplayOptions, ReplaySamples, Snapshot, SnapshotSamples, Tail};
-#[doc(hidden)]
-pub use recorder::bench_support as __bench;
 pub use recorder::{
     python_runtime_enter, python_runtime_leave, start, EngineChoice, Guard, LostSamples, Recorder,
     RecorderBuilder, Stats, DEFAULT_FREQUENCY_HZ, MAX_RING_BYTES,
 };
 pub use write::{NewModule, SpoolWriter};
+
+/// Hooks for spulse's own tests and benchmarks, compiled only with the
+/// `testing` cargo feature (off by default). **Unstable**: not part of the
+/// API, may change or go in any release; do not enable it in a build you ship.
+#[cfg(feature = "testing")]
+pub mod testing {
+    pub use crate::read::parallel::speculations_applied;
+    pub use crate::recorder::bench_support as handler_timing;
+}

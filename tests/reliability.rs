@@ -12,8 +12,8 @@
 //! SPULSE_SOAK_SECS=600 cargo test --release --test reliability soak -- --nocapture
 //! ```
 
-mod emulator;
-use emulator::self_command;
+use spulse_testkit::emulator;
+use spulse_testkit::emulator::self_command;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::process::{Child, Stdio};

@@ -406,6 +406,7 @@ impl SampleColumns {
     }
 
     /// The blocks (for tests of the widening).
+    #[cfg(feature = "testing")]
     pub(crate) fn blocks(&self) -> &[Block] {
         &self.blocks
     }

@@ -24,9 +24,10 @@
 //!    end at the position) cuts the second columns back to what passed and is
 //!    re-read sequentially from there, so errors, their offsets and the
 //!    recovered tail are exactly those of the sequential reader;
-//!    `tests/format_parallel.rs` and the fuzz checks compare the two.
+//!    `tests/format_readers/parallel.rs` and the fuzz corpus checks compare
+//!    the two.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::columns::{Block, Fill, Filler, Layout, SampleColumns};
 use super::scan::{format_error, scan_from, Stop};
@@ -50,14 +51,21 @@ const SYNC_WINDOW: usize = 64 << 10;
 /// rarely enough that the atomic load costs nothing in the sample loop.
 const CANCEL_CHECK_SAMPLES: usize = 4096;
 
-/// Loads whose second half was applied from the speculative decoding (for
-/// tests, which check that the two-thread path really ran).
-static SPECULATIONS_APPLIED: AtomicU64 = AtomicU64::new(0);
+/// Loads whose second half was applied from the speculative decoding (with
+/// the `testing` feature, for tests that check the two-thread path really ran).
+#[cfg(feature = "testing")]
+static SPECULATIONS_APPLIED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// How many loads so far applied a speculatively decoded second half.
-#[doc(hidden)]
+#[cfg(feature = "testing")]
 pub fn speculations_applied() -> u64 {
     SPECULATIONS_APPLIED.load(Ordering::Relaxed)
+}
+
+/// Count a load whose speculation was applied (nothing without `testing`).
+fn count_applied() {
+    #[cfg(feature = "testing")]
+    SPECULATIONS_APPLIED.fetch_add(1, Ordering::Relaxed);
 }
 
 /// Validate `bytes` (a spool whose header, `hlen` bytes, was already read)
@@ -111,9 +119,7 @@ pub(crate) fn load(
                 at
             }
             None => match rest.join() {
-                Ok(spec) => match apply(bytes, spec, defs, cols).inspect(|_| {
-                    SPECULATIONS_APPLIED.fetch_add(1, Ordering::Relaxed);
-                })? {
+                Ok(spec) => match apply(bytes, spec, defs, cols).inspect(|_| count_applied())? {
                     Some(at) => at,
                     None => return Ok((bytes.len(), false)),
                 },

@@ -542,8 +542,9 @@ impl Drop for Guard {
     }
 }
 
-/// Benchmark support (not a stable API): the signal handler's own running time.
-#[doc(hidden)]
+/// Benchmark support, with the `testing` feature only (not a stable API): the
+/// signal handler's own running time.
+#[cfg(feature = "testing")]
 pub mod bench_support {
     /// Width of one histogram bucket in nanoseconds.
     pub const BUCKET_NS: u64 = super::handler::timing::BUCKET_NS;

@@ -2,12 +2,9 @@
 //! a busy loop, and naming the leaf function of each sample.
 #![allow(dead_code)]
 
-#[path = "../../examples/support/mod.rs"]
-mod symbols;
+use spulse_testkit::symbols;
 
-#[path = "../emulator/mod.rs"]
-mod emulator;
-pub use emulator::{emulated, self_command};
+pub use spulse_testkit::emulator::{emulated, self_command};
 
 use std::collections::HashMap;
 use std::hint::black_box;

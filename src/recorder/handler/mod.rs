@@ -73,6 +73,7 @@ use nix::sys::signal::Signal;
 pub(crate) mod ring;
 mod shared;
 mod snapshot;
+#[cfg(feature = "testing")]
 pub(crate) mod timing;
 pub(crate) mod unwind;
 
@@ -137,6 +138,7 @@ extern "C" fn on_signal(sig: c_int, info: *mut libc::siginfo_t, ctx: *mut c_void
     // SAFETY: `info` comes from the kernel (SA_SIGINFO).
     match unsafe { classify(sig, info) } {
         Some(weight) => {
+            #[cfg(feature = "testing")]
             let t0 = timing::begin();
             IN_HANDLER.fetch_add(1, Ordering::SeqCst);
             let st = STATE.load(Ordering::SeqCst);
@@ -149,6 +151,7 @@ extern "C" fn on_signal(sig: c_int, info: *mut libc::siginfo_t, ctx: *mut c_void
                 unsafe { record(st, weight, ctx) };
             }
             IN_HANDLER.fetch_sub(1, Ordering::SeqCst);
+            #[cfg(feature = "testing")]
             timing::end(t0);
         }
         // SAFETY: the arguments are the kernel's, passed on unchanged.
@@ -345,6 +348,7 @@ unsafe fn regs_of(ctx: *mut c_void) -> Option<Regs> {
 fn prime() {
     let _ = gettid();
     let _ = now_us();
+    #[cfg(feature = "testing")]
     let _ = timing::mono_ns();
     // SAFETY: trivial libc calls.
     unsafe {

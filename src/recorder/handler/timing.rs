@@ -1,4 +1,5 @@
-//! Benchmark instrumentation of the signal handler: when on, each of our signals
+//! Benchmark instrumentation of the signal handler (compiled with the `testing`
+//! feature only): when on, each of our signals
 //! adds its handler time (entry to exit, read with [`bench_ticks`]) to a fixed
 //! histogram of atomic counters. Off, it costs the handler one relaxed load.
 //! Runs in the handler: no allocation, no lock; [`begin`] and [`end`] only read a

@@ -7,7 +7,6 @@
 //! foreign-architecture binary, so a test that re-executes itself must go
 //! through the same runner. The variable is read from the environment, where
 //! `.ci/aarch64` exports it.
-#![allow(dead_code)]
 
 use std::process::Command;
 

@@ -7,7 +7,7 @@
 //! Each reader runs on its own thread with a generous deadline, so a reader
 //! that blocks or reads forever fails the test instead of hanging the suite.
 
-mod emulator;
+use spulse_testkit::emulator;
 
 use std::ffi::CString;
 use std::io::Write;
@@ -237,7 +237,11 @@ fn snapshot_of_a_file_too_large_for_memory_is_an_error_not_an_abort() {
     std::fs::write(file.path(), spool(3)).unwrap();
     file.as_file().set_len(64 << 30).expect("a sparse 64 GiB file on the temporary directory's file system");
     let out = emulator::self_command()
-        .args(["--exact", "snapshot_of_a_file_too_large_for_memory_is_an_error_not_an_abort", "--nocapture"])
+        .args([
+            "--exact",
+            "untrusted_files::snapshot_of_a_file_too_large_for_memory_is_an_error_not_an_abort",
+            "--nocapture",
+        ])
         .env("SPULSE_TEST_SNAPSHOT_RLIMIT", file.path())
         .output()
         .unwrap();

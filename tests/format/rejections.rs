@@ -6,10 +6,8 @@
 //! "recovered" once the offending field is complete); and that the writer
 //! refuses the same record where its API can express it.
 
-mod format_common;
-
-use format_common::temp_file;
 use spulse::{Error, FormatErrorKind as K, Frame, Header, NewModule, Replay, Snapshot, SpoolWriter, Tail};
+use spulse_testkit::spool::temp_file;
 
 const START: u64 = 1_000_000;
 
