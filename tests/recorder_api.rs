@@ -267,41 +267,47 @@ fn small_stack_threads_are_sampled_without_overflowing() {
     let g = spulse::Recorder::builder().frequency_hz(4000).start(&path).unwrap();
     // The small case runs with 16 KiB of stack left, below the 32 KiB the
     // handler wants before it unwinds; the roomy one at the top of 256 KiB.
+    // Each thread reports the wall-clock window of its burn: samples taken
+    // while the small thread was still recursing down to its last 16 KiB have
+    // room to unwind (that descent takes long under an emulator).
     let hs: Vec<_> = [24usize << 10, 256 << 10]
         .into_iter()
         .map(|size| {
             std::thread::Builder::new()
                 .stack_size(size)
                 .spawn(move || {
-                    if size < 256 << 10 {
-                        with_stack_left(stack_lo(), 16 << 10, &mut || burn(0.1));
-                    } else {
+                    let mut window = (0, 0);
+                    let mut run = || {
+                        let t0 = unix_us();
                         burn(0.1);
+                        window = (t0, unix_us());
+                    };
+                    if size < 256 << 10 {
+                        with_stack_left(stack_lo(), 16 << 10, &mut run);
+                    } else {
+                        run();
                     }
-                    (size, gettid(), ())
+                    (size, gettid(), window)
                 })
                 .unwrap()
         })
         .collect();
-    let tids: Vec<(usize, u32)> = hs
-        .into_iter()
-        .map(|h| {
-            let (size, tid, ()) = h.join().unwrap();
-            (size, tid)
-        })
-        .collect();
+    let runs: Vec<(usize, u32, (u64, u64))> = hs.into_iter().map(|h| h.join().unwrap()).collect();
     let stats = g.finish().unwrap();
     let snap = spulse::Snapshot::open(&path).unwrap();
-    for (size, tid) in tids {
+    for (size, tid, (t0, t1)) in runs {
         let (mut n, mut leaf_only) = (0, 0);
         for s in snap.samples().filter(|s| snap.thread(s.thread).tid == tid) {
+            if !(t0..=t1).contains(&s.time_us) {
+                continue;
+            }
             n += 1;
             let frames: Vec<_> = snap.stack_frames(s.stack).collect();
             if frames.len() == 2 && snap.frame(frames[1]) == Frame::Truncated {
                 leaf_only += 1;
             }
         }
-        eprintln!("stack {size}: {n} samples, {leaf_only} leaf-only");
+        eprintln!("stack {size}: {n} samples while burning, {leaf_only} leaf-only");
         assert!(n > 100, "thread with a {size}-byte stack got {n} samples");
         if size >= 256 << 10 {
             assert_eq!(leaf_only, 0, "a roomy stack is unwound");
@@ -378,4 +384,9 @@ fn handler_restored_without_siginfo_is_reinstalled() {
     let stats = g.finish().unwrap();
     assert!(stats.samples_written > 0, "{stats:?}");
     assert_eq!(spulse::Snapshot::open(&second).unwrap().len() as u64, stats.samples_written);
+}
+
+/// Wall-clock microseconds since the Unix epoch: the clock of the spool's sample times.
+fn unix_us() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_micros() as u64
 }

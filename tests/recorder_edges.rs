@@ -309,7 +309,13 @@ fn stats_count_threads_that_block_the_profiling_signal() {
     let per = per_thread(&spulse::Snapshot::open(&path).unwrap());
     assert!(per.get(&free).copied().unwrap_or(0) > 50, "{per:?}");
     assert_eq!(per.get(&blocked), None, "a thread blocking the signal cannot be sampled");
-    assert_eq!(stats.threads_blocking_signal, 1, "{stats:?}");
+    if emulated() {
+        // qemu-user's own threads (its RCU thread blocks every signal) are in
+        // /proc/self/task too.
+        assert!(stats.threads_blocking_signal >= 1, "{stats:?}");
+    } else {
+        assert_eq!(stats.threads_blocking_signal, 1, "{stats:?}");
+    }
     assert!(stats.threads_never_sampled >= 1, "{stats:?}");
     assert!(stats.threads_seen >= 3, "{stats:?}"); // this test's thread and the two spinners
     assert!(stats.threads_seen > stats.threads_never_sampled, "{stats:?}");

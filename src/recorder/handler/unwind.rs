@@ -169,6 +169,9 @@ mod tests {
     /// path: a CFA expression that yields 4 makes its `cfa - 8` underflow (a panic
     /// in a debug build) once the return address cannot be read at CFA - 8. The
     /// table the handler gets leaves that FDE out, so the unwind ends in an error.
+    // The FDE filter (cfi_check) exists for framehop's x86_64 rules; on other
+    // targets the unwind tables are handed over unfiltered (see cfi_check.rs).
+    #[cfg(target_arch = "x86_64")]
     #[test]
     fn an_fde_on_the_unchecked_path_is_never_handed_to_the_unwinder() {
         use crate::recorder::cfi_check::synth::{cie, fde, hdr};
