@@ -7,6 +7,7 @@
 //! - [`report`]: function tables (`top`) and folded stacks built from the above.
 //! - [`export`]: the export formats (pprof, firefox, collapsed, svg, speedscope).
 //! - [`display`]: escaping untrusted text for the terminal and XML, fitting it to a width.
+//! - [`merge`]: merging per-process spools into one (`record`).
 //! - [`commands`]: one module per subcommand.
 
 pub mod aggregate;
@@ -15,6 +16,7 @@ pub mod display;
 pub mod error;
 pub mod export;
 pub mod input;
+pub mod merge;
 pub mod report;
 pub mod symbolize;
 

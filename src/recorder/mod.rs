@@ -626,6 +626,12 @@ fn frequency(b: &RecorderBuilder) -> Result<u32, Error> {
 }
 
 fn start_with(b: &RecorderBuilder, path: &Path) -> Result<Guard, Error> {
+    if let Some(pid) = crate::preloaded::recorded_by_preload() {
+        return Err(Error::Recorder(format!(
+            "process {pid} is already recorded by libspulse_preload.so (LD_PRELOAD or `spulse record`); \
+             this recorder was not started and the program runs on, recorded once"
+        )));
+    }
     if RUNNING.compare_exchange(false, true, Ordering::SeqCst, Ordering::SeqCst).is_err() {
         return Err(Error::Recorder(
             "a spulse recorder is already running in this process; finish it before starting another".into(),
