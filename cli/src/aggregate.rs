@@ -20,6 +20,8 @@ use crate::CliError;
 pub struct Filter {
     /// Only samples of threads with this kernel thread id.
     pub tid: Option<u32>,
+    /// Only samples of this process.
+    pub pid: Option<u32>,
     /// Only samples at or after this many microseconds since the profile start.
     pub from_us: Option<u64>,
     /// Only samples before this many microseconds since the profile start.
@@ -176,7 +178,8 @@ pub fn aggregate(replay: &Replay, filter: &Filter, per_thread: bool) -> Result<A
             });
         }
         thread_ctx.push(pair);
-        thread_wanted.push(filter.tid.is_none_or(|tid| tid == t.tid));
+        thread_wanted
+            .push(filter.tid.is_none_or(|tid| tid == t.tid) && filter.pid.is_none_or(|pid| pid == t.pid));
     }
 
     let stacks = defs.stack_count();

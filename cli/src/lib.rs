@@ -7,6 +7,7 @@
 //! - [`report`]: function tables (`top`) and folded stacks built from the above.
 //! - [`export`]: the export formats (pprof, firefox, collapsed, svg, speedscope).
 //! - [`display`]: escaping untrusted text for the terminal and XML, fitting it to a width.
+//! - [`processes`]: the processes of a spool (pid, program, samples, ended).
 //! - [`merge`]: merging per-process spools into one (`record`).
 //! - [`commands`]: one module per subcommand.
 
@@ -17,6 +18,7 @@ pub mod error;
 pub mod export;
 pub mod input;
 pub mod merge;
+pub mod processes;
 pub mod report;
 pub mod symbolize;
 

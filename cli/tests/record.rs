@@ -302,6 +302,64 @@ fn check_pids(s: &Snapshot) -> Vec<u32> {
     tp
 }
 
+fn spulse(args: &[&str]) -> String {
+    let o = Command::new(env!("CARGO_BIN_EXE_spulse")).args(args).output().unwrap();
+    assert!(o.status.success(), "spulse {args:?}: {}", stderr(&o));
+    String::from_utf8(o.stdout).unwrap()
+}
+
+/// `info`, `top --pid`, `top --per-process` and the exports show every process.
+fn check_views(spool: &Path, s: &Snapshot, pids: &[u32]) {
+    let path = spool.to_str().unwrap();
+    let by = samples_by_thread(s);
+    let samples_of = |pid: u32| by.iter().filter(|((p, _), _)| *p == pid).map(|(_, n)| *n).sum::<u64>();
+    let info: serde_json::Value = serde_json::from_str(&spulse(&["info", "--json", path])).unwrap();
+    let list = info["process_list"].as_array().unwrap();
+    for &pid in pids {
+        let p = list
+            .iter()
+            .find(|p| p["pid"] == pid)
+            .unwrap_or_else(|| panic!("pid {pid} not in info: {list:?}"));
+        assert_eq!(p["ended"], true, "{p}");
+        assert_eq!(p["samples"].as_u64().unwrap(), samples_of(pid), "{p}");
+        assert!(!p["program"].as_str().unwrap().is_empty(), "{p}");
+        let top = spulse(&["top", "--pid", &pid.to_string(), "-n", "1", path]);
+        assert!(top.starts_with(&format!("{} samples", samples_of(pid))), "top --pid {pid}: {top}");
+    }
+    let text = spulse(&["info", path]);
+    assert!(text.contains("PROGRAM") && text.contains("ENDED"), "{text}");
+    let per: serde_json::Value =
+        serde_json::from_str(&spulse(&["top", "--per-process", "--json", "-n", "3", path])).unwrap();
+    for &pid in pids {
+        let sec = per.as_array().unwrap().iter().find(|p| p["pid"] == pid).expect("a section per process");
+        assert_eq!(sec["samples"].as_u64().unwrap(), samples_of(pid));
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let ss = dir.path().join("x.speedscope.json");
+    spulse(&["export", "-f", "speedscope", "-o", ss.to_str().unwrap(), path]);
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&ss).unwrap()).unwrap();
+    let names: Vec<String> =
+        v["profiles"].as_array().unwrap().iter().map(|p| p["name"].as_str().unwrap().to_string()).collect();
+    for &pid in pids {
+        assert!(
+            names.iter().any(|n| n.contains(&format!("pid {pid}"))),
+            "speedscope profile for pid {pid}: {names:?}"
+        );
+    }
+    let ff = dir.path().join("x.firefox.json");
+    spulse(&["export", "-f", "firefox", "-o", ff.to_str().unwrap(), path]);
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&ff).unwrap()).unwrap();
+    let ff_pids: std::collections::HashSet<String> = v["threads"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["pid"].to_string().trim_matches('"').to_string())
+        .collect();
+    for &pid in pids {
+        assert!(ff_pids.contains(&pid.to_string()), "firefox process for pid {pid}: {ff_pids:?}");
+    }
+}
+
 // ---------------------------------------------------------------- tests
 
 fn tree_fork_exec_and_nonzero_exit() {
@@ -319,6 +377,7 @@ fn tree_fork_exec_and_nonzero_exit() {
     for p in reps.keys() {
         assert!(pids.contains(p), "pid {p} missing from {pids:?}");
     }
+    check_views(&r.spool, &s, &reps.keys().copied().collect::<Vec<_>>());
     // The shell exec'd this program: its pid has this program's module, and
     // the shell image before it was retired before the program's modules came.
     let exe = std::fs::canonicalize(me()).unwrap();
@@ -532,6 +591,84 @@ fn sigkill_of_the_recorder_leaves_a_readable_prefix() {
     unsafe { libc::kill(-(rec.id() as i32), libc::SIGKILL) };
 }
 
+fn node_jit_frames_are_named_per_process() {
+    let node = which("node").expect(
+        "node is needed for this test (it records a real JIT): install Node.js (apt-get install nodejs)",
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let child = dir.path().join("child.js");
+    std::fs::write(
+        &child,
+        "function childHotLoopZeta(n) { let s = 0; for (let i = 0; i < n; i++) { s = (s * 31 + i) % 1000003; } return s; }\n\
+         let t = 0; const end = Date.now() + 700; while (Date.now() < end) { t += childHotLoopZeta(20000); }\n\
+         console.log(t);\n",
+    )
+    .unwrap();
+    let app = dir.path().join("app.js");
+    std::fs::write(
+        &app,
+        format!(
+            "const {{ execFileSync }} = require('child_process');\n\
+             function parentHotLoopAlpha(n) {{ let s = 0; for (let i = 0; i < n; i++) {{ s = (s * 17 + i) % 999983; }} return s; }}\n\
+             let t = 0; const end = Date.now() + 700; while (Date.now() < end) {{ t += parentHotLoopAlpha(20000); }}\n\
+             console.log(t);\n\
+             process.stdout.write(execFileSync(process.execPath, ['--perf-basic-prof', {:?}]));\n",
+            child.to_str().unwrap()
+        ),
+    )
+    .unwrap();
+    let spool = dir.path().join("node.spool");
+    let o = Command::new(env!("CARGO_BIN_EXE_spulse"))
+        .args(["record", "-o", spool.to_str().unwrap(), "--"])
+        .arg(&node)
+        .arg("--perf-basic-prof")
+        .arg(&app)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let s = open_complete(&spool);
+    check_all_retired(&s);
+    let pids = check_pids(&s);
+    let per: serde_json::Value = serde_json::from_str(&spulse(&[
+        "top",
+        "--per-process",
+        "--json",
+        "-n",
+        "0",
+        spool.to_str().unwrap(),
+    ]))
+    .unwrap();
+    for p in &pids {
+        let _ = std::fs::remove_file(format!("/tmp/perf-{p}.map"));
+    }
+    // Each JS function is named (from its own process's perf map) in exactly
+    // the process that ran it, with a good share of that process's samples.
+    for (func, other) in
+        [("parentHotLoopAlpha", "childHotLoopZeta"), ("childHotLoopZeta", "parentHotLoopAlpha")]
+    {
+        let mut owners = Vec::new();
+        for sec in per.as_array().unwrap() {
+            let fns = sec["functions"].as_array().unwrap();
+            let hit = fns.iter().find(|f| f["function"].as_str().unwrap().contains(func));
+            if let Some(f) = hit {
+                assert!(f["module"].as_str().unwrap().starts_with("perf-"), "{f}");
+                assert!(f["self_percent"].as_f64().unwrap() > 20.0, "{func} is hot in its process: {f}");
+                assert!(
+                    !fns.iter().any(|f| f["function"].as_str().unwrap().contains(other)),
+                    "{other} must not appear in the process of {func}"
+                );
+                owners.push(sec["pid"].as_u64().unwrap());
+            }
+        }
+        assert_eq!(owners.len(), 1, "{func} named in exactly one process: {per}");
+    }
+}
+
+fn which(prog: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path).map(|d| d.join(prog)).find(|p| p.is_file())
+}
+
 fn main() {
     if let Ok(role) = std::env::var(ROLE) {
         run_role(&role);
@@ -548,6 +685,7 @@ fn main() {
             "sigkill_of_the_recorder_leaves_a_readable_prefix",
             sigkill_of_the_recorder_leaves_a_readable_prefix,
         ),
+        ("node_jit_frames_are_named_per_process", node_jit_frames_are_named_per_process),
     ];
     let filter: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with('-')).collect();
     let mut failed = Vec::new();

@@ -10,6 +10,7 @@ use super::{parse_count, parse_u64, with_stdout, SymbolArgs};
 use crate::aggregate::{aggregate, Filter};
 use crate::display::{escape, fit};
 use crate::input::open_replay;
+use crate::processes::processes;
 use crate::report::{symbolize_all, top, FunctionStats};
 use crate::symbolize::Symbolizer;
 use crate::CliError;
@@ -30,6 +31,9 @@ pub struct FilterArgs {
     /// Only samples of the thread with this kernel thread id.
     #[arg(long, value_name = "TID", allow_negative_numbers = true)]
     pub thread: Option<u32>,
+    /// Only samples of the process with this pid.
+    #[arg(long, value_name = "PID", allow_negative_numbers = true)]
+    pub pid: Option<u32>,
     /// Only samples at or after US microseconds since the profile start.
     #[arg(long, value_name = "US", value_parser = parse_u64, allow_negative_numbers = true)]
     pub from: Option<u64>,
@@ -41,14 +45,14 @@ pub struct FilterArgs {
 impl FilterArgs {
     /// The filter.
     pub fn filter(&self) -> Filter {
-        Filter { tid: self.thread, from_us: self.from, to_us: self.to }
+        Filter { tid: self.thread, pid: self.pid, from_us: self.from, to_us: self.to }
     }
 }
 
 /// Arguments of `spulse top`.
 #[derive(Debug, Args)]
 #[command(
-    after_help = "Examples:\n  spulse top app.spool\n  spulse top app.spool -n 10 --thread 4242 --from 1000000 --to 3000000\n  spulse top app.spool --json --symbols /usr/lib/debug"
+    after_help = "Examples:\n  spulse top app.spool\n  spulse top app.spool -n 10 --thread 4242 --from 1000000 --to 3000000\n  spulse top app.spool --json --symbols /usr/lib/debug\n  spulse top tree.spool --per-process -n 5\n  spulse top tree.spool --pid 4242"
 )]
 pub struct TopArgs {
     /// The spool file.
@@ -69,6 +73,9 @@ pub struct TopArgs {
     /// Sort column.
     #[arg(long, value_enum, default_value_t = SortBy::SelfSamples)]
     pub sort: SortBy,
+    /// One table per process (pid, program), each with its own percentages.
+    #[arg(long)]
+    pub per_process: bool,
     #[command(flatten)]
     pub filter: FilterArgs,
     #[command(flatten)]
@@ -129,36 +136,95 @@ pub fn run(args: &TopArgs) -> Result<(), CliError> {
         }
     }
     let replay = open_replay(&args.file)?;
-    let agg = aggregate(&replay, &args.filter.filter(), false)?;
+    if let Some(pid) = args.filter.pid {
+        if !replay.threads().iter().any(|t| t.pid == pid) {
+            return Err(CliError::input(format!("{}: no process with pid {pid}", args.file.display())));
+        }
+    }
     if let Some(tid) = args.filter.thread {
         if !replay.threads().iter().any(|t| t.tid == tid) {
             return Err(CliError::input(format!("{}: no thread with tid {tid}", args.file.display())));
         }
     }
     let mut sym = Symbolizer::new(args.symbols.options());
-    symbolize_all(&replay, &agg, &mut sym);
-    let mut stats = top(&replay, &agg, &mut sym);
-    sort_stats(&mut stats, args.sort);
-    let total = agg.total;
+    if !args.per_process {
+        let (stats, total) = table(&replay, &args.filter.filter(), args.sort, &mut sym)?;
+        return with_stdout(|out| {
+            if args.json {
+                writeln!(
+                    out,
+                    "{}",
+                    serde_json::to_string_pretty(&json_rows(&stats, &sym, total, args.n)).expect("json")
+                )
+            } else {
+                writeln!(out, "{total} samples")?;
+                write_table(out, &stats, &sym, total, args.n, None)
+            }
+        });
+    }
+    // One table per process that matches the filter.
+    let mut per_thread = vec![0u64; replay.threads().len()];
+    for s in replay.samples() {
+        per_thread[s?.thread.index()] += 1;
+    }
+    let mut sections = Vec::new();
+    for p in processes(&replay, &per_thread) {
+        if args.filter.pid.is_some_and(|pid| pid != p.pid) || p.threads == 0 {
+            continue;
+        }
+        let filter = Filter { pid: Some(p.pid), ..args.filter.filter() };
+        let (stats, total) = table(&replay, &filter, args.sort, &mut sym)?;
+        sections.push((p, stats, total));
+    }
     with_stdout(|out| {
         if args.json {
-            let shown = if args.n == 0 { stats.len() } else { args.n.min(stats.len()) };
-            let v: Vec<_> = stats[..shown]
+            let v: Vec<_> = sections
                 .iter()
-                .map(|s| {
-                    let f = sym.function(s.func);
-                    json!({
-                        "function": f.name, "module": f.module,
-                        "self": s.self_samples, "total": s.total_samples,
-                        "self_percent": pct(s.self_samples, total),
-                        "total_percent": pct(s.total_samples, total),
-                    })
+                .map(|(p, stats, total)| {
+                    json!({"pid": p.pid, "program": p.program, "samples": total, "ended": p.ended,
+                           "functions": json_rows(stats, &sym, *total, args.n)})
                 })
                 .collect();
-            writeln!(out, "{}", serde_json::to_string_pretty(&v).expect("json"))
-        } else {
-            writeln!(out, "{total} samples")?;
-            write_table(out, &stats, &sym, total, args.n, None)
+            return writeln!(out, "{}", serde_json::to_string_pretty(&v).expect("json"));
         }
+        for (i, (p, stats, total)) in sections.iter().enumerate() {
+            if i > 0 {
+                writeln!(out)?;
+            }
+            writeln!(out, "process {} ({}): {total} samples", p.pid, escape(&p.program))?;
+            write_table(out, stats, &sym, *total, args.n, None)?;
+        }
+        Ok(())
     })
+}
+
+/// Aggregate, symbolize and sort the samples `filter` selects.
+fn table(
+    replay: &spulse::Replay,
+    filter: &Filter,
+    sort: SortBy,
+    sym: &mut Symbolizer,
+) -> Result<(Vec<FunctionStats>, u64), CliError> {
+    let agg = aggregate(replay, filter, false)?;
+    symbolize_all(replay, &agg, sym);
+    let mut stats = top(replay, &agg, sym);
+    sort_stats(&mut stats, sort);
+    Ok((stats, agg.total))
+}
+
+/// The JSON rows of a top table.
+fn json_rows(stats: &[FunctionStats], sym: &Symbolizer, total: u64, n: usize) -> Vec<serde_json::Value> {
+    let shown = if n == 0 { stats.len() } else { n.min(stats.len()) };
+    stats[..shown]
+        .iter()
+        .map(|s| {
+            let f = sym.function(s.func);
+            json!({
+                "function": f.name, "module": f.module,
+                "self": s.self_samples, "total": s.total_samples,
+                "self_percent": pct(s.self_samples, total),
+                "total_percent": pct(s.total_samples, total),
+            })
+        })
+        .collect()
 }
