@@ -623,6 +623,7 @@ fn node_jit_frames_are_named_per_process() {
         .arg(&node)
         .arg("--perf-basic-prof")
         .arg(&app)
+        .current_dir(dir.path()) // node may leave V8 log files in its working directory
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", stderr(&o));
