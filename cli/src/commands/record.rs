@@ -277,6 +277,9 @@ impl Collector {
             };
             if failed.is_some() || ended {
                 src.retire_all(out)?;
+                // Its content is in the output now: free the disk space at once
+                // (a long build runs through thousands of processes).
+                let _ = std::fs::remove_file(&entry.path);
                 entry.state = EntryState::Done {
                     samples: src.samples,
                     dropped: src.dropped,
