@@ -46,6 +46,7 @@ pub struct Source {
     pub pid: u32,
     tail: Tail,
     modules: Vec<ModState>,
+    next_module: usize,
     frames: Vec<Option<FrameId>>,
     stacks: Vec<Option<StackId>>,
     threads: Vec<Option<ThreadId>>,
@@ -78,6 +79,7 @@ impl Source {
             pid,
             tail: Tail::open(path)?,
             modules: Vec::new(),
+            next_module: 0,
             frames: Vec::new(),
             stacks: Vec::new(),
             threads: Vec::new(),
@@ -181,9 +183,12 @@ impl Source {
         }
         // Define pending modules in source order; stop at the first that the
         // output refuses (its range is still held by a module the source
-        // retires later), so that the order is kept.
-        for idx in 0..self.modules.len() {
+        // retires later), so that the order is kept. `next_module` is the
+        // first that may still be pending.
+        while self.next_module < self.modules.len() {
+            let idx = self.next_module;
             if self.modules[idx] != ModState::Pending {
+                self.next_module += 1;
                 continue;
             }
             let m = &defs.modules()[idx];
@@ -197,7 +202,10 @@ impl Source {
                 build_id: &m.build_id,
             };
             match out.define_module(&new) {
-                Ok(id) => self.modules[idx] = ModState::Defined(id),
+                Ok(id) => {
+                    self.modules[idx] = ModState::Defined(id);
+                    self.next_module += 1;
+                }
                 Err(e) if !is_io(&e) => break,
                 Err(e) => return Err(MergeError::Output(e)),
             }
@@ -266,9 +274,11 @@ impl Source {
                 Some(ModState::Defined(m)) if out.definitions().is_module_active(*m) => {
                     Frame::Module { module: *m, file_relative }
                 }
-                _ => match defs.module(module).absolute(file_relative) {
-                    Some(address) => Frame::Absolute { address, kernel: false },
-                    None => Frame::Truncated,
+                // The source validated the address against the module, so
+                // `absolute` succeeds; 0 only guards the arithmetic.
+                _ => Frame::Absolute {
+                    address: defs.module(module).absolute(file_relative).unwrap_or(0),
+                    kernel: false,
                 },
             },
             other => other,

@@ -137,8 +137,12 @@ pub fn run(args: &RecordArgs) -> Result<i32, CliError> {
     let mut out = SpoolWriter::new(file, Header { start_time_us, interval_us })?;
     out.flush()?;
 
-    let mut collector =
-        Collector { dir: dir.path().to_path_buf(), entries: BTreeMap::new(), seen: HashSet::new() };
+    let mut collector = Collector {
+        dir: dir.path().to_path_buf(),
+        entries: BTreeMap::new(),
+        done: Vec::new(),
+        seen: HashSet::new(),
+    };
     let pidfd = pidfd_open(cmd_pid);
     let mut cmd_status: Option<i32> = None;
     loop {
@@ -187,8 +191,15 @@ enum EntryState {
     Waiting,
     /// Being merged.
     Open(Box<Source>),
-    /// Finished (merged and retired, or abandoned).
-    Done { samples: u64, dropped: u64, error: Option<String> },
+}
+
+/// A finished spool (merged and retired, or abandoned).
+struct Done {
+    pid: u32,
+    path: PathBuf,
+    samples: u64,
+    dropped: u64,
+    error: Option<String>,
 }
 
 struct Entry {
@@ -202,6 +213,7 @@ struct Collector {
     dir: PathBuf,
     /// By (pid, monotonic ns at the recorder's start): exec images of one pid in order.
     entries: BTreeMap<(u32, u64), Entry>,
+    done: Vec<Done>,
     seen: HashSet<OsString>,
 }
 
@@ -232,26 +244,21 @@ impl Collector {
     }
 
     fn all_done(&self) -> bool {
-        self.entries.values().all(|e| matches!(e.state, EntryState::Done { .. }))
+        self.entries.is_empty()
     }
 
     /// Merge what every current spool gained; finish the spools whose process ended.
     fn tick(&mut self, out: &mut SpoolWriter<File>) -> Result<(), CliError> {
         let keys: Vec<(u32, u64)> = self.entries.keys().copied().collect();
         for (i, &(pid, ns)) in keys.iter().enumerate() {
-            // Only the oldest unfinished spool of a pid is merged: a later one
-            // is a later exec image, and starts after this one is retired.
-            if keys[..i]
-                .iter()
-                .any(|k| k.0 == pid && !matches!(self.entries[k].state, EntryState::Done { .. }))
-            {
+            // Finished spools leave the map, and keys sort by (pid, ns): only
+            // the oldest spool of a pid is merged. A later one is a later exec
+            // image, and starts after this one is retired.
+            if i > 0 && keys[i - 1].0 == pid {
                 continue;
             }
-            let superseded = keys[i + 1..].iter().any(|k| k.0 == pid);
+            let superseded = keys.get(i + 1).is_some_and(|k| k.0 == pid);
             let entry = self.entries.get_mut(&(pid, ns)).expect("key from the map");
-            if matches!(entry.state, EntryState::Done { .. }) {
-                continue;
-            }
             // Decide "ended" before the last read: once it has ended, nothing
             // more can be appended, so the read below gets everything.
             let ended = superseded || !alive(pid, entry.starttime);
@@ -259,11 +266,15 @@ impl Collector {
                 match Source::open(&entry.path, pid) {
                     Ok(s) => entry.state = EntryState::Open(Box::new(s)),
                     Err(e) if ended => {
-                        entry.state = EntryState::Done {
+                        let path = entry.path.clone();
+                        self.entries.remove(&(pid, ns));
+                        self.done.push(Done {
+                            pid,
+                            path,
                             samples: 0,
                             dropped: 0,
                             error: Some(format!("process {pid} left no readable spool: {e}")),
-                        };
+                        });
                         continue;
                     }
                     Err(_) => continue,
@@ -277,14 +288,18 @@ impl Collector {
             };
             if failed.is_some() || ended {
                 src.retire_all(out)?;
-                // Its content is in the output now: free the disk space at once
-                // (a long build runs through thousands of processes).
-                let _ = std::fs::remove_file(&entry.path);
-                entry.state = EntryState::Done {
+                let done = Done {
+                    pid,
+                    path: entry.path.clone(),
                     samples: src.samples,
                     dropped: src.dropped,
                     error: failed.map(|m| format!("process {pid}: stopped reading its spool: {m}")),
                 };
+                // Its content is in the output now: free the disk space at once
+                // (a long build runs through thousands of processes).
+                let _ = std::fs::remove_file(&done.path);
+                self.entries.remove(&(pid, ns));
+                self.done.push(done);
             }
         }
         Ok(())
@@ -295,17 +310,15 @@ impl Collector {
         let mut samples = 0;
         let mut lost = 0;
         let mut warnings = Vec::new();
-        for (&(pid, _), e) in &self.entries {
-            pids.insert(pid);
-            if let EntryState::Done { samples: s, dropped, error } = &e.state {
-                samples += s;
-                lost += dropped;
-                if let Some(m) = error {
-                    warnings.push(m.clone());
-                }
+        for d in &self.done {
+            pids.insert(d.pid);
+            samples += d.samples;
+            lost += d.dropped;
+            if let Some(m) = &d.error {
+                warnings.push(m.clone());
             }
             // Samples the process's own recorder lost (written at its exit).
-            if let Ok(text) = std::fs::read_to_string(e.path.with_extension("stats")) {
+            if let Ok(text) = std::fs::read_to_string(d.path.with_extension("stats")) {
                 if let Some(l) = text.split_whitespace().nth(1).and_then(|v| v.parse::<u64>().ok()) {
                     lost += l;
                 }
