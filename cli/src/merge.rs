@@ -302,3 +302,84 @@ impl Source {
 fn is_io(e: &spulse::Error) -> bool {
     !matches!(e, spulse::Error::InvalidRecord { .. })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use spulse::{Header, Snapshot};
+
+    const HDR: Header = Header { start_time_us: 1_000_000, interval_us: 1000 };
+
+    fn module<'a>(pid: u32, path: &'a [u8]) -> NewModule<'a> {
+        NewModule { pid, start: 0x1000, size: 0x1000, file_offset: 0, generation: 0, path, build_id: b"" }
+    }
+
+    fn output(dir: &Path) -> (PathBuf, SpoolWriter<File>) {
+        let p = dir.join("out.spool");
+        (p.clone(), SpoolWriter::new(File::create(&p).unwrap(), HDR).unwrap())
+    }
+
+    /// A library unmapped and another mapped at the same range between two
+    /// samples: each sample keeps its own module in the merged spool, the
+    /// old one is retired before the new one is defined, and the end retires all.
+    #[test]
+    fn retirement_and_reuse_of_a_range_keep_their_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let src = dir.path().join("7.1.spool");
+        let mut w = SpoolWriter::new(File::create(&src).unwrap(), HDR).unwrap();
+        let a = w.define_module(&module(7, b"/lib/a.so")).unwrap();
+        let th = w.define_thread(7, 7, "main").unwrap();
+        let fa = w.define_frame(Frame::Module { module: a, file_relative: 0x10 }).unwrap();
+        let sa = w.define_stack(None, fa).unwrap();
+        w.sample(1_000_100, th, sa).unwrap();
+        w.deactivate_module(a).unwrap();
+        let b = w.define_module(&module(7, b"/lib/b.so")).unwrap();
+        let fb = w.define_frame(Frame::Module { module: b, file_relative: 0x20 }).unwrap();
+        let sb = w.define_stack(None, fb).unwrap();
+        w.sample(1_000_200, th, sb).unwrap();
+        w.flush().unwrap();
+        drop(w);
+
+        let (out_path, mut out) = output(dir.path());
+        let mut s = Source::open(&src, 7).unwrap();
+        assert!(s.pump(&mut out).is_ok());
+        s.retire_all(&mut out).unwrap();
+        out.flush().unwrap();
+        drop(out);
+        assert_eq!((s.samples, s.dropped), (2, 0));
+        let snap = Snapshot::open(&out_path).unwrap();
+        let d = snap.definitions();
+        let paths: Vec<Vec<u8>> = snap
+            .samples()
+            .map(|x| match d.frame(d.stack(x.stack).frame) {
+                Frame::Module { module, .. } => d.module(module).path.clone(),
+                other => panic!("unattributed frame {other:?}"),
+            })
+            .collect();
+        assert_eq!(paths, vec![b"/lib/a.so".to_vec(), b"/lib/b.so".to_vec()]);
+        assert!(d.modules().iter().all(|m| !d.is_module_active(m.id)));
+    }
+
+    /// A per-process spool whose records claim another pid is refused, and
+    /// nothing of it reaches the output.
+    #[test]
+    fn records_of_another_pid_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let src = dir.path().join("7.1.spool");
+        let mut w = SpoolWriter::new(File::create(&src).unwrap(), HDR).unwrap();
+        w.define_module(&module(8, b"/lib/a.so")).unwrap();
+        w.flush().unwrap();
+        drop(w);
+        let (out_path, mut out) = output(dir.path());
+        let mut s = Source::open(&src, 7).unwrap();
+        match s.pump(&mut out) {
+            Err(MergeError::Source(msg)) => {
+                assert!(msg.contains("pid 8") && msg.contains("process 7"), "{msg}")
+            }
+            _ => panic!("a foreign pid must be refused"),
+        }
+        out.flush().unwrap();
+        drop(out);
+        assert!(Snapshot::open(&out_path).unwrap().definitions().modules().is_empty());
+    }
+}
