@@ -287,6 +287,9 @@ impl RecorderBuilder {
     /// template too). The file must not exist unless [`overwrite`](Self::overwrite)
     /// is set. Every setting is checked before anything is created: a bad value
     /// is an `Err` naming it, and leaves no file, no signal handler and no thread.
+    /// When `libspulse_preload.so` (`LD_PRELOAD`, `spulse record`) already
+    /// records this process, the call is an `Err` saying so and the program
+    /// runs on, recorded once (see `src/preloaded.rs`).
     pub fn start(&self, path: impl AsRef<Path>) -> Result<Guard, Error> {
         start_with(self, path.as_ref())
     }
