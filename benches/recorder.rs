@@ -13,8 +13,7 @@ use std::time::Duration;
 
 use criterion::Criterion;
 
-#[path = "../examples/support/mod.rs"]
-mod support;
+use spulse_testkit::symbols as support;
 
 use support::{burn_cpu, gettid, thread_cpu_seconds as thread_cpu};
 
@@ -43,7 +42,7 @@ fn percentile(hist: &[u64], q: f64) -> f64 {
     for (i, &n) in hist.iter().enumerate() {
         acc += n;
         if acc >= target.max(1) {
-            return (i as f64 + 0.5) * spulse::__bench::BUCKET_NS as f64;
+            return (i as f64 + 0.5) * spulse::testing::handler_timing::BUCKET_NS as f64;
         }
     }
     f64::NAN
@@ -58,16 +57,16 @@ fn handler_cost(cpu: f64) {
         // Frames below the recursion (thread start, closure, at_depth itself): about 6.
         let recursion = depth.saturating_sub(6);
         let g = spulse::Recorder::builder().frequency_hz(4000).max_stack_depth(256).start(&path).unwrap();
-        let _ = spulse::__bench::take_handler_times();
-        spulse::__bench::handler_timing(true);
+        let _ = spulse::testing::handler_timing::take_handler_times();
+        spulse::testing::handler_timing::handler_timing(true);
         let tid = std::thread::spawn(move || {
             black_box(at_depth(recursion, cpu));
             gettid()
         })
         .join()
         .unwrap();
-        spulse::__bench::handler_timing(false);
-        let hist = spulse::__bench::take_handler_times();
+        spulse::testing::handler_timing::handler_timing(false);
+        let hist = spulse::testing::handler_timing::take_handler_times();
         g.finish().unwrap();
         let snap = spulse::Snapshot::open(&path).unwrap();
         let (mut frames, mut n) = (0usize, 0usize);

@@ -1,12 +1,12 @@
 //! Spool format benchmarks (figures in BENCHMARKS.md, section "Spool format").
 //!
-//! On a generated profile (see `spool_profile`): writer encode rate, `Snapshot`
+//! On a generated profile (see `spulse_testkit::profile`): writer encode rate, `Snapshot`
 //! open (from memory and from a file), `Replay` validation and sequential scan,
 //! `Tail` drain, and parsing the same data as JSON with serde_json. Run the real
 //! figures with `cargo bench --bench spool` (10 million samples); under
 //! `cargo test --all-targets` each benchmark runs once on a small spool.
 
-mod spool_profile;
+use spulse_testkit::profile as spool_profile;
 
 use std::collections::HashMap;
 use std::hint::black_box;

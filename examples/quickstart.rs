@@ -5,7 +5,7 @@
 //! cargo run --release --example quickstart [out.spool]
 //! ```
 
-mod support;
+use spulse_testkit::symbols as support;
 
 use std::collections::HashMap;
 use std::hint::black_box;

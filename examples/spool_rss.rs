@@ -16,8 +16,7 @@
 //! generator's ticks `TICK_US` apart instead of 1 ms (10,000 gives a 5.8-hour
 //! profile of 10 M samples).
 
-#[path = "../benches/spool_profile/mod.rs"]
-mod spool_profile;
+use spulse_testkit::profile as spool_profile;
 
 use std::time::{Duration, Instant};
 

@@ -169,8 +169,144 @@ pub enum Error {
     /// The writer failed earlier and refuses further records, so that a
     /// partial write is never followed by more bytes.
     WriterPoisoned,
-    /// The recorder could not start or stop; the message says what and why.
-    Recorder(String),
+    /// The recorder could not start, stop or mark; [`RecorderError`] says why.
+    Recorder(RecorderError),
+}
+
+/// Why the recorder could not start, stop or write a mark.
+#[non_exhaustive]
+pub enum RecorderError {
+    /// A recorder is already running in this process (one at a time).
+    AlreadyRunning,
+    /// No recorder is running (a Python-runtime mark without one).
+    NotRunning,
+    /// A builder setting (or the environment variable standing for it) is
+    /// invalid; nothing was created.
+    InvalidConfig {
+        /// The setting: `frequency_hz`, `max_stack_depth`, `ring_capacity`,
+        /// `flush_interval`, `mode`, `path`, `SPULSE_FREQUENCY` or `SPULSE_OUTPUT`.
+        setting: &'static str,
+        /// A sentence naming the setting, its value and the accepted values.
+        message: String,
+    },
+    /// The engine's profiling signal is handled by another signal handler,
+    /// which spulse does not take over.
+    SignalInUse {
+        /// The signal (`SIGTRAP` for perf events, `SIGPROF` for timers).
+        signal: &'static str,
+        /// Address of the other handler.
+        handler: usize,
+    },
+    /// The operating system refused a sampling engine (or the signal
+    /// disposition it needs); the OS error is the [`source`](std::error::Error::source).
+    EngineRefused {
+        /// What was refused, e.g. `"perf_event_open (task-clock, sigtrap)"`.
+        what: &'static str,
+        /// The OS error.
+        source: io::Error,
+    },
+    /// Every engine tried failed (automatic choice): each one's error, in the
+    /// order tried.
+    NoEngine(Vec<Error>),
+    /// `overwrite(true)` did not replace what is at the path.
+    OverwriteRefused {
+        /// The path.
+        path: PathBuf,
+        /// Why it was left alone.
+        reason: &'static str,
+    },
+    /// The recorder's writer thread could not be spawned, exited, or panicked.
+    WriterFailed {
+        /// What happened to it.
+        what: &'static str,
+        /// The OS error, when there is one (a failed spawn).
+        source: Option<io::Error>,
+    },
+    /// The Python-runtime mark repeats the current mode (enter while in, or
+    /// leave while out).
+    PythonModeAlready {
+        /// Whether the call was `python_runtime_enter`.
+        entering: bool,
+    },
+    /// A [`Guard`](crate::Guard) used in a process forked from the one that
+    /// started the recording; the recording belongs to the parent.
+    ForkedChild,
+    /// `libspulse_preload.so` (`LD_PRELOAD`, `spulse record`) already records
+    /// this process; nothing was started and the program runs on, recorded once.
+    RecordedByPreload {
+        /// This process's pid.
+        pid: u32,
+    },
+}
+
+impl fmt::Display for RecorderError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        use RecorderError::*;
+        match self {
+            AlreadyRunning => write!(
+                f,
+                "a spulse recorder is already running in this process; finish it before starting another"
+            ),
+            NotRunning => write!(f, "no spulse recorder is running"),
+            InvalidConfig { message, .. } => write!(f, "{message}"),
+            SignalInUse { signal, handler } => write!(
+                f,
+                "{signal} is already handled by another signal handler (at {handler:#x}); spulse does not \
+                 take over a signal someone else owns"
+            ),
+            EngineRefused { what, source } => write!(f, "{what} was refused: {source}"),
+            NoEngine(errors) => {
+                write!(f, "cannot start sampling: ")?;
+                for (i, e) in errors.iter().enumerate() {
+                    if i > 0 {
+                        write!(f, "; ")?;
+                    }
+                    write!(f, "{e}")?;
+                }
+                Ok(())
+            }
+            OverwriteRefused { path, reason } => write!(f, "{}: not overwritten: {reason}", path.display()),
+            WriterFailed { what, source: Some(e) } => write!(f, "the spulse writer thread {what}: {e}"),
+            WriterFailed { what, source: None } => write!(f, "the spulse writer thread {what}"),
+            PythonModeAlready { entering: true } => {
+                write!(f, "python_runtime_enter: the process is in Python-runtime mode already")
+            }
+            PythonModeAlready { entering: false } => {
+                write!(f, "python_runtime_leave: the process is out of Python-runtime mode already")
+            }
+            ForkedChild => {
+                write!(f, "this recorder belongs to the parent process (guard used after fork)")
+            }
+            RecordedByPreload { pid } => write!(
+                f,
+                "process {pid} is already recorded by libspulse_preload.so (LD_PRELOAD or `spulse record`); \
+                 this recorder was not started and the program runs on, recorded once"
+            ),
+        }
+    }
+}
+
+impl fmt::Debug for RecorderError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
+}
+
+impl std::error::Error for RecorderError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            RecorderError::EngineRefused { source, .. } => Some(source),
+            RecorderError::WriterFailed { source: Some(e), .. } => Some(e),
+            RecorderError::NoEngine(errors) => errors.last().map(|e| e as _),
+            _ => None,
+        }
+    }
+}
+
+impl From<RecorderError> for Error {
+    fn from(e: RecorderError) -> Error {
+        Error::Recorder(e)
+    }
 }
 
 impl Error {
@@ -192,6 +328,16 @@ impl Error {
 
     pub(crate) fn io(path: Option<&std::path::Path>, source: io::Error) -> Error {
         Error::Io { path: path.map(|p| p.to_path_buf()), source }
+    }
+
+    /// An `io::Error` of the same kind and message, for reporting an error
+    /// that is also kept elsewhere (`Error` is not `Clone`).
+    pub(crate) fn to_io_error(&self) -> io::Error {
+        let kind = match self {
+            Error::Io { source, .. } => source.kind(),
+            _ => io::ErrorKind::Other,
+        };
+        io::Error::new(kind, self.to_string())
     }
 
     pub(crate) fn with_path(self, path: &std::path::Path) -> Error {
@@ -220,7 +366,7 @@ impl fmt::Display for Error {
                 write!(f, "refusing to write record at byte offset {offset}: {kind}")
             }
             Error::WriterPoisoned => write!(f, "spool writer failed earlier and accepts no more records"),
-            Error::Recorder(msg) => write!(f, "{msg}"),
+            Error::Recorder(e) => write!(f, "{e}"),
         }
     }
 }
@@ -235,6 +381,7 @@ impl std::error::Error for Error {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             Error::Io { source, .. } => Some(source),
+            Error::Recorder(e) => std::error::Error::source(e),
             _ => None,
         }
     }

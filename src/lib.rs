@@ -8,17 +8,24 @@ pub mod read;
 mod recorder;
 pub mod write;
 
-pub use error::{Error, FormatErrorKind};
+pub use error::{Error, FormatErrorKind, RecorderError};
 pub use format::defs::{Definitions, StackFrames};
 pub use format::{
     Deactivation, Engine, Frame, FrameId, Header, Module, ModuleId, PythonRuntimeEvent, Sample, StackId,
     StackNode, Thread, ThreadId,
 };
 pub use read::{Replay, ReplayOptions, ReplaySamples, Snapshot, SnapshotSamples, Tail};
-#[doc(hidden)]
-pub use recorder::bench_support as __bench;
 pub use recorder::{
     python_runtime_enter, python_runtime_leave, start, EngineChoice, Guard, LostSamples, Recorder,
     RecorderBuilder, Stats, DEFAULT_FREQUENCY_HZ, MAX_RING_BYTES,
 };
 pub use write::{NewModule, SpoolWriter};
+
+/// Hooks for spulse's own tests and benchmarks, compiled only with the
+/// `testing` cargo feature (off by default). **Unstable**: not part of the
+/// API, may change or go in any release; do not enable it in a build you ship.
+#[cfg(feature = "testing")]
+pub mod testing {
+    pub use crate::read::parallel::speculations_applied;
+    pub use crate::recorder::bench_support as handler_timing;
+}

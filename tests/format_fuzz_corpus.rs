@@ -1,5 +1,5 @@
 //! Replays the committed fuzz corpus (`fuzz/corpus/<target>/`) through the same
-//! checks the cargo-fuzz targets run (`spulse::read::fuzz_check_*`), so every
+//! cross-reader checks of `spulse_testkit::fuzz` (`fuzz_check_*`), so every
 //! seed and every crash ever found stays a regression test in CI. A counting
 //! global allocator asserts that no input makes a reader allocate more than a
 //! small multiple of its size, including synthesized hostile inputs made of
@@ -7,14 +7,12 @@
 //!
 //! `cargo test --test format_fuzz_corpus -- --ignored` regenerates the seeds.
 
-mod format_common;
-
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
-use format_common::*;
+use spulse_testkit::spool::*;
 
 struct Counting;
 
@@ -76,9 +74,9 @@ type Target = (&'static str, fn(&[u8]));
 
 fn targets() -> [Target; 3] {
     [
-        ("snapshot", spulse::read::fuzz_check_snapshot),
-        ("replay", spulse::read::fuzz_check_replay),
-        ("tail", spulse::read::fuzz_check_tail),
+        ("snapshot", spulse_testkit::fuzz::fuzz_check_snapshot),
+        ("replay", spulse_testkit::fuzz::fuzz_check_replay),
+        ("tail", spulse_testkit::fuzz::fuzz_check_tail),
     ]
 }
 

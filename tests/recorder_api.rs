@@ -10,7 +10,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::time::Duration;
 
 use recorder_support::*;
-use spulse::{EngineChoice, Error, Frame};
+use spulse::{EngineChoice, Error, Frame, RecorderError};
 
 fn disposition(sig: i32) -> usize {
     // SAFETY: querying a disposition (null new action).
@@ -34,6 +34,11 @@ fn start_failures_and_single_recorder() {
     let e = spulse::Recorder::builder().engine(EngineChoice::ThreadCpuTimer).start(&path).unwrap_err();
     let msg = e.to_string();
     assert!(msg.contains("SIGPROF") && msg.contains("another"), "{msg}");
+    let foreign_addr = foreign as extern "C" fn(i32) as usize;
+    assert!(
+        matches!(e, Error::Recorder(RecorderError::SignalInUse { signal: "SIGPROF", handler }) if handler == foreign_addr),
+        "{msg}"
+    );
     assert!(!path.exists(), "a failed start must remove the spool it created");
     assert_eq!(disposition(libc::SIGPROF), foreign as extern "C" fn(i32) as usize);
     assert_eq!(disposition(libc::SIGTRAP), trap_before, "nothing installed on failure");
@@ -71,6 +76,7 @@ fn start_failures_and_single_recorder() {
     let g = spulse::start(&p1).unwrap();
     let e = spulse::start(&p2).unwrap_err();
     assert!(e.to_string().contains("already running"), "{e}");
+    assert!(matches!(e, Error::Recorder(RecorderError::AlreadyRunning)), "{e}");
     assert!(!p2.exists());
     let meta = std::fs::metadata(&p1).unwrap();
     assert_eq!(meta.permissions().mode() & 0o777, 0o600, "spool mode");
@@ -97,6 +103,16 @@ fn frequency_from_environment_and_builder() {
     std::env::set_var("SPULSE_FREQUENCY", "fast");
     let e = spulse::start(dir.path().join("bad.spool")).unwrap_err();
     assert!(e.to_string().contains("SPULSE_FREQUENCY"), "{e}");
+    assert!(
+        matches!(&e, Error::Recorder(RecorderError::InvalidConfig { setting: "SPULSE_FREQUENCY", .. })),
+        "{e}"
+    );
+    std::env::set_var("SPULSE_FREQUENCY", "0");
+    let e = spulse::start(dir.path().join("bad.spool")).unwrap_err();
+    assert!(
+        matches!(&e, Error::Recorder(RecorderError::InvalidConfig { setting: "SPULSE_FREQUENCY", .. })),
+        "{e}"
+    );
     std::env::remove_var("SPULSE_FREQUENCY");
     let env = spulse::Snapshot::open(dir.path().join("env.spool")).unwrap();
     assert_eq!(env.interval_us(), 4000);
@@ -154,7 +170,8 @@ fn deep_stacks_keep_leaf_frames_under_a_truncation_marker() {
 #[test]
 fn python_runtime_marks() {
     let _serial = serial();
-    assert!(spulse::python_runtime_enter().is_err(), "no recorder running");
+    let e = spulse::python_runtime_enter().unwrap_err();
+    assert!(matches!(e, Error::Recorder(RecorderError::NotRunning)), "no recorder running: {e}");
     let (_dir, path) = spool_path("py.spool");
     let g = spulse::start(&path).unwrap();
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -166,7 +183,11 @@ fn python_runtime_marks() {
     });
     burn(0.05);
     spulse::python_runtime_enter().unwrap();
-    assert!(spulse::python_runtime_enter().is_err(), "already inside");
+    let e = spulse::python_runtime_enter().unwrap_err();
+    assert!(
+        matches!(e, Error::Recorder(RecorderError::PythonModeAlready { entering: true })),
+        "already inside: {e}"
+    );
     burn(0.05);
     spulse::python_runtime_leave().unwrap();
     burn(0.05);
@@ -209,15 +230,57 @@ fn foreign_sigprof_is_chained_to_the_previous_disposition() {
     let _ = prev;
 }
 
+/// The lowest usable address of the calling thread's stack.
+fn stack_lo() -> usize {
+    // SAFETY: standard attribute queries on the calling thread; the attr is
+    // initialized by pthread_getattr_np and destroyed afterwards.
+    unsafe {
+        let mut attr: libc::pthread_attr_t = std::mem::zeroed();
+        assert_eq!(libc::pthread_getattr_np(libc::pthread_self(), &mut attr), 0);
+        let (mut addr, mut size) = (std::ptr::null_mut(), 0usize);
+        assert_eq!(libc::pthread_attr_getstack(&attr, &mut addr, &mut size), 0);
+        libc::pthread_attr_destroy(&mut attr);
+        addr as usize
+    }
+}
+
+/// Descend in frames of about 2 KiB until at most `left` bytes of the thread's
+/// stack remain below, then run `f` there. (A thread's stack cannot be made
+/// smaller than `PTHREAD_STACK_MIN`, which is 128 KiB on aarch64.)
+#[inline(never)]
+fn with_stack_left(lo: usize, left: usize, f: &mut dyn FnMut()) {
+    let pad = [0u8; 2048];
+    let here = black_box(&pad) as *const [u8; 2048] as usize;
+    if here.saturating_sub(lo) > left {
+        with_stack_left(lo, left, f);
+    } else {
+        f();
+    }
+    // Used after the call, so the recursion is not a tail call.
+    black_box(&pad);
+}
+
 #[test]
 fn small_stack_threads_are_sampled_without_overflowing() {
     let _serial = serial();
     let (_dir, path) = spool_path("small.spool");
     let g = spulse::Recorder::builder().frequency_hz(4000).start(&path).unwrap();
+    // The small case runs with 16 KiB of stack left, below the 32 KiB the
+    // handler wants before it unwinds; the roomy one at the top of 256 KiB.
     let hs: Vec<_> = [24usize << 10, 256 << 10]
         .into_iter()
         .map(|size| {
-            std::thread::Builder::new().stack_size(size).spawn(move || (size, gettid(), burn(0.1))).unwrap()
+            std::thread::Builder::new()
+                .stack_size(size)
+                .spawn(move || {
+                    if size < 256 << 10 {
+                        with_stack_left(stack_lo(), 16 << 10, &mut || burn(0.1));
+                    } else {
+                        burn(0.1);
+                    }
+                    (size, gettid(), ())
+                })
+                .unwrap()
         })
         .collect();
     let tids: Vec<(usize, u32)> = hs
@@ -253,7 +316,9 @@ fn small_stack_threads_are_sampled_without_overflowing() {
 fn a_full_ring_drops_and_counts_never_blocks() {
     let _serial = serial();
     let (_dir, path) = spool_path("full.spool");
+    let (choice, engine) = perf_engine_for("a_full_ring_drops_and_counts_never_blocks");
     let g = spulse::Recorder::builder()
+        .engine(choice)
         .frequency_hz(4000)
         .ring_capacity(4)
         .flush_interval(Duration::from_millis(500))
@@ -266,9 +331,51 @@ fn a_full_ring_drops_and_counts_never_blocks() {
     assert!(stats.samples_lost.ring_full > 100, "a 4-slot ring drained every 500 ms must overflow");
     assert_eq!(snap.len() as u64, stats.samples_written);
     assert!(stats.samples_written >= 4);
-    assert_eq!(
-        stats.signals,
-        stats.samples_written + stats.lost(),
-        "every signal is written or counted lost"
-    );
+    if engine == spulse::Engine::PerfEvent {
+        assert_eq!(
+            stats.signals,
+            stats.samples_written + stats.lost(),
+            "every signal is written or counted lost"
+        );
+    } else {
+        // A timer signal weighs 1 + its overruns: it accounts for at least one sample.
+        assert!(
+            stats.samples_written + stats.lost() >= stats.signals,
+            "every signal is written or counted lost (weighted): {stats:?}"
+        );
+    }
+}
+
+/// Our handler put back with `signal()` (as code that saved and restored the
+/// disposition around its own handler does) lacks SA_SIGINFO: on aarch64 the
+/// kernel would then pass it no siginfo or ucontext. The next start installs it
+/// again with SA_SIGINFO, and samples are recorded.
+#[test]
+fn handler_restored_without_siginfo_is_reinstalled() {
+    let _serial = serial();
+    let (dir, path) = spool_path("first.spool");
+    spulse::Recorder::builder().engine(EngineChoice::ThreadCpuTimer).start(&path).unwrap().finish().unwrap();
+    extern "C" fn foreign(_: i32) {}
+    // SAFETY: a trivial handler, then the previous (our) handler put back
+    // with `signal()`, which drops SA_SIGINFO.
+    unsafe {
+        let ours = libc::signal(libc::SIGPROF, foreign as extern "C" fn(i32) as usize);
+        libc::signal(libc::SIGPROF, ours);
+    }
+    let flags = || {
+        // SAFETY: querying a disposition (null new action).
+        unsafe {
+            let mut cur: libc::sigaction = std::mem::zeroed();
+            libc::sigaction(libc::SIGPROF, std::ptr::null(), &mut cur);
+            cur.sa_flags
+        }
+    };
+    assert_eq!(flags() & libc::SA_SIGINFO, 0, "signal() installs without SA_SIGINFO");
+    let second = dir.path().join("second.spool");
+    let g = spulse::Recorder::builder().engine(EngineChoice::ThreadCpuTimer).start(&second).unwrap();
+    assert_ne!(flags() & libc::SA_SIGINFO, 0, "the handler is installed with SA_SIGINFO again");
+    burn(0.2);
+    let stats = g.finish().unwrap();
+    assert!(stats.samples_written > 0, "{stats:?}");
+    assert_eq!(spulse::Snapshot::open(&second).unwrap().len() as u64, stats.samples_written);
 }

@@ -11,7 +11,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use recorder_support::*;
-use spulse::Error;
+use spulse::{Error, RecorderError};
 
 fn disposition(sig: i32) -> usize {
     // SAFETY: querying a disposition (null new action).
@@ -74,7 +74,17 @@ fn bad_builder_values_are_errors_that_leave_nothing_behind() {
         let e = builder.start(&path).expect_err(named);
         let msg = e.to_string();
         assert!(msg.contains(named), "error for {named:?} does not name it: {msg}");
-        assert!(matches!(e, Error::Recorder(_)), "{msg}");
+        match &e {
+            Error::Recorder(RecorderError::InvalidConfig { setting, .. }) => {
+                let settings = ["flush_interval", "ring_capacity", "mode", "max_stack_depth", "frequency_hz"];
+                assert!(settings.contains(setting), "{named}: unexpected setting {setting}");
+                assert!(
+                    named.contains(setting) || !settings.iter().any(|s| named.contains(s)),
+                    "{named}: {setting}"
+                );
+            }
+            other => panic!("{named}: expected InvalidConfig, got {other}"),
+        }
         assert!(!path.exists(), "{named}: a file was left behind");
         assert_eq!(disposition(libc::SIGPROF), prof, "{named}: SIGPROF handler left installed");
         assert_eq!(disposition(libc::SIGTRAP), trap, "{named}: SIGTRAP handler left installed");
@@ -204,6 +214,10 @@ fn an_existing_spool_is_refused_with_a_sentence_or_replaced_when_asked() {
     std::fs::create_dir(&sub).unwrap();
     let e = spulse::Recorder::builder().overwrite(true).start(&sub).unwrap_err();
     assert!(e.to_string().contains("not a regular file"), "{e}");
+    assert!(
+        matches!(&e, Error::Recorder(RecorderError::OverwriteRefused { path, .. }) if *path == sub),
+        "{e}"
+    );
     assert!(sub.is_dir());
     let fifo = dir.path().join("fifo.spool");
     let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
@@ -218,6 +232,10 @@ fn an_existing_spool_is_refused_with_a_sentence_or_replaced_when_asked() {
     assert_eq!(unsafe { libc::flock(held.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) }, 0);
     let e = spulse::Recorder::builder().overwrite(true).start(&path).unwrap_err();
     assert!(e.to_string().contains("running recorder"), "{e}");
+    assert!(
+        matches!(&e, Error::Recorder(RecorderError::OverwriteRefused { path: p, .. }) if *p == path),
+        "{e}"
+    );
     drop(held);
     spulse::Snapshot::open(&path).unwrap();
 }

@@ -49,13 +49,34 @@ fn burn(cpu: f64) -> f64 {
 #[test]
 fn fallback_role() {
     let Ok(path) = std::env::var("SPULSE_TEST_FALLBACK_SPOOL") else { return };
-    refuse_perf_event_open();
+    // qemu-user has no perf_event_open (ENOSYS) and refuses seccomp filters:
+    // there the emulator itself is the refusal under test.
+    let refusal = if emulated() && !perf_event_open_implemented() {
+        eprintln!(
+            "perf_event_open is not implemented by this emulator: testing the fallback from that refusal"
+        );
+        "not implemented"
+    } else {
+        refuse_perf_event_open();
+        "denied"
+    };
     // Forcing the refused engine is an error that says what and why, and
     // leaves nothing installed or created.
     let forced = std::path::PathBuf::from(format!("{path}.forced"));
     let e = spulse::Recorder::builder().engine(spulse::EngineChoice::PerfEvent).start(&forced).unwrap_err();
     let msg = e.to_string();
-    assert!(msg.contains("perf_event_open") && msg.contains("denied"), "{msg}");
+    assert!(msg.contains("perf_event_open") && msg.contains(refusal), "{msg}");
+    // The OS error is the error's source, typed.
+    let errno = if refusal == "denied" { libc::EACCES } else { libc::ENOSYS };
+    match &e {
+        spulse::Error::Recorder(spulse::RecorderError::EngineRefused { what, source }) => {
+            assert!(what.contains("perf_event_open"), "{what}");
+            assert_eq!(source.raw_os_error(), Some(errno), "{source}");
+        }
+        other => panic!("expected EngineRefused, got {other}"),
+    }
+    let source = std::error::Error::source(&e).expect("the OS error as source");
+    assert_eq!(source.downcast_ref::<std::io::Error>().and_then(|e| e.raw_os_error()), Some(errno));
     assert!(!forced.exists());
     // SAFETY: querying a disposition (null new action).
     let trap = unsafe {

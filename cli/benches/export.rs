@@ -14,9 +14,10 @@ use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use spulse::{Frame, Header, NewModule, Replay, SpoolWriter};
-use spulse_cli::aggregate::{aggregate, Filter};
-use spulse_cli::export;
+use spulse_cli::aggregate::aggregate;
+use spulse_cli::export::{self, Job};
 use spulse_cli::report::symbolize_all;
+use spulse_cli::select::Filter;
 use spulse_cli::symbolize::{Options, Symbolizer};
 
 fn full_run() -> bool {
@@ -85,15 +86,11 @@ impl std::io::Write for Sink {
 
 fn export_once(path: &Path, pprof: bool) {
     let replay = Replay::open(path).unwrap();
-    // As `spulse export`: pprof samples are per thread (labelled), folded per stack.
-    let agg = aggregate(&replay, &Filter::default(), pprof).unwrap();
+    let job = Job { replay: &replay, filter: &Filter::default(), title: "bench", output: "sink" };
     let mut sym = Symbolizer::new(Options { dirs: Vec::new(), disabled: true });
-    symbolize_all(&replay, &agg, &mut sym);
-    if pprof {
-        export::pprof::write(&replay, &agg, &mut sym, "bench", &mut Sink).unwrap();
-    } else {
-        export::collapsed::write(&replay, &agg, &mut sym, &mut Sink).unwrap();
-    }
+    // As `spulse export` does: select, aggregate, symbolize, write.
+    let exporter = if pprof { export::pprof::export } else { export::collapsed::export };
+    exporter(&job, &mut sym, &mut Sink).unwrap();
 }
 
 fn bench_export(c: &mut Criterion) {

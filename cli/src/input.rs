@@ -10,13 +10,21 @@ use spulse::Replay;
 use crate::display::escape;
 use crate::CliError;
 
+/// Samples read between progress bar updates: often enough for a smooth bar,
+/// rarely enough to cost nothing per sample (a power of two, so the check is
+/// a mask).
+pub const PROGRESS_STEP: u64 = 1 << 16;
+
+/// How often the spinner shown while a spool is validated moves.
+const SPINNER_TICK: std::time::Duration = std::time::Duration::from_millis(100);
+
 /// Open and validate a spool for sequential reading. A spool whose final record
 /// is incomplete is read up to it, with a one-line warning on stderr.
 pub fn open_replay(path: &Path) -> Result<Replay, CliError> {
     // Opening validates the whole file; show that something is happening.
     let spinner = if interactive() {
         let s = ProgressBar::new_spinner().with_message("validating");
-        s.enable_steady_tick(std::time::Duration::from_millis(100));
+        s.enable_steady_tick(SPINNER_TICK);
         s
     } else {
         ProgressBar::hidden()

@@ -2,7 +2,10 @@
 //! calls into these modules; benches and tests call them directly.
 //!
 //! - [`input`]: opening spools, the truncated-tail warning, progress bars.
-//! - [`aggregate`]: streaming samples through `Replay` into counts per stack.
+//! - [`select`]: which samples count (thread, pid, time window) and the
+//!   context (process, Python-runtime state) their stacks are symbolized in;
+//!   every command selects through it.
+//! - [`aggregate`]: streaming the selected samples of a `Replay` into counts per stack.
 //! - [`symbolize`]: offline symbolization of frames (addr2line + object, perf maps).
 //! - [`report`]: function tables (`top`) and folded stacks built from the above.
 //! - [`export`]: the export formats (pprof, firefox, collapsed, svg, speedscope).
@@ -20,6 +23,7 @@ pub mod input;
 pub mod merge;
 pub mod processes;
 pub mod report;
+pub mod select;
 pub mod symbolize;
 
 pub use error::CliError;

@@ -1,13 +1,31 @@
 //! Reports built from an aggregation and a symbolizer: the function table of
-//! `top` and the folded stacks of `collapsed`/`svg`. Both walk each distinct
-//! stack once, so their cost is bounded by the distinct stacks.
+//! `top` and the folded stacks of `collapsed`/`svg`.
+//!
+//! Both go through a [`CallTree`]: every distinct spool stack (per context) is
+//! symbolized once, walking up only to the nearest prefix already placed, so
+//! building the tree costs time and memory linear in the distinct stack
+//! *nodes* (spool stack records times inline depth), never in the sum of the
+//! stacks' depths. `top` then visits each tree node once; the folded stacks
+//! are written depth-first from the tree, one line at a time, so their memory
+//! is the tree plus one line, while their *output* is inherently the sum of the
+//! depths of the distinct sampled stacks (the folded format spells each stack
+//! in full).
+//!
+//! Inlined functions: the ranking views (`top`, `follow`) fold every inlined
+//! function into the function it was inlined into, so self time goes to the
+//! function the code belongs to; `--inlines` lists them as functions of their
+//! own. The stack-shaped exports (folded, SVG, speedscope, pprof lines,
+//! Firefox) keep inlined functions, nested under their caller.
 
-use std::collections::HashMap;
+use std::borrow::Cow;
+use std::collections::{HashMap, HashSet};
+use std::io::Write;
 
 use spulse::{Definitions, StackId};
 
-use crate::aggregate::{Aggregate, Context};
+use crate::aggregate::Aggregate;
 use crate::input::progress;
+use crate::select::Context;
 use crate::symbolize::Symbolizer;
 
 /// Self and total sample counts of one function.
@@ -23,14 +41,24 @@ pub struct FunctionStats {
 
 /// Resolve every frame of every aggregated stack up front, with a progress bar
 /// on a terminal (loading large modules is the slow part of most reports).
+/// Frames shared by several stacks are resolved once (the symbolizer caches them).
 pub fn symbolize_all(defs: &Definitions, agg: &Aggregate, sym: &mut Symbolizer) {
     let bar = progress(agg.distinct() as u64, "symbolizing");
+    let mut done: HashSet<(usize, StackId)> = HashSet::new();
     for (i, (c, stack, _)) in agg.iter().enumerate() {
         let ctx = agg.contexts[c];
-        for frame in defs.stack_frames(stack) {
-            sym.resolve(defs, frame, &ctx);
+        // Walk up to the first stack already visited in this context: its
+        // frames (and its ancestors') are resolved.
+        let mut cur = Some(stack);
+        while let Some(id) = cur {
+            if !done.insert((c, id)) {
+                break;
+            }
+            let s = defs.stack(id);
+            sym.resolve(defs, s.frame, &ctx);
+            cur = s.parent;
         }
-        if i & 0xff == 0 {
+        if i.is_multiple_of(SYMBOLIZE_PROGRESS_STEP) {
             bar.set_position(i as u64);
         }
     }
@@ -46,36 +74,368 @@ pub fn expand(defs: &Definitions, sym: &mut Symbolizer, ctx: &Context, stack: St
     }
 }
 
-/// Self and total counts per function, hottest (by self, then total) first.
-pub fn top(defs: &Definitions, agg: &Aggregate, sym: &mut Symbolizer) -> Vec<FunctionStats> {
-    let mut stats: HashMap<u32, (u64, u64)> = HashMap::new();
-    let mut funcs = Vec::new();
-    let mut seen: Vec<u32> = Vec::new();
-    for (c, stack, count) in agg.iter() {
-        let ctx = agg.contexts[c];
-        expand(defs, sym, &ctx, stack, &mut funcs);
-        if let Some(&leaf) = funcs.first() {
-            stats.entry(leaf).or_default().0 += count;
-        }
-        seen.clear();
-        for &f in &funcs {
-            if !seen.contains(&f) {
-                seen.push(f);
-                stats.entry(f).or_default().1 += count;
+const NO_NODE: u32 = u32::MAX;
+
+/// Stacks symbolized between progress bar updates (a stack can load a module,
+/// so updates are more frequent than while reading samples).
+const SYMBOLIZE_PROGRESS_STEP: usize = 256;
+
+/// Bytes a folded line takes beyond its stack text: a space, a count of up to
+/// 20 digits and a newline, rounded up.
+const FOLDED_LINE_EXTRA: usize = 24;
+
+/// Symbolized stacks as a tree: one node per distinct (parent node, function),
+/// with the samples whose innermost function is that node.
+pub struct CallTree {
+    /// Per node: parent (`NO_NODE` for roots) and function. A parent always
+    /// has a smaller index than its children.
+    nodes: Vec<(u32, u32)>,
+    index: HashMap<(u32, u32), u32>,
+    /// Per node: samples whose innermost function is the node.
+    self_count: Vec<u64>,
+}
+
+impl CallTree {
+    /// Build the tree of an aggregation. With `inlines`, inlined functions are
+    /// nodes of their own (under their caller); without, each frame is the
+    /// function that contains its code.
+    pub fn build(defs: &Definitions, agg: &Aggregate, sym: &mut Symbolizer, inlines: bool) -> CallTree {
+        Self::build_with(defs, agg, sym, inlines, false)
+    }
+
+    /// [`CallTree::build`] for the text views (folded stacks, flame graphs),
+    /// which show names only: functions with the same name (in different
+    /// modules) are one node.
+    pub fn build_by_name(defs: &Definitions, agg: &Aggregate, sym: &mut Symbolizer) -> CallTree {
+        Self::build_with(defs, agg, sym, true, true)
+    }
+
+    fn build_with(
+        defs: &Definitions,
+        agg: &Aggregate,
+        sym: &mut Symbolizer,
+        inlines: bool,
+        by_name: bool,
+    ) -> CallTree {
+        let mut t = CallTree { nodes: Vec::new(), index: HashMap::new(), self_count: Vec::new() };
+        // With `by_name`: the first function seen with each name stands for all.
+        let mut canonical: HashMap<String, u32> = HashMap::new();
+        let mut canon = |sym: &Symbolizer, f: u32| -> u32 {
+            if !by_name {
+                return f;
+            }
+            let name = &sym.function(f).name;
+            match canonical.get(name) {
+                Some(&c) => c,
+                None => {
+                    canonical.insert(name.clone(), f);
+                    f
+                }
+            }
+        };
+        // Tree node of each (context, spool stack) placed so far.
+        let mut placed: HashMap<(usize, StackId), u32> = HashMap::new();
+        let mut path: Vec<StackId> = Vec::new();
+        for (c, stack, count) in agg.iter() {
+            let ctx = agg.contexts[c];
+            path.clear();
+            let mut cur = Some(stack);
+            let mut node = NO_NODE;
+            while let Some(id) = cur {
+                if let Some(&n) = placed.get(&(c, id)) {
+                    node = n;
+                    break;
+                }
+                path.push(id);
+                cur = defs.stack(id).parent;
+            }
+            for &id in path.iter().rev() {
+                let r = sym.resolve(defs, defs.stack(id).frame, &ctx);
+                if inlines {
+                    for f in r.frames.iter().rev() {
+                        node = t.child(node, canon(sym, f.func));
+                    }
+                } else {
+                    node = t.child(node, canon(sym, r.outer().func));
+                }
+                placed.insert((c, id), node);
+            }
+            if node != NO_NODE {
+                t.self_count[node as usize] += count;
             }
         }
+        t
     }
-    let mut out: Vec<FunctionStats> = stats
-        .into_iter()
-        .map(|(func, (s, t))| FunctionStats { func, self_samples: s, total_samples: t })
-        .collect();
-    out.sort_by(|a, b| {
-        b.self_samples
-            .cmp(&a.self_samples)
-            .then(b.total_samples.cmp(&a.total_samples))
-            .then_with(|| sym.function(a.func).name.cmp(&sym.function(b.func).name))
-    });
-    out
+
+    fn child(&mut self, parent: u32, func: u32) -> u32 {
+        let next = self.nodes.len() as u32;
+        let n = *self.index.entry((parent, func)).or_insert(next);
+        if n == next {
+            self.nodes.push((parent, func));
+            self.self_count.push(0);
+        }
+        n
+    }
+
+    /// Number of nodes.
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    /// Whether the tree has no node.
+    pub fn is_empty(&self) -> bool {
+        self.nodes.is_empty()
+    }
+
+    /// Samples in each node's subtree.
+    fn subtree_counts(&self) -> Vec<u64> {
+        let mut sub = self.self_count.clone();
+        for n in (0..self.nodes.len()).rev() {
+            let p = self.nodes[n].0;
+            if p != NO_NODE {
+                sub[p as usize] += sub[n];
+            }
+        }
+        sub
+    }
+
+    /// Children of every node (and the roots, last), sorted by function name
+    /// then function id, as offsets into one array.
+    fn children(&self, sym: &Symbolizer) -> (Vec<usize>, Vec<u32>) {
+        let n = self.nodes.len();
+        // Slot n holds the roots.
+        let slot = |p: u32| if p == NO_NODE { n } else { p as usize };
+        let mut start = vec![0usize; n + 2];
+        for &(p, _) in &self.nodes {
+            start[slot(p) + 1] += 1;
+        }
+        for i in 0..=n {
+            start[i + 1] += start[i];
+        }
+        let mut fill = start.clone();
+        let mut kids = vec![0u32; n];
+        for (i, &(p, _)) in self.nodes.iter().enumerate() {
+            kids[fill[slot(p)]] = i as u32;
+            fill[slot(p)] += 1;
+        }
+        for s in 0..=n {
+            kids[start[s]..start[s + 1]].sort_by(|&a, &b| {
+                let (fa, fb) = (self.nodes[a as usize].1, self.nodes[b as usize].1);
+                sym.function(fa).name.cmp(&sym.function(fb).name).then(fa.cmp(&fb))
+            });
+        }
+        (start, kids)
+    }
+
+    /// Visit the nodes depth-first (children in name order): `visit(Some((node,
+    /// function)))` on the way down and `visit(None)` on the way up.
+    fn walk<V>(&self, sym: &Symbolizer, mut visit: V) -> std::io::Result<()>
+    where
+        V: FnMut(Option<(u32, u32)>) -> std::io::Result<()>,
+    {
+        let n = self.nodes.len();
+        let (start, kids) = self.children(sym);
+        // (node, next child position); the roots' pseudo node is `n`.
+        let mut stack: Vec<(usize, usize)> = vec![(n, start[n])];
+        while let Some(top) = stack.last_mut() {
+            let (node, pos) = *top;
+            if pos < start[node + 1] {
+                top.1 += 1;
+                let k = kids[pos];
+                visit(Some((k, self.nodes[k as usize].1)))?;
+                stack.push((k as usize, start[k as usize]));
+            } else {
+                stack.pop();
+                if node != n {
+                    visit(None)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Self and total counts per function, hottest (by self, then total, then
+    /// name) first. Each node is visited once.
+    pub fn function_stats(&self, sym: &Symbolizer) -> Vec<FunctionStats> {
+        let sub = self.subtree_counts();
+        let mut stats: HashMap<u32, (u64, u64)> = HashMap::new();
+        // How many nodes of each function are on the current path: a node adds
+        // its subtree to its function's total only when no ancestor already did
+        // (recursion counts a sample once).
+        let mut active: HashMap<u32, u32> = HashMap::new();
+        let mut path: Vec<u32> = Vec::new();
+        let walked = self.walk(sym, |v| {
+            match v {
+                Some((node, func)) => {
+                    let e = stats.entry(func).or_default();
+                    e.0 += self.self_count[node as usize];
+                    let a = active.entry(func).or_insert(0);
+                    if *a == 0 {
+                        e.1 += sub[node as usize];
+                    }
+                    *a += 1;
+                    path.push(func);
+                }
+                None => {
+                    if let Some(a) = path.pop().and_then(|f| active.get_mut(&f)) {
+                        *a -= 1;
+                    }
+                }
+            }
+            Ok(())
+        });
+        walked.expect("the visitors do not fail");
+        let mut out: Vec<FunctionStats> = stats
+            .into_iter()
+            .map(|(func, (s, t))| FunctionStats { func, self_samples: s, total_samples: t })
+            .collect();
+        out.sort_by(|a, b| {
+            b.self_samples
+                .cmp(&a.self_samples)
+                .then(b.total_samples.cmp(&a.total_samples))
+                .then_with(|| sym.function(a.func).name.cmp(&sym.function(b.func).name))
+                .then(a.func.cmp(&b.func))
+        });
+        out
+    }
+
+    /// Write every node with samples of its own as a folded line
+    /// (`root;...;leaf count`), depth-first with children in name order.
+    /// Memory beyond the tree is one line.
+    pub fn write_folded(&self, sym: &Symbolizer, out: &mut dyn Write) -> std::io::Result<()> {
+        let mut line = String::new();
+        let mut ends: Vec<usize> = Vec::new();
+        // Sibling names that differ only in characters a folded line cannot
+        // hold (`;`, line breaks) give the same text: merge consecutive equal
+        // lines.
+        let mut pending: Option<(String, u64)> = None;
+        self.walk(sym, |v| match v {
+            Some((node, func)) => {
+                ends.push(line.len());
+                if !line.is_empty() {
+                    line.push(';');
+                }
+                line.push_str(&folded_name(&sym.function(func).name));
+                let n = self.self_count[node as usize];
+                if n > 0 {
+                    match &mut pending {
+                        Some((text, count)) if *text == line => *count += n,
+                        _ => {
+                            if let Some((text, count)) = pending.take() {
+                                writeln!(out, "{text} {count}")?;
+                            }
+                            pending = Some((line.clone(), n));
+                        }
+                    }
+                }
+                Ok(())
+            }
+            None => {
+                line.truncate(ends.pop().unwrap_or(0));
+                Ok(())
+            }
+        })?;
+        if let Some((text, count)) = pending {
+            writeln!(out, "{text} {count}")?;
+        }
+        Ok(())
+    }
+
+    /// Folded lines for a flame graph, within `budget` bytes of text. Nodes
+    /// are taken widest first (a parent is never narrower than its child, so
+    /// it is taken first) while their line fits the budget, and only when at
+    /// least `min_fraction` of all samples wide (a flame graph draws nothing
+    /// narrower anyway). The samples of a node not taken are given to its
+    /// nearest taken ancestor (or to an `[other]` root), so the total stays.
+    pub fn folded_lines_within(
+        &self,
+        sym: &Symbolizer,
+        min_fraction: f64,
+        budget: usize,
+    ) -> Vec<(String, u64)> {
+        let n = self.nodes.len();
+        let sub = self.subtree_counts();
+        let total: u64 = self.self_count.iter().sum();
+        let min = ((total as f64 * min_fraction).ceil() as u64).max(1);
+        // Length of each node's line text (parents come first in index order).
+        let mut cost = vec![0usize; n];
+        for i in 0..n {
+            let (p, f) = self.nodes[i];
+            let name = folded_name(&sym.function(f).name).len();
+            cost[i] = if p == NO_NODE { name } else { cost[p as usize] + 1 + name };
+        }
+        let mut order: Vec<u32> = (0..n as u32).filter(|&i| sub[i as usize] >= min).collect();
+        order.sort_by(|&a, &b| sub[b as usize].cmp(&sub[a as usize]).then(a.cmp(&b)));
+        let mut taken = vec![false; n];
+        let mut used = 0usize;
+        for &i in &order {
+            let i = i as usize;
+            let p = self.nodes[i].0;
+            if p != NO_NODE && !taken[p as usize] {
+                continue;
+            }
+            used += cost[i] + FOLDED_LINE_EXTRA;
+            if used > budget {
+                break;
+            }
+            taken[i] = true;
+        }
+        let mut lines: Vec<(String, u64)> = Vec::new();
+        let mut other = 0u64;
+        let mut line = String::new();
+        let mut ends: Vec<usize> = Vec::new();
+        // Per open node: the index in `lines` of its nearest taken ancestor-or-self.
+        let mut owner: Vec<Option<usize>> = Vec::new();
+        let walked = self.walk(sym, |v| match v {
+            Some((node, func)) => {
+                let own = self.self_count[node as usize];
+                ends.push(line.len());
+                if taken[node as usize] {
+                    if !line.is_empty() {
+                        line.push(';');
+                    }
+                    line.push_str(&folded_name(&sym.function(func).name));
+                    lines.push((line.clone(), own));
+                    owner.push(Some(lines.len() - 1));
+                } else {
+                    let o = owner.last().copied().flatten();
+                    match o {
+                        Some(i) => lines[i].1 += own,
+                        None => other += own,
+                    }
+                    owner.push(o);
+                }
+                Ok(())
+            }
+            None => {
+                owner.pop();
+                line.truncate(ends.pop().unwrap_or(0));
+                Ok(())
+            }
+        });
+        walked.expect("the visitors do not fail");
+        if other > 0 {
+            lines.push(("[other]".to_string(), other));
+        }
+        lines.retain(|l| l.1 > 0);
+        lines
+    }
+}
+
+/// Self and total counts per function, hottest (by self, then total) first,
+/// with inlined functions folded into their callers.
+pub fn top(defs: &Definitions, agg: &Aggregate, sym: &mut Symbolizer) -> Vec<FunctionStats> {
+    top_with(defs, agg, sym, false)
+}
+
+/// [`top`], listing inlined functions as functions of their own when `inlines`.
+pub fn top_with(
+    defs: &Definitions,
+    agg: &Aggregate,
+    sym: &mut Symbolizer,
+    inlines: bool,
+) -> Vec<FunctionStats> {
+    CallTree::build(defs, agg, sym, inlines).function_stats(sym)
 }
 
 /// Make a function name safe for one field of a folded line.
@@ -87,32 +447,13 @@ fn folded_name(name: &str) -> Cow<'_, str> {
     }
 }
 
-use std::borrow::Cow;
-
-/// Folded stacks (`root;...;leaf` and a count), sorted by stack text. Stacks
-/// that symbolize to the same text are merged.
-pub fn folded(defs: &Definitions, agg: &Aggregate, sym: &mut Symbolizer) -> Vec<(String, u64)> {
-    let mut lines: HashMap<String, u64> = HashMap::new();
-    let mut funcs = Vec::new();
-    let mut text = String::new();
-    for (c, stack, count) in agg.iter() {
-        let ctx = agg.contexts[c];
-        expand(defs, sym, &ctx, stack, &mut funcs);
-        text.clear();
-        for (i, &f) in funcs.iter().rev().enumerate() {
-            if i > 0 {
-                text.push(';');
-            }
-            text.push_str(&folded_name(&sym.function(f).name));
-        }
-        match lines.get_mut(text.as_str()) {
-            Some(n) => *n += count,
-            None => {
-                lines.insert(text.clone(), count);
-            }
-        }
-    }
-    let mut out: Vec<(String, u64)> = lines.into_iter().collect();
-    out.sort_unstable();
-    out
+/// Write folded stacks (inlined functions expanded): one `root;...;leaf
+/// count` line per distinct symbolized stack, depth-first in name order.
+pub fn write_folded(
+    defs: &Definitions,
+    agg: &Aggregate,
+    sym: &mut Symbolizer,
+    out: &mut dyn Write,
+) -> std::io::Result<()> {
+    CallTree::build_by_name(defs, agg, sym).write_folded(sym, out)
 }

@@ -1,6 +1,7 @@
-//! Inlined frames are expanded: an address inside code that `mix` was inlined
-//! into `hot_c` shows as `main;hot_c;mix`. binutils' `addr2line -i` is the
-//! oracle that picks such an address.
+//! Inlined frames: an address inside code that `mix` was inlined into `hot_c`
+//! counts for `hot_c` in `top` by default, for `mix` with `top --inlines`, and
+//! shows as `main;hot_c;mix` in the stack-shaped exports. binutils'
+//! `addr2line -i` is the oracle that picks such an address.
 
 mod common;
 
@@ -87,7 +88,14 @@ fn inlined_functions_are_expanded() {
     }
     w.into_inner().unwrap();
 
+    // By default the inlined helper's samples are the self time of the
+    // function it was inlined into.
     let rows: Value = serde_json::from_str(&ok(&["top", s(&spool), "--json"])).unwrap();
+    let names: Vec<&str> = rows.as_array().unwrap().iter().map(|r| r["function"].as_str().unwrap()).collect();
+    assert_eq!(names, ["hot_c", "main"], "{rows}");
+    assert_eq!((rows[0]["self"].as_u64(), rows[0]["total"].as_u64()), (Some(7), Some(7)));
+
+    let rows: Value = serde_json::from_str(&ok(&["top", s(&spool), "--json", "--inlines"])).unwrap();
     let get = |n: &str| rows.as_array().unwrap().iter().find(|r| r["function"] == n).cloned();
     let mix = get("mix").unwrap_or_else(|| panic!("mix not in {rows}"));
     let hot_c = get("hot_c").unwrap_or_else(|| panic!("hot_c not in {rows}"));

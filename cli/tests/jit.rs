@@ -121,6 +121,17 @@ fn perf_map_names_only_inside_python_intervals() {
             "main;py::hot_py:/app/x.py 10".to_string(),
         ]
     );
+
+    // follow selects through the same pipeline: the same names inside and
+    // outside the interval (nobody records into the spool: one table).
+    let table = ok(&["follow", s(&spool), "--interval", "0.01", "-n", "0"]);
+    let self_in = |name: &str| {
+        let line = table.lines().find(|l| l.contains(&format!("  {name} (")))?;
+        line.split_whitespace().next()?.parse::<u64>().ok()
+    };
+    assert_eq!(self_in("py::hot_py:/app/x.py"), Some(10), "{table}");
+    assert_eq!(self_in(&format!("[unknown] {JIT:#x}")), Some(5), "{table}");
+    assert_eq!(self_in("stale_name"), None, "{table}");
 }
 
 #[test]

@@ -84,7 +84,8 @@ fn real_recording_through_every_command() {
     assert!((0.6..0.95).contains(&sh), "parse share {sh}: {parse} vs {compress}");
     assert!(parse + compress >= 0.9 * samples as f64, "the workers' time is in the hot functions");
 
-    // Folded stacks agree with top's self counts.
+    // Folded stacks (inlined functions nested under their caller) agree with
+    // the self counts of `top --inlines`.
     let folded = dir.path().join("qs.folded");
     ok(&["export", s(&spool), "--format", "collapsed", "-o", s(&folded)]);
     let mut leaf: HashMap<String, u64> = HashMap::new();
@@ -96,7 +97,9 @@ fn real_recording_through_every_command() {
         *leaf.entry(stack.rsplit(';').next().unwrap().to_string()).or_default() += n;
     }
     assert_eq!(sum, samples);
-    for r in rows {
+    let inl: Value =
+        serde_json::from_str(&ok(&["top", s(&spool), "--json", "-n", "0", "--inlines"])).unwrap();
+    for r in inl.as_array().unwrap() {
         let name = r["function"].as_str().unwrap();
         assert_eq!(leaf.get(name).copied().unwrap_or(0), r["self"].as_u64().unwrap(), "{name}");
     }

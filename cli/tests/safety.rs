@@ -111,10 +111,11 @@ fn failed_export_leaves_existing_output_untouched() {
     let out = p.dir.path().join("a.svg");
     std::fs::write(&out, "precious earlier export\n").unwrap();
     // Writes past 2 KiB fail with EFBIG (SIGXFSZ ignored), well inside the SVG.
+    // SAFETY: `pre_exec` runs the closure in the forked child before exec; it
+    // makes only async-signal-safe calls (signal, setrlimit) and allocates nothing.
     let o = unsafe {
         Command::new(env!("CARGO_BIN_EXE_spulse"))
             .args(["export", s(&spool), "--format", "svg", "-o", s(&out)])
-            // SAFETY: only async-signal-safe calls (signal, setrlimit) between fork and exec.
             .pre_exec(|| {
                 libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
                 let lim = libc::rlimit { rlim_cur: 2048, rlim_max: 2048 };
@@ -306,11 +307,8 @@ fn interrupted_export_removes_its_temporary_file() {
     // Enough samples that the Firefox export (which keeps every sample) runs
     // for a while after its temporary file is created.
     let spool = dir.path().join("big.spool");
-    let mut w = SpoolWriter::new(
-        std::io::BufWriter::new(std::fs::File::create(&spool).unwrap()),
-        header(),
-    )
-    .unwrap();
+    let mut w =
+        SpoolWriter::new(std::io::BufWriter::new(std::fs::File::create(&spool).unwrap()), header()).unwrap();
     let th = w.define_thread(PID, PID, "main").unwrap();
     let stacks: Vec<_> = (0..64u64)
         .map(|i| {

@@ -1,18 +1,26 @@
 //! `Definitions`: everything a spool has defined so far, and the rules that tie
 //! a record to the records before it.
 //!
-//! The writer runs every record through [`Definitions::apply`] before encoding it
-//! and every reader runs every decoded record through it, so the two can never
-//! disagree about what a valid spool is.
+//! Records are decoded by the record codec ([`super::record`]) and only then
+//! checked here: [`Definitions::read_record`] checks what
+//! [`record::decode_fields`] returns (for a record cut short, its complete
+//! fields) and applies it; runs of sample records go through
+//! [`Definitions::apply_samples`], which checks what the codec's sample decoder
+//! ([`sample::decode_at`]) returns. The writer runs every record it encodes
+//! through `read_record` (samples through [`Definitions::apply_sample`], the
+//! same rule) before handing it on, and every reader runs every record through
+//! the same code, so the two can never disagree about what a valid spool is.
 
 use std::collections::{BTreeMap, HashMap};
 
 use super::limits::*;
-use super::record::{Cursor, DecodeError};
+use super::record::{self, sample, DecodeError, Partial, RawFrame, Record, SampleFields};
+use super::tag;
 use super::types::*;
-use super::{frame_kind, tag, varint};
 use crate::FormatErrorKind;
 
+/// `stack_parent` of a root node. Stack ids are below `MAX_IDS` (u32::MAX), so
+/// no stack has this id.
 const NO_PARENT: u32 = u32::MAX;
 
 /// Definitions retained by every reader: modules, frames, stacks, threads,
@@ -123,7 +131,10 @@ impl Definitions {
             if t != tag::SAMPLE {
                 break;
             }
-            let Some((delta, thread, stack, end)) = varint::decode_sample_at(buf, p) else { break };
+            let Some((SampleFields { delta_us: delta, thread, stack }, end)) = sample::decode_at(buf, p)
+            else {
+                break;
+            };
             let Some(next) = time.checked_add_signed(delta) else {
                 result = Err((p, FormatErrorKind::TimestampOverflow));
                 break;
@@ -154,61 +165,183 @@ impl Definitions {
         result
     }
 
-    /// Decode the record at the start of `buf`, check it against every rule and,
-    /// if it is valid and complete, apply it. Returns the sample (for a sample
-    /// record) and the record's length.
+    /// Decode the record at the start of `buf` ([`record::decode_fields`]),
+    /// check what it returns against every rule and, if the record is valid
+    /// and complete, apply it. Returns the sample (for a sample record) and the
+    /// record's length.
     ///
-    /// Fields are read in stream order and each rule runs as soon as the fields
-    /// it needs are complete, so the outcome depends only on the bytes up to the
-    /// first offending field: `Incomplete` means the bytes present are a prefix
-    /// of some valid record (more bytes could complete it), never a prefix that
+    /// The rules of a record that did not decode completely still run on its
+    /// complete fields, in stream order, before the decoding error is
+    /// reported, so the outcome depends only on the bytes up to the first
+    /// offending field: `Incomplete` means the bytes present are a prefix of
+    /// some valid record (more bytes could complete it), never a prefix that
     /// is already wrong. Syntax errors carry the offset of the field within the
     /// record; rule violations carry offset 0 (the record's tag byte).
     pub(crate) fn read_record(&mut self, buf: &[u8]) -> Result<(Option<Sample>, usize), DecodeError> {
-        let Some(&t) = buf.first() else {
-            return Err(DecodeError::Incomplete);
-        };
-        let mut c = Cursor::new(buf, 1);
-        match t {
-            tag::SAMPLE => {
-                let delta_us = c.i64()?;
-                let time_us = self.sample_time(delta_us).map_err(rule)?;
-                let thread = reference("thread", c.u64()?, self.threads.len()).map_err(rule)?;
-                let stack = reference("stack", c.u64()?, self.stack_frame.len()).map_err(rule)?;
-                self.last_time_us = time_us;
-                self.sample_count += 1;
-                return Ok((
-                    Some(Sample { time_us, thread: ThreadId(thread), stack: StackId(stack) }),
-                    c.pos,
-                ));
+        match record::decode_fields(buf) {
+            Ok((rec, len)) => {
+                self.check(&rec, usize::MAX).map_err(rule)?;
+                Ok((self.apply(&rec), len))
             }
-            tag::MODULE => {
-                let id = c.u64()?;
-                dense("module", id, self.modules.len()).map_err(rule)?;
-                let pid = fits_u32("pid", c.u64()?).map_err(rule)?;
-                let start = c.u64()?;
-                let size = c.u64()?;
-                if size == 0 {
-                    return Err(rule(FormatErrorKind::EmptyModule));
+            Err(Partial { record, fields, error }) => {
+                if let Some(rec) = record {
+                    self.check(&rec, fields).map_err(rule)?;
                 }
-                let end = start.checked_add(size).ok_or(rule(FormatErrorKind::AddressOverflow))?;
-                if let Some(active) = self.active_by_pid.get(&pid) {
-                    // Active modules of one process are disjoint, so only the one
-                    // starting last below `end` can overlap [start, end).
-                    if let Some((_, &m)) = active.range(..end).next_back() {
-                        if self.modules[m as usize].end() > start {
-                            return Err(rule(FormatErrorKind::OverlappingModule { active: m as u64 }));
+                Err(error)
+            }
+        }
+    }
+
+    /// Check the first `fields` fields of `rec` (all of them for a complete
+    /// record) against the rules, in stream order: each rule runs once the
+    /// fields it needs are present, so the first violation reported is the
+    /// one a field-by-field reader would meet first.
+    fn check(&self, rec: &Record<'_>, fields: usize) -> Rule<()> {
+        let has = |n: usize| fields >= n;
+        match *rec {
+            Record::Sample(SampleFields { delta_us, thread, stack }) => {
+                if has(1) {
+                    self.sample_time(delta_us)?;
+                }
+                if has(2) {
+                    reference("thread", thread, self.threads.len())?;
+                }
+                if has(3) {
+                    reference("stack", stack, self.stack_frame.len())?;
+                }
+            }
+            Record::Module { id, pid, start, size, file_offset, .. } => {
+                if has(1) {
+                    dense("module", id, self.modules.len())?;
+                }
+                if has(2) {
+                    fits_u32("pid", pid)?;
+                }
+                if has(4) {
+                    if size == 0 {
+                        return Err(FormatErrorKind::EmptyModule);
+                    }
+                    let end = start.checked_add(size).ok_or(FormatErrorKind::AddressOverflow)?;
+                    if let Some(active) = self.active_by_pid.get(&(pid as u32)) {
+                        // Active modules of one process are disjoint, so only the one
+                        // starting last below `end` can overlap [start, end).
+                        if let Some((_, &m)) = active.range(..end).next_back() {
+                            if self.modules[m as usize].end() > start {
+                                return Err(FormatErrorKind::OverlappingModule { active: m as u64 });
+                            }
                         }
                     }
                 }
-                let file_offset = c.u64()?;
-                file_offset.checked_add(size).ok_or(rule(FormatErrorKind::AddressOverflow))?;
-                let generation = c.u64()?;
-                let path = c.bytes("module path", MAX_PATH_LEN)?;
-                let build_id = c.bytes("build id", MAX_BUILD_ID_LEN)?;
-                let id32 = id as u32;
+                if has(5) {
+                    file_offset.checked_add(size).ok_or(FormatErrorKind::AddressOverflow)?;
+                }
+            }
+            Record::Frame { id, frame } => {
+                if has(1) {
+                    dense("frame", id, self.frames.len())?;
+                }
+                if let RawFrame::Module { module, file_relative } = frame {
+                    if has(3) {
+                        let m = reference("module", module, self.modules.len())?;
+                        if !self.module_active[m as usize] {
+                            return Err(FormatErrorKind::RetiredModule(module));
+                        }
+                    }
+                    if has(4) {
+                        let md = &self.modules[module as usize];
+                        let outside = FormatErrorKind::OutsideModule { module, address: file_relative };
+                        let off = file_relative.checked_sub(md.file_offset).ok_or(outside.clone())?;
+                        if off >= md.size {
+                            return Err(outside);
+                        }
+                        // Cannot fail: `start + size` was checked when the module was defined.
+                        md.start.checked_add(off).ok_or(FormatErrorKind::AddressOverflow)?;
+                    }
+                }
+            }
+            Record::Stack { id, parent, frame } => {
+                if has(1) {
+                    dense("stack", id, self.stack_frame.len())?;
+                }
+                if has(2) {
+                    if let Some(p) = parent {
+                        reference("stack", p, self.stack_frame.len())?;
+                    }
+                }
+                if has(3) {
+                    let f = reference("frame", frame, self.frames.len())?;
+                    let depth = match parent {
+                        None => 1,
+                        Some(p) => {
+                            if self.frames[f as usize] == Frame::Truncated {
+                                return Err(FormatErrorKind::MisplacedTruncationMarker);
+                            }
+                            self.stack_depth[p as usize] as u32 + 1
+                        }
+                    };
+                    if depth > MAX_STACK_DEPTH {
+                        return Err(FormatErrorKind::StackTooDeep);
+                    }
+                }
+            }
+            Record::Thread { id, pid, tid, .. } => {
+                if has(1) {
+                    dense("thread", id, self.threads.len())?;
+                }
+                if has(2) {
+                    fits_u32("pid", pid)?;
+                }
+                if has(3) {
+                    fits_u32("tid", tid)?;
+                }
+            }
+            Record::PythonRuntime { pid, entering, .. } => {
+                if has(1) {
+                    fits_u32("pid", pid)?;
+                }
+                if has(3) {
+                    let inside = self.python_in.get(&(pid as u32)).copied().unwrap_or(false);
+                    if inside == entering {
+                        return Err(FormatErrorKind::PythonRuntimeState);
+                    }
+                }
+            }
+            Record::ProcessModuleDeactivation { pid } => {
+                if has(1) {
+                    fits_u32("pid", pid)?;
+                }
+            }
+            Record::ModuleDeactivation { module } => {
+                if has(1) {
+                    let m = reference("module", module, self.modules.len())?;
+                    if !self.module_active[m as usize] {
+                        return Err(FormatErrorKind::AlreadyRetired(module));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Apply a complete record that passed [`Definitions::check`]; returns the
+    /// sample for a sample record. Ids, pids and tids fit in 32 bits and
+    /// references are defined: the check made sure of both.
+    fn apply(&mut self, rec: &Record<'_>) -> Option<Sample> {
+        match *rec {
+            Record::Sample(SampleFields { delta_us, thread, stack }) => {
+                let time_us = self.last_time_us.wrapping_add_signed(delta_us);
+                self.last_time_us = time_us;
+                self.sample_count += 1;
+                return Some(Sample {
+                    time_us,
+                    thread: ThreadId(thread as u32),
+                    stack: StackId(stack as u32),
+                });
+            }
+            Record::Module { id, pid, start, size, file_offset, generation, path, build_id } => {
+                let (id, pid) = (id as u32, pid as u32);
                 self.modules.push(Module {
-                    id: ModuleId(id32),
+                    id: ModuleId(id),
                     pid,
                     start,
                     size,
@@ -218,101 +351,33 @@ impl Definitions {
                     build_id: build_id.to_vec(),
                 });
                 self.module_active.push(true);
-                self.active_by_pid.entry(pid).or_default().insert(start, id32);
+                self.active_by_pid.entry(pid).or_default().insert(start, id);
             }
-            tag::FRAME => {
-                let id = c.u64()?;
-                dense("frame", id, self.frames.len()).map_err(rule)?;
-                let kind_at = c.pos;
-                let frame = match c.u64()? {
-                    frame_kind::MODULE => {
-                        let module = c.u64()?;
-                        let m = reference("module", module, self.modules.len()).map_err(rule)?;
-                        if !self.module_active[m as usize] {
-                            return Err(rule(FormatErrorKind::RetiredModule(module)));
-                        }
-                        let file_relative = c.u64()?;
-                        let md = &self.modules[m as usize];
-                        let outside = FormatErrorKind::OutsideModule { module, address: file_relative };
-                        let off = file_relative.checked_sub(md.file_offset).ok_or(rule(outside.clone()))?;
-                        if off >= md.size {
-                            return Err(rule(outside));
-                        }
-                        // Cannot fail: `start + size` was checked when the module was defined.
-                        md.start.checked_add(off).ok_or(rule(FormatErrorKind::AddressOverflow))?;
-                        Frame::Module { module: ModuleId(m), file_relative }
+            Record::Frame { frame, .. } => {
+                self.frames.push(match frame {
+                    RawFrame::Module { module, file_relative } => {
+                        Frame::Module { module: ModuleId(module as u32), file_relative }
                     }
-                    frame_kind::ABSOLUTE => {
-                        let (address, kernel) = c.absolute_frame()?;
-                        Frame::Absolute { address, kernel }
-                    }
-                    frame_kind::TRUNCATED => {
-                        c.truncation_payload()?;
-                        Frame::Truncated
-                    }
-                    other => return Err(c.bad(kind_at, FormatErrorKind::UnknownFrameKind(other))),
-                };
-                self.frames.push(frame);
+                    RawFrame::Absolute { address, kernel } => Frame::Absolute { address, kernel },
+                    RawFrame::Truncated => Frame::Truncated,
+                });
             }
-            tag::STACK => {
-                let id = c.u64()?;
-                dense("stack", id, self.stack_frame.len()).map_err(rule)?;
-                let parent = match c.u64()?.checked_sub(1) {
-                    None => None,
-                    Some(p) => Some(reference("stack", p, self.stack_frame.len()).map_err(rule)?),
-                };
-                let f = reference("frame", c.u64()?, self.frames.len()).map_err(rule)?;
+            Record::Stack { parent, frame, .. } => {
                 let (p, depth) = match parent {
-                    None => (NO_PARENT, 1u32),
-                    Some(p) => {
-                        if self.frames[f as usize] == Frame::Truncated {
-                            return Err(rule(FormatErrorKind::MisplacedTruncationMarker));
-                        }
-                        (p, self.stack_depth[p as usize] as u32 + 1)
-                    }
+                    None => (NO_PARENT, 1),
+                    Some(p) => (p as u32, self.stack_depth[p as usize] + 1),
                 };
-                if depth > MAX_STACK_DEPTH {
-                    return Err(rule(FormatErrorKind::StackTooDeep));
-                }
                 self.stack_parent.push(p);
-                self.stack_frame.push(f);
-                self.stack_depth.push(depth as u16);
+                self.stack_frame.push(frame as u32);
+                self.stack_depth.push(depth);
             }
-            tag::THREAD => {
-                let id = c.u64()?;
-                dense("thread", id, self.threads.len()).map_err(rule)?;
-                let pid = fits_u32("pid", c.u64()?).map_err(rule)?;
-                let tid = fits_u32("tid", c.u64()?).map_err(rule)?;
-                let name_at = c.pos;
-                let bad_utf8 =
-                    DecodeError::Bad { at: name_at, kind: FormatErrorKind::BadUtf8("thread name") };
-                let name = match c.bytes_or_partial("thread name", MAX_THREAD_NAME_LEN)? {
-                    Ok(name) => std::str::from_utf8(name).map_err(|_| bad_utf8)?,
-                    Err(prefix) => {
-                        // A prefix is still valid if it only ends inside a character.
-                        if let Err(e) = std::str::from_utf8(prefix) {
-                            if e.error_len().is_some() {
-                                return Err(bad_utf8);
-                            }
-                        }
-                        return Err(DecodeError::Incomplete);
-                    }
-                };
-                self.threads.push(Thread { id: ThreadId(id as u32), pid, tid, name: name.to_owned() });
+            Record::Thread { id, pid, tid, name } => {
+                // Valid UTF-8: the decoder checked it.
+                let name = String::from_utf8_lossy(name).into_owned();
+                self.threads.push(Thread { id: ThreadId(id as u32), pid: pid as u32, tid: tid as u32, name });
             }
-            tag::PYTHON_RUNTIME => {
-                let pid = fits_u32("pid", c.u64()?).map_err(rule)?;
-                let time_us = c.u64()?;
-                let state_at = c.pos;
-                let state = c.u64()?;
-                if state > 1 {
-                    return Err(c.bad(state_at, FormatErrorKind::BadValue("Python-runtime state", state)));
-                }
-                let entering = state == 1;
-                let inside = self.python_in.get(&pid).copied().unwrap_or(false);
-                if inside == entering {
-                    return Err(rule(FormatErrorKind::PythonRuntimeState));
-                }
+            Record::PythonRuntime { pid, time_us, entering } => {
+                let pid = pid as u32;
                 self.python_in.insert(pid, entering);
                 self.python.push(PythonRuntimeEvent {
                     pid,
@@ -321,9 +386,8 @@ impl Definitions {
                     samples_before: self.sample_count,
                 });
             }
-            tag::PROCESS_MODULE_DEACTIVATION => {
-                let pid = fits_u32("pid", c.u64()?).map_err(rule)?;
-                if let Some(active) = self.active_by_pid.remove(&pid) {
+            Record::ProcessModuleDeactivation { pid } => {
+                if let Some(active) = self.active_by_pid.remove(&(pid as u32)) {
                     let mut ids: Vec<u32> = active.into_values().collect();
                     ids.sort_unstable();
                     for m in ids {
@@ -333,12 +397,8 @@ impl Definitions {
                     }
                 }
             }
-            tag::MODULE_DEACTIVATION => {
-                let module = c.u64()?;
-                let m = reference("module", module, self.modules.len()).map_err(rule)?;
-                if !self.module_active[m as usize] {
-                    return Err(rule(FormatErrorKind::AlreadyRetired(module)));
-                }
+            Record::ModuleDeactivation { module } => {
+                let m = module as u32;
                 self.module_active[m as usize] = false;
                 let md = &self.modules[m as usize];
                 if let Some(active) = self.active_by_pid.get_mut(&md.pid) {
@@ -350,9 +410,8 @@ impl Definitions {
                 self.deactivations
                     .push(Deactivation { module: ModuleId(m), samples_before: self.sample_count });
             }
-            other => return Err(DecodeError::Bad { at: 0, kind: FormatErrorKind::UnknownTag(other) }),
         }
-        Ok((None, c.pos))
+        None
     }
 
     #[inline]

@@ -1,5 +1,7 @@
-//! The on-disk layer: constants of the spool format, the varint codec, the record
-//! codec and the validation rules shared by the writer and every reader.
+//! The on-disk layer: constants of the spool format, the varint codec
+//! (`varint`), the record codec (`record`, with the sample record's layout and
+//! fast decoders in `record::sample`) and the validation rules shared by the
+//! writer and every reader (`defs`), which check what the record codec decodes.
 //!
 //! `FORMAT.md` at the repository root is the byte-level specification; this module
 //! is its only implementation. Readers (`crate::read`) and the writer
@@ -15,9 +17,22 @@ pub use types::*;
 /// The eight-byte magic value every spool starts with.
 pub const MAGIC: [u8; 8] = *b"SPULSE3\0";
 
-/// The longest a valid stream header can be: the magic and two varints of at
-/// most ten bytes each. Readers decide on the header from this many bytes.
-pub(crate) const MAX_HEADER_LEN: usize = MAGIC.len() + 2 * 10;
+/// The longest a valid stream header can be: the magic and two varints (start
+/// time and interval) of at most ten bytes each. Readers decide on the header
+/// from this many bytes, so a file that is not a spool is rejected without
+/// reading more of it.
+pub(crate) const MAX_HEADER_LEN: usize = MAGIC.len() + 2 * varint::MAX_LEN;
+
+/// The longest record: a module record (its tag, six varints, the two
+/// length-prefixed strings at their limits). A reader's buffer holds at least
+/// this many bytes, so that any record fits in it whole.
+pub(crate) const MAX_RECORD_LEN: usize =
+    1 + 8 * varint::MAX_LEN + limits::MAX_PATH_LEN as usize + limits::MAX_BUILD_ID_LEN as usize;
+
+/// The shortest sample record: its tag and three one-byte varints. Readers
+/// bound the number of samples in `n` bytes by `n / MIN_SAMPLE_RECORD_LEN`,
+/// so sample columns reserved from it never reallocate.
+pub(crate) const MIN_SAMPLE_RECORD_LEN: usize = 4;
 
 /// Record tags (the first byte of every record).
 pub mod tag {

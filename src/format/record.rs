@@ -1,13 +1,22 @@
 //! The record codec: one `Record` enum, decoded from and encoded into bytes.
 //!
 //! Decoding only checks the syntax of a record (tags, varints, lengths against
-//! the format's limits). The rules that relate a record to earlier ones live in
-//! [`super::defs`].
+//! the format's limits, the values of flags, UTF-8 of thread names). It reads
+//! the fields in stream order into the record, so a record that does not decode
+//! completely comes back as a [`Partial`] holding the fields before the one
+//! that failed. The rules that relate a record to earlier ones live in
+//! [`super::defs`], which checks what this module decoded, partial records
+//! included. The sample record's layout and the fast decoders of it that the
+//! readers' sample loops use are in [`sample`].
 
 use super::limits::*;
 use super::varint::{self, VarintError};
 use super::{frame_kind, tag};
 use crate::FormatErrorKind;
+
+pub(crate) mod sample;
+
+pub(crate) use sample::SampleFields;
 
 /// A decoded record, borrowing its strings from the input.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -38,11 +47,7 @@ pub(crate) enum Record<'a> {
         tid: u64,
         name: &'a [u8],
     },
-    Sample {
-        delta_us: i64,
-        thread: u64,
-        stack: u64,
-    },
+    Sample(SampleFields),
     PythonRuntime {
         pid: u64,
         time_us: u64,
@@ -54,6 +59,33 @@ pub(crate) enum Record<'a> {
     ModuleDeactivation {
         module: u64,
     },
+}
+
+impl Record<'_> {
+    /// A record of kind `tag` with every field zero or empty, which the
+    /// decoder fills in stream order; `None` for an unknown tag.
+    fn empty(tag: u8) -> Option<Record<'static>> {
+        Some(match tag {
+            tag::MODULE => Record::Module {
+                id: 0,
+                pid: 0,
+                start: 0,
+                size: 0,
+                file_offset: 0,
+                generation: 0,
+                path: &[],
+                build_id: &[],
+            },
+            tag::FRAME => Record::Frame { id: 0, frame: RawFrame::Truncated },
+            tag::STACK => Record::Stack { id: 0, parent: None, frame: 0 },
+            tag::THREAD => Record::Thread { id: 0, pid: 0, tid: 0, name: &[] },
+            tag::SAMPLE => Record::Sample(SampleFields::default()),
+            tag::PYTHON_RUNTIME => Record::PythonRuntime { pid: 0, time_us: 0, entering: false },
+            tag::PROCESS_MODULE_DEACTIVATION => Record::ProcessModuleDeactivation { pid: 0 },
+            tag::MODULE_DEACTIVATION => Record::ModuleDeactivation { module: 0 },
+            _ => return None,
+        })
+    }
 }
 
 /// A frame's payload before its references are checked.
@@ -74,22 +106,38 @@ pub(crate) enum DecodeError {
     Bad { at: usize, kind: FormatErrorKind },
 }
 
+/// A record that did not decode completely: the fields before the one that
+/// failed, and why it failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Partial<'a> {
+    /// The record with its first `fields` fields decoded (in stream order, as
+    /// FORMAT.md lists them) and the rest zero or empty; `None` when the tag
+    /// itself is missing or unknown.
+    pub(crate) record: Option<Record<'a>>,
+    /// How many fields are complete and syntactically valid.
+    pub(crate) fields: usize,
+    pub(crate) error: DecodeError,
+}
+
 /// A read position inside one record. Every read either yields a complete,
 /// canonical field, reports that the input ends inside it (`Incomplete`), or
-/// reports a malformed field with its offset within the record.
+/// reports a malformed field with its offset within the record. It counts the
+/// fields it has read completely and validly.
 pub(crate) struct Cursor<'a> {
     pub(crate) buf: &'a [u8],
     pub(crate) pos: usize,
+    pub(crate) fields: usize,
 }
 
 impl<'a> Cursor<'a> {
     #[inline]
     pub(crate) fn new(buf: &'a [u8], pos: usize) -> Cursor<'a> {
-        Cursor { buf, pos }
+        Cursor { buf, pos, fields: 0 }
     }
 
-    #[inline]
-    pub(crate) fn u64(&mut self) -> Result<u64, DecodeError> {
+    /// A varint, not yet counted as a field (its value may still be checked).
+    #[inline(always)]
+    fn varint(&mut self) -> Result<u64, DecodeError> {
         match varint::decode_u64(&self.buf[self.pos..]) {
             Ok((v, n)) => {
                 self.pos += n;
@@ -100,51 +148,58 @@ impl<'a> Cursor<'a> {
         }
     }
 
-    #[inline]
-    pub(crate) fn i64(&mut self) -> Result<i64, DecodeError> {
-        Ok(varint::unzigzag(self.u64()?))
+    /// An unsigned varint field.
+    #[inline(always)]
+    pub(crate) fn u64(&mut self) -> Result<u64, DecodeError> {
+        let v = self.varint()?;
+        self.fields += 1;
+        Ok(v)
     }
 
-    /// The rest of an absolute frame after its kind: the address and the
-    /// user/kernel mode bit.
-    pub(crate) fn absolute_frame(&mut self) -> Result<(u64, bool), DecodeError> {
-        let address = self.u64()?;
-        let mode_at = self.pos;
-        let mode = self.u64()?;
-        if mode > 1 {
-            return Err(self.bad(mode_at, FormatErrorKind::BadValue("frame mode bit", mode)));
+    /// A varint field that must be 0 or 1 (`what` names it in the error).
+    fn flag(&mut self, what: &'static str) -> Result<bool, DecodeError> {
+        let at = self.pos;
+        let v = self.varint()?;
+        if v > 1 {
+            return Err(self.bad(at, FormatErrorKind::BadValue(what, v)));
         }
-        Ok((address, mode == 1))
+        self.fields += 1;
+        Ok(v == 1)
     }
 
     /// The zero payload of a truncated-stack marker.
-    pub(crate) fn truncation_payload(&mut self) -> Result<(), DecodeError> {
-        let payload_at = self.pos;
-        if self.u64()? != 0 {
-            return Err(self.bad(payload_at, FormatErrorKind::BadTruncationMarker));
+    fn truncation_payload(&mut self) -> Result<(), DecodeError> {
+        let at = self.pos;
+        if self.varint()? != 0 {
+            return Err(self.bad(at, FormatErrorKind::BadTruncationMarker));
         }
+        self.fields += 1;
         Ok(())
     }
 
     /// A length-prefixed byte string of at most `limit` bytes. The length is
     /// checked against the limit before the bytes are needed.
-    pub(crate) fn bytes(&mut self, what: &'static str, limit: u64) -> Result<&'a [u8], DecodeError> {
+    fn bytes(&mut self, what: &'static str, limit: u64) -> Result<&'a [u8], DecodeError> {
         match self.bytes_or_partial(what, limit)? {
-            Ok(s) => Ok(s),
+            Ok(s) => {
+                self.fields += 1;
+                Ok(s)
+            }
             Err(_) => Err(DecodeError::Incomplete),
         }
     }
 
-    /// Like [`Cursor::bytes`], but when the input ends inside the string itself
-    /// returns `Ok(Err(prefix))` with the bytes that are present, so a caller
-    /// can reject a prefix no completion could make valid.
-    pub(crate) fn bytes_or_partial(
+    /// The string of [`Cursor::bytes`], not yet counted as a field; when the
+    /// input ends inside the string itself, `Ok(Err(prefix))` with the bytes
+    /// that are present, so the caller can reject a prefix no completion could
+    /// make valid.
+    fn bytes_or_partial(
         &mut self,
         what: &'static str,
         limit: u64,
     ) -> Result<Result<&'a [u8], &'a [u8]>, DecodeError> {
         let at = self.pos;
-        let len = self.u64()?;
+        let len = self.varint()?;
         if len > limit {
             return Err(DecodeError::Bad { at, kind: FormatErrorKind::TooLong { what, len, limit } });
         }
@@ -157,7 +212,27 @@ impl<'a> Cursor<'a> {
         Ok(Ok(s))
     }
 
-    pub(crate) fn bad(&self, at: usize, kind: FormatErrorKind) -> DecodeError {
+    /// A byte string of valid UTF-8 (see [`Cursor::bytes`]). When the input
+    /// ends inside it, the bytes present must still be able to start valid
+    /// UTF-8 (only a final character may be cut off): otherwise no completion
+    /// could be valid.
+    fn utf8(&mut self, what: &'static str, limit: u64) -> Result<&'a [u8], DecodeError> {
+        let at = self.pos;
+        let bad_utf8 = DecodeError::Bad { at, kind: FormatErrorKind::BadUtf8(what) };
+        match self.bytes_or_partial(what, limit)? {
+            Ok(s) => {
+                std::str::from_utf8(s).map_err(|_| bad_utf8)?;
+                self.fields += 1;
+                Ok(s)
+            }
+            Err(prefix) => match std::str::from_utf8(prefix) {
+                Err(e) if e.error_len().is_some() => Err(bad_utf8),
+                _ => Err(DecodeError::Incomplete),
+            },
+        }
+    }
+
+    fn bad(&self, at: usize, kind: FormatErrorKind) -> DecodeError {
         DecodeError::Bad { at, kind }
     }
 }
@@ -165,87 +240,110 @@ impl<'a> Cursor<'a> {
 /// Decode one record from the start of `buf`, returning it and its length.
 #[inline]
 pub(crate) fn decode(buf: &[u8]) -> Result<(Record<'_>, usize), DecodeError> {
+    decode_fields(buf).map_err(|p| p.error)
+}
+
+/// [`decode`], but a record that does not decode completely comes back as a
+/// [`Partial`] with the fields before the one that failed, so that the rules
+/// on those fields can still be checked (a complete field is checked even if
+/// its record is not; FORMAT.md, section 6).
+// The error carries the partial record by value, as large as the record
+// itself: it is consumed by the caller at once (`Definitions::read_record`),
+// never propagated up a call chain, and boxing it would allocate per error.
+#[allow(clippy::result_large_err)]
+pub(crate) fn decode_fields(buf: &[u8]) -> Result<(Record<'_>, usize), Partial<'_>> {
     let Some(&t) = buf.first() else {
-        return Err(DecodeError::Incomplete);
+        return Err(Partial { record: None, fields: 0, error: DecodeError::Incomplete });
     };
-    let mut c = Cursor { buf, pos: 1 };
-    let rec = match t {
-        tag::SAMPLE => {
-            let delta_us = c.i64()?;
-            let thread = c.u64()?;
-            let stack = c.u64()?;
-            Record::Sample { delta_us, thread, stack }
+    let Some(mut rec) = Record::empty(t) else {
+        let error = DecodeError::Bad { at: 0, kind: FormatErrorKind::UnknownTag(t) };
+        return Err(Partial { record: None, fields: 0, error });
+    };
+    let mut c = Cursor::new(buf, 1);
+    match read_fields(&mut rec, &mut c) {
+        Ok(()) => Ok((rec, c.pos)),
+        Err(error) => Err(Partial { record: Some(rec), fields: c.fields, error }),
+    }
+}
+
+/// Fill the fields of `rec` (an empty record of its kind) from `c`, in stream
+/// order, checking the syntax of each as it is read.
+fn read_fields<'a>(rec: &mut Record<'a>, c: &mut Cursor<'a>) -> Result<(), DecodeError> {
+    match rec {
+        Record::Sample(f) => {
+            let q = c.pos;
+            let mut r = sample::Recording::new(c);
+            match sample::read_fields(&mut r, q) {
+                Ok((fields, end)) => (*f, c.pos) = (fields, end),
+                Err(e) => {
+                    *f = r.partial();
+                    return Err(e);
+                }
+            }
         }
-        tag::STACK => {
-            let id = c.u64()?;
-            let parent = c.u64()?;
-            let frame = c.u64()?;
-            Record::Stack { id, parent: parent.checked_sub(1), frame }
+        Record::Stack { id, parent, frame } => {
+            *id = c.u64()?;
+            *parent = c.u64()?.checked_sub(1);
+            *frame = c.u64()?;
         }
-        tag::FRAME => {
-            let id = c.u64()?;
+        Record::Frame { id, frame } => {
+            *id = c.u64()?;
             let kind_at = c.pos;
-            let kind = c.u64()?;
-            let frame = match kind {
+            match c.varint()? {
                 frame_kind::MODULE => {
+                    c.fields += 1;
+                    *frame = RawFrame::Module { module: 0, file_relative: 0 };
                     let module = c.u64()?;
+                    *frame = RawFrame::Module { module, file_relative: 0 };
                     let file_relative = c.u64()?;
-                    RawFrame::Module { module, file_relative }
+                    *frame = RawFrame::Module { module, file_relative };
                 }
                 frame_kind::ABSOLUTE => {
-                    let (address, kernel) = c.absolute_frame()?;
-                    RawFrame::Absolute { address, kernel }
+                    c.fields += 1;
+                    *frame = RawFrame::Absolute { address: 0, kernel: false };
+                    let address = c.u64()?;
+                    *frame = RawFrame::Absolute { address, kernel: false };
+                    let kernel = c.flag("frame mode bit")?;
+                    *frame = RawFrame::Absolute { address, kernel };
                 }
                 frame_kind::TRUNCATED => {
+                    c.fields += 1;
+                    *frame = RawFrame::Truncated;
                     c.truncation_payload()?;
-                    RawFrame::Truncated
                 }
                 other => return Err(c.bad(kind_at, FormatErrorKind::UnknownFrameKind(other))),
-            };
-            Record::Frame { id, frame }
-        }
-        tag::MODULE => {
-            let id = c.u64()?;
-            let pid = c.u64()?;
-            let start = c.u64()?;
-            let size = c.u64()?;
-            let file_offset = c.u64()?;
-            let generation = c.u64()?;
-            let path = c.bytes("module path", MAX_PATH_LEN)?;
-            let build_id = c.bytes("build id", MAX_BUILD_ID_LEN)?;
-            Record::Module { id, pid, start, size, file_offset, generation, path, build_id }
-        }
-        tag::THREAD => {
-            let id = c.u64()?;
-            let pid = c.u64()?;
-            let tid = c.u64()?;
-            let name_at = c.pos;
-            let name = c.bytes("thread name", MAX_THREAD_NAME_LEN)?;
-            if std::str::from_utf8(name).is_err() {
-                return Err(c.bad(name_at, FormatErrorKind::BadUtf8("thread name")));
             }
-            Record::Thread { id, pid, tid, name }
         }
-        tag::PYTHON_RUNTIME => {
-            let pid = c.u64()?;
-            let time_us = c.u64()?;
-            let state_at = c.pos;
-            let state = c.u64()?;
-            if state > 1 {
-                return Err(c.bad(state_at, FormatErrorKind::BadValue("Python-runtime state", state)));
-            }
-            Record::PythonRuntime { pid, time_us, entering: state == 1 }
+        Record::Module { id, pid, start, size, file_offset, generation, path, build_id } => {
+            *id = c.u64()?;
+            *pid = c.u64()?;
+            *start = c.u64()?;
+            *size = c.u64()?;
+            *file_offset = c.u64()?;
+            *generation = c.u64()?;
+            *path = c.bytes("module path", MAX_PATH_LEN)?;
+            *build_id = c.bytes("build id", MAX_BUILD_ID_LEN)?;
         }
-        tag::PROCESS_MODULE_DEACTIVATION => Record::ProcessModuleDeactivation { pid: c.u64()? },
-        tag::MODULE_DEACTIVATION => Record::ModuleDeactivation { module: c.u64()? },
-        other => return Err(DecodeError::Bad { at: 0, kind: FormatErrorKind::UnknownTag(other) }),
-    };
-    Ok((rec, c.pos))
+        Record::Thread { id, pid, tid, name } => {
+            *id = c.u64()?;
+            *pid = c.u64()?;
+            *tid = c.u64()?;
+            *name = c.utf8("thread name", MAX_THREAD_NAME_LEN)?;
+        }
+        Record::PythonRuntime { pid, time_us, entering } => {
+            *pid = c.u64()?;
+            *time_us = c.u64()?;
+            *entering = c.flag("Python-runtime state")?;
+        }
+        Record::ProcessModuleDeactivation { pid } => *pid = c.u64()?,
+        Record::ModuleDeactivation { module } => *module = c.u64()?,
+    }
+    Ok(())
 }
 
 /// Append the encoding of `rec` to `out`.
 pub(crate) fn encode(rec: &Record<'_>, out: &mut Vec<u8>) {
-    use varint::{put_i64, put_u64};
+    use varint::put_u64;
     match *rec {
         Record::Module { id, pid, start, size, file_offset, generation, path, build_id } => {
             out.push(tag::MODULE);
@@ -291,12 +389,7 @@ pub(crate) fn encode(rec: &Record<'_>, out: &mut Vec<u8>) {
             put_u64(out, name.len() as u64);
             out.extend_from_slice(name);
         }
-        Record::Sample { delta_us, thread, stack } => {
-            out.push(tag::SAMPLE);
-            put_i64(out, delta_us);
-            put_u64(out, thread);
-            put_u64(out, stack);
-        }
+        Record::Sample(ref fields) => sample::encode(fields, out),
         Record::PythonRuntime { pid, time_us, entering } => {
             out.push(tag::PYTHON_RUNTIME);
             put_u64(out, pid);
@@ -326,7 +419,7 @@ pub(crate) fn decode_header(buf: &[u8]) -> Result<(crate::Header, usize), (usize
     if buf[..MAGIC.len()] != MAGIC {
         return Err((0, FormatErrorKind::BadMagic));
     }
-    let mut c = Cursor { buf, pos: MAGIC.len() };
+    let mut c = Cursor::new(buf, MAGIC.len());
     let field = |c: &mut Cursor<'_>| -> Result<(u64, usize), (usize, FormatErrorKind)> {
         let at = c.pos;
         match c.u64() {

@@ -106,9 +106,9 @@ impl Layout for WideLayout {
 
 /// Writes samples into a block's spare capacity. It lives on the decoding
 /// loop's stack, so its count and slices stay in registers (pushing to the
-/// block's vectors one by one keeps their lengths in memory, which was a
-/// third of the decoding loop's time); the block's lengths are set once, when
-/// [`Block::fill`] returns.
+/// block's vectors one by one keeps their lengths in memory, and updating them
+/// costs about a third of the decoding loop's time); the block's lengths are
+/// set once, when [`Block::fill`] returns.
 pub(crate) struct Filler<'a, L: Layout> {
     origin: u64,
     offs: &'a mut [MaybeUninit<L::Off>],
@@ -246,6 +246,8 @@ impl Block {
     #[cold]
     fn reserve(&mut self) {
         fn reserve<O, T>(c: &mut Cols<O, T>) {
+            // Geometric growth (an eighth more) with a floor, so that
+            // pushing sample by sample stays amortized constant time.
             let more = (c.offs.len() / 8).max(1024);
             c.offs.reserve(more);
             c.threads.reserve(more);
@@ -404,6 +406,7 @@ impl SampleColumns {
     }
 
     /// The blocks (for tests of the widening).
+    #[cfg(feature = "testing")]
     pub(crate) fn blocks(&self) -> &[Block] {
         &self.blocks
     }

@@ -24,15 +24,17 @@
 //!    end at the position) cuts the second columns back to what passed and is
 //!    re-read sequentially from there, so errors, their offsets and the
 //!    recovered tail are exactly those of the sequential reader;
-//!    `tests/format_parallel.rs` and the fuzz checks compare the two.
+//!    `tests/format_readers/parallel.rs` and the fuzz corpus checks compare
+//!    the two.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::columns::{Block, Fill, Filler, Layout, SampleColumns};
 use super::scan::{format_error, scan_from, Stop};
 use crate::format::defs::Definitions;
+use crate::format::record::sample::{self, SampleFields};
 use crate::format::record::{self, DecodeError};
-use crate::format::{tag, varint, Sample};
+use crate::format::{tag, Sample, MIN_SAMPLE_RECORD_LEN};
 use crate::Error;
 
 /// Spools shorter than this (bytes after the header) load on one core: below
@@ -44,15 +46,26 @@ pub(crate) const PARALLEL_MIN_BYTES: usize = 4 << 20;
 const SYNC_RECORDS: usize = 64;
 /// How far past the midpoint a synchronization position is looked for.
 const SYNC_WINDOW: usize = 64 << 10;
+/// The speculative decoder looks for cancellation once per this many samples:
+/// often enough that an abandoned speculation stops within microseconds,
+/// rarely enough that the atomic load costs nothing in the sample loop.
+const CANCEL_CHECK_SAMPLES: usize = 4096;
 
-/// Loads whose second half was applied from the speculative decoding (for
-/// tests, which check that the two-thread path really ran).
-static SPECULATIONS_APPLIED: AtomicU64 = AtomicU64::new(0);
+/// Loads whose second half was applied from the speculative decoding (with
+/// the `testing` feature, for tests that check the two-thread path really ran).
+#[cfg(feature = "testing")]
+static SPECULATIONS_APPLIED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// How many loads so far applied a speculatively decoded second half.
-#[doc(hidden)]
+#[cfg(feature = "testing")]
 pub fn speculations_applied() -> u64 {
     SPECULATIONS_APPLIED.load(Ordering::Relaxed)
+}
+
+/// Count a load whose speculation was applied (nothing without `testing`).
+fn count_applied() {
+    #[cfg(feature = "testing")]
+    SPECULATIONS_APPLIED.fetch_add(1, Ordering::Relaxed);
 }
 
 /// Validate `bytes` (a spool whose header, `hlen` bytes, was already read)
@@ -106,9 +119,7 @@ pub(crate) fn load(
                 at
             }
             None => match rest.join() {
-                Ok(spec) => match apply(bytes, spec, defs, cols).inspect(|_| {
-                    SPECULATIONS_APPLIED.fetch_add(1, Ordering::Relaxed);
-                })? {
+                Ok(spec) => match apply(bytes, spec, defs, cols).inspect(|_| count_applied())? {
                     Some(at) => at,
                     None => return Ok((bytes.len(), false)),
                 },
@@ -184,8 +195,8 @@ fn find_sync(bytes: &[u8], from: usize) -> Option<usize> {
             if bytes.get(p) != Some(&tag::SAMPLE) {
                 continue 'candidates;
             }
-            match varint::decode_sample_at(bytes, p) {
-                Some((_, _, _, next)) => p = next,
+            match sample::decode_at(bytes, p) {
+                Some((_, next)) => p = next,
                 None => continue 'candidates,
             }
         }
@@ -257,10 +268,13 @@ impl Fill for Decoder<'_> {
         let (mut max_thread, mut max_stack) = (self.max_thread, self.max_stack);
         let mut no_room = None;
         while bytes.get(p) == Some(&tag::SAMPLE) {
-            if n % 4096 == 0 && self.cancel.load(Ordering::Relaxed) {
+            if n % CANCEL_CHECK_SAMPLES == 0 && self.cancel.load(Ordering::Relaxed) {
                 break;
             }
-            let Some((delta, thread, stack, next)) = varint::decode_sample_at(bytes, p) else { break };
+            let Some((SampleFields { delta_us: delta, thread, stack }, next)) = sample::decode_at(bytes, p)
+            else {
+                break;
+            };
             let (Some(r), Ok(t), Ok(s)) =
                 (rel.checked_add(delta), u32::try_from(thread), u32::try_from(stack))
             else {
@@ -287,7 +301,7 @@ impl Fill for Decoder<'_> {
 
 /// Decode `bytes[from..]` without validation (see the module documentation).
 fn speculate(bytes: &[u8], from: usize, cancel: &AtomicBool) -> Speculation {
-    let bound = (bytes.len() - from) / 4;
+    let bound = (bytes.len() - from) / MIN_SAMPLE_RECORD_LEN;
     let mut sp = Speculation {
         cols: SampleColumns::new(Block::new(0, bound)),
         segments: Vec::new(),

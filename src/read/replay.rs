@@ -16,11 +16,20 @@ use super::open;
 use super::scan::{format_error, next_validated, scan, Stop};
 use crate::format::defs::Definitions;
 use crate::format::record;
-use crate::format::{tag, varint, MAX_HEADER_LEN};
+use crate::format::record::sample::{self, SampleFields, WINDOW};
+use crate::format::{tag, MAX_HEADER_LEN, MAX_RECORD_LEN};
 use crate::format::{Sample, StackId, ThreadId};
 use crate::{Error, FormatErrorKind};
 
 const DEFAULT_CHUNK: usize = 1 << 20;
+/// Samples per index entry until the index first fills: a seek then decodes
+/// at most this many samples before the one it wants, while a file has to hold
+/// 2^26 (67 M) samples before the default index limit doubles the stride.
+const INITIAL_STRIDE: u64 = 1024;
+/// The smallest read buffer. Opening refills the buffer around an incomplete
+/// record, so the buffer must hold the longest record whole.
+const MIN_CHUNK: usize = 64 * 1024;
+const _: () = assert!(MIN_CHUNK >= MAX_RECORD_LEN);
 
 /// Options for [`Replay`].
 #[derive(Debug, Clone, Copy)]
@@ -45,7 +54,7 @@ impl ReplayOptions {
 
     /// Size of the read buffer (at least 64 KiB; default 1 MiB).
     pub fn chunk_size(mut self, n: usize) -> Self {
-        self.chunk_size = n.max(64 * 1024);
+        self.chunk_size = n.max(MIN_CHUNK);
         self
     }
 
@@ -121,7 +130,7 @@ impl Replay {
         let mut defs = Definitions::new(header);
         let mut ix = Indexer {
             index: Vec::new(),
-            stride: 1024,
+            stride: INITIAL_STRIDE,
             limit: opts.index_limit,
             count: 0,
             last_time: header.start_time_us,
@@ -399,11 +408,12 @@ impl ReplaySamples<'_> {
     }
 
     /// Where the direct path may start decoding: a position `pos` with
-    /// `pos < direct_limit` has a full 32-byte window in the read buffer. It
-    /// is zero (the direct path is off) while a seek skips early samples, so
-    /// `next` tests one bound only.
+    /// `pos < direct_limit` has a full window of [`WINDOW`] bytes in the read
+    /// buffer. It is zero (the direct path is off) while a seek skips early
+    /// samples, so `next` tests one bound only.
     fn update_direct_limit(&mut self) {
-        self.direct_limit = if self.skip_before.is_none() { (self.filled + 1).saturating_sub(32) } else { 0 };
+        self.direct_limit =
+            if self.skip_before.is_none() { (self.filled + 1).saturating_sub(WINDOW) } else { 0 };
     }
 
     /// Decode the sample record at `pos` straight from the read buffer: the
@@ -416,11 +426,11 @@ impl ReplaySamples<'_> {
         if pos >= self.direct_limit {
             return None;
         }
-        let window: &[u8; 32] = self.buf.get(pos..pos.wrapping_add(32))?.try_into().ok()?;
+        let window: &[u8; WINDOW] = self.buf.get(pos..pos.wrapping_add(WINDOW))?.try_into().ok()?;
         if window[0] != tag::SAMPLE {
             return None;
         }
-        let (delta, thread, stack, end) = varint::decode_validated_sample(window)?;
+        let (SampleFields { delta_us: delta, thread, stack }, end) = sample::decode_validated(window)?;
         // No overflow in the validated prefix; wrapping keeps a file changed
         // since then from panicking.
         let time = self.time.wrapping_add_signed(delta);
@@ -439,7 +449,7 @@ impl ReplaySamples<'_> {
         else {
             return Step::NeedMore;
         };
-        let Some((delta, thread, stack)) = fields else {
+        let Some(SampleFields { delta_us: delta, thread, stack }) = fields else {
             self.pos += len;
             return Step::Definition;
         };

@@ -1,8 +1,9 @@
 //! The record loop shared by every reader: decode, validate, hand samples on.
 
 use crate::format::defs::Definitions;
+use crate::format::record::sample::{self, SampleFields};
 use crate::format::record::{self, DecodeError, Record};
-use crate::format::{tag, varint, Sample};
+use crate::format::{tag, Sample};
 use crate::{Error, FormatErrorKind};
 
 /// Why a scan stopped before the end of its input.
@@ -77,19 +78,16 @@ pub(crate) fn scan_from(
     Ok(Stop::End)
 }
 
-/// A sample record's fields: timestamp delta, thread id, stack id.
-pub(crate) type SampleFields = (i64, u64, u64);
-
 /// Skip one already-validated record, returning the sample fields if it is a
 /// sample. Used by sequential iteration over a prefix that passed `scan`.
 #[inline]
 pub(crate) fn next_validated(rest: &[u8]) -> Option<(Option<SampleFields>, usize)> {
     if rest[0] == tag::SAMPLE {
-        let (d, t, s, len) = varint::decode_sample(rest)?;
-        return Some((Some((d, t, s)), len));
+        let (fields, len) = sample::decode_at(rest, 0)?;
+        return Some((Some(fields), len));
     }
     match record::decode(rest) {
-        Ok((Record::Sample { delta_us, thread, stack }, len)) => Some((Some((delta_us, thread, stack)), len)),
+        Ok((Record::Sample(fields), len)) => Some((Some(fields), len)),
         Ok((_, len)) => Some((None, len)),
         Err(_) => None,
     }

@@ -14,7 +14,7 @@ use super::parallel;
 use super::scan::format_error;
 use crate::format::defs::Definitions;
 use crate::format::record;
-use crate::format::Sample;
+use crate::format::{Sample, MIN_SAMPLE_RECORD_LEN};
 use crate::Error;
 
 /// A fully decoded spool.
@@ -69,7 +69,8 @@ impl Snapshot {
     /// The most bytes [`Snapshot::open`] reads from a FIFO or pipe (1 GiB). A
     /// stream gives no length up front, so this bounds the memory a hostile or
     /// endless one can cost; a longer spool is refused with an error naming the
-    /// path, and can still be read as a regular file.
+    /// path, and can still be read as a regular file
+    /// or with [`Snapshot::open_with_stream_limit`].
     pub const MAX_STREAM_BYTES: u64 = 1 << 30;
 
     /// Read and validate the spool at `path`.
@@ -84,8 +85,10 @@ impl Snapshot {
         Snapshot::open_with_stream_limit(path, Self::MAX_STREAM_BYTES)
     }
 
-    /// [`Snapshot::open`] with another bound on a stream's length, for tests.
-    #[doc(hidden)]
+    /// [`Snapshot::open`] with another bound (`limit` bytes) on the length of
+    /// a FIFO or pipe, for a spool streamed through a pipe that may be longer
+    /// than [`Snapshot::MAX_STREAM_BYTES`], or to bound the memory a stream
+    /// can cost more tightly. A regular file is read whole, as by `open`.
     pub fn open_with_stream_limit(path: impl AsRef<Path>, limit: u64) -> Result<Snapshot, Error> {
         let path = path.as_ref();
         let bytes = match open::open(path, "Snapshot", true)? {
@@ -102,20 +105,24 @@ impl Snapshot {
     /// MiB is decoded on two threads (see `src/read/parallel.rs`), with exactly
     /// the result, errors included, of reading it sequentially.
     pub fn from_bytes(bytes: &[u8]) -> Result<Snapshot, Error> {
-        Snapshot::from_bytes_split(bytes, parallel::PARALLEL_MIN_BYTES)
+        Snapshot::load(bytes, parallel::PARALLEL_MIN_BYTES)
     }
 
     /// [`Snapshot::from_bytes`] with the size from which a second thread is
-    /// used (`usize::MAX`: never), for tests that compare the two ways.
-    #[doc(hidden)]
+    /// used (`usize::MAX`: never), for tests that compare the two ways
+    /// (`testing` feature only; unstable).
+    #[cfg(feature = "testing")]
     pub fn from_bytes_split(bytes: &[u8], min_parallel_bytes: usize) -> Result<Snapshot, Error> {
+        Snapshot::load(bytes, min_parallel_bytes)
+    }
+
+    fn load(bytes: &[u8], min_parallel_bytes: usize) -> Result<Snapshot, Error> {
         let (header, hlen) = record::decode_header(bytes).map_err(|(at, k)| format_error(at as u64, k))?;
         let mut defs = Definitions::new(header);
-        // A sample record is at least four bytes, so this many samples is an
-        // upper bound: the columns never grow (and never copy) while loading.
-        // Pages of unused capacity are never touched; the columns are shrunk
-        // to fit at the end.
-        let bound = (bytes.len() - hlen) / 4;
+        // An upper bound on the samples (see `MIN_SAMPLE_RECORD_LEN`): the
+        // columns never grow (and never copy) while loading. Pages of unused
+        // capacity are never touched; the columns are shrunk to fit at the end.
+        let bound = (bytes.len() - hlen) / MIN_SAMPLE_RECORD_LEN;
         let mut samples = SampleColumns::new(Block::new(header.start_time_us, bound));
         let (valid_len, recovered) =
             parallel::load(bytes, hlen, &mut defs, &mut samples, min_parallel_bytes)?;
@@ -184,8 +191,9 @@ impl Snapshot {
     }
 
     /// How many blocks the samples are stored in and how many of those use
-    /// the narrow (10 bytes per sample) columns; for tests.
-    #[doc(hidden)]
+    /// the narrow (10 bytes per sample) columns (`testing` feature only;
+    /// unstable).
+    #[cfg(feature = "testing")]
     pub fn column_blocks(&self) -> (usize, usize) {
         let b = self.samples.blocks();
         (b.len(), b.iter().filter(|b| b.is_narrow()).count())

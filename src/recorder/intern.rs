@@ -9,44 +9,11 @@
 //! cached entry that could lead to a frame of it is dropped, so no new record ever
 //! refers to a retired module through a cache.
 
-use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
 use std::io::Write;
 
+use rustc_hash::FxHashMap as FxMap;
+
 use crate::{Error, Frame, FrameId, ModuleId, SpoolWriter, StackId, ThreadId};
-
-/// A small fast hasher for integer keys (FxHash's multiply-rotate).
-#[derive(Default, Clone, Copy)]
-pub(crate) struct FxHasher(u64);
-
-impl Hasher for FxHasher {
-    #[inline]
-    fn write(&mut self, bytes: &[u8]) {
-        for chunk in bytes.chunks(8) {
-            let mut b = [0u8; 8];
-            b[..chunk.len()].copy_from_slice(chunk);
-            self.write_u64(u64::from_le_bytes(b));
-        }
-    }
-    #[inline]
-    fn write_u64(&mut self, v: u64) {
-        self.0 = (self.0.rotate_left(5) ^ v).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
-    }
-    #[inline]
-    fn write_u32(&mut self, v: u32) {
-        self.write_u64(v as u64)
-    }
-    #[inline]
-    fn write_usize(&mut self, v: usize) {
-        self.write_u64(v as u64)
-    }
-    #[inline]
-    fn finish(&self) -> u64 {
-        self.0
-    }
-}
-
-pub(crate) type FxMap<K, V> = HashMap<K, V, BuildHasherDefault<FxHasher>>;
 
 const NO_PARENT: u32 = u32::MAX;
 
@@ -127,7 +94,10 @@ impl Interner {
             let fid = self.frame(w, f)?;
             parent = Some(self.node(w, parent, fid)?);
         }
-        parent.ok_or(Error::Recorder("internal error: empty stack".into()))
+        parent.ok_or(Error::Recorder(crate::RecorderError::WriterFailed {
+            what: "was given an empty stack to write",
+            source: None,
+        }))
     }
 
     /// A cached leaf for a raw sample, if seen before.
@@ -180,11 +150,5 @@ impl Interner {
         self.frames.retain(|_, f| of(*f) != m.get());
         self.stacks.retain(|(_, f), _| fm.get(*f as usize).copied().unwrap_or(NO_PARENT) != m.get());
         self.clear_stack_cache();
-    }
-
-    /// Entries held (for memory accounting in tests).
-    #[allow(dead_code)]
-    pub(crate) fn len(&self) -> usize {
-        self.frames.len() + self.stacks.len() + self.threads.len() + self.whole.len()
     }
 }

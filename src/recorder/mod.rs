@@ -2,13 +2,16 @@
 //! every thread's CPU time with a signal handler, and a writer thread turns the
 //! samples into a spool.
 //!
-//! Pieces: `engine/` (who sends the signal: perf events, per-thread CPU timers,
-//! the process itimer), `signal.rs` (the handler and every piece of unsafe code it
-//! runs), `ring.rs` (handler -> writer queue), `unwind.rs` (framehop caches and the
-//! walk), `modules.rs` (loaded objects, generations, unwinder snapshots),
-//! `cfi_check.rs` (which unwind tables the handler may be handed),
-//! `intern.rs` and `writer_thread.rs` (the spool side). This file holds the public
-//! API: builder, guard, statistics, Python-runtime marks.
+//! Pieces: `handler/` (everything that runs in the signal handler: the handler,
+//! the ring's producer side, the unwinder cache pool and walk, the module-snapshot
+//! cell, the shared state and counters; its `mod.rs` gives the async-signal-safety
+//! argument), `sys/` (the OS layer: `sigaction`, `perf_event_open`, timers,
+//! thread-control-block probing, `/proc/self/maps`), `engine.rs` (the running
+//! engine: who sends the signal), `modules.rs` (loaded objects, generations,
+//! unwinder snapshots), `cfi_check.rs` (which unwind tables the handler may be
+//! handed), `intern.rs` and `writer_thread.rs` (the spool side). This file holds
+//! the public API: builder, guard, statistics, Python-runtime marks, and the
+//! start sequence.
 //!
 //! # Starting
 //! Every builder value is checked before anything is created, so a bad one is
@@ -37,22 +40,21 @@
 //! * `exec`: perf events are removed at exec (`remove_on_exec`) and POSIX timers
 //!   are deleted, so the new program never sees a profiling signal. The
 //!   process-timer fallback engine's itimer survives a direct `exec` of the
-//!   profiled process (not a fork+exec); see `engine/timer.rs`.
+//!   profiled process (not a fork+exec); see `sys/timer.rs`.
 
 mod cfi_check;
 mod engine;
+mod handler;
 mod intern;
 mod modules;
-mod ring;
-mod signal;
-mod unwind;
+mod sys;
 mod writer_thread;
 
 use std::fs::{File, OpenOptions};
-use std::os::fd::AsRawFd;
+use std::os::fd::AsFd;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::mpsc::{self, Sender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -60,7 +62,8 @@ use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal;
 
-use crate::{Engine, Error, Header, SpoolWriter};
+use crate::{Engine, Error, Header, RecorderError, SpoolWriter};
+use handler::{ring, unwind, Counters, Shared, StackBounds};
 use writer_thread::{Control, WriterState};
 
 /// Which sampling engine to use.
@@ -137,38 +140,6 @@ impl Stats {
     pub fn lost(&self) -> u64 {
         self.samples_lost.total()
     }
-}
-
-/// Counters the handler updates.
-#[derive(Default)]
-pub(crate) struct Counters {
-    pub signals: AtomicU64,
-    pub lost_ring_full: AtomicU64,
-    pub lost_no_cache: AtomicU64,
-    pub lost_unwind_failed: AtomicU64,
-    pub overrun_capped: AtomicU64,
-    pub truncated: AtomicU64,
-    pub foreign_stack: AtomicU64,
-}
-
-/// Stack bounds the handler trusts (see `signal.rs`).
-pub(crate) struct StackBounds {
-    pub main_top: u64,
-    pub main_span: u64,
-    pub tcb_block_offset: Option<usize>,
-    pub tcb_tid_offset: Option<usize>,
-}
-
-/// State shared by the handler and the writer thread.
-pub(crate) struct Shared {
-    pub pid: u32,
-    pub writer_tid: AtomicU32,
-    pub ring: ring::Ring,
-    pub caches: unwind::CachePool,
-    pub snapshot: signal::SnapshotCell,
-    pub bounds: StackBounds,
-    pub counters: Counters,
-    pub weight_cap: u32,
 }
 
 /// Entry point for configuring a recorder.
@@ -288,7 +259,8 @@ impl RecorderBuilder {
     /// is set. Every setting is checked before anything is created: a bad value
     /// is an `Err` naming it, and leaves no file, no signal handler and no thread.
     /// When `libspulse_preload.so` (`LD_PRELOAD`, `spulse record`) already
-    /// records this process, the call is an `Err` saying so and the program
+    /// records this process, the call is an `Err` saying so
+    /// ([`RecorderError::RecordedByPreload`]) and the program
     /// runs on, recorded once (see `src/preloaded.rs`).
     pub fn start(&self, path: impl AsRef<Path>) -> Result<Guard, Error> {
         start_with(self, path.as_ref())
@@ -309,54 +281,89 @@ impl RecorderBuilder {
     fn check(&self, path: &Path) -> Result<Checked, Error> {
         let hz = frequency(self)?;
         let depth = self.max_stack_depth;
-        if depth == 0 || depth >= crate::format::limits::MAX_STACK_DEPTH as usize {
-            return Err(Error::Recorder(format!("max_stack_depth {depth} is outside 1..=4095")));
+        if !(1..=MAX_DEPTH).contains(&depth) {
+            return Err(invalid(
+                "max_stack_depth",
+                format!("max_stack_depth {depth} is outside 1..={MAX_DEPTH}"),
+            ));
         }
         let slots = self.ring_capacity;
         if !(2..=MAX_RING_SLOTS).contains(&slots) {
-            return Err(Error::Recorder(format!("ring_capacity {slots} is outside 2..={MAX_RING_SLOTS}")));
+            return Err(invalid(
+                "ring_capacity",
+                format!("ring_capacity {slots} is outside 2..={MAX_RING_SLOTS}"),
+            ));
         }
         let bytes = slots.next_power_of_two().saturating_mul((ring::HEADER_WORDS + depth) * 8);
         if bytes > MAX_RING_BYTES {
-            return Err(Error::Recorder(format!(
-                "ring_capacity {slots} with max_stack_depth {depth} needs {} MiB for the sample ring, \
+            return Err(invalid(
+                "ring_capacity",
+                format!(
+                    "ring_capacity {slots} with max_stack_depth {depth} needs {} MiB for the sample ring, \
                  more than the limit of {} MiB; lower one of them",
-                bytes >> 20,
-                MAX_RING_BYTES >> 20
-            )));
+                    bytes >> 20,
+                    MAX_RING_BYTES >> 20
+                ),
+            ));
         }
         let fi = self.flush_interval;
         if fi < Duration::from_millis(1) || fi > MAX_FLUSH_INTERVAL {
-            return Err(Error::Recorder(format!("flush_interval {fi:?} is outside 1ms..=10min")));
+            return Err(invalid("flush_interval", format!("flush_interval {fi:?} is outside 1ms..=10min")));
         }
         let mode = self.mode;
         if mode & !0o777 != 0 {
-            return Err(Error::Recorder(format!(
-                "mode {mode:#o} has bits other than permissions (setuid, setgid, sticky or unknown); \
-                 only 0o777 bits are allowed"
-            )));
+            return Err(invalid(
+                "mode",
+                format!(
+                    "mode {mode:#o} has bits other than permissions (setuid, setgid, sticky or unknown); \
+                     only 0o777 bits are allowed"
+                ),
+            ));
         }
         if mode & 0o600 != 0o600 {
-            return Err(Error::Recorder(format!(
-                "mode {mode:#o} must give the owner read and write (0o600)"
-            )));
+            return Err(invalid(
+                "mode",
+                format!("mode {mode:#o} must give the owner read and write (0o600)"),
+            ));
         }
         let (template, from_env) = match std::env::var_os("SPULSE_OUTPUT") {
             Some(v) if !v.is_empty() => (PathBuf::from(v), true),
             _ => (path.to_path_buf(), false),
         };
-        // SAFETY: getpid has no preconditions.
-        let pid = unsafe { libc::getpid() } as u32;
+        let pid = sys::getpid();
         let secs =
             std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
-        let path = expand_template(&template, pid, secs)
-            .map_err(|msg| Error::Recorder(if from_env { format!("SPULSE_OUTPUT: {msg}") } else { msg }))?;
+        let path = expand_template(&template, pid, secs).map_err(|msg| {
+            if from_env {
+                invalid("SPULSE_OUTPUT", format!("SPULSE_OUTPUT: {msg}"))
+            } else {
+                invalid("path", msg)
+            }
+        })?;
         Ok(Checked { hz, path })
     }
 }
 
+/// An invalid builder setting.
+fn invalid(setting: &'static str, message: String) -> Error {
+    Error::Recorder(RecorderError::InvalidConfig { setting, message })
+}
+
+/// Deepest `max_stack_depth`: one frame less than the format's stack limit,
+/// which leaves room for the truncated-stack marker at the root.
+const MAX_DEPTH: usize = crate::format::limits::MAX_STACK_DEPTH as usize - 1;
+/// Highest sampling frequency: a 10 us period, below which the handler's own
+/// time (several microseconds with a deep stack) would dominate the profile.
+const MAX_FREQUENCY_HZ: u32 = 100_000;
+/// Most unwinder caches: two per CPU plus two let every CPU's handler find one
+/// while another is held by an interrupted handler; more only costs memory.
+const MAX_UNWIND_CACHES: usize = 64;
+/// Most sample intervals one signal may stand for (a timer's overruns beyond
+/// it are counted as lost): a thread that was descheduled for long must not
+/// claim a huge weight for the one stack seen when it ran again.
+const MAX_SIGNAL_WEIGHT: u32 = 64;
 /// Largest `ring_capacity`.
-const MAX_RING_SLOTS: usize = 1 << 20;
+const MAX_RING_SLOTS: usize = ring::MAX_SLOTS;
 /// Longest `flush_interval`.
 const MAX_FLUSH_INTERVAL: Duration = Duration::from_secs(600);
 
@@ -399,7 +406,7 @@ fn expand_template(template: &Path, pid: u32, unix_secs: u64) -> Result<PathBuf,
 /// Create the spool file: new (`O_EXCL`), never through a symlink, close-on-exec,
 /// and locked (`flock(LOCK_EX)`) for as long as the recording runs.
 fn create_spool(path: &Path, mode: u32, overwrite: bool) -> Result<File, Error> {
-    let io_err = |source| Error::Io { path: Some(path.to_path_buf()), source };
+    let io_err = |source| Error::io(Some(path), source);
     if overwrite {
         remove_for_overwrite(path)?;
     }
@@ -421,9 +428,7 @@ fn create_spool(path: &Path, mode: u32, overwrite: bool) -> Result<File, Error> 
                 io_err(e)
             }
         })?;
-    // SAFETY: flock on a descriptor we own.
-    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-        let e = std::io::Error::last_os_error();
+    if let Err(e) = sys::try_lock(file.as_fd(), sys::Lock::Exclusive) {
         let _ = std::fs::remove_file(path);
         return Err(io_err(e));
     }
@@ -433,7 +438,7 @@ fn create_spool(path: &Path, mode: u32, overwrite: bool) -> Result<File, Error> 
 /// For `overwrite(true)`: unlink what is at `path` if it is a regular file
 /// that no running recorder holds, or a symlink (removed, not followed).
 fn remove_for_overwrite(path: &Path) -> Result<(), Error> {
-    let io_err = |source| Error::Io { path: Some(path.to_path_buf()), source };
+    let io_err = |source| Error::io(Some(path), source);
     let meta = match std::fs::symlink_metadata(path) {
         Ok(m) => m,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
@@ -448,18 +453,17 @@ fn remove_for_overwrite(path: &Path) -> Result<(), Error> {
             .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
             .open(path)
             .map_err(io_err)?;
-        // SAFETY: flock on a descriptor we own.
-        if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_SH | libc::LOCK_NB) } != 0 {
-            return Err(Error::Recorder(format!(
-                "{}: not overwritten: a running recorder is still writing it (it holds the spool's lock)",
-                path.display()
-            )));
+        if sys::try_lock(f.as_fd(), sys::Lock::Shared).is_err() {
+            return Err(Error::Recorder(RecorderError::OverwriteRefused {
+                path: path.to_path_buf(),
+                reason: "a running recorder is still writing it (it holds the spool's lock)",
+            }));
         }
     } else if !ft.is_symlink() {
-        return Err(Error::Recorder(format!(
-            "{}: not overwritten: it is not a regular file or symlink",
-            path.display()
-        )));
+        return Err(Error::Recorder(RecorderError::OverwriteRefused {
+            path: path.to_path_buf(),
+            reason: "it is not a regular file or symlink",
+        }));
     }
     match std::fs::remove_file(path) {
         Ok(()) => Ok(()),
@@ -515,28 +519,22 @@ impl Guard {
 
     fn stop(&mut self) -> Result<Stats, Error> {
         let Some(run) = self.inner.take() else {
-            return Err(Error::Recorder("recorder already stopped".into()));
+            return Err(Error::Recorder(RecorderError::NotRunning));
         };
-        // SAFETY: getpid has no preconditions.
-        if unsafe { libc::getpid() } as u32 != run.pid {
+        if sys::getpid() != run.pid {
             // A forked child: the recorder belongs to the parent; touch nothing.
             std::mem::forget(run);
-            return Err(Error::Recorder(
-                "this recorder belongs to the parent process (guard used after fork)".into(),
-            ));
+            return Err(Error::Recorder(RecorderError::ForkedChild));
         }
         *PYTHON_TX.lock().unwrap_or_else(|e| e.into_inner()) = None;
         let _ = run.tx.send(Control::Stop);
         let res = match run.join.join() {
             Ok(r) => r,
-            Err(_) => Err(Error::Recorder("the spulse writer thread panicked".into())),
+            Err(_) => Err(Error::Recorder(RecorderError::WriterFailed { what: "panicked", source: None })),
         };
         PYTHON_INSIDE.store(false, Ordering::SeqCst);
         RUNNING.store(false, Ordering::SeqCst);
-        res.map_err(|e| match e {
-            Error::Io { path: None, source } => Error::Io { path: Some(run.path.clone()), source },
-            other => other,
-        })
+        res.map_err(|e| e.with_path(&run.path))
     }
 }
 
@@ -548,21 +546,22 @@ impl Drop for Guard {
     }
 }
 
-/// Benchmark support (not a stable API): the signal handler's own running time.
-#[doc(hidden)]
+/// Benchmark support, with the `testing` feature only (not a stable API): the
+/// signal handler's own running time.
+#[cfg(feature = "testing")]
 pub mod bench_support {
     /// Width of one histogram bucket in nanoseconds.
-    pub const BUCKET_NS: u64 = super::signal::TIMING_BUCKET_NS;
+    pub const BUCKET_NS: u64 = super::handler::timing::BUCKET_NS;
 
     /// Turn handler timing on or off (off by default; costs one relaxed load).
     pub fn handler_timing(on: bool) {
-        super::signal::set_timing(on)
+        super::handler::timing::set(on)
     }
 
     /// Take and reset the histogram of handler times (`BUCKET_NS` per bucket;
     /// the last bucket collects everything slower).
     pub fn take_handler_times() -> Vec<u64> {
-        super::signal::take_timing()
+        super::handler::timing::take()
     }
 }
 
@@ -591,17 +590,13 @@ pub fn python_runtime_leave() -> Result<(), Error> {
 fn python_mark(entering: bool) -> Result<(), Error> {
     let tx = PYTHON_TX.lock().unwrap_or_else(|e| e.into_inner());
     let Some(tx) = tx.as_ref() else {
-        return Err(Error::Recorder("no spulse recorder is running".into()));
+        return Err(Error::Recorder(RecorderError::NotRunning));
     };
     if PYTHON_INSIDE.swap(entering, Ordering::SeqCst) == entering {
-        return Err(Error::Recorder(format!(
-            "python_runtime_{}: the process is {} Python-runtime mode already",
-            if entering { "enter" } else { "leave" },
-            if entering { "in" } else { "out of" }
-        )));
+        return Err(Error::Recorder(RecorderError::PythonModeAlready { entering }));
     }
     let (ack_tx, ack_rx) = mpsc::sync_channel(1);
-    let gone = || Error::Recorder("the spulse writer thread is gone".into());
+    let gone = || Error::Recorder(RecorderError::WriterFailed { what: "is gone", source: None });
     let res = match tx.send(Control::Python { entering, ack: ack_tx }) {
         Ok(()) => ack_rx.recv_timeout(Duration::from_secs(10)).unwrap_or_else(|_| Err(gone())),
         Err(_) => Err(gone()),
@@ -617,28 +612,30 @@ fn frequency(b: &RecorderBuilder) -> Result<u32, Error> {
         Some(hz) => hz,
         None => match std::env::var("SPULSE_FREQUENCY") {
             Ok(v) => v.trim().parse::<u32>().map_err(|_| {
-                Error::Recorder(format!("SPULSE_FREQUENCY={v:?} is not a whole number of samples per second"))
+                invalid(
+                    "SPULSE_FREQUENCY",
+                    format!("SPULSE_FREQUENCY={v:?} is not a whole number of samples per second"),
+                )
             })?,
             Err(_) => DEFAULT_FREQUENCY_HZ,
         },
     };
-    if hz == 0 || hz > 100_000 {
-        return Err(Error::Recorder(format!("sampling frequency {hz} Hz is outside 1..=100000")));
+    if !(1..=MAX_FREQUENCY_HZ).contains(&hz) {
+        let setting = if b.frequency_hz.is_some() { "frequency_hz" } else { "SPULSE_FREQUENCY" };
+        return Err(invalid(
+            setting,
+            format!("sampling frequency {hz} Hz is outside 1..={MAX_FREQUENCY_HZ}"),
+        ));
     }
     Ok(hz)
 }
 
 fn start_with(b: &RecorderBuilder, path: &Path) -> Result<Guard, Error> {
     if let Some(pid) = crate::preloaded::recorded_by_preload() {
-        return Err(Error::Recorder(format!(
-            "process {pid} is already recorded by libspulse_preload.so (LD_PRELOAD or `spulse record`); \
-             this recorder was not started and the program runs on, recorded once"
-        )));
+        return Err(Error::Recorder(RecorderError::RecordedByPreload { pid }));
     }
     if RUNNING.compare_exchange(false, true, Ordering::SeqCst, Ordering::SeqCst).is_err() {
-        return Err(Error::Recorder(
-            "a spulse recorder is already running in this process; finish it before starting another".into(),
-        ));
+        return Err(Error::Recorder(RecorderError::AlreadyRunning));
     }
     match start_inner(b, path) {
         Ok(g) => Ok(g),
@@ -661,14 +658,12 @@ fn start_inner(b: &RecorderBuilder, path: &Path) -> Result<Guard, Error> {
     // `spulse follow`) finds at most a few microseconds of an empty file, never
     // a header cut short. Every sample is taken later, and sample deltas are
     // signed anyway.
-    let start_time_us = signal::now_us();
-    let mut out = SpoolWriter::new(file, Header { start_time_us, interval_us }).map_err(|e| match e {
-        Error::Io { path: None, source } => Error::Io { path: Some(path.to_path_buf()), source },
-        other => other,
-    })?;
+    let start_time_us = sys::now_us();
+    let sink: Box<dyn writer_thread::Sink> = Box::new(file);
+    let mut out =
+        SpoolWriter::new(sink, Header { start_time_us, interval_us }).map_err(|e| e.with_path(path))?;
 
-    // SAFETY: getpid has no preconditions.
-    let pid = unsafe { libc::getpid() } as u32;
+    let pid = sys::getpid();
     let exe_path = std::fs::read_link("/proc/self/exe")
         .or_else(|_| std::env::current_exe())
         .map(|p| {
@@ -679,19 +674,20 @@ fn start_inner(b: &RecorderBuilder, path: &Path) -> Result<Guard, Error> {
     let dl = modules::dl_counters();
     let objects = modules::scan(&exe_path, &|_| false);
     let snapshot = modules::initial_snapshot(&objects, 0);
-    let (main_top, main_span) = signal::main_stack_bounds();
-    let tcb_block_offset = signal::probe_tcb_stack_offset();
-    let tcb_tid_offset = signal::probe_tcb_tid_offset();
+    let (main_top, main_span) = sys::maps::main_stack_bounds();
+    let tcb_block_offset = sys::tcb::stack_block_offset();
+    let tcb_tid_offset = sys::tcb::tid_offset();
     let ncpu = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let (ring, consumer) = ring::Ring::new(b.ring_capacity, b.max_stack_depth);
     let shared = Arc::new(Shared {
         pid,
         writer_tid: AtomicU32::new(0),
-        ring: ring::Ring::new(b.ring_capacity, b.max_stack_depth),
-        caches: unwind::CachePool::new((2 * ncpu + 2).min(64)),
-        snapshot: signal::SnapshotCell::new(Box::new(snapshot)),
+        ring,
+        caches: unwind::CachePool::new((2 * ncpu + 2).min(MAX_UNWIND_CACHES)),
+        snapshot: handler::SnapshotCell::new(Box::new(snapshot)),
         bounds: StackBounds { main_top, main_span, tcb_block_offset, tcb_tid_offset },
         counters: Counters::default(),
-        weight_cap: 64,
+        weight_cap: MAX_SIGNAL_WEIGHT,
     });
 
     // The writer thread exists before any engine, so it can be left out of them.
@@ -700,16 +696,18 @@ fn start_inner(b: &RecorderBuilder, path: &Path) -> Result<Guard, Error> {
     let join = std::thread::Builder::new()
         .name("spulse-writer".into())
         .spawn(move || {
-            let _ = tid_tx.send(signal::gettid());
+            let _ = tid_tx.send(sys::gettid());
             writer_thread::main(rx)
         })
-        .map_err(|e| Error::Recorder(format!("cannot spawn the spulse writer thread: {e}")))?;
+        .map_err(|e| {
+            Error::Recorder(RecorderError::WriterFailed { what: "could not be spawned", source: Some(e) })
+        })?;
     cleanup.tx = Some(tx.clone());
     cleanup.join = Some(join);
-    let writer_tid =
-        tid_rx.recv().map_err(|_| Error::Recorder("the spulse writer thread exited at start".into()))?;
+    let exited = || Error::Recorder(RecorderError::WriterFailed { what: "exited at start", source: None });
+    let writer_tid = tid_rx.recv().map_err(|_| exited())?;
     shared.writer_tid.store(writer_tid, Ordering::SeqCst);
-    signal::publish(shared.clone());
+    handler::publish(shared.clone());
 
     let candidates: &[EngineChoice] = match b.engine {
         EngineChoice::Auto => {
@@ -723,42 +721,56 @@ fn start_inner(b: &RecorderBuilder, path: &Path) -> Result<Guard, Error> {
     let mut engine = None;
     for &c in candidates {
         let sig = if c == EngineChoice::PerfEvent { Signal::SIGTRAP } else { Signal::SIGPROF };
-        match signal::install(sig) {
+        match handler::install(sig) {
             Ok(true) => cleanup.installed.push(sig),
             Ok(false) => {}
-            Err(msg) => {
-                reasons.push(msg);
+            Err(err) => {
+                reasons.push(Error::Recorder(err));
                 continue;
             }
         }
         let r = match c {
-            EngineChoice::PerfEvent => engine::perf::PerfEngine::start(period_ns, writer_tid)
+            EngineChoice::PerfEvent => sys::perf::PerfEngine::start(period_ns, writer_tid)
                 .map(engine::Engine::Perf)
-                .map_err(|e| format!("perf_event_open (task-clock, sigtrap) was refused: {e}")),
-            EngineChoice::ThreadCpuTimer => engine::timer::ThreadTimers::start(period_ns, writer_tid)
+                .map_err(|source| RecorderError::EngineRefused {
+                    what: "perf_event_open (task-clock, sigtrap)",
+                    source,
+                }),
+            EngineChoice::ThreadCpuTimer => sys::timer::ThreadTimers::start(period_ns, writer_tid)
                 .map(engine::Engine::Threads)
-                .map_err(|e| format!("per-thread CPU timers (timer_create) were refused: {e}")),
-            _ => engine::timer::ProcessTimer::start(period_ns)
-                .map(engine::Engine::Process)
-                .map_err(|e| format!("setitimer(ITIMER_PROF) was refused: {e}")),
+                .map_err(|source| RecorderError::EngineRefused {
+                    what: "per-thread CPU timers (timer_create)",
+                    source,
+                }),
+            _ => {
+                // Before arming: the first SI_KERNEL SIGPROF must already count as ours.
+                handler::mark_process_timer_used();
+                sys::timer::ProcessTimer::start(period_ns)
+                    .map(engine::Engine::Process)
+                    .map_err(|source| RecorderError::EngineRefused { what: "setitimer(ITIMER_PROF)", source })
+            }
         };
         match r {
             Ok(e) => {
                 engine = Some(e);
                 break;
             }
-            Err(msg) => {
-                reasons.push(msg);
+            Err(err) => {
+                reasons.push(Error::Recorder(err));
                 // Nothing of this engine runs: give the signal back at once.
                 if cleanup.installed.last() == Some(&sig) {
                     cleanup.installed.pop();
-                    signal::restore(sig);
+                    handler::restore(sig);
                 }
             }
         }
     }
     let Some(engine) = engine else {
-        return Err(Error::Recorder(format!("cannot start sampling: {}", reasons.join("; "))));
+        // One engine asked for: its own error; several tried: all of them.
+        return Err(match reasons.len() {
+            1 => reasons.remove(0),
+            _ => Error::Recorder(RecorderError::NoEngine(reasons)),
+        });
     };
     let kind = engine.kind();
     // From here on signals may be pending: if a later step fails, the handler
@@ -771,6 +783,7 @@ fn start_inner(b: &RecorderBuilder, path: &Path) -> Result<Guard, Error> {
     out.flush()?;
     let state = WriterState {
         shared,
+        consumer: Some(consumer),
         out,
         table,
         engine,
@@ -781,8 +794,7 @@ fn start_inner(b: &RecorderBuilder, path: &Path) -> Result<Guard, Error> {
         started: Instant::now(),
         pid,
     };
-    tx.send(Control::Start(Box::new(state)))
-        .map_err(|_| Error::Recorder("the spulse writer thread exited at start".into()))?;
+    tx.send(Control::Start(Box::new(state))).map_err(|_| exited())?;
     let join = cleanup.join.take().expect("writer thread handle");
     cleanup.disarm();
     *PYTHON_TX.lock().unwrap_or_else(|e| e.into_inner()) = Some(tx.clone());
@@ -813,9 +825,9 @@ impl Drop for Cleanup {
         if self.path.is_none() && self.join.is_none() {
             return;
         }
-        let _ = signal::unpublish();
+        let _ = handler::unpublish();
         for &sig in &self.installed {
-            signal::restore(sig);
+            handler::restore(sig);
         }
         if let Some(tx) = self.tx.take() {
             let _ = tx.send(Control::Abort);

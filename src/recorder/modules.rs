@@ -13,7 +13,7 @@
 //!
 //! Replacing the handler's view of modules without a lock: the writer builds a new
 //! [`UnwindSnapshot`] (clone of the previous unwinder, modules removed and added,
-//! generation + 1) and swaps it into an `AtomicPtr` (see `signal::publish_snapshot`).
+//! generation + 1) and swaps it into an `AtomicPtr` (`handler::SnapshotCell::replace`).
 //! A handler loads the pointer once per sample, after incrementing the global
 //! in-handler counter, and stamps the sample with the snapshot's generation. The
 //! old snapshot is freed only once the writer has observed the in-handler counter

@@ -45,19 +45,46 @@
 //! it, whatever its generation, so its frames are written as absolute addresses.
 use std::collections::{HashMap, HashSet};
 use std::fs::File;
-use std::os::fd::AsRawFd;
+use std::io::Write;
+use std::os::fd::AsFd;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::engine::Engine;
+use super::handler::ring::{Consumer, RawSample};
+use super::handler::{self, Retired, Shared};
 use super::intern::Interner;
 use super::modules::{self, LoadedObject, ModuleEntry, ModuleTable};
-use super::ring::RawSample;
-use super::signal::{self, Retired};
-use super::{LostSamples, Shared, Stats};
-use crate::{Error, Frame, NewModule, SpoolWriter};
+use super::sys;
+use super::{LostSamples, Stats};
+use crate::{Error, Frame, NewModule, RecorderError, SpoolWriter};
+
+/// Where the spool's bytes go. The writer thread appends to it, and at the end
+/// makes it durable and lets readers know the recording is over.
+pub(crate) trait Sink: Write + Send {
+    /// Make everything written so far durable.
+    fn sync(&self) -> std::io::Result<()>;
+    /// Tell readers that nothing more will be written.
+    fn release(&self);
+}
+
+impl Sink for File {
+    fn sync(&self) -> std::io::Result<()> {
+        self.sync_all()
+    }
+
+    /// Drops the followers' lock (`flock(LOCK_EX)`, taken at creation) now
+    /// rather than at close, which a forked child holding a copy of the
+    /// descriptor would delay.
+    fn release(&self) {
+        sys::unlock(self.as_fd());
+    }
+}
+
+/// The spool writer over the writer thread's sink.
+pub(crate) type Out = SpoolWriter<Box<dyn Sink>>;
 
 /// Messages to the writer thread.
 pub(crate) enum Control {
@@ -76,7 +103,9 @@ pub(crate) enum Control {
 /// What the writer thread owns.
 pub(crate) struct WriterState {
     pub shared: Arc<Shared>,
-    pub out: SpoolWriter<File>,
+    /// The ring's one consumer; taken out while a drain runs.
+    pub consumer: Option<Consumer>,
+    pub out: Out,
     pub table: ModuleTable,
     pub engine: Engine,
     pub exe_path: Vec<u8>,
@@ -213,7 +242,7 @@ impl HeldSample {
 /// Define module records for a scan's objects (generation `gen`) and add them
 /// to the table.
 pub(crate) fn define_objects(
-    out: &mut SpoolWriter<File>,
+    out: &mut Out,
     table: &mut ModuleTable,
     pid: u32,
     objects: &[&LoadedObject],
@@ -249,11 +278,14 @@ pub(crate) fn main(rx: Receiver<Control>) -> Result<Stats, Error> {
         match rx.recv() {
             Ok(Control::Start(st)) => break *st,
             Ok(Control::Python { ack, .. }) => {
-                let _ = ack.send(Err(Error::Recorder("the recorder is not started yet".into())));
+                let _ = ack.send(Err(Error::Recorder(RecorderError::NotRunning)));
                 continue;
             }
             Ok(Control::Abort) | Ok(Control::Stop) | Err(_) => {
-                return Err(Error::Recorder("recorder start was abandoned".into()));
+                return Err(Error::Recorder(RecorderError::WriterFailed {
+                    what: "exited at start",
+                    source: None,
+                }));
             }
         }
     };
@@ -318,7 +350,7 @@ impl Run {
     /// for blocking the profiling signal (`at_end`: every thread never sampled
     /// is checked again).
     fn scan_threads(&mut self, at_end: bool) {
-        let Ok(tids) = super::engine::list_tids() else { return };
+        let Ok(tids) = super::sys::list_tids() else { return };
         let writer = self.st.shared.writer_tid.load(Ordering::Relaxed);
         let sig = match self.st.engine.kind() {
             crate::Engine::PerfEvent => libc::SIGTRAP,
@@ -342,7 +374,7 @@ impl Run {
         self.drain(false);
         self.apply_module_change(change);
         self.st.engine.tick();
-        signal::reclaim(&mut self.retired);
+        handler::reclaim(&mut self.retired);
         if self.error.is_none() {
             let r = self.st.out.flush();
             self.note(r);
@@ -388,7 +420,7 @@ impl Run {
     fn scan_modules(&mut self) -> Option<Change> {
         // Taken before the counters are read: if they did not move, the address
         // space at this time was exactly the current generation's.
-        let checked_at = signal::now_us();
+        let checked_at = sys::now_us();
         self.horizon = checked_at;
         let dl = modules::dl_counters();
         let g = self.st.generation as usize;
@@ -498,7 +530,9 @@ impl Run {
             }
         }
         let shared = self.st.shared.clone();
-        while let Some(()) = shared.ring.pop(|s| {
+        // Out of `self` for the loop, whose closure borrows `self` mutably.
+        let Some(mut consumer) = self.st.consumer.take() else { return };
+        while let Some(()) = consumer.pop(&shared.ring, |s| {
             if let Some(s) = s {
                 if !all && s.time_us > self.horizon {
                     self.held.push(HeldSample {
@@ -514,6 +548,7 @@ impl Run {
                 }
             }
         }) {}
+        self.st.consumer = Some(consumer);
     }
 
     /// Write a Python-runtime record stamped with a fresh loader check's time,
@@ -525,16 +560,22 @@ impl Run {
         self.drain(false);
         self.apply_module_change(change);
         if let Some(e) = &self.error {
-            return Err(Error::Recorder(format!("the spool writer failed earlier: {e}")));
+            return Err(Error::Recorder(RecorderError::WriterFailed {
+                what: "failed earlier",
+                source: Some(e.to_io_error()),
+            }));
         }
         let r =
             self.st.out.python_runtime(self.st.pid, mark_time, entering).and_then(|()| self.st.out.flush());
         match r {
             Ok(()) => Ok(()),
             Err(e) => {
-                let msg = e.to_string();
+                let source = e.to_io_error();
                 self.note(Err::<(), _>(e));
-                Err(Error::Recorder(format!("cannot write the Python-runtime record: {msg}")))
+                Err(Error::Recorder(RecorderError::WriterFailed {
+                    what: "could not write the Python-runtime record",
+                    source: Some(source),
+                }))
             }
         }
     }
@@ -601,7 +642,7 @@ impl Run {
         self.st.engine.stop();
         // Withdraw the state from the handler and wait until no handler uses it:
         // every sample is then in the ring, taken before the check below.
-        let _ = signal::unpublish();
+        let _ = handler::unpublish();
         let change = self.scan_modules();
         self.drain(true);
         self.apply_module_change(change);
@@ -609,20 +650,17 @@ impl Run {
         for idx in pending {
             self.retire(idx);
         }
-        signal::reclaim(&mut self.retired);
+        handler::reclaim(&mut self.retired);
         if self.error.is_none() {
             let r = self.st.out.flush();
             self.note(r);
         }
         if self.error.is_none() {
-            let r = self.st.out.get_ref().sync_all().map_err(Error::from);
+            let r = self.st.out.get_ref().sync().map_err(Error::from);
             self.note(r);
         }
-        // The recording is complete on disk: release the followers' lock now
-        // rather than at close, which a forked child holding a copy of the
-        // descriptor would delay.
-        // SAFETY: flock on the spool's descriptor, which the writer owns.
-        unsafe { libc::flock(self.st.out.get_ref().as_raw_fd(), libc::LOCK_UN) };
+        // The recording is complete on disk: readers may know it now.
+        self.st.out.get_ref().release();
         if let Some(e) = self.error.take() {
             return Err(e);
         }

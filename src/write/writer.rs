@@ -1,7 +1,8 @@
 //! `SpoolWriter`: emits the header and records of a spool over any `io::Write`.
 //!
 //! Every record is checked against the same [`Definitions`] rules the readers
-//! enforce before a byte of it is encoded, so a writer bug surfaces as
+//! enforce before a byte of it reaches the sink (a sample before it is encoded;
+//! any other record by decoding its encoding as a reader does), so a writer bug surfaces as
 //! [`Error::InvalidRecord`] instead of a file readers reject. Records are encoded
 //! into one reusable buffer (no allocation per record once it has grown) and
 //! handed to the sink in appends of at most [`SpoolWriter::AUTO_FLUSH_BYTES`];
@@ -12,9 +13,9 @@ use std::io::Write;
 
 use crate::format::defs::Definitions;
 use crate::format::limits::{MAX_BUILD_ID_LEN, MAX_PATH_LEN, MAX_THREAD_NAME_LEN};
+use crate::format::record::sample::{self, SampleFields};
 use crate::format::record::{self, DecodeError, RawFrame, Record};
-use crate::format::varint;
-use crate::format::{Frame, FrameId, Header, ModuleId, StackId, ThreadId};
+use crate::format::{Frame, FrameId, Header, ModuleId, StackId, ThreadId, MAX_RECORD_LEN};
 use crate::{Error, FormatErrorKind};
 
 /// A module to define (see [`SpoolWriter::define_module`]).
@@ -92,7 +93,8 @@ impl<W: Write> SpoolWriter<W> {
         let mut w = SpoolWriter {
             out,
             defs: Definitions::new(header),
-            buf: Vec::with_capacity(Self::AUTO_FLUSH_BYTES + 4096),
+            // Room for the record that crosses the flush threshold.
+            buf: Vec::with_capacity(Self::AUTO_FLUSH_BYTES + MAX_RECORD_LEN),
             flushed: 0,
             poisoned: false,
         };
@@ -106,15 +108,11 @@ impl<W: Write> SpoolWriter<W> {
         &self.defs
     }
 
-    /// Total bytes of the spool so far, buffered or written.
+    /// Total bytes of the spool so far, buffered or written (never zero: the
+    /// header is written at creation, which is why there is no `is_empty`).
+    #[allow(clippy::len_without_is_empty)]
     pub fn len(&self) -> u64 {
         self.flushed + self.buf.len() as u64
-    }
-
-    /// Whether nothing at all was produced (never true: the header is written
-    /// at creation).
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 
     /// Bytes encoded but not yet handed to the sink.
@@ -272,10 +270,8 @@ impl<W: Write> SpoolWriter<W> {
         if let Err(kind) = self.defs.apply_sample(delta_us, thread.get() as u64, stack.get() as u64) {
             return Err(Error::InvalidRecord { offset: self.len(), kind });
         }
-        self.buf.push(crate::format::tag::SAMPLE);
-        varint::put_i64(&mut self.buf, delta_us);
-        varint::put_u64(&mut self.buf, thread.get() as u64);
-        varint::put_u64(&mut self.buf, stack.get() as u64);
+        let fields = SampleFields { delta_us, thread: thread.get() as u64, stack: stack.get() as u64 };
+        sample::encode(&fields, &mut self.buf);
         self.maybe_flush()
     }
 

@@ -2,8 +2,9 @@
 //! a busy loop, and naming the leaf function of each sample.
 #![allow(dead_code)]
 
-#[path = "../../examples/support/mod.rs"]
-mod symbols;
+use spulse_testkit::symbols;
+
+pub use spulse_testkit::emulator::{emulated, self_command};
 
 use std::collections::HashMap;
 use std::hint::black_box;
@@ -51,7 +52,7 @@ pub fn per_thread(snap: &spulse::Snapshot) -> HashMap<u32, u64> {
 /// Re-run this test binary for the single test `role` alone (with output
 /// shown), with the environment variable `var` set to `path`; its output.
 pub fn run_role(role: &str, var: &str, path: &std::path::Path) -> std::process::Output {
-    std::process::Command::new(std::env::current_exe().unwrap())
+    self_command()
         .args(["--exact", role, "--nocapture", "--test-threads", "1"])
         .env(var, path)
         .output()
@@ -62,4 +63,29 @@ pub fn run_role(role: &str, var: &str, path: &std::path::Path) -> std::process::
 pub fn serial() -> std::sync::MutexGuard<'static, ()> {
     static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
     LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Whether the kernel this test runs on implements `perf_event_open` at all
+/// (qemu-user does not: ENOSYS). A null attribute makes a real kernel answer
+/// EFAULT without opening anything.
+pub fn perf_event_open_implemented() -> bool {
+    // SAFETY: with a null attribute pointer the call only fails; nothing is opened.
+    let r = unsafe { libc::syscall(libc::SYS_perf_event_open, std::ptr::null::<u8>(), 0, -1, -1, 0) };
+    !(r == -1 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ENOSYS))
+}
+
+/// The engine for a test written for perf events: `PerfEvent`, except under an
+/// emulator without `perf_event_open` (qemu-user), where the test says so and
+/// runs with the thread-CPU-timer engine instead. Natively a refused
+/// `perf_event_open` still makes the test fail.
+pub fn perf_engine_for(test: &str) -> (spulse::EngineChoice, spulse::Engine) {
+    if emulated() && !perf_event_open_implemented() {
+        eprintln!(
+            "PERF EVENTS UNAVAILABLE: {test} needs perf events, which this emulator does not implement; \
+             running it with the thread-CPU-timer engine instead"
+        );
+        (spulse::EngineChoice::ThreadCpuTimer, spulse::Engine::ThreadCpuTimer)
+    } else {
+        (spulse::EngineChoice::PerfEvent, spulse::Engine::PerfEvent)
+    }
 }

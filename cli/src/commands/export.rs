@@ -8,13 +8,10 @@ use std::sync::{Arc, Mutex};
 
 use clap::{Args, ValueEnum};
 
-use super::top::FilterArgs;
-use super::SymbolArgs;
-use crate::aggregate::aggregate;
+use super::{FilterArgs, SymbolArgs};
 use crate::display::escape;
-use crate::export;
+use crate::export::{self, Exporter, Job};
 use crate::input::open_replay;
-use crate::report::symbolize_all;
 use crate::symbolize::Symbolizer;
 use crate::CliError;
 use spulse::Replay;
@@ -37,7 +34,7 @@ pub enum Format {
 /// Arguments of `spulse export`.
 #[derive(Debug, Args)]
 #[command(
-    after_help = "Examples:\n  spulse export app.spool --format pprof -o app.pb.gz && go tool pprof -top app.pb.gz\n  spulse export app.spool --format firefox -o app.json\n  spulse export app.spool --format collapsed -o app.folded\n  spulse export app.spool --format svg -o app.svg --symbols /usr/lib/debug\n  spulse export app.spool --format speedscope -o app.speedscope.json --thread 4242"
+    after_help = "Examples:\n  spulse export app.spool --format pprof -o app.pb.gz && go tool pprof -top app.pb.gz\n  spulse export app.spool --format firefox -o app.json\n  spulse export app.spool --format collapsed -o app.folded\n  spulse export app.spool --format svg -o app.svg --symbols /usr/lib/debug\n  spulse export app.spool --format speedscope -o app.speedscope.json --thread 4242\n  spulse export app.spool --format pprof -o app.pb.gz --pid 4200 --from 1000000"
 )]
 pub struct ExportArgs {
     /// The spool file.
@@ -146,13 +143,11 @@ fn target(input: &Path, output: &Path) -> Result<Target, CliError> {
 
 /// Run `spulse export`.
 pub fn run(args: &ExportArgs) -> Result<(), CliError> {
-    if let (Some(f), Some(t)) = (args.filter.from, args.filter.to) {
-        if f >= t {
-            return Err(CliError::input(format!("--from {f} must be below --to {t}")));
-        }
-    }
+    args.filter.filter().check_window()?;
     let target = target(&args.file, &args.output)?;
     let replay = open_replay(&args.file)?;
+    // Rejected here, before any output is opened, as `top` rejects them.
+    args.filter.filter().validate(&replay, &args.file)?;
     let out_name = escape(&args.output.display().to_string()).into_owned();
     match target {
         Target::Stdout => {
@@ -243,30 +238,24 @@ fn report(samples: u64, output: &str, bytes: u64) {
     eprintln!("spulse: export: {samples} samples written to {output} ({bytes} bytes)");
 }
 
+impl Format {
+    /// The exporter that writes this format.
+    fn exporter(self) -> Exporter {
+        match self {
+            Format::Pprof => export::pprof::export,
+            Format::Firefox => export::firefox::export,
+            Format::Collapsed => export::collapsed::export,
+            Format::Svg => export::svg::export,
+            Format::Speedscope => export::speedscope::export,
+        }
+    }
+}
+
 /// Write the export; returns how many samples it holds.
 fn write_export(args: &ExportArgs, replay: &Replay, out: &mut dyn Write) -> Result<u64, CliError> {
     let mut sym = Symbolizer::new(args.symbols.options());
     let title = format!("spulse {}", args.file.display());
-    let filter = args.filter.filter();
-    let out_name = escape(&args.output.display().to_string()).into_owned();
-    if args.format == Format::Firefox {
-        export::firefox::write(replay, &filter, &mut sym, &title, out)?;
-        // The Firefox exporter keeps every selected sample.
-        let selected = match (filter.tid, filter.from_us, filter.to_us) {
-            (None, None, None) => replay.sample_count(),
-            _ => aggregate(replay, &filter, false)?.total,
-        };
-        return Ok(selected);
-    }
-    let per_thread = matches!(args.format, Format::Speedscope | Format::Pprof);
-    let agg = aggregate(replay, &filter, per_thread)?;
-    symbolize_all(replay, &agg, &mut sym);
-    let res = match args.format {
-        Format::Pprof => export::pprof::write(replay, &agg, &mut sym, &title, out),
-        Format::Svg => export::svg::write(replay, &agg, &mut sym, &title, out),
-        Format::Speedscope => export::speedscope::write(replay, &agg, &mut sym, &title, out),
-        Format::Collapsed | Format::Firefox => export::collapsed::write(replay, &agg, &mut sym, out),
-    };
-    res.map_err(|e| CliError::output(&out_name, e))?;
-    Ok(agg.total)
+    let output = escape(&args.output.display().to_string()).into_owned();
+    let job = Job { replay, filter: &args.filter.filter(), title: &title, output: &output };
+    (args.format.exporter())(&job, &mut sym, out)
 }

@@ -34,13 +34,26 @@ use clap::Args;
 use spulse::{FormatErrorKind, Sample, StackId, Tail};
 
 use super::top::write_table;
-use super::{parse_count, parse_seconds, with_stdout, SymbolArgs};
-use crate::aggregate::{Aggregate, Context};
+use super::{parse_count, parse_seconds, with_stdout, FilterArgs, SymbolArgs, DEFAULT_LIMIT};
+use crate::aggregate::Aggregate;
 use crate::display::{escape, fit};
 use crate::input::warn_truncated;
 use crate::report::top;
+use crate::select::{Contexts, Filter, Selector};
 use crate::symbolize::Symbolizer;
 use crate::CliError;
+
+/// How often `--wait` looks for the spool again.
+const WAIT_POLL: Duration = Duration::from_millis(50);
+
+/// Longest sleep between checks for Ctrl-C while waiting for the next table,
+/// short enough that stopping feels immediate.
+const STOP_POLL: Duration = Duration::from_millis(20);
+
+/// Rows of a fitted screen that are not function rows: the header line, the
+/// table's column line, and the last row, left empty so the final newline
+/// never scrolls the screen.
+const NON_TABLE_ROWS: usize = 3;
 
 /// Longest `--interval`, `--idle-exit` and `--wait-timeout`: one week.
 const MAX_SECS: f64 = 7.0 * 86_400.0;
@@ -76,7 +89,7 @@ pub struct FollowArgs {
         short = 'n',
         long = "limit",
         value_name = "N",
-        default_value_t = 20,
+        default_value_t = DEFAULT_LIMIT,
         value_parser = parse_count,
         allow_negative_numbers = true
     )]
@@ -89,40 +102,37 @@ pub struct FollowArgs {
     #[arg(long, value_name = "SECS", requires = "wait", value_parser = idle_secs, allow_negative_numbers = true)]
     pub wait_timeout: Option<Duration>,
     #[command(flatten)]
+    pub filter: FilterArgs,
+    #[command(flatten)]
     pub symbols: SymbolArgs,
 }
 
-/// Counts per (context, stack) gathered while tailing.
+/// Counts per (context, stack) of the selected samples, gathered while tailing.
 struct Live {
-    contexts: Vec<Context>,
-    ctx_index: HashMap<Context, u32>,
+    select: Selector,
+    contexts: Contexts,
     counts: HashMap<(u32, StackId), u64>,
-    /// Samples read (ordinal of the next one).
-    read: u64,
-    next_event: usize,
-    inside: HashMap<u32, bool>,
 }
 
 impl Live {
-    fn add(&mut self, tail: &Tail, batch: &[Sample]) {
-        let events = tail.python_runtime_events();
-        for s in batch {
-            while self.next_event < events.len() && events[self.next_event].samples_before <= self.read {
-                let e = events[self.next_event];
-                self.inside.insert(e.pid, e.entering);
-                self.next_event += 1;
-            }
-            self.read += 1;
-            let pid = tail.thread(s.thread).pid;
-            let allowed = self.inside.get(&pid).copied().unwrap_or(true);
-            let c = Context { thread: None, pid, perf_map_allowed: allowed };
-            let next = self.contexts.len() as u32;
-            let ci = *self.ctx_index.entry(c).or_insert_with(|| {
-                self.contexts.push(c);
-                next
-            });
-            *self.counts.entry((ci, s.stack)).or_insert(0) += 1;
+    fn new(filter: &Filter, tail: &Tail) -> Live {
+        Live {
+            select: Selector::new(filter, tail.start_time_us()),
+            contexts: Contexts::new(tail, false),
+            counts: HashMap::new(),
         }
+    }
+
+    fn add(&mut self, tail: &Tail, batch: &[Sample]) {
+        for s in batch {
+            let Some(sel) = self.select.next(tail, s) else { continue };
+            *self.counts.entry((self.contexts.id(tail, &sel), s.stack)).or_insert(0) += 1;
+        }
+    }
+
+    /// The counts so far as an aggregation.
+    fn aggregate(&self) -> Aggregate {
+        Aggregate::from_counts(self.contexts.list().to_vec(), self.counts.clone())
     }
 }
 
@@ -200,7 +210,7 @@ fn open_tail(args: &FollowArgs, stop: &AtomicBool) -> Result<Option<Tail>, CliEr
                 )));
             }
         }
-        std::thread::sleep(Duration::from_millis(50));
+        std::thread::sleep(WAIT_POLL);
     }
 }
 
@@ -247,6 +257,10 @@ pub fn run(args: &FollowArgs) -> Result<(), CliError> {
         // If a handler cannot be installed (one already is), Ctrl-C simply kills us.
         let _ = ctrlc::set_handler(move || stop.store(true, Ordering::SeqCst));
     }
+    let filter = args.filter.filter();
+    // A thread or process id is not checked against the spool: its thread
+    // record may be written later in the recording.
+    filter.check_window()?;
     let shown = escape(&args.file.display().to_string()).into_owned();
     let Some(mut tail) = open_tail(args, &stop)? else {
         eprintln!("spulse: follow: {shown}: stopped: interrupted while waiting for the spool");
@@ -257,14 +271,7 @@ pub fn run(args: &FollowArgs) -> Result<(), CliError> {
     let terminal = std::io::stdout().is_terminal();
     let screen = terminal.then(AltScreen::enter);
     let mut sym = Symbolizer::new(args.symbols.options());
-    let mut live = Live {
-        contexts: Vec::new(),
-        ctx_index: HashMap::new(),
-        counts: HashMap::new(),
-        read: 0,
-        next_event: 0,
-        inside: HashMap::new(),
-    };
+    let mut live = Live::new(&filter, &tail);
     let idle_limit = (!args.idle_exit.is_zero()).then_some(args.idle_exit);
     let started = Instant::now();
     let mut last_growth = Instant::now();
@@ -307,9 +314,9 @@ pub fn run(args: &FollowArgs) -> Result<(), CliError> {
             fitted,
             terminal,
             started.elapsed(),
-            live.read - prev_read,
+            live.select.selected() - prev_read,
         )?;
-        prev_read = live.read;
+        prev_read = live.select.selected();
 
         if stop.load(Ordering::SeqCst) {
             reason = "interrupted".to_string();
@@ -327,7 +334,7 @@ pub fn run(args: &FollowArgs) -> Result<(), CliError> {
         }
         // Sleep until the next tick in small steps, so Ctrl-C is prompt.
         while tick.elapsed() < args.interval && !stop.load(Ordering::SeqCst) {
-            std::thread::sleep(Duration::from_millis(20).min(args.interval));
+            std::thread::sleep(STOP_POLL.min(args.interval));
         }
     }
     if let Some(screen) = screen {
@@ -336,12 +343,21 @@ pub fn run(args: &FollowArgs) -> Result<(), CliError> {
         drop(screen);
         let width = terminal_size::terminal_size().map(|(w, _)| w.0 as usize);
         let fitted = Fit { width, rows: None };
-        print_table(&tail, &live, &mut sym, args, fitted, false, started.elapsed(), live.read - prev_read)?;
+        print_table(
+            &tail,
+            &live,
+            &mut sym,
+            args,
+            fitted,
+            false,
+            started.elapsed(),
+            live.select.selected() - prev_read,
+        )?;
     }
     if tail.has_incomplete_record() {
         warn_truncated(&args.file, tail.position());
     }
-    eprintln!("spulse: follow: {shown}: stopped: {reason}; {} samples", live.read);
+    eprintln!("spulse: follow: {shown}: stopped: {reason}; {} samples", live.select.selected());
     Ok(())
 }
 
@@ -366,20 +382,18 @@ fn print_table(
     elapsed: Duration,
     new: u64,
 ) -> Result<(), CliError> {
-    let agg = Aggregate::from_counts(live.contexts.clone(), live.counts.clone());
+    let agg = live.aggregate();
     let stats = top(tail, &agg, sym);
     let header = format!(
         "--- {} at {:.1} s: {} samples (+{new}), {} threads ---",
         escape(&args.file.display().to_string()),
         elapsed.as_secs_f64(),
-        live.read,
+        live.select.selected(),
         tail.threads().len()
     );
-    // The header line and the table's column line take two rows, and the
-    // last row stays empty so the final newline never scrolls the screen.
     let limit = match fit_to.rows {
         Some(rows) => {
-            let fit_rows = rows.saturating_sub(3).max(1);
+            let fit_rows = rows.saturating_sub(NON_TABLE_ROWS).max(1);
             if args.n == 0 {
                 fit_rows
             } else {

@@ -9,7 +9,7 @@ use serde_json::json;
 
 use super::{format_unix_us, with_stdout};
 use crate::display::escape;
-use crate::input::{open_replay, progress};
+use crate::input::{open_replay, progress, PROGRESS_STEP};
 use crate::processes::processes;
 use crate::symbolize::module_name;
 use crate::CliError;
@@ -41,7 +41,7 @@ pub fn run(args: &InfoArgs) -> Result<(), CliError> {
         first = first.min(s.time_us);
         last = last.max(s.time_us);
         n += 1;
-        if n & 0xffff == 0 {
+        if n.is_multiple_of(PROGRESS_STEP) {
             bar.set_position(n);
         }
     }

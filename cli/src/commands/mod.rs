@@ -11,8 +11,37 @@ use std::path::PathBuf;
 
 use clap::Args;
 
+use crate::select::Filter;
 use crate::symbolize;
 use crate::CliError;
+
+/// Rows `top` and `follow` show unless `-n` says otherwise: the hot functions
+/// of most profiles, on one screen.
+pub const DEFAULT_LIMIT: usize = 20;
+
+/// Sample selection, the same for every command that reads samples.
+#[derive(Debug, Clone, Args)]
+pub struct FilterArgs {
+    /// Only samples of the thread with this kernel thread id.
+    #[arg(long, value_name = "TID", allow_negative_numbers = true)]
+    pub thread: Option<u32>,
+    /// Only samples of threads of the process with this id.
+    #[arg(long, value_name = "PID", allow_negative_numbers = true)]
+    pub pid: Option<u32>,
+    /// Only samples at or after US microseconds since the profile start.
+    #[arg(long, value_name = "US", value_parser = parse_u64, allow_negative_numbers = true)]
+    pub from: Option<u64>,
+    /// Only samples before US microseconds since the profile start.
+    #[arg(long, value_name = "US", value_parser = parse_u64, allow_negative_numbers = true)]
+    pub to: Option<u64>,
+}
+
+impl FilterArgs {
+    /// The filter.
+    pub fn filter(&self) -> Filter {
+        Filter { tid: self.thread, pid: self.pid, from_us: self.from, to_us: self.to }
+    }
+}
 
 /// Symbol search options shared by the commands that name functions.
 #[derive(Debug, Clone, Args)]

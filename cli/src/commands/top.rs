@@ -6,12 +6,13 @@ use std::path::PathBuf;
 use clap::{Args, ValueEnum};
 use serde_json::json;
 
-use super::{parse_count, parse_u64, with_stdout, SymbolArgs};
-use crate::aggregate::{aggregate, Filter};
+use super::{parse_count, with_stdout, FilterArgs, SymbolArgs, DEFAULT_LIMIT};
+use crate::aggregate::aggregate;
 use crate::display::{escape, fit};
 use crate::input::open_replay;
 use crate::processes::processes;
-use crate::report::{symbolize_all, top, FunctionStats};
+use crate::report::{symbolize_all, top_with, FunctionStats};
+use crate::select::Filter;
 use crate::symbolize::Symbolizer;
 use crate::CliError;
 
@@ -25,34 +26,10 @@ pub enum SortBy {
     Total,
 }
 
-/// Sample selection shared by `top` and `export`.
-#[derive(Debug, Clone, Args)]
-pub struct FilterArgs {
-    /// Only samples of the thread with this kernel thread id.
-    #[arg(long, value_name = "TID", allow_negative_numbers = true)]
-    pub thread: Option<u32>,
-    /// Only samples of the process with this pid.
-    #[arg(long, value_name = "PID", allow_negative_numbers = true)]
-    pub pid: Option<u32>,
-    /// Only samples at or after US microseconds since the profile start.
-    #[arg(long, value_name = "US", value_parser = parse_u64, allow_negative_numbers = true)]
-    pub from: Option<u64>,
-    /// Only samples before US microseconds since the profile start.
-    #[arg(long, value_name = "US", value_parser = parse_u64, allow_negative_numbers = true)]
-    pub to: Option<u64>,
-}
-
-impl FilterArgs {
-    /// The filter.
-    pub fn filter(&self) -> Filter {
-        Filter { tid: self.thread, pid: self.pid, from_us: self.from, to_us: self.to }
-    }
-}
-
 /// Arguments of `spulse top`.
 #[derive(Debug, Args)]
 #[command(
-    after_help = "Examples:\n  spulse top app.spool\n  spulse top app.spool -n 10 --thread 4242 --from 1000000 --to 3000000\n  spulse top app.spool --json --symbols /usr/lib/debug\n  spulse top tree.spool --per-process -n 5\n  spulse top tree.spool --pid 4242"
+    after_help = "Examples:\n  spulse top app.spool\n  spulse top app.spool -n 10 --thread 4242 --from 1000000 --to 3000000\n  spulse top app.spool --pid 4200\n  spulse top app.spool --json --symbols /usr/lib/debug\n  spulse top app.spool --inlines\n  spulse top tree.spool --per-process -n 5"
 )]
 pub struct TopArgs {
     /// The spool file.
@@ -65,7 +42,7 @@ pub struct TopArgs {
         short = 'n',
         long = "limit",
         value_name = "N",
-        default_value_t = 20,
+        default_value_t = DEFAULT_LIMIT,
         value_parser = parse_count,
         allow_negative_numbers = true
     )]
@@ -73,6 +50,10 @@ pub struct TopArgs {
     /// Sort column.
     #[arg(long, value_enum, default_value_t = SortBy::SelfSamples)]
     pub sort: SortBy,
+    /// List inlined functions as rows of their own (by default their samples
+    /// count for the function they were inlined into).
+    #[arg(long)]
+    pub inlines: bool,
     /// One table per process (pid, program), each with its own percentages.
     #[arg(long)]
     pub per_process: bool,
@@ -130,25 +111,13 @@ pub fn write_table(
 
 /// Run `spulse top`.
 pub fn run(args: &TopArgs) -> Result<(), CliError> {
-    if let (Some(f), Some(t)) = (args.filter.from, args.filter.to) {
-        if f >= t {
-            return Err(CliError::input(format!("--from {f} must be below --to {t}")));
-        }
-    }
+    let filter = args.filter.filter();
+    filter.check_window()?;
     let replay = open_replay(&args.file)?;
-    if let Some(pid) = args.filter.pid {
-        if !replay.threads().iter().any(|t| t.pid == pid) {
-            return Err(CliError::input(format!("{}: no process with pid {pid}", args.file.display())));
-        }
-    }
-    if let Some(tid) = args.filter.thread {
-        if !replay.threads().iter().any(|t| t.tid == tid) {
-            return Err(CliError::input(format!("{}: no thread with tid {tid}", args.file.display())));
-        }
-    }
+    filter.validate(&replay, &args.file)?;
     let mut sym = Symbolizer::new(args.symbols.options());
     if !args.per_process {
-        let (stats, total) = table(&replay, &args.filter.filter(), args.sort, &mut sym)?;
+        let (stats, total) = table(&replay, &filter, args, &mut sym)?;
         return with_stdout(|out| {
             if args.json {
                 writeln!(
@@ -169,11 +138,10 @@ pub fn run(args: &TopArgs) -> Result<(), CliError> {
     }
     let mut sections = Vec::new();
     for p in processes(&replay, &per_thread) {
-        if args.filter.pid.is_some_and(|pid| pid != p.pid) || p.threads == 0 {
+        if filter.pid.is_some_and(|pid| pid != p.pid) || p.threads == 0 {
             continue;
         }
-        let filter = Filter { pid: Some(p.pid), ..args.filter.filter() };
-        let (stats, total) = table(&replay, &filter, args.sort, &mut sym)?;
+        let (stats, total) = table(&replay, &Filter { pid: Some(p.pid), ..filter }, args, &mut sym)?;
         sections.push((p, stats, total));
     }
     with_stdout(|out| {
@@ -202,13 +170,13 @@ pub fn run(args: &TopArgs) -> Result<(), CliError> {
 fn table(
     replay: &spulse::Replay,
     filter: &Filter,
-    sort: SortBy,
+    args: &TopArgs,
     sym: &mut Symbolizer,
 ) -> Result<(Vec<FunctionStats>, u64), CliError> {
     let agg = aggregate(replay, filter, false)?;
     symbolize_all(replay, &agg, sym);
-    let mut stats = top(replay, &agg, sym);
-    sort_stats(&mut stats, sort);
+    let mut stats = top_with(replay, &agg, sym, args.inlines);
+    sort_stats(&mut stats, args.sort);
     Ok((stats, agg.total))
 }
 

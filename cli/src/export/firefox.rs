@@ -1,25 +1,46 @@
 //! Firefox Profiler export (processed format) through `fxprof-processed-profile`.
 //!
-//! One process per pid, one thread per thread record, samples in stream order
-//! with their timestamps. Every module with resolved frames becomes a library
-//! (name, path, build id as code id and debug id) with a symbol table holding
-//! the names of the addresses the profile uses, and its frames are
-//! library-relative addresses, so the profile opens with function names.
-//! Inlined functions are added as label frames above the function that contains
-//! them; frames without symbols and perf-map names are labels too.
+//! One process per pid, named after its executable (the first module the spool
+//! defines for the pid, as the recorder lists the executable first), one
+//! thread per thread record (the main thread also named after the
+//! executable), samples in stream order with their timestamps. Every module
+//! with resolved frames becomes a library (name, path, build id as code id and
+//! debug id) with a symbol table holding the names of the addresses the
+//! profile uses, and its frames are library-relative addresses, so the profile
+//! opens with function names.
+//!
+//! Inlined functions are frames of their own above the function that contains
+//! them, with the same address and library and an increasing `inlineDepth`, as
+//! the Firefox Profiler represents inlining. Frames carry their source line and
+//! functions their source file when the debug info has them. Frames are in one
+//! of three categories: user code, std/libc (the Rust standard library crates,
+//! the C and C++ runtime libraries, the vDSO), and unknown (no symbols).
+//! Frames without symbols and perf-map names are labels (no address).
+//!
+//! `fxprof-processed-profile` has no inline frames or source locations, so
+//! the export gives each inlined frame a unique placeholder label and fills in
+//! address, depth, line, file and function in the serialized tables.
 
 use std::collections::{HashMap, HashSet};
 use std::io::Write;
+use std::rc::Rc;
 use std::sync::Arc;
 
 use fx::debugid::DebugId;
 use fxprof_processed_profile as fx;
-use spulse::{Definitions, Frame, FrameId, Replay, StackId, ThreadId};
+use serde_json::Value;
+use spulse::{Definitions, Frame, FrameId, StackId};
 
-use crate::aggregate::{aggregate, Context, Filter};
-use crate::input::progress;
+use super::Job;
+use crate::aggregate::aggregate;
+use crate::input::{progress, PROGRESS_STEP};
+use crate::select::{Context, Contexts, Selector};
 use crate::symbolize::{module_name, Symbolizer};
 use crate::CliError;
+
+/// Spool times are microseconds; the profile takes nanoseconds and milliseconds.
+const NS_PER_US: u64 = 1000;
+const US_PER_MS: f64 = 1000.0;
 
 /// The Breakpad-style debug id of an ELF build id (first 16 bytes as a
 /// little-endian GUID, age 0), as Firefox's symbolication expects.
@@ -35,30 +56,98 @@ fn debug_id(build_id: &[u8]) -> DebugId {
 
 /// What a resolved frame becomes in the Firefox profile.
 enum FxFrame {
-    /// Library-relative address, and the inlined functions (outermost first) as labels.
-    Lib(fx::LibraryHandle, u32, Vec<u32>),
+    /// Library-relative address with the containing function's category, and
+    /// the inlined functions (outermost first) as placeholder labels.
+    Lib(fx::LibraryHandle, u32, fx::CategoryHandle, Vec<(fx::StringHandle, fx::CategoryHandle)>),
     /// Only labels (outermost first).
-    Labels(Vec<u32>),
+    Labels(Vec<(fx::StringHandle, fx::CategoryHandle)>),
 }
 
-/// Build and write the profile. Samples are streamed from `replay`; the Firefox
-/// format itself keeps one entry per sample.
-pub fn write(
-    replay: &Replay,
-    filter: &Filter,
-    sym: &mut Symbolizer,
-    product: &str,
-    out: &mut dyn Write,
-) -> Result<(), CliError> {
+/// A source file and line (0: unknown).
+type SourceLine = (Option<Rc<str>>, u32);
+
+/// An inlined frame behind a placeholder label.
+struct InlineFrame {
+    module: usize,
+    rva: u32,
+    depth: u32,
+    func: u32,
+    file: Option<Rc<str>>,
+    line: u32,
+}
+
+/// The prefix of placeholder labels (never a function name: it starts with a
+/// control character).
+const PLACEHOLDER: &str = "\u{1}spulse-inline-";
+
+/// Library file names of the C and C++ runtimes.
+const RUNTIME_LIBS: &[&str] = &[
+    "libc.so",
+    "libc-",
+    "ld-linux",
+    "ld64.so",
+    "libm.so",
+    "libpthread",
+    "libdl",
+    "libstdc++",
+    "libgcc_s",
+    "libc++",
+    "[vdso]",
+    "linux-vdso",
+];
+
+/// Whether a function belongs to the Rust standard library or the C/C++ runtime.
+fn is_std(name: &str, module: &str) -> bool {
+    let n = name.trim_start_matches(['<', '&', '*']);
+    ["std::", "core::", "alloc::", "panic_unwind::", "compiler_builtins::", "__rust"]
+        .iter()
+        .any(|p| n.starts_with(p))
+        || RUNTIME_LIBS.iter().any(|l| module.starts_with(l))
+}
+
+/// The categories frames are put in.
+struct Categories {
+    user: fx::CategoryHandle,
+    std: fx::CategoryHandle,
+    unknown: fx::CategoryHandle,
+}
+
+impl Categories {
+    fn of(&self, sym: &Symbolizer, func: u32, named: bool) -> fx::CategoryHandle {
+        let f = sym.function(func);
+        if !named {
+            self.unknown
+        } else if is_std(&f.name, &f.module) {
+            self.std
+        } else {
+            self.user
+        }
+    }
+}
+
+/// Build and write the profile of the selected samples. Samples are streamed
+/// from the spool; the Firefox format itself keeps one entry per sample.
+pub fn export(job: &Job<'_>, sym: &mut Symbolizer, out: &mut dyn Write) -> Result<u64, CliError> {
+    let (replay, filter, product) = (job.replay, job.filter, job.title);
     let defs: &Definitions = replay;
     let start_us = defs.start_time_us();
-    let interval = fx::SamplingInterval::from_nanos(defs.interval_us().max(1).saturating_mul(1000));
+    let interval = fx::SamplingInterval::from_nanos(defs.interval_us().max(1).saturating_mul(NS_PER_US));
     let mut profile = fx::Profile::new(
         product,
-        fx::ReferenceTimestamp::from_millis_since_unix_epoch(start_us as f64 / 1000.0),
+        fx::ReferenceTimestamp::from_millis_since_unix_epoch(start_us as f64 / US_PER_MS),
         interval,
     );
     let zero = fx::Timestamp::from_millis_since_reference(0.0);
+    let cats = Categories {
+        user: profile.add_category("User code", fx::CategoryColor::Yellow),
+        std: profile.add_category("Std/libc", fx::CategoryColor::Orange),
+        unknown: profile.add_category("Unknown", fx::CategoryColor::Gray),
+    };
+    let mut inline_frames: Vec<InlineFrame> = Vec::new();
+    type Placeholder = (fx::StringHandle, fx::CategoryHandle);
+    let mut placeholders: HashMap<(usize, u32, usize), Placeholder> = HashMap::new();
+    // Source location of each library frame's address: (module, rva) -> (file, line).
+    let mut lib_lines: HashMap<(usize, u32), SourceLine> = HashMap::new();
 
     // Libraries and their symbol tables, from the module frames the selected
     // samples use (a first, aggregating pass finds them).
@@ -83,15 +172,17 @@ pub fn write(
         let Some(rva) = syms.svma(file_relative).and_then(|a| u32::try_from(a - syms.image_base).ok()) else {
             continue;
         };
-        let outer = r.frames.last().expect("resolved frames are never empty").func;
+        let outer = r.outer();
+        lib_lines.insert((module.index(), rva), (outer.file.clone(), outer.line));
         lib_symbols.entry(module.index()).or_default().push(fx::Symbol {
             address: rva,
             size: Some(1),
-            name: sym.function(outer).name.clone(),
+            name: sym.function(outer.func).name.clone(),
         });
         frame_kind.insert(fid, (module.index(), rva));
     }
     let mut libs: HashMap<usize, fx::LibraryHandle> = HashMap::new();
+    let mut libs_by_module: Vec<usize> = Vec::new();
     for (mi, symbols) in lib_symbols {
         let m = &defs.modules()[mi];
         let source = sym.module_symbols(m).map(|s| s.source.display().to_string()).unwrap_or_default();
@@ -107,59 +198,53 @@ pub fn write(
             symbol_table: Some(Arc::new(fx::SymbolTable::new(symbols))),
         });
         libs.insert(mi, handle);
+        libs_by_module.push(mi);
     }
 
-    // Processes and threads.
+    // Processes (named after their executable) and threads.
+    let mut exe_names: HashMap<u32, String> = HashMap::new();
+    for m in defs.modules() {
+        exe_names.entry(m.pid).or_insert_with(|| module_name(m));
+    }
     let mut processes: HashMap<u32, fx::ProcessHandle> = HashMap::new();
     let mut threads: Vec<fx::ThreadHandle> = Vec::new();
     for t in defs.threads() {
-        let process = *processes
-            .entry(t.pid)
-            .or_insert_with(|| profile.add_process(&format!("pid {}", t.pid), t.pid, zero));
-        let th = profile.add_thread(process, t.tid, zero, t.tid == t.pid);
-        if !t.name.is_empty() {
-            profile.set_thread_name(th, &t.name);
-        } else {
-            profile.set_thread_name(th, &format!("tid {}", t.tid));
-        }
+        let exe = exe_names.get(&t.pid).cloned();
+        let process = *processes.entry(t.pid).or_insert_with(|| {
+            let name = exe.clone().unwrap_or_else(|| format!("pid {}", t.pid));
+            profile.add_process(&name, t.pid, zero)
+        });
+        let main = t.tid == t.pid;
+        let th = profile.add_thread(process, t.tid, zero, main);
+        let name = match (&exe, main) {
+            (Some(exe), true) => exe.clone(),
+            _ if !t.name.is_empty() => t.name.clone(),
+            _ => format!("tid {}", t.tid),
+        };
+        profile.set_thread_name(th, &name);
         threads.push(th);
     }
 
-    let from = filter.from_us.map(|f| start_us.saturating_add(f));
-    let to = filter.to_us.map(|t| start_us.saturating_add(t));
-    let has_python = !defs.python_runtime_events().is_empty();
-    let events = defs.python_runtime_events();
-    let mut next_event = 0usize;
-    let mut inside: HashMap<u32, bool> = events.iter().map(|e| (e.pid, false)).collect();
-
-    let mut stacks: HashMap<(ThreadId, StackId, bool), fx::StackHandle> = HashMap::new();
+    let mut select = Selector::new(filter, start_us);
+    // Per-thread contexts: a stack is interned once per (context, stack), as
+    // the profile's stack tables are per thread.
+    let mut contexts = Contexts::new(defs, true);
+    let mut stacks: HashMap<(u32, StackId), fx::StackHandle> = HashMap::new();
     let mut fxframes: HashMap<(FrameId, u32, bool), Arc<FxFrame>> = HashMap::new();
     let cpu = fx::CpuDelta::from_micros(defs.interval_us());
     let bar = progress(defs.sample_count(), "exporting");
-    for (n, s) in replay.samples().enumerate() {
+    for s in replay.samples() {
         let s = s?;
-        if n & 0xffff == 0 {
-            bar.set_position(n as u64);
+        let n = select.read();
+        if n.is_multiple_of(PROGRESS_STEP) {
+            bar.set_position(n);
         }
-        let thread = defs.thread(s.thread);
-        if filter.tid.is_some_and(|tid| tid != thread.tid)
-            || from.is_some_and(|f| s.time_us < f)
-            || to.is_some_and(|e| s.time_us >= e)
-        {
-            continue;
-        }
-        let allowed = if has_python {
-            while next_event < events.len() && events[next_event].samples_before <= n as u64 {
-                inside.insert(events[next_event].pid, events[next_event].entering);
-                next_event += 1;
-            }
-            inside.get(&thread.pid).copied().unwrap_or(true)
-        } else {
-            true
-        };
-        let ctx = Context { thread: Some(s.thread), pid: thread.pid, perf_map_allowed: allowed };
+        let Some(sel) = select.next(defs, &s) else { continue };
+        let ci = contexts.id(defs, &sel);
+        let ctx = contexts.get(ci);
+        let allowed = sel.perf_map_allowed;
         let th = threads[s.thread.index()];
-        let key = (s.thread, s.stack, allowed);
+        let key = (ci, s.stack);
         let stack = match stacks.get(&key) {
             Some(&h) => h,
             None => {
@@ -169,7 +254,7 @@ pub fn write(
                 let mut cur = Some(s.stack);
                 let mut parent = None;
                 while let Some(id) = cur {
-                    if let Some(&h) = stacks.get(&(s.thread, id, allowed)) {
+                    if let Some(&h) = stacks.get(&(ci, id)) {
                         parent = Some(h);
                         break;
                     }
@@ -179,20 +264,52 @@ pub fn write(
                 for &id in path.iter().rev() {
                     let frame = defs.stack(id).frame;
                     let fkey = match defs.frame(frame) {
-                        Frame::Absolute { .. } => (frame, thread.pid, allowed),
+                        Frame::Absolute { .. } => (frame, sel.pid, allowed),
                         _ => (frame, 0, false),
                     };
                     let fxf = match fxframes.get(&fkey) {
                         Some(f) => f.clone(),
                         None => {
                             let r = sym.resolve(defs, frame, &ctx);
-                            let funcs: Vec<u32> = r.frames.iter().rev().map(|f| f.func).collect();
                             let f = match frame_kind
                                 .get(&frame)
-                                .and_then(|&(mi, rva)| Some((libs.get(&mi)?, rva)))
+                                .and_then(|&(mi, rva)| Some((mi, libs.get(&mi)?, rva)))
                             {
-                                Some((&lib, rva)) => FxFrame::Lib(lib, rva, funcs[1..].to_vec()),
-                                None => FxFrame::Labels(funcs),
+                                Some((mi, &lib, rva)) => {
+                                    // Inlined functions, outermost first, each
+                                    // behind a placeholder filled in below (one
+                                    // per address and depth).
+                                    let mut inl = Vec::new();
+                                    for (depth, f) in r.frames.iter().rev().enumerate().skip(1) {
+                                        if let Some(&h) = placeholders.get(&(mi, rva, depth)) {
+                                            inl.push(h);
+                                            continue;
+                                        }
+                                        let label = format!("{PLACEHOLDER}{}", inline_frames.len());
+                                        inline_frames.push(InlineFrame {
+                                            module: mi,
+                                            rva,
+                                            depth: depth as u32,
+                                            func: f.func,
+                                            file: f.file.clone(),
+                                            line: f.line,
+                                        });
+                                        let h = (profile.intern_string(&label), cats.of(sym, f.func, true));
+                                        placeholders.insert((mi, rva, depth), h);
+                                        inl.push(h);
+                                    }
+                                    FxFrame::Lib(lib, rva, cats.of(sym, r.outer().func, true), inl)
+                                }
+                                None => FxFrame::Labels(
+                                    r.frames
+                                        .iter()
+                                        .rev()
+                                        .map(|f| {
+                                            let name = profile.intern_string(&sym.function(f.func).name);
+                                            (name, cats.of(sym, f.func, r.named))
+                                        })
+                                        .collect(),
+                                ),
                             };
                             let f = Arc::new(f);
                             fxframes.insert(fkey, f.clone());
@@ -200,42 +317,208 @@ pub fn write(
                         }
                     };
                     let leaf = id == s.stack;
-                    let info = |frame| fx::FrameInfo {
+                    let info = |frame, category: fx::CategoryHandle| fx::FrameInfo {
                         frame,
-                        category_pair: fx::CategoryHandle::OTHER.into(),
+                        category_pair: category.into(),
                         flags: fx::FrameFlags::empty(),
                     };
                     let labels = match &*fxf {
-                        FxFrame::Lib(lib, rva, inl) => {
+                        FxFrame::Lib(lib, rva, cat, inl) => {
                             let a = if leaf {
                                 fx::Frame::RelativeAddressFromInstructionPointer(*lib, *rva)
                             } else {
                                 fx::Frame::RelativeAddressFromAdjustedReturnAddress(*lib, *rva)
                             };
-                            let fh = profile.intern_frame(th, info(a));
+                            let fh = profile.intern_frame(th, info(a, *cat));
                             parent = Some(profile.intern_stack(th, parent, fh));
                             inl.as_slice()
                         }
                         FxFrame::Labels(l) => l.as_slice(),
                     };
-                    for &func in labels {
-                        let sh = profile.intern_string(&sym.function(func).name);
-                        let fh = profile.intern_frame(th, info(fx::Frame::Label(sh)));
+                    for &(sh, cat) in labels {
+                        let fh = profile.intern_frame(th, info(fx::Frame::Label(sh), cat));
                         parent = Some(profile.intern_stack(th, parent, fh));
                     }
-                    stacks.insert((s.thread, id, allowed), parent.expect("a stack node has a frame"));
+                    stacks.insert((ci, id), parent.expect("a stack node has a frame"));
                 }
                 parent.expect("a stack has a frame")
             }
         };
         let t = fx::Timestamp::from_nanos_since_reference(
-            s.time_us.saturating_sub(start_us).saturating_mul(1000),
+            s.time_us.saturating_sub(start_us).saturating_mul(NS_PER_US),
         );
         profile.add_sample(th, t, Some(stack), cpu, 1);
     }
     bar.finish_and_clear();
     profile.set_symbolicated(true);
-    serde_json::to_writer(&mut *out, &profile)
-        .map_err(|e| CliError::other(format!("writing the profile: {e}")))?;
-    Ok(())
+    let mut doc = serde_json::to_value(&profile)
+        .map_err(|e| CliError::other(format!("serializing the profile: {e}")))?;
+    let lib_modules = lib_modules(defs, &doc, &libs_by_module);
+    if let Some(threads) = doc.get_mut("threads").and_then(Value::as_array_mut) {
+        for th in threads {
+            fill_in_thread(th, sym, &inline_frames, &lib_lines, &lib_modules);
+        }
+    }
+    serde_json::to_writer(&mut *out, &doc).map_err(|e| job.write_error(e.into()))?;
+    Ok(select.selected())
+}
+
+/// The module of each entry of the profile's `libs` array (matched by path
+/// and code id; modules with equal path and build id have equal symbols).
+fn lib_modules(defs: &Definitions, doc: &Value, libs_by_module: &[usize]) -> Vec<Option<usize>> {
+    let mut by_key: HashMap<(String, String), usize> = HashMap::new();
+    for &mi in libs_by_module {
+        let m = &defs.modules()[mi];
+        by_key.entry((m.path().display().to_string(), m.build_id_hex())).or_insert(mi);
+    }
+    let libs = doc.get("libs").and_then(Value::as_array).map(Vec::as_slice).unwrap_or(&[]);
+    libs.iter()
+        .map(|l| {
+            let path = l.get("path").and_then(Value::as_str).unwrap_or("").to_string();
+            let code = l.get("codeId").and_then(Value::as_str).unwrap_or("").to_string();
+            by_key.get(&(path, code)).copied()
+        })
+        .collect()
+}
+
+/// Fill in one serialized thread: placeholder frames become inlined frames
+/// (address, library, inline depth, line, and the function, shared with every
+/// other frame of the same function and library); library frames get their
+/// line; functions get their source file.
+fn fill_in_thread(
+    th: &mut Value,
+    sym: &Symbolizer,
+    inline_frames: &[InlineFrame],
+    lib_lines: &HashMap<(usize, u32), SourceLine>,
+    lib_modules: &[Option<usize>],
+) {
+    let Some(th) = th.as_object_mut() else { return };
+    let mut strings: Vec<Value> = match th.get_mut("stringArray").map(Value::take) {
+        Some(Value::Array(a)) => a,
+        _ => return,
+    };
+    let mut string_index: HashMap<String, usize> =
+        strings.iter().enumerate().filter_map(|(i, s)| Some((s.as_str()?.to_string(), i))).collect();
+    let mut intern = |strings: &mut Vec<Value>, s: &str| {
+        *string_index.entry(s.to_string()).or_insert_with(|| {
+            strings.push(Value::from(s));
+            strings.len() - 1
+        })
+    };
+    let as_idx = |v: &Value| v.as_u64().map(|n| n as usize);
+    // Resource index <-> module.
+    let res_libs: Vec<Option<usize>> = th
+        .get("resourceTable")
+        .and_then(|r| r.get("lib"))
+        .and_then(Value::as_array)
+        .map(|a| a.iter().map(|l| as_idx(l).and_then(|l| lib_modules.get(l).copied().flatten())).collect())
+        .unwrap_or_default();
+    let module_res: HashMap<usize, usize> =
+        res_libs.iter().enumerate().filter_map(|(r, m)| Some(((*m)?, r))).collect();
+
+    let mut ft = th.remove("frameTable").unwrap_or(Value::Null);
+    let mut fn_ = th.remove("funcTable").unwrap_or(Value::Null);
+    let col = |t: &Value, k: &str| t.get(k).and_then(Value::as_array).cloned().unwrap_or_default();
+    let mut f_addr = col(&ft, "address");
+    let mut f_depth = col(&ft, "inlineDepth");
+    let mut f_line = col(&ft, "line");
+    let mut f_func = col(&ft, "func");
+    let mut f_native = col(&ft, "nativeSymbol");
+    let mut u_name = col(&fn_, "name");
+    let mut u_res = col(&fn_, "resource");
+    let mut u_file = col(&fn_, "fileName");
+    let n_frames = f_func.len();
+    if [f_addr.len(), f_depth.len(), f_line.len(), f_native.len()].iter().any(|&l| l != n_frames)
+        || [u_res.len(), u_file.len()].iter().any(|&l| l != u_name.len())
+    {
+        // Not the layout this code knows: leave the thread as serialized.
+        th.insert("frameTable".into(), ft);
+        th.insert("funcTable".into(), fn_);
+        th.insert("stringArray".into(), Value::Array(strings));
+        return;
+    }
+    // Functions by (name, resource), to share one function between the
+    // library frames and the inlined frames of the same function.
+    let mut funcs: HashMap<(usize, Option<usize>), usize> = HashMap::new();
+    for (i, (n, r)) in u_name.iter().zip(&u_res).enumerate() {
+        if let Some(n) = as_idx(n) {
+            let is_placeholder =
+                strings.get(n).and_then(Value::as_str).is_some_and(|s| s.starts_with(PLACEHOLDER));
+            if !is_placeholder {
+                funcs.entry((n, as_idx(r))).or_insert(i);
+            }
+        }
+    }
+    // The native symbol of each (resource, address) library frame.
+    let mut natives: HashMap<(Option<usize>, u64), Value> = HashMap::new();
+    for i in 0..n_frames {
+        let Some(f) = as_idx(&f_func[i]) else { continue };
+        let name = as_idx(&u_name[f]).and_then(|n| strings.get(n)).and_then(Value::as_str).unwrap_or("");
+        if let Some(k) = name.strip_prefix(PLACEHOLDER).and_then(|k| k.parse::<usize>().ok()) {
+            let Some(inl) = inline_frames.get(k) else { continue };
+            let res = module_res.get(&inl.module).copied();
+            let real = intern(&mut strings, &sym.function(inl.func).name);
+            let func = *funcs.entry((real, res)).or_insert_with(|| {
+                // The placeholder's own function becomes this function.
+                u_name[f] = Value::from(real);
+                u_res[f] = res.map(Value::from).unwrap_or(Value::from(-1));
+                f
+            });
+            if u_file[func].is_null() {
+                if let Some(file) = &inl.file {
+                    u_file[func] = Value::from(intern(&mut strings, file));
+                }
+            }
+            f_func[i] = Value::from(func);
+            f_addr[i] = Value::from(inl.rva);
+            f_depth[i] = Value::from(inl.depth);
+            f_line[i] = if inl.line > 0 { Value::from(inl.line) } else { Value::Null };
+            f_native[i] = Value::Null;
+        } else if let Some(addr) = f_addr[i].as_u64() {
+            let res = as_idx(&u_res[f]);
+            let module = res.and_then(|r| res_libs.get(r).copied().flatten());
+            natives.insert((res, addr), f_native[i].clone());
+            if let Some((file, line)) = module.and_then(|m| lib_lines.get(&(m, addr as u32))) {
+                if *line > 0 {
+                    f_line[i] = Value::from(*line);
+                }
+                if let (Some(file), true) = (file, u_file[f].is_null()) {
+                    u_file[f] = Value::from(intern(&mut strings, file));
+                }
+            }
+        }
+    }
+    // Inlined frames share the native symbol of the library frame at their address.
+    for i in 0..n_frames {
+        if f_depth[i].as_u64().unwrap_or(0) > 0 {
+            let res = as_idx(&f_func[i]).and_then(|f| as_idx(&u_res[f]));
+            if let (Some(addr), true) = (f_addr[i].as_u64(), f_native[i].is_null()) {
+                if let Some(n) = natives.get(&(res, addr)) {
+                    f_native[i] = n.clone();
+                }
+            }
+        }
+    }
+    // Placeholder strings are no longer referenced: blank them.
+    for s in strings.iter_mut() {
+        if s.as_str().is_some_and(|t| t.starts_with(PLACEHOLDER)) {
+            *s = Value::from("");
+        }
+    }
+    let set = |t: &mut Value, k: &str, v: Vec<Value>| {
+        if let Some(o) = t.as_object_mut() {
+            o.insert(k.to_string(), Value::Array(v));
+        }
+    };
+    set(&mut ft, "address", f_addr);
+    set(&mut ft, "inlineDepth", f_depth);
+    set(&mut ft, "line", f_line);
+    set(&mut ft, "func", f_func);
+    set(&mut ft, "nativeSymbol", f_native);
+    set(&mut fn_, "name", u_name);
+    set(&mut fn_, "resource", u_res);
+    set(&mut fn_, "fileName", u_file);
+    th.insert("frameTable".into(), ft);
+    th.insert("funcTable".into(), fn_);
+    th.insert("stringArray".into(), Value::Array(strings));
 }

@@ -8,18 +8,31 @@
 //! every frame a `Location` with its absolute address, so the file can be
 //! re-symbolized. Resolved frames carry
 //! `Line`s (inlined functions first, the containing function last, as pprof
-//! expects); frames of modules that could not be symbolized carry none.
+//! expects); frames of modules that could not be symbolized carry none. A
+//! `Function`'s `system_name` is its linkage (mangled) name, or empty when it
+//! has none (perf-map and unresolved names) or it equals the display name.
+//!
+//! Memory is bounded by the distinct frames and stacks: the tables are built
+//! first, then the samples are encoded and compressed one at a time (the
+//! uncompressed output spells every distinct stack in full).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::io::Write;
+use std::rc::Rc;
 
 use flate2::write::GzEncoder;
 use flate2::Compression;
 use prost::Message;
-use spulse::{Definitions, Frame, FrameId};
+use spulse::{Definitions, Frame, FrameId, StackId};
 
+use super::Job;
 use crate::aggregate::Aggregate;
+use crate::select::Context;
 use crate::symbolize::Symbolizer;
+use crate::CliError;
+
+/// Nanoseconds per microsecond: spool times are microseconds, pprof's nanoseconds.
+const NS_PER_US: i64 = 1000;
 
 /// `perftools.profiles.Profile`.
 #[derive(Clone, PartialEq, prost::Message)]
@@ -176,8 +189,98 @@ impl Strings {
     }
 }
 
-/// Build the profile (not yet encoded).
-pub fn build(defs: &Definitions, agg: &Aggregate, sym: &mut Symbolizer, comment: &str) -> Profile {
+/// Location key: the frame, and for absolute frames the process and whether
+/// its perf map applies (their names depend on both).
+type LocationKey = (FrameId, u32, bool);
+
+fn location_key(defs: &Definitions, frame: FrameId, ctx: &Context) -> LocationKey {
+    match defs.frame(frame) {
+        Frame::Absolute { .. } => (frame, ctx.pid, ctx.perf_map_allowed),
+        Frame::Module { .. } | Frame::Truncated => (frame, 0, false),
+    }
+}
+
+/// Everything of the profile but its samples: built in a first pass over the
+/// distinct stacks, so its size is bounded by the distinct frames.
+struct Tables {
+    p: Profile,
+    strings: Strings,
+    locations: HashMap<LocationKey, u64>,
+    /// pprof function id by (function, linkage name).
+    functions: HashMap<(u32, Option<Rc<str>>), u64>,
+    mapping_named: Vec<bool>,
+    mapping_lines: Vec<bool>,
+    mapping_inline: Vec<bool>,
+}
+
+impl Tables {
+    fn location(&mut self, defs: &Definitions, sym: &mut Symbolizer, frame: FrameId, ctx: &Context) {
+        let key = location_key(defs, frame, ctx);
+        if self.locations.contains_key(&key) {
+            return;
+        }
+        let id = self.p.location.len() as u64 + 1;
+        let r = sym.resolve(defs, frame, ctx);
+        let (mapping_id, address) = match defs.frame(frame) {
+            Frame::Module { module, file_relative } => {
+                let i = module.index();
+                if r.named {
+                    self.mapping_named[i] = true;
+                    self.mapping_lines[i] |= r.frames.iter().any(|f| f.line > 0);
+                    self.mapping_inline[i] |= r.frames.len() > 1;
+                }
+                (i as u64 + 1, defs.module(module).absolute(file_relative).unwrap_or(0))
+            }
+            Frame::Absolute { address, .. } => (0, address),
+            Frame::Truncated => (0, 0),
+        };
+        // Frames of unsymbolized modules stay bare so pprof tools can
+        // symbolize them later through the mapping and its build id.
+        let is_bare_module = matches!(defs.frame(frame), Frame::Module { .. }) && !r.named;
+        let mut line = Vec::new();
+        if !is_bare_module {
+            for f in &r.frames {
+                let fnext = self.p.function.len() as u64 + 1;
+                let fid = *self.functions.entry((f.func, f.linkage.clone())).or_insert_with(|| {
+                    let func = sym.function(f.func);
+                    let name = self.strings.get(&func.name);
+                    // The linkage name, so that pprof neither re-demangles nor
+                    // "simplifies" the display name (it strips `<...>` from a
+                    // name equal to its system name, merging unrelated
+                    // functions); empty when there is none or it is the
+                    // display name itself (a C function's DWARF name).
+                    let linkage = f.linkage.as_deref().filter(|l| *l != func.name);
+                    let system_name = self.strings.get(linkage.unwrap_or(""));
+                    let filename = self.strings.get(f.file.as_deref().unwrap_or(""));
+                    self.p.function.push(Function { id: fnext, name, system_name, filename, start_line: 0 });
+                    fnext
+                });
+                line.push(Line { function_id: fid, line: f.line as i64, column: 0 });
+            }
+        }
+        self.p.location.push(Location { id, mapping_id, address, line, is_folded: false });
+        self.locations.insert(key, id);
+    }
+}
+
+/// Write the gzipped profile of the selected samples, one pprof sample per
+/// distinct (thread, stack).
+pub fn export(job: &Job<'_>, sym: &mut Symbolizer, out: &mut dyn Write) -> Result<u64, CliError> {
+    let agg = job.aggregate(sym, true)?;
+    write(job.replay, &agg, sym, job.title, out).map_err(|e| job.write_error(e))?;
+    Ok(agg.total)
+}
+
+/// Write the gzipped profile. Locations, functions, mappings and strings are
+/// built first (bounded by the distinct frames); the samples, one per distinct
+/// (thread, stack) or stack, are then encoded and compressed one at a time.
+fn write(
+    defs: &Definitions,
+    agg: &Aggregate,
+    sym: &mut Symbolizer,
+    comment: &str,
+    out: &mut dyn Write,
+) -> std::io::Result<()> {
     let mut strings = Strings::new();
     let mut p = Profile {
         sample_type: vec![
@@ -185,123 +288,97 @@ pub fn build(defs: &Definitions, agg: &Aggregate, sym: &mut Symbolizer, comment:
             ValueType { r#type: strings.get("cpu"), unit: strings.get("nanoseconds") },
         ],
         period_type: Some(ValueType { r#type: strings.get("cpu"), unit: strings.get("nanoseconds") }),
-        period: (defs.interval_us() as i64).saturating_mul(1000),
-        time_nanos: (defs.start_time_us() as i64).saturating_mul(1000),
+        period: (defs.interval_us() as i64).saturating_mul(NS_PER_US),
+        time_nanos: (defs.start_time_us() as i64).saturating_mul(NS_PER_US),
         duration_nanos: agg
             .time_range
-            .map(|(_, last)| (last.saturating_sub(defs.start_time_us()) as i64).saturating_mul(1000))
+            .map(|(_, last)| (last.saturating_sub(defs.start_time_us()) as i64).saturating_mul(NS_PER_US))
             .unwrap_or(0),
         ..Default::default()
     };
     p.comment.push(strings.get(comment));
+    let n = defs.modules().len();
+    let mut t = Tables {
+        p,
+        strings,
+        locations: HashMap::new(),
+        functions: HashMap::new(),
+        mapping_named: vec![false; n],
+        mapping_lines: vec![false; n],
+        mapping_inline: vec![false; n],
+    };
 
-    // One mapping per module (ids: module id + 1).
-    let mut mapping_named = vec![false; defs.modules().len()];
-    let mut mapping_lines = vec![false; defs.modules().len()];
-    let mut mapping_inline = vec![false; defs.modules().len()];
-    let mut locations: HashMap<(FrameId, u32, bool), u64> = HashMap::new();
-    let mut functions: HashMap<u32, u64> = HashMap::new();
-    let period = p.period;
-    for (c, stack, count) in agg.iter() {
+    // Pass 1: every location of every stack. A stack prefix already seen with
+    // the same location keys is not walked again.
+    let mut seen: HashSet<(StackId, u32, bool)> = HashSet::new();
+    for (c, stack, _) in agg.iter() {
         let ctx = agg.contexts[c];
-        let mut ids = Vec::with_capacity(defs.stack_depth(stack));
-        for frame in defs.stack_frames(stack) {
-            let (pid, allowed) = match defs.frame(frame) {
-                Frame::Module { .. } => (0, false),
-                Frame::Absolute { .. } => (ctx.pid, ctx.perf_map_allowed),
-                Frame::Truncated => (0, false),
-            };
-            let next = p.location.len() as u64 + 1;
-            let id = *locations.entry((frame, pid, allowed)).or_insert_with(|| {
-                let r = sym.resolve(defs, frame, &ctx);
-                let (mapping_id, address) = match defs.frame(frame) {
-                    Frame::Module { module, file_relative } => {
-                        let i = module.index();
-                        if r.named {
-                            mapping_named[i] = true;
-                            mapping_lines[i] |= r.frames.iter().any(|f| f.line > 0);
-                            mapping_inline[i] |= r.frames.len() > 1;
-                        }
-                        (i as u64 + 1, defs.module(module).absolute(file_relative).unwrap_or(0))
-                    }
-                    Frame::Absolute { address, .. } => (0, address),
-                    Frame::Truncated => (0, 0),
-                };
-                // Frames of unsymbolized modules stay bare so pprof tools can
-                // symbolize them later through the mapping and its build id.
-                let is_bare_module = matches!(defs.frame(frame), Frame::Module { .. }) && !r.named;
-                let mut line = Vec::new();
-                if !is_bare_module {
-                    for f in &r.frames {
-                        let fnext = p.function.len() as u64 + 1;
-                        let fid = *functions.entry(f.func).or_insert_with(|| {
-                            let func = sym.function(f.func);
-                            let name = strings.get(&func.name);
-                            let filename = strings.get(f.file.as_deref().unwrap_or(""));
-                            p.function.push(Function {
-                                id: fnext,
-                                name,
-                                system_name: name,
-                                filename,
-                                start_line: 0,
-                            });
-                            fnext
-                        });
-                        line.push(Line { function_id: fid, line: f.line as i64, column: 0 });
-                    }
-                }
-                p.location.push(Location { id: next, mapping_id, address, line, is_folded: false });
-                next
-            });
-            ids.push(id);
-        }
-        let n = count as i64;
-        let mut label = Vec::new();
-        if let Some(t) = ctx.thread {
-            let t = defs.thread(t);
-            label.push(Label { key: strings.get("pid"), num: t.pid as i64, ..Default::default() });
-            label.push(Label { key: strings.get("tid"), num: t.tid as i64, ..Default::default() });
-            if !t.name.is_empty() {
-                label.push(Label {
-                    key: strings.get("thread"),
-                    str: strings.get(&t.name),
-                    ..Default::default()
-                });
+        let mut cur = Some(stack);
+        while let Some(id) = cur {
+            if !seen.insert((id, ctx.pid, ctx.perf_map_allowed)) {
+                break;
             }
+            let s = defs.stack(id);
+            t.location(defs, sym, s.frame, &ctx);
+            cur = s.parent;
         }
-        p.sample.push(Sample { location_id: ids, value: vec![n, n.saturating_mul(period)], label });
+        if let Some(th) = ctx.thread {
+            let th = defs.thread(th);
+            for k in ["pid", "tid", "thread"] {
+                t.strings.get(k);
+            }
+            t.strings.get(&th.name);
+        }
     }
     for m in defs.modules() {
         let i = m.id.index();
-        p.mapping.push(Mapping {
+        let mapping = Mapping {
             id: i as u64 + 1,
             memory_start: m.start,
             memory_limit: m.end(),
             file_offset: m.file_offset,
-            filename: strings.get(&String::from_utf8_lossy(&m.path)),
-            build_id: strings.get(&m.build_id_hex()),
-            has_functions: mapping_named[i],
-            has_filenames: mapping_lines[i],
-            has_line_numbers: mapping_lines[i],
-            has_inline_frames: mapping_inline[i],
-        });
+            filename: t.strings.get(&String::from_utf8_lossy(&m.path)),
+            build_id: t.strings.get(&m.build_id_hex()),
+            has_functions: t.mapping_named[i],
+            has_filenames: t.mapping_lines[i],
+            has_line_numbers: t.mapping_lines[i],
+            has_inline_frames: t.mapping_inline[i],
+        };
+        t.p.mapping.push(mapping);
     }
+    let Tables { mut p, strings, locations, .. } = t;
     p.string_table = strings.table;
-    p
-}
+    let string_index = strings.index;
+    let str_id = |s: &str| string_index.get(s).copied().unwrap_or(0);
 
-/// Write the gzipped profile.
-pub fn write(
-    defs: &Definitions,
-    agg: &Aggregate,
-    sym: &mut Symbolizer,
-    comment: &str,
-    out: &mut dyn Write,
-) -> std::io::Result<()> {
-    let profile = build(defs, agg, sym, comment);
-    let bytes = profile.encode_to_vec();
     let mut gz = GzEncoder::new(out, Compression::default());
-    gz.write_all(&bytes)?;
+    // A protobuf message is the concatenation of its fields in any order:
+    // the tables first, then each sample as one more `sample` field.
+    gz.write_all(&p.encode_to_vec())?;
+    let period = p.period;
+    let mut buf = Vec::new();
+    let mut ids = Vec::new();
+    for (c, stack, count) in agg.iter() {
+        let ctx = agg.contexts[c];
+        ids.clear();
+        ids.extend(defs.stack_frames(stack).map(|f| locations[&location_key(defs, f, &ctx)]));
+        let n = count as i64;
+        let mut label = Vec::new();
+        if let Some(t) = ctx.thread {
+            let t = defs.thread(t);
+            label.push(Label { key: str_id("pid"), num: t.pid as i64, ..Default::default() });
+            label.push(Label { key: str_id("tid"), num: t.tid as i64, ..Default::default() });
+            if !t.name.is_empty() {
+                label.push(Label { key: str_id("thread"), str: str_id(&t.name), ..Default::default() });
+            }
+        }
+        let sample =
+            Sample { location_id: std::mem::take(&mut ids), value: vec![n, n.saturating_mul(period)], label };
+        buf.clear();
+        prost::encoding::message::encode(2, &sample, &mut buf);
+        gz.write_all(&buf)?;
+        ids = sample.location_id;
+    }
     gz.finish()?;
     Ok(())
 }

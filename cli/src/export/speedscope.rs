@@ -2,26 +2,51 @@
 //! Samples are aggregated per distinct stack (weights in microseconds: count ×
 //! interval), which keeps the file small; speedscope's "left heavy" and
 //! "sandwich" views are unaffected, the "time order" view shows stacks in
-//! aggregate order instead of time order.
+//! aggregate order instead of time order. Inlined functions are frames of
+//! their own, under the function they were inlined into.
+//!
+//! The document is written as it is produced, one stack at a time (the frames
+//! table last): memory is bounded by the distinct stacks and functions, while
+//! the output spells every distinct stack in full.
 
 use std::collections::HashMap;
 use std::io::Write;
 
-use serde_json::{json, Value};
-use spulse::Definitions;
+use serde_json::json;
+use spulse::{Definitions, ThreadId};
 
+use super::Job;
 use crate::aggregate::Aggregate;
 use crate::report::expand;
 use crate::symbolize::Symbolizer;
-
-/// A thread's stacks (frame indices, root first) and their weights.
-type ThreadProfile = (Option<spulse::ThreadId>, Vec<Vec<usize>>, Vec<u64>);
+use crate::CliError;
 
 /// The `$schema` URL speedscope files declare.
 pub const SCHEMA_URL: &str = "https://www.speedscope.app/file-format-schema.json";
 
+fn title(defs: &Definitions, thread: Option<ThreadId>) -> String {
+    match thread {
+        Some(t) => {
+            let t = defs.thread(t);
+            if t.name.is_empty() {
+                format!("tid {} (pid {})", t.tid, t.pid)
+            } else {
+                format!("{} (tid {}, pid {})", t.name, t.tid, t.pid)
+            }
+        }
+        None => "all threads".to_string(),
+    }
+}
+
+/// Write a speedscope file of the selected samples, one profile per thread.
+pub fn export(job: &Job<'_>, sym: &mut Symbolizer, out: &mut dyn Write) -> Result<u64, CliError> {
+    let agg = job.aggregate(sym, true)?;
+    write(job.replay, &agg, sym, job.title, out).map_err(|e| job.write_error(e))?;
+    Ok(agg.total)
+}
+
 /// Write a speedscope file. `agg` must be a per-thread aggregation.
-pub fn write(
+fn write(
     defs: &Definitions,
     agg: &Aggregate,
     sym: &mut Symbolizer,
@@ -29,67 +54,66 @@ pub fn write(
     out: &mut dyn Write,
 ) -> std::io::Result<()> {
     let interval = defs.interval_us().max(1);
-    let mut frame_index: HashMap<u32, usize> = HashMap::new();
-    let mut frames: Vec<Value> = Vec::new();
-    // Per thread: (thread, samples, weights).
-    let mut profiles: Vec<ThreadProfile> = Vec::new();
-    let mut profile_of: HashMap<Option<spulse::ThreadId>, usize> = HashMap::new();
-    let mut funcs = Vec::new();
+    // The aggregation's entries, grouped by thread in first-seen order.
+    let mut order: Vec<Option<ThreadId>> = Vec::new();
+    let mut by_thread: HashMap<Option<ThreadId>, Vec<(usize, spulse::StackId, u64)>> = HashMap::new();
     for (c, stack, count) in agg.iter() {
-        let ctx = agg.contexts[c];
-        expand(defs, sym, &ctx, stack, &mut funcs);
-        let stack_frames: Vec<usize> = funcs
-            .iter()
-            .rev()
-            .map(|&f| {
-                *frame_index.entry(f).or_insert_with(|| {
-                    let func = sym.function(f);
-                    frames.push(json!({"name": func.name, "file": func.module}));
-                    frames.len() - 1
-                })
+        let t = agg.contexts[c].thread;
+        by_thread
+            .entry(t)
+            .or_insert_with(|| {
+                order.push(t);
+                Vec::new()
             })
-            .collect();
-        let pi = *profile_of.entry(ctx.thread).or_insert_with(|| {
-            profiles.push((ctx.thread, Vec::new(), Vec::new()));
-            profiles.len() - 1
-        });
-        profiles[pi].1.push(stack_frames);
-        profiles[pi].2.push(count * interval);
+            .push((c, stack, count));
     }
-    let profiles: Vec<Value> = profiles
-        .into_iter()
-        .map(|(thread, samples, weights)| {
-            let title = match thread {
-                Some(t) => {
-                    let t = defs.thread(t);
-                    if t.name.is_empty() {
-                        format!("tid {} (pid {})", t.tid, t.pid)
-                    } else {
-                        format!("{} (tid {}, pid {})", t.name, t.tid, t.pid)
-                    }
+    let mut frame_index: HashMap<u32, usize> = HashMap::new();
+    let mut frames: Vec<u32> = Vec::new();
+    let mut funcs = Vec::new();
+    write!(out, "{{\"$schema\":")?;
+    serde_json::to_writer(&mut *out, SCHEMA_URL)?;
+    write!(out, ",\"profiles\":[")?;
+    for (pi, thread) in order.iter().enumerate() {
+        let entries = &by_thread[thread];
+        if pi > 0 {
+            write!(out, ",")?;
+        }
+        write!(out, "{{\"type\":\"sampled\",\"name\":")?;
+        serde_json::to_writer(&mut *out, &title(defs, *thread))?;
+        write!(out, ",\"unit\":\"microseconds\",\"startValue\":0,\"samples\":[")?;
+        for (i, &(c, stack, _)) in entries.iter().enumerate() {
+            expand(defs, sym, &agg.contexts[c], stack, &mut funcs);
+            write!(out, "{}[", if i > 0 { "," } else { "" })?;
+            for (j, &f) in funcs.iter().rev().enumerate() {
+                let next = frames.len();
+                let k = *frame_index.entry(f).or_insert(next);
+                if k == next {
+                    frames.push(f);
                 }
-                None => "all threads".to_string(),
-            };
-            let end: u64 = weights.iter().sum();
-            json!({
-                "type": "sampled",
-                "name": title,
-                "unit": "microseconds",
-                "startValue": 0,
-                "endValue": end,
-                "samples": samples,
-                "weights": weights,
-            })
-        })
-        .collect();
-    let doc = json!({
-        "$schema": SCHEMA_URL,
-        "shared": {"frames": frames},
-        "profiles": profiles,
-        "name": name,
-        "activeProfileIndex": 0,
-        "exporter": concat!("spulse ", env!("CARGO_PKG_VERSION")),
-    });
-    serde_json::to_writer(&mut *out, &doc)?;
-    writeln!(out)
+                write!(out, "{}{k}", if j > 0 { "," } else { "" })?;
+            }
+            write!(out, "]")?;
+        }
+        write!(out, "],\"weights\":[")?;
+        let mut end = 0u64;
+        for (i, &(_, _, count)) in entries.iter().enumerate() {
+            let w = count * interval;
+            end += w;
+            write!(out, "{}{w}", if i > 0 { "," } else { "" })?;
+        }
+        write!(out, "],\"endValue\":{end}}}")?;
+    }
+    write!(out, "],\"shared\":{{\"frames\":[")?;
+    for (i, &f) in frames.iter().enumerate() {
+        let func = sym.function(f);
+        if i > 0 {
+            write!(out, ",")?;
+        }
+        serde_json::to_writer(&mut *out, &json!({"name": func.name, "file": func.module}))?;
+    }
+    write!(out, "]}},\"name\":")?;
+    serde_json::to_writer(&mut *out, name)?;
+    write!(out, ",\"activeProfileIndex\":0,\"exporter\":")?;
+    serde_json::to_writer(&mut *out, concat!("spulse ", env!("CARGO_PKG_VERSION")))?;
+    writeln!(out, "}}")
 }

@@ -1,26 +1,51 @@
 //! Interactive SVG flame graph through `inferno`, from the folded stacks.
+//!
+//! inferno holds its whole input, so the stacks handed to it are bounded: only
+//! frames at least [`MIN_FRACTION`] of the samples wide (narrower ones are not
+//! drawn), widest first, within [`TEXT_BUDGET`] bytes of folded text; the
+//! samples of frames left out count in their nearest drawn caller.
 
 use std::io::Write;
 
 use spulse::Definitions;
 
+use super::Job;
 use crate::aggregate::Aggregate;
 use crate::display::xml_text;
-use crate::report::folded;
+use crate::report::CallTree;
 use crate::symbolize::Symbolizer;
+use crate::CliError;
+
+/// Frames narrower than this fraction of all samples are not drawn (inferno's
+/// default minimum width, 0.1 px, of its default 1200 px image).
+pub const MIN_FRACTION: f64 = 0.1 / 1200.0;
+
+/// The most folded-stack text handed to inferno.
+pub const TEXT_BUDGET: usize = 64 << 20;
+
+/// Write an SVG flame graph of the selected samples.
+pub fn export(job: &Job<'_>, sym: &mut Symbolizer, out: &mut dyn Write) -> Result<u64, CliError> {
+    let agg = job.aggregate(sym, false)?;
+    write(job.replay, &agg, sym, job.title, out).map_err(|e| job.write_error(e))?;
+    Ok(agg.total)
+}
 
 /// Write an SVG flame graph titled `title`.
-pub fn write(
+fn write(
     defs: &Definitions,
     agg: &Aggregate,
     sym: &mut Symbolizer,
     title: &str,
     out: &mut dyn Write,
 ) -> std::io::Result<()> {
-    // inferno escapes XML's markup characters but passes control characters
-    // through, and XML 1.0 forbids most of them even as character references.
-    let lines: Vec<String> =
-        folded(defs, agg, sym).into_iter().map(|(s, n)| format!("{} {n}", xml_text(&s))).collect();
+    let tree = CallTree::build_by_name(defs, agg, sym);
+    let lines: Vec<String> = tree
+        .folded_lines_within(sym, MIN_FRACTION, TEXT_BUDGET)
+        .into_iter()
+        // inferno escapes XML's markup characters but passes control characters
+        // through, and XML 1.0 forbids most of them even as character references.
+        .map(|(s, n)| format!("{} {n}", xml_text(&s)))
+        .collect();
     let mut opts = inferno::flamegraph::Options::default();
     opts.title = xml_text(title).into_owned();
     opts.count_name = "samples".to_string();

@@ -3,12 +3,10 @@
 //! decreases as the cut moves forward, and the recovered flag is set exactly
 //! when the cut falls inside a record.
 
-mod format_common;
-
 use std::io::{Seek, Write};
 
-use format_common::*;
 use spulse::{FormatErrorKind, Replay, Snapshot, Tail};
+use spulse_testkit::spool::*;
 
 #[test]
 fn every_cut_of_a_generated_spool() {

@@ -3,22 +3,7 @@
 //! thread, which calls [`Engine::tick`] every flush interval (thread timers use it
 //! to cover threads created since) and [`Engine::stop`] at the end.
 
-pub(crate) mod perf;
-pub(crate) mod timer;
-
-use std::io;
-
-/// Every thread id of this process.
-pub(crate) fn list_tids() -> io::Result<Vec<u32>> {
-    let mut v = Vec::new();
-    for e in std::fs::read_dir("/proc/self/task")? {
-        let e = e?;
-        if let Some(t) = e.file_name().to_str().and_then(|s| s.parse().ok()) {
-            v.push(t);
-        }
-    }
-    Ok(v)
-}
+use super::sys::{perf, timer};
 
 /// A running engine.
 pub(crate) enum Engine {

@@ -2,13 +2,11 @@
 //! records and more than one batch of samples pending) yield exactly the
 //! samples `Snapshot` sees, in batches of at most 16,384.
 
-mod format_common;
-
 use std::io::Write;
 
-use format_common::*;
 use proptest::prelude::*;
 use spulse::{Header, Snapshot, SpoolWriter, Tail};
+use spulse_testkit::spool::*;
 
 fn grow_and_tail(bytes: &[u8], sizes: &[usize]) -> (Vec<spulse::Sample>, usize) {
     let mut file = tempfile::NamedTempFile::new().unwrap();

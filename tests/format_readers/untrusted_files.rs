@@ -7,6 +7,8 @@
 //! Each reader runs on its own thread with a generous deadline, so a reader
 //! that blocks or reads forever fails the test instead of hanging the suite.
 
+use spulse_testkit::emulator;
+
 use std::ffi::CString;
 use std::io::Write;
 use std::os::unix::ffi::OsStrExt;
@@ -234,8 +236,12 @@ fn snapshot_of_a_file_too_large_for_memory_is_an_error_not_an_abort() {
     let file = tempfile::NamedTempFile::new().unwrap();
     std::fs::write(file.path(), spool(3)).unwrap();
     file.as_file().set_len(64 << 30).expect("a sparse 64 GiB file on the temporary directory's file system");
-    let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "snapshot_of_a_file_too_large_for_memory_is_an_error_not_an_abort", "--nocapture"])
+    let out = emulator::self_command()
+        .args([
+            "--exact",
+            "untrusted_files::snapshot_of_a_file_too_large_for_memory_is_an_error_not_an_abort",
+            "--nocapture",
+        ])
         .env("SPULSE_TEST_SNAPSHOT_RLIMIT", file.path())
         .output()
         .unwrap();

@@ -1,10 +1,9 @@
 //! A synthetic spool shaped like a real profile, shared by `benches/spool.rs`,
-//! `tests/format_size.rs` and `examples/spool_rss.rs`: a few thousand distinct
+//! `tests/format/size.rs` and `examples/spool_rss.rs`: a few thousand distinct
 //! leaf stacks of depth 10-60 sharing call-path prefixes, chosen with a skewed
 //! (Zipf-like) popularity, interned lazily on first use as a recorder does;
 //! several threads sampled at 1 kHz with jitter and occasional out-of-order
 //! arrival (negative deltas).
-#![allow(dead_code)]
 
 use std::io::Write;
 
@@ -22,7 +21,7 @@ impl Rng {
         Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
     }
     #[inline]
-    pub fn next(&mut self) -> u64 {
+    pub fn next_u64(&mut self) -> u64 {
         self.0 ^= self.0 >> 12;
         self.0 ^= self.0 << 25;
         self.0 ^= self.0 >> 27;
@@ -30,7 +29,7 @@ impl Rng {
     }
     #[inline]
     pub fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
+        self.next_u64() % n
     }
 }
 
@@ -77,7 +76,7 @@ impl Shape {
     }
 
     fn pick(&self, rng: &mut Rng) -> usize {
-        let x = (rng.next() >> 11) as f64 / (1u64 << 53) as f64 * self.cdf[self.cdf.len() - 1];
+        let x = (rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64 * self.cdf[self.cdf.len() - 1];
         self.cdf.partition_point(|&c| c < x).min(self.cdf.len() - 1)
     }
 }

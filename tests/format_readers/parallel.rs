@@ -3,10 +3,8 @@
 //! and byte offset) on valid spools, on every kind of cut and on corrupted
 //! bytes, with the two-thread path forced on small inputs.
 
-mod format_common;
-
-use format_common::*;
 use spulse::Snapshot;
+use spulse_testkit::spool::*;
 
 /// Random ops with long stretches of samples only (the two-thread path needs
 /// runs of sample records past the midpoint to start from).
@@ -50,12 +48,12 @@ fn assert_same(bytes: &[u8], what: &str) {
 fn two_threads_load_what_one_loads() {
     for seed in 1..=4 {
         let (bytes, model) = build(runs_ops(seed, 12_000));
-        let before = spulse::read::speculations_applied();
+        let before = spulse::testing::speculations_applied();
         let (p, _) = both(&bytes);
         let p = p.unwrap();
         assert_snapshot_matches(&p, &model);
         assert!(
-            spulse::read::speculations_applied() > before,
+            spulse::testing::speculations_applied() > before,
             "seed {seed}: the two-thread path did not run"
         );
         assert_same(&bytes, &format!("seed {seed}"));
@@ -135,9 +133,9 @@ fn opening_a_large_file_reads_and_loads_it_whole() {
     let (bytes, model) = build(runs_ops(21, 900_000));
     assert!(bytes.len() > 5 << 20, "{} bytes", bytes.len());
     let file = temp_file(&bytes);
-    let before = spulse::read::speculations_applied();
+    let before = spulse::testing::speculations_applied();
     let snap = Snapshot::open(file.path()).unwrap();
-    assert!(spulse::read::speculations_applied() > before, "the two-thread path did not run");
+    assert!(spulse::testing::speculations_applied() > before, "the two-thread path did not run");
     assert_snapshot_matches(&snap, &model);
     assert_eq!(snap.valid_len(), bytes.len() as u64);
     assert_eq!(snap.file_len(), bytes.len() as u64);
@@ -194,10 +192,10 @@ fn samples_that_do_not_fit_a_narrow_block_start_a_new_one_or_widen_it() {
             expected.push((time, thread, stack.index()));
         }
         let bytes = w.into_inner().unwrap();
-        let before = spulse::read::speculations_applied();
+        let before = spulse::testing::speculations_applied();
         let (p, s) = both(&bytes);
         let (p, s) = (p.unwrap(), s.unwrap());
-        assert!(spulse::read::speculations_applied() > before, "{what}: the two-thread path did not run");
+        assert!(spulse::testing::speculations_applied() > before, "{what}: the two-thread path did not run");
         let got: Vec<_> = p.samples().map(|x| (x.time_us, x.thread.index(), x.stack.index())).collect();
         assert!(got == expected, "{what}: two-thread load");
         assert!(s.samples().eq(p.samples()), "{what}: one-thread load");
@@ -227,10 +225,10 @@ fn a_long_profile_stays_in_narrow_blocks() {
         w.sample(START_US + i * 100_000, threads[(i % 3) as usize], stack).unwrap();
     }
     let bytes = w.into_inner().unwrap();
-    let before = spulse::read::speculations_applied();
+    let before = spulse::testing::speculations_applied();
     let (p, s) = both(&bytes);
     let (p, s) = (p.unwrap(), s.unwrap());
-    assert!(spulse::read::speculations_applied() > before, "the two-thread path did not run");
+    assert!(spulse::testing::speculations_applied() > before, "the two-thread path did not run");
     for (snap, how) in [(&p, "two threads"), (&s, "one thread")] {
         let (blocks, narrow) = snap.column_blocks();
         assert_eq!(blocks, narrow, "{how}: every block narrow");

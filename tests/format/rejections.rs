@@ -6,10 +6,8 @@
 //! "recovered" once the offending field is complete); and that the writer
 //! refuses the same record where its API can express it.
 
-mod format_common;
-
-use format_common::temp_file;
 use spulse::{Error, FormatErrorKind as K, Frame, Header, NewModule, Replay, Snapshot, SpoolWriter, Tail};
+use spulse_testkit::spool::temp_file;
 
 const START: u64 = 1_000_000;
 
@@ -419,6 +417,32 @@ fn a_partial_record_already_wrong_is_corruption_not_a_truncated_tail() {
     let mut bytes = prefix();
     bytes.extend_from_slice(&rec(1, &[U(3), U(1)]));
     assert!(Snapshot::from_bytes(&bytes).is_err());
+}
+
+#[test]
+fn a_rule_on_an_earlier_field_is_reported_before_a_later_syntax_error() {
+    // Fields are checked in stream order: a complete field that breaks a rule
+    // is the error, whatever follows it; a malformed field is the error when
+    // every field before it is valid. One case per record kind.
+    let overlong = Raw(&[0x80, 0x00]);
+    let big = 1u64 << 32;
+    let undefined = |what, id| K::UndefinedReference { what, id };
+    rejects(prefix(), &rec(5, &[I(1), U(42), Raw(&[0x80, 0x00])]), undefined("thread", 42), 0);
+    rejects(prefix(), &rec(5, &[I(1), Raw(&[0x80, 0x00]), U(42)]), K::BadVarint, 2);
+    rejects(
+        prefix(),
+        &rec(1, &[U(5), U(7), U(0x20000), U(1), U(0), U(0), U(5000)]),
+        K::NonDenseId { what: "module", found: 5, expected: 1 },
+        0,
+    );
+    rejects(prefix(), &rec(1, &[U(1), U(7), U(0x20000), U(0), U(0), Raw(&[0x80, 0x00])]), K::EmptyModule, 0);
+    rejects(prefix(), &rec(2, &[U(2), U(0), U(9), Raw(&[0x80, 0x00])]), undefined("module", 9), 0);
+    rejects(prefix(), &rec(2, &[U(9), U(3)]), K::NonDenseId { what: "frame", found: 9, expected: 2 }, 0);
+    rejects(prefix(), &rec(3, &[U(1), U(6), overlong]), undefined("stack", 5), 0);
+    rejects(prefix(), &rec(4, &[U(1), U(1), U(big), U(1), Raw(b"\xff")]), K::BadValue("tid", big), 0);
+    rejects(prefix(), &rec(4, &[U(1), U(1), U(1), U(1), Raw(b"\xff")]), K::BadUtf8("thread name"), 4);
+    rejects(prefix(), &rec(6, &[U(big), U(1), U(2)]), K::BadValue("pid", big), 0);
+    rejects(prefix(), &rec(8, &[U(3)]), undefined("module", 3), 0);
 }
 
 #[test]

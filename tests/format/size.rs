@@ -2,8 +2,7 @@
 //! `benches/spool.rs`): steady-state sample records take at most 6 bytes, and
 //! the spool is several times smaller than the same data as JSON.
 
-#[path = "../benches/spool_profile/mod.rs"]
-mod spool_profile;
+use spulse_testkit::profile as spool_profile;
 
 #[test]
 fn steady_state_samples_take_at_most_six_bytes() {

@@ -1,6 +1,12 @@
 //! The lock-free bounded ring between the signal handler (many producers) and the
 //! writer thread (one consumer).
 //!
+//! The two sides are two types: [`Ring`] is the producer side, shared with the
+//! handler through `Shared` and offering only [`Ring::claim`]; [`Consumer`] is
+//! the one consumer, made together with the ring, owned by the writer thread and
+//! not `Clone`, so a second consumer cannot exist and `pop` (which assumes a
+//! single consumer) takes it by `&mut`.
+//!
 //! A bounded MPMC queue in the style of Vyukov's: every slot carries a sequence
 //! number; a producer claims the slot at the enqueue position with one
 //! compare-and-swap, writes its words in place and publishes them with a release
@@ -16,6 +22,8 @@
 use std::cell::UnsafeCell;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+/// Most slots a ring has (the builder's `ring_capacity` limit).
+pub(crate) const MAX_SLOTS: usize = 1 << 20;
 /// Words before the addresses in a slot.
 pub(crate) const HEADER_WORDS: usize = 4;
 /// Flag: unwinding stopped before the root (error or depth limit).
@@ -39,15 +47,21 @@ struct SlotSeq {
     seq: AtomicUsize,
 }
 
-/// The ring. Capacity is a power of two; each slot holds `stride` words.
+/// The ring's storage and producer side. Capacity is a power of two; each slot
+/// holds `stride` words.
 pub(crate) struct Ring {
     seqs: Box<[SlotSeq]>,
     words: Box<[UnsafeCell<u64>]>,
     stride: usize,
     mask: usize,
     enqueue: AtomicUsize,
-    /// Only the single consumer moves this.
-    dequeue: AtomicUsize,
+}
+
+/// The ring's single consumer: its dequeue position, and which ring it belongs to.
+pub(crate) struct Consumer {
+    /// Address of the ring's sequence array, which identifies the ring.
+    ring: usize,
+    pos: usize,
 }
 
 // SAFETY: access to `words` is arbitrated by the per-slot sequence numbers: a
@@ -65,20 +79,16 @@ pub(crate) struct Claim<'a> {
 }
 
 impl Ring {
-    /// A ring of at least `capacity` slots of `max_depth` addresses each.
-    pub(crate) fn new(capacity: usize, max_depth: usize) -> Ring {
-        let cap = capacity.clamp(2, 1 << 20).next_power_of_two();
+    /// A ring of at least `capacity` slots of `max_depth` addresses each, and
+    /// its one consumer.
+    pub(crate) fn new(capacity: usize, max_depth: usize) -> (Ring, Consumer) {
+        let cap = capacity.clamp(2, MAX_SLOTS).next_power_of_two();
         let stride = HEADER_WORDS + max_depth;
         let seqs = (0..cap).map(|i| SlotSeq { seq: AtomicUsize::new(i) }).collect();
         let words = (0..cap * stride).map(|_| UnsafeCell::new(0)).collect();
-        Ring {
-            seqs,
-            words,
-            stride,
-            mask: cap - 1,
-            enqueue: AtomicUsize::new(0),
-            dequeue: AtomicUsize::new(0),
-        }
+        let ring = Ring { seqs, words, stride, mask: cap - 1, enqueue: AtomicUsize::new(0) };
+        let consumer = Consumer { ring: ring.seqs.as_ptr() as usize, pos: 0 };
+        (ring, consumer)
     }
 
     /// Slots in the ring.
@@ -112,24 +122,32 @@ impl Ring {
         let base = (pos & self.mask) * self.stride;
         self.words[base].get()
     }
+}
 
-    /// Pop one published sample, if the next slot is ready; `f` sees it while the
-    /// slot is held. Returns false when the next slot is not (yet) published.
-    pub(crate) fn pop<R>(&self, f: impl FnOnce(Option<RawSample<'_>>) -> R) -> Option<R> {
-        let pos = self.dequeue.load(Ordering::Relaxed);
-        let seq = self.seqs[pos & self.mask].seq.load(Ordering::Acquire);
+impl Consumer {
+    /// Pop one published sample of `ring`, if the next slot is ready; `f` sees it
+    /// (`None` for a void slot) while the slot is held. Returns `None` when the
+    /// next slot is not (yet) published, or when `ring` is not this consumer's.
+    pub(crate) fn pop<R>(&mut self, ring: &Ring, f: impl FnOnce(Option<RawSample<'_>>) -> R) -> Option<R> {
+        if ring.seqs.as_ptr() as usize != self.ring {
+            debug_assert!(false, "a ring consumer used with another ring");
+            return None;
+        }
+        let pos = self.pos;
+        let seq = ring.seqs[pos & ring.mask].seq.load(Ordering::Acquire);
         if seq != pos.wrapping_add(1) {
             return None;
         }
         // SAFETY: the acquire load above saw the producer's release store for this
         // position, so its words are complete, and no producer can claim the slot
-        // again before we store the next sequence below.
-        let words = unsafe { std::slice::from_raw_parts(self.slot_ptr(pos) as *const u64, self.stride) };
+        // again before we store the next sequence below; this `Consumer` is the
+        // ring's only one (made once by `Ring::new`, not `Clone`, borrowed `&mut`).
+        let words = unsafe { std::slice::from_raw_parts(ring.slot_ptr(pos) as *const u64, ring.stride) };
         let flags = words[3] >> 32;
         let r = if flags & FLAG_VOID != 0 {
             f(None)
         } else {
-            let depth = ((words[3] & 0xffff_ffff) as usize).min(self.stride - HEADER_WORDS);
+            let depth = ((words[3] & 0xffff_ffff) as usize).min(ring.stride - HEADER_WORDS);
             f(Some(RawSample {
                 time_us: words[0],
                 tid: words[1] as u32,
@@ -139,8 +157,8 @@ impl Ring {
                 addrs: &words[HEADER_WORDS..HEADER_WORDS + depth],
             }))
         };
-        self.seqs[pos & self.mask].seq.store(pos.wrapping_add(self.mask + 1), Ordering::Release);
-        self.dequeue.store(pos.wrapping_add(1), Ordering::Relaxed);
+        ring.seqs[pos & ring.mask].seq.store(pos.wrapping_add(ring.mask + 1), Ordering::Release);
+        self.pos = pos.wrapping_add(1);
         Some(r)
     }
 }
@@ -192,7 +210,7 @@ mod tests {
 
     #[test]
     fn fifo_full_and_void() {
-        let r = Ring::new(4, 3);
+        let (r, mut q) = Ring::new(4, 3);
         assert_eq!(r.capacity(), 4);
         for i in 0..4u64 {
             let mut c = r.claim().expect("free slot");
@@ -201,17 +219,18 @@ mod tests {
         }
         assert!(r.claim().is_none(), "ring must report full");
         for i in 0..4u64 {
-            let got = r.pop(|s| s.map(|s| (s.time_us, s.addrs.to_vec()))).unwrap().unwrap();
+            let got = q.pop(&r, |s| s.map(|s| (s.time_us, s.addrs.to_vec()))).unwrap().unwrap();
             assert_eq!(got, (i, vec![i]));
         }
-        assert!(r.pop(|_| ()).is_none());
+        assert!(q.pop(&r, |_| ()).is_none());
         drop(r.claim().unwrap());
-        assert!(r.pop(|s| s.is_none()).unwrap());
+        assert!(q.pop(&r, |s| s.is_none()).unwrap());
     }
 
     #[test]
     fn concurrent_producers() {
-        let r = std::sync::Arc::new(Ring::new(1024, 2));
+        let (r, mut q) = Ring::new(1024, 2);
+        let r = std::sync::Arc::new(r);
         let hs: Vec<_> = (0..4)
             .map(|t| {
                 let r = r.clone();
@@ -230,10 +249,23 @@ mod tests {
             .collect();
         let total: usize = hs.into_iter().map(|h| h.join().unwrap()).sum();
         let mut n = 0;
-        while r.pop(|s| assert!(s.is_some())).is_some() {
+        while q.pop(&r, |s| assert!(s.is_some())).is_some() {
             n += 1;
         }
         assert_eq!(n, total);
         assert_eq!(total, 800);
+    }
+
+    #[test]
+    fn a_consumer_pops_only_its_own_ring() {
+        let (a, _qa) = Ring::new(2, 1);
+        let (_b, mut qb) = Ring::new(2, 1);
+        a.claim().expect("free slot").publish(1, 1, 1, 0, 0, false);
+        let popped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| qb.pop(&a, |_| ())));
+        // Debug builds assert; release builds refuse quietly. Either way the
+        // sample stays in `a`.
+        assert!(matches!(popped, Ok(None) | Err(_)));
+        assert!(a.claim().is_some(), "one free slot left");
+        assert!(a.claim().is_none(), "the published sample is still in the ring");
     }
 }

@@ -6,14 +6,14 @@
 //! `AtomicBool`, and framehop with `MustNotAllocateDuringUnwind` keeps its DWARF
 //! evaluation state in the cache and on the stack. The only memory read outside
 //! the unwinder's own owned data goes through the `read_stack` callback that
-//! `signal.rs` builds from proven stack bounds.
+//! the handler (`mod.rs`) builds from proven stack bounds.
 
 use std::cell::UnsafeCell;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use framehop::{FrameAddress, Unwinder as _};
 
-use super::modules::{NativeCache, NativeUnwinder};
+use crate::recorder::modules::{NativeCache, NativeUnwinder};
 
 struct CacheSlot {
     busy: AtomicBool,
@@ -93,9 +93,17 @@ fn native_regs(r: &Regs) -> framehop::UnwindRegsNative {
     framehop::UnwindRegsNative::new(r.pc, r.sp, r.fp)
 }
 
+/// framehop takes the link register separately from the pc: it becomes the
+/// leaf's return address only where the unwind rule of the leaf says the return
+/// address is still in lr (a function that has not saved it yet); otherwise the
+/// return address is read from the frame. Code built with pointer
+/// authentication (`-mbranch-protection`, common in distributions' system
+/// libraries) signs the saved return addresses in the bits above the virtual
+/// address; Linux maps code below 2^48, so those bits are cleared.
 #[cfg(target_arch = "aarch64")]
 fn native_regs(r: &Regs) -> framehop::UnwindRegsNative {
-    framehop::UnwindRegsNative::new(r.lr, r.sp, r.fp)
+    let code_mask = framehop::aarch64::PtrAuthMask(u64::MAX >> 16);
+    framehop::UnwindRegsNative::new_with_ptr_auth_mask(code_mask, r.lr, r.sp, r.fp)
 }
 
 /// Walk the stack from `regs` into `out` (leaf pc first, then raw return

@@ -1,5 +1,6 @@
-//! Per-reader consistency checks shared by the cargo-fuzz targets (`fuzz/`) and
-//! the corpus regression test (`tests/format_fuzz_corpus.rs`).
+//! Per-reader consistency checks, run by the corpus regression test
+//! (`tests/format_fuzz_corpus.rs`) on every input under `fuzz/corpus/` (the
+//! cargo-fuzz targets in `fuzz/` drive the public readers directly).
 //!
 //! Each function feeds arbitrary bytes through one reader and panics if the
 //! reader misbehaves: disagrees with [`Snapshot`] (the reference reader) about
@@ -11,12 +12,11 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::format::record;
-use crate::{Error, Sample, Snapshot, Tail};
+use spulse::format::limits::MAX_STACK_DEPTH;
+use spulse::{Definitions, Error, Replay, Sample, Snapshot, Tail};
 
 /// Checks every `Snapshot` accessor on `data`, and that re-reading the
 /// validated prefix alone gives the same samples without recovery.
-#[doc(hidden)]
 pub fn fuzz_check_snapshot(data: &[u8]) {
     // The two-thread load (forced on any size) agrees with the sequential one.
     let (two, one) = (Snapshot::from_bytes_split(data, 0), Snapshot::from_bytes_split(data, usize::MAX));
@@ -58,11 +58,10 @@ pub fn fuzz_check_snapshot(data: &[u8]) {
 /// Writes `data` to a temporary file and checks that `Replay` agrees with
 /// `Snapshot`: the same error, or the same samples, recovery flag and
 /// definitions; and that seeking by timestamp yields the right suffix.
-#[doc(hidden)]
 pub fn fuzz_check_replay(data: &[u8]) {
     let file = TempFile::new(data);
     let snap = Snapshot::from_bytes(data);
-    let replay = crate::Replay::options().index_limit(2).open(&file.path);
+    let replay = Replay::options().index_limit(2).open(&file.path);
     let (snap, replay) = match (snap, replay) {
         (Err(a), Err(b)) => return assert_same_error(&a, &b),
         (Ok(_), Err(e)) => panic!("Replay failed where Snapshot succeeded: {e}"),
@@ -96,16 +95,15 @@ pub fn fuzz_check_replay(data: &[u8]) {
 /// Uses the first bytes of `data` to pick append sizes, writes the rest to a
 /// temporary file in those appends, polls a `Tail` after each, and checks it
 /// sees exactly what `Snapshot` sees of the whole input (or the same error).
-#[doc(hidden)]
 pub fn fuzz_check_tail(data: &[u8]) {
     let (seed, data) = match data {
         [a, b, rest @ ..] => (u16::from_le_bytes([*a, *b]) as u64, rest),
         _ => (0, data),
     };
     let snap = Snapshot::from_bytes(data);
-    let hlen = match record::decode_header(data) {
-        Ok((_, n)) => n,
-        Err(_) => {
+    let hlen = match header_len(data) {
+        Some(n) => n,
+        None => {
             // Tail must reject the same header.
             let file = TempFile::new(data);
             let e = Tail::open(&file.path).expect_err("Tail accepted a bad header");
@@ -159,7 +157,7 @@ pub fn fuzz_check_tail(data: &[u8]) {
     }
 }
 
-fn walk_definitions(defs: &crate::Definitions, samples: impl Iterator<Item = Sample>) {
+fn walk_definitions(defs: &Definitions, samples: impl Iterator<Item = Sample>) {
     for s in samples {
         let _ = defs.thread(s.thread);
         let mut depth = 0;
@@ -168,13 +166,25 @@ fn walk_definitions(defs: &crate::Definitions, samples: impl Iterator<Item = Sam
             depth += 1;
         }
         assert_eq!(depth, defs.stack_depth(s.stack));
-        assert!(depth <= crate::format::limits::MAX_STACK_DEPTH as usize);
+        assert!(depth <= MAX_STACK_DEPTH as usize);
     }
     for m in defs.modules() {
         assert!(m.start.checked_add(m.size).is_some());
         let _ = m.absolute(m.file_offset);
     }
 }
+
+/// Length of the header `data` starts with, if it starts with a complete and
+/// valid one: the shortest prefix that reads as a spool (a header followed by
+/// no records is a valid, empty spool).
+fn header_len(data: &[u8]) -> Option<usize> {
+    let longest = spulse::format::MAGIC.len() + 2 * MAX_VARINT_LEN;
+    (spulse::format::MAGIC.len()..=data.len().min(longest))
+        .find(|&n| Snapshot::from_bytes(&data[..n]).is_ok())
+}
+
+/// Bytes of the longest LEB128 encoding of a `u64`.
+const MAX_VARINT_LEN: usize = 10;
 
 fn assert_same_error(a: &Error, b: &Error) {
     assert_eq!(a.format_kind(), b.format_kind(), "{a} vs {b}");

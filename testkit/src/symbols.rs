@@ -3,7 +3,6 @@
 //! the files its modules name (the `spulse` tool does this properly, with debug
 //! info; this is the minimum an example needs to print a readable summary), a
 //! test plugin library, and per-thread CPU time and busy-loop helpers.
-#![allow(dead_code)]
 
 use std::collections::HashMap;
 use std::hint::black_box;

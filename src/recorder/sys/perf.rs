@@ -10,7 +10,7 @@
 //! their first instruction. `inherit_thread` keeps forked children out and
 //! `remove_on_exec` (required by `sigtrap`) drops the events at `exec`, so neither
 //! a child nor an exec'd program ever receives one. The events carry
-//! `sig_data = MAGIC`, which the handler checks (with `si_code == TRAP_PERF`) to
+//! `sig_data = SIGNAL_MAGIC`, which the handler checks (with `si_code == TRAP_PERF`) to
 //! tell our SIGTRAPs from a debugger's or a breakpoint's. The fasync route would
 //! need one fd per thread, a rescan of `/proc/self/task` to find new threads
 //! (missing short ones), and a SIGPROF shared with other profilers.
@@ -19,12 +19,12 @@
 //! the sample count follows the threads' user CPU time (measured 99.3-99.9% of
 //! user CPU time x frequency with 1, 2 and 8 busy threads); time a thread
 //! spends in system calls is not sampled, because the kernel drops a period that
-//! ends in kernel mode. Counting kernel time too (allowed to root, or with
-//! `perf_event_paranoid` <= 1) was tried and rejected: a period that ends inside
-//! `execve` then queues a SIGTRAP that survives the exec (pending signals do;
-//! `remove_on_exec` only removes the event) and kills the new program with the
-//! default disposition, which `tests/recorder_process.rs` caught. With
-//! user-only counting the signal is always delivered on the return to user
+//! ends in kernel mode. Kernel time is not counted (even where root or
+//! `perf_event_paranoid` <= 1 would allow it) because a period that ends inside
+//! `execve` would queue a SIGTRAP that survives the exec (pending signals do;
+//! `remove_on_exec` only removes the event) and kill the new program with the
+//! default disposition; `tests/recorder_process.rs` checks that this cannot
+//! happen. With user-only counting the signal is always delivered on the return to user
 //! space, before the thread can enter another system call.
 //!
 //! One event is opened for every thread found in `/proc/self/task` (except the
@@ -35,8 +35,7 @@ use std::collections::HashSet;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
-use super::list_tids;
-use crate::recorder::signal::MAGIC;
+use super::{list_tids, SIGNAL_MAGIC};
 
 /// `struct perf_event_attr` up to `sig_data` (PERF_ATTR_SIZE_VER7, 128 bytes).
 #[repr(C)]
@@ -94,7 +93,7 @@ fn open_for(tid: u32, period_ns: u64) -> io::Result<OwnedFd> {
             | FLAG_INHERIT_THREAD
             | FLAG_REMOVE_ON_EXEC
             | FLAG_SIGTRAP,
-        sig_data: MAGIC,
+        sig_data: SIGNAL_MAGIC,
         ..Default::default()
     };
     // SAFETY: perf_event_open reads `attr` (size given in the struct) and returns
@@ -116,6 +115,15 @@ fn open_for(tid: u32, period_ns: u64) -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
 }
 
+/// Most listings of `/proc/self/task` before the start gives up waiting for a
+/// stable one. Each pass opens events for the threads new since the last, and
+/// every thread created after its creator's event is open inherits one, so a
+/// pass finds new threads only while threads are being created by threads
+/// without an event yet: a few passes settle it; the bound keeps a process that
+/// spawns threads without end from holding the start forever (such threads are
+/// then covered by inheritance from the threads already opened).
+const MAX_LISTING_PASSES: usize = 16;
+
 impl PerfEngine {
     /// Open an event for every thread but `skip`, sampling every `period_ns` of
     /// user CPU time.
@@ -124,7 +132,7 @@ impl PerfEngine {
 
         let mut done: HashSet<u32> = HashSet::new();
         done.insert(skip);
-        for _pass in 0..16 {
+        for _pass in 0..MAX_LISTING_PASSES {
             let tids = list_tids()?;
             let new: Vec<u32> = tids.into_iter().filter(|t| !done.contains(t)).collect();
             if new.is_empty() {

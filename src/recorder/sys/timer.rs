@@ -22,8 +22,7 @@
 use std::collections::HashMap;
 use std::io;
 
-use super::list_tids;
-use crate::recorder::signal::{mark_process_timer_used, MAGIC};
+use super::{list_tids, SIGNAL_MAGIC};
 
 /// Per-thread CPU-clock timers.
 pub(crate) struct ThreadTimers {
@@ -40,7 +39,7 @@ fn thread_clock(tid: u32) -> libc::clockid_t {
 impl ThreadTimers {
     /// A timer for every thread but `skip`.
     pub(crate) fn start(period_ns: u64, skip: u32) -> io::Result<ThreadTimers> {
-        let seed = crate::recorder::signal::now_us() | 1;
+        let seed = super::now_us() | 1;
         let mut t = ThreadTimers { timers: HashMap::new(), period_ns: period_ns.max(1000), skip, seed };
         let tids = list_tids()?;
         for tid in tids {
@@ -75,7 +74,7 @@ impl ThreadTimers {
         let mut sev: libc::sigevent = unsafe { std::mem::zeroed() };
         sev.sigev_notify = libc::SIGEV_THREAD_ID;
         sev.sigev_signo = libc::SIGPROF;
-        sev.sigev_value = libc::sigval { sival_ptr: MAGIC as usize as *mut libc::c_void };
+        sev.sigev_value = libc::sigval { sival_ptr: SIGNAL_MAGIC as usize as *mut libc::c_void };
         sev.sigev_notify_thread_id = tid as libc::c_int;
         let mut id: libc::c_int = 0;
         // SAFETY: raw timer_create(clock, sigevent*, kernel_timer_t*): the kernel
@@ -160,7 +159,6 @@ pub(crate) struct ProcessTimer {
 impl ProcessTimer {
     /// Arm `ITIMER_PROF` with the given period.
     pub(crate) fn start(period_ns: u64) -> io::Result<ProcessTimer> {
-        mark_process_timer_used();
         let us = (period_ns / 1000).max(1);
         let tv = libc::timeval {
             tv_sec: (us / 1_000_000) as libc::time_t,

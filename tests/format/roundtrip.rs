@@ -1,11 +1,9 @@
 //! Round trips of random valid record sequences through `SpoolWriter` and every
 //! reader (`Snapshot`, `Replay`, `Tail`), compared with the generator's model.
 
-mod format_common;
-
-use format_common::*;
 use proptest::prelude::*;
 use spulse::{Replay, Snapshot, Tail};
+use spulse_testkit::spool::*;
 
 fn op() -> impl Strategy<Value = Op> {
     (any::<u8>(), any::<u64>(), any::<u64>(), any::<u64>())

@@ -1,8 +1,8 @@
-//! Shared by the `format_*` integration tests: a generator of random *valid*
+//! Shared by the format tests (`tests/format/`, `tests/format_readers/`,
+//! `tests/format_fuzz_corpus.rs`): a generator of random *valid*
 //! spools (every record kind, module re-definition after retirement, negative
 //! sample deltas, Python-runtime transitions) together with a model of what
 //! every reader must return for it, and helpers that run each reader.
-#![allow(dead_code)]
 
 use std::io::Write;
 use std::path::Path;

@@ -1,0 +1,289 @@
+//! Sample selection, the one place every command decides which samples count
+//! and in what context their stacks are symbolized.
+//!
+//! - [`Filter`]: the selection the user asked for (thread, process, time
+//!   window), checked against the spool by [`Filter::validate`] so that every
+//!   command rejects the same filters the same way.
+//! - [`Selector`]: streams samples (from `Replay` or `Tail`) and, for each
+//!   selected sample, says which process it belongs to and whether that
+//!   process was inside a recorded Python-runtime interval.
+//! - [`Contexts`]: interns the [`Context`] a selected sample's stack is
+//!   symbolized in, with a per-thread cache so the per-sample cost is an index.
+//!
+//! A *context* is what symbolization of a stack depends on besides the stack
+//! itself: the process (absolute frames are named from that process's perf
+//! map), whether the sample fell inside one of the process's recorded
+//! Python-runtime intervals (perf-map names are only trusted there when the
+//! spool records such intervals, since CPython's trampolines are unmapped and
+//! their addresses reused outside them), and, for per-thread outputs, the
+//! thread.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use spulse::{Definitions, PythonRuntimeEvent, Sample, ThreadId};
+
+use crate::display::escape;
+use crate::CliError;
+
+/// Which samples count.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Filter {
+    /// Only samples of threads with this kernel thread id.
+    pub tid: Option<u32>,
+    /// Only samples of threads of this process id.
+    pub pid: Option<u32>,
+    /// Only samples at or after this many microseconds since the profile start.
+    pub from_us: Option<u64>,
+    /// Only samples before this many microseconds since the profile start.
+    pub to_us: Option<u64>,
+}
+
+impl Filter {
+    /// Reject a filter that can select nothing by construction: a time window
+    /// that ends where or before it starts. Needs no spool, so commands call it
+    /// before opening anything.
+    pub fn check_window(&self) -> Result<(), CliError> {
+        if let (Some(f), Some(t)) = (self.from_us, self.to_us) {
+            if f >= t {
+                return Err(CliError::input(format!("--from {f} must be below --to {t}")));
+            }
+        }
+        Ok(())
+    }
+
+    /// Reject a thread or process id that no thread record of the spool
+    /// `file` has (a typo would otherwise select nothing, silently).
+    pub fn validate(&self, defs: &Definitions, file: &Path) -> Result<(), CliError> {
+        self.check_window()?;
+        let shown = || escape(&file.display().to_string()).into_owned();
+        if let Some(tid) = self.tid {
+            if !defs.threads().iter().any(|t| t.tid == tid) {
+                return Err(CliError::input(format!("{}: no thread with tid {tid}", shown())));
+            }
+        }
+        if let Some(pid) = self.pid {
+            if !defs.threads().iter().any(|t| t.pid == pid) {
+                return Err(CliError::input(format!("{}: no thread of pid {pid}", shown())));
+            }
+            if let Some(tid) = self.tid {
+                if !defs.threads().iter().any(|t| t.tid == tid && t.pid == pid) {
+                    return Err(CliError::input(format!(
+                        "{}: no thread with tid {tid} in pid {pid}",
+                        shown()
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A selected sample: its thread, process, and whether absolute frames may be
+/// named from the process's perf map.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Selected {
+    pub thread: ThreadId,
+    pub pid: u32,
+    /// True inside a recorded Python-runtime interval of the process, or
+    /// always when the spool records no transition for the process.
+    pub perf_map_allowed: bool,
+}
+
+/// Streams samples in spool order and selects them by a [`Filter`], tracking
+/// which processes are inside a Python-runtime interval.
+///
+/// Works on a complete spool (`Replay`) and on one still growing (`Tail`):
+/// threads and Python-runtime transitions defined since the last call are
+/// picked up as they appear.
+pub struct Selector {
+    filter: Filter,
+    /// The time window in absolute microseconds.
+    from: Option<u64>,
+    to: Option<u64>,
+    /// Per thread index: whether the thread passes the thread and pid filters.
+    wanted: Vec<bool>,
+    /// Transitions whose process has been registered in `inside`.
+    registered: usize,
+    /// Transitions applied so far (those before the current sample).
+    applied: usize,
+    /// Per process with at least one recorded transition: inside an interval.
+    inside: HashMap<u32, bool>,
+    /// Samples read so far, selected or not (the next sample's ordinal).
+    read: u64,
+    /// Samples selected so far.
+    selected: u64,
+}
+
+impl Selector {
+    /// A selector for a spool whose profile started at `start_time_us`.
+    pub fn new(filter: &Filter, start_time_us: u64) -> Selector {
+        Selector {
+            filter: *filter,
+            from: filter.from_us.map(|f| start_time_us.saturating_add(f)),
+            to: filter.to_us.map(|t| start_time_us.saturating_add(t)),
+            wanted: Vec::new(),
+            registered: 0,
+            applied: 0,
+            inside: HashMap::new(),
+            read: 0,
+            selected: 0,
+        }
+    }
+
+    /// Samples read so far (selected or not).
+    pub fn read(&self) -> u64 {
+        self.read
+    }
+
+    /// Samples selected so far.
+    pub fn selected(&self) -> u64 {
+        self.selected
+    }
+
+    /// Take the next sample of the stream: `None` when the filter drops it.
+    /// Every sample of the stream must pass through here, in order, since
+    /// Python-runtime transitions are placed by sample ordinal.
+    #[inline]
+    pub fn next(&mut self, defs: &Definitions, s: &Sample) -> Option<Selected> {
+        let n = self.read;
+        self.read += 1;
+        let t = s.thread.index();
+        if t >= self.wanted.len() {
+            self.add_threads(defs);
+        }
+        if !self.wanted[t]
+            || self.from.is_some_and(|f| s.time_us < f)
+            || self.to.is_some_and(|e| s.time_us >= e)
+        {
+            return None;
+        }
+        self.selected += 1;
+        let pid = defs.thread(s.thread).pid;
+        let events = defs.python_runtime_events();
+        let perf_map_allowed = if events.is_empty() { true } else { self.python_state(events, n, pid) };
+        Some(Selected { thread: s.thread, pid, perf_map_allowed })
+    }
+
+    #[cold]
+    fn add_threads(&mut self, defs: &Definitions) {
+        let f = self.filter;
+        for t in &defs.threads()[self.wanted.len()..] {
+            self.wanted.push(f.tid.is_none_or(|tid| tid == t.tid) && f.pid.is_none_or(|pid| pid == t.pid));
+        }
+    }
+
+    /// Whether `pid` is inside a Python-runtime interval at sample ordinal `n`
+    /// (or has no recorded transition). A process with a recorded transition
+    /// (anywhere in the spool; in what has been read of a spool still being
+    /// written) is outside until its first `enter`.
+    #[inline]
+    fn python_state(&mut self, events: &[PythonRuntimeEvent], n: u64, pid: u32) -> bool {
+        for e in &events[self.registered..] {
+            self.inside.entry(e.pid).or_insert(false);
+        }
+        self.registered = events.len();
+        while let Some(e) = events.get(self.applied).filter(|e| e.samples_before <= n) {
+            self.inside.insert(e.pid, e.entering);
+            self.applied += 1;
+        }
+        self.inside.get(&pid).copied().unwrap_or(true)
+    }
+}
+
+/// What a stack's symbolization depends on besides the stack.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Context {
+    /// The thread, for per-thread outputs; `None` otherwise.
+    pub thread: Option<ThreadId>,
+    /// The sampled process.
+    pub pid: u32,
+    /// Whether absolute frames may be named from the process's perf map (see
+    /// [`Selected::perf_map_allowed`]).
+    pub perf_map_allowed: bool,
+}
+
+/// Interns contexts as small ids. Ids are assigned in thread-record order
+/// (outside before inside a Python-runtime interval), so output ordered by
+/// context id is ordered by thread whatever order the samples come in.
+pub struct Contexts {
+    per_thread: bool,
+    /// The contexts, indexed by id.
+    list: Vec<Context>,
+    index: HashMap<Context, u32>,
+    /// Per thread index: the context ids for [perf map not allowed, allowed].
+    by_thread: Vec<[u32; 2]>,
+}
+
+impl Contexts {
+    /// Contexts for the threads `defs` defines so far; with `per_thread` each
+    /// thread has contexts of its own, otherwise threads of a process share.
+    pub fn new(defs: &Definitions, per_thread: bool) -> Contexts {
+        let mut c = Contexts { per_thread, list: Vec::new(), index: HashMap::new(), by_thread: Vec::new() };
+        c.add_threads(defs);
+        c
+    }
+
+    /// The context id of a selected sample.
+    #[inline]
+    pub fn id(&mut self, defs: &Definitions, s: &Selected) -> u32 {
+        let t = s.thread.index();
+        if t >= self.by_thread.len() {
+            self.add_threads(defs);
+        }
+        self.by_thread[t][s.perf_map_allowed as usize]
+    }
+
+    /// Assign ids to both contexts of each thread defined since the last call,
+    /// in thread order (equal contexts, such as two threads of one process,
+    /// share an id).
+    #[cold]
+    fn add_threads(&mut self, defs: &Definitions) {
+        let threads = defs.threads();
+        for t in &threads[self.by_thread.len()..] {
+            let mut pair = [0; 2];
+            for (slot, allowed) in [false, true].into_iter().enumerate() {
+                let c = Context {
+                    thread: self.per_thread.then_some(t.id),
+                    pid: t.pid,
+                    perf_map_allowed: allowed,
+                };
+                pair[slot] = self.intern(c);
+            }
+            self.by_thread.push(pair);
+        }
+    }
+
+    fn intern(&mut self, c: Context) -> u32 {
+        let next = self.list.len() as u32;
+        *self.index.entry(c).or_insert_with(|| {
+            self.list.push(c);
+            next
+        })
+    }
+
+    /// The context with id `id`.
+    pub fn get(&self, id: u32) -> Context {
+        self.list[id as usize]
+    }
+
+    /// Number of contexts interned.
+    pub fn len(&self) -> usize {
+        self.list.len()
+    }
+
+    /// Whether no context is interned.
+    pub fn is_empty(&self) -> bool {
+        self.list.is_empty()
+    }
+
+    /// All contexts, indexed by id.
+    pub fn list(&self) -> &[Context] {
+        &self.list
+    }
+
+    /// All contexts, indexed by id.
+    pub fn into_vec(self) -> Vec<Context> {
+        self.list
+    }
+}

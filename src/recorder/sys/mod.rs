@@ -1,0 +1,86 @@
+//! The OS layer: the raw system calls and `/proc` reads of the recorder, the way
+//! the rest of it sees Linux. `sigaction.rs` installs, restores and remembers
+//! signal dispositions; `perf.rs` opens the per-thread perf events; `timer.rs`
+//! arms the per-thread POSIX CPU timers and the process itimer; `tcb.rs` probes
+//! glibc's thread control block; `maps.rs` finds the main thread's stack. The
+//! functions here that the signal handler calls ([`gettid`], [`now_us`] and
+//! [`sigaction::previous_of`]) are async-signal-safe: a system call or a vDSO
+//! clock read, or atomics.
+
+pub(crate) mod maps;
+pub(crate) mod perf;
+pub(crate) mod sigaction;
+pub(crate) mod tcb;
+pub(crate) mod timer;
+
+use std::os::fd::{AsRawFd, BorrowedFd};
+
+/// The value our perf events and timers carry in their signal information, by
+/// which the handler tells our signals from anyone else's.
+pub(crate) const SIGNAL_MAGIC: u64 = 0x5350_554c_5345_0001;
+
+/// The calling thread's kernel id.
+#[inline]
+pub(crate) fn gettid() -> u32 {
+    // SAFETY: gettid takes no arguments and cannot fail.
+    unsafe { libc::syscall(libc::SYS_gettid) as u32 }
+}
+
+/// Unix time in microseconds (vDSO clock_gettime: no lock, no allocation).
+#[inline]
+pub(crate) fn now_us() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime writes the timespec we pass.
+    unsafe { libc::clock_gettime(libc::CLOCK_REALTIME, &mut ts) };
+    (ts.tv_sec as u64).wrapping_mul(1_000_000).wrapping_add(ts.tv_nsec as u64 / 1000)
+}
+
+use std::io;
+
+/// Every thread id of this process.
+pub(crate) fn list_tids() -> io::Result<Vec<u32>> {
+    let mut v = Vec::new();
+    for e in std::fs::read_dir("/proc/self/task")? {
+        let e = e?;
+        if let Some(t) = e.file_name().to_str().and_then(|s| s.parse().ok()) {
+            v.push(t);
+        }
+    }
+    Ok(v)
+}
+
+/// This process's id.
+#[inline]
+pub(crate) fn getpid() -> u32 {
+    // SAFETY: getpid takes no arguments and cannot fail.
+    unsafe { libc::getpid() as u32 }
+}
+
+/// An advisory whole-file lock (`flock`).
+#[derive(Clone, Copy)]
+pub(crate) enum Lock {
+    /// `LOCK_EX`: the recorder's, held while a recording runs.
+    Exclusive,
+    /// `LOCK_SH`: a reader's probe of whether a recording still runs.
+    Shared,
+}
+
+/// Take `lock` on `fd` without waiting (`LOCK_NB`): `EWOULDBLOCK` when another
+/// open file description holds a conflicting lock.
+pub(crate) fn try_lock(fd: BorrowedFd<'_>, lock: Lock) -> std::io::Result<()> {
+    let op = match lock {
+        Lock::Exclusive => libc::LOCK_EX,
+        Lock::Shared => libc::LOCK_SH,
+    };
+    // SAFETY: flock on a descriptor the caller keeps open for the call.
+    if unsafe { libc::flock(fd.as_raw_fd(), op | libc::LOCK_NB) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Release this open file description's lock on `fd`.
+pub(crate) fn unlock(fd: BorrowedFd<'_>) {
+    // SAFETY: flock on a descriptor the caller keeps open for the call.
+    unsafe { libc::flock(fd.as_raw_fd(), libc::LOCK_UN) };
+}

@@ -1,0 +1,88 @@
+//! Unwinding to the thread root, on every target (natively, and for aarch64
+//! under qemu-user): a thread runs `unwind_outer -> unwind_middle ->
+//! unwind_inner`, where `unwind_inner` is a leaf function (on aarch64 its
+//! caller's return address is still in the link register when it is
+//! interrupted). Every sample whose leaf is `unwind_inner` must carry the whole
+//! chain in order, then std's thread entry, then no more than glibc's two
+//! thread-start frames, and no truncation marker: the unwinder reached the
+//! root instead of giving up.
+
+mod recorder_support;
+
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+
+use recorder_support::*;
+use spulse::Frame;
+
+#[inline(never)]
+fn unwind_inner(n: u64) -> u64 {
+    let mut h = 0x9e37_79b9_7f4a_7c15u64;
+    for i in 0..n {
+        h = (h ^ black_box(i)).wrapping_mul(0x100_0000_01b3).rotate_left(17);
+    }
+    h
+}
+
+#[inline(never)]
+fn unwind_middle(n: u64) -> u64 {
+    // Using the result after the call keeps it from becoming a tail call.
+    black_box(unwind_inner(n)).wrapping_add(1)
+}
+
+#[inline(never)]
+fn unwind_outer(cpu: f64, wall: Duration) -> u64 {
+    let deadline = Instant::now() + wall;
+    let c0 = thread_cpu_seconds();
+    let mut acc = 0;
+    while thread_cpu_seconds() - c0 < cpu && Instant::now() < deadline {
+        acc ^= black_box(unwind_middle(50_000));
+    }
+    acc.wrapping_add(1)
+}
+
+#[test]
+fn leaf_samples_unwind_to_the_thread_root() {
+    let _serial = serial();
+    let (_dir, path) = spool_path("unwind.spool");
+    let guard = spulse::Recorder::builder().frequency_hz(999).start(&path).expect("start");
+    let engine = guard.engine();
+    let worker = std::thread::Builder::new()
+        .name("unwind-root".into())
+        .spawn(|| (gettid(), unwind_outer(1.0, Duration::from_secs(20))))
+        .unwrap();
+    let (tid, acc) = worker.join().unwrap();
+    black_box(acc);
+    guard.finish().expect("finish");
+    let snap = spulse::Snapshot::open(&path).expect("spool opens");
+
+    let mut sym = Symbolizer::default();
+    let (mut leaf_inner, mut complete) = (0u64, 0u64);
+    let mut first_bad = None;
+    for s in snap.samples().filter(|s| snap.thread(s.thread).tid == tid) {
+        let frames: Vec<_> = snap.stack_frames(s.stack).collect();
+        let names: Vec<String> = frames.iter().map(|&f| sym.name(&snap, f)).collect();
+        if !names.first().is_some_and(|n| n.ends_with("unwind_inner")) {
+            continue;
+        }
+        leaf_inner += 1;
+        let truncated = frames.iter().any(|&f| snap.frame(f) == Frame::Truncated);
+        let chain_ok =
+            names.len() > 3 && names[1].ends_with("unwind_middle") && names[2].ends_with("unwind_outer");
+        // Past `unwind_outer`: the spawn closure and std's thread entry, then
+        // glibc's `start_thread` and `clone3`/`clone` at most.
+        let entry = names.iter().rposition(|n| n.ends_with("thread_start") && n.contains("std"));
+        let root_ok = entry.is_some_and(|i| i > 2 && names.len() - 1 - i <= 2);
+        if !truncated && chain_ok && root_ok {
+            complete += 1;
+        } else if first_bad.is_none() {
+            first_bad = Some(names);
+        }
+    }
+    eprintln!("engine {engine}: {leaf_inner} samples in unwind_inner, {complete} unwound to the thread root");
+    assert!(leaf_inner >= 100, "too few samples in the leaf function: {leaf_inner}");
+    assert!(
+        complete as f64 >= 0.95 * leaf_inner as f64,
+        "{complete} of {leaf_inner} leaf samples reached the thread root; first that did not: {first_bad:?}"
+    );
+}
