@@ -231,6 +231,12 @@ pub enum RecorderError {
     /// A [`Guard`](crate::Guard) used in a process forked from the one that
     /// started the recording; the recording belongs to the parent.
     ForkedChild,
+    /// `libspulse_preload.so` (`LD_PRELOAD`, `spulse record`) already records
+    /// this process; nothing was started and the program runs on, recorded once.
+    RecordedByPreload {
+        /// This process's pid.
+        pid: u32,
+    },
 }
 
 impl fmt::Display for RecorderError {
@@ -271,6 +277,11 @@ impl fmt::Display for RecorderError {
             ForkedChild => {
                 write!(f, "this recorder belongs to the parent process (guard used after fork)")
             }
+            RecordedByPreload { pid } => write!(
+                f,
+                "process {pid} is already recorded by libspulse_preload.so (LD_PRELOAD or `spulse record`); \
+                 this recorder was not started and the program runs on, recorded once"
+            ),
         }
     }
 }

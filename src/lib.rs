@@ -3,6 +3,7 @@
 
 mod error;
 pub mod format;
+mod preloaded;
 pub mod read;
 mod recorder;
 pub mod write;

@@ -10,6 +10,8 @@
 //! - [`report`]: function tables (`top`) and folded stacks built from the above.
 //! - [`export`]: the export formats (pprof, firefox, collapsed, svg, speedscope).
 //! - [`display`]: escaping untrusted text for the terminal and XML, fitting it to a width.
+//! - [`processes`]: the processes of a spool (pid, program, samples, ended).
+//! - [`merge`]: merging per-process spools into one (`record`).
 //! - [`commands`]: one module per subcommand.
 
 pub mod aggregate;
@@ -18,6 +20,8 @@ pub mod display;
 pub mod error;
 pub mod export;
 pub mod input;
+pub mod merge;
+pub mod processes;
 pub mod report;
 pub mod select;
 pub mod symbolize;

@@ -2,7 +2,7 @@
 //! `spulse_cli` library.
 
 use clap::{Parser, Subcommand};
-use spulse_cli::commands::{export, follow, info, top};
+use spulse_cli::commands::{export, follow, info, record, top};
 
 /// Inspect, symbolize and export spulse spools.
 #[derive(Debug, Parser)]
@@ -22,6 +22,8 @@ enum Command {
     Export(export::ExportArgs),
     /// Live top table of a spool that a running process is still writing.
     Follow(follow::FollowArgs),
+    /// Run a command and record it and every process it starts into one spool.
+    Record(record::RecordArgs),
 }
 
 fn main() {
@@ -36,6 +38,11 @@ fn main() {
         Command::Top(a) => top::run(a),
         Command::Export(a) => export::run(a),
         Command::Follow(a) => follow::run(a),
+        Command::Record(a) => match record::run(a) {
+            // The command's own exit status (128 + signal if it was killed).
+            Ok(code) => std::process::exit(code),
+            Err(e) => Err(e),
+        },
     };
     if let Err(e) = res {
         // Messages may quote spool content or paths: never let them reach the terminal raw.

@@ -258,6 +258,10 @@ impl RecorderBuilder {
     /// template too). The file must not exist unless [`overwrite`](Self::overwrite)
     /// is set. Every setting is checked before anything is created: a bad value
     /// is an `Err` naming it, and leaves no file, no signal handler and no thread.
+    /// When `libspulse_preload.so` (`LD_PRELOAD`, `spulse record`) already
+    /// records this process, the call is an `Err` saying so
+    /// ([`RecorderError::RecordedByPreload`]) and the program
+    /// runs on, recorded once (see `src/preloaded.rs`).
     pub fn start(&self, path: impl AsRef<Path>) -> Result<Guard, Error> {
         start_with(self, path.as_ref())
     }
@@ -627,6 +631,9 @@ fn frequency(b: &RecorderBuilder) -> Result<u32, Error> {
 }
 
 fn start_with(b: &RecorderBuilder, path: &Path) -> Result<Guard, Error> {
+    if let Some(pid) = crate::preloaded::recorded_by_preload() {
+        return Err(Error::Recorder(RecorderError::RecordedByPreload { pid }));
+    }
     if RUNNING.compare_exchange(false, true, Ordering::SeqCst, Ordering::SeqCst).is_err() {
         return Err(Error::Recorder(RecorderError::AlreadyRunning));
     }

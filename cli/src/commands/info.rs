@@ -10,6 +10,7 @@ use serde_json::json;
 use super::{format_unix_us, with_stdout};
 use crate::display::escape;
 use crate::input::{open_replay, progress, PROGRESS_STEP};
+use crate::processes::processes;
 use crate::symbolize::module_name;
 use crate::CliError;
 
@@ -51,6 +52,7 @@ pub fn run(args: &InfoArgs) -> Result<(), CliError> {
     let pids: BTreeSet<u32> = defs.threads().iter().map(|t| t.pid).collect();
     let deactivated: HashMap<u32, u64> =
         defs.deactivations().iter().map(|d| (d.module.get(), d.samples_before)).collect();
+    let procs = processes(defs, &per_thread);
     let bytes_per_sample = if samples > 0 { replay.valid_len() as f64 / samples as f64 } else { 0.0 };
 
     if args.json {
@@ -72,6 +74,10 @@ pub fn run(args: &InfoArgs) -> Result<(), CliError> {
                 })
             })
             .collect();
+        let process_list: Vec<_> = procs
+            .iter()
+            .map(|p| json!({"pid": p.pid, "program": p.program, "samples": p.samples, "threads": p.threads, "ended": p.ended}))
+            .collect();
         let v = json!({
             "file": args.file.display().to_string(),
             "file_bytes": file_len,
@@ -92,6 +98,7 @@ pub fn run(args: &InfoArgs) -> Result<(), CliError> {
             "python_runtime_transitions": defs.python_runtime_events().len(),
             "bytes_per_sample": bytes_per_sample,
             "recovered_from_truncated_tail": replay.recovered_from_truncated_tail(),
+            "process_list": process_list,
             "thread_list": threads,
             "module_list": modules,
         });
@@ -134,6 +141,20 @@ pub fn run(args: &InfoArgs) -> Result<(), CliError> {
             "truncated tail:  {}",
             if replay.recovered_from_truncated_tail() { "yes (recovered)" } else { "no" }
         )?;
+        if !procs.is_empty() {
+            writeln!(out, "\n{:>8} {:>10} {:>7} {:>5}  PROGRAM", "PID", "SAMPLES", "THREADS", "ENDED")?;
+            for p in &procs {
+                writeln!(
+                    out,
+                    "{:>8} {:>10} {:>7} {:>5}  {}",
+                    p.pid,
+                    p.samples,
+                    p.threads,
+                    if p.ended { "yes" } else { "no" },
+                    escape(&p.program)
+                )?;
+            }
+        }
         if !defs.threads().is_empty() {
             writeln!(out, "\n{:>8} {:>8} {:>10}  NAME", "PID", "TID", "SAMPLES")?;
             for t in defs.threads() {

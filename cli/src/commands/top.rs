@@ -10,7 +10,9 @@ use super::{parse_count, with_stdout, FilterArgs, SymbolArgs, DEFAULT_LIMIT};
 use crate::aggregate::aggregate;
 use crate::display::{escape, fit};
 use crate::input::open_replay;
+use crate::processes::processes;
 use crate::report::{symbolize_all, top_with, FunctionStats};
+use crate::select::Filter;
 use crate::symbolize::Symbolizer;
 use crate::CliError;
 
@@ -27,7 +29,7 @@ pub enum SortBy {
 /// Arguments of `spulse top`.
 #[derive(Debug, Args)]
 #[command(
-    after_help = "Examples:\n  spulse top app.spool\n  spulse top app.spool -n 10 --thread 4242 --from 1000000 --to 3000000\n  spulse top app.spool --pid 4200\n  spulse top app.spool --json --symbols /usr/lib/debug\n  spulse top app.spool --inlines"
+    after_help = "Examples:\n  spulse top app.spool\n  spulse top app.spool -n 10 --thread 4242 --from 1000000 --to 3000000\n  spulse top app.spool --pid 4200\n  spulse top app.spool --json --symbols /usr/lib/debug\n  spulse top app.spool --inlines\n  spulse top tree.spool --per-process -n 5"
 )]
 pub struct TopArgs {
     /// The spool file.
@@ -52,6 +54,9 @@ pub struct TopArgs {
     /// count for the function they were inlined into).
     #[arg(long)]
     pub inlines: bool,
+    /// One table per process (pid, program), each with its own percentages.
+    #[arg(long)]
+    pub per_process: bool,
     #[command(flatten)]
     pub filter: FilterArgs,
     #[command(flatten)]
@@ -110,31 +115,84 @@ pub fn run(args: &TopArgs) -> Result<(), CliError> {
     filter.check_window()?;
     let replay = open_replay(&args.file)?;
     filter.validate(&replay, &args.file)?;
-    let agg = aggregate(&replay, &filter, false)?;
     let mut sym = Symbolizer::new(args.symbols.options());
-    symbolize_all(&replay, &agg, &mut sym);
-    let mut stats = top_with(&replay, &agg, &mut sym, args.inlines);
-    sort_stats(&mut stats, args.sort);
-    let total = agg.total;
+    if !args.per_process {
+        let (stats, total) = table(&replay, &filter, args, &mut sym)?;
+        return with_stdout(|out| {
+            if args.json {
+                writeln!(
+                    out,
+                    "{}",
+                    serde_json::to_string_pretty(&json_rows(&stats, &sym, total, args.n)).expect("json")
+                )
+            } else {
+                writeln!(out, "{total} samples")?;
+                write_table(out, &stats, &sym, total, args.n, None)
+            }
+        });
+    }
+    // One table per process that matches the filter.
+    let mut per_thread = vec![0u64; replay.threads().len()];
+    for s in replay.samples() {
+        per_thread[s?.thread.index()] += 1;
+    }
+    let mut sections = Vec::new();
+    for p in processes(&replay, &per_thread) {
+        if filter.pid.is_some_and(|pid| pid != p.pid) || p.threads == 0 {
+            continue;
+        }
+        let (stats, total) = table(&replay, &Filter { pid: Some(p.pid), ..filter }, args, &mut sym)?;
+        sections.push((p, stats, total));
+    }
     with_stdout(|out| {
         if args.json {
-            let shown = if args.n == 0 { stats.len() } else { args.n.min(stats.len()) };
-            let v: Vec<_> = stats[..shown]
+            let v: Vec<_> = sections
                 .iter()
-                .map(|s| {
-                    let f = sym.function(s.func);
-                    json!({
-                        "function": f.name, "module": f.module,
-                        "self": s.self_samples, "total": s.total_samples,
-                        "self_percent": pct(s.self_samples, total),
-                        "total_percent": pct(s.total_samples, total),
-                    })
+                .map(|(p, stats, total)| {
+                    json!({"pid": p.pid, "program": p.program, "samples": total, "ended": p.ended,
+                           "functions": json_rows(stats, &sym, *total, args.n)})
                 })
                 .collect();
-            writeln!(out, "{}", serde_json::to_string_pretty(&v).expect("json"))
-        } else {
-            writeln!(out, "{total} samples")?;
-            write_table(out, &stats, &sym, total, args.n, None)
+            return writeln!(out, "{}", serde_json::to_string_pretty(&v).expect("json"));
         }
+        for (i, (p, stats, total)) in sections.iter().enumerate() {
+            if i > 0 {
+                writeln!(out)?;
+            }
+            writeln!(out, "process {} ({}): {total} samples", p.pid, escape(&p.program))?;
+            write_table(out, stats, &sym, *total, args.n, None)?;
+        }
+        Ok(())
     })
+}
+
+/// Aggregate, symbolize and sort the samples `filter` selects.
+fn table(
+    replay: &spulse::Replay,
+    filter: &Filter,
+    args: &TopArgs,
+    sym: &mut Symbolizer,
+) -> Result<(Vec<FunctionStats>, u64), CliError> {
+    let agg = aggregate(replay, filter, false)?;
+    symbolize_all(replay, &agg, sym);
+    let mut stats = top_with(replay, &agg, sym, args.inlines);
+    sort_stats(&mut stats, args.sort);
+    Ok((stats, agg.total))
+}
+
+/// The JSON rows of a top table.
+fn json_rows(stats: &[FunctionStats], sym: &Symbolizer, total: u64, n: usize) -> Vec<serde_json::Value> {
+    let shown = if n == 0 { stats.len() } else { n.min(stats.len()) };
+    stats[..shown]
+        .iter()
+        .map(|s| {
+            let f = sym.function(s.func);
+            json!({
+                "function": f.name, "module": f.module,
+                "self": s.self_samples, "total": s.total_samples,
+                "self_percent": pct(s.self_samples, total),
+                "total_percent": pct(s.total_samples, total),
+            })
+        })
+        .collect()
 }

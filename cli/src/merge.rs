@@ -1,0 +1,385 @@
+//! Merging per-process spools into one spool, for `spulse record`.
+//!
+//! Each recorded process (each exec image) writes its own ordinary spool into
+//! the collector's private directory. The collector follows each with a
+//! [`spulse::Tail`] and re-emits what it reads into the one output spool
+//! through a [`SpoolWriter`], with the ids remapped into one dense stream:
+//!
+//! * Threads, frames and stack nodes are defined in the output when a sample
+//!   first needs them (unused definitions are not copied).
+//! * Modules are defined in the output in the order the source defined them,
+//!   and retired (tag 8) at the same point of the source's sample sequence
+//!   where the source retired them; a module whose range is still held in the
+//!   output by a module the source has not yet retired waits until it is.
+//! * A frame whose module is not active in the output is written as an
+//!   absolute address: unattributed, never misattributed.
+//! * When the process ends or replaces itself by `exec`, everything left in its
+//!   spool is copied and then a tag-7 record retires all of its modules.
+//!
+//! A source is untrusted: its own `Tail` validates every record, a record that
+//! claims another process's pid is refused, and the output writer checks every
+//! record again against the output's state before a byte is written. A source
+//! that fails any of these stops being read (its modules are retired; what it
+//! contributed before stays); the output spool is never corrupted by it.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use spulse::{Frame, FrameId, ModuleId, NewModule, Sample, SpoolWriter, StackId, Tail, ThreadId};
+
+/// The state of one source module in the output.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ModState {
+    /// Not defined yet.
+    Pending,
+    /// Defined and active.
+    Defined(ModuleId),
+    /// The source retired it (it may never have been defined in the output).
+    Retired,
+}
+
+/// One per-process spool being merged.
+pub struct Source {
+    /// Its path in the collector's directory.
+    pub path: PathBuf,
+    /// The process it records (from its file name; every record must agree).
+    pub pid: u32,
+    tail: Tail,
+    modules: Vec<ModState>,
+    next_module: usize,
+    frames: Vec<Option<FrameId>>,
+    stacks: Vec<Option<StackId>>,
+    threads: Vec<Option<ThreadId>>,
+    threads_checked: usize,
+    deactivations_done: usize,
+    python_done: usize,
+    samples_seen: u64,
+    batch: Vec<Sample>,
+    /// Samples copied to the output.
+    pub samples: u64,
+    /// Samples dropped because the output refused a record they needed.
+    pub dropped: u64,
+    /// Why this source stopped being read, if it failed.
+    pub error: Option<String>,
+}
+
+/// Why a source stopped: its own fault (it is abandoned) or the output's (fatal).
+pub enum MergeError {
+    /// The source is unreadable or hostile; the message says where.
+    Source(String),
+    /// Writing the output failed.
+    Output(spulse::Error),
+}
+
+impl Source {
+    /// Open the spool of process `pid` at `path` (its header must be complete).
+    pub fn open(path: &Path, pid: u32) -> Result<Source, spulse::Error> {
+        Ok(Source {
+            path: path.to_path_buf(),
+            pid,
+            tail: Tail::open(path)?,
+            modules: Vec::new(),
+            next_module: 0,
+            frames: Vec::new(),
+            stacks: Vec::new(),
+            threads: Vec::new(),
+            threads_checked: 0,
+            deactivations_done: 0,
+            python_done: 0,
+            samples_seen: 0,
+            batch: Vec::with_capacity(Tail::MAX_BATCH),
+            samples: 0,
+            dropped: 0,
+            error: None,
+        })
+    }
+
+    /// Copy everything the source gained into `out`. A source error is
+    /// returned as [`MergeError::Source`]: the caller abandons the source.
+    pub fn pump(&mut self, out: &mut SpoolWriter<File>) -> Result<(), MergeError> {
+        loop {
+            let got = match self.tail.poll() {
+                Ok(b) => b,
+                Err(e) => return Err(MergeError::Source(e.to_string())),
+            };
+            self.batch.clear();
+            self.batch.extend_from_slice(got);
+            let full = self.batch.len() == Tail::MAX_BATCH;
+            let batch = std::mem::take(&mut self.batch);
+            let res = self.copy_batch(&batch, out);
+            self.batch = batch;
+            res?;
+            if !full {
+                return Ok(());
+            }
+        }
+    }
+
+    fn copy_batch(&mut self, batch: &[Sample], out: &mut SpoolWriter<File>) -> Result<(), MergeError> {
+        self.check_pids()?;
+        self.threads_checked = self.tail.definitions().threads().len();
+        self.modules.resize(self.tail.modules().len(), ModState::Pending);
+        for s in batch {
+            self.apply_events(self.samples_seen, out)?;
+            self.samples_seen += 1;
+            match self.map_sample(s, out) {
+                Ok(()) => self.samples += 1,
+                Err(MergeError::Output(e)) if !is_io(&e) => self.dropped += 1,
+                Err(e) => return Err(e),
+            }
+        }
+        self.apply_events(self.samples_seen, out)
+    }
+
+    /// Refuse definitions that claim another process.
+    fn check_pids(&self) -> Result<(), MergeError> {
+        let defs = self.tail.definitions();
+        let bad = |what: &str, pid: u32| {
+            MergeError::Source(format!(
+                "{}: a {what} record names pid {pid}, but this spool belongs to process {}",
+                self.path.display(),
+                self.pid
+            ))
+        };
+        if let Some(m) = defs.modules()[self.modules.len()..].iter().find(|m| m.pid != self.pid) {
+            return Err(bad("module", m.pid));
+        }
+        if let Some(t) = defs.threads()[self.threads_checked..].iter().find(|t| t.pid != self.pid) {
+            return Err(bad("thread", t.pid));
+        }
+        if let Some(p) = defs.python_runtime_events()[self.python_done..].iter().find(|p| p.pid != self.pid) {
+            return Err(bad("Python-runtime", p.pid));
+        }
+        Ok(())
+    }
+
+    /// Write the retirements and Python-runtime marks the source placed before
+    /// its sample number `upto`, then define the modules that can be defined.
+    fn apply_events(&mut self, upto: u64, out: &mut SpoolWriter<File>) -> Result<(), MergeError> {
+        let defs = self.tail.definitions();
+        while let Some(d) = defs.deactivations().get(self.deactivations_done) {
+            if d.samples_before > upto {
+                break;
+            }
+            self.deactivations_done += 1;
+            let idx = d.module.index();
+            if let ModState::Defined(id) = self.modules[idx] {
+                if out.definitions().is_module_active(id) {
+                    out.deactivate_module(id).map_err(MergeError::Output)?;
+                }
+            }
+            self.modules[idx] = ModState::Retired;
+        }
+        while let Some(p) = defs.python_runtime_events().get(self.python_done) {
+            if p.samples_before > upto {
+                break;
+            }
+            self.python_done += 1;
+            match out.python_runtime(p.pid, p.time_us, p.entering) {
+                Ok(()) => {}
+                Err(e) if !is_io(&e) => {}
+                Err(e) => return Err(MergeError::Output(e)),
+            }
+        }
+        // Define pending modules in source order; stop at the first that the
+        // output refuses (its range is still held by a module the source
+        // retires later), so that the order is kept. `next_module` is the
+        // first that may still be pending.
+        while self.next_module < self.modules.len() {
+            let idx = self.next_module;
+            if self.modules[idx] != ModState::Pending {
+                self.next_module += 1;
+                continue;
+            }
+            let m = &defs.modules()[idx];
+            let new = NewModule {
+                pid: self.pid,
+                start: m.start,
+                size: m.size,
+                file_offset: m.file_offset,
+                generation: m.generation,
+                path: &m.path,
+                build_id: &m.build_id,
+            };
+            match out.define_module(&new) {
+                Ok(id) => {
+                    self.modules[idx] = ModState::Defined(id);
+                    self.next_module += 1;
+                }
+                Err(e) if !is_io(&e) => break,
+                Err(e) => return Err(MergeError::Output(e)),
+            }
+        }
+        Ok(())
+    }
+
+    fn map_sample(&mut self, s: &Sample, out: &mut SpoolWriter<File>) -> Result<(), MergeError> {
+        let thread = self.map_thread(s.thread, out)?;
+        let stack = self.map_stack(s.stack, out)?;
+        out.sample(s.time_us, thread, stack).map_err(MergeError::Output)
+    }
+
+    fn map_thread(&mut self, id: ThreadId, out: &mut SpoolWriter<File>) -> Result<ThreadId, MergeError> {
+        let idx = id.index();
+        if self.threads.len() <= idx {
+            self.threads.resize(idx + 1, None);
+        }
+        if let Some(t) = self.threads[idx] {
+            return Ok(t);
+        }
+        let t = self.tail.definitions().thread(id);
+        let new = out.define_thread(self.pid, t.tid, &t.name).map_err(MergeError::Output)?;
+        self.threads[idx] = Some(new);
+        Ok(new)
+    }
+
+    fn map_stack(&mut self, leaf: StackId, out: &mut SpoolWriter<File>) -> Result<StackId, MergeError> {
+        let defs_len = self.tail.definitions().stack_count();
+        if self.stacks.len() < defs_len {
+            self.stacks.resize(defs_len, None);
+        }
+        // Walk towards the root until a node already in the output (or the
+        // root), then define the missing nodes root-first.
+        let mut missing = Vec::new();
+        let mut cur = Some(leaf);
+        let mut parent_out = None;
+        while let Some(id) = cur {
+            if let Some(done) = self.stacks[id.index()] {
+                parent_out = Some(done);
+                break;
+            }
+            missing.push(id);
+            cur = self.tail.definitions().stack(id).parent;
+        }
+        for id in missing.into_iter().rev() {
+            let frame = self.map_frame(self.tail.definitions().stack(id).frame, out)?;
+            let new = out.define_stack(parent_out, frame).map_err(MergeError::Output)?;
+            self.stacks[id.index()] = Some(new);
+            parent_out = Some(new);
+        }
+        Ok(parent_out.expect("a stack has at least its leaf node"))
+    }
+
+    fn map_frame(&mut self, id: FrameId, out: &mut SpoolWriter<File>) -> Result<FrameId, MergeError> {
+        let idx = id.index();
+        if self.frames.len() <= idx {
+            self.frames.resize(idx + 1, None);
+        }
+        if let Some(f) = self.frames[idx] {
+            return Ok(f);
+        }
+        let defs = self.tail.definitions();
+        let frame = match defs.frame(id) {
+            Frame::Module { module, file_relative } => match self.modules.get(module.index()) {
+                Some(ModState::Defined(m)) if out.definitions().is_module_active(*m) => {
+                    Frame::Module { module: *m, file_relative }
+                }
+                // The source validated the address against the module, so
+                // `absolute` succeeds; 0 only guards the arithmetic.
+                _ => Frame::Absolute {
+                    address: defs.module(module).absolute(file_relative).unwrap_or(0),
+                    kernel: false,
+                },
+            },
+            other => other,
+        };
+        let new = out.define_frame(frame).map_err(MergeError::Output)?;
+        self.frames[idx] = Some(new);
+        Ok(new)
+    }
+
+    /// The source is finished (its process ended or exec'd): retire every
+    /// module of its pid in the output.
+    pub fn retire_all(&mut self, out: &mut SpoolWriter<File>) -> Result<(), spulse::Error> {
+        for m in &mut self.modules {
+            *m = ModState::Retired;
+        }
+        out.deactivate_process_modules(self.pid)
+    }
+}
+
+/// Whether a writer error is an I/O failure (fatal) rather than a refused record.
+fn is_io(e: &spulse::Error) -> bool {
+    !matches!(e, spulse::Error::InvalidRecord { .. })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use spulse::{Header, Snapshot};
+
+    const HDR: Header = Header { start_time_us: 1_000_000, interval_us: 1000 };
+
+    fn module<'a>(pid: u32, path: &'a [u8]) -> NewModule<'a> {
+        NewModule { pid, start: 0x1000, size: 0x1000, file_offset: 0, generation: 0, path, build_id: b"" }
+    }
+
+    fn output(dir: &Path) -> (PathBuf, SpoolWriter<File>) {
+        let p = dir.join("out.spool");
+        (p.clone(), SpoolWriter::new(File::create(&p).unwrap(), HDR).unwrap())
+    }
+
+    /// A library unmapped and another mapped at the same range between two
+    /// samples: each sample keeps its own module in the merged spool, the
+    /// old one is retired before the new one is defined, and the end retires all.
+    #[test]
+    fn retirement_and_reuse_of_a_range_keep_their_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let src = dir.path().join("7.1.spool");
+        let mut w = SpoolWriter::new(File::create(&src).unwrap(), HDR).unwrap();
+        let a = w.define_module(&module(7, b"/lib/a.so")).unwrap();
+        let th = w.define_thread(7, 7, "main").unwrap();
+        let fa = w.define_frame(Frame::Module { module: a, file_relative: 0x10 }).unwrap();
+        let sa = w.define_stack(None, fa).unwrap();
+        w.sample(1_000_100, th, sa).unwrap();
+        w.deactivate_module(a).unwrap();
+        let b = w.define_module(&module(7, b"/lib/b.so")).unwrap();
+        let fb = w.define_frame(Frame::Module { module: b, file_relative: 0x20 }).unwrap();
+        let sb = w.define_stack(None, fb).unwrap();
+        w.sample(1_000_200, th, sb).unwrap();
+        w.flush().unwrap();
+        drop(w);
+
+        let (out_path, mut out) = output(dir.path());
+        let mut s = Source::open(&src, 7).unwrap();
+        assert!(s.pump(&mut out).is_ok());
+        s.retire_all(&mut out).unwrap();
+        out.flush().unwrap();
+        drop(out);
+        assert_eq!((s.samples, s.dropped), (2, 0));
+        let snap = Snapshot::open(&out_path).unwrap();
+        let d = snap.definitions();
+        let paths: Vec<Vec<u8>> = snap
+            .samples()
+            .map(|x| match d.frame(d.stack(x.stack).frame) {
+                Frame::Module { module, .. } => d.module(module).path.clone(),
+                other => panic!("unattributed frame {other:?}"),
+            })
+            .collect();
+        assert_eq!(paths, vec![b"/lib/a.so".to_vec(), b"/lib/b.so".to_vec()]);
+        assert!(d.modules().iter().all(|m| !d.is_module_active(m.id)));
+    }
+
+    /// A per-process spool whose records claim another pid is refused, and
+    /// nothing of it reaches the output.
+    #[test]
+    fn records_of_another_pid_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let src = dir.path().join("7.1.spool");
+        let mut w = SpoolWriter::new(File::create(&src).unwrap(), HDR).unwrap();
+        w.define_module(&module(8, b"/lib/a.so")).unwrap();
+        w.flush().unwrap();
+        drop(w);
+        let (out_path, mut out) = output(dir.path());
+        let mut s = Source::open(&src, 7).unwrap();
+        match s.pump(&mut out) {
+            Err(MergeError::Source(msg)) => {
+                assert!(msg.contains("pid 8") && msg.contains("process 7"), "{msg}")
+            }
+            _ => panic!("a foreign pid must be refused"),
+        }
+        out.flush().unwrap();
+        drop(out);
+        assert!(Snapshot::open(&out_path).unwrap().definitions().modules().is_empty());
+    }
+}

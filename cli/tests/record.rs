@@ -1,0 +1,709 @@
+//! `spulse record` on real process trees.
+//!
+//! This test binary is its own workload: run with `SPULSE_TEST_ROLE` set, it
+//! plays one process of a tree (burn CPU, fork, exec through a shell, exit
+//! non-zero, get SIGKILLed, write garbage into its spool, call
+//! `spulse::start` itself) and reports its main thread's CPU time into a
+//! results directory; run without it, it runs the tests (harness = false,
+//! so that a workload process runs no test machinery). Every process burns
+//! its CPU on its main thread, and each test compares that thread's samples
+//! in the merged spool with the CPU time the thread measured for itself.
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use spulse::Snapshot;
+
+const ROLE: &str = "SPULSE_TEST_ROLE";
+const RESULTS: &str = "SPULSE_TEST_RESULTS";
+const HZ: u32 = 499;
+
+// ---------------------------------------------------------------- workload
+
+fn thread_cpu() -> Duration {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime writes one timespec.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
+/// Spin on this thread until it has used `d` more CPU time.
+fn burn(d: Duration) {
+    let end = thread_cpu() + d;
+    let mut x = 1u64;
+    // Long stretches of pure user-mode work between clock reads: the clock
+    // read is a system call, and kernel time is not sampled (the perf engine
+    // excludes the kernel), so frequent reads would skew the comparison.
+    while thread_cpu() < end {
+        for i in 0..300_000u64 {
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(std::hint::black_box(i));
+        }
+        std::hint::black_box(x);
+    }
+}
+
+/// Write `<results>/<pid>`: "tid cpu_ns".
+fn report() {
+    let dir = std::env::var_os(RESULTS).expect("results dir");
+    // SAFETY: getpid and gettid have no preconditions.
+    let (pid, tid) = unsafe { (libc::getpid(), libc::gettid()) };
+    std::fs::write(Path::new(&dir).join(pid.to_string()), format!("{tid} {}", thread_cpu().as_nanos()))
+        .unwrap();
+}
+
+fn me() -> PathBuf {
+    std::env::current_exe().unwrap()
+}
+
+fn role_cmd(role: &str) -> Command {
+    let mut c = Command::new(me());
+    c.env(ROLE, role);
+    c
+}
+
+/// Exit through libc `exit`, so atexit handlers (the preload's finish) run.
+fn exit(code: i32) -> ! {
+    std::io::stdout().flush().ok();
+    // SAFETY: exit runs atexit handlers and ends the process.
+    unsafe { libc::exit(code) }
+}
+
+fn run_role(role: &str) -> ! {
+    let ms = |v: u64| Duration::from_millis(v);
+    match role {
+        "burn" => {
+            burn(ms(400));
+            report();
+            exit(0)
+        }
+        "burn_fail" => {
+            burn(ms(400));
+            report();
+            exit(7)
+        }
+        "tree" => {
+            // fork without exec: the child burns on its own.
+            // SAFETY: fork; the child only burns, reports and exits.
+            let pid = unsafe { libc::fork() };
+            if pid == 0 {
+                burn(ms(400));
+                report();
+                exit(0);
+            }
+            // exec through a shell: sh forks and execs this program.
+            let mut sh = Command::new("sh");
+            sh.arg("-c").arg("\"$0\"; true").arg(me()).env(ROLE, "burn");
+            let mut sh = sh.spawn().unwrap();
+            // a child that exits non-zero.
+            let mut fail = role_cmd("burn_fail").spawn().unwrap();
+            burn(ms(400));
+            assert_eq!(fail.wait().unwrap().code(), Some(7));
+            assert!(sh.wait().unwrap().success());
+            let mut st = 0;
+            // SAFETY: waits for our forked child.
+            unsafe { libc::waitpid(pid, &mut st, 0) };
+            report();
+            exit(5)
+        }
+        "kill_tree" => {
+            let dir = PathBuf::from(std::env::var_os(RESULTS).unwrap());
+            let mut victim = role_cmd("victim").spawn().unwrap();
+            let marker = dir.join("victim-ready");
+            let t0 = Instant::now();
+            while !marker.exists() {
+                assert!(t0.elapsed() < Duration::from_secs(60), "the victim never got ready");
+                std::thread::sleep(ms(5));
+            }
+            victim.kill().unwrap(); // SIGKILL
+            victim.wait().unwrap();
+            burn(ms(300));
+            report();
+            exit(0)
+        }
+        "victim" => {
+            // Burn 400 ms, report it, then keep burning until SIGKILLed.
+            burn(ms(400));
+            report();
+            let dir = PathBuf::from(std::env::var_os(RESULTS).unwrap());
+            // SAFETY: getpid has no preconditions.
+            std::fs::write(dir.join("victim-ready"), unsafe { libc::getpid() }.to_string()).unwrap();
+            loop {
+                burn(ms(100));
+            }
+        }
+        "garbage" => {
+            // Append nonsense to this process's own per-process spool (the
+            // channel to the collector), then keep working normally.
+            let dir = PathBuf::from(std::env::var_os("SPULSE_RECORD_DIR").expect("run by spulse record"));
+            // SAFETY: getpid has no preconditions.
+            let pid = unsafe { libc::getpid() };
+            burn(ms(200));
+            let mine = std::fs::read_dir(&dir)
+                .unwrap()
+                .flatten()
+                .map(|e| e.path())
+                .find(|p| {
+                    p.file_name().unwrap().to_str().unwrap().starts_with(&format!("{pid}."))
+                        && p.extension().is_some_and(|e| e == "spool")
+                })
+                .expect("own spool");
+            let mut f = std::fs::OpenOptions::new().append(true).open(&mine).unwrap();
+            f.write_all(&[0xee; 64]).unwrap();
+            f.write_all(b"\x01\x00\x05garbage that claims to be a module").unwrap();
+            // A fake spool for another "process" too: not even a header.
+            std::fs::write(dir.join("4000000.1.spool"), b"not a spool at all").unwrap();
+            burn(ms(200));
+            exit(0)
+        }
+        "garbage_tree" => {
+            let mut g = role_cmd("garbage").spawn().unwrap();
+            let mut b = role_cmd("burn").spawn().unwrap();
+            burn(ms(300));
+            assert!(g.wait().unwrap().success());
+            assert!(b.wait().unwrap().success());
+            report();
+            exit(0)
+        }
+        "embedded" => {
+            let dir = PathBuf::from(std::env::var_os(RESULTS).unwrap());
+            let own = dir.join("embedded.spool");
+            let msg = match spulse::start(&own) {
+                Ok(_) => "STARTED".to_string(),
+                Err(e) => e.to_string(),
+            };
+            std::fs::write(dir.join("embedded-result"), msg).unwrap();
+            burn(Duration::from_millis(300));
+            report();
+            exit(0)
+        }
+        "live" => {
+            // Two processes busy for long enough to be watched.
+            // SAFETY: fork; the child only burns and exits.
+            let pid = unsafe { libc::fork() };
+            burn(ms(1500));
+            if pid == 0 {
+                exit(0);
+            }
+            let mut st = 0;
+            // SAFETY: waits for our forked child.
+            unsafe { libc::waitpid(pid, &mut st, 0) };
+            exit(0)
+        }
+        other => panic!("unknown role {other}"),
+    }
+}
+
+// ---------------------------------------------------------------- helpers
+
+struct Run {
+    _dir: tempfile::TempDir,
+    results: PathBuf,
+    spool: PathBuf,
+    out: Output,
+}
+
+fn record_role(role: &str, extra: &[&str]) -> Run {
+    let dir = tempfile::tempdir().unwrap();
+    let results = dir.path().join("results");
+    std::fs::create_dir(&results).unwrap();
+    let spool = dir.path().join("out.spool");
+    let out = Command::new(env!("CARGO_BIN_EXE_spulse"))
+        .args(["record", "-F", &HZ.to_string(), "-o"])
+        .arg(&spool)
+        .args(extra)
+        .arg("--")
+        .arg(me())
+        .env(ROLE, role)
+        .env(RESULTS, &results)
+        .output()
+        .unwrap();
+    Run { _dir: dir, results, spool, out }
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// pid -> (tid, cpu seconds) from the results directory.
+fn reports(results: &Path) -> HashMap<u32, (u32, f64)> {
+    let mut m = HashMap::new();
+    for e in std::fs::read_dir(results).unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_str().unwrap().parse::<u32>() else { continue };
+        let text = std::fs::read_to_string(e.path()).unwrap();
+        let mut it = text.split_whitespace();
+        let tid = it.next().unwrap().parse().unwrap();
+        let ns: u64 = it.next().unwrap().parse().unwrap();
+        m.insert(pid, (tid, ns as f64 / 1e9));
+    }
+    m
+}
+
+/// Samples per (pid, tid).
+fn samples_by_thread(s: &Snapshot) -> HashMap<(u32, u32), u64> {
+    let d = s.definitions();
+    let mut m = HashMap::new();
+    for smp in s.samples() {
+        let t = d.thread(smp.thread);
+        *m.entry((t.pid, t.tid)).or_insert(0) += 1;
+    }
+    m
+}
+
+fn open_complete(path: &Path) -> Snapshot {
+    let s = Snapshot::open(path).unwrap_or_else(|e| panic!("merged spool unreadable: {e}"));
+    assert!(!s.recovered_from_truncated_tail(), "a finished recording ends on a record boundary");
+    s
+}
+
+/// Each reported thread's samples are within 10% of its CPU time x frequency.
+fn check_accuracy(s: &Snapshot, reps: &HashMap<u32, (u32, f64)>) {
+    let by = samples_by_thread(s);
+    for (&pid, &(tid, cpu)) in reps {
+        let expected = cpu * HZ as f64;
+        let got = by.get(&(pid, tid)).copied().unwrap_or(0) as f64;
+        assert!(
+            (got - expected).abs() <= 0.10 * expected,
+            "process {pid} thread {tid}: {got} samples for {cpu:.3} s of CPU at {HZ} Hz (expected {expected:.0} +-10%)"
+        );
+    }
+}
+
+fn check_all_retired(s: &Snapshot) {
+    let d = s.definitions();
+    assert!(!d.modules().is_empty());
+    for m in d.modules() {
+        assert!(
+            !d.is_module_active(m.id),
+            "module {:?} of pid {} ({}) still active",
+            m.id,
+            m.pid,
+            m.path().display()
+        );
+    }
+}
+
+/// The ids are dense per kind and every thread and module carries its pid:
+/// the pids of threads and modules are the same set.
+fn check_pids(s: &Snapshot) -> Vec<u32> {
+    let d = s.definitions();
+    let mut tp: Vec<u32> = d.threads().iter().map(|t| t.pid).collect();
+    tp.sort_unstable();
+    tp.dedup();
+    let mut mp: Vec<u32> = d.modules().iter().map(|m| m.pid).collect();
+    mp.sort_unstable();
+    mp.dedup();
+    for p in &tp {
+        assert!(mp.contains(p), "threads of pid {p} but no module of it");
+    }
+    tp
+}
+
+fn spulse(args: &[&str]) -> String {
+    let o = Command::new(env!("CARGO_BIN_EXE_spulse")).args(args).output().unwrap();
+    assert!(o.status.success(), "spulse {args:?}: {}", stderr(&o));
+    String::from_utf8(o.stdout).unwrap()
+}
+
+/// `info`, `top --pid`, `top --per-process` and the exports show every process.
+fn check_views(spool: &Path, s: &Snapshot, pids: &[u32]) {
+    let path = spool.to_str().unwrap();
+    let by = samples_by_thread(s);
+    let samples_of = |pid: u32| by.iter().filter(|((p, _), _)| *p == pid).map(|(_, n)| *n).sum::<u64>();
+    let info: serde_json::Value = serde_json::from_str(&spulse(&["info", "--json", path])).unwrap();
+    let list = info["process_list"].as_array().unwrap();
+    for &pid in pids {
+        let p = list
+            .iter()
+            .find(|p| p["pid"] == pid)
+            .unwrap_or_else(|| panic!("pid {pid} not in info: {list:?}"));
+        assert_eq!(p["ended"], true, "{p}");
+        assert_eq!(p["samples"].as_u64().unwrap(), samples_of(pid), "{p}");
+        assert!(!p["program"].as_str().unwrap().is_empty(), "{p}");
+        let top = spulse(&["top", "--pid", &pid.to_string(), "-n", "1", path]);
+        assert!(top.starts_with(&format!("{} samples", samples_of(pid))), "top --pid {pid}: {top}");
+    }
+    let text = spulse(&["info", path]);
+    assert!(text.contains("PROGRAM") && text.contains("ENDED"), "{text}");
+    let per: serde_json::Value =
+        serde_json::from_str(&spulse(&["top", "--per-process", "--json", "-n", "3", path])).unwrap();
+    for &pid in pids {
+        let sec = per.as_array().unwrap().iter().find(|p| p["pid"] == pid).expect("a section per process");
+        assert_eq!(sec["samples"].as_u64().unwrap(), samples_of(pid));
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let ss = dir.path().join("x.speedscope.json");
+    spulse(&["export", "-f", "speedscope", "-o", ss.to_str().unwrap(), path]);
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&ss).unwrap()).unwrap();
+    let names: Vec<String> =
+        v["profiles"].as_array().unwrap().iter().map(|p| p["name"].as_str().unwrap().to_string()).collect();
+    for &pid in pids {
+        assert!(
+            names.iter().any(|n| n.contains(&format!("pid {pid}"))),
+            "speedscope profile for pid {pid}: {names:?}"
+        );
+    }
+    let ff = dir.path().join("x.firefox.json");
+    spulse(&["export", "-f", "firefox", "-o", ff.to_str().unwrap(), path]);
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&ff).unwrap()).unwrap();
+    let ff_pids: std::collections::HashSet<String> = v["threads"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["pid"].to_string().trim_matches('"').to_string())
+        .collect();
+    for &pid in pids {
+        assert!(ff_pids.contains(&pid.to_string()), "firefox process for pid {pid}: {ff_pids:?}");
+    }
+}
+
+// ---------------------------------------------------------------- tests
+
+fn tree_fork_exec_and_nonzero_exit() {
+    let r = record_role("tree", &[]);
+    assert_eq!(r.out.status.code(), Some(5), "exit status of CMD; stderr: {}", stderr(&r.out));
+    let err = stderr(&r.out);
+    assert!(err.contains("recorded") && err.contains("spulse top"), "summary: {err}");
+    let s = open_complete(&r.spool);
+    let reps = reports(&r.results);
+    // root, its forked child, the program sh exec'd, the child exiting 7.
+    assert_eq!(reps.len(), 4, "reports: {reps:?}");
+    check_accuracy(&s, &reps);
+    check_all_retired(&s);
+    let pids = check_pids(&s);
+    for p in reps.keys() {
+        assert!(pids.contains(p), "pid {p} missing from {pids:?}");
+    }
+    check_views(&r.spool, &s, &reps.keys().copied().collect::<Vec<_>>());
+    // The shell exec'd this program: its pid has this program's module, and
+    // the shell image before it was retired before the program's modules came.
+    let exe = std::fs::canonicalize(me()).unwrap();
+    for p in reps.keys() {
+        assert!(
+            s.definitions().modules().iter().any(|m| m.pid == *p && Path::new(m.path()) == exe),
+            "pid {p} has no module for the test program"
+        );
+    }
+}
+
+fn sigkilled_child_keeps_samples() {
+    let r = record_role("kill_tree", &[]);
+    assert_eq!(r.out.status.code(), Some(0), "stderr: {}", stderr(&r.out));
+    let s = open_complete(&r.spool);
+    let reps = reports(&r.results);
+    assert_eq!(reps.len(), 2, "root and victim: {reps:?}");
+    let by = samples_by_thread(&s);
+    let victim_pid: u32 = std::fs::read_to_string(r.results.join("victim-ready")).unwrap().parse().unwrap();
+    // The victim reported 400 ms, then burned on until SIGKILLed: everything up
+    // to the report is in the spool, less at most one flush interval (50 ms).
+    let (vtid, vcpu) = reps[&victim_pid];
+    let got = by.get(&(victim_pid, vtid)).copied().unwrap_or(0) as f64;
+    assert!(got >= (vcpu - 0.05) * HZ as f64 * 0.9, "victim: {got} samples for at least {vcpu:.3} s");
+    // The rest of the tree is recorded as usual.
+    let mut rest = reps.clone();
+    rest.remove(&victim_pid);
+    assert_eq!(rest.len(), 1);
+    check_accuracy(&s, &rest);
+    check_all_retired(&s);
+}
+
+fn garbage_from_a_child_never_corrupts() {
+    let r = record_role("garbage_tree", &[]);
+    assert_eq!(r.out.status.code(), Some(0), "stderr: {}", stderr(&r.out));
+    let err = stderr(&r.out);
+    let s = open_complete(&r.spool);
+    // The garbage writer's spool was refused from the first bad byte on, with a warning naming it.
+    assert!(err.contains("stopped reading its spool"), "warning: {err}");
+    assert!(err.contains("4000000"), "the fake spool is reported: {err}");
+    let reps = reports(&r.results);
+    assert_eq!(reps.len(), 2, "root and burn: {reps:?}");
+    check_accuracy(&s, &reps);
+    check_all_retired(&s);
+    // Three processes are in the spool (the garbage writer's samples before the garbage stay).
+    assert_eq!(check_pids(&s).len(), 3, "{err}");
+    assert!(!check_pids(&s).contains(&4_000_000));
+}
+
+fn embedded_start_is_refused_and_recorded_once() {
+    let r = record_role("embedded", &[]);
+    assert_eq!(r.out.status.code(), Some(0), "stderr: {}", stderr(&r.out));
+    let msg = std::fs::read_to_string(r.results.join("embedded-result")).unwrap();
+    assert!(msg.contains("already recorded"), "embedded start: {msg}");
+    assert!(!r.results.join("embedded.spool").exists());
+    let s = open_complete(&r.spool);
+    check_accuracy(&s, &reports(&r.results));
+}
+
+fn exit_status_propagates() {
+    let dir = tempfile::tempdir().unwrap();
+    for (script, code) in [("exit 3", 3), ("kill -9 $$", 128 + 9), ("true", 0)] {
+        let spool = dir.path().join(format!("s{code}.spool"));
+        let o = Command::new(env!("CARGO_BIN_EXE_spulse"))
+            .args(["record", "-o"])
+            .arg(&spool)
+            .args(["--", "sh", "-c", script])
+            .output()
+            .unwrap();
+        assert_eq!(o.status.code(), Some(code), "{script}: {}", stderr(&o));
+        let s = open_complete(&spool);
+        check_all_retired(&s);
+    }
+    // The default output is <program>-<pid>.spool in the current directory, never overwritten.
+    for _ in 0..2 {
+        let o = Command::new(env!("CARGO_BIN_EXE_spulse"))
+            .current_dir(dir.path())
+            .args(["record", "--", "true"])
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", stderr(&o));
+    }
+    let defaults: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_str().unwrap().starts_with("true-"))
+        .collect();
+    assert_eq!(defaults.len(), 2);
+}
+
+fn static_binary_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let exe = dir.path().join("static-exe");
+    std::fs::write(&exe, minimal_static_elf()).unwrap();
+    std::fs::set_permissions(&exe, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let spool = dir.path().join("st.spool");
+    let o = Command::new(env!("CARGO_BIN_EXE_spulse"))
+        .args(["record", "-o"])
+        .arg(&spool)
+        .arg("--")
+        .arg(&exe)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    let err = stderr(&o);
+    assert!(err.contains("statically linked") && err.contains("LD_PRELOAD"), "{err}");
+    assert!(!spool.exists(), "no empty spool is left behind");
+}
+
+/// A 64-bit ELF executable for this machine with one PT_LOAD and no
+/// PT_INTERP: what a static link produces, as far as the loader goes.
+fn minimal_static_elf() -> Vec<u8> {
+    let machine: u16 = if cfg!(target_arch = "aarch64") { 183 } else { 62 };
+    let mut e = Vec::new();
+    e.extend_from_slice(b"\x7fELF\x02\x01\x01\0\0\0\0\0\0\0\0\0");
+    e.extend_from_slice(&2u16.to_le_bytes()); // ET_EXEC
+    e.extend_from_slice(&machine.to_le_bytes());
+    e.extend_from_slice(&1u32.to_le_bytes()); // version
+    e.extend_from_slice(&0x400078u64.to_le_bytes()); // entry
+    e.extend_from_slice(&64u64.to_le_bytes()); // phoff
+    e.extend_from_slice(&0u64.to_le_bytes()); // shoff
+    e.extend_from_slice(&0u32.to_le_bytes()); // flags
+    e.extend_from_slice(&64u16.to_le_bytes()); // ehsize
+    e.extend_from_slice(&56u16.to_le_bytes()); // phentsize
+    e.extend_from_slice(&1u16.to_le_bytes()); // phnum
+    e.extend_from_slice(&[0; 6]); // shentsize, shnum, shstrndx
+    e.extend_from_slice(&1u32.to_le_bytes()); // PT_LOAD
+    e.extend_from_slice(&5u32.to_le_bytes()); // R+X
+    e.extend_from_slice(&0u64.to_le_bytes()); // offset
+    e.extend_from_slice(&0x400000u64.to_le_bytes()); // vaddr
+    e.extend_from_slice(&0x400000u64.to_le_bytes()); // paddr
+    e.extend_from_slice(&0x80u64.to_le_bytes()); // filesz
+    e.extend_from_slice(&0x80u64.to_le_bytes()); // memsz
+    e.extend_from_slice(&0x1000u64.to_le_bytes()); // align
+    e.resize(0x80, 0);
+    e
+}
+
+fn follow_works_live_on_a_multiprocess_recording() {
+    let dir = tempfile::tempdir().unwrap();
+    let spool = dir.path().join("live.spool");
+    let mut rec = Command::new(env!("CARGO_BIN_EXE_spulse"))
+        .args(["record", "-F", &HZ.to_string(), "-o"])
+        .arg(&spool)
+        .arg("--")
+        .arg(me())
+        .env(ROLE, "live")
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let follow = Command::new(env!("CARGO_BIN_EXE_spulse"))
+        .args(["follow", "--interval", "0.2", "--wait", "--wait-timeout", "30", "-n", "5"])
+        .arg(&spool)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // While it runs, the spool is valid and grows with samples of both processes.
+    let t0 = Instant::now();
+    let mut seen_two_live = false;
+    while rec.try_wait().unwrap().is_none() {
+        if let Ok(s) = Snapshot::open(&spool) {
+            let pids: std::collections::HashSet<u32> =
+                s.samples().map(|x| s.definitions().thread(x.thread).pid).collect();
+            if pids.len() >= 2 && rec.try_wait().unwrap().is_none() {
+                seen_two_live = true;
+            }
+        }
+        assert!(t0.elapsed() < Duration::from_secs(60));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(rec.wait().unwrap().success());
+    assert!(seen_two_live, "samples of both processes were readable while recording");
+    let fo = follow.wait_with_output().unwrap();
+    assert!(fo.status.success(), "follow: {}", stderr(&fo));
+    let text = String::from_utf8_lossy(&fo.stdout);
+    let total = open_complete(&spool).len();
+    assert!(
+        text.contains(&format!("{total} samples")),
+        "follow's last table counts all {total} samples:\n{text}"
+    );
+}
+
+fn sigkill_of_the_recorder_leaves_a_readable_prefix() {
+    let dir = tempfile::tempdir().unwrap();
+    let spool = dir.path().join("k.spool");
+    let mut rec = Command::new(env!("CARGO_BIN_EXE_spulse"))
+        .args(["record", "-F", &HZ.to_string(), "-o"])
+        .arg(&spool)
+        .arg("--")
+        .arg(me())
+        .env(ROLE, "live")
+        .stderr(Stdio::null())
+        .process_group(0)
+        .spawn()
+        .unwrap();
+    let t0 = Instant::now();
+    loop {
+        if Snapshot::open(&spool).is_ok_and(|s| s.len() > 100) {
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(60), "no samples appeared");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    rec.kill().unwrap();
+    rec.wait().unwrap();
+    let s = Snapshot::open(&spool).expect("a readable prefix");
+    assert!(s.len() > 100);
+    // End the orphaned workload.
+    // SAFETY: signals the process group we created for the recording.
+    unsafe { libc::kill(-(rec.id() as i32), libc::SIGKILL) };
+}
+
+fn node_jit_frames_are_named_per_process() {
+    let node = which("node").expect(
+        "node is needed for this test (it records a real JIT): install Node.js (apt-get install nodejs)",
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let child = dir.path().join("child.js");
+    std::fs::write(
+        &child,
+        "function childHotLoopZeta(n) { let s = 0; for (let i = 0; i < n; i++) { s = (s * 31 + i) % 1000003; } return s; }\n\
+         let t = 0; const end = Date.now() + 700; while (Date.now() < end) { t += childHotLoopZeta(20000); }\n\
+         console.log(t);\n",
+    )
+    .unwrap();
+    let app = dir.path().join("app.js");
+    std::fs::write(
+        &app,
+        format!(
+            "const {{ execFileSync }} = require('child_process');\n\
+             function parentHotLoopAlpha(n) {{ let s = 0; for (let i = 0; i < n; i++) {{ s = (s * 17 + i) % 999983; }} return s; }}\n\
+             let t = 0; const end = Date.now() + 700; while (Date.now() < end) {{ t += parentHotLoopAlpha(20000); }}\n\
+             console.log(t);\n\
+             process.stdout.write(execFileSync(process.execPath, ['--perf-basic-prof', {:?}]));\n",
+            child.to_str().unwrap()
+        ),
+    )
+    .unwrap();
+    let spool = dir.path().join("node.spool");
+    let o = Command::new(env!("CARGO_BIN_EXE_spulse"))
+        .args(["record", "-o", spool.to_str().unwrap(), "--"])
+        .arg(&node)
+        .arg("--perf-basic-prof")
+        .arg(&app)
+        .current_dir(dir.path()) // node may leave V8 log files in its working directory
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let s = open_complete(&spool);
+    check_all_retired(&s);
+    let pids = check_pids(&s);
+    let per: serde_json::Value = serde_json::from_str(&spulse(&[
+        "top",
+        "--per-process",
+        "--json",
+        "-n",
+        "0",
+        spool.to_str().unwrap(),
+    ]))
+    .unwrap();
+    for p in &pids {
+        let _ = std::fs::remove_file(format!("/tmp/perf-{p}.map"));
+    }
+    // Each JS function is named (from its own process's perf map) in exactly
+    // the process that ran it, with a good share of that process's samples.
+    for (func, other) in
+        [("parentHotLoopAlpha", "childHotLoopZeta"), ("childHotLoopZeta", "parentHotLoopAlpha")]
+    {
+        let mut owners = Vec::new();
+        for sec in per.as_array().unwrap() {
+            let fns = sec["functions"].as_array().unwrap();
+            let hit = fns.iter().find(|f| f["function"].as_str().unwrap().contains(func));
+            if let Some(f) = hit {
+                assert!(f["module"].as_str().unwrap().starts_with("perf-"), "{f}");
+                assert!(f["self_percent"].as_f64().unwrap() > 20.0, "{func} is hot in its process: {f}");
+                assert!(
+                    !fns.iter().any(|f| f["function"].as_str().unwrap().contains(other)),
+                    "{other} must not appear in the process of {func}"
+                );
+                owners.push(sec["pid"].as_u64().unwrap());
+            }
+        }
+        assert_eq!(owners.len(), 1, "{func} named in exactly one process: {per}");
+    }
+}
+
+fn which(prog: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path).map(|d| d.join(prog)).find(|p| p.is_file())
+}
+
+fn main() {
+    if let Ok(role) = std::env::var(ROLE) {
+        run_role(&role);
+    }
+    let tests: &[(&str, fn())] = &[
+        ("tree_fork_exec_and_nonzero_exit", tree_fork_exec_and_nonzero_exit),
+        ("sigkilled_child_keeps_samples", sigkilled_child_keeps_samples),
+        ("garbage_from_a_child_never_corrupts", garbage_from_a_child_never_corrupts),
+        ("embedded_start_is_refused_and_recorded_once", embedded_start_is_refused_and_recorded_once),
+        ("exit_status_propagates", exit_status_propagates),
+        ("static_binary_is_refused", static_binary_is_refused),
+        ("follow_works_live_on_a_multiprocess_recording", follow_works_live_on_a_multiprocess_recording),
+        (
+            "sigkill_of_the_recorder_leaves_a_readable_prefix",
+            sigkill_of_the_recorder_leaves_a_readable_prefix,
+        ),
+        ("node_jit_frames_are_named_per_process", node_jit_frames_are_named_per_process),
+    ];
+    let filter: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with('-')).collect();
+    let mut failed = Vec::new();
+    for (name, f) in tests {
+        if !filter.is_empty() && !filter.iter().any(|p| name.contains(p.as_str())) {
+            continue;
+        }
+        eprintln!("test {name} ...");
+        if std::panic::catch_unwind(f).is_err() {
+            failed.push(*name);
+            eprintln!("test {name} FAILED");
+        } else {
+            eprintln!("test {name} ok");
+        }
+    }
+    if !failed.is_empty() {
+        eprintln!("failed: {failed:?}");
+        std::process::exit(1);
+    }
+}

@@ -1,0 +1,138 @@
+//! `libspulse_preload.so`: records a program it is preloaded into, from before
+//! `main` to its exit, and every process that program forks or execs (they
+//! inherit `LD_PRELOAD`).
+//!
+//! ```text
+//! LD_PRELOAD=/path/to/libspulse_preload.so SPULSE_OUTPUT='prof-{pid}.spool' ./app
+//! ```
+//!
+//! * At load (an `.init_array` constructor, before `main`), it starts the
+//!   ordinary spulse recorder (same engines, same crash-tolerant spool). The
+//!   frequency comes from `SPULSE_FREQUENCY`, the path from `SPULSE_OUTPUT` (a
+//!   template: give it `{pid}` so that each process of a tree gets its own
+//!   spool), default `spulse-{pid}.spool`.
+//! * At `exit` (an `atexit` handler) it finishes the recording: stop, drain,
+//!   flush, sync. A process that dies by a signal or `_exit` keeps what was
+//!   flushed (the recorder flushes every 50 ms).
+//! * In a child made by `fork` it starts a new recorder for the child (the
+//!   parent's recorder withdraws itself in the child). A program started by
+//!   `exec` loads this library again and starts afresh.
+//! * While it records a process it publishes that process's pid in the symbol
+//!   `spulse_preload_recorded_pid`; a copy of spulse linked into the program
+//!   finds it with `dlsym` and refuses to start a second recorder, so an
+//!   embedded `spulse::start` returns an `Err` saying the process is already
+//!   recorded, and the program keeps running.
+//!
+//! Under `spulse record`, `SPULSE_RECORD_DIR` names the collector's private
+//! directory: each process (each exec image) writes `<pid>.<ns>.spool` there,
+//! `<ns>` being `CLOCK_MONOTONIC` nanoseconds at start, so the images one pid
+//! runs through `exec` sort in order. A recorder that cannot start leaves a
+//! `<pid>.<ns>.error` file with the reason for the collector to report.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Mutex;
+
+/// The pid this library records (0: none). Looked up by name with `dlsym` by
+/// any spulse copy in the process (see `spulse::start`).
+#[no_mangle]
+#[allow(non_upper_case_globals)]
+pub static spulse_preload_recorded_pid: AtomicU32 = AtomicU32::new(0);
+
+/// The running recording of this process.
+static GUARD: Mutex<Option<spulse::Guard>> = Mutex::new(None);
+
+#[used]
+#[link_section = ".init_array"]
+static INIT: extern "C" fn() = init;
+
+extern "C" fn init() {
+    start_here();
+    // SAFETY: both register plain `extern "C"` functions with no arguments;
+    // they stay valid for the life of the process (this library is never
+    // unloaded while the process runs: it is preloaded).
+    unsafe {
+        libc::atexit(at_exit);
+        libc::pthread_atfork(None, None, Some(in_child));
+    }
+}
+
+extern "C" fn at_exit() {
+    spulse_preload_recorded_pid.store(0, Ordering::SeqCst);
+    let guard = match GUARD.lock() {
+        Ok(mut g) => g.take(),
+        Err(p) => p.into_inner().take(),
+    };
+    if let Some(g) = guard {
+        let stats_path = g.path().with_extension("stats");
+        // A failure here has nobody to report to but stderr, and the program
+        // is exiting with its own status: the spool keeps what was flushed.
+        match g.finish() {
+            // Under `spulse record`, the collector adds the lost samples to its summary.
+            Ok(stats) if std::env::var_os("SPULSE_RECORD_DIR").is_some_and(|d| !d.is_empty()) => {
+                let _ = std::fs::write(stats_path, format!("{} {}\n", stats.samples_written, stats.lost()));
+            }
+            Ok(_) => {}
+            Err(e) => {
+                let _ = writeln!(std::io::stderr(), "spulse: finishing the recording failed: {e}");
+            }
+        }
+    }
+}
+
+extern "C" fn in_child() {
+    // The parent's guard belongs to the parent's recorder, which withdrew
+    // itself in this child: forget it (dropping it here would do nothing
+    // anyway), then record the child on its own.
+    let old = match GUARD.try_lock() {
+        Ok(mut g) => g.take(),
+        Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner().take(),
+        // Another thread of the parent held the lock while forking: the child
+        // cannot take it, so it goes unrecorded rather than risk a deadlock.
+        Err(std::sync::TryLockError::WouldBlock) => return,
+    };
+    std::mem::forget(old);
+    start_here();
+}
+
+fn start_here() {
+    // SAFETY: getpid has no preconditions.
+    let pid = unsafe { libc::getpid() } as u32;
+    let dir = std::env::var_os("SPULSE_RECORD_DIR").filter(|d| !d.is_empty()).map(PathBuf::from);
+    let (path, error_path) = match &dir {
+        Some(dir) => {
+            let ns = monotonic_ns();
+            // The recorder expands `{`/`}` templates: double any brace in the directory.
+            let escaped = dir.to_string_lossy().replace('{', "{{").replace('}', "}}");
+            (
+                PathBuf::from(format!("{escaped}/{pid}.{ns}.spool")),
+                Some(dir.join(format!("{pid}.{ns}.error"))),
+            )
+        }
+        None => (PathBuf::from("spulse-{pid}.spool"), None),
+    };
+    match spulse::Recorder::builder().start(&path) {
+        Ok(g) => {
+            if let Ok(mut slot) = GUARD.lock() {
+                *slot = Some(g);
+            }
+            spulse_preload_recorded_pid.store(pid, Ordering::SeqCst);
+        }
+        Err(e) => match error_path {
+            Some(p) => {
+                let _ = std::fs::write(p, e.to_string());
+            }
+            None => {
+                let _ = writeln!(std::io::stderr(), "spulse: not recording process {pid}: {e}");
+            }
+        },
+    }
+}
+
+fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime writes one timespec into the valid `ts`.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
