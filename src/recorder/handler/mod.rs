@@ -186,9 +186,9 @@ unsafe fn chain(sig: c_int, info: *mut libc::siginfo_t, ctx: *mut c_void) {
         return;
     }
     if flags & libc::SA_SIGINFO != 0 {
+        type SigInfoHandler = extern "C" fn(c_int, *mut libc::siginfo_t, *mut c_void);
         // SAFETY: the saved handler was installed with SA_SIGINFO, so it has this type.
-        let f: extern "C" fn(c_int, *mut libc::siginfo_t, *mut c_void) =
-            unsafe { std::mem::transmute(handler) };
+        let f: SigInfoHandler = unsafe { std::mem::transmute(handler) };
         f(sig, info, ctx);
     } else {
         // SAFETY: a handler installed without SA_SIGINFO takes the signal number only.
