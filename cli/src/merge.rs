@@ -102,14 +102,18 @@ impl Source {
                 Ok(b) => b,
                 Err(e) => return Err(MergeError::Source(e.to_string())),
             };
+            // Poll until a batch comes back empty: a batch that stops short
+            // may stop just before a bad record, which only the next poll
+            // reports, and a caller that retires an ended process after this
+            // returns must have seen that error.
             self.batch.clear();
             self.batch.extend_from_slice(got);
-            let full = self.batch.len() == Tail::MAX_BATCH;
             let batch = std::mem::take(&mut self.batch);
             let res = self.copy_batch(&batch, out);
+            let empty = batch.is_empty();
             self.batch = batch;
             res?;
-            if !full {
+            if empty {
                 return Ok(());
             }
         }
@@ -307,6 +311,7 @@ fn is_io(e: &spulse::Error) -> bool {
 mod tests {
     use super::*;
     use spulse::{Header, Snapshot};
+    use std::io::Write;
 
     const HDR: Header = Header { start_time_us: 1_000_000, interval_us: 1000 };
 
@@ -358,6 +363,28 @@ mod tests {
             .collect();
         assert_eq!(paths, vec![b"/lib/a.so".to_vec(), b"/lib/b.so".to_vec()]);
         assert!(d.modules().iter().all(|m| !d.is_module_active(m.id)));
+    }
+
+    /// Samples followed by a bad record: one pump copies the samples and
+    /// reports the bad record, so a caller that retires the source right after
+    /// (its process ended) never takes a corrupt spool for a complete one.
+    #[test]
+    fn one_pump_reports_a_bad_record_after_samples() {
+        let dir = tempfile::tempdir().unwrap();
+        let src = dir.path().join("7.1.spool");
+        let mut w = SpoolWriter::new(File::create(&src).unwrap(), HDR).unwrap();
+        let a = w.define_module(&module(7, b"/lib/a.so")).unwrap();
+        let th = w.define_thread(7, 7, "main").unwrap();
+        let fa = w.define_frame(Frame::Module { module: a, file_relative: 0x10 }).unwrap();
+        let sa = w.define_stack(None, fa).unwrap();
+        w.sample(1_000_100, th, sa).unwrap();
+        w.flush().unwrap();
+        drop(w);
+        std::fs::OpenOptions::new().append(true).open(&src).unwrap().write_all(&[0xee; 16]).unwrap();
+        let (_out_path, mut out) = output(dir.path());
+        let mut s = Source::open(&src, 7).unwrap();
+        assert!(matches!(s.pump(&mut out), Err(MergeError::Source(_))), "the bad record is reported");
+        assert_eq!(s.samples, 1, "the sample before it was copied");
     }
 
     /// A per-process spool whose records claim another pid is refused, and

@@ -151,14 +151,19 @@ fn run_role(role: &str) -> ! {
                         && p.extension().is_some_and(|e| e == "spool")
                 })
                 .expect("own spool");
-            let mut f = std::fs::OpenOptions::new().append(true).open(&mine).unwrap();
-            f.write_all(&[0xee; 64]).unwrap();
-            f.write_all(b"\x01\x00\x05garbage that claims to be a module").unwrap();
+            // The recorder's writer thread writes at its own file offset, so
+            // garbage appended at the end could be overwritten by a flush that
+            // lands before the SIGKILL below. Write it 64 KiB past the end
+            // instead: whatever the writer adds in between, the hole of zero
+            // bytes (tag 0, not a record) and the garbage after it stay.
+            let f = std::fs::OpenOptions::new().write(true).open(&mine).unwrap();
+            let end = f.metadata().unwrap().len() + 65536;
+            use std::os::unix::fs::FileExt;
+            f.write_all_at(&[0xee; 64], end).unwrap();
+            f.write_all_at(b"\x01\x00\x05garbage that claims to be a module", end + 64).unwrap();
             // A fake spool for another "process" too: not even a header.
             std::fs::write(dir.join("4000000.1.spool"), b"not a spool at all").unwrap();
-            // The recorder's writer thread writes at its own file offset: a
-            // flush after the append would write over the garbage. End here so
-            // the garbage stays the spool's last bytes.
+            // End here: the process's earlier samples stay readable.
             // SAFETY: signalling this process itself.
             unsafe { libc::kill(pid, libc::SIGKILL) };
             unreachable!("SIGKILL ends the process")
