@@ -178,6 +178,16 @@ impl Definitions {
     /// is already wrong. Syntax errors carry the offset of the field within the
     /// record; rule violations carry offset 0 (the record's tag byte).
     pub(crate) fn read_record(&mut self, buf: &[u8]) -> Result<(Option<Sample>, usize), DecodeError> {
+        // Stack definitions, the most frequent records after samples, skip
+        // building a `Record` when they decode completely; the same rule and
+        // the same update apply.
+        if buf.first() == Some(&tag::STACK) {
+            if let Some(((id, parent, frame), len)) = record::decode_stack(buf) {
+                self.check_stack(id, parent, frame, usize::MAX).map_err(rule)?;
+                self.push_stack(parent, frame);
+                return Ok((None, len));
+            }
+        }
         match record::decode_fields(buf) {
             Ok((rec, len)) => {
                 self.check(&rec, usize::MAX).map_err(rule)?;
@@ -259,31 +269,7 @@ impl Definitions {
                     }
                 }
             }
-            Record::Stack { id, parent, frame } => {
-                if has(1) {
-                    dense("stack", id, self.stack_frame.len())?;
-                }
-                if has(2) {
-                    if let Some(p) = parent {
-                        reference("stack", p, self.stack_frame.len())?;
-                    }
-                }
-                if has(3) {
-                    let f = reference("frame", frame, self.frames.len())?;
-                    let depth = match parent {
-                        None => 1,
-                        Some(p) => {
-                            if self.frames[f as usize] == Frame::Truncated {
-                                return Err(FormatErrorKind::MisplacedTruncationMarker);
-                            }
-                            self.stack_depth[p as usize] as u32 + 1
-                        }
-                    };
-                    if depth > MAX_STACK_DEPTH {
-                        return Err(FormatErrorKind::StackTooDeep);
-                    }
-                }
-            }
+            Record::Stack { id, parent, frame } => self.check_stack(id, parent, frame, fields)?,
             Record::Thread { id, pid, tid, .. } => {
                 if has(1) {
                     dense("thread", id, self.threads.len())?;
@@ -362,15 +348,7 @@ impl Definitions {
                     RawFrame::Truncated => Frame::Truncated,
                 });
             }
-            Record::Stack { parent, frame, .. } => {
-                let (p, depth) = match parent {
-                    None => (NO_PARENT, 1),
-                    Some(p) => (p as u32, self.stack_depth[p as usize] + 1),
-                };
-                self.stack_parent.push(p);
-                self.stack_frame.push(frame as u32);
-                self.stack_depth.push(depth);
-            }
+            Record::Stack { parent, frame, .. } => self.push_stack(parent, frame),
             Record::Thread { id, pid, tid, name } => {
                 // Valid UTF-8: the decoder checked it.
                 let name = String::from_utf8_lossy(name).into_owned();
@@ -412,6 +390,47 @@ impl Definitions {
             }
         }
         None
+    }
+
+    /// The rules of a stack record, on its first `fields` fields.
+    #[inline]
+    fn check_stack(&self, id: u64, parent: Option<u64>, frame: u64, fields: usize) -> Rule<()> {
+        if fields >= 1 {
+            dense("stack", id, self.stack_frame.len())?;
+        }
+        if fields >= 2 {
+            if let Some(p) = parent {
+                reference("stack", p, self.stack_frame.len())?;
+            }
+        }
+        if fields >= 3 {
+            let f = reference("frame", frame, self.frames.len())?;
+            let depth = match parent {
+                None => 1,
+                Some(p) => {
+                    if self.frames[f as usize] == Frame::Truncated {
+                        return Err(FormatErrorKind::MisplacedTruncationMarker);
+                    }
+                    self.stack_depth[p as usize] as u32 + 1
+                }
+            };
+            if depth > MAX_STACK_DEPTH {
+                return Err(FormatErrorKind::StackTooDeep);
+            }
+        }
+        Ok(())
+    }
+
+    /// Apply a stack record that passed [`Definitions::check_stack`].
+    #[inline]
+    fn push_stack(&mut self, parent: Option<u64>, frame: u64) {
+        let (p, depth) = match parent {
+            None => (NO_PARENT, 1),
+            Some(p) => (p as u32, self.stack_depth[p as usize] + 1),
+        };
+        self.stack_parent.push(p);
+        self.stack_frame.push(frame as u32);
+        self.stack_depth.push(depth);
     }
 
     #[inline]

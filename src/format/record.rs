@@ -243,6 +243,37 @@ pub(crate) fn decode(buf: &[u8]) -> Result<(Record<'_>, usize), DecodeError> {
     decode_fields(buf).map_err(|p| p.error)
 }
 
+/// The fields of a stack record (the tag at `buf[0]` is [`tag::STACK`]): the
+/// id, the parent (`None` for a root node) and the frame, and the record's
+/// length. `None` when a field is incomplete or malformed: [`decode_fields`]
+/// then decides, with the error that names the field. Stack definitions are
+/// the most frequent records after samples, and this path skips building a
+/// [`Record`].
+#[inline]
+pub(crate) fn decode_stack(buf: &[u8]) -> Option<((u64, Option<u64>, u64), usize)> {
+    debug_assert_eq!(buf.first(), Some(&tag::STACK));
+    let mut c = Cursor::new(buf, 1);
+    let (mut id, mut parent, mut frame) = (0, None, 0);
+    stack_fields(&mut c, &mut id, &mut parent, &mut frame).ok()?;
+    Some(((id, parent, frame), c.pos))
+}
+
+/// The stack record's layout after its tag: id, parent + 1 (0 for a root),
+/// frame. Each field is stored as soon as it is read, so that a record cut
+/// short keeps the fields before the failing one.
+#[inline(always)]
+fn stack_fields(
+    c: &mut Cursor<'_>,
+    id: &mut u64,
+    parent: &mut Option<u64>,
+    frame: &mut u64,
+) -> Result<(), DecodeError> {
+    *id = c.u64()?;
+    *parent = c.u64()?.checked_sub(1);
+    *frame = c.u64()?;
+    Ok(())
+}
+
 /// [`decode`], but a record that does not decode completely comes back as a
 /// [`Partial`] with the fields before the one that failed, so that the rules
 /// on those fields can still be checked (a complete field is checked even if
@@ -281,11 +312,7 @@ fn read_fields<'a>(rec: &mut Record<'a>, c: &mut Cursor<'a>) -> Result<(), Decod
                 }
             }
         }
-        Record::Stack { id, parent, frame } => {
-            *id = c.u64()?;
-            *parent = c.u64()?.checked_sub(1);
-            *frame = c.u64()?;
-        }
+        Record::Stack { id, parent, frame } => stack_fields(c, id, parent, frame)?,
         Record::Frame { id, frame } => {
             *id = c.u64()?;
             let kind_at = c.pos;
