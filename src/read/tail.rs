@@ -123,11 +123,18 @@ impl Tail {
 
     /// Read up to one chunk of new bytes; false when the file has not grown.
     fn read_more(&mut self) -> Result<bool, Error> {
+        // Size the read by what the file gained, so that a poll of a file that
+        // grew by a few bytes (or not at all) does not zero a whole chunk.
+        let len = self.file.metadata().map_err(|e| Error::io(Some(&self.path), e))?.len();
+        let want = len.saturating_sub(self.read_to).min(READ_CHUNK as u64) as usize;
+        if want == 0 {
+            return Ok(false);
+        }
         // Keep only the unconsumed tail (an incomplete record, at most a few KiB).
         self.pending.drain(..self.pending_start);
         self.pending_start = 0;
         let old = self.pending.len();
-        self.pending.resize(old + READ_CHUNK, 0);
+        self.pending.resize(old + want, 0);
         let n = loop {
             match self.file.read_at(&mut self.pending[old..], self.read_to) {
                 Ok(n) => break n,
