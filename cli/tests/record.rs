@@ -9,7 +9,7 @@
 //! its CPU on its main thread, and each test compares that thread's samples
 //! in the merged spool with the CPU time the thread measured for itself.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -217,6 +217,10 @@ struct Run {
 }
 
 fn record_role(role: &str, extra: &[&str]) -> Run {
+    record_role_with(role, extra, &[])
+}
+
+fn record_role_with(role: &str, extra: &[&str], envs: &[(&str, &Path)]) -> Run {
     let dir = tempfile::tempdir().unwrap();
     let results = dir.path().join("results");
     std::fs::create_dir(&results).unwrap();
@@ -229,6 +233,7 @@ fn record_role(role: &str, extra: &[&str]) -> Run {
         .arg(me())
         .env(ROLE, role)
         .env(RESULTS, &results)
+        .envs(envs.iter().copied())
         .output()
         .unwrap();
     Run { _dir: dir, results, spool, out }
@@ -435,6 +440,50 @@ fn garbage_from_a_child_never_corrupts() {
     // Three processes are in the spool (the garbage writer's samples before the garbage stay).
     assert_eq!(check_pids(&s).len(), 3, "{err}");
     assert!(!check_pids(&s).contains(&4_000_000));
+}
+
+/// The recorder's unwind-table verdicts are written to the cache by the first
+/// recording and read, not rewritten, by the next, whose stacks are as good.
+fn cfi_verdicts_are_cached_across_recordings() {
+    let cache = tempfile::tempdir().unwrap();
+    let dir = cache.path().join("cfi");
+    let listing = || -> BTreeMap<String, std::time::SystemTime> {
+        std::fs::read_dir(&dir)
+            .unwrap()
+            .flatten()
+            .map(|e| (e.file_name().into_string().unwrap(), e.metadata().unwrap().modified().unwrap()))
+            .collect()
+    };
+    let first = record_role_with("burn", &[], &[("SPULSE_CFI_CACHE", &dir)]);
+    assert_eq!(first.out.status.code(), Some(0), "stderr: {}", stderr(&first.out));
+    let filled = listing();
+    // This test program and the C library at least, each named by its build id.
+    assert!(filled.len() >= 2, "{filled:?}");
+    assert!(filled.keys().all(|n| n.ends_with(".cfi") && !n.starts_with('.')), "{filled:?}");
+    let second = record_role_with("burn", &[], &[("SPULSE_CFI_CACHE", &dir)]);
+    assert_eq!(second.out.status.code(), Some(0), "stderr: {}", stderr(&second.out));
+    assert_eq!(listing(), filled, "the second recording rewrote or added verdicts");
+    let s = open_complete(&second.spool);
+    check_accuracy(&s, &reports(&second.results));
+    // Every sample of the burning thread unwinds to the thread's root (main).
+    let d = s.definitions();
+    let exe = std::fs::canonicalize(me()).unwrap();
+    let exe_modules: Vec<_> =
+        d.modules().iter().filter(|m| Path::new(m.path()) == exe).map(|m| m.id).collect();
+    let mut deepest_in_exe = 0;
+    for smp in s.samples() {
+        let mut node = Some(smp.stack);
+        let mut in_exe = 0;
+        while let Some(n) = node {
+            let st = d.stack(n);
+            if let spulse::Frame::Module { module, .. } = d.frame(st.frame) {
+                in_exe += exe_modules.contains(&module) as u32;
+            }
+            node = st.parent;
+        }
+        deepest_in_exe = deepest_in_exe.max(in_exe);
+    }
+    assert!(deepest_in_exe >= 3, "stacks unwind through the program: {deepest_in_exe} frames at most");
 }
 
 fn embedded_start_is_refused_and_recorded_once() {
@@ -688,6 +737,7 @@ fn main() {
         ("tree_fork_exec_and_nonzero_exit", tree_fork_exec_and_nonzero_exit),
         ("sigkilled_child_keeps_samples", sigkilled_child_keeps_samples),
         ("garbage_from_a_child_never_corrupts", garbage_from_a_child_never_corrupts),
+        ("cfi_verdicts_are_cached_across_recordings", cfi_verdicts_are_cached_across_recordings),
         ("embedded_start_is_refused_and_recorded_once", embedded_start_is_refused_and_recorded_once),
         ("exit_status_propagates", exit_status_propagates),
         ("static_binary_is_refused", static_binary_is_refused),

@@ -57,6 +57,9 @@ pub(crate) struct Filtered {
     pub dropped: usize,
     /// Stated start addresses of the dropped FDEs.
     pub dropped_starts: Vec<u64>,
+    /// Positions in the original search table of the dropped FDEs, ascending:
+    /// the verdict that [`super::cfi_cache`] keeps.
+    pub dropped_entries: Vec<u32>,
 }
 
 /// Size of a fixed-size `DW_EH_PE_*` value format, `None` for LEB128 (and omit).
@@ -75,12 +78,17 @@ fn fixed_size(enc: u8) -> Option<usize> {
 /// without the possibility of an integer overflow (see the module doc). `None`
 /// when the header cannot be rebuilt (no table, a variable-size encoding, a
 /// table gimli cannot read): the caller then gives the module no unwind tables.
+///
+/// `known_unsafe`, when given, is an earlier verdict on these same tables (the
+/// positions of the dropped entries, from [`super::cfi_cache`]): the FDEs are
+/// then not parsed again, and only the cheap pointer check runs.
 pub(crate) fn filter_eh_frame_hdr(
     hdr: &[u8],
     hdr_svma: u64,
     eh_frame: &[u8],
     eh_frame_svma: u64,
     text_svma: u64,
+    known_unsafe: Option<&[u32]>,
 ) -> Option<Filtered> {
     let (&version, rest) = hdr.split_first()?;
     let (ptr_enc, count_enc, table_enc) = (*rest.first()?, *rest.get(1)?, *rest.get(2)?);
@@ -105,22 +113,28 @@ pub(crate) fn filter_eh_frame_hdr(
     let mut iter = table.iter(&bases);
     let (mut kept, mut dropped, mut i) = (0usize, 0usize, 0usize);
     let mut dropped_starts = Vec::new();
+    let mut dropped_entries = Vec::new();
     while let Some((start, fde_ptr)) = iter.next().ok()? {
         let entry_at = table_at.checked_add(i.checked_mul(entry_size)?)?;
         let entry = hdr.get(entry_at..entry_at.checked_add(entry_size)?)?;
+        let index = u32::try_from(i).ok()?;
         i += 1;
         let safe = fde_ptr
             .direct()
             .ok()
             .and_then(|p| p.checked_sub(eh_frame_ptr))
             .and_then(|off| usize::try_from(off).ok())
-            .is_some_and(|off| fde_is_safe(&section, &bases, &mut ctx, off));
+            .is_some_and(|off| match known_unsafe {
+                Some(bad) => bad.binary_search(&index).is_err(),
+                None => fde_is_safe(&section, &bases, &mut ctx, off),
+            });
         if safe {
             out.extend_from_slice(entry);
             kept += 1;
         } else {
             dropped += 1;
             dropped_starts.extend(start.direct().ok());
+            dropped_entries.push(index);
         }
     }
     let count = (kept as u64).to_le_bytes();
@@ -128,7 +142,7 @@ pub(crate) fn filter_eh_frame_hdr(
         return None;
     }
     out[count_at..table_at].copy_from_slice(&count[..count_size]);
-    Some(Filtered { hdr: out, kept, dropped, dropped_starts })
+    Some(Filtered { hdr: out, kept, dropped, dropped_starts, dropped_entries })
 }
 
 /// Whether the FDE at `offset` parses and every row of it translates into one of
@@ -284,21 +298,29 @@ mod tests {
         let entries =
             [(text, good), (text + 0x40, expr), (text + 0x50, odd), (text + 0x60, huge), (text + 0x70, ra)];
         let h = hdr(hdr_svma, eh_svma, &entries);
-        let f = filter_eh_frame_hdr(&h, hdr_svma, &eh, eh_svma, text).expect("rebuildable header");
+        let f = filter_eh_frame_hdr(&h, hdr_svma, &eh, eh_svma, text, None).expect("rebuildable header");
         assert_eq!((f.kept, f.dropped), (1, 4));
         assert_eq!(f.dropped_starts, [text + 0x40, text + 0x50, text + 0x60, text + 0x70]);
         assert_eq!(f.hdr, hdr(hdr_svma, eh_svma, &entries[..1]));
+        assert_eq!(f.dropped_entries, [1, 2, 3, 4]);
+        // The same verdict handed back (as the cache does) rebuilds the same
+        // table without parsing an FDE; a verdict that says otherwise is what
+        // the table becomes, so the cache must only ever hold real verdicts.
+        let again = filter_eh_frame_hdr(&h, hdr_svma, &eh, eh_svma, text, Some(&f.dropped_entries)).unwrap();
+        assert_eq!(again, f);
+        let other = filter_eh_frame_hdr(&h, hdr_svma, &eh, eh_svma, text, Some(&[0])).unwrap();
+        assert_eq!((other.kept, other.dropped, other.dropped_entries), (4, 1, vec![0]));
 
         // An entry pointing before .eh_frame (framehop would subtract unchecked).
         let mut bad = hdr(hdr_svma, eh_svma, &[(text, good)]);
         let moved = (eh_svma + 0x100).wrapping_sub(hdr_svma + 4) as i32;
         bad[4..8].copy_from_slice(&moved.to_le_bytes());
-        let f = filter_eh_frame_hdr(&bad, hdr_svma, &eh, eh_svma, text).unwrap();
+        let f = filter_eh_frame_hdr(&bad, hdr_svma, &eh, eh_svma, text, None).unwrap();
         assert_eq!((f.kept, f.dropped), (0, 1));
 
         // A LEB128 table encoding cannot be rebuilt in place.
         let mut leb = h.clone();
         leb[3] = 0x31;
-        assert!(filter_eh_frame_hdr(&leb, hdr_svma, &eh, eh_svma, text).is_none());
+        assert!(filter_eh_frame_hdr(&leb, hdr_svma, &eh, eh_svma, text, None).is_none());
     }
 }

@@ -42,6 +42,7 @@
 //!   process-timer fallback engine's itimer survives a direct `exec` of the
 //!   profiled process (not a fork+exec); see `sys/timer.rs`.
 
+mod cfi_cache;
 mod cfi_check;
 mod engine;
 mod handler;

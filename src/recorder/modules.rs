@@ -23,6 +23,7 @@
 use std::ffi::CStr;
 use std::os::raw::{c_int, c_void};
 
+use super::cfi_cache::{self, CfiCache};
 use super::cfi_check;
 use framehop::{ExplicitModuleSectionInfo, MustNotAllocateDuringUnwind, Unwinder as _};
 
@@ -218,7 +219,7 @@ unsafe fn read_object(
             }
         }
     }
-    let (unwind, unwind_dropped) = unwind_module(&key.path, lo..hi, bias, tables);
+    let (unwind, unwind_dropped) = unwind_module(&key.path, &build_id, lo..hi, bias, tables);
     Some(LoadedObject { key, build_id, segments, unwind: Some(unwind), unwind_dropped })
 }
 
@@ -237,6 +238,7 @@ pub(crate) struct UnwindTables {
 /// memory addresses of the functions whose FDEs were left out.
 pub(crate) fn unwind_module(
     path: &[u8],
+    build_id: &[u8],
     avma: std::ops::Range<u64>,
     bias: u64,
     tables: Option<UnwindTables>,
@@ -249,9 +251,15 @@ pub(crate) fn unwind_module(
         // The filter mirrors framehop's x86_64 rules; elsewhere the tables are
         // handed over as they are (the no-overflow argument is x86_64's).
         let filtered = if cfg!(target_arch = "x86_64") {
-            cfi_check::filter_eh_frame_hdr(&t.hdr, t.hdr_svma, &t.eh_frame, t.eh_frame_svma, text.start)
+            checked_tables(&t, build_id, text.start)
         } else {
-            Some(cfi_check::Filtered { hdr: t.hdr.clone(), kept: 0, dropped: 0, dropped_starts: Vec::new() })
+            Some(cfi_check::Filtered {
+                hdr: t.hdr.clone(),
+                kept: 0,
+                dropped: 0,
+                dropped_starts: Vec::new(),
+                dropped_entries: Vec::new(),
+            })
         };
         if let Some(f) = filtered {
             let eh_end = t.eh_frame_svma.wrapping_add(t.eh_frame.len() as u64);
@@ -265,6 +273,28 @@ pub(crate) fn unwind_module(
     info.text_svma = Some(text);
     let name = String::from_utf8_lossy(path).into_owned();
     (framehop::Module::new(name, avma, bias, info), dropped)
+}
+
+/// [`cfi_check::filter_eh_frame_hdr`] on `t`, with the verdict taken from and
+/// kept in the [`CfiCache`] when one is configured and the object has a build id.
+fn checked_tables(t: &UnwindTables, build_id: &[u8], text_svma: u64) -> Option<cfi_check::Filtered> {
+    static CACHE: std::sync::OnceLock<Option<CfiCache>> = std::sync::OnceLock::new();
+    let filter = |known: Option<&[u32]>| {
+        cfi_check::filter_eh_frame_hdr(&t.hdr, t.hdr_svma, &t.eh_frame, t.eh_frame_svma, text_svma, known)
+    };
+    let cached = CACHE.get_or_init(CfiCache::from_env).as_ref().and_then(|cache| {
+        let key = cfi_cache::Key::new(build_id, &t.hdr, t.hdr_svma, &t.eh_frame, t.eh_frame_svma, text_svma)?;
+        Some((cache, key))
+    });
+    let Some((cache, key)) = cached else { return filter(None) };
+    if let Some(known) = cache.load(&key) {
+        if let Some(f) = filter(Some(&known)) {
+            return Some(f);
+        }
+    }
+    let f = filter(None)?;
+    cache.store(&key, &f.dropped_entries);
+    Some(f)
 }
 
 /// The GNU build id in a block of ELF notes.

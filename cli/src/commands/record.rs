@@ -108,7 +108,11 @@ pub fn run(args: &RecordArgs) -> Result<i32, CliError> {
         preload.push(":");
         preload.push(old);
     }
-    let child = Command::new(&args.command[0])
+    let mut cmd = Command::new(&args.command[0]);
+    if let Some(dir) = cfi_cache_dir() {
+        cmd.env(CFI_CACHE_ENV, dir);
+    }
+    let child = cmd
         .args(&args.command[1..])
         .env("LD_PRELOAD", &preload)
         .env("SPULSE_RECORD_DIR", dir.path())
@@ -422,6 +426,29 @@ fn wait_tick(pidfd: Option<&std::os::fd::OwnedFd>, cmd_running: bool) {
         }
         _ => std::thread::sleep(TICK),
     }
+}
+
+/// The variable that tells the recorder where to keep its unwind-table verdicts.
+const CFI_CACHE_ENV: &str = "SPULSE_CFI_CACHE";
+
+/// Where the recorded processes keep the recorder's verdicts on unwind tables
+/// (checked once per library build instead of at every process start): the
+/// user's `SPULSE_CFI_CACHE` if set (empty turns the cache off), else
+/// `$XDG_CACHE_HOME/spulse/cfi` or `~/.cache/spulse/cfi`. `None` leaves the
+/// environment as it is.
+fn cfi_cache_dir() -> Option<PathBuf> {
+    if std::env::var_os(CFI_CACHE_ENV).is_some() {
+        return None;
+    }
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .filter(|d| Path::new(d).is_absolute())
+        .map(PathBuf::from)
+        .or_else(|| {
+        std::env::var_os("HOME")
+            .filter(|d| Path::new(d).is_absolute())
+            .map(|h| PathBuf::from(h).join(".cache"))
+    })?;
+    Some(base.join("spulse").join("cfi"))
 }
 
 /// Find CMD the way `execvp` will: as given if it holds a slash, else on `PATH`.

@@ -189,7 +189,8 @@ mod tests {
             eh_frame_svma: eh_svma,
         };
         let bias = avma - text;
-        let (module, dropped) = modules::unwind_module(b"synthetic", avma..avma + 0x1000, bias, Some(tables));
+        let (module, dropped) =
+            modules::unwind_module(b"synthetic", b"", avma..avma + 0x1000, bias, Some(tables));
         assert_eq!(dropped, [avma + 0x40]);
         let mut unwinder = NativeUnwinder::new();
         unwinder.add_module(module);
