@@ -112,7 +112,9 @@ fn start_here() {
         }
         None => (PathBuf::from("spulse-{pid}.spool"), None),
     };
-    match spulse::Recorder::builder().start(&path) {
+    // Under `spulse record` the spool is a handoff that the collector copies
+    // and deletes; the collector syncs the output it writes.
+    match spulse::Recorder::builder().sync_at_finish(dir.is_none()).start(&path) {
         Ok(g) => {
             if let Ok(mut slot) = GUARD.lock() {
                 *slot = Some(g);

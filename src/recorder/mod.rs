@@ -179,6 +179,7 @@ pub struct RecorderBuilder {
     engine: EngineChoice,
     mode: u32,
     overwrite: bool,
+    sync_at_finish: bool,
 }
 
 impl Default for RecorderBuilder {
@@ -191,6 +192,7 @@ impl Default for RecorderBuilder {
             engine: EngineChoice::Auto,
             mode: 0o600,
             overwrite: false,
+            sync_at_finish: true,
         }
     }
 }
@@ -247,6 +249,18 @@ impl RecorderBuilder {
     /// removed before sampling starts: if the start then fails, neither remains.
     pub fn overwrite(mut self, overwrite: bool) -> Self {
         self.overwrite = overwrite;
+        self
+    }
+
+    /// Whether finishing the recording waits until the spool is on stable
+    /// storage (`fsync`; default true), so that it survives a power loss or a
+    /// kernel crash right after. What the recorder flushed survives the
+    /// process's own death either way. `false` saves the few milliseconds
+    /// (often more on a virtual disk) that the sync costs at exit, for
+    /// spools that are read and discarded at once: the preloaded library does
+    /// so under `spulse record`, whose collector owns the durable output.
+    pub fn sync_at_finish(mut self, sync: bool) -> Self {
+        self.sync_at_finish = sync;
         self
     }
 
@@ -678,7 +692,7 @@ fn start_inner(b: &RecorderBuilder, path: &Path) -> Result<Guard, Error> {
     let (main_top, main_span) = sys::maps::main_stack_bounds();
     let tcb_block_offset = sys::tcb::stack_block_offset();
     let tcb_tid_offset = sys::tcb::tid_offset();
-    let ncpu = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let ncpu = sys::cpus_allowed();
     let (ring, consumer) = ring::Ring::new(b.ring_capacity, b.max_stack_depth);
     let shared = Arc::new(Shared {
         pid,
@@ -794,6 +808,7 @@ fn start_inner(b: &RecorderBuilder, path: &Path) -> Result<Guard, Error> {
         interval: b.flush_interval,
         started: Instant::now(),
         pid,
+        sync_at_finish: b.sync_at_finish,
     };
     tx.send(Control::Start(Box::new(state))).map_err(|_| exited())?;
     let join = cleanup.join.take().expect("writer thread handle");

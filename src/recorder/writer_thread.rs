@@ -114,6 +114,8 @@ pub(crate) struct WriterState {
     pub interval: Duration,
     pub started: Instant,
     pub pid: u32,
+    /// Whether the end of the recording syncs the spool to stable storage.
+    pub sync_at_finish: bool,
 }
 
 /// A module change found by a rescan, applied around the drain.
@@ -655,7 +657,7 @@ impl Run {
             let r = self.st.out.flush();
             self.note(r);
         }
-        if self.error.is_none() {
+        if self.error.is_none() && self.st.sync_at_finish {
             let r = self.st.out.get_ref().sync().map_err(Error::from);
             self.note(r);
         }

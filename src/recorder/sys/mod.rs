@@ -26,6 +26,22 @@ pub(crate) fn gettid() -> u32 {
     unsafe { libc::syscall(libc::SYS_gettid) as u32 }
 }
 
+/// CPUs this process may run on (its affinity mask; at least 1). One
+/// syscall: `std::thread::available_parallelism` also reads the cgroup quota
+/// files, which costs a short-lived recorded process more than the answer is
+/// worth for sizing the unwinders' cache pool.
+pub(crate) fn cpus_allowed() -> usize {
+    // SAFETY: an all-zero cpu_set_t is a valid, empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `set` is a valid cpu_set_t of the size passed; pid 0 is this thread.
+    let rc = unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) };
+    if rc != 0 {
+        return 1;
+    }
+    // SAFETY: CPU_COUNT reads the set that sched_getaffinity filled in.
+    (unsafe { libc::CPU_COUNT(&set) } as usize).max(1)
+}
+
 /// Unix time in microseconds (vDSO clock_gettime: no lock, no allocation).
 #[inline]
 pub(crate) fn now_us() -> u64 {
