@@ -8,7 +8,9 @@
 //! table shared by all threads (versions 56 and 60), a sources table in place
 //! of the functions' file names (58, 61, 64), empty original-location columns
 //! (64), stack prefixes as backward offsets (66) and each frame's library on
-//! the frame table (70). The profiler accepts typed arrays only in the columns
+//! the frame table (70). Equal frames and stacks of different threads become
+//! one, and a weight column of ones is left out (`null`: every sample counts
+//! 1), which the JSON export does not do. The profiler accepts typed arrays only in the columns
 //! and versions that say so (65 to 70), hence the newer version here.
 //!
 //! Columns the profiler accepts as typed arrays are binary slabs: the stack
@@ -353,8 +355,9 @@ const NATIVE_COLS: &[&str] = &["libIndex", "address", "name", "functionSize"];
 /// Bring a processed profile of format [`firefox::PROFILE_VERSION`] (the
 /// layout `fxprof-processed-profile` writes, as filled in by the JSON export)
 /// to format [`VERSION`]. Tables are merged as the profiler's version-60
-/// upgrader merges them: functions, resources and native symbols
-/// deduplicated, frames and stacks appended thread after thread.
+/// upgrader merges them, functions, resources and native symbols
+/// deduplicated, and frames and stacks deduplicated as well (the threads of a
+/// process share most of them).
 pub fn upgrade(mut doc: Value) -> Result<Value, String> {
     let version = doc.pointer("/meta/preprocessedProfileVersion").and_then(Value::as_u64);
     if version != Some(firefox::PROFILE_VERSION) {
@@ -364,9 +367,10 @@ pub fn upgrade(mut doc: Value) -> Result<Value, String> {
     let mut string_index: HashMap<String, usize> = HashMap::new();
     let mut sources: Vec<Value> = Vec::new();
     let mut source_index: HashMap<usize, usize> = HashMap::new();
-    let mut frames = NewTable::new(FRAME_COLS);
+    let mut frames = DedupTable::new(FRAME_COLS);
     let mut stack_frame: Vec<Value> = Vec::new();
     let mut stack_prefix_offset: Vec<Value> = Vec::new();
+    let mut stack_index: HashMap<(usize, Option<usize>), usize> = HashMap::new();
     let mut funcs = DedupTable::new(FUNC_COLS);
     let mut resources = DedupTable::new(RESOURCE_COLS);
     let mut natives = DedupTable::new(NATIVE_COLS);
@@ -455,7 +459,7 @@ pub fn upgrade(mut doc: Value) -> Result<Value, String> {
         }
 
         let ft = Table::take(th, "frameTable").map_err(in_thread)?;
-        let frame_offset = frames.len;
+        let mut frame_map = Vec::with_capacity(ft.len);
         for i in 0..ft.len {
             let mut row: Vec<Value> = FRAME_COLS.iter().map(|c| ft.get(c, i).clone()).collect();
             row[4] = Value::from(func_map[index(&row[4], "func", func_map.len()).map_err(in_thread)?]);
@@ -466,23 +470,31 @@ pub fn upgrade(mut doc: Value) -> Result<Value, String> {
             if row[0].is_null() {
                 row[0] = Value::from(-1);
             }
-            frames.push(row);
+            let k = key(&row.iter().collect::<Vec<_>>());
+            frame_map.push(frames.intern(k, row));
         }
 
+        // A stack is its frame and its parent: equal stacks of different
+        // threads become one. A parent comes before its children in the
+        // thread's table, so it is in the shared table first and the offset
+        // to it is positive.
         let st = Table::take(th, "stackTable").map_err(in_thread)?;
-        let stack_offset = stack_frame.len();
+        let mut stack_map: Vec<usize> = Vec::with_capacity(st.len);
         for i in 0..st.len {
-            let f = index(st.get("frame", i), "frame", ft.len).map_err(in_thread)?;
-            stack_frame.push(Value::from(f + frame_offset));
+            let f = frame_map[index(st.get("frame", i), "frame", frame_map.len()).map_err(in_thread)?];
             let prefix = st.get("prefix", i);
-            let offset = if prefix.is_null() {
-                0
+            let parent = if prefix.is_null() {
+                None
             } else {
-                // Parents come before their children: the offset is positive.
-                let p = index(prefix, "stack prefix", i).map_err(in_thread)?;
-                i - p
+                Some(stack_map[index(prefix, "stack prefix (a stack before it)", i).map_err(in_thread)?])
             };
-            stack_prefix_offset.push(Value::from(offset));
+            let next = stack_frame.len();
+            let s = *stack_index.entry((f, parent)).or_insert_with(|| {
+                stack_frame.push(Value::from(f));
+                stack_prefix_offset.push(Value::from(parent.map_or(0, |p| next - p)));
+                next
+            });
+            stack_map.push(s);
         }
 
         for t in ["samples", "jsAllocations", "nativeAllocations"] {
@@ -492,8 +504,15 @@ pub fn upgrade(mut doc: Value) -> Result<Value, String> {
             };
             for s in stacks {
                 if !s.is_null() {
-                    *s = Value::from(index(s, "sample stack", st.len).map_err(in_thread)? + stack_offset);
+                    *s = Value::from(stack_map[index(s, "sample stack", st.len).map_err(in_thread)?]);
                 }
+            }
+        }
+        // A weight of 1 for every sample is what no weight column means.
+        if let Some(samples) = th.get_mut("samples") {
+            let ones = samples["weight"].as_array().is_some_and(|w| w.iter().all(|x| x.as_i64() == Some(1)));
+            if ones {
+                samples["weight"] = Value::Null;
             }
         }
         // spulse writes no marker payloads; the names are string indexes.
@@ -510,6 +529,7 @@ pub fn upgrade(mut doc: Value) -> Result<Value, String> {
     let res_lib = resources.table.col("lib").to_vec();
     let func_res = funcs.table.col("resource").to_vec();
     let lib: Vec<Value> = frames
+        .table
         .col("func")
         .iter()
         .map(|f| {
@@ -520,9 +540,9 @@ pub fn upgrade(mut doc: Value) -> Result<Value, String> {
                 .unwrap_or(Value::from(-1))
         })
         .collect();
-    let (n_frames, n_funcs, n_sources) = (frames.len, funcs.table.len, sources.len());
+    let (n_frames, n_funcs, n_sources) = (frames.table.len, funcs.table.len, sources.len());
     let nulls = |n: usize| Value::Array(vec![Value::Null; n]);
-    let mut frame_table = frames.into_value(&[]);
+    let mut frame_table = frames.table.into_value(&[]);
     frame_table["lib"] = Value::Array(lib);
     frame_table["originalLocation"] = nulls(n_frames);
     let mut func_table = funcs.table.into_value(&[]);
