@@ -444,3 +444,23 @@ fn jslb_is_only_for_the_firefox_format() {
     let v: Value = serde_json::from_slice(&std::fs::read(&plain).unwrap()).expect("JSON");
     assert_eq!(v["meta"]["preprocessedProfileVersion"], 55);
 }
+
+#[test]
+fn jslb_of_a_window_and_of_no_samples() {
+    let (p, spool) = fixture();
+    // Samples 200 to 400 of 400 (one every 1,000 us from 1,000 us on), and a
+    // window past the last sample.
+    for (from, want) in [("200000", 201), ("100000000", 0)] {
+        let json = p.dir.path().join(format!("w{from}.json"));
+        let jslb = p.dir.path().join(format!("w{from}.jslb"));
+        for out in [&json, &jslb] {
+            ok(&["export", s(&spool), "--format", "firefox", "--from", from, "-o", s(out)]);
+        }
+        let r = read_jslb(&std::fs::read(&jslb).unwrap());
+        let j: Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+        let a = describe(&r.profile, true);
+        let b = describe(&j, false);
+        assert_eq!(a.iter().map(|t| t.samples.len()).sum::<usize>(), want);
+        assert_eq!(a, b);
+    }
+}
