@@ -569,3 +569,49 @@ pub fn upgrade(mut doc: Value) -> Result<Value, String> {
     doc["meta"]["preprocessedProfileVersion"] = Value::from(VERSION);
     Ok(doc)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The size planned before writing (checked against the 32-bit offset
+    /// limit) is the size `json-slabs` writes, alignment padding included.
+    #[test]
+    fn planned_size_is_the_written_size() {
+        let mut doc = serde_json::json!({
+            "shared": {
+                "stackTable": { "frame": [0, 1, 2], "prefixOffset": [0, 1, 1], "length": 3 },
+                "frameTable": { "func": [0, 1, 2], "address": [-1, 5, 7], "lib": [-1, 0, 0],
+                                "inlineDepth": [0, 0, 1], "length": 3 },
+            },
+            "threads": [
+                { "samples": { "timeDeltas": [1.5, 1.0, 1.0], "stack": (0..200).collect::<Vec<u32>>(), "length": 3 } },
+                { "samples": { "time": [0.5], "stack": [2], "length": 1 } },
+            ],
+        });
+        let mut slabs = Slabs::default();
+        slabs.split(&mut doc);
+        // Aligned: 5 Int32 and 2 Float64 columns; byte-aligned: inlineDepth
+        // (Uint8) and the long stack column (JSON).
+        assert_eq!(slabs.sizes.iter().filter(|s| s.0 > 1).count(), 7);
+        assert_eq!(slabs.sizes.iter().filter(|s| s.0 == 1).count(), 2, "{:?}", slabs.sizes);
+        let root = serde_json::to_vec(&doc).unwrap();
+        let planned = slabs.file_size(root.len());
+        let mut out = Vec::new();
+        slabs.builder.to_writer(&root, &mut out).unwrap();
+        assert_eq!(planned, out.len() as u64);
+    }
+
+    /// A value its slab type cannot hold keeps the column JSON.
+    #[test]
+    fn columns_that_do_not_fit_stay_json() {
+        let mut doc = serde_json::json!({
+            "shared": { "frameTable": { "address": [1, 2_147_483_648u64], "inlineDepth": [0, 256], "func": [0, 1] } },
+        });
+        let mut slabs = Slabs::default();
+        slabs.split(&mut doc);
+        assert_eq!(doc["shared"]["frameTable"]["address"], serde_json::json!([1, 2_147_483_648u64]));
+        assert_eq!(doc["shared"]["frameTable"]["inlineDepth"], serde_json::json!([0, 256]));
+        assert!(doc["shared"]["frameTable"]["func"].get(SLAB_REF_KEY).is_some());
+    }
+}
