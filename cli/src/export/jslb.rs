@@ -10,8 +10,9 @@
 //! (64), stack prefixes as backward offsets (66) and each frame's library on
 //! the frame table (70). Equal frames and stacks of different threads become
 //! one, and a weight column of ones is left out (`null`: every sample counts
-//! 1), which the JSON export does not do. The profiler accepts typed arrays only in the columns
-//! and versions that say so (65 to 70), hence the newer version here.
+//! 1), which the JSON export does not do. The profiler accepts typed arrays
+//! only in the columns and versions that say so (65 to 70), hence the newer
+//! version here.
 //!
 //! Columns the profiler accepts as typed arrays are binary slabs: the stack
 //! table's `frame` and `prefixOffset` (Int32); the frame table's `func`,
