@@ -4,6 +4,15 @@
 //!   10 million samples (with `--bench`; 50,000 in criterion's test mode, as run
 //!   by `cargo test --all-targets`) into a pprof / folded-stacks export written
 //!   to a sink, symbolization disabled (frames become `module+0xoffset`).
+//! - `firefox-load/json`, `firefox-load/jslb-skeleton` and
+//!   `firefox-load/jslb-full`: what a consumer of a Firefox export of 1 million
+//!   samples (with `--bench`; 50,000 in test mode) spends loading it. `json`
+//!   parses the `.json` export into a `serde_json::Value`; `jslb-skeleton`
+//!   parses the `.jslb` container's slab table and root JSON and maps every
+//!   placeholder to its slab (typed slabs as borrowed byte slices, as the
+//!   profiler wraps them in typed arrays without copying); `jslb-full` also
+//!   parses the JSON slabs (sample stacks, weights, strings...). The file
+//!   sizes (and gzipped sizes) are printed.
 //! - `symbolize/quickstart-cold` and `-warm`: resolve every frame of a
 //!   quickstart recording, with a fresh symbolizer (loading and parsing every
 //!   module file) and with the modules already loaded. Skipped, with a note,
@@ -114,6 +123,99 @@ fn bench_export(c: &mut Criterion) {
     }
 }
 
+/// What loading a `.jslb` file found: typed slabs (type, bytes) borrowed from
+/// the file, and JSON slabs (parsed, or only located).
+#[derive(Default)]
+struct Mapped<'a> {
+    typed: Vec<(json_slabs::SlabType, &'a [u8])>,
+    json: Vec<serde_json::Value>,
+    json_bytes: usize,
+}
+
+/// Replace every placeholder in `v` by `null`, mapping its slab; JSON slabs
+/// are parsed (and walked) only with `parse_json`.
+fn map_slabs<'a>(
+    f: &json_slabs::ParsedFile<'a>,
+    v: &mut serde_json::Value,
+    parse_json: bool,
+    out: &mut Mapped<'a>,
+) {
+    use serde_json::Value;
+    match v {
+        Value::Object(m) if m.len() == 1 && m.contains_key(json_slabs::SLAB_REF_KEY) => {
+            let i = m[json_slabs::SLAB_REF_KEY].as_u64().expect("slab index") as usize;
+            let p = json_slabs::SlabPlaceholder(i);
+            let slab = f.slab_at(p).expect("placeholder resolves");
+            if slab.slab_type == json_slabs::SlabType::Json {
+                out.json_bytes += slab.bytes.len();
+                if parse_json {
+                    let mut sub: Value = serde_json::from_slice(slab.bytes).expect("JSON slab");
+                    map_slabs(f, &mut sub, parse_json, out);
+                    out.json.push(sub);
+                }
+            } else {
+                out.typed.push((slab.slab_type, slab.bytes));
+            }
+            *v = Value::Null;
+        }
+        Value::Object(m) => m.values_mut().for_each(|x| map_slabs(f, x, parse_json, out)),
+        Value::Array(a) => a.iter_mut().for_each(|x| map_slabs(f, x, parse_json, out)),
+        _ => {}
+    }
+}
+
+/// Load a `.jslb` file: slab table, root JSON, placeholders mapped.
+fn load_jslb(bytes: &[u8], parse_json: bool) -> (serde_json::Value, Mapped<'_>) {
+    let f = json_slabs::ParsedFile::parse(bytes).expect("JSLB");
+    let mut root: serde_json::Value = serde_json::from_slice(f.root_json_bytes()).expect("root JSON");
+    let mut out = Mapped::default();
+    map_slabs(&f, &mut root, parse_json, &mut out);
+    (root, out)
+}
+
+fn gz_len(bytes: &[u8]) -> usize {
+    use std::io::Write;
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    gz.write_all(bytes).unwrap();
+    gz.finish().unwrap().len()
+}
+
+fn bench_firefox_load(c: &mut Criterion) {
+    let samples = if full_run() { 1_000_000 } else { 50_000 };
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ff.spool");
+    synthetic(&path, samples);
+    let replay = Replay::open(&path).unwrap();
+    let job = Job { replay: &replay, filter: &Filter::default(), title: "bench", output: "memory" };
+    let export_to = |exporter: export::Exporter| {
+        let mut sym = Symbolizer::new(Options { dirs: Vec::new(), disabled: true });
+        let mut out = Vec::new();
+        exporter(&job, &mut sym, &mut out).unwrap();
+        out
+    };
+    let json = export_to(export::firefox::export);
+    let jslb = export_to(export::jslb::export);
+    let (_, m) = load_jslb(&jslb, false);
+    let typed: usize = m.typed.iter().map(|(_, b)| b.len()).sum();
+    let root = json_slabs::ParsedFile::parse(&jslb).unwrap().root_json_bytes().len();
+    eprintln!(
+        "firefox export of {samples} samples: .json {} bytes ({} gzipped); .jslb {} bytes ({} gzipped): \
+         skeleton {root}, {} typed slabs {typed}, JSON slabs {}",
+        json.len(),
+        gz_len(&json),
+        jslb.len(),
+        gz_len(&jslb),
+        m.typed.len(),
+        m.json_bytes
+    );
+    let mut g = c.benchmark_group("firefox-load");
+    g.sample_size(10).measurement_time(Duration::from_secs(if full_run() { 20 } else { 1 }));
+    g.bench_function("json", |b| b.iter(|| serde_json::from_slice::<serde_json::Value>(&json).unwrap()));
+    g.bench_function("jslb-skeleton", |b| b.iter(|| load_jslb(&jslb, false).1.typed.len()));
+    g.bench_function("jslb-full", |b| b.iter(|| load_jslb(&jslb, true).1.json.len()));
+    g.finish();
+}
+
 fn quickstart_spool() -> Option<(tempfile::TempDir, PathBuf)> {
     let exe = std::env::current_exe().ok()?;
     let qs = exe.parent()?.parent()?.join("examples").join("quickstart");
@@ -151,5 +253,5 @@ fn bench_symbolize(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, bench_export, bench_symbolize);
+criterion_group!(benches, bench_export, bench_firefox_load, bench_symbolize);
 criterion_main!(benches);

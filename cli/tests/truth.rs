@@ -1,8 +1,12 @@
 //! The default views tell the truth: one Rust demangling display whether a
 //! symbol is v0 or legacy mangled, and pprof's `system_name` is the linkage
 //! name so that `go tool pprof` neither re-demangles nor merges functions.
+//! The Firefox export keeps inlined frames, in JSON and in the JsonSlabs
+//! container alike.
 
 mod common;
+#[path = "common/jslb.rs"]
+mod jslb_read;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -287,4 +291,15 @@ fn firefox_profile_names_processes_and_keeps_inlined_frames_with_addresses() {
     dedup.sort();
     dedup.dedup();
     assert_eq!(dedup.len(), fnames.len(), "{fnames:?}");
+
+    // The JsonSlabs export (format 70, shared tables) has the same frames,
+    // inlined ones with their addresses, lines, files and categories.
+    let jslb = dir.path().join("a.jslb");
+    ok(&["export", s(&spool), "--format", "firefox", "-o", s(&jslb)]);
+    let r = jslb_read::read_jslb(&std::fs::read(&jslb).unwrap());
+    let (a, b) = (jslb_read::describe(&r.profile, true), jslb_read::describe(&v, false));
+    assert_eq!(a, b);
+    let inlined =
+        a.iter().flat_map(|t| &t.samples).flat_map(|(_, fs)| fs).filter(|f| f.inline_depth > 0).count();
+    assert!(inlined > 0, "no inlined frame in the .jslb profile");
 }

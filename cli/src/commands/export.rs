@@ -21,7 +21,9 @@ use spulse::Replay;
 pub enum Format {
     /// Gzipped pprof `profile.proto` (go tool pprof, Pyroscope, Parca, Grafana).
     Pprof,
-    /// Firefox Profiler processed format (JSON), for profiler.firefox.com.
+    /// Firefox Profiler processed format, for profiler.firefox.com: JSON, or
+    /// the JsonSlabs container (JSON skeleton plus typed-array slabs, faster
+    /// to load) when OUT ends in `.jslb`, gzipped when it ends in `.jslb.gz`.
     Firefox,
     /// Folded stacks, `root;...;leaf COUNT` per line.
     Collapsed,
@@ -34,7 +36,7 @@ pub enum Format {
 /// Arguments of `spulse export`.
 #[derive(Debug, Args)]
 #[command(
-    after_help = "Examples:\n  spulse export app.spool --format pprof -o app.pb.gz && go tool pprof -top app.pb.gz\n  spulse export app.spool --format firefox -o app.json\n  spulse export app.spool --format collapsed -o app.folded\n  spulse export app.spool --format svg -o app.svg --symbols /usr/lib/debug\n  spulse export app.spool --format speedscope -o app.speedscope.json --thread 4242\n  spulse export app.spool --format pprof -o app.pb.gz --pid 4200 --from 1000000"
+    after_help = "Examples:\n  spulse export app.spool --format pprof -o app.pb.gz && go tool pprof -top app.pb.gz\n  spulse export app.spool --format firefox -o app.json\n  spulse export app.spool --format firefox -o app.jslb.gz\n  spulse export app.spool --format collapsed -o app.folded\n  spulse export app.spool --format svg -o app.svg --symbols /usr/lib/debug\n  spulse export app.spool --format speedscope -o app.speedscope.json --thread 4242\n  spulse export app.spool --format pprof -o app.pb.gz --pid 4200 --from 1000000"
 )]
 pub struct ExportArgs {
     /// The spool file.
@@ -42,7 +44,8 @@ pub struct ExportArgs {
     /// Output format.
     #[arg(short, long, value_enum)]
     pub format: Format,
-    /// Output file (`-` for stdout).
+    /// Output file (`-` for stdout). With `--format firefox`, a name ending in
+    /// `.jslb` or `.jslb.gz` selects the JsonSlabs container.
     #[arg(short, long, value_name = "OUT")]
     pub output: PathBuf,
     #[command(flatten)]
@@ -144,6 +147,7 @@ fn target(input: &Path, output: &Path) -> Result<Target, CliError> {
 /// Run `spulse export`.
 pub fn run(args: &ExportArgs) -> Result<(), CliError> {
     args.filter.filter().check_window()?;
+    args.format.exporter(&args.output)?;
     let target = target(&args.file, &args.output)?;
     let replay = open_replay(&args.file)?;
     // Rejected here, before any output is opened, as `top` rejects them.
@@ -239,15 +243,28 @@ fn report(samples: u64, output: &str, bytes: u64) {
 }
 
 impl Format {
-    /// The exporter that writes this format.
-    fn exporter(self) -> Exporter {
-        match self {
-            Format::Pprof => export::pprof::export,
-            Format::Firefox => export::firefox::export,
-            Format::Collapsed => export::collapsed::export,
-            Format::Svg => export::svg::export,
-            Format::Speedscope => export::speedscope::export,
-        }
+    /// The exporter that writes this format to `output`: the Firefox format
+    /// goes in the JsonSlabs container when `output` ends in `.jslb` or
+    /// `.jslb.gz`, which no other format can be written in.
+    fn exporter(self, output: &Path) -> Result<Exporter, CliError> {
+        let jslb = export::jslb::container(output);
+        Ok(match (self, jslb) {
+            (Format::Firefox, None) => export::firefox::export,
+            (Format::Firefox, Some(false)) => export::jslb::export,
+            (Format::Firefox, Some(true)) => export::jslb::export_gz,
+            (_, Some(_)) => {
+                return Err(CliError::input(format!(
+                    "{}: a .jslb file holds a Firefox Profiler profile; use --format firefox \
+                     (or another file name for --format {})",
+                    escape(&output.display().to_string()),
+                    self.to_possible_value().map(|v| v.get_name().to_string()).unwrap_or_default()
+                )))
+            }
+            (Format::Pprof, None) => export::pprof::export,
+            (Format::Collapsed, None) => export::collapsed::export,
+            (Format::Svg, None) => export::svg::export,
+            (Format::Speedscope, None) => export::speedscope::export,
+        })
     }
 }
 
@@ -257,5 +274,5 @@ fn write_export(args: &ExportArgs, replay: &Replay, out: &mut dyn Write) -> Resu
     let title = format!("spulse {}", args.file.display());
     let output = escape(&args.output.display().to_string()).into_owned();
     let job = Job { replay, filter: &args.filter.filter(), title: &title, output: &output };
-    (args.format.exporter())(&job, &mut sym, out)
+    (args.format.exporter(&args.output)?)(&job, &mut sym, out)
 }

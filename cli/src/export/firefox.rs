@@ -38,6 +38,10 @@ use crate::select::{Context, Contexts, Selector};
 use crate::symbolize::{module_name, Symbolizer};
 use crate::CliError;
 
+/// The processed-profile format version `fxprof-processed-profile` writes
+/// (per-thread tables and string arrays).
+pub const PROFILE_VERSION: u64 = 55;
+
 /// Spool times are microseconds; the profile takes nanoseconds and milliseconds.
 const NS_PER_US: u64 = 1000;
 const US_PER_MS: f64 = 1000.0;
@@ -125,9 +129,18 @@ impl Categories {
     }
 }
 
-/// Build and write the profile of the selected samples. Samples are streamed
-/// from the spool; the Firefox format itself keeps one entry per sample.
+/// Build and write the profile of the selected samples as JSON. Samples are
+/// streamed from the spool; the Firefox format itself keeps one entry per
+/// sample.
 pub fn export(job: &Job<'_>, sym: &mut Symbolizer, out: &mut dyn Write) -> Result<u64, CliError> {
+    let (doc, selected) = profile(job, sym)?;
+    serde_json::to_writer(&mut *out, &doc).map_err(|e| job.write_error(e.into()))?;
+    Ok(selected)
+}
+
+/// The processed profile (format version [`PROFILE_VERSION`]) of the
+/// selected samples, and how many samples it holds.
+pub fn profile(job: &Job<'_>, sym: &mut Symbolizer) -> Result<(Value, u64), CliError> {
     let (replay, filter, product) = (job.replay, job.filter, job.title);
     let defs: &Definitions = replay;
     let start_us = defs.start_time_us();
@@ -359,8 +372,7 @@ pub fn export(job: &Job<'_>, sym: &mut Symbolizer, out: &mut dyn Write) -> Resul
             fill_in_thread(th, sym, &inline_frames, &lib_lines, &lib_modules);
         }
     }
-    serde_json::to_writer(&mut *out, &doc).map_err(|e| job.write_error(e.into()))?;
-    Ok(select.selected())
+    Ok((doc, select.selected()))
 }
 
 /// The module of each entry of the profile's `libs` array (matched by path

@@ -2,10 +2,12 @@
 //! it is given the spool, the sample [`Filter`] and a title, selects and
 //! aggregates the samples it needs through [`crate::aggregate`] (or, for the
 //! Firefox Profiler, streams them through [`crate::select`]), and returns how
-//! many samples it wrote.
+//! many samples it wrote. The Firefox profile is written as JSON
+//! ([`firefox`]) or in the JsonSlabs container ([`jslb`]).
 
 pub mod collapsed;
 pub mod firefox;
+pub mod jslb;
 pub mod pprof;
 pub mod speedscope;
 pub mod svg;
