@@ -14,7 +14,9 @@
 //! compares it with the serde_json parse of the same data (wall time: the
 //! spool loads on two threads). `write PATH SAMPLES TICK_US` spaces the
 //! generator's ticks `TICK_US` apart instead of 1 ms (10,000 gives a 5.8-hour
-//! profile of 10 M samples).
+//! profile of 10 M samples). `pack SPOOL OUT` writes the packed file of a
+//! spool, and `open PATH` opens a spool or packed file once with
+//! `Snapshot::open` (for the peak RSS of that alone).
 
 use spulse_testkit::profile as spool_profile;
 
@@ -136,9 +138,36 @@ fn main() -> Result<(), spulse::Error> {
                 value.as_secs_f64() / spool_best.as_secs_f64(),
             );
         }
+        Some("pack") if args.len() == 4 => {
+            let replay = spulse::Replay::open(&args[2])?;
+            let out = std::io::BufWriter::new(std::fs::File::create(&args[3])?);
+            let s = spulse::pack(&replay, out)?;
+            println!(
+                "packed {} samples into {} blocks, {} bytes ({:.3} of the spool's {})",
+                s.samples,
+                s.blocks,
+                s.bytes,
+                s.bytes as f64 / s.spool_bytes as f64,
+                s.spool_bytes
+            );
+        }
+        Some("open") if args.len() == 3 => {
+            // One `Snapshot::open` (a spool or a packed file), for peak RSS.
+            let t = Instant::now();
+            let snap = spulse::Snapshot::open(&args[2])?;
+            let wall = t.elapsed();
+            println!(
+                "{} samples ({}); Snapshot::open {:.3} s; decoded columns (16 bytes a sample) {} bytes",
+                snap.len(),
+                if snap.is_packed() { "packed" } else { "spool" },
+                wall.as_secs_f64(),
+                16 * snap.len()
+            );
+        }
         _ => {
             eprintln!(
-                "usage: spool_rss write PATH SAMPLES [TICK_US] | replay PATH | snapshot PATH | json PATH"
+                "usage: spool_rss write PATH SAMPLES [TICK_US] | replay PATH | snapshot PATH | json PATH | \
+                 pack SPOOL OUT | open PATH"
             );
             std::process::exit(2);
         }

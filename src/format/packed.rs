@@ -146,6 +146,10 @@ pub(crate) fn decompress(payload: &[u8], raw: &mut [u8]) -> Result<(), String> {
     }
 }
 
+/// Samples undone per step of [`unplane`]: fixed-size arrays the compiler
+/// turns into vector shuffles.
+const LANES: usize = 64;
+
 /// Undo the byte planes of a decompressed block of `times.len()` samples
 /// (`raw` holds `16 * n` bytes) into the three columns, and measure them.
 pub(crate) fn unplane(raw: &[u8], times: &mut [u64], threads: &mut [u32], stacks: &mut [u32]) -> BlockStats {
@@ -153,31 +157,65 @@ pub(crate) fn unplane(raw: &[u8], times: &mut [u64], threads: &mut [u32], stacks
     assert!(raw.len() == n * SAMPLE_BYTES && threads.len() == n && stacks.len() == n);
     let (t, rest) = raw.split_at(n * 8);
     let (h, s) = rest.split_at(n * 4);
-    let tp: [&[u8]; 8] = std::array::from_fn(|k| &t[k * n..(k + 1) * n]);
-    let (mut lo, mut hi) = (u64::MAX, 0u64);
-    for (i, out) in times.iter_mut().enumerate() {
-        let v = u64::from_le_bytes([
-            tp[0][i], tp[1][i], tp[2][i], tp[3][i], tp[4][i], tp[5][i], tp[6][i], tp[7][i],
-        ]);
-        lo = lo.min(v);
-        hi = hi.max(v);
-        *out = v;
-    }
-    let max_thread = unplane32(h, threads);
-    let max_stack = unplane32(s, stacks);
-    BlockStats { min_time_us: lo, max_time_us: hi, max_thread, max_stack }
+    let (min_time_us, max_time_us) = unplane_n::<8, u64>(t, times);
+    let (_, max_thread) = unplane_n::<4, u32>(h, threads);
+    let (_, max_stack) = unplane_n::<4, u32>(s, stacks);
+    BlockStats { min_time_us, max_time_us, max_thread, max_stack }
 }
 
-fn unplane32(col: &[u8], out: &mut [u32]) -> u32 {
+/// Undo `W` byte planes of `out.len()` values; returns their minimum and
+/// maximum (`(MAX, 0)` for none).
+#[inline(always)]
+fn unplane_n<const W: usize, T: Copy + Ord + Planed<W>>(col: &[u8], out: &mut [T]) -> (T, T) {
     let n = out.len();
-    let p: [&[u8]; 4] = std::array::from_fn(|k| &col[k * n..(k + 1) * n]);
-    let mut max = 0;
-    for (i, o) in out.iter_mut().enumerate() {
-        let v = u32::from_le_bytes([p[0][i], p[1][i], p[2][i], p[3][i]]);
-        max = max.max(v);
-        *o = v;
+    let planes: [&[u8]; W] = std::array::from_fn(|k| &col[k * n..(k + 1) * n]);
+    let (mut lo, mut hi) = (T::MAX, T::MIN);
+    let whole = n - n % LANES;
+    for (c, chunk) in out[..whole].chunks_exact_mut(LANES).enumerate() {
+        let at = c * LANES;
+        let bytes: [&[u8; LANES]; W] =
+            std::array::from_fn(|k| planes[k][at..at + LANES].try_into().expect("a whole chunk"));
+        let mut l = [T::MAX; LANES];
+        let mut m = [T::MIN; LANES];
+        for j in 0..LANES {
+            let v = T::from_le(std::array::from_fn(|k| bytes[k][j]));
+            chunk[j] = v;
+            l[j] = v;
+            m[j] = v;
+        }
+        lo = lo.min(l.into_iter().min().expect("LANES > 0"));
+        hi = hi.max(m.into_iter().max().expect("LANES > 0"));
     }
-    max
+    for i in whole..n {
+        let v = T::from_le(std::array::from_fn(|k| planes[k][i]));
+        out[i] = v;
+        lo = lo.min(v);
+        hi = hi.max(v);
+    }
+    (lo, hi)
+}
+
+/// An unsigned integer of `W` bytes, rebuilt from its little-endian bytes.
+trait Planed<const W: usize>: Sized {
+    const MIN: Self;
+    const MAX: Self;
+    fn from_le(b: [u8; W]) -> Self;
+}
+impl Planed<8> for u64 {
+    const MIN: u64 = 0;
+    const MAX: u64 = u64::MAX;
+    #[inline(always)]
+    fn from_le(b: [u8; 8]) -> u64 {
+        u64::from_le_bytes(b)
+    }
+}
+impl Planed<4> for u32 {
+    const MIN: u32 = 0;
+    const MAX: u32 = u32::MAX;
+    #[inline(always)]
+    fn from_le(b: [u8; 4]) -> u32 {
+        u32::from_le_bytes(b)
+    }
 }
 
 #[cfg(test)]

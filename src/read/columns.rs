@@ -194,12 +194,6 @@ impl Block {
         Block { origin: start_us.wrapping_sub(BIAS), cols: Width::Narrow(Cols::with_capacity(capacity)) }
     }
 
-    /// A block holding the given columns as they are (wide, origin 0: each
-    /// offset is the absolute time).
-    pub(crate) fn from_columns(times: Vec<u64>, threads: Vec<u32>, stacks: Vec<u32>) -> Block {
-        Block { origin: 0, cols: Width::Wide(Cols { offs: times, threads, stacks }) }
-    }
-
     /// Number of samples.
     #[inline]
     pub(crate) fn len(&self) -> usize {

@@ -14,6 +14,7 @@
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 
+use super::columns::{Block, Fill, Filler, Layout, SampleColumns};
 use super::scan::format_error;
 use crate::format::defs::Definitions;
 use crate::format::packed::*;
@@ -69,8 +70,6 @@ pub(crate) struct Frame {
     /// running time are those of the whole file).
     pub defs: Definitions,
     pub index: Vec<IndexEntry>,
-    /// Ordinal of each block's first sample.
-    pub starts: Vec<u64>,
     pub samples: u64,
     pub file_len: u64,
     /// Sum of the blocks' compressed payloads.
@@ -141,7 +140,6 @@ pub(crate) fn open_frame(src: &(impl Source + ?Sized), len: u64) -> Result<Frame
     let mut index_bytes = vec![0u8; (blocks * INDEX_ENTRY_LEN) as usize];
     src.read_exact_at(&mut index_bytes, index_at)?;
     let mut index = Vec::with_capacity(blocks as usize);
-    let mut starts = Vec::with_capacity(blocks as usize);
     let (mut expect, mut total, mut payload_bytes) = (data_start, 0u64, 0u64);
     for (i, raw) in index_bytes.chunks_exact(INDEX_ENTRY_LEN as usize).enumerate() {
         let at = index_at + i as u64 * INDEX_ENTRY_LEN;
@@ -171,7 +169,6 @@ pub(crate) fn open_frame(src: &(impl Source + ?Sized), len: u64) -> Result<Frame
         if expect > index_at {
             return Err(corrupt(at, format!("index entry {i}: block {i} runs past the index at {index_at}")));
         }
-        starts.push(total);
         total += e.count as u64;
         payload_bytes += e.compressed as u64;
         index.push(e);
@@ -194,7 +191,7 @@ pub(crate) fn open_frame(src: &(impl Source + ?Sized), len: u64) -> Result<Frame
     // without samples keeps the start time, as a spool does.
     defs.commit_samples(samples - defs.sample_count(), defs.last_time_us());
     let (threads, stacks) = (defs.threads().len(), defs.stack_count());
-    Ok(Frame { defs, index, starts, samples, file_len: len, payload_bytes, threads, stacks })
+    Ok(Frame { defs, index, samples, file_len: len, payload_bytes, threads, stacks })
 }
 
 /// Decode the definitions section (a spool stream without sample records),
@@ -355,84 +352,87 @@ pub(crate) fn validate_all(src: &(impl Source + ?Sized), frame: &Frame) -> Resul
     Ok(buf.times.last().copied())
 }
 
-/// Samples of a whole packed file as three columns (`Snapshot`), decoded on
-/// two threads when the file is large and two cores are there.
-pub(crate) fn decode_all(
-    src: &(impl Source + ?Sized),
-    frame: &Frame,
-) -> Result<(Vec<u64>, Vec<u32>, Vec<u32>), Error> {
-    let n = usize::try_from(frame.samples).map_err(|_| corrupt(0, "too many samples".into()))?;
-    let mut times = zeroed::<u64>(n)?;
-    let mut threads = zeroed::<u32>(n)?;
-    let mut stacks = zeroed::<u32>(n)?;
-    let blocks = frame.index.len();
-    let two = blocks >= 8 && std::thread::available_parallelism().is_ok_and(|c| c.get() >= 2);
-    let split_block = if two { blocks / 2 } else { blocks };
-    let split = frame.starts.get(split_block).map_or(n, |&s| s as usize);
-    let (t1, t2) = times.split_at_mut(split);
-    let (h1, h2) = threads.split_at_mut(split);
-    let (s1, s2) = stacks.split_at_mut(split);
-    let run = |range: std::ops::Range<usize>, mut t: &mut [u64], mut h: &mut [u32], mut s: &mut [u32]| {
-        let mut scratch = Scratch::default();
-        for i in range {
-            let c = frame.index[i].count as usize;
-            let (bt, rt) = std::mem::take(&mut t).split_at_mut(c);
-            let (bh, rh) = std::mem::take(&mut h).split_at_mut(c);
-            let (bs, rs) = std::mem::take(&mut s).split_at_mut(c);
-            frame.block(src, i, &mut scratch, bt, bh, bs)?;
-            (t, h, s) = (rt, rh, rs);
-        }
-        Ok::<(), Error>(())
-    };
-    let spawned = std::thread::scope(|sc| {
-        let second = (split_block < blocks)
-            .then(|| {
-                std::thread::Builder::new()
-                    .name("spulse-unpack".into())
-                    .spawn_scoped(sc, || run(split_block..blocks, t2, h2, s2))
-                    .ok()
-            })
-            .flatten();
-        let first = run(0..split_block, t1, h1, s1);
-        let second =
-            second.map(|h| h.join().unwrap_or_else(|_| Err(corrupt(0, "decoder thread failed".into()))));
-        // The first error in file order.
-        first?;
-        second.transpose().map(|r| r.is_some())
-    })?;
-    if !spawned && split_block < blocks {
-        // No second thread to be had (resource limits): decode the rest here.
-        run(split_block..blocks, &mut times[split..], &mut threads[split..], &mut stacks[split..])?;
-    }
-    Ok((times, threads, stacks))
+/// Hands a decoded block's samples to a [`Filler`], from sample `i` on.
+struct FromBlock<'a> {
+    buf: &'a BlockBuf,
+    i: usize,
 }
 
-/// Integer types for which all-zero bytes are a valid value.
-trait Zeroable: Copy {}
-impl Zeroable for u64 {}
-impl Zeroable for u32 {}
+impl Fill for FromBlock<'_> {
+    /// The time and thread of a sample the filler had no room for.
+    type Out = Option<(u64, u32)>;
 
-/// A zero-filled vector of `n` values (fresh pages the allocator does not
-/// write), or an error instead of an abort when the memory cannot be had: the
-/// count comes from an untrusted file.
-fn zeroed<T: Zeroable>(n: usize) -> Result<Vec<T>, Error> {
-    let oom = || {
-        Error::from(std::io::Error::new(
-            std::io::ErrorKind::OutOfMemory,
-            format!("cannot allocate columns for {n} samples"),
-        ))
+    #[inline(always)]
+    fn run<L: Layout>(&mut self, w: &mut Filler<'_, L>) -> Option<(u64, u32)> {
+        let b = self.buf;
+        let n = b.times.len().min(b.threads.len()).min(b.stacks.len());
+        let mut i = self.i;
+        while i < n {
+            let (t, h, s) = (b.times[i], b.threads[i], b.stacks[i]);
+            if !w.put(t, h, s) {
+                self.i = i;
+                return Some((t, h));
+            }
+            i += 1;
+        }
+        self.i = i;
+        None
+    }
+}
+
+/// Decode blocks `range` into columns of their own.
+fn decode_range(
+    src: &(impl Source + ?Sized),
+    frame: &Frame,
+    range: std::ops::Range<usize>,
+) -> Result<SampleColumns, Error> {
+    let count: u64 = frame.index[range.clone()].iter().map(|e| e.count as u64).sum();
+    // Room for every sample up front, but never more than one per byte of the
+    // file (real profiles take several bytes a sample): a hostile file that
+    // claims more than it can plausibly hold grows the columns as it is
+    // actually decoded instead.
+    let room = count.min(frame.file_len) as usize;
+    let start = frame.index.get(range.start).map_or(0, |e| e.min_time_us);
+    let mut cols = SampleColumns::new(Block::new(start, room));
+    let mut buf = BlockBuf::default();
+    for i in range {
+        buf.load(frame, src, i)?;
+        let mut f = FromBlock { buf: &buf, i: 0 };
+        while let Some((time, thread)) = cols.last_mut().fill(&mut f) {
+            cols.make_room(time, thread);
+        }
+    }
+    Ok(cols)
+}
+
+/// Every sample of a packed file in a `Snapshot`'s columns, decoded on two
+/// threads when the file has enough blocks and two cores are there. Each
+/// block is decompressed into a small buffer (one block, in cache) and copied
+/// into the columns in their compact form (`columns.rs`).
+pub(crate) fn decode_all(src: &(impl Source + ?Sized), frame: &Frame) -> Result<SampleColumns, Error> {
+    let blocks = frame.index.len();
+    let two = blocks >= 8 && std::thread::available_parallelism().is_ok_and(|c| c.get() >= 2);
+    if !two {
+        return decode_range(src, frame, 0..blocks);
+    }
+    let split = blocks / 2;
+    let (first, second) = std::thread::scope(|sc| {
+        let second = std::thread::Builder::new()
+            .name("spulse-unpack".into())
+            .spawn_scoped(sc, || decode_range(src, frame, split..blocks))
+            .ok();
+        let first = decode_range(src, frame, 0..split);
+        let second =
+            second.map(|h| h.join().unwrap_or_else(|_| Err(corrupt(0, "decoder thread failed".into()))));
+        (first, second)
+    });
+    // The first error in file order.
+    let mut cols = first?;
+    let rest = match second {
+        Some(r) => r?,
+        // No second thread to be had (resource limits): decode the rest here.
+        None => decode_range(src, frame, split..blocks)?,
     };
-    if n == 0 {
-        return Ok(Vec::new());
-    }
-    let layout = std::alloc::Layout::array::<T>(n).map_err(|_| oom())?;
-    // SAFETY: `layout` has a non-zero size (`n > 0`, and `T` is u32 or u64).
-    let ptr = unsafe { std::alloc::alloc_zeroed(layout) } as *mut T;
-    if ptr.is_null() {
-        return Err(oom());
-    }
-    // SAFETY: `ptr` was allocated by the global allocator with the layout of
-    // `[T; n]`, which is that of a `Vec<T>` of capacity `n`; all `n` values
-    // are initialized, since all-zero bytes are a valid `T` (`Zeroable`).
-    Ok(unsafe { Vec::from_raw_parts(ptr, n, n) })
+    cols.append_rebased(rest, 0);
+    Ok(cols)
 }

@@ -147,17 +147,15 @@ impl Snapshot {
     }
 
     /// Decode and validate a whole packed file (`FORMAT.md`, section 10) of
-    /// `len` bytes. The columns are allocated once for the sample count the
-    /// (checked) index gives, and every block is decompressed straight into
-    /// its place, on two threads for a large file.
+    /// `len` bytes, block by block into the same compact columns a spool
+    /// loads into, on two threads for a large file.
     fn from_packed(src: &(impl packed::Source + ?Sized), len: u64) -> Result<Snapshot, Error> {
         let mut frame = packed::open_frame(src, len)?;
-        let (times, threads, stacks) = packed::decode_all(src, &frame)?;
-        if let Some(&last) = times.last() {
-            frame.finish(last);
-        }
-        let mut samples = SampleColumns::new(Block::from_columns(times, threads, stacks));
+        let mut samples = packed::decode_all(src, &frame)?;
         samples.finish();
+        if let Some(last) = samples.len().checked_sub(1).and_then(|i| samples.get(i)) {
+            frame.finish(last.time_us);
+        }
         Ok(Snapshot {
             defs: frame.defs,
             samples,
