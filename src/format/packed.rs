@@ -146,10 +146,6 @@ pub(crate) fn decompress(payload: &[u8], raw: &mut [u8]) -> Result<(), String> {
     }
 }
 
-/// Samples undone per step of [`unplane`]: fixed-size arrays the compiler
-/// turns into vector shuffles.
-const LANES: usize = 64;
-
 /// Undo the byte planes of a decompressed block of `times.len()` samples
 /// (`raw` holds `16 * n` bytes) into the three columns, and measure them.
 pub(crate) fn unplane(raw: &[u8], times: &mut [u64], threads: &mut [u32], stacks: &mut [u32]) -> BlockStats {
@@ -163,28 +159,50 @@ pub(crate) fn unplane(raw: &[u8], times: &mut [u64], threads: &mut [u32], stacks
     BlockStats { min_time_us, max_time_us, max_thread, max_stack }
 }
 
-/// Undo `W` byte planes of `out.len()` values; returns their minimum and
-/// maximum (`(MAX, 0)` for none).
+/// Transpose an 8 x 8 byte matrix held as eight little-endian rows: byte `c`
+/// of `a[r]` moves to byte `r` of `a[c]`. Three rounds of block swaps (4 x 4,
+/// then 2 x 2, then single bytes), each a few shifts and masks per row.
+#[inline(always)]
+fn transpose8(a: &mut [u64; 8]) {
+    for i in 0..4 {
+        let t = ((a[i] >> 32) ^ a[i + 4]) & 0x0000_0000_ffff_ffff;
+        a[i] ^= t << 32;
+        a[i + 4] ^= t;
+    }
+    for i in [0, 1, 4, 5] {
+        let t = ((a[i] >> 16) ^ a[i + 2]) & 0x0000_ffff_0000_ffff;
+        a[i] ^= t << 16;
+        a[i + 2] ^= t;
+    }
+    for i in [0, 2, 4, 6] {
+        let t = ((a[i] >> 8) ^ a[i + 1]) & 0x00ff_00ff_00ff_00ff;
+        a[i] ^= t << 8;
+        a[i + 1] ^= t;
+    }
+}
+
+/// Undo `W` byte planes of `out.len()` values, eight values at a time (the
+/// eight bytes of each plane for them are one row of [`transpose8`]); returns
+/// their minimum and maximum (`(MAX, MIN)` for none).
 #[inline(always)]
 fn unplane_n<const W: usize, T: Copy + Ord + Planed<W>>(col: &[u8], out: &mut [T]) -> (T, T) {
     let n = out.len();
     let planes: [&[u8]; W] = std::array::from_fn(|k| &col[k * n..(k + 1) * n]);
     let (mut lo, mut hi) = (T::MAX, T::MIN);
-    let whole = n - n % LANES;
-    for (c, chunk) in out[..whole].chunks_exact_mut(LANES).enumerate() {
-        let at = c * LANES;
-        let bytes: [&[u8; LANES]; W] =
-            std::array::from_fn(|k| planes[k][at..at + LANES].try_into().expect("a whole chunk"));
-        let mut l = [T::MAX; LANES];
-        let mut m = [T::MIN; LANES];
-        for j in 0..LANES {
-            let v = T::from_le(std::array::from_fn(|k| bytes[k][j]));
-            chunk[j] = v;
-            l[j] = v;
-            m[j] = v;
+    let whole = n - n % 8;
+    for (c, chunk) in out[..whole].chunks_exact_mut(8).enumerate() {
+        let at = c * 8;
+        let mut rows = [0u64; 8];
+        for (row, plane) in rows.iter_mut().zip(planes) {
+            *row = u64::from_le_bytes(plane[at..at + 8].try_into().expect("eight bytes"));
         }
-        lo = lo.min(l.into_iter().min().expect("LANES > 0"));
-        hi = hi.max(m.into_iter().max().expect("LANES > 0"));
+        transpose8(&mut rows);
+        for (o, &v) in chunk.iter_mut().zip(&rows) {
+            let v = T::truncate(v);
+            *o = v;
+            lo = lo.min(v);
+            hi = hi.max(v);
+        }
     }
     for i in whole..n {
         let v = T::from_le(std::array::from_fn(|k| planes[k][i]));
@@ -200,6 +218,8 @@ trait Planed<const W: usize>: Sized {
     const MIN: Self;
     const MAX: Self;
     fn from_le(b: [u8; W]) -> Self;
+    /// The value in the low `W` bytes of `v` (the rest are zero).
+    fn truncate(v: u64) -> Self;
 }
 impl Planed<8> for u64 {
     const MIN: u64 = 0;
@@ -207,6 +227,10 @@ impl Planed<8> for u64 {
     #[inline(always)]
     fn from_le(b: [u8; 8]) -> u64 {
         u64::from_le_bytes(b)
+    }
+    #[inline(always)]
+    fn truncate(v: u64) -> u64 {
+        v
     }
 }
 impl Planed<4> for u32 {
@@ -216,6 +240,10 @@ impl Planed<4> for u32 {
     fn from_le(b: [u8; 4]) -> u32 {
         u32::from_le_bytes(b)
     }
+    #[inline(always)]
+    fn truncate(v: u64) -> u32 {
+        v as u32
+    }
 }
 
 #[cfg(test)]
@@ -223,26 +251,44 @@ mod tests {
     use super::*;
 
     #[test]
+    fn transpose8_moves_byte_c_of_row_r_to_byte_r_of_row_c() {
+        let mut a: [u64; 8] =
+            std::array::from_fn(|r| u64::from_le_bytes(std::array::from_fn(|c| (16 * r + c) as u8)));
+        transpose8(&mut a);
+        for (c, row) in a.iter().enumerate() {
+            assert_eq!(row.to_le_bytes(), std::array::from_fn(|r| (16 * r + c) as u8));
+        }
+    }
+
+    #[test]
     fn block_round_trip() {
-        let times: Vec<u64> = (0..1000u64).map(|i| 1_700_000_000_000_000 + i * 997 % 5000).collect();
-        let threads: Vec<u32> = (0..1000u32).map(|i| i % 7).collect();
-        let stacks: Vec<u32> = (0..1000u32).map(|i| i.wrapping_mul(2_654_435_761) % 70_000).collect();
+        for n in [1000u64, 1003, 7, 1] {
+            round_trip(n);
+        }
+    }
+
+    fn round_trip(n: u64) {
+        let times: Vec<u64> =
+            (0..n).map(|i| 1_700_000_000_000_000u64.wrapping_add(i * 997 % 5000) ^ (i << 56)).collect();
+        let threads: Vec<u32> = (0..n as u32).map(|i| i % 7).collect();
+        let stacks: Vec<u32> = (0..n as u32).map(|i| i.wrapping_mul(2_654_435_761) % 70_000).collect();
+        let n = n as usize;
         let (mut raw, mut out) = (Vec::new(), Vec::new());
         let c = encode_block(&times, &threads, &stacks, &mut raw, &mut out);
-        assert_eq!(le32(&out[0..4]) as usize, 16_000);
+        assert_eq!(le32(&out[0..4]) as usize, 16 * n);
         assert_eq!(le32(&out[4..8]), c);
-        assert_eq!(le32(&out[8..12]), 1000);
-        let mut raw = vec![0u8; 16_000];
+        assert_eq!(le32(&out[8..12]) as usize, n);
+        let mut raw = vec![0u8; 16 * n];
         decompress(&out[12..], &mut raw).unwrap();
-        let (mut t, mut h, mut s) = (vec![0; 1000], vec![0; 1000], vec![0; 1000]);
+        let (mut t, mut h, mut s) = (vec![0; n], vec![0; n], vec![0; n]);
         let st = unplane(&raw, &mut t, &mut h, &mut s);
-        assert_eq!((t, h, s), (times.clone(), threads, stacks.clone()));
+        assert_eq!((t, h, s), (times.clone(), threads.clone(), stacks.clone()));
         assert_eq!(st.min_time_us, *times.iter().min().unwrap());
         assert_eq!(st.max_time_us, *times.iter().max().unwrap());
         assert_eq!(st.max_stack, *stacks.iter().max().unwrap());
-        assert_eq!(st.max_thread, 6);
+        assert_eq!(st.max_thread, *threads.iter().max().unwrap());
         // A size the payload does not decode to is an error, not a panic.
-        let mut short = vec![0u8; 15_999];
+        let mut short = vec![0u8; 16 * n - 1];
         assert!(decompress(&out[12..], &mut short).is_err());
     }
 }
