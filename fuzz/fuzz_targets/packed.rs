@@ -12,7 +12,9 @@ fuzz_target!(|data: &[u8]| {
     if let Ok(snap) = Snapshot::from_bytes(data) {
         for s in snap.samples() {
             let _ = snap.thread(s.thread);
-            snap.stack_frames(s.stack).for_each(|f| drop(snap.frame_address(f)));
+            for f in snap.stack_frames(s.stack) {
+                let _ = snap.frame_address(f);
+            }
         }
     }
     let path = std::env::temp_dir().join(format!("spulse-fuzz-packed-{}", std::process::id()));
