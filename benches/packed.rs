@@ -14,7 +14,6 @@
 use spulse_testkit::profile as spool_profile;
 
 use std::hint::black_box;
-use std::io::Write;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use spulse::{Replay, Snapshot};
@@ -28,29 +27,6 @@ fn sample_count() -> u64 {
     } else {
         20_000
     }
-}
-
-/// The samples as three JSON arrays, `[[times], [threads], [stacks]]`.
-fn columns_json(snap: &Snapshot) -> Vec<u8> {
-    let mut out = Vec::with_capacity(snap.len() * 26);
-    out.push(b'[');
-    for (c, last) in [(0, false), (1, false), (2, true)] {
-        out.push(b'[');
-        for (i, s) in snap.samples().enumerate() {
-            if i > 0 {
-                out.push(b',');
-            }
-            let v = match c {
-                0 => s.time_us,
-                1 => s.thread.get() as u64,
-                _ => s.stack.get() as u64,
-            };
-            write!(out, "{v}").unwrap();
-        }
-        out.extend_from_slice(if last { b"]" } else { b"]," });
-    }
-    out.push(b']');
-    out
 }
 
 fn packed_benches(c: &mut Criterion) {
@@ -69,7 +45,7 @@ fn packed_benches(c: &mut Criterion) {
     let packed = Snapshot::open(&packed_path).unwrap();
     assert!(packed.is_packed());
     assert!(packed.samples().eq(snap.samples()), "the packed file holds the spool's samples");
-    let json = columns_json(&snap);
+    let json = spool_profile::columns_json(&snap);
     let parsed: (Vec<u64>, Vec<u32>, Vec<u32>) = serde_json::from_slice(&json).unwrap();
     assert_eq!(parsed.0.len() as u64, n);
     drop((snap, packed, parsed));
