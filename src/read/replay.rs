@@ -6,6 +6,10 @@
 //! entries are merged and the stride doubles, so the index stays bounded while
 //! still covering the whole validated suffix. Iteration then re-reads the file
 //! in fixed-size chunks and only visits the validated prefix.
+//!
+//! A packed file (`read/packed.rs`) is opened by checking its frame and every
+//! block, one block in memory at a time; its own block index takes the place
+//! of the sample-range index, and iteration decodes one block at a time.
 
 use std::fs::File;
 use std::ops::Deref;
