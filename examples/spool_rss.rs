@@ -14,7 +14,11 @@
 //! compares it with the serde_json parse of the same data (wall time: the
 //! spool loads on two threads). `write PATH SAMPLES TICK_US` spaces the
 //! generator's ticks `TICK_US` apart instead of 1 ms (10,000 gives a 5.8-hour
-//! profile of 10 M samples).
+//! profile of 10 M samples). `pack SPOOL OUT` writes the packed file of a
+//! spool, and `open PATH` opens a spool or packed file once with
+//! `Snapshot::open` (for the peak RSS of that alone); `compare SPOOL PACKED`
+//! times `Snapshot::open` of each and the serde_json parse of the same
+//! samples into typed columns in interleaved rounds (median of 7).
 
 use spulse_testkit::profile as spool_profile;
 
@@ -136,9 +140,77 @@ fn main() -> Result<(), spulse::Error> {
                 value.as_secs_f64() / spool_best.as_secs_f64(),
             );
         }
+        Some("pack") if args.len() == 4 => {
+            let replay = spulse::Replay::open(&args[2])?;
+            let out = std::io::BufWriter::new(std::fs::File::create(&args[3])?);
+            let s = spulse::pack(&replay, out)?;
+            println!(
+                "packed {} samples into {} blocks, {} bytes ({:.3} of the spool's {})",
+                s.samples,
+                s.blocks,
+                s.bytes,
+                s.bytes as f64 / s.spool_bytes as f64,
+                s.spool_bytes
+            );
+        }
+        Some("compare") if args.len() == 4 => {
+            // Interleaved rounds: Snapshot::open of the packed file, of the
+            // spool, and serde_json parsing the same samples into typed
+            // columns; wall times, median of the rounds.
+            let (spool, packed) = (&args[2], &args[3]);
+            let snap = spulse::Snapshot::open(spool)?;
+            let json = spool_profile::columns_json(&snap);
+            drop(snap);
+            let mut t: [Vec<f64>; 3] = Default::default();
+            for round in 0..7 {
+                let s = Instant::now();
+                let a = spulse::Snapshot::open(packed)?.len();
+                t[0].push(s.elapsed().as_secs_f64());
+                let s = Instant::now();
+                let b = spulse::Snapshot::open(spool)?.len();
+                t[1].push(s.elapsed().as_secs_f64());
+                let s = Instant::now();
+                let v: (Vec<u64>, Vec<u32>, Vec<u32>) = serde_json::from_slice(&json).expect("valid JSON");
+                t[2].push(s.elapsed().as_secs_f64());
+                assert!(a == b && b == v.0.len());
+                println!(
+                    "round {round}: packed {:.1} ms, spool {:.1} ms, JSON {:.1} ms",
+                    t[0][round] * 1e3,
+                    t[1][round] * 1e3,
+                    t[2][round] * 1e3
+                );
+            }
+            let median = |v: &mut Vec<f64>| {
+                v.sort_by(f64::total_cmp);
+                v[v.len() / 2]
+            };
+            let (p, s, j) = (median(&mut t[0]), median(&mut t[1]), median(&mut t[2]));
+            println!(
+                "median of 7: packed {:.1} ms, spool {:.1} ms ({:.2}x the packed), JSON typed {:.1} ms ({:.1}x)",
+                p * 1e3,
+                s * 1e3,
+                s / p,
+                j * 1e3,
+                j / p
+            );
+        }
+        Some("open") if args.len() == 3 => {
+            // One `Snapshot::open` (a spool or a packed file), for peak RSS.
+            let t = Instant::now();
+            let snap = spulse::Snapshot::open(&args[2])?;
+            let wall = t.elapsed();
+            println!(
+                "{} samples ({}); Snapshot::open {:.3} s; decoded columns (16 bytes a sample) {} bytes",
+                snap.len(),
+                if snap.is_packed() { "packed" } else { "spool" },
+                wall.as_secs_f64(),
+                16 * snap.len()
+            );
+        }
         _ => {
             eprintln!(
-                "usage: spool_rss write PATH SAMPLES [TICK_US] | replay PATH | snapshot PATH | json PATH"
+                "usage: spool_rss write PATH SAMPLES [TICK_US] | replay PATH | snapshot PATH | json PATH | \
+                 pack SPOOL OUT | open PATH | compare SPOOL PACKED"
             );
             std::process::exit(2);
         }

@@ -88,13 +88,19 @@ pub enum FormatErrorKind {
     /// A `Replay` found the file shorter or different than when it was opened
     /// and validated.
     ChangedSinceOpen,
+    /// A packed file (`spulse pack`) whose frame, index or blocks are
+    /// inconsistent or cut short; the text says what and where.
+    PackedCorrupt(String),
 }
 
 impl fmt::Display for FormatErrorKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         use FormatErrorKind::*;
         match self {
-            BadMagic => write!(f, "not a spulse spool (bad magic, expected \"SPULSE3\\0\")"),
+            BadMagic => write!(
+                f,
+                "not a spulse spool or packed file (bad magic, expected \"SPULSE3\\0\" or \"SPULSPK1\")"
+            ),
             TruncatedHeader => write!(f, "file ends inside the stream header"),
             BadVarint => write!(f, "malformed varint (overlong, too long, or out of range)"),
             UnknownTag(t) => write!(f, "unknown record tag {t}"),
@@ -129,6 +135,7 @@ impl fmt::Display for FormatErrorKind {
             PythonRuntimeState => write!(f, "Python-runtime record does not alternate enter/leave"),
             TooManyDefinitions(what) => write!(f, "too many {what} definitions"),
             ChangedSinceOpen => write!(f, "the file changed since it was opened and validated"),
+            PackedCorrupt(what) => write!(f, "corrupt packed file: {what}"),
         }
     }
 }

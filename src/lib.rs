@@ -12,14 +12,14 @@ pub use error::{Error, FormatErrorKind, RecorderError};
 pub use format::defs::{Definitions, StackFrames};
 pub use format::{
     Deactivation, Engine, Frame, FrameId, Header, Module, ModuleId, PythonRuntimeEvent, Sample, StackId,
-    StackNode, Thread, ThreadId,
+    StackNode, Thread, ThreadId, PACKED_MAGIC,
 };
-pub use read::{Replay, ReplayOptions, ReplaySamples, Snapshot, SnapshotSamples, Tail};
+pub use read::{PackedStats, Replay, ReplayOptions, ReplaySamples, Snapshot, SnapshotSamples, Tail};
 pub use recorder::{
     python_runtime_enter, python_runtime_leave, start, EngineChoice, Guard, LostSamples, Recorder,
     RecorderBuilder, Stats, DEFAULT_FREQUENCY_HZ, MAX_RING_BYTES,
 };
-pub use write::{NewModule, SpoolWriter};
+pub use write::{pack, NewModule, PackSummary, SpoolWriter};
 
 /// Hooks for spulse's own tests and benchmarks, compiled only with the
 /// `testing` cargo feature (off by default). **Unstable**: not part of the

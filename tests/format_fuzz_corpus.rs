@@ -5,7 +5,8 @@
 //! small multiple of its size, including synthesized hostile inputs made of
 //! nothing but tiny definitions.
 //!
-//! `cargo test --test format_fuzz_corpus -- --ignored` regenerates the seeds.
+//! `SPULSE_WRITE_CORPUS=1 cargo test --test format_fuzz_corpus seed_corpus_is_current`
+//! regenerates the seeds.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::path::{Path, PathBuf};
@@ -72,11 +73,12 @@ fn measured(data: &[u8], check: fn(&[u8])) -> usize {
 /// A fuzz target: its name and the function it runs on one input.
 type Target = (&'static str, fn(&[u8]));
 
-fn targets() -> [Target; 3] {
+fn targets() -> [Target; 4] {
     [
         ("snapshot", spulse_testkit::fuzz::fuzz_check_snapshot),
         ("replay", spulse_testkit::fuzz::fuzz_check_replay),
         ("tail", spulse_testkit::fuzz::fuzz_check_tail),
+        ("packed", spulse_testkit::fuzz::fuzz_check_packed),
     ]
 }
 
@@ -214,11 +216,27 @@ fn seed_corpus_is_current() {
     seeds.push(("header-only".into(), build(std::iter::empty()).0));
     seeds.push(("short-header".into(), b"SPULSE3\0\x80\x80".to_vec()));
     seeds.push(("bad-magic".into(), b"SPULSE2\0\x00\x00".to_vec()));
+    // The packed target's seeds: packed files, cut and altered ones, and the
+    // shortest inputs that start like one.
+    let mut packed_seeds: Vec<(String, Vec<u8>)> = Vec::new();
+    for (i, n) in [(1u64, 0usize), (2, 20), (3, 100), (4, 400)] {
+        let bytes = pack_bytes(&build(random_ops(i, n)).0);
+        let mid = bytes.len() / 2;
+        packed_seeds.push((format!("valid-{n}"), bytes.clone()));
+        packed_seeds.push((format!("truncated-{n}"), bytes[..bytes.len() - 1].to_vec()));
+        packed_seeds.push((format!("truncated-mid-{n}"), bytes[..mid].to_vec()));
+        let mut flipped = bytes.clone();
+        flipped[mid] ^= 0x5a;
+        packed_seeds.push((format!("corrupt-flip-{n}"), flipped));
+    }
+    packed_seeds.push(("magic-only".into(), spulse::PACKED_MAGIC.to_vec()));
+    packed_seeds.push(("spool".into(), build(random_ops(5, 50)).0));
     let write = std::env::var_os("SPULSE_WRITE_CORPUS").is_some();
     for (target, _) in targets() {
         let dir = corpus_dir(target);
         std::fs::create_dir_all(&dir).unwrap();
-        for (name, data) in &seeds {
+        let seeds = if target == "packed" { &packed_seeds } else { &seeds };
+        for (name, data) in seeds {
             let mut data = data.clone();
             if target == "tail" {
                 // The first two bytes seed the append sizes.

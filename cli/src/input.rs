@@ -18,8 +18,9 @@ pub const PROGRESS_STEP: u64 = 1 << 16;
 /// How often the spinner shown while a spool is validated moves.
 const SPINNER_TICK: std::time::Duration = std::time::Duration::from_millis(100);
 
-/// Open and validate a spool for sequential reading. A spool whose final record
-/// is incomplete is read up to it, with a one-line warning on stderr.
+/// Open and validate a spool (or a packed file) for sequential reading. A
+/// spool whose final record is incomplete is read up to it, with a one-line
+/// warning on stderr.
 pub fn open_replay(path: &Path) -> Result<Replay, CliError> {
     // Opening validates the whole file; show that something is happening.
     let spinner = if interactive() {

@@ -12,6 +12,8 @@
 //! - [`display`]: escaping untrusted text for the terminal and XML, fitting it to a width.
 //! - [`processes`]: the processes of a spool (pid, program, samples, ended).
 //! - [`merge`]: merging per-process spools into one (`record`).
+//! - [`output`]: writing an output file through a temporary file and a rename
+//!   (`export`, `pack`), never over the input.
 //! - [`commands`]: one module per subcommand.
 
 pub mod aggregate;
@@ -21,6 +23,7 @@ pub mod error;
 pub mod export;
 pub mod input;
 pub mod merge;
+pub mod output;
 pub mod processes;
 pub mod report;
 pub mod select;

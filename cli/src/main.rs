@@ -2,7 +2,7 @@
 //! `spulse_cli` library.
 
 use clap::{Parser, Subcommand};
-use spulse_cli::commands::{export, follow, info, record, top};
+use spulse_cli::commands::{export, follow, info, pack, record, top};
 
 /// Inspect, symbolize and export spulse spools.
 #[derive(Debug, Parser)]
@@ -20,6 +20,8 @@ enum Command {
     Top(top::TopArgs),
     /// Export to pprof, the Firefox Profiler, folded stacks, an SVG flame graph or speedscope.
     Export(export::ExportArgs),
+    /// Write a spool as a packed file (LZ4-compressed sample columns), which loads faster.
+    Pack(pack::PackArgs),
     /// Live top table of a spool that a running process is still writing.
     Follow(follow::FollowArgs),
     /// Run a command and record it and every process it starts into one spool.
@@ -38,6 +40,7 @@ fn main() {
         Command::Top(a) => top::run(a),
         Command::Export(a) => export::run(a),
         Command::Follow(a) => follow::run(a),
+        Command::Pack(a) => pack::run(a),
         Command::Record(a) => match record::run(a) {
             // The command's own exit status (128 + signal if it was killed).
             Ok(code) => std::process::exit(code),

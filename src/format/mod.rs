@@ -3,15 +3,20 @@
 //! fast decoders in `record::sample`) and the validation rules shared by the
 //! writer and every reader (`defs`), which check what the record codec decodes.
 //!
+//! The packed container (`spulse pack`) has its frame and block codec in
+//! `packed`.
+//!
 //! `FORMAT.md` at the repository root is the byte-level specification; this module
 //! is its only implementation. Readers (`crate::read`) and the writer
 //! (`crate::write`) mirror each other around it.
 
 pub(crate) mod defs;
+pub(crate) mod packed;
 pub(crate) mod record;
 pub(crate) mod varint;
 
 mod types;
+pub use packed::{MAX_BLOCK_SAMPLES, PACKED_MAGIC};
 pub use types::*;
 
 /// The eight-byte magic value every spool starts with.

@@ -1,9 +1,11 @@
 //! The read side: [`Snapshot`] (whole file in memory), [`Replay`] (sequential,
 //! bounded memory) and [`Tail`] (follows a growing file), all built on one
-//! record loop.
+//! record loop. `Snapshot` and `Replay` also read the packed container
+//! (`packed.rs`), chosen by the file's magic.
 
 mod columns;
 mod open;
+pub(crate) mod packed;
 pub(crate) mod parallel;
 mod replay;
 pub(crate) mod scan;
@@ -11,6 +13,6 @@ mod snapshot;
 mod tail;
 
 pub use columns::Samples as SnapshotSamples;
-pub use replay::{Replay, ReplayOptions, ReplaySamples};
+pub use replay::{PackedStats, Replay, ReplayOptions, ReplaySamples};
 pub use snapshot::Snapshot;
 pub use tail::Tail;

@@ -126,8 +126,9 @@ fn clear_nonblocking(file: &File) -> io::Result<()> {
 }
 
 /// Check the header of a regular file from its first bytes, so that a file
-/// that is not a spool is rejected without reading the rest of it.
-pub(crate) fn check_header_at_start(file: &File, path: &Path) -> Result<(), Error> {
+/// that is not a spool is rejected without reading the rest of it. Returns
+/// whether it is a packed file instead (whose frame its reader checks).
+pub(crate) fn check_header_at_start(file: &File, path: &Path) -> Result<bool, Error> {
     let mut head = [0u8; MAX_HEADER_LEN];
     let mut n = 0;
     while n < head.len() {
@@ -138,8 +139,11 @@ pub(crate) fn check_header_at_start(file: &File, path: &Path) -> Result<(), Erro
             Err(e) => return Err(Error::io(Some(path), e)),
         }
     }
+    if super::packed::is_packed(&head[..n]) {
+        return Ok(true);
+    }
     record::decode_header(&head[..n]).map_err(|(at, k)| format_error(at as u64, k).with_path(path))?;
-    Ok(())
+    Ok(false)
 }
 
 /// Read a pipe to its end: first enough bytes to decide on the header (so a
@@ -149,7 +153,10 @@ pub(crate) fn read_stream(file: File, path: &Path, limit: u64) -> Result<Vec<u8>
     let io_err = |e: io::Error| Error::io(Some(path), e);
     let mut bytes = Vec::new();
     (&file).take(MAX_HEADER_LEN as u64).read_to_end(&mut bytes).map_err(io_err)?;
-    record::decode_header(&bytes).map_err(|(at, k)| format_error(at as u64, k).with_path(path))?;
+    // A packed file streamed through a pipe is read whole, then checked.
+    if !super::packed::is_packed(&bytes) {
+        record::decode_header(&bytes).map_err(|(at, k)| format_error(at as u64, k).with_path(path))?;
+    }
     // One byte beyond the limit tells a stream of exactly `limit` bytes from a
     // longer one.
     let rest = limit.saturating_sub(bytes.len() as u64).saturating_add(1);

@@ -6,6 +6,10 @@
 //! entries are merged and the stride doubles, so the index stays bounded while
 //! still covering the whole validated suffix. Iteration then re-reads the file
 //! in fixed-size chunks and only visits the validated prefix.
+//!
+//! A packed file (`read/packed.rs`) is opened by checking its frame and every
+//! block, one block in memory at a time; its own block index takes the place
+//! of the sample-range index, and iteration decodes one block at a time.
 
 use std::fs::File;
 use std::ops::Deref;
@@ -13,11 +17,12 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use super::open;
+use super::packed::{self, BlockBuf};
 use super::scan::{format_error, next_validated, scan, Stop};
 use crate::format::defs::Definitions;
 use crate::format::record;
 use crate::format::record::sample::{self, SampleFields, WINDOW};
-use crate::format::{tag, MAX_HEADER_LEN, MAX_RECORD_LEN};
+use crate::format::{tag, MAX_BLOCK_SAMPLES, MAX_HEADER_LEN, MAX_RECORD_LEN};
 use crate::format::{Sample, StackId, ThreadId};
 use crate::{Error, FormatErrorKind};
 
@@ -89,6 +94,21 @@ pub struct Replay {
     valid_end: u64,
     recovered: bool,
     chunk_size: usize,
+    /// The frame of a packed file (its samples are read block by block).
+    packed: Option<packed::Frame>,
+}
+
+/// Sizes of a packed file, for [`Replay::packed_stats`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PackedStats {
+    /// Blocks of samples.
+    pub blocks: u64,
+    /// The whole file's length.
+    pub file_bytes: u64,
+    /// The blocks' compressed payloads.
+    pub compressed_bytes: u64,
+    /// The samples as decoded columns (16 bytes a sample: time, thread, stack).
+    pub column_bytes: u64,
 }
 
 impl Replay {
@@ -124,6 +144,9 @@ impl Replay {
             }
             filled += n;
             file_pos += n as u64;
+        }
+        if packed::is_packed(&buf[..filled]) {
+            return Replay::open_packed(path, file, file_len, opts);
         }
         let (header, hlen) =
             record::decode_header(&buf[..filled]).map_err(|(at, k)| format_error(at as u64, k))?;
@@ -178,7 +201,57 @@ impl Replay {
             valid_end: base,
             recovered,
             chunk_size: opts.chunk_size,
+            packed: None,
         })
+    }
+
+    /// Open a packed file: check its frame and every block, one block in
+    /// memory at a time.
+    fn open_packed(path: &Path, file: File, file_len: u64, opts: ReplayOptions) -> Result<Replay, Error> {
+        let mut frame = packed::open_frame(&file, file_len)?;
+        if let Some(last) = packed::validate_all(&file, &frame)? {
+            frame.finish(last);
+        }
+        let header = *frame.defs.header();
+        let defs = std::mem::replace(&mut frame.defs, Definitions::new(header));
+        Ok(Replay {
+            path: path.to_path_buf(),
+            file,
+            defs,
+            index: Vec::new(),
+            stride: MAX_BLOCK_SAMPLES as u64,
+            data_start: 0,
+            valid_end: file_len,
+            recovered: false,
+            chunk_size: opts.chunk_size,
+            packed: Some(frame),
+        })
+    }
+
+    /// Whether the file is a packed file (`spulse pack`) rather than a spool.
+    pub fn is_packed(&self) -> bool {
+        self.packed.is_some()
+    }
+
+    /// Sizes of a packed file (`None` for a spool).
+    pub fn packed_stats(&self) -> Option<PackedStats> {
+        self.packed.as_ref().map(|f| PackedStats {
+            blocks: f.index.len() as u64,
+            file_bytes: f.file_len,
+            compressed_bytes: f.payload_bytes,
+            column_bytes: f.samples * 16,
+        })
+    }
+
+    /// Where the records after the header start and where the validated
+    /// prefix ends (a spool's).
+    pub(crate) fn data_range(&self) -> (u64, u64) {
+        (self.data_start, self.valid_end)
+    }
+
+    /// Read the file at `pos` (for the packer).
+    pub(crate) fn read_at(&self, buf: &mut [u8], pos: u64) -> Result<usize, Error> {
+        read_at(&self.file, buf, pos).map_err(|e| e.with_path(&self.path))
     }
 
     /// Whether the file ended partway through its final record.
@@ -196,24 +269,36 @@ impl Replay {
         self.valid_end
     }
 
-    /// Entries currently held by the sample-range index.
+    /// Entries currently held by the sample-range index (for a packed file,
+    /// its blocks).
     pub fn index_len(&self) -> usize {
-        self.index.len()
+        match &self.packed {
+            Some(f) => f.index.len(),
+            None => self.index.len(),
+        }
     }
 
-    /// Samples covered by one index entry.
+    /// Samples covered by one index entry (for a packed file, the most a
+    /// block holds).
     pub fn index_stride(&self) -> u64 {
         self.stride
     }
 
     /// Every sample, decoded sequentially from disk.
     pub fn samples(&self) -> ReplaySamples<'_> {
+        if self.packed.is_some() {
+            return self.iter_packed(0, None);
+        }
         self.iter_at(self.data_start, self.defs.start_time_us(), None)
     }
 
     /// Samples from the first one (in stream order) whose timestamp is at or
     /// after `time_us`, found through the index.
     pub fn samples_from(&self, time_us: u64) -> ReplaySamples<'_> {
+        if let Some(f) = &self.packed {
+            let first = f.index.iter().position(|e| e.max_time_us >= time_us).unwrap_or(f.index.len());
+            return self.iter_packed(first, Some(time_us));
+        }
         match self.index.iter().find(|e| e.max_time_us >= time_us) {
             Some(e) => self.iter_at(e.offset, e.prev_time_us, Some(time_us)),
             None => self.iter_at(self.valid_end, self.defs.last_time_us(), None),
@@ -234,6 +319,67 @@ impl Replay {
             direct_limit: 0,
             threads: self.defs.threads().len() as u64,
             stacks: self.defs.stack_count() as u64,
+            packed: None,
+        }
+    }
+
+    fn iter_packed(&self, first_block: usize, skip_before: Option<u64>) -> ReplaySamples<'_> {
+        let mut it = self.iter_at(self.valid_end, self.defs.last_time_us(), None);
+        it.packed = Some(Box::new(PackedCursor {
+            next_block: first_block,
+            pos: 0,
+            skip_before,
+            buf: BlockBuf::default(),
+        }));
+        it
+    }
+}
+
+/// Where iteration over a packed file is: the decoded block and the next one.
+#[derive(Debug)]
+struct PackedCursor {
+    next_block: usize,
+    /// Next sample of `buf` to hand out.
+    pos: usize,
+    skip_before: Option<u64>,
+    buf: BlockBuf,
+}
+
+impl PackedCursor {
+    fn next(&mut self, replay: &Replay) -> Option<Result<Sample, Error>> {
+        let frame = replay.packed.as_ref()?;
+        loop {
+            if self.pos < self.buf.times.len() {
+                let i = self.pos;
+                self.pos += 1;
+                let time_us = self.buf.times[i];
+                if self.skip_before.is_some_and(|t| time_us < t) {
+                    continue;
+                }
+                self.skip_before = None;
+                return Some(Ok(Sample {
+                    time_us,
+                    thread: ThreadId(self.buf.threads[i]),
+                    stack: StackId(self.buf.stacks[i]),
+                }));
+            }
+            if self.next_block >= frame.index.len() {
+                return None;
+            }
+            let i = self.next_block;
+            self.next_block = frame.index.len();
+            self.pos = 0;
+            if let Err(e) = self.buf.load(frame, &replay.file, i) {
+                // Validated at open: the file changed since.
+                self.buf.times.clear();
+                let offset = e.offset().unwrap_or(frame.index[i].offset);
+                return Some(Err(Error::Format {
+                    path: Some(replay.path.clone()),
+                    offset,
+                    kind: FormatErrorKind::ChangedSinceOpen,
+                }));
+            }
+            self.next_block = i + 1;
         }
     }
 }
@@ -356,6 +502,8 @@ pub struct ReplaySamples<'a> {
     /// Thread and stack counts of the definitions, for the reference checks.
     threads: u64,
     stacks: u64,
+    /// Iteration over a packed file (the spool fields above are then unused).
+    packed: Option<Box<PackedCursor>>,
 }
 
 /// What one general decoding step found at the read position.
@@ -465,6 +613,10 @@ impl ReplaySamples<'_> {
     /// Everything but the direct path, one record at a time.
     #[inline(never)]
     fn next_slow(&mut self) -> Option<Result<Sample, Error>> {
+        // A packed file never takes the direct path (`direct_limit` stays 0).
+        if let Some(p) = &mut self.packed {
+            return p.next(self.replay);
+        }
         while !self.done {
             if let Some(s) = self.decode_direct() {
                 return Some(Ok(s));

@@ -10,6 +10,7 @@ use std::path::Path;
 
 use super::columns::{Block, SampleColumns, Samples};
 use super::open;
+use super::packed;
 use super::parallel;
 use super::scan::format_error;
 use crate::format::defs::Definitions;
@@ -63,6 +64,7 @@ pub struct Snapshot {
     recovered: bool,
     valid_len: u64,
     file_len: u64,
+    packed: bool,
 }
 
 impl Snapshot {
@@ -73,7 +75,8 @@ impl Snapshot {
     /// or with [`Snapshot::open_with_stream_limit`].
     pub const MAX_STREAM_BYTES: u64 = 1 << 30;
 
-    /// Read and validate the spool at `path`.
+    /// Read and validate the spool or packed file at `path` (told apart by
+    /// its magic; both give the same samples and definitions).
     ///
     /// `path` may be a regular file, read up to its length when opened, or a
     /// FIFO or pipe, read to its end (at most [`Snapshot::MAX_STREAM_BYTES`]);
@@ -93,7 +96,10 @@ impl Snapshot {
         let path = path.as_ref();
         let bytes = match open::open(path, "Snapshot", true)? {
             open::Opened::Regular { file, len } => {
-                open::check_header_at_start(&file, path)?;
+                if open::check_header_at_start(&file, path)? {
+                    // Packed: decoded block by block straight from the file.
+                    return Snapshot::from_packed(&file, len).map_err(|e| e.with_path(path));
+                }
                 read_file(file, len).map_err(|e| Error::io(Some(path), e))?
             }
             open::Opened::Pipe(file) => open::read_stream(file, path, limit)?,
@@ -101,7 +107,7 @@ impl Snapshot {
         Snapshot::from_bytes(&bytes).map_err(|e| e.with_path(path))
     }
 
-    /// Decode and validate a spool held in memory. A spool of more than a few
+    /// Decode and validate a spool (or a packed file) held in memory. A spool of more than a few
     /// MiB is decoded on two threads (see `src/read/parallel.rs`), with exactly
     /// the result, errors included, of reading it sequentially.
     pub fn from_bytes(bytes: &[u8]) -> Result<Snapshot, Error> {
@@ -117,6 +123,9 @@ impl Snapshot {
     }
 
     fn load(bytes: &[u8], min_parallel_bytes: usize) -> Result<Snapshot, Error> {
+        if packed::is_packed(bytes) {
+            return Snapshot::from_packed(bytes, bytes.len() as u64);
+        }
         let (header, hlen) = record::decode_header(bytes).map_err(|(at, k)| format_error(at as u64, k))?;
         let mut defs = Definitions::new(header);
         // An upper bound on the samples (see `MIN_SAMPLE_RECORD_LEN`): the
@@ -127,7 +136,39 @@ impl Snapshot {
         let (valid_len, recovered) =
             parallel::load(bytes, hlen, &mut defs, &mut samples, min_parallel_bytes)?;
         samples.finish();
-        Ok(Snapshot { defs, samples, recovered, valid_len: valid_len as u64, file_len: bytes.len() as u64 })
+        Ok(Snapshot {
+            defs,
+            samples,
+            recovered,
+            valid_len: valid_len as u64,
+            file_len: bytes.len() as u64,
+            packed: false,
+        })
+    }
+
+    /// Decode and validate a whole packed file (`FORMAT.md`, section 10) of
+    /// `len` bytes, block by block into the same compact columns a spool
+    /// loads into, on two threads for a large file.
+    fn from_packed(src: &(impl packed::Source + ?Sized), len: u64) -> Result<Snapshot, Error> {
+        let mut frame = packed::open_frame(src, len)?;
+        let mut samples = packed::decode_all(src, &frame)?;
+        samples.finish();
+        if let Some(last) = samples.len().checked_sub(1).and_then(|i| samples.get(i)) {
+            frame.finish(last.time_us);
+        }
+        Ok(Snapshot {
+            defs: frame.defs,
+            samples,
+            recovered: false,
+            valid_len: len,
+            file_len: len,
+            packed: true,
+        })
+    }
+
+    /// Whether the file was a packed file (`spulse pack`) rather than a spool.
+    pub fn is_packed(&self) -> bool {
+        self.packed
     }
 
     /// Whether the file ended partway through its final record (which was dropped).

@@ -58,6 +58,16 @@ impl Tail {
             }
             n += got;
         }
+        if super::packed::is_packed(&head[..n]) {
+            return Err(Error::io(
+                Some(path),
+                std::io::Error::new(
+                    std::io::ErrorKind::InvalidInput,
+                    "a packed file (spulse pack) never grows, so there is nothing to follow: Tail reads \
+                     spools only (read a packed file with Snapshot or Replay)",
+                ),
+            ));
+        }
         let (header, hlen) = record::decode_header(&head[..n])
             .map_err(|(at, k)| format_error(at as u64, k).with_path(path))?;
         Ok(Tail {

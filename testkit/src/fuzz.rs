@@ -92,6 +92,32 @@ pub fn fuzz_check_replay(data: &[u8]) {
     }
 }
 
+/// The packed-file checks: everything [`fuzz_check_replay`] checks, and that
+/// `Snapshot::open` of the file (decoded block by block from disk) agrees with
+/// `Snapshot::from_bytes`, event positions included.
+pub fn fuzz_check_packed(data: &[u8]) {
+    fuzz_check_replay(data);
+    if !data.starts_with(&spulse::PACKED_MAGIC) {
+        return;
+    }
+    let file = TempFile::new(data);
+    match (Snapshot::from_bytes(data), Snapshot::open(&file.path)) {
+        (Ok(a), Ok(b)) => {
+            assert!(a.is_packed() && b.is_packed());
+            assert!(a.samples().eq(b.samples()));
+            assert_eq!(a.deactivations(), b.deactivations());
+            assert_eq!(a.python_runtime_events(), b.python_runtime_events());
+            assert_eq!(a.sample_count(), a.len() as u64);
+            for e in a.python_runtime_events() {
+                assert!(e.samples_before <= a.sample_count());
+            }
+            walk_definitions(&a, a.samples());
+        }
+        (Err(a), Err(b)) => assert_same_error(&a, &b),
+        (a, b) => panic!("Snapshot from bytes and from the file disagree: {:?} / {:?}", a.err(), b.err()),
+    }
+}
+
 /// Uses the first bytes of `data` to pick append sizes, writes the rest to a
 /// temporary file in those appends, polls a `Tail` after each, and checks it
 /// sees exactly what `Snapshot` sees of the whole input (or the same error).
@@ -100,6 +126,13 @@ pub fn fuzz_check_tail(data: &[u8]) {
         [a, b, rest @ ..] => (u16::from_le_bytes([*a, *b]) as u64, rest),
         _ => (0, data),
     };
+    if data.starts_with(&spulse::PACKED_MAGIC) {
+        // A packed file never grows: Tail refuses it by name.
+        let file = TempFile::new(data);
+        let e = Tail::open(&file.path).expect_err("Tail accepted a packed file");
+        assert!(e.to_string().contains("never grows"), "{e}");
+        return;
+    }
     let snap = Snapshot::from_bytes(data);
     let hlen = match header_len(data) {
         Some(n) => n,

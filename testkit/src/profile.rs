@@ -251,3 +251,28 @@ pub fn to_json(snap: &spulse::Snapshot) -> Vec<u8> {
     out.push(b'}');
     out
 }
+
+/// The samples alone as three JSON arrays, `[[times], [threads], [stacks]]`,
+/// which serde_json parses into typed columns `(Vec<u64>, Vec<u32>, Vec<u32>)`
+/// (the packed-file benchmark's comparison).
+pub fn columns_json(snap: &spulse::Snapshot) -> Vec<u8> {
+    let mut out = Vec::with_capacity(snap.len() * 26);
+    out.push(b'[');
+    for c in 0..3 {
+        out.push(b'[');
+        for (i, s) in snap.samples().enumerate() {
+            if i > 0 {
+                out.push(b',');
+            }
+            let v = match c {
+                0 => s.time_us,
+                1 => s.thread.get() as u64,
+                _ => s.stack.get() as u64,
+            };
+            write!(out, "{v}").unwrap();
+        }
+        out.extend_from_slice(if c == 2 { b"]" } else { b"]," });
+    }
+    out.push(b']');
+    out
+}

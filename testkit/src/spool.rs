@@ -295,3 +295,11 @@ pub fn tail_drain(tail: &mut Tail, out: &mut Vec<spulse::Sample>) -> Result<(), 
         out.extend_from_slice(batch);
     }
 }
+
+/// `bytes` (a spool) as a packed file, through a temporary file and `spulse::pack`.
+pub fn pack_bytes(bytes: &[u8]) -> Vec<u8> {
+    let f = temp_file(bytes);
+    let mut out = Vec::new();
+    spulse::pack(&Replay::open(f.path()).unwrap(), &mut out).unwrap();
+    out
+}

@@ -1,5 +1,5 @@
-//! `spulse info`: what a spool holds (header, duration, counts, threads,
-//! modules), as text or as one JSON object.
+//! `spulse info`: what a spool or packed file holds (container, header,
+//! duration, counts, threads, modules), as text or as one JSON object.
 
 use std::collections::{BTreeSet, HashMap};
 use std::path::PathBuf;
@@ -18,7 +18,7 @@ use crate::CliError;
 #[derive(Debug, Args)]
 #[command(after_help = "Example:\n  spulse info app.spool\n  spulse info app.spool --json | jq .samples")]
 pub struct InfoArgs {
-    /// The spool file.
+    /// The spool (or packed) file.
     pub file: PathBuf,
     /// Print one JSON object instead of text.
     #[arg(long)]
@@ -54,6 +54,10 @@ pub fn run(args: &InfoArgs) -> Result<(), CliError> {
         defs.deactivations().iter().map(|d| (d.module.get(), d.samples_before)).collect();
     let procs = processes(defs, &per_thread);
     let bytes_per_sample = if samples > 0 { replay.valid_len() as f64 / samples as f64 } else { 0.0 };
+    // A packed file's compression ratio: its samples as decoded columns (16
+    // bytes each) over the LZ4 blocks that hold them.
+    let packed = replay.packed_stats();
+    let ratio = packed.map(|p| p.column_bytes as f64 / p.compressed_bytes.max(1) as f64);
 
     if args.json {
         let threads: Vec<_> = defs
@@ -81,6 +85,9 @@ pub fn run(args: &InfoArgs) -> Result<(), CliError> {
         let v = json!({
             "file": args.file.display().to_string(),
             "file_bytes": file_len,
+            "container": if packed.is_some() { "packed" } else { "spool" },
+            "packed_blocks": packed.map(|p| p.blocks),
+            "compression_ratio": ratio,
             "valid_bytes": replay.valid_len(),
             "start_time_us": defs.start_time_us(),
             "interval_us": defs.interval_us(),
@@ -112,6 +119,15 @@ pub fn run(args: &InfoArgs) -> Result<(), CliError> {
             escape(&args.file.display().to_string()),
             replay.valid_len()
         )?;
+        match (packed, ratio) {
+            (Some(p), Some(r)) => writeln!(
+                out,
+                "container:       packed, {} block(s), compression ratio {r:.2} ({} bytes of sample \
+                 columns in {} bytes of LZ4)",
+                p.blocks, p.column_bytes, p.compressed_bytes
+            )?,
+            _ => writeln!(out, "container:       spool")?,
+        }
         writeln!(
             out,
             "start:           {} ({} us)",

@@ -3,6 +3,7 @@
 pub mod export;
 pub mod follow;
 pub mod info;
+pub mod pack;
 pub mod record;
 pub mod top;
 

@@ -32,7 +32,7 @@ pub enum SortBy {
     after_help = "Examples:\n  spulse top app.spool\n  spulse top app.spool -n 10 --thread 4242 --from 1000000 --to 3000000\n  spulse top app.spool --pid 4200\n  spulse top app.spool --json --symbols /usr/lib/debug\n  spulse top app.spool --inlines\n  spulse top tree.spool --per-process -n 5"
 )]
 pub struct TopArgs {
-    /// The spool file.
+    /// The spool (or packed) file.
     pub file: PathBuf,
     /// Print a JSON array instead of a table.
     #[arg(long)]

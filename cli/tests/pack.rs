@@ -1,0 +1,145 @@
+//! `spulse pack` with the real binary: every command reads the packed file as
+//! it reads the spool, `info` names the container, the output never replaces
+//! the input and is never left half-written, and a damaged packed file is an
+//! error naming the byte offset.
+
+mod common;
+
+use common::*;
+use serde_json::Value;
+
+/// Pack the standard fixture; returns the program, spool and packed paths.
+fn packed_fixture() -> (Program, std::path::PathBuf, std::path::PathBuf) {
+    let (p, spool) = fixture();
+    let spk = p.dir.path().join("a.spk");
+    let o = spulse(&["pack", s(&spool), "-o", s(&spk)]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let msg = stderr(&o);
+    assert!(msg.contains("spulse: pack: 400 samples in 1 blocks written to"), "{msg}");
+    (p, spool, spk)
+}
+
+#[test]
+fn every_command_reads_the_packed_file_as_the_spool() {
+    let (p, spool, spk) = packed_fixture();
+    assert!(std::fs::read(&spk).unwrap().starts_with(b"SPULSPK1"));
+    for args in [
+        &["top", "--json"][..],
+        &["top", "--json", "--thread", "1002"],
+        &["top", "--json", "--from", "100000", "--to", "200000"],
+        &["top", "--sort", "total"],
+    ] {
+        let a = ok(&[&[args[0], s(&spool)], &args[1..]].concat());
+        let b = ok(&[&[args[0], s(&spk)], &args[1..]].concat());
+        assert_eq!(a, b, "{args:?}");
+    }
+    // Exports name their input, so the packed copy gets a name as long as the
+    // spool's, and the two outputs are compared with the names replaced.
+    let same_len = p.dir.path().join("b.spool");
+    std::fs::copy(&spk, &same_len).unwrap();
+    for format in ["collapsed", "pprof", "speedscope", "svg", "firefox"] {
+        let (oa, ob) = (p.dir.path().join(format!("a.{format}")), p.dir.path().join(format!("b.{format}")));
+        ok(&["export", s(&spool), "--format", format, "-o", s(&oa), "--from", "1000"]);
+        ok(&["export", s(&same_len), "--format", format, "-o", s(&ob), "--from", "1000"]);
+        let read = |path: &std::path::Path| {
+            let bytes = std::fs::read(path).unwrap();
+            if format != "pprof" {
+                return bytes;
+            }
+            let mut out = Vec::new();
+            std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(&bytes[..]), &mut out).unwrap();
+            out
+        };
+        let a = String::from_utf8_lossy(&read(&oa)).replace(s(&spool), "IN");
+        let b = String::from_utf8_lossy(&read(&ob)).replace(s(&same_len), "IN");
+        assert_eq!(a, b, "{format}");
+    }
+    let folded = std::fs::read_to_string(p.dir.path().join("b.collapsed")).unwrap();
+    assert!(folded.contains("hot_a"), "{folded}");
+
+    // info: the same counts, and the container.
+    let a: Value = serde_json::from_str(&ok(&["info", s(&spool), "--json"])).unwrap();
+    let b: Value = serde_json::from_str(&ok(&["info", s(&spk), "--json"])).unwrap();
+    for key in
+        ["samples", "threads", "modules", "frames", "stacks", "duration_us", "thread_list", "module_list"]
+    {
+        assert_eq!(a[key], b[key], "{key}");
+    }
+    assert_eq!(a["container"], "spool");
+    assert_eq!(a["compression_ratio"], Value::Null);
+    assert_eq!(b["container"], "packed");
+    assert_eq!(b["packed_blocks"], 1);
+    let ratio = b["compression_ratio"].as_f64().unwrap();
+    assert!(ratio > 1.0, "400 samples of 3 stacks and 2 threads compress: {ratio}");
+    let text = ok(&["info", s(&spk)]);
+    assert!(text.contains("container:       packed, 1 block(s), compression ratio"), "{text}");
+    assert!(text.contains("6400 bytes of sample columns"), "{text}");
+    assert!(ok(&["info", s(&spool)]).contains("container:       spool"));
+}
+
+#[test]
+fn pack_refuses_its_input_as_output_and_a_packed_input() {
+    let (p, spool, spk) = packed_fixture();
+    let before = std::fs::read(&spool).unwrap();
+    let link = p.dir.path().join("hard.spool");
+    std::fs::hard_link(&spool, &link).unwrap();
+    for out in [&spool, &link] {
+        let o = spulse(&["pack", s(&spool), "-o", s(out)]);
+        assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+        assert!(stderr(&o).contains("is the input spool"), "{}", stderr(&o));
+    }
+    assert_eq!(std::fs::read(&spool).unwrap(), before);
+    let o = spulse(&["pack", s(&spk), "-o", s(&p.dir.path().join("again.spk"))]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("is already a packed file"), "{}", stderr(&o));
+    assert!(!p.dir.path().join("again.spk").exists());
+    // Only the outputs are left in the directory: no temporary file.
+    let mut names: Vec<String> = std::fs::read_dir(p.dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.retain(|n| n.starts_with('.'));
+    assert!(names.is_empty(), "{names:?}");
+}
+
+#[test]
+fn pack_to_stdout_is_the_same_file() {
+    let (_p, spool, spk) = packed_fixture();
+    let o = spulse(&["pack", s(&spool), "-o", "-"]);
+    assert!(o.status.success());
+    assert_eq!(o.stdout, std::fs::read(&spk).unwrap());
+}
+
+#[test]
+fn follow_refuses_a_packed_file() {
+    let (_p, _spool, spk) = packed_fixture();
+    let o = spulse(&["follow", s(&spk)]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("never grows"), "{}", stderr(&o));
+}
+
+#[test]
+fn a_damaged_packed_file_is_an_error_with_its_offset() {
+    let (p, _spool, spk) = packed_fixture();
+    let bytes = std::fs::read(&spk).unwrap();
+    let cut = p.dir.path().join("cut.spk");
+    std::fs::write(&cut, &bytes[..bytes.len() - 5]).unwrap();
+    for args in [&["info"][..], &["top"], &["export", "--format", "collapsed", "-o", "-"]] {
+        let o = spulse(&[&[args[0], s(&cut)], &args[1..]].concat());
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));
+        let e = stderr(&o);
+        assert!(e.contains("cut.spk: at byte offset") && e.contains("corrupt packed file"), "{e}");
+        assert!(e.contains("truncated"), "{e}");
+    }
+    // A block's payload altered: its LZ4 stream no longer decodes to its size.
+    let mut bad = bytes.clone();
+    let le = |b: &[u8]| u64::from_le_bytes(b[..8].try_into().unwrap()) as usize;
+    let index_at = le(&bytes[bytes.len() - 32..]);
+    let block_at = le(&bytes[index_at..]);
+    bad[block_at] ^= 0x10; // the uncompressed length
+    let f = p.dir.path().join("bad.spk");
+    std::fs::write(&f, &bad).unwrap();
+    let o = spulse(&["top", s(&f)]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains(&format!("at byte offset {block_at}")), "{}", stderr(&o));
+}

@@ -1,0 +1,333 @@
+//! The packed container (`spulse::pack`, `FORMAT.md` section 10): every reader
+//! gives the same header, definitions and samples for a spool and its packed
+//! file, and a packed file that is cut short or altered is an `Error::Format`
+//! naming a byte offset, never a panic.
+
+use spulse::{Error, FormatErrorKind, Replay, Snapshot, Tail, PACKED_MAGIC};
+use spulse_testkit::spool::*;
+
+/// Everything a reader exposes about definitions, in comparable form.
+fn definitions_of(d: &spulse::Definitions) -> String {
+    let stacks: Vec<_> = (0..d.stack_count()).map(|i| d.stack(d.stack_id(i).unwrap())).collect();
+    let active: Vec<bool> = d.modules().iter().map(|m| d.is_module_active(m.id)).collect();
+    format!(
+        "{:?}\n{:?}\n{:?}\n{:?}\n{:?}\n{:?}\n{:?}\n{:?}\n{:?}\n{}",
+        d.header(),
+        d.modules(),
+        active,
+        d.frames(),
+        stacks,
+        d.threads(),
+        d.deactivations(),
+        d.python_runtime_events(),
+        d.sample_count(),
+        d.stack_count(),
+    )
+}
+
+fn assert_same(spool: &Snapshot, packed: &Snapshot) {
+    assert!(!spool.is_packed());
+    assert!(packed.is_packed());
+    assert_eq!(definitions_of(spool), definitions_of(packed));
+    assert_eq!(spool.len(), packed.len());
+    assert!(spool.samples().eq(packed.samples()));
+    assert_eq!(spool.time_range(), packed.time_range());
+    assert!(!packed.recovered_from_truncated_tail());
+}
+
+#[test]
+fn every_reader_gives_the_spools_content() {
+    for seed in 0..40 {
+        let (bytes, model) = build(random_ops(seed, 300 + seed as usize * 37));
+        let packed = pack_bytes(&bytes);
+        assert!(packed.starts_with(&PACKED_MAGIC) && packed.ends_with(&PACKED_MAGIC));
+        let spool = Snapshot::from_bytes(&bytes).unwrap();
+        let snap = Snapshot::from_bytes(&packed).unwrap();
+        assert_snapshot_matches(&snap, &model);
+        assert_same(&spool, &snap);
+
+        // From a file, and through Replay (block by block), seeks included.
+        let pf = temp_file(&packed);
+        let sf = temp_file(&bytes);
+        assert_same(&spool, &Snapshot::open(pf.path()).unwrap());
+        let rp = Replay::open(pf.path()).unwrap();
+        let rs = Replay::open(sf.path()).unwrap();
+        assert!(rp.is_packed() && !rs.is_packed());
+        assert_eq!(definitions_of(&rp), definitions_of(&rs));
+        assert_eq!(rp.last_time_us_for_test(), rs.last_time_us_for_test());
+        let all: Vec<_> = rp.samples().collect::<Result<_, _>>().unwrap();
+        assert!(all.iter().copied().eq(spool.samples()));
+        for &(t, _, _) in model.samples.iter().step_by(7).chain(std::iter::once(&(u64::MAX, 0, 0))) {
+            let a: Vec<_> = rp.samples_from(t).collect::<Result<_, _>>().unwrap();
+            let b: Vec<_> = rs.samples_from(t).collect::<Result<_, _>>().unwrap();
+            assert_eq!(a, b, "seed {seed}, samples from {t}");
+        }
+        let stats = rp.packed_stats().unwrap();
+        assert_eq!(stats.file_bytes, packed.len() as u64);
+        assert_eq!(stats.column_bytes, 16 * model.samples.len() as u64);
+        assert!(rs.packed_stats().is_none());
+    }
+}
+
+/// Trait-free access to the running time after the last sample (a Replay's
+/// `samples_from` past the end starts there).
+trait LastTime {
+    fn last_time_us_for_test(&self) -> u64;
+}
+impl LastTime for Replay {
+    fn last_time_us_for_test(&self) -> u64 {
+        // The last sample's time, or the start for a file without samples.
+        self.samples().last().map_or(self.start_time_us(), |s| s.unwrap().time_us)
+    }
+}
+
+#[test]
+fn many_blocks_decode_in_order_on_two_threads() {
+    // More than eight blocks of 65,536 samples: the two-thread decode.
+    let (bytes, _) = spulse_testkit::profile::spool(700_000);
+    let packed = pack_bytes(&bytes);
+    let spool = Snapshot::from_bytes(&bytes).unwrap();
+    let snap = Snapshot::from_bytes(&packed).unwrap();
+    assert_same(&spool, &snap);
+    let f = temp_file(&packed);
+    let r = Replay::open(f.path()).unwrap();
+    assert_eq!(r.packed_stats().unwrap().blocks, 11);
+    assert!(r.samples().map(Result::unwrap).eq(spool.samples()));
+}
+
+#[test]
+fn an_empty_spool_packs_to_an_empty_packed_file() {
+    let (bytes, _) = build([]);
+    let packed = pack_bytes(&bytes);
+    let snap = Snapshot::from_bytes(&packed).unwrap();
+    assert!(snap.is_empty());
+    assert_eq!(snap.start_time_us(), START_US);
+    let f = temp_file(&packed);
+    assert_eq!(Replay::open(f.path()).unwrap().samples().count(), 0);
+}
+
+#[test]
+fn a_truncated_spool_packs_its_complete_prefix() {
+    let (bytes, _) = build(random_ops(3, 400));
+    let cut = &bytes[..bytes.len() - 1];
+    let spool = Snapshot::from_bytes(cut).unwrap();
+    assert!(spool.recovered_from_truncated_tail());
+    let f = temp_file(cut);
+    let mut out = Vec::new();
+    let summary = spulse::pack(&Replay::open(f.path()).unwrap(), &mut out).unwrap();
+    assert_eq!(summary.samples, spool.len() as u64);
+    assert_eq!(summary.bytes, out.len() as u64);
+    assert_eq!(summary.spool_bytes, spool.valid_len());
+    assert_same(&spool, &Snapshot::from_bytes(&out).unwrap());
+}
+
+#[test]
+fn packing_a_packed_file_is_refused_and_tail_refuses_one() {
+    let (bytes, _) = build(random_ops(5, 200));
+    let f = temp_file(&pack_bytes(&bytes));
+    let e = spulse::pack(&Replay::open(f.path()).unwrap(), Vec::new()).unwrap_err();
+    assert!(e.to_string().contains("already a packed file"), "{e}");
+    let e = Tail::open(f.path()).unwrap_err();
+    assert!(e.to_string().contains("packed file") && e.to_string().contains("never grows"), "{e}");
+}
+
+/// Open `bytes` with every reader that accepts a packed file; each must agree
+/// on success, or fail with a format error at an offset inside the file.
+fn check_readers(bytes: &[u8]) -> Result<Snapshot, Error> {
+    let snap = Snapshot::from_bytes(bytes);
+    let f = temp_file(bytes);
+    let replay = Replay::open(f.path());
+    let from_file = Snapshot::open(f.path());
+    match (&snap, &replay, &from_file) {
+        (Ok(s), Ok(r), Ok(o)) => {
+            let samples: Vec<_> = r.samples().collect::<Result<_, _>>().unwrap();
+            assert!(samples.iter().copied().eq(s.samples()));
+            assert!(o.samples().eq(s.samples()));
+            assert_eq!(definitions_of(s), definitions_of(r));
+        }
+        (Err(a), Err(b), Err(c)) => {
+            assert_eq!(a.offset(), b.offset());
+            assert_eq!(a.offset(), c.offset());
+            assert_eq!(a.format_kind(), b.format_kind());
+            let at = a.offset().expect("a format error");
+            assert!(at <= bytes.len() as u64, "offset {at} past the end of {} bytes", bytes.len());
+        }
+        _ => panic!("readers disagree: {snap:?} / {replay:?} / {from_file:?}"),
+    }
+    snap
+}
+
+#[test]
+fn a_packed_file_cut_anywhere_is_an_error_with_its_offset() {
+    let (bytes, _) = build(random_ops(7, 500));
+    let packed = pack_bytes(&bytes);
+    for len in 0..packed.len() {
+        let e = check_readers(&packed[..len]).map(|_| ()).expect_err("a cut packed file is corrupt");
+        assert!(matches!(e, Error::Format { .. }), "cut at {len}: {e}");
+        if len >= 8 {
+            // Past the magic, a cut always shows as a missing or misplaced footer.
+            assert!(matches!(e.format_kind(), Some(FormatErrorKind::PackedCorrupt(_))), "cut at {len}: {e}");
+        }
+    }
+    // Extra bytes after the footer are no footer either.
+    let mut longer = packed.clone();
+    longer.extend_from_slice(&PACKED_MAGIC);
+    longer.extend_from_slice(&[0; 24]);
+    assert!(check_readers(&longer).is_err());
+}
+
+#[test]
+fn altered_bytes_are_errors_or_agreeing_reads_never_panics() {
+    let (bytes, _) = build(random_ops(11, 600));
+    let packed = pack_bytes(&bytes);
+    let mut errors = 0;
+    for i in 0..packed.len() {
+        for flip in [0x01u8, 0x80, 0xff] {
+            let mut b = packed.clone();
+            b[i] ^= flip;
+            errors += check_readers(&b).is_err() as usize;
+        }
+    }
+    // Every byte of the frame is checked; only bytes inside the LZ4 payloads'
+    // literals can change a value without breaking a rule.
+    assert!(errors > packed.len(), "{errors} errors in {} flips", 3 * packed.len());
+}
+
+/// The frame parts of a packed file, to rebuild it with other blocks.
+struct Parts {
+    /// Magic, definitions and event positions: everything before the blocks.
+    front: Vec<u8>,
+}
+
+fn parts(packed: &[u8]) -> Parts {
+    let le64 = |b: &[u8]| u64::from_le_bytes(b[..8].try_into().unwrap());
+    let defs_len = le64(&packed[8..16]) as usize;
+    let marks_at = 16 + defs_len;
+    let marks = le64(&packed[marks_at..]) as usize;
+    Parts { front: packed[..marks_at + 8 + 8 * marks].to_vec() }
+}
+
+/// Columns as a block's byte planes, LZ4-compressed with its 12-byte header.
+fn block(times: &[u64], threads: &[u32], stacks: &[u32]) -> Vec<u8> {
+    let n = times.len();
+    let mut raw = vec![0u8; 16 * n];
+    for (i, t) in times.iter().enumerate() {
+        for (k, b) in t.to_le_bytes().iter().enumerate() {
+            raw[k * n + i] = *b;
+        }
+    }
+    for (c, col) in [threads, stacks].iter().enumerate() {
+        for (i, v) in col.iter().enumerate() {
+            for (k, b) in v.to_le_bytes().iter().enumerate() {
+                raw[8 * n + c * 4 * n + k * n + i] = *b;
+            }
+        }
+    }
+    let comp = lz4_flex::block::compress(&raw);
+    let mut out = Vec::new();
+    out.extend_from_slice(&(raw.len() as u32).to_le_bytes());
+    out.extend_from_slice(&(comp.len() as u32).to_le_bytes());
+    out.extend_from_slice(&(n as u32).to_le_bytes());
+    out.extend_from_slice(&comp);
+    out
+}
+
+/// A packed file of `front` and one block, with an index entry claiming
+/// `min..=max`.
+fn assemble(front: &[u8], block: &[u8], count: u32, min: u64, max: u64) -> Vec<u8> {
+    let mut f = front.to_vec();
+    let offset = f.len() as u64;
+    f.extend_from_slice(block);
+    let index_at = f.len() as u64;
+    f.extend_from_slice(&offset.to_le_bytes());
+    f.extend_from_slice(&min.to_le_bytes());
+    f.extend_from_slice(&max.to_le_bytes());
+    f.extend_from_slice(&count.to_le_bytes());
+    f.extend_from_slice(&(block.len() as u32 - 12).to_le_bytes());
+    f.extend_from_slice(&index_at.to_le_bytes());
+    f.extend_from_slice(&1u64.to_le_bytes());
+    f.extend_from_slice(&(count as u64).to_le_bytes());
+    f.extend_from_slice(&PACKED_MAGIC);
+    f
+}
+
+#[test]
+fn block_contents_are_checked_against_definitions_and_index() {
+    // A spool with 2 threads and 3 stack nodes.
+    let mut w =
+        spulse::SpoolWriter::new(Vec::new(), spulse::Header { start_time_us: 100, interval_us: 1 }).unwrap();
+    let t0 = w.define_thread(1, 1, "a").unwrap();
+    w.define_thread(1, 2, "b").unwrap();
+    let f = w.define_frame(spulse::Frame::Absolute { address: 1, kernel: false }).unwrap();
+    let s0 = w.define_stack(None, f).unwrap();
+    let s1 = w.define_stack(Some(s0), f).unwrap();
+    w.define_stack(Some(s1), f).unwrap();
+    w.sample(150, t0, s0).unwrap();
+    let spool = w.into_inner().unwrap();
+    let front = parts(&pack_bytes(&spool)).front;
+    let block_at = front.len() as u64;
+
+    // A hand-built valid file reads back (so the helpers are right).
+    let good = assemble(&front, &block(&[200, 100], &[1, 0], &[2, 0]), 2, 100, 200);
+    let s = check_readers(&good).unwrap();
+    let got: Vec<_> = s.samples().map(|x| (x.time_us, x.thread.get(), x.stack.get())).collect();
+    assert_eq!(got, [(200, 1, 2), (100, 0, 0)]);
+
+    let err = |bytes: &[u8]| check_readers(bytes).map(|_| ()).unwrap_err();
+    let e = err(&assemble(&front, &block(&[200, 100], &[2, 0], &[2, 0]), 2, 100, 200));
+    assert_eq!(e.format_kind(), Some(&FormatErrorKind::UndefinedReference { what: "thread", id: 2 }));
+    assert_eq!(e.offset(), Some(block_at));
+    let e = err(&assemble(&front, &block(&[200, 100], &[1, 0], &[3, 0]), 2, 100, 200));
+    assert_eq!(e.format_kind(), Some(&FormatErrorKind::UndefinedReference { what: "stack", id: 3 }));
+    let e = err(&assemble(&front, &block(&[200, 100], &[1, 0], &[2, 0]), 2, 100, 201));
+    assert!(e.to_string().contains("differ from its index entry"), "{e}");
+    assert_eq!(e.offset(), Some(block_at));
+    // The header's count disagrees with the index's.
+    let e = err(&assemble(&front, &block(&[200, 100, 300], &[1, 0, 0], &[2, 0, 0]), 2, 100, 300));
+    assert!(e.to_string().contains("its index entry says"), "{e}");
+    // A payload that decodes to fewer bytes than its header says.
+    let mut b = block(&[200, 100], &[1, 0], &[2, 0]);
+    b[0] += 16;
+    b[8] += 1;
+    let e = err(&assemble(&front, &b, 3, 100, 200));
+    assert!(e.to_string().contains("decompresses to") || e.to_string().contains("does not decode"), "{e}");
+    assert_eq!(e.offset(), Some(block_at + 12));
+    // A block claiming more samples than it can hold is refused before any
+    // allocation for it.
+    let mut b = block(&[200, 100], &[1, 0], &[2, 0]);
+    b[0..4].copy_from_slice(&(16u32 << 16).to_le_bytes());
+    b[8..12].copy_from_slice(&(1u32 << 16).to_le_bytes());
+    let e = err(&assemble(&front, &b, 1 << 16, 100, 200));
+    assert!(e.to_string().contains("cannot hold"), "{e}");
+}
+
+#[test]
+fn the_definitions_section_is_validated_as_a_spool_is() {
+    let (bytes, _) = build(random_ops(13, 400));
+    let packed = pack_bytes(&bytes);
+    // The first record after the definitions' header (a spool header of 18
+    // bytes starting at offset 16) made an unknown tag.
+    let mut b = packed.clone();
+    let hlen = 8 + 8 + 2; // magic, start time (8-byte varint), interval (2)
+    b[16 + hlen] = 0x42;
+    let e = check_readers(&b).map(|_| ()).unwrap_err();
+    assert_eq!(e.format_kind(), Some(&FormatErrorKind::UnknownTag(0x42)));
+    assert_eq!(e.offset(), Some(16 + hlen as u64));
+}
+
+#[test]
+fn a_packed_file_through_a_pipe_is_read_by_snapshot() {
+    use std::os::unix::io::AsRawFd;
+    let (bytes, _) = build(random_ops(17, 300));
+    let f = temp_file(&pack_bytes(&bytes));
+    // `cat` writes the file into a pipe whose read end this process holds.
+    let mut cat = std::process::Command::new("cat")
+        .arg(f.path())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("cat runs");
+    let out = cat.stdout.take().unwrap();
+    let snap = Snapshot::open(format!("/proc/self/fd/{}", out.as_raw_fd())).unwrap();
+    assert!(cat.wait().unwrap().success());
+    assert_same(&Snapshot::from_bytes(&bytes).unwrap(), &snap);
+}
