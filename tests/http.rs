@@ -127,7 +127,13 @@ fn endpoint_serves_go_tool_pprof_and_refuses_clearly() {
     let url = format!("http://{addr}/debug/pprof/profile?seconds=3");
     let top = std::thread::scope(|s| {
         let fetch = s.spawn(|| go_pprof_top(&url, tmp.path()));
-        std::thread::sleep(Duration::from_millis(1500));
+        // The window has started once its temporary spool exists.
+        let t = std::time::Instant::now();
+        while temp_spools().is_empty() {
+            assert!(t.elapsed() < Duration::from_secs(120), "go tool pprof's request never started a window");
+            assert!(!fetch.is_finished(), "go tool pprof ended before a window started");
+            std::thread::sleep(Duration::from_millis(10));
+        }
         let (status, body) = get(addr, "/debug/pprof/profile?seconds=1");
         assert_eq!(status, 409, "{}", String::from_utf8_lossy(&body));
         assert!(String::from_utf8_lossy(&body).contains("already being collected"));
