@@ -10,6 +10,7 @@
 //! first request (cold symbol tables) and three more (warm), each printed.
 //! Under `cargo test` (no `--bench`): one 1-second window per case, checked
 //! to decode as a profile with the workers' functions.
+//! `SPULSE_BENCH_HTTP_SECONDS=N` sets another window length.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
@@ -30,6 +31,8 @@ struct ServerThreadHeap;
 
 static LIVE: AtomicI64 = AtomicI64::new(0);
 static PEAK: AtomicI64 = AtomicI64::new(0);
+/// The whole process's live heap (every thread).
+static PROCESS_LIVE: AtomicI64 = AtomicI64::new(0);
 
 thread_local! {
     /// Whether this thread is the server thread (checked by name until it is).
@@ -51,6 +54,7 @@ fn on_server_thread() -> bool {
 }
 
 fn count(delta: i64) {
+    PROCESS_LIVE.fetch_add(delta, Ordering::Relaxed);
     if on_server_thread() {
         let now = LIVE.fetch_add(delta, Ordering::Relaxed) + delta;
         PEAK.fetch_max(now, Ordering::Relaxed);
@@ -146,7 +150,11 @@ fn check(body: &[u8]) -> usize {
 
 fn main() {
     let bench = std::env::args().any(|a| a == "--bench");
-    let (seconds, warm_runs) = if bench { (30, 3) } else { (1, 0) };
+    let (mut seconds, warm_runs) = if bench { (30, 3) } else { (1, 0) };
+    // A shorter window for a quick look (`SPULSE_BENCH_HTTP_SECONDS=2 cargo bench --bench http`).
+    if let Some(s) = std::env::var("SPULSE_BENCH_HTTP_SECONDS").ok().and_then(|s| s.parse().ok()) {
+        seconds = s;
+    }
     let stop = Arc::new(AtomicBool::new(false));
     let workers = server::spawn_workers(&stop);
     let srv = spulse::http::serve("127.0.0.1:0").unwrap();
@@ -165,9 +173,10 @@ fn main() {
             let when = if case == "no recorder" && run == 0 { "cold" } else { "warm" };
             println!(
                 "http/{seconds}s/{case}/{when}: server thread CPU {:.1} ms, peak heap {:.2} MiB, \
-                 wall {:.2} s, body {} KiB, {samples} pprof samples",
+                 process heap after {:.2} MiB, wall {:.2} s, body {} KiB, {samples} pprof samples",
                 m.cpu.as_secs_f64() * 1e3,
                 m.peak_heap as f64 / (1 << 20) as f64,
+                PROCESS_LIVE.load(Ordering::Relaxed) as f64 / (1 << 20) as f64,
                 m.wall.as_secs_f64(),
                 m.body.len() / 1024,
             );
