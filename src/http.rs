@@ -92,7 +92,9 @@ impl Drop for Collecting {
 }
 
 /// A running pprof endpoint. Dropping it stops the server thread (a window
-/// being collected is abandoned) and waits for it to end.
+/// being collected is abandoned, its temporary spool removed) and waits for
+/// it to end; the listening socket is closed moments later by tiny_http's
+/// own accept thread.
 #[derive(Debug)]
 pub struct Server {
     addr: SocketAddr,

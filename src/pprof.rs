@@ -3,8 +3,8 @@
 //! pprof's `profile.proto`). `spulse export --format pprof` and the `http`
 //! endpoint both write through [`write`].
 //!
-//! Samples are per distinct (thread, stack) when the aggregation is per thread,
-//! labelled `pid`, `tid` and `thread` (name), else per distinct stack (value 0:
+//! One pprof sample per distinct (context, stack) of the [`Counts`]; when the
+//! context names a thread, labelled `pid`, `tid` and `thread` (name) (value 0:
 //! sample count, value 1: CPU nanoseconds = count × interval). Every module
 //! becomes a `Mapping` with its address range, file offset, path and build id;
 //! every frame a `Location` with its absolute address, so the file can be
