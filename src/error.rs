@@ -191,7 +191,8 @@ pub enum RecorderError {
     /// invalid; nothing was created.
     InvalidConfig {
         /// The setting: `frequency_hz`, `max_stack_depth`, `ring_capacity`,
-        /// `flush_interval`, `mode`, `path`, `SPULSE_FREQUENCY` or `SPULSE_OUTPUT`.
+        /// `flush_interval`, `mode`, `path`, `SPULSE_FREQUENCY`, `SPULSE_OUTPUT`,
+        /// or `seconds` (a profile window's length, `spulse::http`).
         setting: &'static str,
         /// A sentence naming the setting, its value and the accepted values.
         message: String,
@@ -244,6 +245,9 @@ pub enum RecorderError {
         /// This process's pid.
         pid: u32,
     },
+    /// A profile window (`spulse::http`) is already being collected in this
+    /// process; one is collected at a time.
+    ProfileInProgress,
 }
 
 impl fmt::Display for RecorderError {
@@ -288,6 +292,10 @@ impl fmt::Display for RecorderError {
                 f,
                 "process {pid} is already recorded by libspulse_preload.so (LD_PRELOAD or `spulse record`); \
                  this recorder was not started and the program runs on, recorded once"
+            ),
+            ProfileInProgress => write!(
+                f,
+                "a profile is already being collected in this process (one at a time); retry when it ends"
             ),
         }
     }

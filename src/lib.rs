@@ -3,9 +3,15 @@
 
 mod error;
 pub mod format;
+#[cfg(feature = "http")]
+pub mod http;
+#[cfg(feature = "pprof")]
+pub mod pprof;
 mod preloaded;
 pub mod read;
 mod recorder;
+#[cfg(feature = "pprof")]
+pub mod symbolize;
 pub mod write;
 
 pub use error::{Error, FormatErrorKind, RecorderError};

@@ -191,17 +191,9 @@ impl Selector {
     }
 }
 
-/// What a stack's symbolization depends on besides the stack.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Context {
-    /// The thread, for per-thread outputs; `None` otherwise.
-    pub thread: Option<ThreadId>,
-    /// The sampled process.
-    pub pid: u32,
-    /// Whether absolute frames may be named from the process's perf map (see
-    /// [`Selected::perf_map_allowed`]).
-    pub perf_map_allowed: bool,
-}
+/// What a stack's symbolization depends on besides the stack (the library's
+/// symbolizer defines it).
+pub use spulse::symbolize::Context;
 
 /// Interns contexts as small ids. Ids are assigned in thread-record order
 /// (outside before inside a Python-runtime interval), so output ordered by

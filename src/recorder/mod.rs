@@ -515,6 +515,23 @@ struct Running {
 static RUNNING: AtomicBool = AtomicBool::new(false);
 static PYTHON_TX: Mutex<Option<Sender<Control>>> = Mutex::new(None);
 static PYTHON_INSIDE: AtomicBool = AtomicBool::new(false);
+/// The running recorder's spool, for readers in the same process (the `http`
+/// endpoint cuts its windows from it): (pid that started it, path, flush
+/// interval). Set once a recording has started, cleared when it stops.
+static LIVE_SPOOL: Mutex<Option<(u32, PathBuf, Duration)>> = Mutex::new(None);
+
+/// The spool path and flush interval of the recorder running in this process,
+/// if any. A forked child sees none (the recording belongs to the parent).
+#[cfg_attr(not(feature = "http"), allow(dead_code))]
+pub(crate) fn live_spool() -> Option<(PathBuf, Duration)> {
+    let live = LIVE_SPOOL.lock().unwrap_or_else(|e| e.into_inner());
+    match &*live {
+        Some((pid, path, flush)) if *pid == sys::getpid() && RUNNING.load(Ordering::SeqCst) => {
+            Some((path.clone(), *flush))
+        }
+        _ => None,
+    }
+}
 
 impl Guard {
     /// The engine sampling this recording.
@@ -542,6 +559,7 @@ impl Guard {
             return Err(Error::Recorder(RecorderError::ForkedChild));
         }
         *PYTHON_TX.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        *LIVE_SPOOL.lock().unwrap_or_else(|e| e.into_inner()) = None;
         let _ = run.tx.send(Control::Stop);
         let res = match run.join.join() {
             Ok(r) => r,
@@ -815,6 +833,7 @@ fn start_inner(b: &RecorderBuilder, path: &Path) -> Result<Guard, Error> {
     cleanup.disarm();
     *PYTHON_TX.lock().unwrap_or_else(|e| e.into_inner()) = Some(tx.clone());
     PYTHON_INSIDE.store(false, Ordering::SeqCst);
+    *LIVE_SPOOL.lock().unwrap_or_else(|e| e.into_inner()) = Some((pid, path.to_path_buf(), b.flush_interval));
     Ok(Guard { inner: Some(Running { tx, join, pid, path: path.to_path_buf(), engine: kind }) })
 }
 

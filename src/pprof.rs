@@ -1,0 +1,401 @@
+//! The pprof encoder (cargo feature `pprof`): a gzipped `profile.proto`
+//! (messages defined here with prost derive macros, field numbers from
+//! pprof's `profile.proto`). `spulse export --format pprof` and the `http`
+//! endpoint both write through [`write`].
+//!
+//! One pprof sample per distinct (context, stack) of the [`Counts`]; when the
+//! context names a thread, labelled `pid`, `tid` and `thread` (name) (value 0:
+//! sample count, value 1: CPU nanoseconds = count × interval). Every module
+//! becomes a `Mapping` with its address range, file offset, path and build id;
+//! every frame a `Location` with its absolute address, so the file can be
+//! re-symbolized. Resolved frames carry
+//! `Line`s (inlined functions first, the containing function last, as pprof
+//! expects); frames of modules that could not be symbolized carry none. A
+//! `Function`'s `system_name` is its linkage (mangled) name, or empty when it
+//! has none (perf-map and unresolved names) or it equals the display name.
+//!
+//! Memory is bounded by the distinct frames and stacks: the tables are built
+//! first, then the samples are encoded and compressed one at a time (the
+//! uncompressed output spells every distinct stack in full).
+
+use std::collections::{HashMap, HashSet};
+use std::io::Write;
+use std::rc::Rc;
+
+use flate2::write::GzEncoder;
+use flate2::Compression;
+use prost::Message;
+
+use crate::symbolize::{Context, Symbolizer};
+use crate::{Definitions, Frame, FrameId, StackId};
+
+/// Nanoseconds per microsecond: spool times are microseconds, pprof's nanoseconds.
+const NS_PER_US: i64 = 1000;
+
+/// `perftools.profiles.Profile`.
+#[derive(Clone, PartialEq, prost::Message)]
+#[allow(missing_docs)] // fields as profile.proto names and documents them
+pub struct Profile {
+    #[prost(message, repeated, tag = "1")]
+    pub sample_type: Vec<ValueType>,
+    #[prost(message, repeated, tag = "2")]
+    pub sample: Vec<Sample>,
+    #[prost(message, repeated, tag = "3")]
+    pub mapping: Vec<Mapping>,
+    #[prost(message, repeated, tag = "4")]
+    pub location: Vec<Location>,
+    #[prost(message, repeated, tag = "5")]
+    pub function: Vec<Function>,
+    #[prost(string, repeated, tag = "6")]
+    pub string_table: Vec<String>,
+    #[prost(int64, tag = "7")]
+    pub drop_frames: i64,
+    #[prost(int64, tag = "8")]
+    pub keep_frames: i64,
+    #[prost(int64, tag = "9")]
+    pub time_nanos: i64,
+    #[prost(int64, tag = "10")]
+    pub duration_nanos: i64,
+    #[prost(message, optional, tag = "11")]
+    pub period_type: Option<ValueType>,
+    #[prost(int64, tag = "12")]
+    pub period: i64,
+    #[prost(int64, repeated, tag = "13")]
+    pub comment: Vec<i64>,
+    #[prost(int64, tag = "14")]
+    pub default_sample_type: i64,
+}
+
+/// `ValueType`: indices into the string table.
+#[derive(Clone, PartialEq, prost::Message)]
+#[allow(missing_docs)] // fields as profile.proto names and documents them
+pub struct ValueType {
+    #[prost(int64, tag = "1")]
+    pub r#type: i64,
+    #[prost(int64, tag = "2")]
+    pub unit: i64,
+}
+
+/// `Sample`: locations leaf first.
+#[derive(Clone, PartialEq, prost::Message)]
+#[allow(missing_docs)] // fields as profile.proto names and documents them
+pub struct Sample {
+    #[prost(uint64, repeated, tag = "1")]
+    pub location_id: Vec<u64>,
+    #[prost(int64, repeated, tag = "2")]
+    pub value: Vec<i64>,
+    #[prost(message, repeated, tag = "3")]
+    pub label: Vec<Label>,
+}
+
+/// `Label`.
+#[derive(Clone, PartialEq, prost::Message)]
+#[allow(missing_docs)] // fields as profile.proto names and documents them
+pub struct Label {
+    #[prost(int64, tag = "1")]
+    pub key: i64,
+    #[prost(int64, tag = "2")]
+    pub str: i64,
+    #[prost(int64, tag = "3")]
+    pub num: i64,
+    #[prost(int64, tag = "4")]
+    pub num_unit: i64,
+}
+
+/// `Mapping`.
+#[derive(Clone, PartialEq, prost::Message)]
+#[allow(missing_docs)] // fields as profile.proto names and documents them
+pub struct Mapping {
+    #[prost(uint64, tag = "1")]
+    pub id: u64,
+    #[prost(uint64, tag = "2")]
+    pub memory_start: u64,
+    #[prost(uint64, tag = "3")]
+    pub memory_limit: u64,
+    #[prost(uint64, tag = "4")]
+    pub file_offset: u64,
+    #[prost(int64, tag = "5")]
+    pub filename: i64,
+    #[prost(int64, tag = "6")]
+    pub build_id: i64,
+    #[prost(bool, tag = "7")]
+    pub has_functions: bool,
+    #[prost(bool, tag = "8")]
+    pub has_filenames: bool,
+    #[prost(bool, tag = "9")]
+    pub has_line_numbers: bool,
+    #[prost(bool, tag = "10")]
+    pub has_inline_frames: bool,
+}
+
+/// `Location`.
+#[derive(Clone, PartialEq, prost::Message)]
+#[allow(missing_docs)] // fields as profile.proto names and documents them
+pub struct Location {
+    #[prost(uint64, tag = "1")]
+    pub id: u64,
+    #[prost(uint64, tag = "2")]
+    pub mapping_id: u64,
+    #[prost(uint64, tag = "3")]
+    pub address: u64,
+    #[prost(message, repeated, tag = "4")]
+    pub line: Vec<Line>,
+    #[prost(bool, tag = "5")]
+    pub is_folded: bool,
+}
+
+/// `Line`.
+#[derive(Clone, PartialEq, prost::Message)]
+#[allow(missing_docs)] // fields as profile.proto names and documents them
+pub struct Line {
+    #[prost(uint64, tag = "1")]
+    pub function_id: u64,
+    #[prost(int64, tag = "2")]
+    pub line: i64,
+    #[prost(int64, tag = "3")]
+    pub column: i64,
+}
+
+/// `Function`.
+#[derive(Clone, PartialEq, prost::Message)]
+#[allow(missing_docs)] // fields as profile.proto names and documents them
+pub struct Function {
+    #[prost(uint64, tag = "1")]
+    pub id: u64,
+    #[prost(int64, tag = "2")]
+    pub name: i64,
+    #[prost(int64, tag = "3")]
+    pub system_name: i64,
+    #[prost(int64, tag = "4")]
+    pub filename: i64,
+    #[prost(int64, tag = "5")]
+    pub start_line: i64,
+}
+
+#[derive(Default)]
+struct Strings {
+    table: Vec<String>,
+    index: HashMap<String, i64>,
+}
+
+impl Strings {
+    fn new() -> Strings {
+        let mut s = Strings::default();
+        s.get("");
+        s
+    }
+    fn get(&mut self, v: &str) -> i64 {
+        if let Some(&i) = self.index.get(v) {
+            return i;
+        }
+        let i = self.table.len() as i64;
+        self.table.push(v.to_string());
+        self.index.insert(v.to_string(), i);
+        i
+    }
+}
+
+/// Location key: the frame, and for absolute frames the process and whether
+/// its perf map applies (their names depend on both).
+type LocationKey = (FrameId, u32, bool);
+
+fn location_key(defs: &Definitions, frame: FrameId, ctx: &Context) -> LocationKey {
+    match defs.frame(frame) {
+        Frame::Absolute { .. } => (frame, ctx.pid, ctx.perf_map_allowed),
+        Frame::Module { .. } | Frame::Truncated => (frame, 0, false),
+    }
+}
+
+/// Everything of the profile but its samples: built in a first pass over the
+/// distinct stacks, so its size is bounded by the distinct frames.
+struct Tables {
+    p: Profile,
+    strings: Strings,
+    locations: HashMap<LocationKey, u64>,
+    /// pprof function id by (function, linkage name).
+    functions: HashMap<(u32, Option<Rc<str>>), u64>,
+    mapping_named: Vec<bool>,
+    mapping_lines: Vec<bool>,
+    mapping_inline: Vec<bool>,
+}
+
+impl Tables {
+    fn location(&mut self, defs: &Definitions, sym: &mut Symbolizer, frame: FrameId, ctx: &Context) {
+        let key = location_key(defs, frame, ctx);
+        if self.locations.contains_key(&key) {
+            return;
+        }
+        let id = self.p.location.len() as u64 + 1;
+        let r = sym.resolve(defs, frame, ctx);
+        let (mapping_id, address) = match defs.frame(frame) {
+            Frame::Module { module, file_relative } => {
+                let i = module.index();
+                if r.named {
+                    self.mapping_named[i] = true;
+                    self.mapping_lines[i] |= r.frames.iter().any(|f| f.line > 0);
+                    self.mapping_inline[i] |= r.frames.len() > 1;
+                }
+                (i as u64 + 1, defs.module(module).absolute(file_relative).unwrap_or(0))
+            }
+            Frame::Absolute { address, .. } => (0, address),
+            Frame::Truncated => (0, 0),
+        };
+        // Frames of unsymbolized modules stay bare so pprof tools can
+        // symbolize them later through the mapping and its build id.
+        let is_bare_module = matches!(defs.frame(frame), Frame::Module { .. }) && !r.named;
+        let mut line = Vec::new();
+        if !is_bare_module {
+            for f in &r.frames {
+                let fnext = self.p.function.len() as u64 + 1;
+                let fid = *self.functions.entry((f.func, f.linkage.clone())).or_insert_with(|| {
+                    let func = sym.function(f.func);
+                    let name = self.strings.get(&func.name);
+                    // The linkage name, so that pprof neither re-demangles nor
+                    // "simplifies" the display name (it strips `<...>` from a
+                    // name equal to its system name, merging unrelated
+                    // functions); empty when there is none or it is the
+                    // display name itself (a C function's DWARF name).
+                    let linkage = f.linkage.as_deref().filter(|l| *l != func.name);
+                    let system_name = self.strings.get(linkage.unwrap_or(""));
+                    let filename = self.strings.get(f.file.as_deref().unwrap_or(""));
+                    self.p.function.push(Function { id: fnext, name, system_name, filename, start_line: 0 });
+                    fnext
+                });
+                line.push(Line { function_id: fid, line: f.line as i64, column: 0 });
+            }
+        }
+        self.p.location.push(Location { id, mapping_id, address, line, is_folded: false });
+        self.locations.insert(key, id);
+    }
+}
+
+/// What the profile covers: its start and duration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Window {
+    /// Start, unix microseconds (`time_nanos`).
+    pub start_us: u64,
+    /// Length in microseconds (`duration_nanos`).
+    pub duration_us: u64,
+}
+
+/// Counted samples: the contexts they are symbolized in, and every
+/// (context index, stack, count) with a non-zero count.
+pub trait Counts {
+    /// The contexts, indexed by the context indices of [`Counts::iter`].
+    fn contexts(&self) -> &[Context];
+    /// Every (context index, stack, count), in the order the samples are
+    /// written (called twice; both calls must give the same sequence).
+    fn iter(&self) -> impl Iterator<Item = (usize, StackId, u64)> + '_;
+}
+
+/// Write the gzipped profile of `counts` (stacks of `defs`) covering
+/// `window`, with `comment`. Locations, functions, mappings and strings are
+/// built first (bounded by the distinct frames); the samples, one per distinct
+/// (context, stack), are then encoded and compressed one at a time.
+pub fn write(
+    defs: &Definitions,
+    counts: &impl Counts,
+    window: Window,
+    sym: &mut Symbolizer,
+    comment: &str,
+    out: &mut dyn Write,
+) -> std::io::Result<()> {
+    let contexts = counts.contexts();
+    let mut strings = Strings::new();
+    let mut p = Profile {
+        sample_type: vec![
+            ValueType { r#type: strings.get("samples"), unit: strings.get("count") },
+            ValueType { r#type: strings.get("cpu"), unit: strings.get("nanoseconds") },
+        ],
+        period_type: Some(ValueType { r#type: strings.get("cpu"), unit: strings.get("nanoseconds") }),
+        period: (defs.interval_us() as i64).saturating_mul(NS_PER_US),
+        time_nanos: (window.start_us as i64).saturating_mul(NS_PER_US),
+        duration_nanos: (window.duration_us as i64).saturating_mul(NS_PER_US),
+        ..Default::default()
+    };
+    p.comment.push(strings.get(comment));
+    let n = defs.modules().len();
+    let mut t = Tables {
+        p,
+        strings,
+        locations: HashMap::new(),
+        functions: HashMap::new(),
+        mapping_named: vec![false; n],
+        mapping_lines: vec![false; n],
+        mapping_inline: vec![false; n],
+    };
+
+    // Pass 1: every location of every stack. A stack prefix already seen with
+    // the same location keys is not walked again.
+    let mut seen: HashSet<(StackId, u32, bool)> = HashSet::new();
+    for (c, stack, _) in counts.iter() {
+        let ctx = contexts[c];
+        let mut cur = Some(stack);
+        while let Some(id) = cur {
+            if !seen.insert((id, ctx.pid, ctx.perf_map_allowed)) {
+                break;
+            }
+            let s = defs.stack(id);
+            t.location(defs, sym, s.frame, &ctx);
+            cur = s.parent;
+        }
+        if let Some(th) = ctx.thread {
+            let th = defs.thread(th);
+            for k in ["pid", "tid", "thread"] {
+                t.strings.get(k);
+            }
+            t.strings.get(&th.name);
+        }
+    }
+    for m in defs.modules() {
+        let i = m.id.index();
+        let mapping = Mapping {
+            id: i as u64 + 1,
+            memory_start: m.start,
+            memory_limit: m.end(),
+            file_offset: m.file_offset,
+            filename: t.strings.get(&String::from_utf8_lossy(&m.path)),
+            build_id: t.strings.get(&m.build_id_hex()),
+            has_functions: t.mapping_named[i],
+            has_filenames: t.mapping_lines[i],
+            has_line_numbers: t.mapping_lines[i],
+            has_inline_frames: t.mapping_inline[i],
+        };
+        t.p.mapping.push(mapping);
+    }
+    let Tables { mut p, strings, locations, .. } = t;
+    p.string_table = strings.table;
+    let string_index = strings.index;
+    let str_id = |s: &str| string_index.get(s).copied().unwrap_or(0);
+
+    let mut gz = GzEncoder::new(out, Compression::default());
+    // A protobuf message is the concatenation of its fields in any order:
+    // the tables first, then each sample as one more `sample` field.
+    gz.write_all(&p.encode_to_vec())?;
+    let period = p.period;
+    let mut buf = Vec::new();
+    let mut ids = Vec::new();
+    for (c, stack, count) in counts.iter() {
+        let ctx = contexts[c];
+        ids.clear();
+        ids.extend(defs.stack_frames(stack).map(|f| locations[&location_key(defs, f, &ctx)]));
+        let n = count as i64;
+        let mut label = Vec::new();
+        if let Some(t) = ctx.thread {
+            let t = defs.thread(t);
+            label.push(Label { key: str_id("pid"), num: t.pid as i64, ..Default::default() });
+            label.push(Label { key: str_id("tid"), num: t.tid as i64, ..Default::default() });
+            if !t.name.is_empty() {
+                label.push(Label { key: str_id("thread"), str: str_id(&t.name), ..Default::default() });
+            }
+        }
+        let sample =
+            Sample { location_id: std::mem::take(&mut ids), value: vec![n, n.saturating_mul(period)], label };
+        buf.clear();
+        prost::encoding::message::encode(2, &sample, &mut buf);
+        gz.write_all(&buf)?;
+        ids = sample.location_id;
+    }
+    gz.finish()?;
+    Ok(())
+}

@@ -1,0 +1,1101 @@
+//! Symbolization of spool frames (cargo feature `pprof`): offline in the
+//! `spulse` tool, in process behind `spulse::http`.
+//!
+//! Module frames are resolved from the module files named in the spool (or a
+//! separate debug file found by build id or debug link), with `addr2line` over
+//! DWARF (inlined frames expanded, split DWARF read from a `.dwp` beside the
+//! file or from the `.dwo` files its units name) and the ELF symbol table as a
+//! fallback, names demangled (see [`demangle`]). A candidate file is used only
+//! when its GNU build id equals the one recorded in the spool; a module with no
+//! usable file is shown as `name+0xoffset`, never with a guessed name.
+//!
+//! Paths, build ids and sizes in a spool are untrusted. Every file the
+//! symbolizer reads (module files, debug files, `.dwp`, `.dwo`, perf maps) is
+//! opened with `O_NONBLOCK | O_CLOEXEC | O_NOCTTY`, checked with `fstat` on the
+//! opened descriptor to be a regular file, and mapped only when at most
+//! [`MAX_FILE_BYTES`] long; a FIFO or device is never waited on, and there is
+//! no window between the check and the open. Decompressed debug sections of
+//! one file are capped at [`MAX_DECOMPRESSED_BYTES`] together. A file is
+//! parsed once per (device, inode) whatever path spells it, and a module's
+//! symbols are loaded once per build id; each frame is resolved once.
+//!
+//! Absolute frames (anonymous executable memory) are named from
+//! `/tmp/perf-<pid>.map` when that file exists, is a regular file (not a
+//! symlink) and belongs to the user running the tool; when the spool records
+//! Python-runtime intervals for the process, only samples inside them use the
+//! map (see [`Context`]).
+
+use std::borrow::Cow;
+use std::cell::{OnceCell, RefCell};
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::Read;
+use std::ops::Deref;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+use std::sync::Arc;
+
+use addr2line::gimli;
+use addr2line::LookupContinuation;
+use gimli::Reader as _;
+use object::{Object, ObjectSection, ObjectSegment, ObjectSymbol};
+
+use crate::{Definitions, Frame, FrameId, Module, ThreadId};
+
+/// What a stack's symbolization depends on besides the stack.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Context {
+    /// The thread, for per-thread outputs; `None` otherwise.
+    pub thread: Option<ThreadId>,
+    /// The sampled process.
+    pub pid: u32,
+    /// Whether absolute frames may be named from the process's perf map
+    /// (`/tmp/perf-<pid>.map`). Where a spool records Python-runtime
+    /// intervals, perf-map names are only trusted inside them, since CPython's
+    /// trampolines are unmapped and their addresses reused outside them.
+    pub perf_map_allowed: bool,
+}
+
+/// The largest file the symbolizer maps (module, debug, `.dwp` or `.dwo`
+/// file); a larger one is treated as missing.
+pub const MAX_FILE_BYTES: u64 = 4 << 30;
+
+/// The most decompressed debug-section data the symbolizer allocates for one
+/// file; a file whose compressed sections declare more is read without them.
+pub const MAX_DECOMPRESSED_BYTES: u64 = 2 << 30;
+
+/// The largest perf map read (`/tmp/perf-<pid>.map`); the rest is ignored.
+pub const MAX_PERF_MAP_BYTES: u64 = 256 << 20;
+
+/// One function as shown to the user.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Function {
+    /// Demangled name, or `module+0xoffset` / an address when unresolved.
+    pub name: String,
+    /// Module (file name without directories), `[kernel]`, `[unknown]`, or the
+    /// perf map the name came from.
+    pub module: String,
+}
+
+/// One (possibly inlined) function at a frame's address.
+#[derive(Debug, Clone)]
+pub struct SymFrame {
+    /// Index into [`Symbolizer::functions`].
+    pub func: u32,
+    /// The linkage (mangled) name the function was found under, when the
+    /// debug info or symbol table gives one.
+    pub linkage: Option<Rc<str>>,
+    /// Source file, when the debug info gives one.
+    pub file: Option<Rc<str>>,
+    /// Source line (0 when unknown).
+    pub line: u32,
+}
+
+/// What a frame resolved to.
+#[derive(Debug, Clone)]
+pub struct Resolved {
+    /// The functions at the address, innermost (inlined callee) first and the
+    /// function that contains the code last. Never empty.
+    pub frames: Vec<SymFrame>,
+    /// Whether a name came from symbols (false for `module+0xoffset` and raw
+    /// addresses).
+    pub named: bool,
+}
+
+impl Resolved {
+    /// The function that contains the code (the last, outermost frame).
+    pub fn outer(&self) -> &SymFrame {
+        self.frames.last().expect("resolved frames are never empty")
+    }
+}
+
+/// Where to look for symbols.
+#[derive(Debug, Clone, Default)]
+pub struct Options {
+    /// Extra places: directories holding debug files, by base name or in a
+    /// `.build-id/xx/rest.debug` tree.
+    pub dirs: Vec<PathBuf>,
+    /// Do not read any file: every module frame becomes `name+0xoffset`.
+    pub disabled: bool,
+}
+
+/// The bytes of an opened file, or data decompressed from it.
+#[derive(Debug)]
+enum Backing {
+    Map(memmap2::Mmap),
+    Owned(Vec<u8>),
+}
+
+impl Backing {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Backing::Map(m) => m,
+            Backing::Owned(v) => v,
+        }
+    }
+}
+
+/// A shared range of a [`Backing`]: the data the DWARF reader reads.
+#[derive(Debug, Clone)]
+pub struct Bytes {
+    data: Rc<Backing>,
+    start: usize,
+    len: usize,
+}
+
+impl Bytes {
+    fn whole(data: Rc<Backing>) -> Bytes {
+        let len = data.bytes().len();
+        Bytes { data, start: 0, len }
+    }
+
+    /// The range of `self` that `part` (a slice borrowed from it) covers.
+    fn sub(&self, part: &[u8]) -> Option<Bytes> {
+        let base = self.data.bytes().as_ptr() as usize;
+        let start = (part.as_ptr() as usize).checked_sub(base)?;
+        (start + part.len() <= self.data.bytes().len()).then(|| Bytes {
+            data: self.data.clone(),
+            start,
+            len: part.len(),
+        })
+    }
+}
+
+impl Deref for Bytes {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &self.data.bytes()[self.start..self.start + self.len]
+    }
+}
+
+// SAFETY: `deref` returns a slice of the `Rc`'s target (a mapping or a vector
+// that is never changed once built), which stays at the same address however
+// the `Bytes` or its clones are moved, for as long as any of them lives.
+unsafe impl gimli::StableDeref for Bytes {}
+// SAFETY: clones share the same `Rc` target, so they deref to the same address.
+unsafe impl gimli::CloneStableDeref for Bytes {}
+
+/// The DWARF reader type.
+type Reader = gimli::EndianReader<gimli::RunTimeEndian, Bytes>;
+
+/// Open `path` for reading without ever blocking: `O_NONBLOCK` (a FIFO or
+/// device opens at once instead of waiting for a writer), `O_CLOEXEC`,
+/// `O_NOCTTY`, plus `extra` flags. The opened descriptor must be a regular
+/// file of at most `max` bytes. Returns the file and its (device, inode).
+fn open_regular(path: &Path, max: u64, extra: i32) -> Option<(File, (u64, u64), u64)> {
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC | libc::O_NOCTTY | extra)
+        .open(path)
+        .ok()?;
+    // fstat of the descriptor just opened: what is checked is what is read.
+    let meta = file.metadata().ok()?;
+    if !meta.file_type().is_file() || meta.len() > max {
+        return None;
+    }
+    Some((file, (meta.dev(), meta.ino()), meta.len()))
+}
+
+/// Map a regular file (see [`open_regular`]) read-only.
+fn map_regular(path: &Path) -> Option<(Rc<Backing>, (u64, u64))> {
+    let (file, key, len) = open_regular(path, MAX_FILE_BYTES, 0)?;
+    let backing = if len == 0 {
+        Backing::Owned(Vec::new())
+    } else {
+        // SAFETY: a private read-only mapping of a regular file we opened; the
+        // bytes are only ever read through `Bytes`, never as Rust references
+        // that another process's writes could invalidate the type of.
+        Backing::Map(unsafe { memmap2::MmapOptions::new().map(&file) }.ok()?)
+    };
+    Some((Rc::new(backing), key))
+}
+
+/// An opened, parsed object file, shared by every path that names it.
+struct Parsed {
+    data: Bytes,
+    path: PathBuf,
+    build_id: Option<Vec<u8>>,
+    has_dwarf: bool,
+    /// PT_LOAD segments: (file offset, file size, virtual address, memory size).
+    segments: Vec<(u64, u64, u64, u64)>,
+    /// Per segment: (executable, alignment).
+    seg_flags: Vec<(bool, u64)>,
+    debuglink: Option<Vec<u8>>,
+    /// The debug data, built on first use.
+    debug: OnceCell<Option<Rc<DebugData>>>,
+}
+
+fn parse(data: Bytes, path: &Path) -> Option<Parsed> {
+    let obj = object::File::parse(&*data).ok()?;
+    let build_id = obj.build_id().ok().flatten().map(|b| b.to_vec());
+    let has_dwarf = obj.section_by_name(".debug_info").is_some();
+    let segments = obj
+        .segments()
+        .map(|s| {
+            let (off, filesz) = s.file_range();
+            (off, filesz, s.address(), s.size())
+        })
+        .collect();
+    let seg_flags = obj
+        .segments()
+        .map(|s| {
+            let exec = match s.flags() {
+                object::SegmentFlags::Elf { p_flags } => p_flags & object::elf::PF_X != 0,
+                _ => false,
+            };
+            (exec, s.align())
+        })
+        .collect();
+    let debuglink = obj.gnu_debuglink().ok().flatten().map(|(n, _)| n.to_vec());
+    drop(obj);
+    Some(Parsed {
+        data,
+        path: path.to_path_buf(),
+        build_id,
+        has_dwarf,
+        segments,
+        seg_flags,
+        debuglink,
+        debug: OnceCell::new(),
+    })
+}
+
+impl Parsed {
+    /// Segments to map the module's file offsets with. A full file's own
+    /// headers work as they are; a separate debug file (`objcopy
+    /// --only-keep-debug`) keeps the addresses but not the file offsets, so
+    /// its executable segment is matched to the module by size and alignment.
+    fn segments_for(&self, m: &Module) -> Vec<(u64, u64, u64, u64)> {
+        if self.segments.iter().any(|&(off, filesz, _, _)| off == m.file_offset && filesz > 0) {
+            return self.segments.clone();
+        }
+        let matches: Vec<_> = self
+            .segments
+            .iter()
+            .zip(&self.seg_flags)
+            .filter(|(&(_, _, vaddr, memsz), &(exec, align))| {
+                exec && memsz == m.size && (align <= 1 || vaddr % align == m.file_offset % align)
+            })
+            .collect();
+        match matches.as_slice() {
+            [(&(_, _, vaddr, memsz), _)] => vec![(m.file_offset, m.size, vaddr, memsz)],
+            _ => Vec::new(),
+        }
+    }
+}
+
+/// Load one DWARF section of `obj` (named `name`) as a reader over `data`,
+/// decompressing within `budget`. A missing or unreadable section is empty.
+fn load_section(
+    obj: &object::File<'_>,
+    data: &Bytes,
+    name: Option<&str>,
+    endian: gimli::RunTimeEndian,
+    budget: &mut u64,
+) -> Reader {
+    let empty = || Reader::new(Bytes::whole(Rc::new(Backing::Owned(Vec::new()))), endian);
+    let Some(section) = name.and_then(|n| obj.section_by_name(n)) else { return empty() };
+    let Ok(compressed) = section.compressed_data() else { return empty() };
+    if compressed.format == object::CompressionFormat::None {
+        return data.sub(compressed.data).map(|b| Reader::new(b, endian)).unwrap_or_else(empty);
+    }
+    if compressed.uncompressed_size > *budget {
+        return empty();
+    }
+    *budget -= compressed.uncompressed_size;
+    match compressed.decompress() {
+        Ok(d) => Reader::new(Bytes::whole(Rc::new(Backing::Owned(d.into_owned()))), endian),
+        Err(_) => empty(),
+    }
+}
+
+fn endian_of(obj: &object::File<'_>) -> gimli::RunTimeEndian {
+    if obj.is_little_endian() {
+        gimli::RunTimeEndian::Little
+    } else {
+        gimli::RunTimeEndian::Big
+    }
+}
+
+/// Load the split-DWARF sections (`.dwo` names) of an object file.
+fn load_dwo_sections(data: &Bytes) -> Option<gimli::Dwarf<Reader>> {
+    let obj = object::File::parse(&**data).ok()?;
+    let endian = endian_of(&obj);
+    let mut budget = MAX_DECOMPRESSED_BYTES;
+    gimli::Dwarf::load(|id| -> Result<Reader, gimli::Error> {
+        Ok(load_section(&obj, data, id.dwo_name(), endian, &mut budget))
+    })
+    .ok()
+}
+
+/// The symbols of one object file: DWARF context, symbol table, split DWARF.
+struct DebugData {
+    ctx: addr2line::Context<Reader>,
+    /// Text symbols: (address, size, linkage name), sorted by address.
+    symbols: Vec<(u64, u64, Bytes)>,
+    dwp: Option<gimli::DwarfPackage<Reader>>,
+    /// `.dwo` files already read, by (device, inode).
+    dwos: RefCell<HashMap<(u64, u64), Option<Bytes>>>,
+}
+
+impl DebugData {
+    fn load(parsed: &Parsed) -> Option<DebugData> {
+        let data = &parsed.data;
+        let obj = object::File::parse(&**data).ok()?;
+        let endian = endian_of(&obj);
+        let mut budget = MAX_DECOMPRESSED_BYTES;
+        let mut dwarf = gimli::Dwarf::load(|id| -> Result<Reader, gimli::Error> {
+            Ok(load_section(&obj, data, Some(id.name()), endian, &mut budget))
+        })
+        .ok()?;
+        dwarf.populate_abbreviations_cache(gimli::AbbreviationsCacheStrategy::Duplicates);
+        let ctx = addr2line::Context::from_dwarf(dwarf).ok()?;
+        let mut symbols: Vec<(u64, u64, Bytes)> = obj
+            .symbols()
+            .chain(obj.dynamic_symbols())
+            .filter(|s| s.kind() == object::SymbolKind::Text && s.is_definition())
+            .filter_map(|s| Some((s.address(), s.size(), data.sub(s.name_bytes().ok()?)?)))
+            .collect();
+        symbols.sort_by_key(|s| (s.0, std::cmp::Reverse(s.1)));
+        symbols.dedup_by_key(|s| s.0);
+        // A DWARF package beside the file: `<file>.dwp`.
+        let mut dwp_path = parsed.path.clone().into_os_string();
+        dwp_path.push(".dwp");
+        let dwp = map_regular(Path::new(&dwp_path)).and_then(|(b, _)| {
+            let b = Bytes::whole(b);
+            let dobj = object::File::parse(&*b).ok()?;
+            let endian = endian_of(&dobj);
+            let mut budget = MAX_DECOMPRESSED_BYTES;
+            let empty = Reader::new(Bytes::whole(Rc::new(Backing::Owned(Vec::new()))), endian);
+            gimli::DwarfPackage::load(
+                |id| -> Result<Reader, gimli::Error> {
+                    Ok(load_section(&dobj, &b, id.dwo_name(), endian, &mut budget))
+                },
+                empty,
+            )
+            .ok()
+        });
+        Some(DebugData { ctx, symbols, dwp, dwos: RefCell::new(HashMap::new()) })
+    }
+
+    /// The symbol-table entry containing `address` (a symbol without a size
+    /// covers up to the next symbol).
+    fn find_symbol(&self, address: u64) -> Option<&[u8]> {
+        let i = self.symbols.partition_point(|s| s.0 <= address);
+        let (start, size, name) = self.symbols.get(i.checked_sub(1)?)?;
+        (*size == 0 || address - start < *size).then_some(&**name)
+    }
+
+    /// Split DWARF for one unit: from the `.dwp`, else from the `.dwo` file
+    /// the unit names (opened like every other file, without blocking).
+    // addr2line's continuation API takes an `Arc`; the symbolizer is used
+    // from one thread, so the reader's `Rc`s are never shared across threads.
+    #[allow(clippy::arc_with_non_send_sync)]
+    fn load_dwo(&self, load: addr2line::SplitDwarfLoad<Reader>) -> Option<Arc<gimli::Dwarf<Reader>>> {
+        if let Some(dwp) = &self.dwp {
+            if let Ok(Some(cu)) = dwp.find_cu(load.dwo_id, &load.parent) {
+                return Some(Arc::new(cu));
+            }
+        }
+        let mut path = PathBuf::new();
+        if let Some(dir) = &load.comp_dir {
+            path.push(std::ffi::OsStr::from_bytes(&dir.to_slice().ok()?));
+        }
+        let p = load.path.as_ref()?;
+        path.push(std::ffi::OsStr::from_bytes(&p.to_slice().ok()?));
+        let (file, key, len) = open_regular(&path, MAX_FILE_BYTES, 0)?;
+        let data = self
+            .dwos
+            .borrow_mut()
+            .entry(key)
+            .or_insert_with(|| {
+                let backing = if len == 0 {
+                    Backing::Owned(Vec::new())
+                } else {
+                    // SAFETY: as in `map_regular`: a private read-only mapping of
+                    // the regular file just opened and checked.
+                    Backing::Map(unsafe { memmap2::MmapOptions::new().map(&file) }.ok()?)
+                };
+                Some(Bytes::whole(Rc::new(backing)))
+            })
+            .clone()?;
+        let mut dwarf = load_dwo_sections(&data)?;
+        let header = dwarf.units().next().ok()??;
+        let unit = dwarf.unit(header).ok()?;
+        if unit.dwo_id != Some(load.dwo_id) {
+            return None;
+        }
+        dwarf.make_dwo(&load.parent);
+        Some(Arc::new(dwarf))
+    }
+
+    /// The frames at `svma`: (linkage or plain name, file, line), innermost first.
+    fn find_frames(&self, svma: u64) -> Vec<(String, Option<Rc<str>>, u32)> {
+        let mut out = Vec::new();
+        let mut lookup = self.ctx.find_frames(svma);
+        let frames = loop {
+            match lookup {
+                addr2line::LookupResult::Output(r) => break r,
+                addr2line::LookupResult::Load { load, continuation } => {
+                    lookup = continuation.resume(self.load_dwo(load));
+                }
+            }
+        };
+        let Ok(mut iter) = frames else { return out };
+        while let Ok(Some(f)) = iter.next() {
+            let Some(func) = &f.function else { continue };
+            let Ok(raw) = func.raw_name() else { continue };
+            let (file, line) = match &f.location {
+                Some(l) => (l.file.map(Rc::from), l.line.unwrap_or(0)),
+                None => (None, 0),
+            };
+            out.push((raw.into_owned(), file, line));
+        }
+        out
+    }
+}
+
+/// A loaded module: the debug data and how its file offsets map to addresses.
+pub struct ModuleSymbols {
+    debug: Rc<DebugData>,
+    /// PT_LOAD segments of the file: (file offset, file size, virtual address, memory size).
+    segments: Vec<(u64, u64, u64, u64)>,
+    /// Lowest virtual address of any PT_LOAD segment.
+    pub image_base: u64,
+    /// The file the symbols were read from.
+    pub source: PathBuf,
+}
+
+impl ModuleSymbols {
+    /// The stated virtual address (as in the file's headers) of a file offset.
+    pub fn svma(&self, file_offset: u64) -> Option<u64> {
+        svma(&self.segments, file_offset)
+    }
+}
+
+fn svma(segments: &[(u64, u64, u64, u64)], file_offset: u64) -> Option<u64> {
+    segments.iter().find_map(|&(off, filesz, vaddr, memsz)| {
+        let len = if filesz > 0 { filesz } else { memsz };
+        (file_offset >= off && file_offset - off < len).then(|| vaddr.wrapping_add(file_offset - off))
+    })
+}
+
+struct PerfMap {
+    /// (start, end, name) in file order; later lines win.
+    entries: Vec<(u64, u64, String)>,
+    path: String,
+}
+
+impl PerfMap {
+    fn lookup(&self, address: u64) -> Option<&str> {
+        self.entries.iter().rev().find(|(s, e, _)| address >= *s && address < *e).map(|(_, _, n)| n.as_str())
+    }
+}
+
+/// A module file's identity in the spool: (path, build id).
+type FileKey = (Vec<u8>, Vec<u8>);
+
+/// Resolves frames to functions, caching every file and frame.
+pub struct Symbolizer {
+    options: Options,
+    functions: Vec<Function>,
+    function_ids: HashMap<Function, u32>,
+    /// Results by the spool's (path, build id).
+    files: HashMap<FileKey, Option<Rc<ModuleSymbols>>>,
+    /// Successful loads by (build id, file offset, size): one build id names
+    /// one file content, whatever path the spool spells it with.
+    by_build_id: HashMap<(Vec<u8>, u64, u64), Rc<ModuleSymbols>>,
+    /// Parsed files by (device, inode); `None` for a file that is not an object file.
+    parsed: HashMap<(u64, u64), Option<Rc<Parsed>>>,
+    /// Per module id.
+    modules: Vec<Option<Option<Rc<ModuleSymbols>>>>,
+    module_frames: Vec<Option<Rc<Resolved>>>,
+    other_frames: HashMap<(FrameId, u32, bool), Rc<Resolved>>,
+    perf_maps: HashMap<u32, Option<PerfMap>>,
+    files_loaded: usize,
+    lookups: u64,
+}
+
+/// The file name of a module path (or the whole path if it has no `/`).
+pub fn module_name(m: &Module) -> String {
+    let name = m.path.rsplit(|&b| b == b'/').next().unwrap_or(&m.path);
+    if name.is_empty() {
+        format!("module{}", m.id)
+    } else {
+        String::from_utf8_lossy(name).into_owned()
+    }
+}
+
+/// Demangle a linkage name: Rust (v0 or legacy), then C++; anything else is
+/// returned as it is.
+///
+/// Rust names get one display whichever mangling they came in (the standard
+/// library ships v0 symbols, most crates legacy ones): no hash or crate
+/// disambiguator, no generic arguments (legacy symbols do not record them),
+/// closures and shims as legacy spells them (`{{closure}}`, `{{vtable.shim}}`),
+/// inherent methods of path types as `a::Type::f` (v0 says `<a::Type>::f`).
+/// A generic function therefore shows as one row for all its instances.
+pub fn demangle(name: &str) -> Cow<'_, str> {
+    if let Ok(d) = rustc_demangle::try_demangle(name) {
+        return Cow::Owned(normalize_rust(&format!("{d:#}")));
+    }
+    if name.starts_with("_Z") {
+        if let Ok(sym) = cpp_demangle::Symbol::new(name) {
+            if let Ok(s) = sym.demangle() {
+                return Cow::Owned(s);
+            }
+        }
+    }
+    Cow::Borrowed(name)
+}
+
+/// Bring a demangled Rust path to the display [`demangle`] documents.
+fn normalize_rust(s: &str) -> String {
+    unwrap_inherent(&strip_generics(s))
+}
+
+/// v0 spells a method of an inherent impl on a path type `<a::Type>::f`,
+/// legacy `a::Type::f`: use the legacy spelling (primitive types, slices,
+/// references and trait impls keep their brackets).
+fn unwrap_inherent(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = String::with_capacity(s.len());
+    let mut i = 0;
+    while i < b.len() {
+        let at_segment_start = i == 0 || out.ends_with("::");
+        if b[i] == b'<' && at_segment_start {
+            if let Some(len) = s[i + 1..].find('>') {
+                let inner = &s[i + 1..i + 1 + len];
+                let is_path = inner.contains("::")
+                    && !inner.contains([' ', '<', '&', '*', '[', '('])
+                    && inner.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_');
+                if is_path && s[i + 2 + len..].starts_with("::") {
+                    out.push_str(inner);
+                    i += len + 2;
+                    continue;
+                }
+            }
+        }
+        let ch = s[i..].chars().next().expect("in bounds");
+        out.push(ch);
+        i += ch.len_utf8();
+    }
+    out
+}
+
+/// Drop generic argument lists and spell v0's `{closure#N}`-style segments as
+/// legacy does.
+fn strip_generics(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = String::with_capacity(s.len());
+    let mut i = 0;
+    while i < b.len() {
+        let c = b[i];
+        if s[i..].starts_with("{{") {
+            // Legacy `{{closure}}`: already the chosen spelling.
+            if let Some(len) = s[i..].find("}}") {
+                out.push_str(&s[i..i + len + 2]);
+                i += len + 2;
+                continue;
+            }
+        }
+        if c == b'{' {
+            // v0 `{closure#0}`, `{shim:vtable#0}`, `{constant#1}`...
+            if let Some(len) = s[i..].find('}') {
+                let inner = &s[i + 1..i + len];
+                let kind = inner.split('#').next().unwrap_or(inner);
+                match kind.strip_prefix("shim:") {
+                    Some(shim) => out.push_str(&format!("{{{{{shim}.shim}}}}")),
+                    None => out.push_str(&format!("{{{{{kind}}}}}")),
+                }
+                i += len + 1;
+                continue;
+            }
+        }
+        if c == b'<' {
+            let turbofish = out.ends_with("::");
+            let after_name =
+                out.as_bytes().last().is_some_and(|&p| p.is_ascii_alphanumeric() || p == b'_' || p == b'}');
+            if turbofish || after_name {
+                // A generic argument list: skip to its balanced end (`->` in a
+                // `fn(..) -> T` argument is not a closing bracket).
+                let mut depth = 0usize;
+                let mut j = i;
+                while j < b.len() {
+                    match b[j] {
+                        b'<' => depth += 1,
+                        b'>' if j == 0 || b[j - 1] != b'-' => {
+                            depth -= 1;
+                            if depth == 0 {
+                                break;
+                            }
+                        }
+                        _ => {}
+                    }
+                    j += 1;
+                }
+                if j < b.len() {
+                    if turbofish {
+                        out.truncate(out.len() - 2);
+                    }
+                    i = j + 1;
+                    continue;
+                }
+            }
+        }
+        let ch = s[i..].chars().next().expect("in bounds");
+        out.push(ch);
+        i += ch.len_utf8();
+    }
+    out
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+impl Symbolizer {
+    /// A symbolizer with the given search options.
+    pub fn new(options: Options) -> Symbolizer {
+        Symbolizer {
+            options,
+            functions: Vec::new(),
+            function_ids: HashMap::new(),
+            files: HashMap::new(),
+            by_build_id: HashMap::new(),
+            parsed: HashMap::new(),
+            modules: Vec::new(),
+            module_frames: Vec::new(),
+            other_frames: HashMap::new(),
+            perf_maps: HashMap::new(),
+            files_loaded: 0,
+            lookups: 0,
+        }
+    }
+
+    /// Every function seen so far, by id.
+    pub fn functions(&self) -> &[Function] {
+        &self.functions
+    }
+
+    /// One function.
+    pub fn function(&self, id: u32) -> &Function {
+        &self.functions[id as usize]
+    }
+
+    /// Forget every resolved frame but keep the loaded module files (so the
+    /// next resolutions measure lookups against warm, parsed modules).
+    pub fn clear_frame_cache(&mut self) {
+        self.module_frames.clear();
+        self.other_frames.clear();
+    }
+
+    /// Get ready for frames of another spool (module and frame ids are per
+    /// spool): forget everything indexed by them and the perf maps (which
+    /// grow while the process runs), keep every parsed file and loaded symbol
+    /// table (found again by path and build id). A long-lived in-process
+    /// symbolizer calls this between profiles.
+    pub fn next_spool(&mut self) {
+        self.modules.clear();
+        self.module_frames.clear();
+        self.other_frames.clear();
+        self.perf_maps.clear();
+    }
+
+    /// Re-read perf maps on next use (a JIT appends to its map while it runs):
+    /// forgets the maps and every absolute frame resolved from them.
+    pub fn refresh_perf_maps(&mut self) {
+        self.perf_maps.clear();
+        self.other_frames.clear();
+    }
+
+    /// How many files had their debug data (DWARF and symbol table) loaded.
+    pub fn files_loaded(&self) -> usize {
+        self.files_loaded
+    }
+
+    /// How many times [`Symbolizer::resolve`] was called (cached or not): the
+    /// work measure of the reports, which look each distinct stack node up once.
+    pub fn lookups(&self) -> u64 {
+        self.lookups
+    }
+
+    /// How many distinct files (by device and inode) were opened and parsed.
+    pub fn files_parsed(&self) -> usize {
+        self.parsed.len()
+    }
+
+    fn intern(&mut self, f: Function) -> u32 {
+        if let Some(&id) = self.function_ids.get(&f) {
+            return id;
+        }
+        let id = self.functions.len() as u32;
+        self.functions.push(f.clone());
+        self.function_ids.insert(f, id);
+        id
+    }
+
+    fn single(&mut self, name: String, module: String, named: bool) -> Rc<Resolved> {
+        let func = self.intern(Function { name, module });
+        Rc::new(Resolved { frames: vec![SymFrame { func, linkage: None, file: None, line: 0 }], named })
+    }
+
+    /// The loaded symbols of a module, if a file with its build id is found.
+    pub fn module_symbols(&mut self, m: &Module) -> Option<Rc<ModuleSymbols>> {
+        let i = m.id.index();
+        if self.modules.len() <= i {
+            self.modules.resize(i + 1, None);
+        }
+        if let Some(s) = &self.modules[i] {
+            return s.clone();
+        }
+        let key = (m.path.clone(), m.build_id.clone());
+        let loaded = match self.files.get(&key) {
+            Some(s) => s.clone(),
+            None => {
+                let s = if self.options.disabled { None } else { self.load(m) };
+                self.files.insert(key, s.clone());
+                s
+            }
+        };
+        self.modules[i] = Some(loaded.clone());
+        loaded
+    }
+
+    fn candidate_paths(&self, m: &Module, primary: Option<&Parsed>) -> Vec<PathBuf> {
+        let mut out = Vec::new();
+        let name = module_name(m);
+        let bid = hex(&m.build_id);
+        let mut roots: Vec<PathBuf> = self.options.dirs.clone();
+        roots.push(PathBuf::from("/usr/lib/debug"));
+        for root in &roots {
+            if bid.len() > 2 {
+                out.push(root.join(".build-id").join(&bid[..2]).join(format!("{}.debug", &bid[2..])));
+                out.push(root.join(&bid[..2]).join(format!("{}.debug", &bid[2..])));
+            }
+        }
+        let link =
+            primary.and_then(|p| p.debuglink.as_ref()).map(|l| String::from_utf8_lossy(l).into_owned());
+        for dir in &self.options.dirs {
+            out.push(dir.join(format!("{name}.debug")));
+            out.push(dir.join(&name));
+            if let Some(l) = &link {
+                out.push(dir.join(l));
+            }
+        }
+        if let Some(l) = &link {
+            if let Some(parent) = m.path().parent() {
+                out.push(parent.join(l));
+                out.push(parent.join(".debug").join(l));
+                let rel = parent.strip_prefix("/").unwrap_or(parent);
+                out.push(Path::new("/usr/lib/debug").join(rel).join(l));
+            }
+        }
+        out
+    }
+
+    /// Open and parse `path` once per (device, inode).
+    fn inspect(&mut self, path: &Path) -> Option<Rc<Parsed>> {
+        let (file, key, _) = open_regular(path, MAX_FILE_BYTES, 0)?;
+        if let Some(p) = self.parsed.get(&key) {
+            return p.clone();
+        }
+        let backing = match file.metadata().ok()?.len() {
+            0 => Backing::Owned(Vec::new()),
+            // SAFETY: as in `map_regular`: a private read-only mapping of the
+            // regular file just opened and checked.
+            _ => Backing::Map(unsafe { memmap2::MmapOptions::new().map(&file) }.ok()?),
+        };
+        let p = parse(Bytes::whole(Rc::new(backing)), path).map(Rc::new);
+        self.parsed.insert(key, p.clone());
+        p
+    }
+
+    fn debug_data(&mut self, p: &Parsed) -> Option<Rc<DebugData>> {
+        let mut loaded = false;
+        let d = p
+            .debug
+            .get_or_init(|| {
+                loaded = true;
+                DebugData::load(p).map(Rc::new)
+            })
+            .clone();
+        if loaded && d.is_some() {
+            self.files_loaded += 1;
+        }
+        d
+    }
+
+    fn load(&mut self, m: &Module) -> Option<Rc<ModuleSymbols>> {
+        let want: Option<&[u8]> = (!m.build_id.is_empty()).then_some(&m.build_id[..]);
+        let bid_key = want.map(|b| (b.to_vec(), m.file_offset, m.size));
+        if let Some(s) = bid_key.as_ref().and_then(|k| self.by_build_id.get(k)) {
+            return Some(s.clone());
+        }
+        let matches = |c: &Parsed| match want {
+            Some(b) => c.build_id.as_deref() == Some(b),
+            // No build id recorded: only the named file itself can be trusted.
+            None => false,
+        };
+        let primary = self.inspect(m.path());
+        let primary_ok = primary.as_ref().is_some_and(|p| want.is_none() || matches(p));
+        let mut chosen: Option<Rc<Parsed>> = None;
+        if (!primary_ok || !primary.as_ref().is_some_and(|p| p.has_dwarf)) && want.is_some() {
+            // Look for a separate debug file with DWARF and the same build id.
+            let paths = self.candidate_paths(m, primary.as_deref().filter(|_| primary_ok));
+            for path in paths {
+                if let Some(c) = self.inspect(&path) {
+                    if matches(&c) && (c.has_dwarf || !primary_ok) {
+                        chosen = Some(c);
+                        break;
+                    }
+                }
+            }
+        }
+        let (from, segments) = match (chosen, primary_ok) {
+            (Some(c), true) => {
+                // Addresses map through the original file's headers.
+                let segs = primary.map(|p| p.segments.clone()).unwrap_or_default();
+                let segs = if segs.is_empty() { c.segments.clone() } else { segs };
+                (c, segs)
+            }
+            (Some(c), false) => {
+                let segs = c.segments_for(m);
+                (c, segs)
+            }
+            (None, true) => {
+                let p = primary?;
+                let segs = p.segments.clone();
+                (p, segs)
+            }
+            (None, false) => return None,
+        };
+        let debug = self.debug_data(&from)?;
+        let image_base = segments.iter().map(|s| s.2).min().unwrap_or(0);
+        let s = Rc::new(ModuleSymbols { debug, segments, image_base, source: from.path.clone() });
+        if let Some(k) = bid_key {
+            self.by_build_id.insert(k, s.clone());
+        }
+        Some(s)
+    }
+
+    /// Resolve a frame in a context (the context matters only for absolute frames).
+    pub fn resolve(&mut self, defs: &Definitions, frame: FrameId, ctx: &Context) -> Rc<Resolved> {
+        self.lookups += 1;
+        match defs.frame(frame) {
+            Frame::Module { module, file_relative } => {
+                let i = frame.index();
+                if let Some(Some(r)) = self.module_frames.get(i) {
+                    return r.clone();
+                }
+                let m = defs.module(module);
+                let r = self.resolve_module(m, file_relative);
+                if self.module_frames.len() <= i {
+                    self.module_frames.resize(defs.frames().len().max(i + 1), None);
+                }
+                self.module_frames[i] = Some(r.clone());
+                r
+            }
+            Frame::Absolute { address, kernel } => {
+                let key = (frame, ctx.pid, ctx.perf_map_allowed);
+                if let Some(r) = self.other_frames.get(&key) {
+                    return r.clone();
+                }
+                let r = if kernel {
+                    self.single(format!("[kernel] {address:#x}"), "[kernel]".into(), false)
+                } else {
+                    let named =
+                        if ctx.perf_map_allowed { self.perf_map_name(ctx.pid, address) } else { None };
+                    match named {
+                        Some((name, map)) => self.single(name, map, true),
+                        None => self.single(format!("[unknown] {address:#x}"), "[unknown]".into(), false),
+                    }
+                };
+                self.other_frames.insert(key, r.clone());
+                r
+            }
+            Frame::Truncated => {
+                let key = (frame, 0, false);
+                if let Some(r) = self.other_frames.get(&key) {
+                    return r.clone();
+                }
+                let r = self.single("[truncated]".into(), "[truncated]".into(), false);
+                self.other_frames.insert(key, r.clone());
+                r
+            }
+        }
+    }
+
+    fn resolve_module(&mut self, m: &Module, file_relative: u64) -> Rc<Resolved> {
+        let module = module_name(m);
+        let unresolved =
+            |s: &mut Self| s.single(format!("{module}+{file_relative:#x}"), module.clone(), false);
+        let Some(syms) = self.module_symbols(m) else { return unresolved(self) };
+        let Some(svma) = syms.svma(file_relative) else { return unresolved(self) };
+        let mut found = syms.debug.find_frames(svma);
+        if found.is_empty() {
+            if let Some(sym) = syms.debug.find_symbol(svma) {
+                found.push((String::from_utf8_lossy(sym).into_owned(), None, 0));
+            }
+        }
+        if found.is_empty() {
+            return unresolved(self);
+        }
+        let frames = found
+            .into_iter()
+            .map(|(raw, file, line)| {
+                let name = demangle(&raw).into_owned();
+                SymFrame {
+                    func: self.intern(Function { name, module: module.clone() }),
+                    linkage: Some(Rc::from(raw)),
+                    file,
+                    line,
+                }
+            })
+            .collect();
+        Rc::new(Resolved { frames, named: true })
+    }
+
+    fn perf_map_name(&mut self, pid: u32, address: u64) -> Option<(String, String)> {
+        let map = self.perf_maps.entry(pid).or_insert_with(|| load_perf_map(pid));
+        let map = map.as_ref()?;
+        Some((map.lookup(address)?.to_string(), map.path.clone()))
+    }
+}
+
+fn my_uid() -> Option<u32> {
+    // /proc/self is owned by the effective uid of the process that looks at it.
+    std::fs::metadata("/proc/self").ok().map(|m| m.uid())
+}
+
+fn parse_hex(s: &str) -> Option<u64> {
+    let s = s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")).unwrap_or(s);
+    u64::from_str_radix(s, 16).ok()
+}
+
+/// Load `/tmp/perf-<pid>.map` if it is a regular file (not a symlink) owned
+/// by the current user; at most [`MAX_PERF_MAP_BYTES`] are read. Malformed
+/// lines are skipped.
+fn load_perf_map(pid: u32) -> Option<PerfMap> {
+    let path = format!("/tmp/perf-{pid}.map");
+    let (file, _, _) = open_regular(Path::new(&path), u64::MAX, libc::O_NOFOLLOW)?;
+    if Some(file.metadata().ok()?.uid()) != my_uid() {
+        return None;
+    }
+    let mut text = Vec::new();
+    file.take(MAX_PERF_MAP_BYTES).read_to_end(&mut text).ok()?;
+    let text = String::from_utf8_lossy(&text);
+    let mut entries = Vec::new();
+    for line in text.lines() {
+        let mut parts = line.trim_end().splitn(3, ' ');
+        let (Some(start), Some(size), Some(name)) = (parts.next(), parts.next(), parts.next()) else {
+            continue;
+        };
+        let (Some(start), Some(size)) = (parse_hex(start), parse_hex(size)) else { continue };
+        let Some(end) = start.checked_add(size) else { continue };
+        if size == 0 || name.is_empty() {
+            continue;
+        }
+        entries.push((start, end, name.to_string()));
+    }
+    let name = format!("perf-{pid}.map");
+    Some(PerfMap { entries, path: name })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn demangles_rust_without_hash_and_cpp() {
+        assert_eq!(
+            demangle("_ZN10quickstart13parse_records17h0123456789abcdefE"),
+            "quickstart::parse_records"
+        );
+        assert_eq!(demangle("_RNvCs1234_10quickstart13parse_records"), "quickstart::parse_records");
+        assert_eq!(demangle("_ZN3foo3barEv"), "foo::bar()");
+        assert_eq!(demangle("hot_a"), "hot_a");
+        assert_eq!(demangle("_Zgarbage"), "_Zgarbage");
+    }
+
+    #[test]
+    fn v0_and_legacy_rust_names_display_alike() {
+        // The same closure of a generic function, as the standard library (v0)
+        // and an application crate (legacy) mangle it.
+        let v0 = "_RNCINvNtCsjrHSEGnQ3l9_3std2rt10lang_startuE0Cs6xxl1lAjzDf_1a";
+        let legacy = "_ZN3std2rt10lang_start28_$u7b$$u7b$closure$u7d$$u7d$17he39bdf0230cb3880E";
+        assert_eq!(demangle(v0), "std::rt::lang_start::{{closure}}");
+        assert_eq!(demangle(legacy), "std::rt::lang_start::{{closure}}");
+        // Generic arguments go, qualified paths stay.
+        assert_eq!(
+            normalize_rust("core::ptr::drop_in_place::<alloc::string::String>"),
+            "core::ptr::drop_in_place"
+        );
+        assert_eq!(
+            normalize_rust("core::ptr::drop_in_place<alloc::string::String>"),
+            "core::ptr::drop_in_place"
+        );
+        assert_eq!(
+            normalize_rust("<alloc::vec::Vec<u8> as core::ops::drop::Drop>::drop"),
+            "<alloc::vec::Vec as core::ops::drop::Drop>::drop"
+        );
+        assert_eq!(
+            normalize_rust("<alloc::vec::Vec<T,A> as core::ops::drop::Drop>::drop"),
+            "<alloc::vec::Vec as core::ops::drop::Drop>::drop"
+        );
+        assert_eq!(
+            normalize_rust("<u64 as core::cmp::PartialOrd>::lt"),
+            "<u64 as core::cmp::PartialOrd>::lt"
+        );
+        assert_eq!(
+            normalize_rust("a::call::<fn(u8) -> u8>::{closure#2}::{shim:vtable#0}"),
+            "a::call::{{closure}}::{{vtable.shim}}"
+        );
+        assert_eq!(normalize_rust("<[u8] as a::B<&str>>::f"), "<[u8] as a::B>::f");
+        // Inherent methods: v0 brackets the type, legacy does not.
+        assert_eq!(normalize_rust("<std::time::Instant>::now"), "std::time::Instant::now");
+        assert_eq!(normalize_rust("<alloc::vec::Vec<u8>>::push"), "alloc::vec::Vec::push");
+        assert_eq!(normalize_rust("a::b::<x::Y>::f"), "a::b::f");
+        assert_eq!(normalize_rust("<u64>::wrapping_mul"), "<u64>::wrapping_mul");
+        assert_eq!(normalize_rust("<&str>::len"), "<&str>::len");
+    }
+
+    #[test]
+    fn perf_map_lines_and_lookup() {
+        assert_eq!(parse_hex("0x1f"), Some(31));
+        assert_eq!(parse_hex("1F"), Some(31));
+        assert_eq!(parse_hex("zz"), None);
+        let m = PerfMap {
+            entries: vec![(0x1000, 0x1100, "old".into()), (0x1000, 0x1080, "new".into())],
+            path: "perf-1.map".into(),
+        };
+        assert_eq!(m.lookup(0x1010), Some("new"), "later lines win");
+        assert_eq!(m.lookup(0x1090), Some("old"));
+        assert_eq!(m.lookup(0x1100), None, "end is exclusive");
+    }
+
+    #[test]
+    fn svma_uses_the_segment_holding_the_offset() {
+        let segs = vec![(0, 0x1000, 0, 0x1000), (0x1000, 0x2000, 0x401000, 0x2000)];
+        assert_eq!(svma(&segs, 0x1234), Some(0x401234));
+        assert_eq!(svma(&segs, 0x10), Some(0x10));
+        assert_eq!(svma(&segs, 0x3000), None);
+    }
+
+    #[test]
+    fn fifo_is_not_opened_for_reading() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("fifo");
+        let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: mkfifo with a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        assert!(open_regular(&fifo, MAX_FILE_BYTES, 0).is_none());
+        assert!(open_regular(Path::new("/dev/zero"), MAX_FILE_BYTES, 0).is_none());
+        let f = dir.path().join("f");
+        std::fs::write(&f, [0u8; 10]).unwrap();
+        assert!(open_regular(&f, 10, 0).is_some());
+        assert!(open_regular(&f, 9, 0).is_none(), "over the size cap");
+    }
+}
