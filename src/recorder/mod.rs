@@ -101,6 +101,39 @@ impl LostSamples {
     }
 }
 
+/// Whether system CPU time (periods that end in kernel mode) was sampled.
+///
+/// The spool cannot say which of these applied (a recording with no kernel-mode
+/// sample may just have made no system calls), so [`Stats`] does.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum KernelTime {
+    /// Sampled: every period that ended in kernel mode is a sample whose leaf is
+    /// a kernel-mode absolute frame (address 0: the kernel function is not
+    /// known) on top of the user stack that entered the kernel.
+    Sampled,
+    /// User time only: switched off ([`RecorderBuilder::kernel_time`] or
+    /// `SPULSE_KERNEL_TIME=0`).
+    Off,
+    /// User time only: the kernel refused kernel-mode counting (usually
+    /// `perf_event_paranoid` >= 2 without `CAP_PERFMON`); the reason.
+    Refused(String),
+    /// The timer engines count user and system time alike and cannot tell
+    /// them apart: system time is in the samples, with no kernel-mode leaf.
+    Unmarked,
+}
+
+impl std::fmt::Display for KernelTime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            KernelTime::Sampled => f.write_str("sampled (kernel-mode leaf frames)"),
+            KernelTime::Off => f.write_str("not sampled (switched off)"),
+            KernelTime::Refused(why) => write!(f, "not sampled (the kernel refused it: {why})"),
+            KernelTime::Unmarked => f.write_str("sampled with user time, not told apart (timer engine)"),
+        }
+    }
+}
+
 /// What a recording produced.
 #[derive(Debug, Clone)]
 pub struct Stats {
@@ -133,6 +166,13 @@ pub struct Stats {
     /// `/proc/self/task/<tid>/status` when the thread was first seen or at the
     /// end). Their CPU time is missing from the profile.
     pub threads_blocking_signal: u64,
+    /// Whether system CPU time was sampled, and if not, why.
+    pub kernel_time: KernelTime,
+    /// Samples whose period ended in kernel mode (written with a kernel leaf).
+    pub kernel_samples: u64,
+    /// Threads that got no kernel-time event (more than 512 threads, or no
+    /// descriptor below 4096 free): only their user time was sampled.
+    pub threads_without_kernel_time: u64,
 }
 
 impl Stats {
@@ -176,6 +216,7 @@ pub struct RecorderBuilder {
     ring_capacity: usize,
     flush_interval: Duration,
     engine: EngineChoice,
+    kernel_time: Option<bool>,
     mode: u32,
     overwrite: bool,
 }
@@ -188,6 +229,7 @@ impl Default for RecorderBuilder {
             ring_capacity: 2048,
             flush_interval: Duration::from_millis(50),
             engine: EngineChoice::Auto,
+            kernel_time: None,
             mode: 0o600,
             overwrite: false,
         }
@@ -227,6 +269,16 @@ impl RecorderBuilder {
     /// Which sampling engine to use (default: the best one the system allows).
     pub fn engine(mut self, engine: EngineChoice) -> Self {
         self.engine = engine;
+        self
+    }
+    /// Sample system CPU time too (default on, or the `SPULSE_KERNEL_TIME`
+    /// environment variable, `0` or `1`). With the perf-event engine, a period
+    /// that ends in kernel mode becomes a sample with a kernel-mode leaf frame
+    /// on top of the user stack that entered the kernel; where the kernel
+    /// refuses kernel-mode counting the recorder samples user time only and
+    /// says so in [`Stats::kernel_time`]. The timer engines always count both.
+    pub fn kernel_time(mut self, on: bool) -> Self {
+        self.kernel_time = Some(on);
         self
     }
     /// Permission bits of the new spool (default 0600; the process umask still
@@ -273,6 +325,7 @@ pub const MAX_RING_BYTES: usize = 256 << 20;
 /// Settings checked and resolved before anything is created.
 struct Checked {
     hz: u32,
+    kernel_time: bool,
     path: PathBuf,
 }
 
@@ -280,6 +333,20 @@ impl RecorderBuilder {
     /// Check every setting; resolve the frequency and the output path.
     fn check(&self, path: &Path) -> Result<Checked, Error> {
         let hz = frequency(self)?;
+        let kernel_time = match self.kernel_time {
+            Some(on) => on,
+            None => match std::env::var("SPULSE_KERNEL_TIME") {
+                Ok(v) if v.trim() == "0" => false,
+                Ok(v) if v.trim() == "1" => true,
+                Ok(v) => {
+                    return Err(invalid(
+                        "SPULSE_KERNEL_TIME",
+                        format!("SPULSE_KERNEL_TIME={v:?} is neither 0 (user time only) nor 1"),
+                    ))
+                }
+                Err(_) => true,
+            },
+        };
         let depth = self.max_stack_depth;
         if !(1..=MAX_DEPTH).contains(&depth) {
             return Err(invalid(
@@ -340,7 +407,7 @@ impl RecorderBuilder {
                 invalid("path", msg)
             }
         })?;
-        Ok(Checked { hz, path })
+        Ok(Checked { hz, kernel_time, path })
     }
 }
 
@@ -647,7 +714,7 @@ fn start_with(b: &RecorderBuilder, path: &Path) -> Result<Guard, Error> {
 }
 
 fn start_inner(b: &RecorderBuilder, path: &Path) -> Result<Guard, Error> {
-    let Checked { hz, path } = b.check(path)?;
+    let Checked { hz, kernel_time, path } = b.check(path)?;
     let path = path.as_path();
     let period_ns = 1_000_000_000u64 / hz as u64;
     let interval_us = (1_000_000 + hz as u64 / 2) / hz as u64;
@@ -688,6 +755,7 @@ fn start_inner(b: &RecorderBuilder, path: &Path) -> Result<Guard, Error> {
         bounds: StackBounds { main_top, main_span, tcb_block_offset, tcb_tid_offset },
         counters: Counters::default(),
         weight_cap: MAX_SIGNAL_WEIGHT,
+        names: handler::ThreadNames::default(),
     });
 
     // The writer thread exists before any engine, so it can be left out of them.
@@ -731,7 +799,7 @@ fn start_inner(b: &RecorderBuilder, path: &Path) -> Result<Guard, Error> {
         }
         let r = match c {
             EngineChoice::PerfEvent => sys::perf::PerfEngine::start(period_ns, writer_tid)
-                .map(engine::Engine::Perf)
+                .map(|p| engine::Engine::Perf(p, None))
                 .map_err(|source| RecorderError::EngineRefused {
                     what: "perf_event_open (task-clock, sigtrap)",
                     source,
@@ -773,6 +841,7 @@ fn start_inner(b: &RecorderBuilder, path: &Path) -> Result<Guard, Error> {
         });
     };
     let kind = engine.kind();
+    let (engine, kernel_status) = start_kernel_time(engine, kernel_time, period_ns, writer_tid);
     // From here on signals may be pending: if a later step fails, the handler
     // stays installed (it ignores our stray signals) rather than exposing them to
     // the default disposition, which would kill the process.
@@ -793,6 +862,7 @@ fn start_inner(b: &RecorderBuilder, path: &Path) -> Result<Guard, Error> {
         interval: b.flush_interval,
         started: Instant::now(),
         pid,
+        kernel_time: kernel_status,
     };
     tx.send(Control::Start(Box::new(state))).map_err(|_| exited())?;
     let join = cleanup.join.take().expect("writer thread handle");
@@ -800,6 +870,39 @@ fn start_inner(b: &RecorderBuilder, path: &Path) -> Result<Guard, Error> {
     *PYTHON_TX.lock().unwrap_or_else(|e| e.into_inner()) = Some(tx.clone());
     PYTHON_INSIDE.store(false, Ordering::SeqCst);
     Ok(Guard { inner: Some(Running { tx, join, pid, path: path.to_path_buf(), engine: kind }) })
+}
+
+/// Add the kernel-time events to a perf engine when asked and allowed; what
+/// came of it.
+fn start_kernel_time(
+    engine: engine::Engine,
+    wanted: bool,
+    period_ns: u64,
+    writer_tid: u32,
+) -> (engine::Engine, KernelTime) {
+    match engine {
+        engine::Engine::Perf(p, _) if wanted => {
+            let refused = |e: std::io::Error| {
+                KernelTime::Refused(format!("kernel-mode perf_event_open (task-clock, exclude_user): {e}"))
+            };
+            // SIGURG before the first event: its default disposition would
+            // drop our signals rather than run the handler.
+            match handler::install(Signal::SIGURG) {
+                Ok(installed) => match sys::perf::KernelEvents::start(period_ns, writer_tid) {
+                    Ok(k) => (engine::Engine::Perf(p, Some(k)), KernelTime::Sampled),
+                    Err(e) => {
+                        if installed {
+                            handler::restore(Signal::SIGURG);
+                        }
+                        (engine::Engine::Perf(p, None), refused(e))
+                    }
+                },
+                Err(e) => (engine::Engine::Perf(p, None), KernelTime::Refused(e.to_string())),
+            }
+        }
+        e @ engine::Engine::Perf(..) => (e, KernelTime::Off),
+        e => (e, KernelTime::Unmarked),
+    }
 }
 
 /// Undoes a partial start: withdraws the state, restores signal dispositions

@@ -114,6 +114,8 @@ pub(crate) struct WriterState {
     pub interval: Duration,
     pub started: Instant,
     pub pid: u32,
+    /// Whether system time is sampled (decided at start).
+    pub kernel_time: super::KernelTime,
 }
 
 /// A module change found by a rescan, applied around the drain.
@@ -223,6 +225,7 @@ struct HeldSample {
     weight: u32,
     generation: u64,
     truncated: bool,
+    kernel: bool,
     addrs: Vec<u64>,
 }
 
@@ -234,6 +237,7 @@ impl HeldSample {
             weight: self.weight,
             generation: self.generation,
             truncated: self.truncated,
+            kernel: self.kernel,
             addrs: &self.addrs,
         }
     }
@@ -541,6 +545,7 @@ impl Run {
                         weight: s.weight,
                         generation: s.generation,
                         truncated: s.truncated,
+                        kernel: s.kernel,
                         addrs: s.addrs.to_vec(),
                     });
                 } else {
@@ -590,10 +595,13 @@ impl Run {
     }
 
     fn sample_inner(&mut self, s: &RawSample<'_>) -> Result<(), Error> {
-        let thread = self.interner.thread(&mut self.st.out, self.st.pid, s.tid)?;
+        let thread = self.interner.thread(&mut self.st.out, self.st.pid, s.tid, &self.st.shared.names)?;
         let exact_state = self.timeline.exact_state(s.generation, s.time_us);
-        let cached =
-            if exact_state { self.interner.cached(s.generation, s.truncated, s.addrs) } else { None };
+        let cached = if exact_state {
+            self.interner.cached(s.generation, s.truncated, s.kernel, s.addrs)
+        } else {
+            None
+        };
         let leaf = match cached {
             Some(l) => l,
             None => {
@@ -620,6 +628,12 @@ impl Run {
                         },
                         None => Frame::Absolute { address: addr, kernel: false },
                     });
+                }
+                if s.kernel {
+                    // The period ended in the kernel: a kernel-mode leaf on top
+                    // of the user stack that entered it. Which kernel function
+                    // ran is not known in process: address 0.
+                    frames.push(Frame::Absolute { address: 0, kernel: true });
                 }
                 let r = self.interner.stack(&mut self.st.out, &frames);
                 self.frames = frames;
@@ -683,6 +697,9 @@ impl Run {
             threads_seen: self.threads.len() as u64,
             threads_never_sampled: self.threads.values().filter(|t| !t.sampled).count() as u64,
             threads_blocking_signal: self.threads.values().filter(|t| t.blocking).count() as u64,
+            kernel_time: self.st.kernel_time.clone(),
+            kernel_samples: c.kernel.load(Ordering::Relaxed),
+            threads_without_kernel_time: self.st.engine.kernel_missed(),
         })
     }
 }
