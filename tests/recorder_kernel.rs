@@ -116,7 +116,11 @@ fn syscall_heavy_thread_gets_its_system_time_sampled() {
     assert_eq!(r.stats.kernel_time, KernelTime::Sampled, "kernel time must be sampled here (root in CI)");
     assert!(system_share > 0.5, "the workload must be mostly system time: {system_share:.3}");
     assert!(capture >= 0.9, "capture {capture:.3} of (user + system) CPU x frequency, below 0.9");
-    assert!(capture <= 1.1, "more samples than CPU time allows: {capture:.3}");
+    // Under CPU contention perf counts periods that expire around a context
+    // switch as kernel mode (see `user_bound_thread_keeps_user_samples`), a few
+    // more samples than the CPU clock allows: measured up to 1.2 with three
+    // busy threads per two CPUs.
+    assert!(capture <= 1.25, "far more samples than CPU time allows: {capture:.3}");
     assert!(
         (kernel_share - system_share).abs() <= 0.10,
         "kernel-leaf share {kernel_share:.3} not within 10 points of the system-time share {system_share:.3}"
@@ -252,4 +256,51 @@ fn forty_short_lived_threads_are_all_named() {
     eprintln!("{} of 40 threads sampled; {stats:?}", 40 - missing.len());
     assert!(unnamed.is_empty(), "threads with samples but without their name: {unnamed:?}");
     assert!(missing.is_empty(), "threads of 5 ms CPU without a sample: {missing:?}");
+}
+
+/// A thread that spins in user space with kernel time on: its user-mode
+/// samples follow its user CPU time as they do with kernel time off, and its
+/// kernel leaves stay few. (Their count is not compared with `getrusage`'s
+/// system time here: that is tick-based, and under CPU contention perf puts
+/// the periods that expire around a context switch in kernel mode, as
+/// `perf record` does, which the tick does not count as system time.)
+#[test]
+fn user_bound_thread_keeps_user_samples() {
+    let _serial = serial();
+    let (_dir, path) = spool_path("user.spool");
+    let guard = spulse::Recorder::builder().frequency_hz(999).start(&path).expect("start");
+    let (tid, user, system) = std::thread::spawn(|| {
+        let tid = gettid();
+        let (u0, s0) = thread_rusage();
+        burn(1.0);
+        let (u, s) = thread_rusage();
+        (tid, u - u0, s - s0)
+    })
+    .join()
+    .unwrap();
+    let stats = guard.finish().expect("finish");
+    let snap = spulse::Snapshot::open(&path).expect("spool opens");
+    let (mut samples, mut kernel_leaves) = (0u64, 0u64);
+    for s in snap.samples() {
+        if snap.thread(s.thread).tid != tid {
+            continue;
+        }
+        samples += 1;
+        if let Frame::Absolute { kernel: true, .. } = snap.frame(snap.stack(s.stack).frame) {
+            kernel_leaves += 1;
+        }
+    }
+    let user_samples = samples - kernel_leaves;
+    let user_capture = user_samples as f64 / (user * 999.0);
+    let kernel_share = kernel_leaves as f64 / samples.max(1) as f64;
+    eprintln!(
+        "user {user:.3}s system {system:.3}s: {samples} samples, {user_samples} in user mode (capture of \
+         user time {user_capture:.3}), kernel leaves {kernel_leaves} ({kernel_share:.3}); {stats:?}"
+    );
+    assert_eq!(stats.kernel_time, KernelTime::Sampled);
+    assert!(
+        (0.9..=1.1).contains(&user_capture),
+        "user-mode samples / user time x frequency: {user_capture:.3}"
+    );
+    assert!(kernel_share < 0.3, "a user-bound thread with {kernel_share:.3} of its samples in the kernel");
 }
