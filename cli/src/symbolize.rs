@@ -877,7 +877,13 @@ impl Symbolizer {
                     return r.clone();
                 }
                 let r = if kernel {
-                    self.single(format!("[kernel] {address:#x}"), "[kernel]".into(), false)
+                    // Address 0: the recorder's mark of time spent in the
+                    // kernel (a system call, a page fault) on top of the user
+                    // stack that entered it; which kernel function ran is not
+                    // known in process.
+                    let name =
+                        if address == 0 { "[kernel]".to_string() } else { format!("[kernel] {address:#x}") };
+                    self.single(name, "[kernel]".into(), false)
                 } else {
                     let named =
                         if ctx.perf_map_allowed { self.perf_map_name(ctx.pid, address) } else { None };

@@ -36,8 +36,8 @@ fn burn(d: Duration) {
     let end = thread_cpu() + d;
     let mut x = 1u64;
     // Long stretches of pure user-mode work between clock reads: the clock
-    // read is a system call, and kernel time is not sampled (the perf engine
-    // excludes the kernel), so frequent reads would skew the comparison.
+    // read is a system call, whose kernel time is sampled apart (as [kernel]
+    // leaves) and is not what this comparison is about.
     while thread_cpu() < end {
         for i in 0..300_000u64 {
             x = x.wrapping_mul(6364136223846793005).wrapping_add(std::hint::black_box(i));
