@@ -755,6 +755,7 @@ fn start_inner(b: &RecorderBuilder, path: &Path) -> Result<Guard, Error> {
         bounds: StackBounds { main_top, main_span, tcb_block_offset, tcb_tid_offset },
         counters: Counters::default(),
         weight_cap: MAX_SIGNAL_WEIGHT,
+        period_ns,
         names: handler::ThreadNames::default(),
     });
 

@@ -19,6 +19,7 @@
 //! runs with `MustNotAllocateDuringUnwind`); it calls only `clock_gettime`
 //! (vDSO), `pthread_self` (reads the thread pointer), `__errno_location`,
 //! `prctl(PR_GET_NAME)` (once per thread, on its first sample),
+//! `ioctl(PERF_EVENT_IOC_PERIOD)` (after a kernel-mode sample, see `rephase`),
 //! `syscall(SYS_gettid)` (only if the TCB probe below failed; otherwise the
 //! thread id is read from glibc's `struct pthread`) and, for foreign signals,
 //! `sigaction`/`tgkill`; the executable is linked with full
@@ -145,7 +146,7 @@ struct SigInfoHead {
 /// # Safety
 /// `info` must be the siginfo pointer the kernel passed to an `SA_SIGINFO` handler.
 #[inline]
-unsafe fn classify(sig: c_int, info: *const libc::siginfo_t) -> Option<(u32, bool)> {
+unsafe fn classify(sig: c_int, info: *const libc::siginfo_t) -> Option<(u32, Option<c_int>)> {
     if info.is_null() {
         return None;
     }
@@ -153,18 +154,19 @@ unsafe fn classify(sig: c_int, info: *const libc::siginfo_t) -> Option<(u32, boo
     // suitably aligned; all fields are plain integers.
     let si = unsafe { &*(info as *const SigInfoHead) };
     match sig {
-        libc::SIGTRAP if si.code == libc::TRAP_PERF && si.u1 == SIGNAL_MAGIC => Some((1, false)),
+        libc::SIGTRAP if si.code == libc::TRAP_PERF && si.u1 == SIGNAL_MAGIC => Some((1, None)),
         libc::SIGPROF if si.code == libc::SI_TIMER && si.u1 == SIGNAL_MAGIC => {
             let overrun = (si.u0 >> 32) as u32 as i32;
-            Some((1u32.saturating_add(overrun.max(0) as u32), false))
+            Some((1u32.saturating_add(overrun.max(0) as u32), None))
         }
         libc::SIGPROF if si.code == libc::SI_KERNEL && PROCESS_TIMER_USED.load(Ordering::Relaxed) => {
-            Some((1, false))
+            Some((1, None))
         }
         // `_sigpoll`: `si_band` (u0), then `si_fd` (the low half of u1).
         libc::SIGURG if si.code == POLL_IN => {
-            let fd = si.u1 as u32 as usize;
-            KERNEL_FDS.get(fd).is_some_and(|b| b.load(Ordering::Relaxed)).then_some((1, true))
+            let fd = si.u1 as u32 as c_int;
+            let ours = usize::try_from(fd).ok().and_then(|i| KERNEL_FDS.get(i));
+            ours.is_some_and(|b| b.load(Ordering::Relaxed)).then_some((1, Some(fd)))
         }
         _ => None,
     }
@@ -178,7 +180,7 @@ extern "C" fn on_signal(sig: c_int, info: *mut libc::siginfo_t, ctx: *mut c_void
     let saved = unsafe { *errno };
     // SAFETY: `info` comes from the kernel (SA_SIGINFO).
     match unsafe { classify(sig, info) } {
-        Some((weight, kernel)) => {
+        Some((weight, kernel_fd)) => {
             #[cfg(feature = "testing")]
             let t0 = timing::begin();
             IN_HANDLER.fetch_add(1, Ordering::SeqCst);
@@ -189,7 +191,10 @@ extern "C" fn on_signal(sig: c_int, info: *mut libc::siginfo_t, ctx: *mut c_void
                 // nulling STATE, and we incremented IN_HANDLER before loading it.
                 let st = unsafe { &*st };
                 // SAFETY: `ctx` is the kernel's ucontext for this signal.
-                unsafe { record(st, weight, kernel, ctx) };
+                unsafe { record(st, weight, kernel_fd.is_some(), ctx) };
+                if let Some(fd) = kernel_fd {
+                    rephase(st, fd);
+                }
             }
             IN_HANDLER.fetch_sub(1, Ordering::SeqCst);
             #[cfg(feature = "testing")]
@@ -201,6 +206,34 @@ extern "C" fn on_signal(sig: c_int, info: *mut libc::siginfo_t, ctx: *mut c_void
     // SAFETY: as above.
     unsafe { *errno = saved };
 }
+
+/// Give the kernel-time event `fd` a next period drawn uniformly from
+/// `[period / 2, 3 * period / 2)` (mean: the period). The user-time and
+/// kernel-time events of a thread run on separate timers with the same period:
+/// opened a few microseconds apart, the kernel one would expire, period after
+/// period, just after the user one, while the kernel delivers the user
+/// event's signal, and count that kernel time many times over (measured: up to
+/// twice the thread's system time). A random next period after each kernel
+/// sample keeps the two out of step.
+#[inline]
+fn rephase(st: &Shared, fd: c_int) {
+    let p = st.period_ns.max(2);
+    // splitmix64 of the time and the thread pointer: no state to share.
+    // SAFETY: pthread_self only reads the thread pointer register.
+    let mut z = now_us() ^ (unsafe { libc::pthread_self() } as u64).rotate_left(32);
+    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^= z >> 31;
+    let next: u64 = p / 2 + z % p;
+    // SAFETY: PERF_EVENT_IOC_PERIOD reads one u64 through the pointer; `fd` is
+    // one of our kernel-time events (marked in KERNEL_FDS, unmarked before it
+    // is closed); a failure only leaves the period as it was.
+    unsafe { libc::ioctl(fd, PERF_EVENT_IOC_PERIOD as _, &next as *const u64) };
+}
+
+/// `_IOW('$', 4, __u64)`.
+const PERF_EVENT_IOC_PERIOD: libc::c_ulong = 0x4008_2404;
 
 /// Pass a foreign signal to the disposition that was in place before ours.
 ///
@@ -411,6 +444,7 @@ fn prime() {
         libc::sigaction(libc::SIGPROF, std::ptr::null(), std::ptr::null_mut());
         let mut name = [0u8; 16];
         libc::prctl(libc::PR_GET_NAME, name.as_mut_ptr() as libc::c_ulong, 0, 0, 0);
+        libc::ioctl(-1, PERF_EVENT_IOC_PERIOD as _, std::ptr::null::<u64>());
     }
 }
 

@@ -41,6 +41,8 @@ pub(crate) struct Shared {
     pub bounds: StackBounds,
     pub counters: Counters,
     pub weight_cap: u32,
+    /// The sampling period in nanoseconds.
+    pub period_ns: u64,
     /// Names of the threads sampled, taken on their first sample.
     pub names: ThreadNames,
 }
