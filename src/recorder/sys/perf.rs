@@ -19,7 +19,7 @@
 //! the sample count follows the threads' user CPU time (measured 99.3-99.9% of
 //! user CPU time x frequency with 1, 2 and 8 busy threads); time a thread
 //! spends in system calls is not sampled, because the kernel drops a period that
-//! ends in kernel mode. Kernel time is not counted (even where root or
+//! ends in kernel mode. This event never counts kernel time (even where root or
 //! `perf_event_paranoid` <= 1 would allow it) because a period that ends inside
 //! `execve` would queue a SIGTRAP that survives the exec (pending signals do;
 //! `remove_on_exec` only removes the event) and kill the new program with the
@@ -58,6 +58,14 @@
 //! sleep that follows the overflow in the same system call return early, like
 //! any signal: restarted (`SA_RESTART`) or `EINTR` for calls that are never
 //! restarted (`epoll_wait`, `select`, ...).
+//!
+//! Both events of a thread run on timers of the same period; the handler draws
+//! the kernel event's next period at random after each of its samples (see
+//! `rephase` in the handler) so the two never stay in step. What remains: a
+//! period that expires while the kernel switches the thread in or out, or
+//! delivers one of our signals, is kernel time as perf sees it (`perf record`
+//! shows the same), while `getrusage` counts system time by the scheduler tick;
+//! on a busy machine the two differ by a few percent of the thread's CPU time.
 
 use std::collections::{HashMap, HashSet};
 use std::io;
