@@ -909,6 +909,13 @@ impl Symbolizer {
 
     fn resolve_module(&mut self, m: &Module, file_relative: u64) -> Rc<Resolved> {
         let module = module_name(m);
+        if self.options.disabled {
+            let name = match self.header_address(m, file_relative) {
+                Some(a) => format!("{module}+{a:#x}"),
+                None => format!("{module}+{file_relative:#x} (file offset)"),
+            };
+            return self.single(name, module, false);
+        }
         let unresolved =
             |s: &mut Self| s.single(format!("{module}+{file_relative:#x}"), module.clone(), false);
         let Some(syms) = self.module_symbols(m) else { return unresolved(self) };
@@ -935,6 +942,19 @@ impl Symbolizer {
             })
             .collect();
         Rc::new(Resolved { frames, named: true })
+    }
+
+    /// Without symbolization: the address of a file offset in the module's
+    /// own ELF address space (what `addr2line -e`, `objdump` and `nm` take),
+    /// from the program headers of the module's file, only if that file is the
+    /// recorded build (its build id matches; a module recorded without one
+    /// takes the file at its path). No symbol or debug section is read.
+    fn header_address(&mut self, m: &Module, file_relative: u64) -> Option<u64> {
+        let p = self.inspect(&m.path())?;
+        if !m.build_id.is_empty() && p.build_id.as_deref() != Some(&m.build_id[..]) {
+            return None;
+        }
+        svma(&p.segments, file_relative)
     }
 
     fn perf_map_name(&mut self, pid: u32, address: u64) -> Option<(String, String)> {
