@@ -13,7 +13,10 @@
 //!
 //! Kernel-mode counting needs `perf_event_paranoid` <= 1 or `CAP_PERFMON`
 //! (CI runs as root): where it is refused, the kernel-time test fails and
-//! says why.
+//! says why. Under an emulator without `perf_event_open` (qemu-user) the tests
+//! say so and run the thread-CPU-timer engine, which counts system time with
+//! user time without telling them apart (`KernelTime::Unmarked`): that is what
+//! they check there.
 
 mod recorder_support;
 
@@ -55,6 +58,7 @@ fn read_zero(cpu: f64, wall: Duration) -> (u32, f64, f64) {
 }
 
 struct Run {
+    engine: spulse::Engine,
     stats: spulse::Stats,
     samples: u64,
     kernel_leaves: u64,
@@ -64,10 +68,11 @@ struct Run {
     under_kernel: HashMap<String, u64>,
 }
 
-fn record_reader(kernel_time: Option<bool>) -> Run {
+fn record_reader(test: &str, kernel_time: Option<bool>) -> Run {
     let _serial = serial();
     let (_dir, path) = spool_path("kernel.spool");
-    let mut b = spulse::Recorder::builder().frequency_hz(999).engine(spulse::EngineChoice::PerfEvent);
+    let (choice, engine) = perf_engine_for(test);
+    let mut b = spulse::Recorder::builder().frequency_hz(999).engine(choice);
     if let Some(on) = kernel_time {
         b = b.kernel_time(on);
     }
@@ -97,12 +102,13 @@ fn record_reader(kernel_time: Option<bool>) -> Run {
             *under_kernel.entry(name).or_default() += 1;
         }
     }
-    Run { stats, samples, kernel_leaves, user, system, under_kernel }
+    assert_eq!(stats.engine, engine);
+    Run { engine, stats, samples, kernel_leaves, user, system, under_kernel }
 }
 
 #[test]
 fn syscall_heavy_thread_gets_its_system_time_sampled() {
-    let r = record_reader(Some(true));
+    let r = record_reader("syscall_heavy_thread_gets_its_system_time_sampled", Some(true));
     let cpu = r.user + r.system;
     let expected = cpu * 999.0;
     let capture = r.samples as f64 / expected;
@@ -113,6 +119,13 @@ fn syscall_heavy_thread_gets_its_system_time_sampled() {
          kernel leaves {} (share {kernel_share:.3}, system share {system_share:.3}); under them {:?}; {:?}",
         r.user, r.system, r.samples, r.kernel_leaves, r.under_kernel, r.stats
     );
+    if r.engine != spulse::Engine::PerfEvent {
+        // CPU-clock timers count system time too, unmarked.
+        assert_eq!(r.stats.kernel_time, KernelTime::Unmarked);
+        assert_eq!(r.kernel_leaves, 0);
+        assert!(capture >= 0.9, "capture {capture:.3} of (user + system) CPU x frequency, below 0.9");
+        return;
+    }
     assert_eq!(r.stats.kernel_time, KernelTime::Sampled, "kernel time must be sampled here (root in CI)");
     assert!(system_share > 0.5, "the workload must be mostly system time: {system_share:.3}");
     assert!(capture >= 0.9, "capture {capture:.3} of (user + system) CPU x frequency, below 0.9");
@@ -137,6 +150,14 @@ fn syscall_heavy_thread_gets_its_system_time_sampled() {
 }
 
 fn check_user_only(r: &Run) {
+    if r.engine != spulse::Engine::PerfEvent {
+        // Timers cannot leave system time out; nothing is marked.
+        eprintln!("NOT TESTED under this emulator: user-time-only sampling needs perf events");
+        assert_eq!(r.stats.kernel_time, KernelTime::Unmarked);
+        assert_eq!(r.kernel_leaves, 0);
+        return;
+    }
+    assert_eq!(r.stats.kernel_time, KernelTime::Off);
     let expected_user = r.user * 999.0;
     let expected_all = (r.user + r.system) * 999.0;
     eprintln!(
@@ -157,8 +178,7 @@ fn check_user_only(r: &Run) {
 
 #[test]
 fn kernel_time_switched_off_by_the_builder_samples_user_time_only() {
-    let r = record_reader(Some(false));
-    assert_eq!(r.stats.kernel_time, KernelTime::Off);
+    let r = record_reader("kernel_time_switched_off_by_the_builder_samples_user_time_only", Some(false));
     check_user_only(&r);
 }
 
@@ -168,8 +188,7 @@ fn env_off_role() {
     if std::env::var_os("SPULSE_TEST_ENV_OFF").is_none() {
         return;
     }
-    let r = record_reader(None);
-    assert_eq!(r.stats.kernel_time, KernelTime::Off);
+    let r = record_reader("kernel_time_switched_off_by_the_environment", None);
     check_user_only(&r);
     println!("ENV-OFF-ROLE-OK");
 }
@@ -255,6 +274,12 @@ fn forty_short_lived_threads_are_all_named() {
     }
     eprintln!("{} of 40 threads sampled; {stats:?}", 40 - missing.len());
     assert!(unnamed.is_empty(), "threads with samples but without their name: {unnamed:?}");
+    if emulated() && !perf_event_open_implemented() {
+        // Per-thread timers reach a new thread only at the next flush: most of
+        // these threads are gone by then. Those sampled must be named.
+        eprintln!("under this emulator (no perf events) {} of 40 threads got samples", 40 - missing.len());
+        return;
+    }
     assert!(missing.is_empty(), "threads of 5 ms CPU without a sample: {missing:?}");
 }
 
@@ -268,7 +293,8 @@ fn forty_short_lived_threads_are_all_named() {
 fn user_bound_thread_keeps_user_samples() {
     let _serial = serial();
     let (_dir, path) = spool_path("user.spool");
-    let guard = spulse::Recorder::builder().frequency_hz(999).start(&path).expect("start");
+    let (choice, engine) = perf_engine_for("user_bound_thread_keeps_user_samples");
+    let guard = spulse::Recorder::builder().frequency_hz(999).engine(choice).start(&path).expect("start");
     let (tid, user, system) = std::thread::spawn(|| {
         let tid = gettid();
         let (u0, s0) = thread_rusage();
@@ -297,6 +323,13 @@ fn user_bound_thread_keeps_user_samples() {
         "user {user:.3}s system {system:.3}s: {samples} samples, {user_samples} in user mode (capture of \
          user time {user_capture:.3}), kernel leaves {kernel_leaves} ({kernel_share:.3}); {stats:?}"
     );
+    if engine != spulse::Engine::PerfEvent {
+        assert_eq!(stats.kernel_time, KernelTime::Unmarked);
+        assert_eq!(kernel_leaves, 0);
+        let capture = samples as f64 / ((user + system) * 999.0);
+        assert!((0.9..=1.1).contains(&capture), "samples / CPU time x frequency: {capture:.3}");
+        return;
+    }
     assert_eq!(stats.kernel_time, KernelTime::Sampled);
     assert!(
         (0.9..=1.1).contains(&user_capture),
