@@ -32,6 +32,16 @@ impl Engine {
         }
     }
 
+    /// Keep the kernel-time events' descriptors open for the life of the
+    /// process (see `KernelEvents::stop`).
+    pub(crate) fn leak_kernel_events(&mut self) {
+        if let Engine::Perf(_, k) = self {
+            if let Some(k) = k.take() {
+                std::mem::forget(k);
+            }
+        }
+    }
+
     /// Threads that got no kernel-time event (limit or descriptor table).
     pub(crate) fn kernel_missed(&self) -> u64 {
         match self {

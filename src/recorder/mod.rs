@@ -115,8 +115,9 @@ pub enum KernelTime {
     /// User time only: switched off ([`RecorderBuilder::kernel_time`] or
     /// `SPULSE_KERNEL_TIME=0`).
     Off,
-    /// User time only: the kernel refused kernel-mode counting (usually
-    /// `perf_event_paranoid` >= 2 without `CAP_PERFMON`); the reason.
+    /// User time only: kernel-mode counting could not be set up, because the
+    /// kernel refused it (usually `perf_event_paranoid` >= 2 without
+    /// `CAP_PERFMON`) or another handler owns SIGURG; the reason.
     Refused(String),
     /// The timer engines count user and system time alike and cannot tell
     /// them apart: system time is in the samples, with no kernel-mode leaf.
@@ -128,7 +129,7 @@ impl std::fmt::Display for KernelTime {
         match self {
             KernelTime::Sampled => f.write_str("sampled (kernel-mode leaf frames)"),
             KernelTime::Off => f.write_str("not sampled (switched off)"),
-            KernelTime::Refused(why) => write!(f, "not sampled (the kernel refused it: {why})"),
+            KernelTime::Refused(why) => write!(f, "not sampled ({why})"),
             KernelTime::Unmarked => f.write_str("sampled with user time, not told apart (timer engine)"),
         }
     }
@@ -246,8 +247,9 @@ impl RecorderBuilder {
         self.frequency_hz = Some(hz);
         self
     }
-    /// Most frames kept per sample (1..=4095); deeper stacks keep the leaf-most
-    /// frames under a truncated-stack marker.
+    /// Most frames kept per sample (1..=4095), a kernel-mode leaf included
+    /// (above a depth of 1); deeper stacks keep the leaf-most frames under a
+    /// truncated-stack marker.
     pub fn max_stack_depth(mut self, depth: usize) -> Self {
         self.max_stack_depth = depth;
         self

@@ -656,7 +656,12 @@ impl Run {
         self.st.engine.stop();
         // Withdraw the state from the handler and wait until no handler uses it:
         // every sample is then in the ring, taken before the check below.
-        let _ = handler::unpublish();
+        if handler::unpublish().is_none() {
+            // A handler never left (stopped by a debugger): it may still set
+            // the period of a kernel-time event, whose descriptor must then
+            // stay open rather than be reused under it.
+            self.st.engine.leak_kernel_events();
+        }
         let change = self.scan_modules();
         self.drain(true);
         self.apply_module_change(change);

@@ -140,8 +140,9 @@ struct SigInfoHead {
     u1: u64,
 }
 
-/// How many sample intervals a signal stands for and whether the period ended
-/// in kernel mode, or `None` if it is not ours.
+/// How many sample intervals a signal stands for and, when its period ended in
+/// kernel mode, the descriptor of the kernel-time event that sent it; `None`
+/// if the signal is not ours.
 ///
 /// # Safety
 /// `info` must be the siginfo pointer the kernel passed to an `SA_SIGINFO` handler.
@@ -226,9 +227,11 @@ fn rephase(st: &Shared, fd: c_int) {
     z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
     z ^= z >> 31;
     let next: u64 = p / 2 + z % p;
-    // SAFETY: PERF_EVENT_IOC_PERIOD reads one u64 through the pointer; `fd` is
-    // one of our kernel-time events (marked in KERNEL_FDS, unmarked before it
-    // is closed); a failure only leaves the period as it was.
+    // SAFETY: PERF_EVENT_IOC_PERIOD reads one u64 through the pointer. `fd` is
+    // one of our kernel-time events (it was marked in KERNEL_FDS) and still
+    // open: the writer closes an event only when its thread, the one running
+    // this handler, has exited, or after `unpublish` saw no handler running.
+    // A failure only leaves the period as it was.
     unsafe { libc::ioctl(fd, PERF_EVENT_IOC_PERIOD as _, &next as *const u64) };
 }
 
@@ -323,6 +326,14 @@ unsafe fn record(st: &Shared, weight: u32, kernel: bool, ctx: *mut c_void) {
     let (depth, truncated) = {
         let words = claim.words();
         let out = match words.get_mut(HEADER_WORDS..) {
+            Some(o) => o,
+            None => return,
+        };
+        // The writer puts a kernel-mode leaf on top of a kernel sample's user
+        // frames: it takes one of the `max_stack_depth` frames (unless that is
+        // 1), so a stack never outgrows the depth limit and the format's.
+        let keep = if kernel && out.len() > 1 { out.len() - 1 } else { out.len() };
+        let out = match out.get_mut(..keep) {
             Some(o) => o,
             None => return,
         };

@@ -1,6 +1,8 @@
 //! The primary engine: one `perf_event_open` task-clock event per thread,
-//! counting user-space CPU time only, whose overflow sends `SIGTRAP` to the very
-//! thread that ran (`attr.sigtrap = 1`, Linux >= 5.13).
+//! sampling user-space CPU time, whose overflow sends `SIGTRAP` to the very
+//! thread that ran (`attr.sigtrap = 1`, Linux >= 5.13); and, where the kernel
+//! allows it, a second event per thread for system time ([`KernelEvents`],
+//! below).
 //!
 //! Why SIGTRAP through `sigtrap` rather than SIGPROF through `F_SETOWN_EX` +
 //! `F_SETSIG`: with `sigtrap` the kernel delivers the signal synchronously to the
@@ -309,6 +311,8 @@ impl KernelEvents {
         Ok(())
     }
 
+    /// Close the event of `tid`, a thread that exited (or at drop): no handler
+    /// can be using it, since its signal goes to that thread only.
     fn remove(&mut self, tid: u32) {
         if let Some(fd) = self.fds.remove(&tid) {
             // Out of the handler's table before the number can be reused.
@@ -338,17 +342,25 @@ impl KernelEvents {
         }
     }
 
-    /// Close every event.
+    /// Stop every event and take it out of the handler's table, but keep the
+    /// descriptors open: a handler still running may be about to set the next
+    /// period of one (`rephase`). They are closed on drop, which the writer
+    /// thread does only after withdrawing the state from the handler and
+    /// waiting until no handler runs.
     pub(crate) fn stop(&mut self) {
-        let tids: Vec<u32> = self.fds.keys().copied().collect();
-        for t in tids {
-            self.remove(t);
+        for fd in self.fds.values() {
+            crate::recorder::handler::unmark_kernel_fd(fd.as_raw_fd());
+            // SAFETY: an ioctl on an fd we own; DISABLE takes no argument.
+            unsafe { libc::ioctl(fd.as_raw_fd(), PERF_EVENT_IOC_DISABLE as _, 0) };
         }
     }
 }
 
 impl Drop for KernelEvents {
     fn drop(&mut self) {
-        self.stop();
+        let tids: Vec<u32> = self.fds.keys().copied().collect();
+        for t in tids {
+            self.remove(t);
+        }
     }
 }
