@@ -130,12 +130,15 @@ mod tests {
     #[test]
     fn colliding_tids_get_their_own_entries() {
         let t = ThreadNames::default();
-        // Same home slot: they differ only in bits the hash drops... find two.
+        // Two tids whose probes start at the same entry.
         let a = 1000u32;
         let b = (1001u32..).find(|&x| home(x) & (NAME_SLOTS - 1) == home(a) & (NAME_SLOTS - 1)).unwrap();
         t.capture(a);
         t.capture(b);
-        // The calling thread's own name is stored for both (prctl names the caller).
+        // Both are found (each with the calling thread's name: prctl names the
+        // caller), in two entries.
         assert!(t.get(a).is_some() && t.get(b).is_some());
+        let used = t.keys.iter().filter(|k| k.load(Ordering::Relaxed) != 0).count();
+        assert_eq!(used, 2);
     }
 }
