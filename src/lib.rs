@@ -22,8 +22,8 @@ pub use format::{
 };
 pub use read::{PackedStats, Replay, ReplayOptions, ReplaySamples, Snapshot, SnapshotSamples, Tail};
 pub use recorder::{
-    python_runtime_enter, python_runtime_leave, start, EngineChoice, Guard, LostSamples, Recorder,
-    RecorderBuilder, Stats, DEFAULT_FREQUENCY_HZ, MAX_RING_BYTES,
+    python_runtime_enter, python_runtime_leave, start, EngineChoice, Guard, KernelTime, LostSamples,
+    Recorder, RecorderBuilder, Stats, DEFAULT_FREQUENCY_HZ, MAX_RING_BYTES,
 };
 pub use write::{pack, NewModule, PackSummary, SpoolWriter};
 

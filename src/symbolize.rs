@@ -514,6 +514,8 @@ pub struct Symbolizer {
     module_frames: Vec<Option<Rc<Resolved>>>,
     other_frames: HashMap<(FrameId, u32, bool), Rc<Resolved>>,
     perf_maps: HashMap<u32, Option<PerfMap>>,
+    /// A copy of this process's own vDSO, parsed (read on first need).
+    vdso: OnceCell<Option<Rc<Parsed>>>,
     files_loaded: usize,
     lookups: u64,
 }
@@ -670,6 +672,7 @@ impl Symbolizer {
             module_frames: Vec::new(),
             other_frames: HashMap::new(),
             perf_maps: HashMap::new(),
+            vdso: OnceCell::new(),
             files_loaded: 0,
             lookups: 0,
         }
@@ -839,7 +842,11 @@ impl Symbolizer {
             // No build id recorded: only the named file itself can be trusted.
             None => false,
         };
-        let primary = self.inspect(m.path());
+        // The vDSO is no file: the kernel maps one image into every process,
+        // so a module without a file whose build id is that of this
+        // process's own vDSO is named from this process's copy (same kernel).
+        let primary =
+            self.inspect(m.path()).or_else(|| self.own_vdso().filter(|v| want.is_some() && matches(v)));
         let primary_ok = primary.as_ref().is_some_and(|p| want.is_none() || matches(p));
         let mut chosen: Option<Rc<Parsed>> = None;
         if (!primary_ok || !primary.as_ref().is_some_and(|p| p.has_dwarf)) && want.is_some() {
@@ -904,7 +911,13 @@ impl Symbolizer {
                     return r.clone();
                 }
                 let r = if kernel {
-                    self.single(format!("[kernel] {address:#x}"), "[kernel]".into(), false)
+                    // Address 0: the recorder's mark of time spent in the
+                    // kernel (a system call, a page fault) on top of the user
+                    // stack that entered it; which kernel function ran is not
+                    // known in process.
+                    let name =
+                        if address == 0 { "[kernel]".to_string() } else { format!("[kernel] {address:#x}") };
+                    self.single(name, "[kernel]".into(), false)
                 } else {
                     let named =
                         if ctx.perf_map_allowed { self.perf_map_name(ctx.pid, address) } else { None };
@@ -930,6 +943,13 @@ impl Symbolizer {
 
     fn resolve_module(&mut self, m: &Module, file_relative: u64) -> Rc<Resolved> {
         let module = module_name(m);
+        if self.options.disabled {
+            let name = match self.header_address(m, file_relative) {
+                Some(a) => format!("{module}+{a:#x}"),
+                None => format!("{module}+{file_relative:#x} (file offset)"),
+            };
+            return self.single(name, module, false);
+        }
         let unresolved =
             |s: &mut Self| s.single(format!("{module}+{file_relative:#x}"), module.clone(), false);
         let Some(syms) = self.module_symbols(m) else { return unresolved(self) };
@@ -958,12 +978,60 @@ impl Symbolizer {
         Rc::new(Resolved { frames, named: true })
     }
 
+    /// This process's own vDSO image, parsed.
+    fn own_vdso(&self) -> Option<Rc<Parsed>> {
+        self.vdso
+            .get_or_init(|| {
+                let bytes = read_own_vdso()?;
+                parse(Bytes::whole(Rc::new(Backing::Owned(bytes))), Path::new("[vdso]")).map(Rc::new)
+            })
+            .clone()
+    }
+
+    /// Without symbolization: the address of a file offset in the module's
+    /// own ELF address space (what `addr2line -e`, `objdump` and `nm` take),
+    /// from the program headers of the module's file, only if that file is the
+    /// recorded build (its build id matches; a module recorded without one
+    /// takes the file at its path). No symbol or debug section is read.
+    fn header_address(&mut self, m: &Module, file_relative: u64) -> Option<u64> {
+        let p = match self.inspect(m.path()) {
+            Some(p) => p,
+            None => self
+                .own_vdso()
+                .filter(|v| !m.build_id.is_empty() && v.build_id.as_deref() == Some(&m.build_id[..]))?,
+        };
+        if !m.build_id.is_empty() && p.build_id.as_deref() != Some(&m.build_id[..]) {
+            return None;
+        }
+        svma(&p.segments, file_relative)
+    }
+
     fn perf_map_name(&mut self, pid: u32, address: u64) -> Option<(String, String)> {
         let map = self.perf_maps.entry(pid).or_insert_with(|| load_perf_map(pid));
         let map = map.as_ref()?;
         Some((map.lookup(address)?.to_string(), map.path.clone()))
     }
 }
+
+/// A copy of this process's vDSO: the `[vdso]` mapping of `/proc/self/maps`.
+fn read_own_vdso() -> Option<Vec<u8>> {
+    let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
+    let line = maps.lines().find(|l| l.trim_end().ends_with("[vdso]"))?;
+    let (lo, hi) = line.split_whitespace().next()?.split_once('-')?;
+    let (lo, hi) = (u64::from_str_radix(lo, 16).ok()?, u64::from_str_radix(hi, 16).ok()?);
+    let len = usize::try_from(hi.checked_sub(lo)?).ok()?;
+    // The vDSO is a few pages; anything else is not what we look for.
+    if len == 0 || len > MAX_VDSO_BYTES || !line.split_whitespace().nth(1)?.starts_with('r') {
+        return None;
+    }
+    // SAFETY: `[lo, hi)` is this process's own vDSO mapping, readable (checked
+    // above), mapped by the kernel for the whole life of the process and never
+    // unmapped by this program; it is copied at once.
+    Some(unsafe { std::slice::from_raw_parts(lo as usize as *const u8, len) }.to_vec())
+}
+
+/// The largest vDSO copied.
+const MAX_VDSO_BYTES: usize = 1 << 20;
 
 fn my_uid() -> Option<u32> {
     // /proc/self is owned by the effective uid of the process that looks at it.

@@ -295,6 +295,8 @@ fn stats_count_threads_that_block_the_profiling_signal() {
                     libc::sigemptyset(&mut set);
                     libc::sigaddset(&mut set, libc::SIGPROF);
                     libc::sigaddset(&mut set, libc::SIGTRAP);
+                    // System time is sampled through SIGURG.
+                    libc::sigaddset(&mut set, libc::SIGURG);
                     libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
                 }
             }

@@ -184,6 +184,43 @@ fn no_symbolize_flag() {
     assert_eq!(find(&rows, &format!("hotprog+{:#x}", p.hot_a))["self"], 300);
 }
 
+/// `--no-symbolize` names a frame by the address `addr2line -e` takes: checked
+/// with the real addr2line on a non-PIE build, whose code's virtual addresses
+/// differ from its file offsets (0x401000 against 0x1000).
+#[test]
+fn no_symbolize_addresses_are_what_addr2line_takes() {
+    if !have_binutils("addr2line") {
+        return;
+    }
+    let p = program_with(&["-no-pie"]);
+    let spool = p.dir.path().join("a.spool");
+    standard(&p, &spool);
+    assert_ne!(p.text.0, p.text.2, "a non-PIE build's code has vaddr != file offset: {:?}", p.text);
+    let rows = top_json(&["top", s(&spool), "--json", "--no-symbolize"]);
+    for (offset, want, count) in [(p.hot_a, "hot_a", 300), (p.hot_b, "hot_b", 100)] {
+        let row = rows
+            .iter()
+            .find(|r| r["self"] == count)
+            .unwrap_or_else(|| panic!("no row with {count} samples: {rows:?}"));
+        let name = row["function"].as_str().unwrap();
+        let addr = name.strip_prefix("hotprog+").unwrap_or_else(|| panic!("{name}"));
+        assert_ne!(addr, format!("{offset:#x}"), "a file offset, not an address");
+        let o = std::process::Command::new("addr2line")
+            .args(["-f", "-e"])
+            .arg(&p.path)
+            .arg(addr)
+            .output()
+            .unwrap();
+        assert!(o.status.success());
+        let text = String::from_utf8_lossy(&o.stdout);
+        assert_eq!(text.lines().next(), Some(want), "addr2line -f -e hotprog {addr}: {text}");
+    }
+    // Without the module file the number is the file offset, and says so.
+    std::fs::remove_file(&p.path).unwrap();
+    let rows = top_json(&["top", s(&spool), "--json", "--no-symbolize"]);
+    assert_eq!(find(&rows, &format!("hotprog+{:#x} (file offset)", p.hot_a))["self"], 300);
+}
+
 // ---- bad input ----
 
 fn assert_input_error(args: &[&str], needle: &str) {

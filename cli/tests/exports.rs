@@ -241,3 +241,85 @@ fn exports_honour_thread_filter() {
     ok(&["export", s(&spool), "--format", "collapsed", "--thread", "1002", "-o", s(&out)]);
     assert_eq!(std::fs::read_to_string(&out).unwrap(), "main;hot_a 100\n");
 }
+
+/// main;hot_a x 6 and main;hot_b;[kernel] x 4 (system time spent in a call
+/// made from hot_b, as the recorder writes it: a kernel-mode absolute leaf at
+/// address 0), in `k.spool` in the program's directory.
+fn kernel_fixture() -> (Program, std::path::PathBuf) {
+    let p = program();
+    let path = p.dir.path().join("k.spool");
+    let mut w = spulse::SpoolWriter::new(std::fs::File::create(&path).unwrap(), header()).unwrap();
+    let m = define_program(&mut w, &p, PID, p.path.as_os_str().as_encoded_bytes(), &p.build_id);
+    let (s_a, s_b) = define_hot_stacks(&mut w, &p, m);
+    let f_k = w.define_frame(spulse::Frame::Absolute { address: 0, kernel: true }).unwrap();
+    let s_k = w.define_stack(Some(s_b), f_k).unwrap();
+    let th = w.define_thread(PID, PID, "main").unwrap();
+    let mut t = START_US;
+    for i in 0..10 {
+        t += INTERVAL_US;
+        w.sample(t, th, if i % 5 < 3 { s_a } else { s_k }).unwrap();
+    }
+    w.into_inner().unwrap();
+    (p, path)
+}
+
+#[test]
+fn kernel_leaves_are_counted_in_every_view_and_export() {
+    let (p, spool) = kernel_fixture();
+
+    let rows: Value = serde_json::from_str(&ok(&["top", s(&spool), "--json", "-n", "0"])).unwrap();
+    let row = |name: &str| rows.as_array().unwrap().iter().find(|r| r["function"] == name).cloned();
+    let k = row("[kernel]").expect("a [kernel] row");
+    assert_eq!((k["self"].as_u64(), k["total"].as_u64()), (Some(4), Some(4)), "{rows}");
+    assert_eq!(k["module"], "[kernel]");
+    let b = row("hot_b").unwrap();
+    assert_eq!((b["self"].as_u64(), b["total"].as_u64()), (Some(0), Some(4)), "{rows}");
+    assert_eq!(row("hot_a").unwrap()["self"].as_u64(), Some(6));
+
+    let text = ok(&["top", s(&spool), "-n", "0"]);
+    assert!(text.lines().any(|l| l.contains("[kernel]")), "{text}");
+    let table = ok(&["follow", s(&spool), "--interval", "0.01", "-n", "0"]);
+    assert!(table.lines().any(|l| l.contains("[kernel]") && l.trim_start().starts_with('4')), "{table}");
+
+    let folded = export(&p, &spool, "collapsed", "k.folded");
+    let mut lines: Vec<String> =
+        std::fs::read_to_string(&folded).unwrap().lines().map(String::from).collect();
+    lines.sort();
+    assert_eq!(lines, ["main;hot_a 6", "main;hot_b;[kernel] 4"]);
+
+    let ss = export(&p, &spool, "speedscope", "k.speedscope.json");
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(&ss).unwrap()).unwrap();
+    let frames = v["shared"]["frames"].as_array().unwrap();
+    let mut leaf: HashMap<String, u64> = HashMap::new();
+    for prof in v["profiles"].as_array().unwrap() {
+        for (st, w) in prof["samples"].as_array().unwrap().iter().zip(prof["weights"].as_array().unwrap()) {
+            let last = st.as_array().unwrap().last().unwrap().as_u64().unwrap() as usize;
+            *leaf.entry(frames[last]["name"].as_str().unwrap().to_string()).or_default() +=
+                w.as_u64().unwrap();
+        }
+    }
+    assert_eq!(leaf.get("[kernel]"), Some(&(4 * INTERVAL_US)), "{leaf:?}");
+
+    let ff = export(&p, &spool, "firefox", "k.json");
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(&ff).unwrap()).unwrap();
+    assert_eq!(firefox_leaf_counts(&v).get("[kernel]"), Some(&4));
+
+    let svg = export(&p, &spool, "svg", "k.svg");
+    let svg = std::fs::read_to_string(&svg).unwrap();
+    assert!(svg.contains("[kernel] (4 samples"), "no [kernel] box of 4 samples in the SVG");
+
+    if have_go_pprof() {
+        let pb = export(&p, &spool, "pprof", "k.pb.gz");
+        let rows = pprof_top(&pb, p.dir.path());
+        assert_eq!(rows.get("[kernel]"), Some(&(4.0, 4.0)), "{rows:?}");
+    }
+
+    let info = ok(&["info", s(&spool)]);
+    assert!(info.contains("kernel time:     4 sample(s) (40.0%) in the kernel"), "{info}");
+    let v: Value = serde_json::from_str(&ok(&["info", s(&spool), "--json"])).unwrap();
+    assert_eq!(v["kernel_samples"], 4);
+    // A spool without one says what that may mean.
+    let (_p2, plain) = fixture();
+    let info = ok(&["info", s(&plain)]);
+    assert!(info.contains("kernel time:     no sample in the kernel: either"), "{info}");
+}

@@ -7,7 +7,8 @@ use super::sys::{perf, timer};
 
 /// A running engine.
 pub(crate) enum Engine {
-    Perf(perf::PerfEngine),
+    /// The user-time events, and the kernel-time events when allowed.
+    Perf(perf::PerfEngine, Option<perf::KernelEvents>),
     Threads(timer::ThreadTimers),
     Process(timer::ProcessTimer),
 }
@@ -16,23 +17,48 @@ impl Engine {
     /// The spool's name for it.
     pub(crate) fn kind(&self) -> crate::Engine {
         match self {
-            Engine::Perf(_) => crate::Engine::PerfEvent,
+            Engine::Perf(..) => crate::Engine::PerfEvent,
             Engine::Threads(_) => crate::Engine::ThreadCpuTimer,
             Engine::Process(_) => crate::Engine::ProcessTimer,
         }
     }
 
-    /// Periodic upkeep (new threads for per-thread timers).
+    /// Periodic upkeep (new threads for per-thread timers and kernel-time events).
     pub(crate) fn tick(&mut self) {
-        if let Engine::Threads(t) = self {
-            t.rescan();
+        match self {
+            Engine::Threads(t) => t.rescan(),
+            Engine::Perf(_, Some(k)) => k.rescan(),
+            _ => {}
+        }
+    }
+
+    /// Keep the kernel-time events' descriptors open for the life of the
+    /// process (see `KernelEvents::stop`).
+    pub(crate) fn leak_kernel_events(&mut self) {
+        if let Engine::Perf(_, k) = self {
+            if let Some(k) = k.take() {
+                std::mem::forget(k);
+            }
+        }
+    }
+
+    /// Threads that got no kernel-time event (limit or descriptor table).
+    pub(crate) fn kernel_missed(&self) -> u64 {
+        match self {
+            Engine::Perf(_, Some(k)) => k.missed,
+            _ => 0,
         }
     }
 
     /// Stop sending signals.
     pub(crate) fn stop(&mut self) {
         match self {
-            Engine::Perf(p) => p.stop(),
+            Engine::Perf(p, k) => {
+                p.stop();
+                if let Some(k) = k {
+                    k.stop();
+                }
+            }
             Engine::Threads(t) => t.stop(),
             Engine::Process(p) => p.stop(),
         }

@@ -13,6 +13,7 @@ use std::io::Write;
 
 use rustc_hash::FxHashMap as FxMap;
 
+use super::handler::ThreadNames;
 use crate::{Error, Frame, FrameId, ModuleId, SpoolWriter, StackId, ThreadId};
 
 const NO_PARENT: u32 = u32::MAX;
@@ -101,10 +102,16 @@ impl Interner {
     }
 
     /// A cached leaf for a raw sample, if seen before.
-    pub(crate) fn cached(&mut self, generation: u64, truncated: bool, addrs: &[u64]) -> Option<StackId> {
+    pub(crate) fn cached(
+        &mut self,
+        generation: u64,
+        truncated: bool,
+        kernel: bool,
+        addrs: &[u64],
+    ) -> Option<StackId> {
         self.key.clear();
         self.key.push(generation);
-        self.key.push(truncated as u64);
+        self.key.push(truncated as u64 | (kernel as u64) << 1);
         self.key.extend_from_slice(addrs);
         self.whole.get(self.key.as_slice()).copied()
     }
@@ -126,19 +133,23 @@ impl Interner {
         self.whole_words = 0;
     }
 
-    /// The thread id for `tid`, defining it (with its current name) if new.
+    /// The thread id for `tid`, defining it if new, with the name the handler
+    /// took on its first sample (else its current name in `/proc`).
     pub(crate) fn thread<W: Write>(
         &mut self,
         w: &mut SpoolWriter<W>,
         pid: u32,
         tid: u32,
+        names: &ThreadNames,
     ) -> Result<ThreadId, Error> {
         if let Some(&id) = self.threads.get(&tid) {
             return Ok(id);
         }
-        let name = std::fs::read_to_string(format!("/proc/self/task/{tid}/comm")).unwrap_or_default();
-        let name = name.trim_end_matches('\n');
-        let id = w.define_thread(pid, tid, name)?;
+        let name = names.get(tid).unwrap_or_else(|| {
+            let n = std::fs::read_to_string(format!("/proc/self/task/{tid}/comm")).unwrap_or_default();
+            n.trim_end_matches('\n').to_string()
+        });
+        let id = w.define_thread(pid, tid, &name)?;
         self.threads.insert(tid, id);
         Ok(id)
     }

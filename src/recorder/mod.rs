@@ -102,6 +102,40 @@ impl LostSamples {
     }
 }
 
+/// Whether system CPU time (periods that end in kernel mode) was sampled.
+///
+/// The spool cannot say which of these applied (a recording with no kernel-mode
+/// sample may just have made no system calls), so [`Stats`] does.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum KernelTime {
+    /// Sampled: every period that ended in kernel mode is a sample whose leaf is
+    /// a kernel-mode absolute frame (address 0: the kernel function is not
+    /// known) on top of the user stack that entered the kernel.
+    Sampled,
+    /// User time only: switched off ([`RecorderBuilder::kernel_time`] or
+    /// `SPULSE_KERNEL_TIME=0`).
+    Off,
+    /// User time only: kernel-mode counting could not be set up, because the
+    /// kernel refused it (usually `perf_event_paranoid` >= 2 without
+    /// `CAP_PERFMON`) or another handler owns SIGURG; the reason.
+    Refused(String),
+    /// The timer engines count user and system time alike and cannot tell
+    /// them apart: system time is in the samples, with no kernel-mode leaf.
+    Unmarked,
+}
+
+impl std::fmt::Display for KernelTime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            KernelTime::Sampled => f.write_str("sampled (kernel-mode leaf frames)"),
+            KernelTime::Off => f.write_str("not sampled (switched off)"),
+            KernelTime::Refused(why) => write!(f, "not sampled ({why})"),
+            KernelTime::Unmarked => f.write_str("sampled with user time, not told apart (timer engine)"),
+        }
+    }
+}
+
 /// What a recording produced.
 #[derive(Debug, Clone)]
 pub struct Stats {
@@ -134,6 +168,13 @@ pub struct Stats {
     /// `/proc/self/task/<tid>/status` when the thread was first seen or at the
     /// end). Their CPU time is missing from the profile.
     pub threads_blocking_signal: u64,
+    /// Whether system CPU time was sampled, and if not, why.
+    pub kernel_time: KernelTime,
+    /// Samples whose period ended in kernel mode (written with a kernel leaf).
+    pub kernel_samples: u64,
+    /// Threads that got no kernel-time event (more than 512 threads, or no
+    /// descriptor below 4096 free): only their user time was sampled.
+    pub threads_without_kernel_time: u64,
 }
 
 impl Stats {
@@ -177,6 +218,7 @@ pub struct RecorderBuilder {
     ring_capacity: usize,
     flush_interval: Duration,
     engine: EngineChoice,
+    kernel_time: Option<bool>,
     mode: u32,
     overwrite: bool,
     sync_at_finish: bool,
@@ -190,6 +232,7 @@ impl Default for RecorderBuilder {
             ring_capacity: 2048,
             flush_interval: Duration::from_millis(50),
             engine: EngineChoice::Auto,
+            kernel_time: None,
             mode: 0o600,
             overwrite: false,
             sync_at_finish: true,
@@ -207,8 +250,9 @@ impl RecorderBuilder {
         self.frequency_hz = Some(hz);
         self
     }
-    /// Most frames kept per sample (1..=4095); deeper stacks keep the leaf-most
-    /// frames under a truncated-stack marker.
+    /// Most frames kept per sample (1..=4095), a kernel-mode leaf included
+    /// (above a depth of 1); deeper stacks keep the leaf-most frames under a
+    /// truncated-stack marker.
     pub fn max_stack_depth(mut self, depth: usize) -> Self {
         self.max_stack_depth = depth;
         self
@@ -230,6 +274,16 @@ impl RecorderBuilder {
     /// Which sampling engine to use (default: the best one the system allows).
     pub fn engine(mut self, engine: EngineChoice) -> Self {
         self.engine = engine;
+        self
+    }
+    /// Sample system CPU time too (default on, or the `SPULSE_KERNEL_TIME`
+    /// environment variable, `0` or `1`). With the perf-event engine, a period
+    /// that ends in kernel mode becomes a sample with a kernel-mode leaf frame
+    /// on top of the user stack that entered the kernel; where the kernel
+    /// refuses kernel-mode counting the recorder samples user time only and
+    /// says so in [`Stats::kernel_time`]. The timer engines always count both.
+    pub fn kernel_time(mut self, on: bool) -> Self {
+        self.kernel_time = Some(on);
         self
     }
     /// Permission bits of the new spool (default 0600; the process umask still
@@ -288,6 +342,7 @@ pub const MAX_RING_BYTES: usize = 256 << 20;
 /// Settings checked and resolved before anything is created.
 struct Checked {
     hz: u32,
+    kernel_time: bool,
     path: PathBuf,
 }
 
@@ -295,6 +350,20 @@ impl RecorderBuilder {
     /// Check every setting; resolve the frequency and the output path.
     fn check(&self, path: &Path) -> Result<Checked, Error> {
         let hz = frequency(self)?;
+        let kernel_time = match self.kernel_time {
+            Some(on) => on,
+            None => match std::env::var("SPULSE_KERNEL_TIME") {
+                Ok(v) if v.trim() == "0" => false,
+                Ok(v) if v.trim() == "1" => true,
+                Ok(v) => {
+                    return Err(invalid(
+                        "SPULSE_KERNEL_TIME",
+                        format!("SPULSE_KERNEL_TIME={v:?} is neither 0 (user time only) nor 1"),
+                    ))
+                }
+                Err(_) => true,
+            },
+        };
         let depth = self.max_stack_depth;
         if !(1..=MAX_DEPTH).contains(&depth) {
             return Err(invalid(
@@ -355,7 +424,7 @@ impl RecorderBuilder {
                 invalid("path", msg)
             }
         })?;
-        Ok(Checked { hz, path })
+        Ok(Checked { hz, kernel_time, path })
     }
 }
 
@@ -680,7 +749,7 @@ fn start_with(b: &RecorderBuilder, path: &Path) -> Result<Guard, Error> {
 }
 
 fn start_inner(b: &RecorderBuilder, path: &Path) -> Result<Guard, Error> {
-    let Checked { hz, path } = b.check(path)?;
+    let Checked { hz, kernel_time, path } = b.check(path)?;
     let path = path.as_path();
     let period_ns = 1_000_000_000u64 / hz as u64;
     let interval_us = (1_000_000 + hz as u64 / 2) / hz as u64;
@@ -721,6 +790,8 @@ fn start_inner(b: &RecorderBuilder, path: &Path) -> Result<Guard, Error> {
         bounds: StackBounds { main_top, main_span, tcb_block_offset, tcb_tid_offset },
         counters: Counters::default(),
         weight_cap: MAX_SIGNAL_WEIGHT,
+        period_ns,
+        names: handler::ThreadNames::default(),
     });
 
     // The writer thread exists before any engine, so it can be left out of them.
@@ -764,7 +835,7 @@ fn start_inner(b: &RecorderBuilder, path: &Path) -> Result<Guard, Error> {
         }
         let r = match c {
             EngineChoice::PerfEvent => sys::perf::PerfEngine::start(period_ns, writer_tid)
-                .map(engine::Engine::Perf)
+                .map(|p| engine::Engine::Perf(p, None))
                 .map_err(|source| RecorderError::EngineRefused {
                     what: "perf_event_open (task-clock, sigtrap)",
                     source,
@@ -806,6 +877,7 @@ fn start_inner(b: &RecorderBuilder, path: &Path) -> Result<Guard, Error> {
         });
     };
     let kind = engine.kind();
+    let (engine, kernel_status) = start_kernel_time(engine, kernel_time, period_ns, writer_tid);
     // From here on signals may be pending: if a later step fails, the handler
     // stays installed (it ignores our stray signals) rather than exposing them to
     // the default disposition, which would kill the process.
@@ -827,6 +899,7 @@ fn start_inner(b: &RecorderBuilder, path: &Path) -> Result<Guard, Error> {
         started: Instant::now(),
         pid,
         sync_at_finish: b.sync_at_finish,
+        kernel_time: kernel_status,
     };
     tx.send(Control::Start(Box::new(state))).map_err(|_| exited())?;
     let join = cleanup.join.take().expect("writer thread handle");
@@ -835,6 +908,39 @@ fn start_inner(b: &RecorderBuilder, path: &Path) -> Result<Guard, Error> {
     PYTHON_INSIDE.store(false, Ordering::SeqCst);
     *LIVE_SPOOL.lock().unwrap_or_else(|e| e.into_inner()) = Some((pid, path.to_path_buf(), b.flush_interval));
     Ok(Guard { inner: Some(Running { tx, join, pid, path: path.to_path_buf(), engine: kind }) })
+}
+
+/// Add the kernel-time events to a perf engine when asked and allowed; what
+/// came of it.
+fn start_kernel_time(
+    engine: engine::Engine,
+    wanted: bool,
+    period_ns: u64,
+    writer_tid: u32,
+) -> (engine::Engine, KernelTime) {
+    match engine {
+        engine::Engine::Perf(p, _) if wanted => {
+            let refused = |e: std::io::Error| {
+                KernelTime::Refused(format!("kernel-mode perf_event_open (task-clock, exclude_user): {e}"))
+            };
+            // SIGURG before the first event: its default disposition would
+            // drop our signals rather than run the handler.
+            match handler::install(Signal::SIGURG) {
+                Ok(installed) => match sys::perf::KernelEvents::start(period_ns, writer_tid) {
+                    Ok(k) => (engine::Engine::Perf(p, Some(k)), KernelTime::Sampled),
+                    Err(e) => {
+                        if installed {
+                            handler::restore(Signal::SIGURG);
+                        }
+                        (engine::Engine::Perf(p, None), refused(e))
+                    }
+                },
+                Err(e) => (engine::Engine::Perf(p, None), KernelTime::Refused(e.to_string())),
+            }
+        }
+        e @ engine::Engine::Perf(..) => (e, KernelTime::Off),
+        e => (e, KernelTime::Unmarked),
+    }
 }
 
 /// Undoes a partial start: withdraws the state, restores signal dispositions

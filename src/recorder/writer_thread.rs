@@ -116,6 +116,8 @@ pub(crate) struct WriterState {
     pub pid: u32,
     /// Whether the end of the recording syncs the spool to stable storage.
     pub sync_at_finish: bool,
+    /// Whether system time is sampled (decided at start).
+    pub kernel_time: super::KernelTime,
 }
 
 /// A module change found by a rescan, applied around the drain.
@@ -225,6 +227,7 @@ struct HeldSample {
     weight: u32,
     generation: u64,
     truncated: bool,
+    kernel: bool,
     addrs: Vec<u64>,
 }
 
@@ -236,6 +239,7 @@ impl HeldSample {
             weight: self.weight,
             generation: self.generation,
             truncated: self.truncated,
+            kernel: self.kernel,
             addrs: &self.addrs,
         }
     }
@@ -543,6 +547,7 @@ impl Run {
                         weight: s.weight,
                         generation: s.generation,
                         truncated: s.truncated,
+                        kernel: s.kernel,
                         addrs: s.addrs.to_vec(),
                     });
                 } else {
@@ -592,10 +597,13 @@ impl Run {
     }
 
     fn sample_inner(&mut self, s: &RawSample<'_>) -> Result<(), Error> {
-        let thread = self.interner.thread(&mut self.st.out, self.st.pid, s.tid)?;
+        let thread = self.interner.thread(&mut self.st.out, self.st.pid, s.tid, &self.st.shared.names)?;
         let exact_state = self.timeline.exact_state(s.generation, s.time_us);
-        let cached =
-            if exact_state { self.interner.cached(s.generation, s.truncated, s.addrs) } else { None };
+        let cached = if exact_state {
+            self.interner.cached(s.generation, s.truncated, s.kernel, s.addrs)
+        } else {
+            None
+        };
         let leaf = match cached {
             Some(l) => l,
             None => {
@@ -623,6 +631,12 @@ impl Run {
                         None => Frame::Absolute { address: addr, kernel: false },
                     });
                 }
+                if s.kernel {
+                    // The period ended in the kernel: a kernel-mode leaf on top
+                    // of the user stack that entered it. Which kernel function
+                    // ran is not known in process: address 0.
+                    frames.push(Frame::Absolute { address: 0, kernel: true });
+                }
                 let r = self.interner.stack(&mut self.st.out, &frames);
                 self.frames = frames;
                 let leaf = r?;
@@ -644,7 +658,12 @@ impl Run {
         self.st.engine.stop();
         // Withdraw the state from the handler and wait until no handler uses it:
         // every sample is then in the ring, taken before the check below.
-        let _ = handler::unpublish();
+        if handler::unpublish().is_none() {
+            // A handler never left (stopped by a debugger): it may still set
+            // the period of a kernel-time event, whose descriptor must then
+            // stay open rather than be reused under it.
+            self.st.engine.leak_kernel_events();
+        }
         let change = self.scan_modules();
         self.drain(true);
         self.apply_module_change(change);
@@ -685,6 +704,9 @@ impl Run {
             threads_seen: self.threads.len() as u64,
             threads_never_sampled: self.threads.values().filter(|t| !t.sampled).count() as u64,
             threads_blocking_signal: self.threads.values().filter(|t| t.blocking).count() as u64,
+            kernel_time: self.st.kernel_time.clone(),
+            kernel_samples: c.kernel.load(Ordering::Relaxed),
+            threads_without_kernel_time: self.st.engine.kernel_missed(),
         })
     }
 }

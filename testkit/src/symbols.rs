@@ -72,6 +72,8 @@ impl Symbolizer {
                 let base = m.path().file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
                 format!("{base}+{file_relative:#x}")
             }
+            // The recorder's mark of time spent in the kernel, as the tool names it.
+            Frame::Absolute { address: 0, kernel: true } => "[kernel]".to_string(),
             Frame::Absolute { address, .. } => format!("{address:#x}"),
             Frame::Truncated => "[truncated]".to_string(),
         }

@@ -40,6 +40,17 @@ pub fn leaf_counts(snap: &spulse::Snapshot) -> HashMap<(u32, String), u64> {
     out
 }
 
+/// Samples per tid whose leaf is a kernel-mode frame (system time).
+pub fn kernel_leaves(snap: &spulse::Snapshot) -> HashMap<u32, u64> {
+    let mut out = HashMap::new();
+    for s in snap.samples() {
+        if let spulse::Frame::Absolute { kernel: true, .. } = snap.frame(snap.stack(s.stack).frame) {
+            *out.entry(snap.thread(s.thread).tid).or_default() += 1;
+        }
+    }
+    out
+}
+
 /// Samples per tid.
 pub fn per_thread(snap: &spulse::Snapshot) -> HashMap<u32, u64> {
     let mut out = HashMap::new();

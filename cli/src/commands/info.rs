@@ -33,11 +33,18 @@ pub fn run(args: &InfoArgs) -> Result<(), CliError> {
 
     let bar = progress(defs.sample_count(), "reading");
     let mut per_thread: Vec<u64> = vec![0; defs.threads().len()];
+    // Samples whose leaf is a kernel-mode frame: system CPU time.
+    let kernel_frame: Vec<bool> =
+        defs.frames().iter().map(|f| matches!(f, spulse::Frame::Absolute { kernel: true, .. })).collect();
+    let mut kernel_samples = 0u64;
     let (mut first, mut last) = (u64::MAX, 0u64);
     let mut n = 0u64;
     for s in replay.samples() {
         let s = s?;
         per_thread[s.thread.index()] += 1;
+        if kernel_frame.get(defs.stack(s.stack).frame.index()).copied().unwrap_or(false) {
+            kernel_samples += 1;
+        }
         first = first.min(s.time_us);
         last = last.max(s.time_us);
         n += 1;
@@ -95,6 +102,7 @@ pub fn run(args: &InfoArgs) -> Result<(), CliError> {
             "first_sample_us": (samples > 0).then_some(first),
             "last_sample_us": (samples > 0).then_some(last),
             "samples": samples,
+            "kernel_samples": kernel_samples,
             "threads": defs.threads().len(),
             "processes": pids.len(),
             "modules": defs.modules().len(),
@@ -140,6 +148,24 @@ pub fn run(args: &InfoArgs) -> Result<(), CliError> {
         writeln!(out, "engine:          not recorded in the spool")?;
         writeln!(out, "duration:        {:.3} s (start to last sample)", duration_us as f64 / 1e6)?;
         writeln!(out, "samples:         {samples}")?;
+        // The file cannot say whether system time was sampled: the recorder's
+        // `Stats::kernel_time` does. What follows from the samples is stated.
+        if kernel_samples > 0 {
+            writeln!(
+                out,
+                "kernel time:     {kernel_samples} sample(s) ({:.1}%) in the kernel, shown as [kernel] on top \
+                 of the user stack that entered it",
+                100.0 * kernel_samples as f64 / samples as f64
+            )?;
+        } else {
+            writeln!(
+                out,
+                "kernel time:     no sample in the kernel: either no system time was spent, or the recorder \
+                 sampled user time only (switched off, refused by the kernel, or a timer engine, which \
+                 counts system time without marking it); the spool does not say which, the recorder's \
+                 Stats::kernel_time does"
+            )?;
+        }
         writeln!(out, "threads:         {} in {} process(es)", defs.threads().len(), pids.len())?;
         writeln!(
             out,

@@ -51,7 +51,11 @@ pub struct SymbolArgs {
     /// module's debug link, or a `.build-id/xx/rest.debug` tree). Repeatable.
     #[arg(long = "symbols", value_name = "DIR")]
     pub symbols: Vec<PathBuf>,
-    /// Do not read module files: show every module frame as `module+0xoffset`.
+    /// Do not read symbols or debug info: show every module frame as
+    /// `module+0xADDR`, ADDR being its address in the module's own ELF address
+    /// space (from the file's program headers: what `addr2line -e FILE ADDR`,
+    /// `objdump` and `nm` use), or `module+0xOFFSET (file offset)`, the byte
+    /// offset in the file, when the file is missing or is not the recorded build.
     #[arg(long)]
     pub no_symbolize: bool,
 }

@@ -45,11 +45,17 @@ pub struct Program {
 
 /// Compile the test program (`cc -g -O1`).
 pub fn program() -> Program {
+    program_with(&[])
+}
+
+/// Compile the test program (`cc -g -O1`) with `extra` flags.
+pub fn program_with(extra: &[&str]) -> Program {
     let dir = tempfile::tempdir().expect("tempdir");
     let src = dir.path().join("hot.c");
     std::fs::write(&src, PROGRAM).unwrap();
     let path = dir.path().join("hotprog");
     let out = Command::new("cc")
+        .args(extra)
         .args(["-g", "-O1", "-fno-omit-frame-pointer", "-Wl,--build-id", "-o"])
         .arg(&path)
         .arg(&src)

@@ -5,7 +5,8 @@
 //! reads; `ring.rs` the slot claim (handler -> writer queue); `unwind.rs` the
 //! unwinder cache pool and the walk; `snapshot.rs` the module-snapshot cell and
 //! its deferred reclamation; `shared.rs` the state and counters; `timing.rs` the
-//! benchmark histogram of handler times. The raw system calls (installing the
+//! benchmark histogram of handler times; `names.rs` the thread names taken on
+//! a thread's first sample. The raw system calls (installing the
 //! handler with `sigaction`, the engines, probing the thread control block,
 //! reading `/proc/self/maps`) live in `../sys/`; of those the handler calls only
 //! `sys::gettid`, `sys::now_us` and `sys::sigaction::previous_of` (one system
@@ -17,6 +18,8 @@
 //! it); it never allocates (ring slots and caches are allocated at start, framehop
 //! runs with `MustNotAllocateDuringUnwind`); it calls only `clock_gettime`
 //! (vDSO), `pthread_self` (reads the thread pointer), `__errno_location`,
+//! `prctl(PR_GET_NAME)` (once per thread, on its first sample),
+//! `ioctl(PERF_EVENT_IOC_PERIOD)` (after a kernel-mode sample, see `rephase`),
 //! `syscall(SYS_gettid)` (only if the TCB probe below failed; otherwise the
 //! thread id is read from glibc's `struct pthread`) and, for foreign signals,
 //! `sigaction`/`tgkill`; the executable is linked with full
@@ -54,7 +57,9 @@
 //!
 //! # Which signals are ours
 //! `SIGTRAP` with `si_code == TRAP_PERF` and `si_perf_data == SIGNAL_MAGIC` (the
-//! `sig_data` our perf events carry); `SIGPROF` with `si_code == SI_TIMER` and
+//! `sig_data` our perf events carry); `SIGURG` with `si_code == POLL_IN` whose
+//! `si_fd` is marked in `KERNEL_FDS` (our kernel-time events, which send it
+//! through `fasync`; the sample gets a kernel-mode leaf); `SIGPROF` with `si_code == SI_TIMER` and
 //! `si_value == SIGNAL_MAGIC` (our per-thread timers); `SIGPROF` with `si_code ==
 //! SI_KERNEL` once our process timer was ever armed. Anything else is chained to
 //! the old action returned by the `sigaction` call that installed the handler
@@ -70,6 +75,7 @@ use std::sync::{Arc, Once};
 
 use nix::sys::signal::Signal;
 
+mod names;
 pub(crate) mod ring;
 mod shared;
 mod snapshot;
@@ -77,6 +83,7 @@ mod snapshot;
 pub(crate) mod timing;
 pub(crate) mod unwind;
 
+pub(crate) use names::ThreadNames;
 pub(crate) use shared::{Counters, Shared, StackBounds};
 pub(crate) use snapshot::{reclaim, Retired, SnapshotCell};
 
@@ -93,6 +100,33 @@ static IN_HANDLER: AtomicUsize = AtomicUsize::new(0);
 /// Set once the process timer was armed: `SI_KERNEL` SIGPROFs are ours from then on.
 static PROCESS_TIMER_USED: AtomicBool = AtomicBool::new(false);
 
+/// Descriptors below this may carry a kernel-time event (see `sys/perf.rs`).
+pub(crate) const MAX_KERNEL_FD: usize = 4096;
+/// Which descriptors are our kernel-time events: a SIGURG from `fasync` names
+/// its descriptor (`si_fd`), and only those marked here are ours.
+static KERNEL_FDS: [AtomicBool; MAX_KERNEL_FD] = [const { AtomicBool::new(false) }; MAX_KERNEL_FD];
+
+/// Mark `fd` as one of our kernel-time events; false if it is out of the table.
+pub(crate) fn mark_kernel_fd(fd: c_int) -> bool {
+    match usize::try_from(fd).ok().and_then(|i| KERNEL_FDS.get(i)) {
+        Some(b) => {
+            b.store(true, Ordering::SeqCst);
+            true
+        }
+        None => false,
+    }
+}
+
+/// Unmark `fd` (before it is closed, so a reused number is not taken for ours).
+pub(crate) fn unmark_kernel_fd(fd: c_int) {
+    if let Some(b) = usize::try_from(fd).ok().and_then(|i| KERNEL_FDS.get(i)) {
+        b.store(false, Ordering::SeqCst);
+    }
+}
+
+/// `si_code` of a `fasync` signal for readable data.
+const POLL_IN: c_int = 1;
+
 /// The first words of a `siginfo_t` on 64-bit Linux: three ints, padding, then the
 /// union at offset 16 (`_timer`: tid, overrun, sigval; `_sigfault`: addr, then
 /// `_perf`: data, type, flags).
@@ -106,12 +140,14 @@ struct SigInfoHead {
     u1: u64,
 }
 
-/// How many sample intervals a signal stands for, or `None` if it is not ours.
+/// How many sample intervals a signal stands for and, when its period ended in
+/// kernel mode, the descriptor of the kernel-time event that sent it; `None`
+/// if the signal is not ours.
 ///
 /// # Safety
 /// `info` must be the siginfo pointer the kernel passed to an `SA_SIGINFO` handler.
 #[inline]
-unsafe fn classify(sig: c_int, info: *const libc::siginfo_t) -> Option<u32> {
+unsafe fn classify(sig: c_int, info: *const libc::siginfo_t) -> Option<(u32, Option<c_int>)> {
     if info.is_null() {
         return None;
     }
@@ -119,12 +155,20 @@ unsafe fn classify(sig: c_int, info: *const libc::siginfo_t) -> Option<u32> {
     // suitably aligned; all fields are plain integers.
     let si = unsafe { &*(info as *const SigInfoHead) };
     match sig {
-        libc::SIGTRAP if si.code == libc::TRAP_PERF && si.u1 == SIGNAL_MAGIC => Some(1),
+        libc::SIGTRAP if si.code == libc::TRAP_PERF && si.u1 == SIGNAL_MAGIC => Some((1, None)),
         libc::SIGPROF if si.code == libc::SI_TIMER && si.u1 == SIGNAL_MAGIC => {
             let overrun = (si.u0 >> 32) as u32 as i32;
-            Some(1u32.saturating_add(overrun.max(0) as u32))
+            Some((1u32.saturating_add(overrun.max(0) as u32), None))
         }
-        libc::SIGPROF if si.code == libc::SI_KERNEL && PROCESS_TIMER_USED.load(Ordering::Relaxed) => Some(1),
+        libc::SIGPROF if si.code == libc::SI_KERNEL && PROCESS_TIMER_USED.load(Ordering::Relaxed) => {
+            Some((1, None))
+        }
+        // `_sigpoll`: `si_band` (u0), then `si_fd` (the low half of u1).
+        libc::SIGURG if si.code == POLL_IN => {
+            let fd = si.u1 as u32 as c_int;
+            let ours = usize::try_from(fd).ok().and_then(|i| KERNEL_FDS.get(i));
+            ours.is_some_and(|b| b.load(Ordering::Relaxed)).then_some((1, Some(fd)))
+        }
         _ => None,
     }
 }
@@ -137,7 +181,7 @@ extern "C" fn on_signal(sig: c_int, info: *mut libc::siginfo_t, ctx: *mut c_void
     let saved = unsafe { *errno };
     // SAFETY: `info` comes from the kernel (SA_SIGINFO).
     match unsafe { classify(sig, info) } {
-        Some(weight) => {
+        Some((weight, kernel_fd)) => {
             #[cfg(feature = "testing")]
             let t0 = timing::begin();
             IN_HANDLER.fetch_add(1, Ordering::SeqCst);
@@ -148,7 +192,10 @@ extern "C" fn on_signal(sig: c_int, info: *mut libc::siginfo_t, ctx: *mut c_void
                 // nulling STATE, and we incremented IN_HANDLER before loading it.
                 let st = unsafe { &*st };
                 // SAFETY: `ctx` is the kernel's ucontext for this signal.
-                unsafe { record(st, weight, ctx) };
+                unsafe { record(st, weight, kernel_fd.is_some(), ctx) };
+                if let Some(fd) = kernel_fd {
+                    rephase(st, fd);
+                }
             }
             IN_HANDLER.fetch_sub(1, Ordering::SeqCst);
             #[cfg(feature = "testing")]
@@ -161,6 +208,36 @@ extern "C" fn on_signal(sig: c_int, info: *mut libc::siginfo_t, ctx: *mut c_void
     unsafe { *errno = saved };
 }
 
+/// Give the kernel-time event `fd` a next period drawn uniformly from
+/// `[period / 2, 3 * period / 2)` (mean: the period). The user-time and
+/// kernel-time events of a thread run on separate timers with the same period:
+/// opened a few microseconds apart, the kernel one would expire, period after
+/// period, just after the user one, while the kernel delivers the user
+/// event's signal, and count that kernel time many times over (measured: up to
+/// twice the thread's system time). A random next period after each kernel
+/// sample keeps the two out of step.
+#[inline]
+fn rephase(st: &Shared, fd: c_int) {
+    let p = st.period_ns.max(2);
+    // splitmix64 of the time and the thread pointer: no state to share.
+    // SAFETY: pthread_self only reads the thread pointer register.
+    let mut z = now_us() ^ (unsafe { libc::pthread_self() } as u64).rotate_left(32);
+    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^= z >> 31;
+    let next: u64 = p / 2 + z % p;
+    // SAFETY: PERF_EVENT_IOC_PERIOD reads one u64 through the pointer. `fd` is
+    // one of our kernel-time events (it was marked in KERNEL_FDS) and still
+    // open: the writer closes an event only when its thread, the one running
+    // this handler, has exited, or after `unpublish` saw no handler running.
+    // A failure only leaves the period as it was.
+    unsafe { libc::ioctl(fd, PERF_EVENT_IOC_PERIOD as _, &next as *const u64) };
+}
+
+/// `_IOW('$', 4, __u64)`.
+const PERF_EVENT_IOC_PERIOD: libc::c_ulong = 0x4008_2404;
+
 /// Pass a foreign signal to the disposition that was in place before ours.
 ///
 /// # Safety
@@ -170,6 +247,10 @@ unsafe fn chain(sig: c_int, info: *mut libc::siginfo_t, ctx: *mut c_void) {
     let handler = prev.handler.load(Ordering::Relaxed);
     let flags = prev.flags.load(Ordering::Relaxed);
     if handler == libc::SIG_IGN {
+        return;
+    }
+    if handler == libc::SIG_DFL && sig == libc::SIGURG {
+        // Its default action is to ignore it.
         return;
     }
     if handler == libc::SIG_DFL {
@@ -197,12 +278,14 @@ unsafe fn chain(sig: c_int, info: *mut libc::siginfo_t, ctx: *mut c_void) {
     }
 }
 
-/// Record one sample of the interrupted thread.
+/// Record one sample of the interrupted thread (`kernel`: its period ended in
+/// kernel mode; the signal arrives on the return to user space, so the stack
+/// unwound is the user stack that entered the kernel).
 ///
 /// # Safety
 /// `ctx` must be the ucontext the kernel passed with the signal.
 #[inline]
-unsafe fn record(st: &Shared, weight: u32, ctx: *mut c_void) {
+unsafe fn record(st: &Shared, weight: u32, kernel: bool, ctx: *mut c_void) {
     let c = &st.counters;
     c.signals.fetch_add(1, Ordering::Relaxed);
     let weight = if weight > st.weight_cap {
@@ -222,6 +305,7 @@ unsafe fn record(st: &Shared, weight: u32, ctx: *mut c_void) {
     if tid == st.writer_tid.load(Ordering::Relaxed) {
         return;
     }
+    st.names.capture(tid);
     let Some(mut cache) = st.caches.claim(tid as usize) else {
         c.lost_no_cache.fetch_add(weight as u64, Ordering::Relaxed);
         return;
@@ -242,6 +326,14 @@ unsafe fn record(st: &Shared, weight: u32, ctx: *mut c_void) {
     let (depth, truncated) = {
         let words = claim.words();
         let out = match words.get_mut(HEADER_WORDS..) {
+            Some(o) => o,
+            None => return,
+        };
+        // The writer puts a kernel-mode leaf on top of a kernel sample's user
+        // frames: it takes one of the `max_stack_depth` frames (unless that is
+        // 1), so a stack never outgrows the depth limit and the format's.
+        let keep = if kernel && out.len() > 1 { out.len() - 1 } else { out.len() };
+        let out = match out.get_mut(..keep) {
             Some(o) => o,
             None => return,
         };
@@ -269,7 +361,11 @@ unsafe fn record(st: &Shared, weight: u32, ctx: *mut c_void) {
     if truncated {
         c.truncated.fetch_add(1, Ordering::Relaxed);
     }
-    claim.publish(time_us, tid, weight, snap.generation, depth, truncated);
+    if kernel {
+        c.kernel.fetch_add(weight as u64, Ordering::Relaxed);
+    }
+    let flags = if truncated { ring::FLAG_TRUNCATED } else { 0 } | if kernel { ring::FLAG_KERNEL } else { 0 };
+    claim.publish(time_us, tid, weight, snap.generation, depth, flags);
 }
 
 /// Read one stack word, only inside `[lo, hi)` and 8-byte aligned.
@@ -357,6 +453,9 @@ fn prime() {
         let _ = *libc::__errno_location();
         libc::syscall(libc::SYS_tgkill, -1, -1, 0);
         libc::sigaction(libc::SIGPROF, std::ptr::null(), std::ptr::null_mut());
+        let mut name = [0u8; 16];
+        libc::prctl(libc::PR_GET_NAME, name.as_mut_ptr() as libc::c_ulong, 0, 0, 0);
+        libc::ioctl(-1, PERF_EVENT_IOC_PERIOD as _, std::ptr::null::<u64>());
     }
 }
 

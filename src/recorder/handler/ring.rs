@@ -17,7 +17,8 @@
 //! from a signal handler.
 //!
 //! Slot layout (u64 words): `[time_us, tid | weight << 32, generation,
-//! depth | flags << 32, addr0 (leaf pc), addr1 (return address), ...]`.
+//! depth | flags << 32, addr0 (leaf pc), addr1 (return address), ...]`; a
+//! kernel-mode sample's addr0 is the user pc the kernel returns to.
 
 use std::cell::UnsafeCell;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -30,6 +31,9 @@ pub(crate) const HEADER_WORDS: usize = 4;
 pub(crate) const FLAG_TRUNCATED: u64 = 1;
 /// Flag: the slot holds no sample (a producer gave up after claiming it).
 pub(crate) const FLAG_VOID: u64 = 2;
+/// Flag: the sample's period ended in kernel mode (its addresses are the user
+/// stack that entered the kernel).
+pub(crate) const FLAG_KERNEL: u64 = 4;
 
 /// One decoded sample, borrowed from the ring while the consumer holds it.
 #[derive(Debug)]
@@ -39,6 +43,8 @@ pub(crate) struct RawSample<'a> {
     pub weight: u32,
     pub generation: u64,
     pub truncated: bool,
+    /// The period ended in kernel mode.
+    pub kernel: bool,
     /// Leaf first: the interrupted pc, then return addresses.
     pub addrs: &'a [u64],
 }
@@ -213,6 +219,7 @@ impl Consumer {
                 weight: (words[1] >> 32) as u32,
                 generation: words[2],
                 truncated: flags & FLAG_TRUNCATED != 0,
+                kernel: flags & FLAG_KERNEL != 0,
                 addrs: &words[HEADER_WORDS..HEADER_WORDS + depth],
             }))
         };
@@ -231,7 +238,8 @@ impl Claim<'_> {
         unsafe { std::slice::from_raw_parts_mut(self.ring.slot_ptr(self.pos), self.ring.stride) }
     }
 
-    /// Fill the header and publish the slot.
+    /// Fill the header and publish the slot (`flags`: [`FLAG_TRUNCATED`],
+    /// [`FLAG_KERNEL`]).
     #[inline]
     pub(crate) fn publish(
         mut self,
@@ -240,13 +248,13 @@ impl Claim<'_> {
         weight: u32,
         generation: u64,
         depth: usize,
-        truncated: bool,
+        flags: u64,
     ) {
         let w = self.words();
         w[0] = time_us;
         w[1] = tid as u64 | (weight as u64) << 32;
         w[2] = generation;
-        let flags = if truncated { FLAG_TRUNCATED } else { 0 };
+        let flags = flags & (FLAG_TRUNCATED | FLAG_KERNEL);
         w[3] = depth as u64 | flags << 32;
         self.published = true;
         self.ring.seqs[self.pos & self.ring.mask].seq.store(self.pos.wrapping_add(1), Ordering::Release);
@@ -274,7 +282,7 @@ mod tests {
         for i in 0..4u64 {
             let mut c = r.claim().expect("free slot");
             c.words()[HEADER_WORDS] = i;
-            c.publish(i, 7, 1, 0, 1, false);
+            c.publish(i, 7, 1, 0, 1, 0);
         }
         assert!(r.claim().is_none(), "ring must report full");
         for i in 0..4u64 {
@@ -298,7 +306,7 @@ mod tests {
                     for i in 0..200u64 {
                         if let Some(mut c) = r.claim() {
                             c.words()[HEADER_WORDS] = t * 1000 + i;
-                            c.publish(i, t as u32, 1, 0, 1, false);
+                            c.publish(i, t as u32, 1, 0, 1, 0);
                             ok += 1;
                         }
                     }
@@ -319,7 +327,7 @@ mod tests {
     fn a_consumer_pops_only_its_own_ring() {
         let (a, _qa) = Ring::new(2, 1);
         let (_b, mut qb) = Ring::new(2, 1);
-        a.claim().expect("free slot").publish(1, 1, 1, 0, 0, false);
+        a.claim().expect("free slot").publish(1, 1, 1, 0, 0, 0);
         let popped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| qb.pop(&a, |_| ())));
         // Debug builds assert; release builds refuse quietly. Either way the
         // sample stays in `a`.

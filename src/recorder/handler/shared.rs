@@ -3,6 +3,7 @@
 
 use std::sync::atomic::{AtomicU32, AtomicU64};
 
+use super::names::ThreadNames;
 use super::ring::Ring;
 use super::snapshot::SnapshotCell;
 use super::unwind::CachePool;
@@ -17,6 +18,8 @@ pub(crate) struct Counters {
     pub overrun_capped: AtomicU64,
     pub truncated: AtomicU64,
     pub foreign_stack: AtomicU64,
+    /// Samples whose period ended in kernel mode.
+    pub kernel: AtomicU64,
 }
 
 /// Stack bounds the handler trusts (see the handler's module documentation).
@@ -38,4 +41,8 @@ pub(crate) struct Shared {
     pub bounds: StackBounds,
     pub counters: Counters,
     pub weight_cap: u32,
+    /// The sampling period in nanoseconds.
+    pub period_ns: u64,
+    /// Names of the threads sampled, taken on their first sample.
+    pub names: ThreadNames,
 }
