@@ -11,7 +11,7 @@ use clap::{Args, ValueEnum};
 use super::{FilterArgs, SymbolArgs};
 use crate::display::escape;
 use crate::export::{self, Exporter, Job};
-use crate::input::open_replay;
+use crate::input::open_inputs;
 use crate::symbolize::Symbolizer;
 use crate::CliError;
 use spulse::Replay;
@@ -37,8 +37,10 @@ pub enum Format {
     after_help = "Examples:\n  spulse export app.spool --format pprof -o app.pb.gz && go tool pprof -top app.pb.gz\n  spulse export app.spool --format firefox -o app.json\n  spulse export app.spool --format collapsed -o app.folded\n  spulse export app.spool --format svg -o app.svg --symbols /usr/lib/debug\n  spulse export app.spool --format speedscope -o app.speedscope.json --thread 4242\n  spulse export app.spool --format pprof -o app.pb.gz --pid 4200 --from 1000000"
 )]
 pub struct ExportArgs {
-    /// The spool file.
-    pub file: PathBuf,
+    /// The spool file. Several (such as the segments of a rotating recording)
+    /// are merged in time order and exported as one profile.
+    #[arg(required = true, value_name = "FILE")]
+    pub files: Vec<PathBuf>,
     /// Output format.
     #[arg(short, long, value_enum)]
     pub format: Format,
@@ -144,15 +146,22 @@ fn target(input: &Path, output: &Path) -> Result<Target, CliError> {
 /// Run `spulse export`.
 pub fn run(args: &ExportArgs) -> Result<(), CliError> {
     args.filter.filter().check_window()?;
-    let target = target(&args.file, &args.output)?;
-    let replay = open_replay(&args.file)?;
+    let mut target_of = None;
+    for f in &args.files {
+        target_of = Some(target(f, &args.output)?);
+    }
+    let target = target_of.ok_or_else(|| CliError::input("no spool given"))?;
+    let inputs = open_inputs(&args.files)?;
+    let replay = &inputs.replay;
     // Rejected here, before any output is opened, as `top` rejects them.
-    args.filter.filter().validate(&replay, &args.file)?;
+    args.filter.filter().validate(replay, &inputs.name)?;
     let out_name = escape(&args.output.display().to_string()).into_owned();
     match target {
         Target::Stdout => {
             let mut out = Counted::new(BufWriter::new(std::io::stdout().lock()));
-            match write_export(args, &replay, &mut out).and_then(|n| flush(&mut out, "stdout").map(|()| n)) {
+            match write_export(args, replay, &inputs.name, &mut out)
+                .and_then(|n| flush(&mut out, "stdout").map(|()| n))
+            {
                 Ok(n) => {
                     report(n, "stdout", out.bytes);
                     Ok(())
@@ -166,7 +175,7 @@ pub fn run(args: &ExportArgs) -> Result<(), CliError> {
             let f = OpenOptions::new().write(true).truncate(true).open(&path);
             let f = f.map_err(|e| CliError::output(&out_name, e))?;
             let mut out = Counted::new(BufWriter::new(f));
-            let n = write_export(args, &replay, &mut out)?;
+            let n = write_export(args, replay, &inputs.name, &mut out)?;
             flush(&mut out, &out_name)?;
             report(n, &out_name, out.bytes);
             Ok(())
@@ -210,7 +219,7 @@ pub fn run(args: &ExportArgs) -> Result<(), CliError> {
             // On any error below `tmp` is dropped, which deletes it: an existing
             // output stays as it was.
             let mut out = Counted::new(BufWriter::new(tmp));
-            let n = write_export(args, &replay, &mut out)?;
+            let n = write_export(args, replay, &inputs.name, &mut out)?;
             flush(&mut out, &out_name)?;
             let bytes = out.bytes;
             let tmp = out.inner.into_inner().map_err(|e| CliError::output(&out_name, e.into_error()))?;
@@ -252,9 +261,14 @@ impl Format {
 }
 
 /// Write the export; returns how many samples it holds.
-fn write_export(args: &ExportArgs, replay: &Replay, out: &mut dyn Write) -> Result<u64, CliError> {
+fn write_export(
+    args: &ExportArgs,
+    replay: &Replay,
+    name: &Path,
+    out: &mut dyn Write,
+) -> Result<u64, CliError> {
     let mut sym = Symbolizer::new(args.symbols.options());
-    let title = format!("spulse {}", args.file.display());
+    let title = format!("spulse {}", name.display());
     let output = escape(&args.output.display().to_string()).into_owned();
     let job = Job { replay, filter: &args.filter.filter(), title: &title, output: &output };
     (args.format.exporter())(&job, &mut sym, out)
