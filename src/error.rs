@@ -184,7 +184,8 @@ pub enum RecorderError {
     /// invalid; nothing was created.
     InvalidConfig {
         /// The setting: `frequency_hz`, `max_stack_depth`, `ring_capacity`,
-        /// `flush_interval`, `mode`, `path`, `SPULSE_FREQUENCY` or `SPULSE_OUTPUT`.
+        /// `flush_interval`, `mode`, `rotate`, `retain`, `path`, `SPULSE_FREQUENCY`,
+        /// `SPULSE_OUTPUT`, `SPULSE_ROTATE` or `SPULSE_RETAIN`.
         setting: &'static str,
         /// A sentence naming the setting, its value and the accepted values.
         message: String,

@@ -711,7 +711,7 @@ impl Guard {
         self.inner.as_ref().map_or(Engine::Unknown, |r| r.engine)
     }
 
-    /// The spool's path.
+    /// The spool's path (of a rotating recording: its first segment's).
     pub fn path(&self) -> &Path {
         self.inner.as_ref().map_or(Path::new(""), |r| &r.path)
     }
