@@ -561,37 +561,61 @@ pub struct Merged {
 /// the module documentation). A spool that is unreadable or corrupt is an
 /// error naming it; one that ends inside a record is read up to it (listed in
 /// [`Merged::truncated`]).
+///
+/// Spools are opened in the order of their start times, each once the merge
+/// has reached its start (and closed when read), so the segments of a long
+/// recording are not all open at once.
 pub fn merge_files(paths: &[PathBuf], out: File) -> Result<(SpoolWriter<File>, Merged), MergeError> {
-    let mut sources = Vec::with_capacity(paths.len());
-    for p in paths {
-        let s = Source::open_any(p).map_err(|e| MergeError::Source(named(&e, p)))?;
-        sources.push(s);
+    // Each spool's header, read and closed again.
+    let mut order = Vec::with_capacity(paths.len());
+    let mut header: Option<Header> = None;
+    for (i, p) in paths.iter().enumerate() {
+        let h = Source::open_any(p).map_err(|e| MergeError::Source(named(&e, p)))?.header();
+        order.push((h.start_time_us, i));
+        header = Some(match header {
+            None => h,
+            Some(m) => Header {
+                start_time_us: m.start_time_us.min(h.start_time_us),
+                interval_us: m.interval_us.min(h.interval_us),
+            },
+        });
     }
-    let header = Header {
-        start_time_us: sources.iter().map(|s| s.header().start_time_us).min().unwrap_or(0),
-        interval_us: sources.iter().map(|s| s.header().interval_us).min().unwrap_or(1),
-    };
+    order.sort();
+    let mut waiting: std::collections::VecDeque<(u64, usize)> = order.into();
+    let header = header.unwrap_or(Header { start_time_us: 0, interval_us: 1 });
     let mut out = SpoolWriter::new(out, header).map_err(MergeError::Output)?;
     let mut sh = Shared::merging();
-    // Each source's next sample, earliest first (ties: the source given first).
+    let mut merged = Merged { samples: 0, dropped: 0, truncated: Vec::new() };
+    let mut sources: Vec<Option<Source>> = paths.iter().map(|_| None).collect();
+    // Each open source's next sample, earliest first (ties: the source given first).
     let mut next: BinaryHeap<Reverse<(u64, usize)>> = BinaryHeap::new();
     // Sources read to the end whose modules are not given up yet: that waits
     // until the next sample's source has defined its modules, so a module the
     // next segment of a recording defines again keeps its output id.
-    let mut ended = Vec::new();
-    for (i, s) in sources.iter_mut().enumerate() {
-        match s.next_time()? {
-            Some(t) => next.push(Reverse((t, i))),
-            None => ended.push(i),
+    let mut ended: Vec<usize> = Vec::new();
+    loop {
+        // Open the spools that start no later than the earliest pending sample.
+        while let Some(&(start, i)) = waiting.front() {
+            if next.peek().is_some_and(|Reverse((t, _))| start > *t) {
+                break;
+            }
+            waiting.pop_front();
+            let p = &paths[i];
+            let mut s = Source::open_any(p).map_err(|e| MergeError::Source(named(&e, p)))?;
+            match s.next_time()? {
+                Some(t) => next.push(Reverse((t, i))),
+                None => ended.push(i),
+            }
+            sources[i] = Some(s);
         }
-    }
-    while let Some(Reverse((_, i))) = next.pop() {
-        let seen = sources[i].samples_seen;
-        sources[i].apply_events(seen, &mut out, &mut sh)?;
+        let Some(Reverse((_, i))) = next.pop() else { break };
+        let s = sources[i].as_mut().expect("an open source");
+        let seen = s.samples_seen;
+        s.apply_events(seen, &mut out, &mut sh)?;
         for j in ended.drain(..) {
-            sources[j].finish_shared(&mut out, &mut sh)?;
+            finish_source(&mut sources[j], &mut out, &mut sh, &mut merged)?;
         }
-        let s = &mut sources[i];
+        let s = sources[i].as_mut().expect("an open source");
         // Defines what had to wait for the ended sources' modules to go.
         s.take(&mut out, &mut sh)?;
         match s.next_time()? {
@@ -600,15 +624,28 @@ pub fn merge_files(paths: &[PathBuf], out: File) -> Result<(SpoolWriter<File>, M
         }
     }
     for j in ended {
-        sources[j].finish_shared(&mut out, &mut sh)?;
+        finish_source(&mut sources[j], &mut out, &mut sh, &mut merged)?;
     }
-    let merged = Merged {
-        samples: sources.iter().map(|s| s.samples).sum(),
-        dropped: sources.iter().map(|s| s.dropped).sum(),
-        truncated: sources.iter().filter_map(|s| Some((s.path.clone(), s.incomplete_tail()?))).collect(),
-    };
     out.flush().map_err(MergeError::Output)?;
     Ok((out, merged))
+}
+
+/// A source of [`merge_files`] was read to the end: give up its modules, add
+/// up what it did, and close it.
+fn finish_source(
+    slot: &mut Option<Source>,
+    out: &mut SpoolWriter<File>,
+    sh: &mut Shared,
+    merged: &mut Merged,
+) -> Result<(), MergeError> {
+    let Some(mut s) = slot.take() else { return Ok(()) };
+    s.finish_shared(out, sh)?;
+    merged.samples += s.samples;
+    merged.dropped += s.dropped;
+    if let Some(valid) = s.incomplete_tail() {
+        merged.truncated.push((s.path.clone(), valid));
+    }
+    Ok(())
 }
 
 /// Whether a writer error is an I/O failure (fatal) rather than a refused record.
@@ -694,6 +731,63 @@ mod tests {
         let mut s = Source::open(&src, 7).unwrap();
         assert!(matches!(s.pump(&mut out), Err(MergeError::Source(_))), "the bad record is reported");
         assert_eq!(s.samples, 1, "the sample before it was copied");
+    }
+
+    /// A spool of `pid` with one module, thread and stack, and samples at `times`.
+    fn spool(path: &Path, pid: u32, times: &[u64]) {
+        let mut w = SpoolWriter::new(File::create(path).unwrap(), HDR).unwrap();
+        let m = w.define_module(&module(pid, b"/bin/app")).unwrap();
+        let th = w.define_thread(pid, pid, "main").unwrap();
+        let f = w.define_frame(Frame::Module { module: m, file_relative: 0x10 }).unwrap();
+        let st = w.define_stack(None, f).unwrap();
+        for &t in times {
+            w.sample(t, th, st).unwrap();
+        }
+        w.flush().unwrap();
+    }
+
+    /// Two segments of one process and a spool of another, interleaved in
+    /// time: the merge is in time order, the segments' identical definitions
+    /// are defined once, the other process's are its own.
+    #[test]
+    fn merged_files_are_in_time_order_and_share_identical_definitions() {
+        let dir = tempfile::tempdir().unwrap();
+        let (s0, s1, other) = (
+            dir.path().join("s-000000.spool"),
+            dir.path().join("s-000001.spool"),
+            dir.path().join("o.spool"),
+        );
+        spool(&s0, 7, &[1_000_100, 1_000_300, 1_000_500]);
+        spool(&s1, 7, &[1_000_700, 1_000_900]);
+        spool(&other, 8, &[1_000_200, 1_000_800, 1_001_000]);
+        let out_path = dir.path().join("merged.spool");
+        let paths = [other.clone(), s1.clone(), s0.clone()];
+        let Ok((w, merged)) = merge_files(&paths, File::create(&out_path).unwrap()) else {
+            panic!("merge failed")
+        };
+        drop(w);
+        assert_eq!((merged.samples, merged.dropped), (8, 0));
+        assert!(merged.truncated.is_empty());
+        let snap = Snapshot::open(&out_path).unwrap();
+        let d = snap.definitions();
+        let times: Vec<u64> = snap.samples().map(|x| x.time_us).collect();
+        let mut sorted = times.clone();
+        sorted.sort();
+        assert_eq!(times, sorted, "time order");
+        let pids: Vec<u32> = snap.samples().map(|x| d.thread(x.thread).pid).collect();
+        assert_eq!(pids, [7, 8, 7, 7, 7, 8, 7, 8]);
+        assert_eq!(d.threads().len(), 2, "one thread per process");
+        assert_eq!(d.modules().len(), 2, "one module per process: {:?}", d.modules());
+        assert_eq!(d.frames().len(), 2);
+        assert_eq!(d.stack_count(), 2);
+        assert!(d.modules().iter().all(|m| !d.is_module_active(m.id)), "all retired at the end");
+        // A corrupt spool is an error naming it.
+        std::fs::write(dir.path().join("bad.spool"), b"not a spool at all").unwrap();
+        let paths = [s0, dir.path().join("bad.spool")];
+        match merge_files(&paths, File::create(&out_path).unwrap()) {
+            Err(MergeError::Source(msg)) => assert!(msg.contains("bad.spool"), "{msg}"),
+            _ => panic!("a corrupt spool must be an error"),
+        }
     }
 
     /// A per-process spool whose records claim another pid is refused, and
