@@ -229,6 +229,9 @@ fn median(v: &mut [f64]) -> f64 {
     v[v.len() / 2]
 }
 
+/// One run of the rotation part: writer CPU ms, bytes, segments, samples.
+type RotationRun = (f64, u64, u64, u64);
+
 /// The cost of rotation: the same busy recording (one thread, 999 Hz, 10 ms
 /// flushes) without rotation and rotating every 20 ms, in turn; the writer thread's CPU
 /// time while recording and the bytes written, per segment.
@@ -239,8 +242,7 @@ fn rotation(bench: bool) {
         "
 rotation cost ({cpu} s busy at 999 Hz; rotating every {every:?} vs one file; {reps} runs each, interleaved):"
     );
-    // Per run: writer CPU ms, bytes, segments, samples.
-    let mut runs: [Vec<(f64, u64, u64, u64)>; 2] = Default::default();
+    let mut runs: [Vec<RotationRun>; 2] = Default::default();
     for _ in 0..reps {
         for (k, rotating) in [false, true].into_iter().enumerate() {
             let dir = tempfile::tempdir().unwrap();
@@ -260,9 +262,8 @@ rotation cost ({cpu} s busy at 999 Hz; rotating every {every:?} vs one file; {re
             ));
         }
     }
-    let col = |k: usize, f: &dyn Fn(&(f64, u64, u64, u64)) -> f64| {
-        median(&mut runs[k].iter().map(f).collect::<Vec<_>>())
-    };
+    let col =
+        |k: usize, f: &dyn Fn(&RotationRun) -> f64| median(&mut runs[k].iter().map(f).collect::<Vec<_>>());
     let (w_one, w_rot) = (col(0, &|r| r.0), col(1, &|r| r.0));
     let (segs, samples) = (col(1, &|r| r.2 as f64), col(1, &|r| r.3 as f64));
     // Bytes per sample, so runs with different sample counts compare.

@@ -128,7 +128,15 @@ fn the_merged_view_of_all_segments_equals_their_sum() {
 /// A spool of process `pid` whose thread `tid` has `n` samples in main;hot_a
 /// (`hot_a`) or main;hot_b, the stack ids shifted by `shift` dummy stacks so
 /// that the same id means different stacks in different files.
-fn process_spool(p: &Program, path: &Path, pid: u32, tid: u32, n: u64, hot_a: bool, shift: usize, t0: u64) {
+fn process_spool(
+    p: &Program,
+    path: &Path,
+    (pid, tid): (u32, u32),
+    n: u64,
+    hot_a: bool,
+    shift: usize,
+    t0: u64,
+) {
     let file = std::fs::File::create(path).unwrap();
     let mut w = SpoolWriter::new(file, header()).unwrap();
     let m = define_program(&mut w, p, pid, p.path.as_os_str().as_encoded_bytes(), &p.build_id);
@@ -150,8 +158,8 @@ fn spools_of_different_processes_keep_their_ids_apart() {
     let a = p.dir.path().join("a.spool");
     let b = p.dir.path().join("b.spool");
     // Thread 0 and the low stack ids exist in both files, meaning other things.
-    process_spool(&p, &a, 100, 100, 300, true, 0, 0);
-    process_spool(&p, &b, 200, 200, 100, false, 2, INTERVAL_US);
+    process_spool(&p, &a, (100, 100), 300, true, 0, 0);
+    process_spool(&p, &b, (200, 200), 100, false, 2, INTERVAL_US);
     let info = json(&["info", "--json", s(&a), s(&b)]);
     assert_eq!(info["samples"], 400);
     assert_eq!(info["processes"], 2);

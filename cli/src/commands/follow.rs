@@ -306,7 +306,7 @@ pub fn run(args: &FollowArgs) -> Result<(), CliError> {
             let Some(tail) = open_tail(args, &stop)? else { return interrupted() };
             let lock = File::open(&args.file)
                 .map_err(|e| CliError::input(format!("{}: {e}", args.file.display())))?;
-            Feed::Direct { lock, tail }
+            Feed::Direct { lock, tail: Box::new(tail) }
         }
         Some((segments, first)) => {
             let Some(chain) = Chain::open(args, &stop, segments, first)? else { return interrupted() };
@@ -420,7 +420,7 @@ pub fn run(args: &FollowArgs) -> Result<(), CliError> {
 /// Where the followed samples come from.
 enum Feed {
     /// One spool, tailed directly; `lock` is the follower's own descriptor of it.
-    Direct { lock: File, tail: Tail },
+    Direct { lock: File, tail: Box<Tail> },
     /// The segments of a rotating recording, merged as they are read.
     Chain(Box<Chain>),
 }

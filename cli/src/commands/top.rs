@@ -120,7 +120,7 @@ pub fn run(args: &TopArgs) -> Result<(), CliError> {
     filter.validate(replay, &inputs.name)?;
     let mut sym = Symbolizer::new(args.symbols.options());
     if !args.per_process {
-        let (stats, total) = table(&replay, &filter, args, &mut sym)?;
+        let (stats, total) = table(replay, &filter, args, &mut sym)?;
         return with_stdout(|out| {
             if args.json {
                 writeln!(
@@ -140,11 +140,11 @@ pub fn run(args: &TopArgs) -> Result<(), CliError> {
         per_thread[s?.thread.index()] += 1;
     }
     let mut sections = Vec::new();
-    for p in processes(&replay, &per_thread) {
+    for p in processes(replay, &per_thread) {
         if filter.pid.is_some_and(|pid| pid != p.pid) || p.threads == 0 {
             continue;
         }
-        let (stats, total) = table(&replay, &Filter { pid: Some(p.pid), ..filter }, args, &mut sym)?;
+        let (stats, total) = table(replay, &Filter { pid: Some(p.pid), ..filter }, args, &mut sym)?;
         sections.push((p, stats, total));
     }
     with_stdout(|out| {
