@@ -232,3 +232,58 @@ fn rotation_settings_are_checked_before_anything_is_created() {
     assert_eq!(segments(dir.path(), "env-").len(), 2);
     assert_eq!(stats.segments_deleted, stats.segments_written - 2);
 }
+
+/// Whether some descriptor holds `flock(LOCK_EX)` on the file at `path`.
+fn locked(path: &Path) -> bool {
+    use std::os::fd::AsRawFd;
+    let f = std::fs::File::open(path).unwrap();
+    // SAFETY: flock on a descriptor that `f` keeps open for the call.
+    let r = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_SH | libc::LOCK_NB) };
+    r != 0
+}
+
+#[test]
+fn each_segment_follows_the_overwrite_and_lock_rules() {
+    let _serial = serial();
+    let builder = || {
+        spulse::Recorder::builder().flush_interval(Duration::from_millis(5)).rotate(Duration::from_millis(30))
+    };
+
+    // While recording, the segments left behind are unlocked (complete) and
+    // the newest one is locked.
+    let (dir, _) = spool_path("unused");
+    let g = builder().start(dir.path().join("l-{seq}.spool")).unwrap();
+    let t = Instant::now();
+    while segments(dir.path(), "l-").len() < 3 {
+        assert!(t.elapsed() < Duration::from_secs(20), "no third segment");
+        busy_for(Duration::from_millis(5));
+    }
+    let segs = segments(dir.path(), "l-");
+    assert!(!locked(&segs[0].1), "a finished segment is unlocked");
+    assert!(locked(&segments(dir.path(), "l-").last().unwrap().1), "the newest segment is locked");
+    g.finish().unwrap();
+    assert!(segments(dir.path(), "l-").iter().all(|(_, p)| !locked(p)));
+
+    // A later segment's path taken: without overwrite, the recording ends with
+    // that error and the file is untouched; the segment before stays readable.
+    let (dir, _) = spool_path("unused");
+    let taken = dir.path().join("o-000001.spool");
+    std::fs::write(&taken, b"not a segment").unwrap();
+    let g = builder().start(dir.path().join("o-{seq}.spool")).unwrap();
+    busy_for(Duration::from_millis(200));
+    match g.finish() {
+        Err(Error::Io { path: Some(p), source }) => {
+            assert_eq!(p, taken);
+            assert_eq!(source.kind(), std::io::ErrorKind::AlreadyExists);
+        }
+        other => panic!("expected the taken segment path as the error, got {other:?}"),
+    }
+    assert_eq!(std::fs::read(&taken).unwrap(), b"not a segment");
+    Snapshot::open(dir.path().join("o-000000.spool")).unwrap();
+    // With overwrite, it is replaced by the segment.
+    let g = builder().overwrite(true).start(dir.path().join("o-{seq}.spool")).unwrap();
+    busy_for(Duration::from_millis(200));
+    let stats = g.finish().unwrap();
+    assert!(stats.segments_written >= 3, "{} segments", stats.segments_written);
+    assert!(!Snapshot::open(&taken).unwrap().modules().is_empty());
+}
