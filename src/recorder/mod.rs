@@ -287,8 +287,9 @@ impl RecorderBuilder {
     /// crash loses at most the current flush interval of the current segment.
     /// Each segment is created under the same rules as the first (exclusive
     /// create unless [`overwrite`](Self::overwrite), [`mode`](Self::mode), the
-    /// followers' lock); a segment that cannot be created ends the recording
-    /// with that error, reported by [`Guard::finish`].
+    /// followers' lock). When a segment cannot be created (its path is taken,
+    /// the disk is full), nothing more is written, as after any write error,
+    /// and [`Guard::finish`] returns that error naming the segment.
     ///
     /// ```no_run
     /// use std::time::Duration;
@@ -310,9 +311,9 @@ impl RecorderBuilder {
     /// With [`rotate`](Self::rotate): keep only the newest `segments` segment
     /// files (1..=1000000), deleting the oldest when a new one starts (default:
     /// keep all, or the `SPULSE_RETAIN` environment variable). Only files this
-    /// recorder created are deleted: a segment whose path now names another
-    /// file (other device or inode) is left alone, though it still counts as
-    /// dropped from the ones kept.
+    /// recorder created are deleted: when a segment's path names another file
+    /// by then (other device or inode), that file is left alone and no longer
+    /// counts among the segments kept.
     pub fn retain(mut self, segments: usize) -> Self {
         self.retain = Some(segments);
         self
