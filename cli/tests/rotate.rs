@@ -222,8 +222,16 @@ fn follow_follows_a_rotating_recording_across_segments() {
     let by_pattern =
         spawn_spulse(&["follow", "--wait", "--wait-timeout", "60", s(&pattern), "--interval", "0.1"]);
     let first = dir.path().join("live-000000.spool");
-    let by_first =
-        spawn_spulse(&["follow", "--wait", "--wait-timeout", "60", s(&first), "--interval", "0.1"]);
+    let by_first = spawn_spulse(&[
+        "follow",
+        "--segments",
+        "--wait",
+        "--wait-timeout",
+        "60",
+        s(&first),
+        "--interval",
+        "0.1",
+    ]);
     std::thread::sleep(Duration::from_millis(200));
     let g = spulse::Recorder::builder()
         .flush_interval(Duration::from_millis(10))
@@ -251,9 +259,17 @@ fn follow_follows_a_rotating_recording_across_segments() {
     let segs = segment_files(dir.path(), "live-");
     let later: u64 =
         segs[2..].iter().map(|p| json(&["info", "--json", s(p)])["samples"].as_u64().unwrap()).sum();
-    let o = spulse(&["follow", s(&segs[2]), "--interval", "0.1"]);
+    let o = spulse(&["follow", "--segments", s(&segs[2]), "--interval", "0.1"]);
     assert!(o.status.success(), "{}", stderr(&o));
     assert_eq!(last_table_samples(&stdout(&o)), later);
+    // Without --segments a segment is a plain spool (its name could be a pid).
+    let alone = json(&["info", "--json", s(&segs[2])])["samples"].as_u64().unwrap();
+    let o = spulse(&["follow", s(&segs[2]), "--interval", "0.1"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(last_table_samples(&stdout(&o)), alone);
+    assert!(stderr(&o).contains("--segments follows a rotating recording"), "a hint: {}", stderr(&o));
+    let o = spulse(&["follow", "--segments", s(&dir.path().join("plain.spool"))]);
+    assert!(!o.status.success() && stderr(&o).contains("no segment number"), "{}", stderr(&o));
 
     // Bad patterns say what is wrong.
     let o = spulse(&["follow", s(&dir.path().join("{seq}/x.spool"))]);

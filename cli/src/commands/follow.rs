@@ -17,10 +17,11 @@
 //!
 //! # Rotating recordings
 //! Given the segment pattern (a file name with `{seq}`, such as
-//! `app-1234-{seq}.spool`) or one segment (a file name whose last run of six
-//! or more digits is the segment number, such as `app-1234-000003.spool`),
-//! `follow` reads the segments in order: from the oldest one that exists (the
-//! pattern) or from the one given, and on to the lowest-numbered later one
+//! `app-1234-{seq}.spool`) or, with `--segments`, one segment (a file name
+//! whose last run of six or more digits is the segment number, such as
+//! `app-1234-000003.spool`; the flag is needed since a plain spool's name may
+//! hold a long process id), `follow` reads the segments in order: from the
+//! oldest one that exists (the pattern) or from the one given, and on to the lowest-numbered later one
 //! whenever the current one is complete (unlocked). The recorder creates the
 //! next segment before it unlocks the current one, so a complete segment with
 //! no later one means the recording ended. Segments are copied into one
@@ -90,17 +91,22 @@ lock on the spool) and everything was read, or when the file has not grown for\n
 --idle-exit seconds.\n\n\
 A rotating recording (RecorderBuilder::rotate) is followed across its segments:\n\
 give its pattern, with {seq} standing for the segment number, to start at the\n\
-oldest segment still there, or one segment (the last run of 6 or more digits in\n\
-its name being the number) to start there:\n\
+oldest segment still there, or one segment with --segments (the last run of 6 or\n\
+more digits in its name being the number) to start there:\n\
   spulse follow '/var/tmp/app-1234-{seq}.spool'\n\
-  spulse follow /var/tmp/app-1234-000007.spool\n\
+  spulse follow --segments /var/tmp/app-1234-000007.spool\n\
 It moves on to the next segment when the current one is complete, and stops when\n\
 the last one is complete and no later one exists."
 )]
 pub struct FollowArgs {
     /// The spool file (being written by a running process), or a rotating
-    /// recording's segment pattern (with `{seq}`) or one of its segments.
+    /// recording's segment pattern (with `{seq}`), or with --segments one of
+    /// its segments.
     pub file: PathBuf,
+    /// FILE is one segment of a rotating recording: follow it and the
+    /// segments after it.
+    #[arg(long)]
+    pub segments: bool,
     /// Seconds between tables (0.01 to 604800).
     #[arg(long, value_name = "SECS", default_value = "1", value_parser = interval_secs, allow_negative_numbers = true)]
     pub interval: Duration,
@@ -301,7 +307,7 @@ pub fn run(args: &FollowArgs) -> Result<(), CliError> {
         eprintln!("spulse: follow: {shown}: stopped: interrupted while waiting for the spool");
         Ok(())
     };
-    let mut feed = match Segments::parse(&args.file)? {
+    let mut feed = match Segments::parse(&args.file, args.segments)? {
         None => {
             let Some(tail) = open_tail(args, &stop)? else { return interrupted() };
             let lock = File::open(&args.file)
@@ -371,13 +377,23 @@ pub fn run(args: &FollowArgs) -> Result<(), CliError> {
         }
         if !running {
             reason = match feed {
-                Feed::Direct { .. } => "recording ended (the recorder no longer holds the spool's lock)",
-                Feed::Chain(_) => {
-                    "recording ended (the recorder no longer holds the last segment's lock and no later \
-                     segment exists)"
+                Feed::Direct { .. } => {
+                    let mut r = "recording ended (the recorder no longer holds the spool's lock)".to_string();
+                    if let Some(later) = later_segment(&args.file) {
+                        r += &format!(
+                            "; {} looks like a later segment: --segments follows a rotating recording \
+                             across its segments",
+                            escape(&later.display().to_string())
+                        );
+                    }
+                    r
                 }
-            }
-            .to_string();
+                Feed::Chain(_) => {
+                    "recording ended (the recorder no longer holds the last segment's lock and \
+                                   no later segment exists)"
+                        .to_string()
+                }
+            };
             break;
         }
         if let Some(limit) = idle_limit {
@@ -452,6 +468,12 @@ impl Feed {
     }
 }
 
+/// If `file` is named like a segment and a later segment exists, its path.
+fn later_segment(file: &Path) -> Option<PathBuf> {
+    let (seg, Some(n)) = Segments::parse(file, true).ok()?? else { return None };
+    Some(seg.path(seg.next(Some(n)).ok()??))
+}
+
 /// The names of a rotating recording's segments: `dir/<prefix><number><suffix>`,
 /// the number zero-padded to at least six digits.
 #[derive(Debug)]
@@ -466,9 +488,9 @@ const SEQ_DIGITS: usize = 6;
 
 impl Segments {
     /// The segments `path` names: a pattern with `{seq}` (start at the oldest
-    /// segment there is: `None`), or a segment (start there: its number).
-    /// `Ok(None)`: `path` is a plain spool.
-    fn parse(path: &Path) -> Result<Option<(Segments, Option<u64>)>, CliError> {
+    /// segment there is: `None`), or with `one` a segment (start there: its
+    /// number). `Ok(None)`: `path` is a plain spool.
+    fn parse(path: &Path, one: bool) -> Result<Option<(Segments, Option<u64>)>, CliError> {
         let shown = || escape(&path.display().to_string()).into_owned();
         let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
             if path.to_string_lossy().contains("{seq}") {
@@ -500,6 +522,9 @@ impl Segments {
             }
             return Ok(Some((Segments { dir, prefix: prefix.into(), suffix: suffix.into() }, None)));
         }
+        if !one {
+            return Ok(None);
+        }
         // The last run of at least six digits is the segment number.
         let b = name.as_bytes();
         let mut end = b.len();
@@ -519,7 +544,10 @@ impl Segments {
             }
             end = start;
         }
-        Ok(None)
+        Err(CliError::input(format!(
+            "{}: --segments: the file name has no segment number (a run of {SEQ_DIGITS} or more digits)",
+            shown()
+        )))
     }
 
     /// The path of segment `n`.
