@@ -201,6 +201,16 @@ fn spools_of_different_processes_keep_their_ids_apart() {
     l1.sort();
     l2.sort();
     assert_eq!(l1, l2);
+    // A spool that ends inside a record is read up to it, with the warning
+    // naming it, as for one spool.
+    let cut = p.dir.path().join("cut.spool");
+    let bytes = std::fs::read(&b).unwrap();
+    std::fs::write(&cut, &bytes[..bytes.len() - 1]).unwrap();
+    let o = spulse(&["info", "--json", s(&a), s(&cut)]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stderr(&o).contains("cut.spool: ends inside a record"), "{}", stderr(&o));
+    let info: Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(info["samples"], 399, "all but the cut sample");
     // The output is never one of the inputs.
     let o = spulse(&["export", "--format", "collapsed", "-o", s(&b), s(&a), s(&b)]);
     assert!(!o.status.success() && stderr(&o).contains("input spool"), "{}", stderr(&o));
