@@ -289,3 +289,47 @@ fn follow_follows_a_rotating_recording_across_segments() {
     let o = spulse(&["follow", s(&dir.path().join("none-{seq}.spool"))]);
     assert!(!o.status.success() && stderr(&o).contains("no segment"), "{}", stderr(&o));
 }
+
+/// `LD_PRELOAD` recordings rotate with `SPULSE_ROTATE` and `SPULSE_RETAIN`
+/// (and `SPULSE_OUTPUT` with `{seq}`); `spulse record`, whose collector reads
+/// one spool per process, is not affected by them.
+#[test]
+fn preload_recordings_rotate_from_the_environment() {
+    let dir = tempfile::tempdir().unwrap();
+    // Where `spulse record` finds it too (cargo's layout).
+    let lib = Path::new(env!("CARGO_BIN_EXE_spulse")).parent().unwrap().join("deps/libspulse_preload.so");
+    assert!(lib.exists(), "{} is built with the tool", lib.display());
+    let busy = "i=0; while [ $i -lt 400000 ]; do i=$((i+1)); done";
+    let run = |retain: Option<&str>, prefix: &str| {
+        let mut c = std::process::Command::new("sh");
+        c.args(["-c", busy])
+            .env("LD_PRELOAD", &lib)
+            .env("SPULSE_OUTPUT", dir.path().join(format!("{prefix}{{seq}}.spool")))
+            .env("SPULSE_ROTATE", "0.05");
+        if let Some(n) = retain {
+            c.env("SPULSE_RETAIN", n);
+        }
+        let o = c.output().unwrap();
+        assert!(o.status.success() && o.stderr.is_empty(), "{}", String::from_utf8_lossy(&o.stderr));
+        segment_files(dir.path(), prefix)
+    };
+    let all = run(None, "all-");
+    assert!(all.len() >= 3, "{} segments", all.len());
+    let names: Vec<&str> = all.iter().map(|p| s(p)).collect();
+    let sum: u64 = names.iter().map(|p| json(&["info", "--json", p])["samples"].as_u64().unwrap()).sum();
+    let merged = json(&[&["info", "--json"][..], &names].concat());
+    assert_eq!(merged["samples"].as_u64().unwrap(), sum);
+    assert!(sum > 20, "{sum} samples");
+    let kept = run(Some("2"), "kept-");
+    assert_eq!(kept.len(), 2, "{kept:?}");
+
+    let out = dir.path().join("rec.spool");
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_spulse"))
+        .args(["record", "-o", s(&out), "--", "sh", "-c", busy])
+        .env("SPULSE_ROTATE", "0.05")
+        .env("SPULSE_RETAIN", "1")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(json(&["info", "--json", s(&out)])["samples"].as_u64().unwrap() > 20);
+}
