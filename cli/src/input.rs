@@ -52,9 +52,9 @@ pub struct Inputs {
 /// [`open_replay`] does. Several (the segments of a rotating recording, or
 /// spools of different processes or recordings) are merged in time order
 /// into a temporary file (in `TMPDIR`, removed once it is opened: its space
-/// is freed when the command ends), with their ids kept apart and identical definitions shared (see
-/// [`crate::merge`]); each is validated as it is read, and an unreadable or
-/// corrupt one is an error naming it.
+/// is freed when the command ends), with their ids kept apart and identical
+/// definitions shared (see [`crate::merge`]); each is validated as it is
+/// read, and an unreadable or corrupt one is an error naming it.
 pub fn open_inputs(files: &[PathBuf]) -> Result<Inputs, CliError> {
     let (first, rest) = match files {
         [] => return Err(CliError::input("no spool given")),

@@ -299,10 +299,13 @@ fn preload_recordings_rotate_from_the_environment() {
     // Where `spulse record` finds it too (cargo's layout).
     let lib = Path::new(env!("CARGO_BIN_EXE_spulse")).parent().unwrap().join("deps/libspulse_preload.so");
     assert!(lib.exists(), "{} is built with the tool", lib.display());
-    let busy = "i=0; while [ $i -lt 400000 ]; do i=$((i+1)); done";
+    // perl ends through exit(3), so the preload library's exit handler
+    // finishes the recording (a shell may end with _exit(2), a crash to the
+    // recorder, which can leave one more segment than retained).
+    let busy = ["-e", "my $i = 0; $i++ while $i < 2e7"];
     let run = |retain: Option<&str>, prefix: &str| {
-        let mut c = std::process::Command::new("sh");
-        c.args(["-c", busy])
+        let mut c = std::process::Command::new("perl");
+        c.args(busy)
             .env("LD_PRELOAD", &lib)
             .env("SPULSE_OUTPUT", dir.path().join(format!("{prefix}{{seq}}.spool")))
             .env("SPULSE_ROTATE", "0.05");
@@ -325,7 +328,7 @@ fn preload_recordings_rotate_from_the_environment() {
 
     let out = dir.path().join("rec.spool");
     let o = std::process::Command::new(env!("CARGO_BIN_EXE_spulse"))
-        .args(["record", "-o", s(&out), "--", "sh", "-c", busy])
+        .args(["record", "-o", s(&out), "--", "perl", busy[0], busy[1]])
         .env("SPULSE_ROTATE", "0.05")
         .env("SPULSE_RETAIN", "1")
         .output()

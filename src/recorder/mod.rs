@@ -313,7 +313,9 @@ impl RecorderBuilder {
     /// keep all, or the `SPULSE_RETAIN` environment variable). Only files this
     /// recorder created are deleted: when a segment's path names another file
     /// by then (other device or inode), that file is left alone and no longer
-    /// counts among the segments kept.
+    /// counts among the segments kept. The oldest is deleted right after the
+    /// next segment is created, so a process that dies in between (killed,
+    /// or ended by `_exit`) leaves N + 1.
     pub fn retain(mut self, segments: usize) -> Self {
         self.retain = Some(segments);
         self
