@@ -2,10 +2,12 @@
 //! 10, 50 and 200 (median and p99, from the handler's timing histogram), the
 //! overhead of recording on a CPU-bound multithreaded workload at 99 Hz and
 //! 999 Hz against no profiler (criterion), and the capture ratio (samples /
-//! CPU time x frequency) with 1, 2 and 8 busy threads.
+//! CPU time x frequency) with 1, 2 and 8 busy threads, and the cost of
+//! rotation (the writer thread's CPU time and the spool bytes per segment,
+//! against the same recording without rotation, interleaved).
 //!
 //! `cargo bench --bench recorder` prints every figure; under `cargo test` each
-//! part runs once, briefly. `SPULSE_BENCH_PARTS=handler,overhead,capture`
+//! part runs once, briefly. `SPULSE_BENCH_PARTS=handler,overhead,capture,rotation`
 //! (any subset) picks the parts to run.
 
 use std::hint::black_box;
@@ -204,11 +206,87 @@ fn capture(cpu_each: f64) {
     }
 }
 
+/// CPU time (ns) thread `tid` of this process has run, from its schedstat.
+fn thread_run_ns(tid: u32) -> u64 {
+    let s = std::fs::read_to_string(format!("/proc/self/task/{tid}/schedstat")).unwrap_or_default();
+    s.split_whitespace().next().and_then(|v| v.parse().ok()).unwrap_or(0)
+}
+
+/// The recorder's writer thread (named `spulse-writer`).
+fn writer_tid() -> u32 {
+    std::fs::read_dir("/proc/self/task")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .find(|tid| {
+            std::fs::read_to_string(format!("/proc/self/task/{tid}/comm"))
+                .is_ok_and(|c| c.trim() == "spulse-writer")
+        })
+        .expect("the writer thread")
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+/// One run of the rotation part: writer CPU ms, bytes, segments, samples.
+type RotationRun = (f64, u64, u64, u64);
+
+/// The cost of rotation: the same busy recording (one thread, 999 Hz, 10 ms
+/// flushes) without rotation and rotating every 20 ms, in turn; the writer thread's CPU
+/// time while recording and the bytes written, per segment.
+fn rotation(bench: bool) {
+    let (reps, cpu) = if bench { (9, 2.0) } else { (1, 0.1) };
+    let every = Duration::from_millis(20);
+    println!(
+        "
+rotation cost ({cpu} s busy at 999 Hz; rotating every {every:?} vs one file; {reps} runs each, interleaved):"
+    );
+    let mut runs: [Vec<RotationRun>; 2] = Default::default();
+    for _ in 0..reps {
+        for (k, rotating) in [false, true].into_iter().enumerate() {
+            let dir = tempfile::tempdir().unwrap();
+            let b = spulse::Recorder::builder().frequency_hz(999).flush_interval(Duration::from_millis(10));
+            let (b, name) = if rotating { (b.rotate(every), "r-{seq}.spool") } else { (b, "one.spool") };
+            let g = b.start(dir.path().join(name)).unwrap();
+            let writer = writer_tid();
+            let w0 = thread_run_ns(writer);
+            black_box(spin_cpu(cpu));
+            let w1 = thread_run_ns(writer);
+            let stats = g.finish().unwrap();
+            runs[k].push((
+                (w1 - w0) as f64 / 1e6,
+                stats.bytes,
+                stats.segments_written,
+                stats.samples_written,
+            ));
+        }
+    }
+    let col =
+        |k: usize, f: &dyn Fn(&RotationRun) -> f64| median(&mut runs[k].iter().map(f).collect::<Vec<_>>());
+    let (w_one, w_rot) = (col(0, &|r| r.0), col(1, &|r| r.0));
+    let (segs, samples) = (col(1, &|r| r.2 as f64), col(1, &|r| r.3 as f64));
+    // Bytes per sample, so runs with different sample counts compare.
+    let (b_one, b_rot) = (col(0, &|r| r.1 as f64 / r.3 as f64), col(1, &|r| r.1 as f64 / r.3 as f64));
+    println!(
+        "  {:>10} {:>14} {:>12} {:>10} {:>10}",
+        "", "writer CPU ms", "bytes/sample", "segments", "samples"
+    );
+    println!("  {:>10} {w_one:>14.2} {b_one:>12.2} {:>10} {:>10.0}", "one file", 1, col(0, &|r| r.3 as f64));
+    println!("  {:>10} {w_rot:>14.2} {b_rot:>12.2} {segs:>10.0} {samples:>10.0}", "rotating");
+    println!(
+        "  per segment: {:.1} us of writer CPU, {:.0} bytes (medians' difference / segments)",
+        (w_rot - w_one) * 1e3 / segs,
+        (b_rot - b_one) * samples / segs
+    );
+}
+
 fn main() {
     let bench = std::env::args().any(|a| a == "--bench");
     let mut c = Criterion::default().configure_from_args();
     // `SPULSE_BENCH_PARTS=handler,capture` (say) runs only those parts.
-    let parts = std::env::var("SPULSE_BENCH_PARTS").unwrap_or_else(|_| "handler,overhead,capture".into());
+    let parts =
+        std::env::var("SPULSE_BENCH_PARTS").unwrap_or_else(|_| "handler,overhead,capture,rotation".into());
     let part = |name: &str| parts.split(',').any(|p| p.trim() == name);
     if part("handler") {
         handler_cost(if bench { 1.0 } else { 0.05 });
@@ -218,6 +296,9 @@ fn main() {
     }
     if part("capture") {
         capture(if bench { 1.0 } else { 0.05 });
+    }
+    if part("rotation") {
+        rotation(bench);
     }
     c.final_summary();
 }

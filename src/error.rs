@@ -191,7 +191,8 @@ pub enum RecorderError {
     /// invalid; nothing was created.
     InvalidConfig {
         /// The setting: `frequency_hz`, `max_stack_depth`, `ring_capacity`,
-        /// `flush_interval`, `mode`, `path`, `SPULSE_FREQUENCY`, `SPULSE_OUTPUT`,
+        /// `flush_interval`, `mode`, `rotate`, `retain`, `path`, `SPULSE_FREQUENCY`,
+        /// `SPULSE_OUTPUT`, `SPULSE_ROTATE`, `SPULSE_RETAIN`, `SPULSE_KERNEL_TIME`,
         /// or `seconds` (a profile window's length, `spulse::http`).
         setting: &'static str,
         /// A sentence naming the setting, its value and the accepted values.

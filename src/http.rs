@@ -26,7 +26,10 @@
 //!   spool: a [`crate::Tail`] reads the spool to its current end (the
 //!   definitions the window's samples refer to), then counts the samples
 //!   timed inside the window as they are flushed. No second set of signals;
-//!   the recorder's settings (frequency, depth) apply.
+//!   the recorder's settings (frequency, depth) apply. For a rotating
+//!   recording ([`crate::RecorderBuilder::rotate`]) the window is cut from
+//!   the segment current when the request arrives, so the samples after a
+//!   rotation inside the window are missing from that profile.
 //! - Otherwise a recorder with the default settings records the window into
 //!   a temporary spool in [`std::env::temp_dir`], which is removed after.
 //!   While it runs, starting another recorder in the process fails with

@@ -1,8 +1,9 @@
-//! Opening spools for the commands (with the truncated-tail warning), and the
-//! progress bars that appear only when stderr is a terminal.
+//! Opening spools for the commands (with the truncated-tail warning; several
+//! spools are merged into one), and the progress bars that appear only when
+//! stderr is a terminal.
 
 use std::io::IsTerminal;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use indicatif::{ProgressBar, ProgressStyle};
 use spulse::Replay;
@@ -37,6 +38,70 @@ pub fn open_replay(path: &Path) -> Result<Replay, CliError> {
         warn_truncated(path, replay.valid_len());
     }
     Ok(replay)
+}
+
+/// The spools a command reads, opened as one.
+pub struct Inputs {
+    /// The samples of all of them, in time order.
+    pub replay: Replay,
+    /// How to name them in messages and titles: the one path, or the first
+    /// with the number of others.
+    pub name: PathBuf,
+}
+
+/// Open the spools `files` for sequential reading. One spool is opened as
+/// [`open_replay`] does. Several (the segments of a rotating recording, or
+/// spools of different processes or recordings) are merged in time order
+/// into a temporary file (in `TMPDIR`, removed once it is opened: its space
+/// is freed when the command ends), with their ids kept apart and identical
+/// definitions shared (see [`crate::merge`]); each is validated as it is
+/// read, and an unreadable or corrupt one is an error naming it.
+pub fn open_inputs(files: &[PathBuf]) -> Result<Inputs, CliError> {
+    let (first, rest) = match files {
+        [] => return Err(CliError::input("no spool given")),
+        [one] => return Ok(Inputs { replay: open_replay(one)?, name: one.clone() }),
+        [first, rest @ ..] => (first, rest),
+    };
+    let tmp = tempfile::Builder::new()
+        .prefix("spulse-merged-")
+        .suffix(".spool")
+        .tempfile()
+        .map_err(|e| CliError::other(format!("cannot create a temporary file for merging: {e}")))?;
+    let file =
+        tmp.as_file().try_clone().map_err(|e| CliError::other(format!("{}: {e}", tmp.path().display())))?;
+    let spinner = if interactive() {
+        let s = ProgressBar::new_spinner().with_message("merging");
+        s.enable_steady_tick(SPINNER_TICK);
+        s
+    } else {
+        ProgressBar::hidden()
+    };
+    let merged = crate::merge::merge_files(files, file);
+    spinner.finish_and_clear();
+    let (out, merged) = match merged {
+        Ok(m) => m,
+        Err(crate::merge::MergeError::Source(msg)) => return Err(CliError::input(msg)),
+        Err(crate::merge::MergeError::Output(e)) => {
+            return Err(CliError::other(format!("writing the merged spool {}: {e}", tmp.path().display())))
+        }
+    };
+    drop(out);
+    for (path, valid_len) in &merged.truncated {
+        warn_truncated(path, *valid_len);
+    }
+    if merged.dropped > 0 {
+        eprintln!(
+            "spulse: warning: {} of {} samples could not be merged (a definition they need conflicts with \
+             another spool's)",
+            merged.dropped,
+            merged.samples + merged.dropped
+        );
+    }
+    // The replay keeps its own descriptor: the file can go now.
+    let replay = Replay::open(tmp.path())?;
+    drop(tmp);
+    let name = PathBuf::from(format!("{} (+{} more)", first.display(), rest.len()));
+    Ok(Inputs { replay, name })
 }
 
 /// Print the one-line truncated-tail warning.

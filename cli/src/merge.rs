@@ -1,4 +1,7 @@
-//! Merging per-process spools into one spool, for `spulse record`.
+//! Merging spools into one spool: per-process spools for `spulse record`,
+//! several spools (or the segments of a rotating recording) for `info`, `top`
+//! and `export` ([`merge_files`]), and the segments `follow` reads one after
+//! another.
 //!
 //! Each recorded process (each exec image) writes its own ordinary spool into
 //! the collector's private directory. The collector follows each with a
@@ -16,16 +19,59 @@
 //! * When the process ends or replaces itself by `exec`, everything left in its
 //!   spool is copied and then a tag-7 record retires all of its modules.
 //!
+//! Merging whole spools ([`merge_files`]) reads them side by side and writes
+//! their samples in time order (each spool's next sample, earliest first).
+//! Every id of a source is its own (thread 0 of one file is not thread 0 of
+//! another); with [`Shared::merging`] the output defines what several
+//! sources define identically only once: a thread with the same pid, tid and
+//! name, a module with the same pid, range, offset, path and build id while
+//! it is active, and then the same frames and stack nodes. That is what
+//! makes the segments of one rotating recording (each of which defines again
+//! the modules, frames, stacks and threads it uses) one recording again;
+//! spools of different processes share nothing, since every module and
+//! thread names its pid.
+//!
 //! A source is untrusted: its own `Tail` validates every record, a record that
 //! claims another process's pid is refused, and the output writer checks every
 //! record again against the output's state before a byte is written. A source
 //! that fails any of these stops being read (its modules are retired; what it
 //! contributed before stays); the output spool is never corrupted by it.
 
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
-use spulse::{Frame, FrameId, ModuleId, NewModule, Sample, SpoolWriter, StackId, Tail, ThreadId};
+use spulse::{Frame, FrameId, Header, ModuleId, NewModule, Sample, SpoolWriter, StackId, Tail, ThreadId};
+
+/// A module as its definition describes it (pid, start, size, file offset,
+/// generation, path, build id).
+type ModuleKey = (u32, u64, u64, u64, u64, Vec<u8>, Vec<u8>);
+
+/// Output definitions shared between sources (see the module documentation).
+#[derive(Debug, Default)]
+pub struct Shared {
+    merging: bool,
+    /// Active output modules by description, with the number of sources using each.
+    modules: HashMap<ModuleKey, (ModuleId, u32)>,
+    /// The description of each shared output module, by output id.
+    module_keys: HashMap<ModuleId, ModuleKey>,
+    threads: HashMap<(u32, u32, String), ThreadId>,
+    frames: HashMap<Frame, FrameId>,
+    stacks: HashMap<(Option<StackId>, FrameId), StackId>,
+}
+
+impl Shared {
+    /// Nothing shared: every source's definitions are its own (`spulse record`).
+    pub fn separate() -> Shared {
+        Shared::default()
+    }
+
+    /// Identical definitions of several sources become one output definition.
+    pub fn merging() -> Shared {
+        Shared { merging: true, ..Shared::default() }
+    }
+}
 
 /// The state of one source module in the output.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -38,12 +84,16 @@ enum ModState {
     Retired,
 }
 
-/// One per-process spool being merged.
+/// One spool being merged.
 pub struct Source {
-    /// Its path in the collector's directory.
+    /// Its path.
     pub path: PathBuf,
-    /// The process it records (from its file name; every record must agree).
+    /// For a per-process spool of `spulse record`: the process it records
+    /// (from its file name; every record must agree). 0 for a spool that may
+    /// hold any processes.
     pub pid: u32,
+    /// Whether every record must name `pid`.
+    strict: bool,
     tail: Tail,
     modules: Vec<ModState>,
     next_module: usize,
@@ -55,6 +105,8 @@ pub struct Source {
     python_done: usize,
     samples_seen: u64,
     batch: Vec<Sample>,
+    /// Samples of `batch` already copied (for [`merge_files`]).
+    taken: usize,
     /// Samples copied to the output.
     pub samples: u64,
     /// Samples dropped because the output refused a record they needed.
@@ -74,9 +126,20 @@ pub enum MergeError {
 impl Source {
     /// Open the spool of process `pid` at `path` (its header must be complete).
     pub fn open(path: &Path, pid: u32) -> Result<Source, spulse::Error> {
+        Self::open_with(path, pid, true)
+    }
+
+    /// Open any spool at `path` (its header must be complete), whatever
+    /// processes it holds.
+    pub fn open_any(path: &Path) -> Result<Source, spulse::Error> {
+        Self::open_with(path, 0, false)
+    }
+
+    fn open_with(path: &Path, pid: u32, strict: bool) -> Result<Source, spulse::Error> {
         Ok(Source {
             path: path.to_path_buf(),
             pid,
+            strict,
             tail: Tail::open(path)?,
             modules: Vec::new(),
             next_module: 0,
@@ -88,6 +151,7 @@ impl Source {
             python_done: 0,
             samples_seen: 0,
             batch: Vec::with_capacity(Tail::MAX_BATCH),
+            taken: 0,
             samples: 0,
             dropped: 0,
             error: None,
@@ -97,6 +161,11 @@ impl Source {
     /// Copy everything the source gained into `out`. A source error is
     /// returned as [`MergeError::Source`]: the caller abandons the source.
     pub fn pump(&mut self, out: &mut SpoolWriter<File>) -> Result<(), MergeError> {
+        self.pump_shared(out, &mut Shared::separate())
+    }
+
+    /// [`pump`](Self::pump), with definitions shared as `sh` says.
+    pub fn pump_shared(&mut self, out: &mut SpoolWriter<File>, sh: &mut Shared) -> Result<(), MergeError> {
         loop {
             let got = match self.tail.poll() {
                 Ok(b) => b,
@@ -109,7 +178,7 @@ impl Source {
             self.batch.clear();
             self.batch.extend_from_slice(got);
             let batch = std::mem::take(&mut self.batch);
-            let res = self.copy_batch(&batch, out);
+            let res = self.copy_batch(&batch, out, sh);
             let empty = batch.is_empty();
             self.batch = batch;
             res?;
@@ -119,24 +188,49 @@ impl Source {
         }
     }
 
-    fn copy_batch(&mut self, batch: &[Sample], out: &mut SpoolWriter<File>) -> Result<(), MergeError> {
+    fn copy_batch(
+        &mut self,
+        batch: &[Sample],
+        out: &mut SpoolWriter<File>,
+        sh: &mut Shared,
+    ) -> Result<(), MergeError> {
+        self.batch_read()?;
+        for s in batch {
+            self.copy_sample(s, out, sh)?;
+        }
+        self.apply_events(self.samples_seen, out, sh)
+    }
+
+    /// Check the definitions a poll brought (`check_pids`) and make room for them.
+    fn batch_read(&mut self) -> Result<(), MergeError> {
         self.check_pids()?;
         self.threads_checked = self.tail.definitions().threads().len();
         self.modules.resize(self.tail.modules().len(), ModState::Pending);
-        for s in batch {
-            self.apply_events(self.samples_seen, out)?;
-            self.samples_seen += 1;
-            match self.map_sample(s, out) {
-                Ok(()) => self.samples += 1,
-                Err(MergeError::Output(e)) if !is_io(&e) => self.dropped += 1,
-                Err(e) => return Err(e),
-            }
+        Ok(())
+    }
+
+    /// Copy one sample (after the events the source placed before it).
+    fn copy_sample(
+        &mut self,
+        s: &Sample,
+        out: &mut SpoolWriter<File>,
+        sh: &mut Shared,
+    ) -> Result<(), MergeError> {
+        self.apply_events(self.samples_seen, out, sh)?;
+        self.samples_seen += 1;
+        match self.map_sample(s, out, sh) {
+            Ok(()) => self.samples += 1,
+            Err(MergeError::Output(e)) if !is_io(&e) => self.dropped += 1,
+            Err(e) => return Err(e),
         }
-        self.apply_events(self.samples_seen, out)
+        Ok(())
     }
 
     /// Refuse definitions that claim another process.
     fn check_pids(&self) -> Result<(), MergeError> {
+        if !self.strict {
+            return Ok(());
+        }
         let defs = self.tail.definitions();
         let bad = |what: &str, pid: u32| {
             MergeError::Source(format!(
@@ -159,7 +253,12 @@ impl Source {
 
     /// Write the retirements and Python-runtime marks the source placed before
     /// its sample number `upto`, then define the modules that can be defined.
-    fn apply_events(&mut self, upto: u64, out: &mut SpoolWriter<File>) -> Result<(), MergeError> {
+    fn apply_events(
+        &mut self,
+        upto: u64,
+        out: &mut SpoolWriter<File>,
+        sh: &mut Shared,
+    ) -> Result<(), MergeError> {
         let defs = self.tail.definitions();
         while let Some(d) = defs.deactivations().get(self.deactivations_done) {
             if d.samples_before > upto {
@@ -168,9 +267,7 @@ impl Source {
             self.deactivations_done += 1;
             let idx = d.module.index();
             if let ModState::Defined(id) = self.modules[idx] {
-                if out.definitions().is_module_active(id) {
-                    out.deactivate_module(id).map_err(MergeError::Output)?;
-                }
+                release_module(id, out, sh).map_err(MergeError::Output)?;
             }
             self.modules[idx] = ModState::Retired;
         }
@@ -197,7 +294,7 @@ impl Source {
             }
             let m = &defs.modules()[idx];
             let new = NewModule {
-                pid: self.pid,
+                pid: if self.strict { self.pid } else { m.pid },
                 start: m.start,
                 size: m.size,
                 file_offset: m.file_offset,
@@ -205,10 +302,32 @@ impl Source {
                 path: &m.path,
                 build_id: &m.build_id,
             };
+            let key = sh.merging.then(|| {
+                (
+                    new.pid,
+                    new.start,
+                    new.size,
+                    new.file_offset,
+                    new.generation,
+                    m.path.clone(),
+                    m.build_id.clone(),
+                )
+            });
+            if let Some((id, users)) = key.as_ref().and_then(|k| sh.modules.get_mut(k)) {
+                // Another source defined this very module and it is still active.
+                *users += 1;
+                self.modules[idx] = ModState::Defined(*id);
+                self.next_module += 1;
+                continue;
+            }
             match out.define_module(&new) {
                 Ok(id) => {
                     self.modules[idx] = ModState::Defined(id);
                     self.next_module += 1;
+                    if let Some(k) = key {
+                        sh.modules.insert(k.clone(), (id, 1));
+                        sh.module_keys.insert(id, k);
+                    }
                 }
                 Err(e) if !is_io(&e) => break,
                 Err(e) => return Err(MergeError::Output(e)),
@@ -217,13 +336,23 @@ impl Source {
         Ok(())
     }
 
-    fn map_sample(&mut self, s: &Sample, out: &mut SpoolWriter<File>) -> Result<(), MergeError> {
-        let thread = self.map_thread(s.thread, out)?;
-        let stack = self.map_stack(s.stack, out)?;
+    fn map_sample(
+        &mut self,
+        s: &Sample,
+        out: &mut SpoolWriter<File>,
+        sh: &mut Shared,
+    ) -> Result<(), MergeError> {
+        let thread = self.map_thread(s.thread, out, sh)?;
+        let stack = self.map_stack(s.stack, out, sh)?;
         out.sample(s.time_us, thread, stack).map_err(MergeError::Output)
     }
 
-    fn map_thread(&mut self, id: ThreadId, out: &mut SpoolWriter<File>) -> Result<ThreadId, MergeError> {
+    fn map_thread(
+        &mut self,
+        id: ThreadId,
+        out: &mut SpoolWriter<File>,
+        sh: &mut Shared,
+    ) -> Result<ThreadId, MergeError> {
         let idx = id.index();
         if self.threads.len() <= idx {
             self.threads.resize(idx + 1, None);
@@ -232,12 +361,28 @@ impl Source {
             return Ok(t);
         }
         let t = self.tail.definitions().thread(id);
-        let new = out.define_thread(self.pid, t.tid, &t.name).map_err(MergeError::Output)?;
+        let pid = if self.strict { self.pid } else { t.pid };
+        let key = (pid, t.tid, t.name.clone());
+        let new = match sh.threads.get(&key) {
+            Some(&shared) => shared,
+            None => {
+                let new = out.define_thread(pid, t.tid, &t.name).map_err(MergeError::Output)?;
+                if sh.merging {
+                    sh.threads.insert(key, new);
+                }
+                new
+            }
+        };
         self.threads[idx] = Some(new);
         Ok(new)
     }
 
-    fn map_stack(&mut self, leaf: StackId, out: &mut SpoolWriter<File>) -> Result<StackId, MergeError> {
+    fn map_stack(
+        &mut self,
+        leaf: StackId,
+        out: &mut SpoolWriter<File>,
+        sh: &mut Shared,
+    ) -> Result<StackId, MergeError> {
         let defs_len = self.tail.definitions().stack_count();
         if self.stacks.len() < defs_len {
             self.stacks.resize(defs_len, None);
@@ -256,15 +401,29 @@ impl Source {
             cur = self.tail.definitions().stack(id).parent;
         }
         for id in missing.into_iter().rev() {
-            let frame = self.map_frame(self.tail.definitions().stack(id).frame, out)?;
-            let new = out.define_stack(parent_out, frame).map_err(MergeError::Output)?;
+            let frame = self.map_frame(self.tail.definitions().stack(id).frame, out, sh)?;
+            let new = match sh.stacks.get(&(parent_out, frame)) {
+                Some(&shared) => shared,
+                None => {
+                    let new = out.define_stack(parent_out, frame).map_err(MergeError::Output)?;
+                    if sh.merging {
+                        sh.stacks.insert((parent_out, frame), new);
+                    }
+                    new
+                }
+            };
             self.stacks[id.index()] = Some(new);
             parent_out = Some(new);
         }
         Ok(parent_out.expect("a stack has at least its leaf node"))
     }
 
-    fn map_frame(&mut self, id: FrameId, out: &mut SpoolWriter<File>) -> Result<FrameId, MergeError> {
+    fn map_frame(
+        &mut self,
+        id: FrameId,
+        out: &mut SpoolWriter<File>,
+        sh: &mut Shared,
+    ) -> Result<FrameId, MergeError> {
         let idx = id.index();
         if self.frames.len() <= idx {
             self.frames.resize(idx + 1, None);
@@ -287,7 +446,16 @@ impl Source {
             },
             other => other,
         };
-        let new = out.define_frame(frame).map_err(MergeError::Output)?;
+        let new = match sh.frames.get(&frame) {
+            Some(&shared) => shared,
+            None => {
+                let new = out.define_frame(frame).map_err(MergeError::Output)?;
+                if sh.merging {
+                    sh.frames.insert(frame, new);
+                }
+                new
+            }
+        };
         self.frames[idx] = Some(new);
         Ok(new)
     }
@@ -300,6 +468,184 @@ impl Source {
         }
         out.deactivate_process_modules(self.pid)
     }
+
+    /// This source is finished: copy the events it placed after its last
+    /// sample, then give up its modules (each retired in the output once no
+    /// other source uses it).
+    pub fn finish_shared(&mut self, out: &mut SpoolWriter<File>, sh: &mut Shared) -> Result<(), MergeError> {
+        self.apply_events(self.samples_seen, out, sh)?;
+        for m in &mut self.modules {
+            if let ModState::Defined(id) = *m {
+                release_module(id, out, sh).map_err(MergeError::Output)?;
+            }
+            *m = ModState::Retired;
+        }
+        Ok(())
+    }
+
+    /// Whether the spool ends inside a record (so far), and where its valid
+    /// part ends.
+    pub fn incomplete_tail(&self) -> Option<u64> {
+        self.tail.has_incomplete_record().then(|| self.tail.position())
+    }
+
+    /// The source's header.
+    pub fn header(&self) -> Header {
+        *self.tail.definitions().header()
+    }
+
+    /// The time of the next sample to copy, reading more if the batch is used
+    /// up (`None`: nothing more to read now).
+    fn next_time(&mut self) -> Result<Option<u64>, MergeError> {
+        if self.taken == self.batch.len() {
+            let got = self.tail.poll().map_err(|e| MergeError::Source(named(&e, &self.path)))?;
+            self.batch.clear();
+            self.batch.extend_from_slice(got);
+            self.taken = 0;
+            self.batch_read()?;
+        }
+        Ok(self.batch.get(self.taken).map(|s| s.time_us))
+    }
+
+    /// Copy the next sample (the one [`next_time`](Self::next_time) gave).
+    fn take(&mut self, out: &mut SpoolWriter<File>, sh: &mut Shared) -> Result<(), MergeError> {
+        let s = self.batch[self.taken];
+        self.taken += 1;
+        self.copy_sample(&s, out, sh)
+    }
+}
+
+/// An error's message, naming the spool unless it does already.
+fn named(e: &spulse::Error, path: &Path) -> String {
+    let msg = e.to_string();
+    let shown = path.display().to_string();
+    if msg.contains(&shown) {
+        msg
+    } else {
+        format!("{shown}: {msg}")
+    }
+}
+
+/// A source gives up output module `id`: retire it once no source uses it.
+fn release_module(id: ModuleId, out: &mut SpoolWriter<File>, sh: &mut Shared) -> Result<(), spulse::Error> {
+    if let Some(key) = sh.module_keys.get(&id) {
+        if let Some(entry) = sh.modules.get_mut(key) {
+            entry.1 -= 1;
+            if entry.1 > 0 {
+                return Ok(());
+            }
+            sh.modules.remove(key);
+        }
+        sh.module_keys.remove(&id);
+    }
+    if out.definitions().is_module_active(id) {
+        out.deactivate_module(id)?;
+    }
+    Ok(())
+}
+
+/// What [`merge_files`] did.
+#[derive(Debug)]
+pub struct Merged {
+    /// Samples copied.
+    pub samples: u64,
+    /// Samples the output refused (a definition they need broke a rule there).
+    pub dropped: u64,
+    /// Sources that end inside a record: path and the end of their valid part.
+    pub truncated: Vec<(PathBuf, u64)>,
+}
+
+/// Merge the complete spools `paths` into `out` (a new spool whose header
+/// has the earliest start time and the shortest sampling interval of them),
+/// samples in time order, ids kept apart, identical definitions shared (see
+/// the module documentation). A spool that is unreadable or corrupt is an
+/// error naming it; one that ends inside a record is read up to it (listed in
+/// [`Merged::truncated`]).
+///
+/// Spools are opened in the order of their start times, each once the merge
+/// has reached its start (and closed when read), so the segments of a long
+/// recording are not all open at once.
+pub fn merge_files(paths: &[PathBuf], out: File) -> Result<(SpoolWriter<File>, Merged), MergeError> {
+    // Each spool's header, read and closed again.
+    let mut order = Vec::with_capacity(paths.len());
+    let mut header: Option<Header> = None;
+    for (i, p) in paths.iter().enumerate() {
+        let h = Source::open_any(p).map_err(|e| MergeError::Source(named(&e, p)))?.header();
+        order.push((h.start_time_us, i));
+        header = Some(match header {
+            None => h,
+            Some(m) => Header {
+                start_time_us: m.start_time_us.min(h.start_time_us),
+                interval_us: m.interval_us.min(h.interval_us),
+            },
+        });
+    }
+    order.sort();
+    let mut waiting: std::collections::VecDeque<(u64, usize)> = order.into();
+    let header = header.unwrap_or(Header { start_time_us: 0, interval_us: 1 });
+    let mut out = SpoolWriter::new(out, header).map_err(MergeError::Output)?;
+    let mut sh = Shared::merging();
+    let mut merged = Merged { samples: 0, dropped: 0, truncated: Vec::new() };
+    let mut sources: Vec<Option<Source>> = paths.iter().map(|_| None).collect();
+    // Each open source's next sample, earliest first (ties: the source given first).
+    let mut next: BinaryHeap<Reverse<(u64, usize)>> = BinaryHeap::new();
+    // Sources read to the end whose modules are not given up yet: that waits
+    // until the next sample's source has defined its modules, so a module the
+    // next segment of a recording defines again keeps its output id.
+    let mut ended: Vec<usize> = Vec::new();
+    loop {
+        // Open the spools that start no later than the earliest pending sample.
+        while let Some(&(start, i)) = waiting.front() {
+            if next.peek().is_some_and(|Reverse((t, _))| start > *t) {
+                break;
+            }
+            waiting.pop_front();
+            let p = &paths[i];
+            let mut s = Source::open_any(p).map_err(|e| MergeError::Source(named(&e, p)))?;
+            match s.next_time()? {
+                Some(t) => next.push(Reverse((t, i))),
+                None => ended.push(i),
+            }
+            sources[i] = Some(s);
+        }
+        let Some(Reverse((_, i))) = next.pop() else { break };
+        let s = sources[i].as_mut().expect("an open source");
+        let seen = s.samples_seen;
+        s.apply_events(seen, &mut out, &mut sh)?;
+        for j in ended.drain(..) {
+            finish_source(&mut sources[j], &mut out, &mut sh, &mut merged)?;
+        }
+        let s = sources[i].as_mut().expect("an open source");
+        // Defines what had to wait for the ended sources' modules to go.
+        s.take(&mut out, &mut sh)?;
+        match s.next_time()? {
+            Some(t) => next.push(Reverse((t, i))),
+            None => ended.push(i),
+        }
+    }
+    for j in ended {
+        finish_source(&mut sources[j], &mut out, &mut sh, &mut merged)?;
+    }
+    out.flush().map_err(MergeError::Output)?;
+    Ok((out, merged))
+}
+
+/// A source of [`merge_files`] was read to the end: give up its modules, add
+/// up what it did, and close it.
+fn finish_source(
+    slot: &mut Option<Source>,
+    out: &mut SpoolWriter<File>,
+    sh: &mut Shared,
+    merged: &mut Merged,
+) -> Result<(), MergeError> {
+    let Some(mut s) = slot.take() else { return Ok(()) };
+    s.finish_shared(out, sh)?;
+    merged.samples += s.samples;
+    merged.dropped += s.dropped;
+    if let Some(valid) = s.incomplete_tail() {
+        merged.truncated.push((s.path.clone(), valid));
+    }
+    Ok(())
 }
 
 /// Whether a writer error is an I/O failure (fatal) rather than a refused record.
@@ -385,6 +731,63 @@ mod tests {
         let mut s = Source::open(&src, 7).unwrap();
         assert!(matches!(s.pump(&mut out), Err(MergeError::Source(_))), "the bad record is reported");
         assert_eq!(s.samples, 1, "the sample before it was copied");
+    }
+
+    /// A spool of `pid` with one module, thread and stack, and samples at `times`.
+    fn spool(path: &Path, pid: u32, times: &[u64]) {
+        let mut w = SpoolWriter::new(File::create(path).unwrap(), HDR).unwrap();
+        let m = w.define_module(&module(pid, b"/bin/app")).unwrap();
+        let th = w.define_thread(pid, pid, "main").unwrap();
+        let f = w.define_frame(Frame::Module { module: m, file_relative: 0x10 }).unwrap();
+        let st = w.define_stack(None, f).unwrap();
+        for &t in times {
+            w.sample(t, th, st).unwrap();
+        }
+        w.flush().unwrap();
+    }
+
+    /// Two segments of one process and a spool of another, interleaved in
+    /// time: the merge is in time order, the segments' identical definitions
+    /// are defined once, the other process's are its own.
+    #[test]
+    fn merged_files_are_in_time_order_and_share_identical_definitions() {
+        let dir = tempfile::tempdir().unwrap();
+        let (s0, s1, other) = (
+            dir.path().join("s-000000.spool"),
+            dir.path().join("s-000001.spool"),
+            dir.path().join("o.spool"),
+        );
+        spool(&s0, 7, &[1_000_100, 1_000_300, 1_000_500]);
+        spool(&s1, 7, &[1_000_700, 1_000_900]);
+        spool(&other, 8, &[1_000_200, 1_000_800, 1_001_000]);
+        let out_path = dir.path().join("merged.spool");
+        let paths = [other.clone(), s1.clone(), s0.clone()];
+        let Ok((w, merged)) = merge_files(&paths, File::create(&out_path).unwrap()) else {
+            panic!("merge failed")
+        };
+        drop(w);
+        assert_eq!((merged.samples, merged.dropped), (8, 0));
+        assert!(merged.truncated.is_empty());
+        let snap = Snapshot::open(&out_path).unwrap();
+        let d = snap.definitions();
+        let times: Vec<u64> = snap.samples().map(|x| x.time_us).collect();
+        let mut sorted = times.clone();
+        sorted.sort();
+        assert_eq!(times, sorted, "time order");
+        let pids: Vec<u32> = snap.samples().map(|x| d.thread(x.thread).pid).collect();
+        assert_eq!(pids, [7, 8, 7, 7, 7, 8, 7, 8]);
+        assert_eq!(d.threads().len(), 2, "one thread per process");
+        assert_eq!(d.modules().len(), 2, "one module per process: {:?}", d.modules());
+        assert_eq!(d.frames().len(), 2);
+        assert_eq!(d.stack_count(), 2);
+        assert!(d.modules().iter().all(|m| !d.is_module_active(m.id)), "all retired at the end");
+        // A corrupt spool is an error naming it.
+        std::fs::write(dir.path().join("bad.spool"), b"not a spool at all").unwrap();
+        let paths = [s0, dir.path().join("bad.spool")];
+        match merge_files(&paths, File::create(&out_path).unwrap()) {
+            Err(MergeError::Source(msg)) => assert!(msg.contains("bad.spool"), "{msg}"),
+            _ => panic!("a corrupt spool must be an error"),
+        }
     }
 
     /// A per-process spool whose records claim another pid is refused, and

@@ -10,7 +10,9 @@
 //!   ordinary spulse recorder (same engines, same crash-tolerant spool). The
 //!   frequency comes from `SPULSE_FREQUENCY`, the path from `SPULSE_OUTPUT` (a
 //!   template: give it `{pid}` so that each process of a tree gets its own
-//!   spool), default `spulse-{pid}.spool`.
+//!   spool), default `spulse-{pid}.spool`. `SPULSE_ROTATE` (seconds) and
+//!   `SPULSE_RETAIN` (segments) make it a rotating recording, whose
+//!   `SPULSE_OUTPUT` then needs `{seq}` as well (see `RecorderBuilder::rotate`).
 //! * At `exit` (an `atexit` handler) it finishes the recording: stop, drain,
 //!   flush, sync. A process that dies by a signal or `_exit` keeps what was
 //!   flushed (the recorder flushes every 50 ms).

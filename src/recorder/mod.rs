@@ -16,10 +16,25 @@
 //! # Starting
 //! Every builder value is checked before anything is created, so a bad one is
 //! an `Err` naming it with no file, signal handler or thread left behind. The
-//! output path is a template (`{pid}`, `{timestamp}`), `SPULSE_OUTPUT`
+//! output path is a template (`{pid}`, `{timestamp}`, `{seq}`), `SPULSE_OUTPUT`
 //! overrides it, and `overwrite(true)` replaces an existing spool by unlink and
 //! exclusive create (never through a symlink, never a spool whose recorder is
 //! still running).
+//!
+//! # Rotation
+//! With [`RecorderBuilder::rotate`] the recording is a series of segment files,
+//! `{seq}` in the path numbering them (`000000`, `000001`, ...). At the first
+//! flush at or after each interval the writer thread creates the next segment
+//! (same rules as the first: exclusive create, `overwrite`, mode, lock), writes
+//! its header and the definitions of every module still active, then flushes,
+//! syncs and unlocks the segment it leaves. Frames, stacks and threads are
+//! defined again in the new segment when its samples first need them, so every
+//! segment is a complete spool that any reader opens on its own. The next
+//! segment exists (locked) before the previous one is unlocked: a follower that
+//! finds a segment unlocked and no next segment knows the recording ended.
+//! [`RecorderBuilder::retain`] deletes the oldest segments this recorder
+//! created (checked by device and inode, so a file someone put in their place
+//! is left alone) so that at most N remain.
 //!
 //! # Followers' lock
 //! The spool's descriptor holds `flock(LOCK_EX)` from creation until the final
@@ -149,7 +164,8 @@ pub struct Stats {
     pub truncated_stacks: u64,
     /// Of those, samples on a stack the handler could not prove mapped (leaf only).
     pub unknown_stacks: u64,
-    /// Size of the spool in bytes.
+    /// Size of the spool in bytes (with rotation: of all segments written,
+    /// deleted ones included).
     pub bytes: u64,
     /// The engine that ran.
     pub engine: Engine,
@@ -175,6 +191,11 @@ pub struct Stats {
     /// Threads that got no kernel-time event (more than 512 threads, or no
     /// descriptor below 4096 free): only their user time was sampled.
     pub threads_without_kernel_time: u64,
+    /// Spool files written: 1, or with [`RecorderBuilder::rotate`] the number
+    /// of segments created (deleted ones included).
+    pub segments_written: u64,
+    /// Segments deleted by [`RecorderBuilder::retain`].
+    pub segments_deleted: u64,
 }
 
 impl Stats {
@@ -222,6 +243,8 @@ pub struct RecorderBuilder {
     mode: u32,
     overwrite: bool,
     sync_at_finish: bool,
+    rotate: Option<Duration>,
+    retain: Option<usize>,
 }
 
 impl Default for RecorderBuilder {
@@ -236,6 +259,8 @@ impl Default for RecorderBuilder {
             mode: 0o600,
             overwrite: false,
             sync_at_finish: true,
+            rotate: None,
+            retain: None,
         }
     }
 }
@@ -305,6 +330,53 @@ impl RecorderBuilder {
         self.overwrite = overwrite;
         self
     }
+    /// Start a new segment file every `interval` (10 ms..=30 days, and at
+    /// least the [`flush_interval`](Self::flush_interval)); default: one file,
+    /// or the `SPULSE_ROTATE` environment variable (seconds, such as `60` or
+    /// `0.5`). The path must then contain `{seq}`, which becomes the segment
+    /// number, 0 first, zero-padded to six digits (`out-{seq}.spool` gives
+    /// `out-000000.spool`, `out-000001.spool`, ...).
+    ///
+    /// A segment starts at the first flush at or after its due time, with its
+    /// own header and the definitions of the modules still loaded; every
+    /// segment is a complete spool, readable without the others. The previous
+    /// segment is flushed, synced and unlocked once the next one exists, so a
+    /// crash loses at most the current flush interval of the current segment.
+    /// Each segment is created under the same rules as the first (exclusive
+    /// create unless [`overwrite`](Self::overwrite), [`mode`](Self::mode), the
+    /// followers' lock). When a segment cannot be created (its path is taken,
+    /// the disk is full), nothing more is written, as after any write error,
+    /// and [`Guard::finish`] returns that error naming the segment.
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    ///
+    /// // One segment a minute; only the last hour stays on disk.
+    /// let guard = spulse::Recorder::builder()
+    ///     .rotate(Duration::from_secs(60))
+    ///     .retain(60)
+    ///     .start("/var/tmp/app-{pid}-{seq}.spool")?;
+    /// // ...
+    /// let stats = guard.finish()?;
+    /// println!("{} segments, {} deleted", stats.segments_written, stats.segments_deleted);
+    /// # Ok::<(), spulse::Error>(())
+    /// ```
+    pub fn rotate(mut self, interval: Duration) -> Self {
+        self.rotate = Some(interval);
+        self
+    }
+    /// With [`rotate`](Self::rotate): keep only the newest `segments` segment
+    /// files (1..=1000000), deleting the oldest when a new one starts (default:
+    /// keep all, or the `SPULSE_RETAIN` environment variable). Only files this
+    /// recorder created are deleted: when a segment's path names another file
+    /// by then (other device or inode), that file is left alone and no longer
+    /// counts among the segments kept. The oldest is deleted right after the
+    /// next segment is created, so a process that dies in between (killed,
+    /// or ended by `_exit`) leaves N + 1.
+    pub fn retain(mut self, segments: usize) -> Self {
+        self.retain = Some(segments);
+        self
+    }
 
     /// Whether finishing the recording waits until the spool is on stable
     /// storage (`fsync`; default true), so that it survives a power loss or a
@@ -320,9 +392,11 @@ impl RecorderBuilder {
 
     /// Create the spool at `path` and start recording.
     ///
-    /// `path` is a template: `{pid}` becomes the process id and `{timestamp}`
-    /// the start time in seconds since the Unix epoch (`{{` and `}}` stand for
-    /// literal braces; any other `{...}` is an error). When the `SPULSE_OUTPUT`
+    /// `path` is a template: `{pid}` becomes the process id, `{timestamp}`
+    /// the start time in seconds since the Unix epoch and, with
+    /// [`rotate`](Self::rotate) only (where it is required), `{seq}` the
+    /// segment number (`{{` and `}}` stand for literal braces; any other
+    /// `{...}` is an error). When the `SPULSE_OUTPUT`
     /// environment variable is set and not empty, it replaces `path` (and is a
     /// template too). The file must not exist unless [`overwrite`](Self::overwrite)
     /// is set. Every setting is checked before anything is created: a bad value
@@ -344,6 +418,35 @@ struct Checked {
     hz: u32,
     kernel_time: bool,
     path: PathBuf,
+    rotation: Option<RotationPlan>,
+}
+
+/// Rotation settings, resolved.
+pub(crate) struct RotationPlan {
+    /// The path's bytes around each `{seq}` (at least two pieces).
+    pub pieces: Vec<Vec<u8>>,
+    pub every: Duration,
+    pub retain: Option<usize>,
+}
+
+/// Shortest and longest rotation interval.
+const MIN_ROTATE: Duration = Duration::from_millis(10);
+const MAX_ROTATE: Duration = Duration::from_secs(30 * 86_400);
+/// Most segments `retain` may keep.
+const MAX_RETAIN: usize = 1_000_000;
+
+/// The path of segment `seq`: the pieces joined by the zero-padded number.
+pub(crate) fn segment_path(pieces: &[Vec<u8>], seq: u64) -> PathBuf {
+    use std::os::unix::ffi::OsStringExt;
+    let num = format!("{seq:06}");
+    let mut out = Vec::new();
+    for (i, p) in pieces.iter().enumerate() {
+        if i > 0 {
+            out.extend_from_slice(num.as_bytes());
+        }
+        out.extend_from_slice(p);
+    }
+    PathBuf::from(std::ffi::OsString::from_vec(out))
 }
 
 impl RecorderBuilder {
@@ -417,14 +520,114 @@ impl RecorderBuilder {
         let pid = sys::getpid();
         let secs =
             std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
-        let path = expand_template(&template, pid, secs).map_err(|msg| {
+        let path_err = |msg: String| {
             if from_env {
                 invalid("SPULSE_OUTPUT", format!("SPULSE_OUTPUT: {msg}"))
             } else {
                 invalid("path", msg)
             }
-        })?;
-        Ok(Checked { hz, kernel_time, path })
+        };
+        let pieces = expand_template(&template, pid, secs).map_err(path_err)?;
+        let rotation = self.rotation_settings()?;
+        let shown = template.display();
+        let first = segment_path(&pieces, 0);
+        let rotation = match (rotation, pieces.len()) {
+            (None, 1) => None,
+            (None, _) => {
+                return Err(path_err(format!(
+                    "path template \"{shown}\" has {{seq}}, which numbers the segments of a rotating \
+                     recording: set rotate (or SPULSE_ROTATE), or write {{{{seq}}}} for the literal text"
+                )))
+            }
+            (Some(_), 1) => {
+                return Err(path_err(format!(
+                    "path template \"{shown}\" has no {{seq}}: a rotating recording needs it to name its \
+                     segments (such as \"out-{{seq}}.spool\")"
+                )))
+            }
+            (Some((every, retain)), _) => Some(RotationPlan { pieces, every, retain }),
+        };
+        if first.as_os_str().is_empty() {
+            return Err(path_err("the spool path is empty".into()));
+        }
+        Ok(Checked { hz, kernel_time, path: first, rotation })
+    }
+
+    /// The rotation interval and retention (builder values, else
+    /// `SPULSE_ROTATE` and `SPULSE_RETAIN`), checked.
+    fn rotation_settings(&self) -> Result<Option<(Duration, Option<usize>)>, Error> {
+        let env = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
+        let (every, every_setting) = match self.rotate {
+            Some(d) => (Some(d), "rotate"),
+            None => match env("SPULSE_ROTATE") {
+                Some(v) => {
+                    let d = v
+                        .trim()
+                        .parse::<f64>()
+                        .ok()
+                        .and_then(|s| Duration::try_from_secs_f64(s).ok())
+                        .ok_or_else(|| {
+                            invalid(
+                                "SPULSE_ROTATE",
+                                format!("SPULSE_ROTATE={v:?} is not a number of seconds"),
+                            )
+                        })?;
+                    (Some(d), "SPULSE_ROTATE")
+                }
+                None => (None, "rotate"),
+            },
+        };
+        let (retain, retain_setting) = match self.retain {
+            Some(n) => (Some(n), "retain"),
+            None => match env("SPULSE_RETAIN") {
+                Some(v) => {
+                    let n = v.trim().parse::<usize>().map_err(|_| {
+                        invalid(
+                            "SPULSE_RETAIN",
+                            format!("SPULSE_RETAIN={v:?} is not a whole number of segments"),
+                        )
+                    })?;
+                    (Some(n), "SPULSE_RETAIN")
+                }
+                None => (None, "retain"),
+            },
+        };
+        if let Some(n) = retain {
+            if !(1..=MAX_RETAIN).contains(&n) {
+                return Err(invalid(
+                    retain_setting,
+                    format!("{retain_setting} {n} is outside 1..={MAX_RETAIN} segments"),
+                ));
+            }
+        }
+        let Some(every) = every else {
+            if retain.is_some() {
+                return Err(invalid(
+                    retain_setting,
+                    format!(
+                        "{retain_setting} keeps the newest segments of a rotating recording: set rotate too"
+                    ),
+                ));
+            }
+            return Ok(None);
+        };
+        if every < MIN_ROTATE || every > MAX_ROTATE {
+            return Err(invalid(
+                every_setting,
+                format!("{every_setting} interval {every:?} is outside 10ms..=30days"),
+            ));
+        }
+        if every < self.flush_interval {
+            return Err(invalid(
+                every_setting,
+                format!(
+                    "{every_setting} interval {every:?} is shorter than the flush_interval {:?}; segments \
+                     start at flushes",
+                    self.flush_interval
+                ),
+            ));
+        }
+        Ok(Some((every, retain)))
     }
 }
 
@@ -451,11 +654,14 @@ const MAX_RING_SLOTS: usize = ring::MAX_SLOTS;
 /// Longest `flush_interval`.
 const MAX_FLUSH_INTERVAL: Duration = Duration::from_secs(600);
 
-/// Replace `{pid}` and `{timestamp}` in `template`; `{{`/`}}` are literal braces.
-fn expand_template(template: &Path, pid: u32, unix_secs: u64) -> Result<PathBuf, String> {
-    use std::os::unix::ffi::{OsStrExt, OsStringExt};
+/// Replace `{pid}` and `{timestamp}` in `template` (`{{`/`}}` are literal
+/// braces) and split it at each `{seq}`: the pieces to join with a segment
+/// number (one piece when there is no `{seq}`).
+fn expand_template(template: &Path, pid: u32, unix_secs: u64) -> Result<Vec<Vec<u8>>, String> {
+    use std::os::unix::ffi::OsStrExt;
     let bytes = template.as_os_str().as_bytes();
     let shown = template.display();
+    let mut pieces = Vec::new();
     let mut out = Vec::with_capacity(bytes.len() + 16);
     let mut i = 0;
     while i < bytes.len() {
@@ -469,11 +675,14 @@ fn expand_template(template: &Path, pid: u32, unix_secs: u64) -> Result<PathBuf,
         } else if rest.starts_with(b"{timestamp}") {
             out.extend_from_slice(unix_secs.to_string().as_bytes());
             i += 11;
+        } else if rest.starts_with(b"{seq}") {
+            pieces.push(std::mem::take(&mut out));
+            i += 5;
         } else if rest[0] == b'{' || rest[0] == b'}' {
             let end = rest.iter().position(|&b| b == b'}').map_or(rest.len(), |e| e + 1);
             return Err(format!(
                 "path template \"{shown}\" has an unknown placeholder \"{}\" at byte {i} \
-                 (known: {{pid}}, {{timestamp}}; write {{{{ or }}}} for a literal brace)",
+                 (known: {{pid}}, {{timestamp}}, {{seq}}; write {{{{ or }}}} for a literal brace)",
                 String::from_utf8_lossy(&rest[..end.min(40)])
             ));
         } else {
@@ -481,15 +690,13 @@ fn expand_template(template: &Path, pid: u32, unix_secs: u64) -> Result<PathBuf,
             i += 1;
         }
     }
-    if out.is_empty() {
-        return Err("the spool path is empty".into());
-    }
-    Ok(PathBuf::from(std::ffi::OsString::from_vec(out)))
+    pieces.push(out);
+    Ok(pieces)
 }
 
 /// Create the spool file: new (`O_EXCL`), never through a symlink, close-on-exec,
 /// and locked (`flock(LOCK_EX)`) for as long as the recording runs.
-fn create_spool(path: &Path, mode: u32, overwrite: bool) -> Result<File, Error> {
+pub(crate) fn create_spool(path: &Path, mode: u32, overwrite: bool) -> Result<File, Error> {
     let io_err = |source| Error::io(Some(path), source);
     if overwrite {
         remove_for_overwrite(path)?;
@@ -589,6 +796,17 @@ static PYTHON_INSIDE: AtomicBool = AtomicBool::new(false);
 /// interval). Set once a recording has started, cleared when it stops.
 static LIVE_SPOOL: Mutex<Option<(u32, PathBuf, Duration)>> = Mutex::new(None);
 
+/// A rotating recorder moved on to the segment at `path`: profile windows cut
+/// from the live spool from now on read that one.
+pub(crate) fn set_live_segment(path: &Path) {
+    let mut live = LIVE_SPOOL.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((pid, p, _)) = &mut *live {
+        if *pid == sys::getpid() {
+            *p = path.to_path_buf();
+        }
+    }
+}
+
 /// The spool path and flush interval of the recorder running in this process,
 /// if any. A forked child sees none (the recording belongs to the parent).
 #[cfg_attr(not(feature = "http"), allow(dead_code))]
@@ -608,7 +826,7 @@ impl Guard {
         self.inner.as_ref().map_or(Engine::Unknown, |r| r.engine)
     }
 
-    /// The spool's path.
+    /// The spool's path (of a rotating recording: its first segment's).
     pub fn path(&self) -> &Path {
         self.inner.as_ref().map_or(Path::new(""), |r| &r.path)
     }
@@ -749,11 +967,12 @@ fn start_with(b: &RecorderBuilder, path: &Path) -> Result<Guard, Error> {
 }
 
 fn start_inner(b: &RecorderBuilder, path: &Path) -> Result<Guard, Error> {
-    let Checked { hz, kernel_time, path } = b.check(path)?;
+    let Checked { hz, kernel_time, path, rotation } = b.check(path)?;
     let path = path.as_path();
     let period_ns = 1_000_000_000u64 / hz as u64;
     let interval_us = (1_000_000 + hz as u64 / 2) / hz as u64;
     let file = create_spool(path, b.mode, b.overwrite)?;
+    let file_id = file.metadata().map_err(|e| Error::io(Some(path), e))?;
     let mut cleanup = Cleanup { path: Some(path.to_path_buf()), installed: Vec::new(), tx: None, join: None };
     // The header goes out as soon as the file exists, before any engine or
     // thread starts: a reader that opens the file while `start` runs (a `Tail`,
@@ -900,6 +1119,8 @@ fn start_inner(b: &RecorderBuilder, path: &Path) -> Result<Guard, Error> {
         pid,
         sync_at_finish: b.sync_at_finish,
         kernel_time: kernel_status,
+        rotation: rotation
+            .map(|plan| writer_thread::Rotation::new(plan, path, &file_id, b.mode, b.overwrite, interval_us)),
     };
     tx.send(Control::Start(Box::new(state))).map_err(|_| exited())?;
     let join = cleanup.join.take().expect("writer thread handle");

@@ -346,6 +346,8 @@ fn eh_frame_address(hdr: &[u8], hdr_svma: u64) -> Option<u64> {
 pub(crate) struct ModuleEntry {
     pub id: crate::ModuleId,
     pub key: ObjectKey,
+    /// The object's GNU build id (defined again in each new segment).
+    pub build_id: Vec<u8>,
     pub seg: ExecSegment,
     pub gen_added: u64,
     /// Generation in which the object disappeared.
@@ -438,6 +440,7 @@ mod tests {
         ModuleEntry {
             id: crate::ModuleId(id),
             key: ObjectKey { bias: start, path: format!("lib{id}").into_bytes(), first_exec: start },
+            build_id: Vec::new(),
             seg: ExecSegment { avma: start, size: 0x1000, file_offset: 0x1000 },
             gen_added: added,
             gen_removed: removed,

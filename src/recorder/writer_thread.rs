@@ -15,7 +15,10 @@
 //!    range, since active spans of a pid may not overlap), new objects are written
 //!    as module records of generation + 1, then the new unwinder snapshot is
 //!    published, so no sample can refer to a module before its record;
-//! 5. reclaim replaced snapshots no handler can hold, and flush.
+//! 5. reclaim replaced snapshots no handler can hold, and flush;
+//! 6. with rotation, when a segment is due: create the next segment, define
+//!    the active modules in it, then sync and unlock the one left behind
+//!    (see [`Run::rotate`]).
 //!
 //! # No sample attributed to the wrong library
 //! The handler unwinds with the snapshot it finds and stamps the sample with that
@@ -43,10 +46,12 @@
 //! the time between the last check that found the counters unchanged and this
 //! check is an *unseen window*: no module is certain for a sample taken inside
 //! it, whatever its generation, so its frames are written as absolute addresses.
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::fs::File;
 use std::io::Write;
 use std::os::fd::AsFd;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::Arc;
@@ -59,7 +64,7 @@ use super::intern::Interner;
 use super::modules::{self, LoadedObject, ModuleEntry, ModuleTable};
 use super::sys;
 use super::{LostSamples, Stats};
-use crate::{Error, Frame, NewModule, RecorderError, SpoolWriter};
+use crate::{Error, Frame, Header, NewModule, RecorderError, SpoolWriter};
 
 /// Where the spool's bytes go. The writer thread appends to it, and at the end
 /// makes it durable and lets readers know the recording is over.
@@ -118,6 +123,55 @@ pub(crate) struct WriterState {
     pub sync_at_finish: bool,
     /// Whether system time is sampled (decided at start).
     pub kernel_time: super::KernelTime,
+    /// Segment rotation, when the recording rotates.
+    pub rotation: Option<Rotation>,
+}
+
+/// The state of a rotating recording.
+pub(crate) struct Rotation {
+    pieces: Vec<Vec<u8>>,
+    every: Duration,
+    retain: Option<usize>,
+    mode: u32,
+    overwrite: bool,
+    interval_us: u64,
+    /// Number of the current segment.
+    seq: u64,
+    /// When the next segment is due.
+    due: Instant,
+    /// Segments this recorder created and has not deleted, oldest first, with
+    /// the device and inode each was created as.
+    kept: VecDeque<(PathBuf, u64, u64)>,
+    deleted: u64,
+    /// Bytes of the segments already finished.
+    bytes_done: u64,
+}
+
+impl Rotation {
+    /// Rotation state for a recording whose first segment, `first`, was just
+    /// created (`meta` is its metadata).
+    pub(crate) fn new(
+        plan: super::RotationPlan,
+        first: &Path,
+        meta: &std::fs::Metadata,
+        mode: u32,
+        overwrite: bool,
+        interval_us: u64,
+    ) -> Rotation {
+        Rotation {
+            pieces: plan.pieces,
+            every: plan.every,
+            retain: plan.retain,
+            mode,
+            overwrite,
+            interval_us,
+            seq: 0,
+            due: Instant::now() + plan.every,
+            kept: VecDeque::from([(first.to_path_buf(), meta.dev(), meta.ino())]),
+            deleted: 0,
+            bytes_done: 0,
+        }
+    }
 }
 
 /// A module change found by a rescan, applied around the drain.
@@ -153,6 +207,9 @@ struct Run {
     unseen_objects: bool,
     /// Every thread seen while recording (but the writer), by tid.
     threads: HashMap<u32, ThreadSeen>,
+    /// Whether the last Python-runtime mark written was an entry (a new
+    /// segment repeats it).
+    python_inside: bool,
 }
 
 /// What is known of one thread of the process.
@@ -268,6 +325,7 @@ pub(crate) fn define_objects(
             table.push(ModuleEntry {
                 id,
                 key: o.key.clone(),
+                build_id: o.build_id.clone(),
                 seg: seg.clone(),
                 gen_added: gen,
                 gen_removed: None,
@@ -309,6 +367,7 @@ pub(crate) fn main(rx: Receiver<Control>) -> Result<Stats, Error> {
         held: Vec::new(),
         unseen_objects: false,
         threads: HashMap::new(),
+        python_inside: false,
     };
     // The initial scan was taken before the engine started: every sample is later,
     // so generation 0 is verified from the first tick's check on.
@@ -326,6 +385,9 @@ pub(crate) fn main(rx: Receiver<Control>) -> Result<Stats, Error> {
             Ok(Control::Start(_)) | Ok(Control::Abort) => {}
             Err(RecvTimeoutError::Timeout) => {
                 run.tick();
+                if run.st.rotation.as_ref().is_some_and(|r| Instant::now() >= r.due) {
+                    run.rotate();
+                }
                 // Fixed rate: the next tick is one interval after this one was
                 // due, not after it finished, so flushes never drift apart.
                 next += interval;
@@ -575,7 +637,10 @@ impl Run {
         let r =
             self.st.out.python_runtime(self.st.pid, mark_time, entering).and_then(|()| self.st.out.flush());
         match r {
-            Ok(()) => Ok(()),
+            Ok(()) => {
+                self.python_inside = entering;
+                Ok(())
+            }
             Err(e) => {
                 let source = e.to_io_error();
                 self.note(Err::<(), _>(e));
@@ -653,6 +718,123 @@ impl Run {
         Ok(())
     }
 
+    /// Start the next segment (called after a tick's flush, so every sample
+    /// drained so far is in the segment left behind).
+    ///
+    /// The next segment is created, locked, and given its header, the
+    /// definitions of every module not yet retired (under new ids, which the
+    /// module table takes over) and, in Python-runtime mode, an entry mark;
+    /// frames, stacks and threads are defined again when its samples need
+    /// them (the interner starts empty). Only then is the old segment synced
+    /// and unlocked, so a follower that finds it unlocked finds the next one
+    /// already there. Retention then deletes the oldest segments.
+    fn rotate(&mut self) {
+        let Some(rot) = self.st.rotation.as_mut() else { return };
+        let now = Instant::now();
+        rot.due += rot.every;
+        if rot.due <= now {
+            rot.due = now + rot.every;
+        }
+        if self.error.is_some() {
+            return;
+        }
+        let seq = rot.seq + 1;
+        let path = super::segment_path(&rot.pieces, seq);
+        let header = Header { start_time_us: sys::now_us(), interval_us: rot.interval_us };
+        let created = super::create_spool(&path, rot.mode, rot.overwrite).and_then(|file| {
+            let meta = file.metadata().map_err(|e| Error::io(Some(&path), e))?;
+            let sink: Box<dyn Sink> = Box::new(file);
+            let out = SpoolWriter::new(sink, header).map_err(|e| e.with_path(&path))?;
+            Ok((out, meta))
+        });
+        let (out, meta) = match created {
+            Ok(c) => c,
+            Err(e) => {
+                self.note(Err::<(), _>(e));
+                return;
+            }
+        };
+        rot.seq = seq;
+        rot.kept.push_back((path.clone(), meta.dev(), meta.ino()));
+        super::set_live_segment(&path);
+        let mut old = std::mem::replace(&mut self.st.out, out);
+        let old_path = rot.kept.iter().rev().nth(1).map(|k| k.0.clone());
+        // The new segment's definitions: the modules still active, in table
+        // order (the order they were defined in, so spans never overlap).
+        let r = self.define_active_modules(&path);
+        self.note(r);
+        self.interner = Interner::default();
+        if self.python_inside && self.error.is_none() {
+            let r = self.st.out.python_runtime(self.st.pid, header.start_time_us, true);
+            self.note(r.map_err(|e| e.with_path(&path)));
+        }
+        if self.error.is_none() {
+            let r = self.st.out.flush().map_err(|e| e.with_path(&path));
+            self.note(r);
+        }
+        // The segment left behind is complete: make it durable, then tell
+        // followers (the next segment already exists).
+        let r = old.flush().and_then(|()| old.get_ref().sync().map_err(Error::from));
+        old.get_ref().release();
+        let Some(rot) = self.st.rotation.as_mut() else { return };
+        rot.bytes_done += old.len();
+        drop(old);
+        if let Err(e) = r {
+            let e = match old_path {
+                Some(p) => e.with_path(&p),
+                None => e,
+            };
+            self.note(Err::<(), _>(e));
+        }
+        self.apply_retention();
+    }
+
+    /// Define every module not yet retired in the (new) current segment and
+    /// give the table their new ids.
+    fn define_active_modules(&mut self, path: &Path) -> Result<(), Error> {
+        for e in self.st.table.entries.iter_mut().filter(|e| !e.retired) {
+            e.id = self
+                .st
+                .out
+                .define_module(&NewModule {
+                    pid: self.st.pid,
+                    start: e.seg.avma,
+                    size: e.seg.size,
+                    file_offset: e.seg.file_offset,
+                    generation: e.gen_added,
+                    path: &e.key.path,
+                    build_id: &e.build_id,
+                })
+                .map_err(|err| err.with_path(path))?;
+        }
+        Ok(())
+    }
+
+    /// Delete the oldest segments beyond the number to retain, each only if
+    /// its path still names the file this recorder created.
+    fn apply_retention(&mut self) {
+        let Some(rot) = self.st.rotation.as_mut() else { return };
+        let Some(retain) = rot.retain else { return };
+        let mut failure = None;
+        while rot.kept.len() > retain {
+            let Some((path, dev, ino)) = rot.kept.pop_front() else { break };
+            match std::fs::symlink_metadata(&path) {
+                Ok(m) if m.dev() == dev && m.ino() == ino => match std::fs::remove_file(&path) {
+                    Ok(()) => rot.deleted += 1,
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                    Err(e) => failure = failure.or(Some(Error::io(Some(&path), e))),
+                },
+                // Gone already, or another file took its place: not ours to delete.
+                Ok(_) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => failure = failure.or(Some(Error::io(Some(&path), e))),
+            }
+        }
+        if let Some(e) = failure {
+            self.note(Err::<(), _>(e));
+        }
+    }
+
     fn finish(mut self) -> Result<Stats, Error> {
         self.scan_threads(true);
         self.st.engine.stop();
@@ -697,7 +879,7 @@ impl Run {
             signals: c.signals.load(Ordering::Relaxed),
             truncated_stacks: c.truncated.load(Ordering::Relaxed),
             unknown_stacks: c.foreign_stack.load(Ordering::Relaxed),
-            bytes: self.st.out.len(),
+            bytes: self.st.rotation.as_ref().map_or(0, |r| r.bytes_done) + self.st.out.len(),
             engine: self.st.engine.kind(),
             duration: self.st.started.elapsed(),
             module_generations: self.st.generation + 1,
@@ -707,6 +889,8 @@ impl Run {
             kernel_time: self.st.kernel_time.clone(),
             kernel_samples: c.kernel.load(Ordering::Relaxed),
             threads_without_kernel_time: self.st.engine.kernel_missed(),
+            segments_written: self.st.rotation.as_ref().map_or(1, |r| r.seq + 1),
+            segments_deleted: self.st.rotation.as_ref().map_or(0, |r| r.deleted),
         })
     }
 }
@@ -731,6 +915,7 @@ mod tests {
         ModuleEntry {
             id: crate::ModuleId(0),
             key: ObjectKey { bias: 0x40000, path: b"libbeta.so".to_vec(), first_exec: 0x40000 },
+            build_id: Vec::new(),
             seg: ExecSegment { avma: 0x40000, size: 0x1000, file_offset: 0x1000 },
             gen_added,
             gen_removed,

@@ -8,7 +8,7 @@ use clap::{Args, ValueEnum};
 use super::{FilterArgs, SymbolArgs};
 use crate::display::escape;
 use crate::export::{self, Exporter, Job};
-use crate::input::open_replay;
+use crate::input::open_inputs;
 use crate::output;
 use crate::symbolize::Symbolizer;
 use crate::CliError;
@@ -37,8 +37,10 @@ pub enum Format {
     after_help = "Examples:\n  spulse export app.spool --format pprof -o app.pb.gz && go tool pprof -top app.pb.gz\n  spulse export app.spool --format firefox -o app.json\n  spulse export app.spool --format firefox -o app.jslb.gz\n  spulse export app.spool --format collapsed -o app.folded\n  spulse export app.spool --format svg -o app.svg --symbols /usr/lib/debug\n  spulse export app.spool --format speedscope -o app.speedscope.json --thread 4242\n  spulse export app.spool --format pprof -o app.pb.gz --pid 4200 --from 1000000"
 )]
 pub struct ExportArgs {
-    /// The spool (or packed) file.
-    pub file: PathBuf,
+    /// The spool (or packed) file. Several (such as the segments of a rotating recording)
+    /// are merged in time order and exported as one profile.
+    #[arg(required = true, value_name = "FILE")]
+    pub files: Vec<PathBuf>,
     /// Output format.
     #[arg(short, long, value_enum)]
     pub format: Format,
@@ -56,12 +58,20 @@ pub struct ExportArgs {
 pub fn run(args: &ExportArgs) -> Result<(), CliError> {
     args.filter.filter().check_window()?;
     args.format.exporter(&args.output)?;
-    let target = output::target(&args.file, &args.output)?;
-    let replay = open_replay(&args.file)?;
+    // The output may be none of the inputs.
+    let mut target_of = None;
+    for f in &args.files {
+        target_of = Some(output::target(f, &args.output)?);
+    }
+    let target = target_of.ok_or_else(|| CliError::input("no spool given"))?;
+    let inputs = open_inputs(&args.files)?;
+    let replay = &inputs.replay;
     // Rejected here, before any output is opened, as `top` rejects them.
-    args.filter.filter().validate(&replay, &args.file)?;
+    args.filter.filter().validate(replay, &inputs.name)?;
     let out_name = escape(&args.output.display().to_string()).into_owned();
-    if let Some(w) = output::write(target, &out_name, "export", |out| write_export(args, &replay, out))? {
+    if let Some(w) =
+        output::write(target, &out_name, "export", |out| write_export(args, replay, &inputs.name, out))?
+    {
         eprintln!("spulse: export: {} samples written to {} ({} bytes)", w.value, w.name, w.bytes);
     }
     Ok(())
@@ -94,9 +104,14 @@ impl Format {
 }
 
 /// Write the export; returns how many samples it holds.
-fn write_export(args: &ExportArgs, replay: &Replay, out: &mut dyn Write) -> Result<u64, CliError> {
+fn write_export(
+    args: &ExportArgs,
+    replay: &Replay,
+    name: &Path,
+    out: &mut dyn Write,
+) -> Result<u64, CliError> {
     let mut sym = Symbolizer::new(args.symbols.options());
-    let title = format!("spulse {}", args.file.display());
+    let title = format!("spulse {}", name.display());
     let output = escape(&args.output.display().to_string()).into_owned();
     let job = Job { replay, filter: &args.filter.filter(), title: &title, output: &output };
     (args.format.exporter(&args.output)?)(&job, &mut sym, out)

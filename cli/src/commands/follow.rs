@@ -15,6 +15,21 @@
 //! With `--wait` a spool that does not exist yet (or whose header is not yet
 //! complete) is waited for, up to `--wait-timeout` seconds or until Ctrl-C.
 //!
+//! # Rotating recordings
+//! Given the segment pattern (a file name with `{seq}`, such as
+//! `app-1234-{seq}.spool`) or, with `--segments`, one segment (a file name
+//! whose last run of six or more digits is the segment number, such as
+//! `app-1234-000003.spool`; the flag is needed since a plain spool's name may
+//! hold a long process id), `follow` reads the segments in order: from the
+//! oldest one that exists (the pattern) or from the one given, and on to the lowest-numbered later one
+//! whenever the current one is complete (unlocked). The recorder creates the
+//! next segment before it unlocks the current one, so a complete segment with
+//! no later one means the recording ended. Segments are copied into one
+//! merged spool as they are read ([`crate::merge`], identical definitions
+//! shared), a temporary file in `TMPDIR` that the table is computed from and
+//! that is removed on exit; segments that retention deleted before they were
+//! reached are skipped.
+//!
 //! Perf maps (`/tmp/perf-<pid>.map`) are re-read for every table, since a JIT
 //! keeps appending to its map. On a terminal the table is drawn on the
 //! alternate screen, fitted to the terminal's width and height (the header
@@ -31,13 +46,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use spulse::{FormatErrorKind, Sample, StackId, Tail};
+use spulse::{FormatErrorKind, Header, Sample, SpoolWriter, StackId, Tail};
 
 use super::top::write_table;
 use super::{parse_count, parse_seconds, with_stdout, FilterArgs, SymbolArgs, DEFAULT_LIMIT};
 use crate::aggregate::Aggregate;
 use crate::display::{escape, fit};
 use crate::input::warn_truncated;
+use crate::merge::{MergeError, Shared, Source};
 use crate::report::top;
 use crate::select::{Contexts, Filter, Selector};
 use crate::symbolize::Symbolizer;
@@ -72,11 +88,25 @@ fn idle_secs(s: &str) -> Result<Duration, String> {
     after_help = "Examples:\n  spulse follow /tmp/app.spool\n  spulse follow /tmp/app.spool --interval 5 -n 10 | tee top.log\n  spulse follow --wait --wait-timeout 60 /tmp/app.spool\n\n\
 Stops on Ctrl-C, when the recording has ended (the recorder no longer holds its\n\
 lock on the spool) and everything was read, or when the file has not grown for\n\
---idle-exit seconds."
+--idle-exit seconds.\n\n\
+A rotating recording (RecorderBuilder::rotate) is followed across its segments:\n\
+give its pattern, with {seq} standing for the segment number, to start at the\n\
+oldest segment still there, or one segment with --segments (the last run of 6 or\n\
+more digits in its name being the number) to start there:\n\
+  spulse follow '/var/tmp/app-1234-{seq}.spool'\n\
+  spulse follow --segments /var/tmp/app-1234-000007.spool\n\
+It moves on to the next segment when the current one is complete, and stops when\n\
+the last one is complete and no later one exists."
 )]
 pub struct FollowArgs {
-    /// The spool file (being written by a running process).
+    /// The spool file (being written by a running process), or a rotating
+    /// recording's segment pattern (with `{seq}`), or with --segments one of
+    /// its segments.
     pub file: PathBuf,
+    /// FILE is one segment of a rotating recording: follow it and the
+    /// segments after it.
+    #[arg(long)]
+    pub segments: bool,
     /// Seconds between tables (0.01 to 604800).
     #[arg(long, value_name = "SECS", default_value = "1", value_parser = interval_secs, allow_negative_numbers = true)]
     pub interval: Duration,
@@ -169,10 +199,21 @@ fn not_there_yet(e: &spulse::Error) -> bool {
 /// when Ctrl-C ended the wait. Without `--wait`, a header still being written
 /// by a running recorder is waited for too.
 fn open_tail(args: &FollowArgs, stop: &AtomicBool) -> Result<Option<Tail>, CliError> {
+    wait_for(args, stop, &mut |_| Tail::open(&args.file))
+}
+
+/// Call `open` until it succeeds: while the spool's header is still being
+/// written, and with `--wait` while the spool is not there yet (`None` when
+/// Ctrl-C ended the wait). `open` is given whether the wait announced itself.
+fn wait_for<T>(
+    args: &FollowArgs,
+    stop: &AtomicBool,
+    open: &mut dyn FnMut(bool) -> Result<T, spulse::Error>,
+) -> Result<Option<T>, CliError> {
     let started = Instant::now();
     let mut announced = false;
     loop {
-        let e = match Tail::open(&args.file) {
+        let e = match open(announced) {
             Ok(t) => return Ok(Some(t)),
             Err(e) => e,
         };
@@ -262,21 +303,31 @@ pub fn run(args: &FollowArgs) -> Result<(), CliError> {
     // record may be written later in the recording.
     filter.check_window()?;
     let shown = escape(&args.file.display().to_string()).into_owned();
-    let Some(mut tail) = open_tail(args, &stop)? else {
+    let interrupted = || {
         eprintln!("spulse: follow: {shown}: stopped: interrupted while waiting for the spool");
-        return Ok(());
+        Ok(())
     };
-    let lock =
-        File::open(&args.file).map_err(|e| CliError::input(format!("{}: {e}", args.file.display())))?;
+    let mut feed = match Segments::parse(&args.file, args.segments)? {
+        None => {
+            let Some(tail) = open_tail(args, &stop)? else { return interrupted() };
+            let lock = File::open(&args.file)
+                .map_err(|e| CliError::input(format!("{}: {e}", args.file.display())))?;
+            Feed::Direct { lock, tail: Box::new(tail) }
+        }
+        Some((segments, first)) => {
+            let Some(chain) = Chain::open(args, &stop, segments, first)? else { return interrupted() };
+            Feed::Chain(Box::new(chain))
+        }
+    };
     let terminal = std::io::stdout().is_terminal();
     let screen = terminal.then(AltScreen::enter);
     let mut sym = Symbolizer::new(args.symbols.options());
-    let mut live = Live::new(&filter, &tail);
+    let mut live = Live::new(&filter, feed.tail());
     let idle_limit = (!args.idle_exit.is_zero()).then_some(args.idle_exit);
     let started = Instant::now();
     let mut last_growth = Instant::now();
-    let mut last_pos = tail.position();
-    let mut last_len = std::fs::metadata(&args.file).map(|m| m.len()).unwrap_or(0);
+    let mut last_pos = feed.tail().position();
+    let mut last_len = std::fs::metadata(feed.grows(&args.file)).map(|m| m.len()).unwrap_or(0);
     let mut batch: Vec<Sample> = Vec::new();
     let mut prev_read = 0u64;
     let reason;
@@ -284,16 +335,18 @@ pub fn run(args: &FollowArgs) -> Result<(), CliError> {
         let tick = Instant::now();
         // Asked before draining: when the lock is free, the recorder wrote its
         // last bytes before releasing it, so the drain below reads them all.
-        let running = recording_running(&lock, &args.file)?;
+        let running = feed.running(&args.file)?;
+        let tail = feed.tail();
         loop {
             batch.clear();
             batch.extend_from_slice(tail.poll()?);
             if batch.is_empty() {
                 break;
             }
-            live.add(&tail, &batch);
+            live.add(tail, &batch);
         }
-        let len = std::fs::metadata(&args.file).map(|m| m.len()).unwrap_or(last_len);
+        let len = std::fs::metadata(feed.grows(&args.file)).map(|m| m.len()).unwrap_or(last_len);
+        let tail: &Tail = feed.tail();
         if tail.position() != last_pos || len != last_len {
             last_growth = Instant::now();
             last_pos = tail.position();
@@ -307,7 +360,7 @@ pub fn run(args: &FollowArgs) -> Result<(), CliError> {
         };
         let fitted = Fit { width, rows };
         print_table(
-            &tail,
+            tail,
             &live,
             &mut sym,
             args,
@@ -323,7 +376,24 @@ pub fn run(args: &FollowArgs) -> Result<(), CliError> {
             break;
         }
         if !running {
-            reason = "recording ended (the recorder no longer holds the spool's lock)".to_string();
+            reason = match feed {
+                Feed::Direct { .. } => {
+                    let mut r = "recording ended (the recorder no longer holds the spool's lock)".to_string();
+                    if let Some(later) = later_segment(&args.file) {
+                        r += &format!(
+                            "; {} looks like a later segment: --segments follows a rotating recording \
+                             across its segments",
+                            escape(&later.display().to_string())
+                        );
+                    }
+                    r
+                }
+                Feed::Chain(_) => {
+                    "recording ended (the recorder no longer holds the last segment's lock and \
+                                   no later segment exists)"
+                        .to_string()
+                }
+            };
             break;
         }
         if let Some(limit) = idle_limit {
@@ -344,7 +414,7 @@ pub fn run(args: &FollowArgs) -> Result<(), CliError> {
         let width = terminal_size::terminal_size().map(|(w, _)| w.0 as usize);
         let fitted = Fit { width, rows: None };
         print_table(
-            &tail,
+            feed.tail(),
             &live,
             &mut sym,
             args,
@@ -354,11 +424,282 @@ pub fn run(args: &FollowArgs) -> Result<(), CliError> {
             live.select.selected() - prev_read,
         )?;
     }
-    if tail.has_incomplete_record() {
-        warn_truncated(&args.file, tail.position());
+    if let Feed::Direct { tail, .. } = &feed {
+        if tail.has_incomplete_record() {
+            warn_truncated(&args.file, tail.position());
+        }
     }
     eprintln!("spulse: follow: {shown}: stopped: {reason}; {} samples", live.select.selected());
     Ok(())
+}
+
+/// Where the followed samples come from.
+enum Feed {
+    /// One spool, tailed directly; `lock` is the follower's own descriptor of it.
+    Direct { lock: File, tail: Box<Tail> },
+    /// The segments of a rotating recording, merged as they are read.
+    Chain(Box<Chain>),
+}
+
+impl Feed {
+    /// The tail the table is computed from.
+    fn tail(&mut self) -> &mut Tail {
+        match self {
+            Feed::Direct { tail, .. } => tail,
+            Feed::Chain(c) => &mut c.tail,
+        }
+    }
+
+    /// The file whose growth `--idle-exit` watches.
+    fn grows<'a>(&'a self, file: &'a Path) -> &'a Path {
+        match self {
+            Feed::Direct { .. } => file,
+            Feed::Chain(c) => c.merged.path(),
+        }
+    }
+
+    /// Whether the recording is still running (for a chain, after copying what
+    /// the segments gained, moving on to the next segment when one is complete).
+    fn running(&mut self, file: &Path) -> Result<bool, CliError> {
+        match self {
+            Feed::Direct { lock, .. } => recording_running(lock, file),
+            Feed::Chain(c) => c.advance(),
+        }
+    }
+}
+
+/// If `file` is named like a segment and a later segment exists, its path.
+fn later_segment(file: &Path) -> Option<PathBuf> {
+    let (seg, Some(n)) = Segments::parse(file, true).ok()?? else { return None };
+    Some(seg.path(seg.next(Some(n)).ok()??))
+}
+
+/// The names of a rotating recording's segments: `dir/<prefix><number><suffix>`,
+/// the number zero-padded to at least six digits.
+#[derive(Debug)]
+struct Segments {
+    dir: PathBuf,
+    prefix: String,
+    suffix: String,
+}
+
+/// Fewest digits of a segment number in a file name (the recorder pads to six).
+const SEQ_DIGITS: usize = 6;
+
+impl Segments {
+    /// The segments `path` names: a pattern with `{seq}` (start at the oldest
+    /// segment there is: `None`), or with `one` a segment (start there: its
+    /// number). `Ok(None)`: `path` is a plain spool.
+    fn parse(path: &Path, one: bool) -> Result<Option<(Segments, Option<u64>)>, CliError> {
+        let shown = || escape(&path.display().to_string()).into_owned();
+        let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
+            if path.to_string_lossy().contains("{seq}") {
+                return Err(CliError::input(format!(
+                    "{}: {{seq}} must be in the file name of a segment pattern",
+                    shown()
+                )));
+            }
+            return Ok(None);
+        };
+        let dir = match path.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+            _ => PathBuf::from("."),
+        };
+        if dir.to_string_lossy().contains("{seq}") {
+            return Err(CliError::input(format!(
+                "{}: {{seq}} must be in the file name of a segment pattern, not its directory",
+                shown()
+            )));
+        }
+        if let Some(at) = name.find("{seq}") {
+            let (prefix, suffix) = (&name[..at], &name[at + 5..]);
+            if suffix.contains("{seq}") || name.contains("{pid}") || name.contains("{timestamp}") {
+                return Err(CliError::input(format!(
+                    "{}: a segment pattern has one {{seq}} and no other placeholder (write the process id \
+                     and start time as the recorder filled them in)",
+                    shown()
+                )));
+            }
+            return Ok(Some((Segments { dir, prefix: prefix.into(), suffix: suffix.into() }, None)));
+        }
+        if !one {
+            return Ok(None);
+        }
+        // The last run of at least six digits is the segment number.
+        let b = name.as_bytes();
+        let mut end = b.len();
+        while end > 0 {
+            if !b[end - 1].is_ascii_digit() {
+                end -= 1;
+                continue;
+            }
+            let mut start = end;
+            while start > 0 && b[start - 1].is_ascii_digit() {
+                start -= 1;
+            }
+            if end - start >= SEQ_DIGITS {
+                let Ok(num) = name[start..end].parse::<u64>() else { return Ok(None) };
+                let seg = Segments { dir, prefix: name[..start].into(), suffix: name[end..].into() };
+                return Ok(Some((seg, Some(num))));
+            }
+            end = start;
+        }
+        Err(CliError::input(format!(
+            "{}: --segments: the file name has no segment number (a run of {SEQ_DIGITS} or more digits)",
+            shown()
+        )))
+    }
+
+    /// The path of segment `n`.
+    fn path(&self, n: u64) -> PathBuf {
+        self.dir.join(format!("{}{n:0width$}{}", self.prefix, self.suffix, width = SEQ_DIGITS))
+    }
+
+    /// The lowest-numbered segment there is after `after` (or the lowest of all).
+    fn next(&self, after: Option<u64>) -> Result<Option<u64>, CliError> {
+        let entries = std::fs::read_dir(&self.dir)
+            .map_err(|e| CliError::input(format!("{}: {e}", escape(&self.dir.display().to_string()))))?;
+        let mut best: Option<u64> = None;
+        for entry in entries.flatten() {
+            let name = entry.file_name();
+            let Some(name) = name.to_str() else { continue };
+            let Some(digits) = name.strip_prefix(&self.prefix).and_then(|r| r.strip_suffix(&self.suffix))
+            else {
+                continue;
+            };
+            if digits.len() < SEQ_DIGITS || !digits.bytes().all(|c| c.is_ascii_digit()) {
+                continue;
+            }
+            let Ok(n) = digits.parse::<u64>() else { continue };
+            if after.is_none_or(|a| n > a) && best.is_none_or(|b| n < b) {
+                best = Some(n);
+            }
+        }
+        Ok(best)
+    }
+}
+
+/// The segments of a rotating recording, copied one after another into a
+/// merged spool (a temporary file) that `tail` reads.
+struct Chain {
+    segments: Segments,
+    /// Number, path, source and lock descriptor of the segment being read.
+    seq: u64,
+    path: PathBuf,
+    source: Source,
+    lock: File,
+    merged: tempfile::NamedTempFile,
+    out: SpoolWriter<File>,
+    shared: Shared,
+    tail: Tail,
+}
+
+impl Chain {
+    /// Open the first segment (`first`, or the oldest there is), waiting as
+    /// [`open_tail`] does; `None` when Ctrl-C ended the wait.
+    fn open(
+        args: &FollowArgs,
+        stop: &AtomicBool,
+        segments: Segments,
+        first: Option<u64>,
+    ) -> Result<Option<Chain>, CliError> {
+        let mut found = None;
+        let opened = wait_for(args, stop, &mut |_| {
+            let seq = match first {
+                Some(n) => n,
+                None => match segments.next(None) {
+                    Ok(Some(n)) => n,
+                    Ok(None) => {
+                        return Err(spulse::Error::Io {
+                            path: Some(args.file.clone()),
+                            source: std::io::Error::new(
+                                std::io::ErrorKind::NotFound,
+                                "no segment matches it",
+                            ),
+                        })
+                    }
+                    Err(e) => {
+                        return Err(spulse::Error::Io {
+                            path: Some(args.file.clone()),
+                            source: std::io::Error::other(e.message),
+                        })
+                    }
+                },
+            };
+            let path = segments.path(seq);
+            let source = Source::open_any(&path)?;
+            found = Some((seq, path));
+            Ok(source)
+        })?;
+        let Some(source) = opened else { return Ok(None) };
+        let (seq, path) = found.expect("set with the source");
+        let lock = File::open(&path).map_err(|e| CliError::input(format!("{}: {e}", path.display())))?;
+        let merged =
+            tempfile::Builder::new().prefix("spulse-follow-").suffix(".spool").tempfile().map_err(|e| {
+                CliError::other(format!("cannot create a temporary file for the segments: {e}"))
+            })?;
+        let file = merged.as_file().try_clone().map_err(|e| CliError::other(format!("{e}")))?;
+        let h = source.header();
+        let out =
+            SpoolWriter::new(file, Header { start_time_us: h.start_time_us, interval_us: h.interval_us })?;
+        let tail = Tail::open(merged.path())?;
+        Ok(Some(Chain { segments, seq, path, source, lock, merged, out, shared: Shared::merging(), tail }))
+    }
+
+    /// Copy what the current segment gained; while it is complete and a later
+    /// segment exists, move on to that one. Whether the recording runs on.
+    fn advance(&mut self) -> Result<bool, CliError> {
+        loop {
+            // Asked before copying: once unlocked, the segment is complete.
+            let running = recording_running(&self.lock, &self.path)?;
+            self.pump()?;
+            if running {
+                return Ok(true);
+            }
+            let Some(next) = self.segments.next(Some(self.seq))? else {
+                self.warn_if_truncated();
+                return Ok(false);
+            };
+            let path = self.segments.path(next);
+            let source = match Source::open_any(&path) {
+                Ok(s) => s,
+                // Created but its header not complete yet, or deleted at once by retention: next time.
+                Err(e) if not_there_yet(&e) => return Ok(true),
+                Err(e) => return Err(e.into()),
+            };
+            let lock = File::open(&path).map_err(|e| CliError::input(format!("{}: {e}", path.display())))?;
+            self.warn_if_truncated();
+            let mut old = std::mem::replace(&mut self.source, source);
+            self.lock = lock;
+            self.seq = next;
+            self.path = path;
+            // The new segment's modules are defined (sharing the old one's ids
+            // where they are the same) before the old segment gives its up.
+            self.pump()?;
+            old.finish_shared(&mut self.out, &mut self.shared).map_err(merge_error)?;
+            self.out.flush()?;
+        }
+    }
+
+    /// Copy what the current segment gained into the merged spool.
+    fn pump(&mut self) -> Result<(), CliError> {
+        self.source.pump_shared(&mut self.out, &mut self.shared).map_err(merge_error)?;
+        self.out.flush()?;
+        Ok(())
+    }
+
+    fn warn_if_truncated(&self) {
+        if let Some(valid) = self.source.incomplete_tail() {
+            warn_truncated(&self.path, valid);
+        }
+    }
+}
+
+fn merge_error(e: MergeError) -> CliError {
+    match e {
+        MergeError::Source(msg) => CliError::input(msg),
+        MergeError::Output(e) => CliError::other(format!("writing the merged segments: {e}")),
+    }
 }
 
 /// The terminal a table is fitted to: lines are cut to `width` columns, and

@@ -9,17 +9,23 @@ use serde_json::json;
 
 use super::{format_unix_us, with_stdout};
 use crate::display::escape;
-use crate::input::{open_replay, progress, PROGRESS_STEP};
+use crate::input::{open_inputs, progress, PROGRESS_STEP};
 use crate::processes::processes;
 use crate::symbolize::module_name;
 use crate::CliError;
 
 /// Arguments of `spulse info`.
 #[derive(Debug, Args)]
-#[command(after_help = "Example:\n  spulse info app.spool\n  spulse info app.spool --json | jq .samples")]
+#[command(
+    after_help = "Examples:\n  spulse info app.spool\n  spulse info app.spool --json | jq .samples\n  spulse info app-1234-*.spool    (the segments of a rotating recording, merged)"
+)]
 pub struct InfoArgs {
-    /// The spool (or packed) file.
-    pub file: PathBuf,
+    /// The spool (or packed) file. Several (such as the segments of a rotating recording)
+    /// are merged in time order and described as one; the sizes are then
+    /// their total (file bytes) and the merged stream's (valid bytes,
+    /// bytes/sample).
+    #[arg(required = true, value_name = "FILE")]
+    pub files: Vec<PathBuf>,
     /// Print one JSON object instead of text.
     #[arg(long)]
     pub json: bool,
@@ -27,9 +33,13 @@ pub struct InfoArgs {
 
 /// Run `spulse info`.
 pub fn run(args: &InfoArgs) -> Result<(), CliError> {
-    let replay = open_replay(&args.file)?;
+    let inputs = open_inputs(&args.files)?;
+    let replay = &inputs.replay;
     let defs = replay.definitions();
-    let file_len = std::fs::metadata(&args.file).map(|m| m.len()).unwrap_or(replay.valid_len());
+    let file_len = match args.files.as_slice() {
+        [one] => std::fs::metadata(one).map(|m| m.len()).unwrap_or(replay.valid_len()),
+        several => several.iter().map(|f| std::fs::metadata(f).map_or(0, |m| m.len())).sum(),
+    };
 
     let bar = progress(defs.sample_count(), "reading");
     let mut per_thread: Vec<u64> = vec![0; defs.threads().len()];
@@ -90,7 +100,8 @@ pub fn run(args: &InfoArgs) -> Result<(), CliError> {
             .map(|p| json!({"pid": p.pid, "program": p.program, "samples": p.samples, "threads": p.threads, "ended": p.ended}))
             .collect();
         let v = json!({
-            "file": args.file.display().to_string(),
+            "file": args.files[0].display().to_string(),
+            "files": args.files.iter().map(|f| f.display().to_string()).collect::<Vec<_>>(),
             "file_bytes": file_len,
             "container": if packed.is_some() { "packed" } else { "spool" },
             "packed_blocks": packed.map(|p| p.blocks),
@@ -121,12 +132,24 @@ pub fn run(args: &InfoArgs) -> Result<(), CliError> {
     }
 
     with_stdout(|out| {
-        writeln!(
-            out,
-            "file:            {} ({file_len} bytes, {} valid)",
-            escape(&args.file.display().to_string()),
-            replay.valid_len()
-        )?;
+        if let [one] = args.files.as_slice() {
+            writeln!(
+                out,
+                "file:            {} ({file_len} bytes, {} valid)",
+                escape(&one.display().to_string()),
+                replay.valid_len()
+            )?;
+        } else {
+            writeln!(
+                out,
+                "files:           {} spools merged in time order ({file_len} bytes; {} merged)",
+                args.files.len(),
+                replay.valid_len()
+            )?;
+            for f in &args.files {
+                writeln!(out, "                 {}", escape(&f.display().to_string()))?;
+            }
+        }
         match (packed, ratio) {
             (Some(p), Some(r)) => writeln!(
                 out,

@@ -118,6 +118,9 @@ pub fn run(args: &RecordArgs) -> Result<i32, CliError> {
         .env("SPULSE_RECORD_DIR", dir.path())
         .env("SPULSE_FREQUENCY", hz.to_string())
         .env_remove("SPULSE_OUTPUT")
+        // The collector reads one spool per process: no segments.
+        .env_remove("SPULSE_ROTATE")
+        .env_remove("SPULSE_RETAIN")
         .spawn()
         .map_err(|e| CliError::input(format!("cannot run {}: {e}", args.command[0].to_string_lossy())))?;
     let cmd_pid = child.id();

@@ -9,7 +9,7 @@ use serde_json::json;
 use super::{parse_count, with_stdout, FilterArgs, SymbolArgs, DEFAULT_LIMIT};
 use crate::aggregate::aggregate;
 use crate::display::{escape, fit};
-use crate::input::open_replay;
+use crate::input::open_inputs;
 use crate::processes::processes;
 use crate::report::{symbolize_all, top_with, FunctionStats};
 use crate::select::Filter;
@@ -32,8 +32,10 @@ pub enum SortBy {
     after_help = "Examples:\n  spulse top app.spool\n  spulse top app.spool -n 10 --thread 4242 --from 1000000 --to 3000000\n  spulse top app.spool --pid 4200\n  spulse top app.spool --json --symbols /usr/lib/debug\n  spulse top app.spool --inlines\n  spulse top tree.spool --per-process -n 5"
 )]
 pub struct TopArgs {
-    /// The spool (or packed) file.
-    pub file: PathBuf,
+    /// The spool (or packed) file. Several (such as the segments of a rotating recording)
+    /// are merged in time order and shown as one profile.
+    #[arg(required = true, value_name = "FILE")]
+    pub files: Vec<PathBuf>,
     /// Print a JSON array instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -113,11 +115,12 @@ pub fn write_table(
 pub fn run(args: &TopArgs) -> Result<(), CliError> {
     let filter = args.filter.filter();
     filter.check_window()?;
-    let replay = open_replay(&args.file)?;
-    filter.validate(&replay, &args.file)?;
+    let inputs = open_inputs(&args.files)?;
+    let replay = &inputs.replay;
+    filter.validate(replay, &inputs.name)?;
     let mut sym = Symbolizer::new(args.symbols.options());
     if !args.per_process {
-        let (stats, total) = table(&replay, &filter, args, &mut sym)?;
+        let (stats, total) = table(replay, &filter, args, &mut sym)?;
         return with_stdout(|out| {
             if args.json {
                 writeln!(
@@ -137,11 +140,11 @@ pub fn run(args: &TopArgs) -> Result<(), CliError> {
         per_thread[s?.thread.index()] += 1;
     }
     let mut sections = Vec::new();
-    for p in processes(&replay, &per_thread) {
+    for p in processes(replay, &per_thread) {
         if filter.pid.is_some_and(|pid| pid != p.pid) || p.threads == 0 {
             continue;
         }
-        let (stats, total) = table(&replay, &Filter { pid: Some(p.pid), ..filter }, args, &mut sym)?;
+        let (stats, total) = table(replay, &Filter { pid: Some(p.pid), ..filter }, args, &mut sym)?;
         sections.push((p, stats, total));
     }
     with_stdout(|out| {
