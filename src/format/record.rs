@@ -243,6 +243,9 @@ pub(crate) fn decode(buf: &[u8]) -> Result<(Record<'_>, usize), DecodeError> {
     decode_fields(buf).map_err(|p| p.error)
 }
 
+/// A stack record's id, parent (`None` for a root node) and frame.
+pub(crate) type StackFields = (u64, Option<u64>, u64);
+
 /// The fields of a stack record (the tag at `buf[0]` is [`tag::STACK`]): the
 /// id, the parent (`None` for a root node) and the frame, and the record's
 /// length. `None` when a field is incomplete or malformed: [`decode_fields`]
@@ -250,7 +253,7 @@ pub(crate) fn decode(buf: &[u8]) -> Result<(Record<'_>, usize), DecodeError> {
 /// the most frequent records after samples, and this path skips building a
 /// [`Record`].
 #[inline]
-pub(crate) fn decode_stack(buf: &[u8]) -> Option<((u64, Option<u64>, u64), usize)> {
+pub(crate) fn decode_stack(buf: &[u8]) -> Option<(StackFields, usize)> {
     debug_assert_eq!(buf.first(), Some(&tag::STACK));
     let mut c = Cursor::new(buf, 1);
     let (mut id, mut parent, mut frame) = (0, None, 0);
