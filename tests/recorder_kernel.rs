@@ -79,7 +79,7 @@ fn record_reader(test: &str, kernel_time: Option<bool>) -> Run {
     let guard = b.start(&path).expect("start");
     let (tid, user, system) = std::thread::Builder::new()
         .name("reader".into())
-        .spawn(|| read_zero(1.0, Duration::from_secs(10)))
+        .spawn(|| read_zero(2.0, Duration::from_secs(15)))
         .unwrap()
         .join()
         .unwrap();
@@ -173,7 +173,14 @@ fn check_user_only(r: &Run) {
         "{} samples: system time was sampled ({expected_all:.0} for user + system)",
         r.samples
     );
-    assert!(r.samples as f64 >= 0.5 * expected_user, "{} samples for {expected_user:.0} expected", r.samples);
+    // getrusage's user time of a thread that is almost all system time is
+    // tick accounting (4 ms ticks at HZ 250: 32 to 72 ms for the same
+    // workload), so only a loose lower bound holds.
+    assert!(
+        r.samples as f64 >= 0.25 * expected_user,
+        "{} samples for {expected_user:.0} expected",
+        r.samples
+    );
 }
 
 #[test]
