@@ -9,7 +9,7 @@
 //! thread-control-block probing, `/proc/self/maps`), `engine.rs` (the running
 //! engine: who sends the signal), `modules.rs` (loaded objects, generations,
 //! unwinder snapshots), `cfi_check.rs` (which unwind tables the handler may be
-//! handed), `intern.rs` and `writer_thread.rs` (the spool side). This file holds
+//! handed) and `cfi_cache.rs` (its verdicts, kept per library build), `intern.rs` and `writer_thread.rs` (the spool side). This file holds
 //! the public API: builder, guard, statistics, Python-runtime marks, and the
 //! start sequence.
 //!
