@@ -225,7 +225,8 @@ fn foreign_sigprof_is_chained_to_the_previous_disposition() {
     let stats = g.finish().unwrap();
     assert!(stats.samples_written > 0);
     // After stop, our own stray signals would be ignored, foreign ones still chained.
-    // SAFETY: as above.
+    // SAFETY: raise only sends SIGPROF to this thread; the recorder is stopped,
+    // so the disposition in place is the one saved before it (SIG_IGN).
     unsafe { libc::raise(libc::SIGPROF) };
     let _ = prev;
 }

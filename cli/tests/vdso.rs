@@ -22,12 +22,12 @@ fn read_clock_for(cpu: Duration) -> u64 {
     unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut c0) };
     loop {
         for _ in 0..10_000 {
-            // SAFETY: as above.
+            // SAFETY: clock_gettime writes the timespec passed.
             unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
             acc = acc.wrapping_add(ts.tv_nsec as u64);
         }
         let mut c = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-        // SAFETY: as above.
+        // SAFETY: clock_gettime writes the timespec passed.
         unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut c) };
         let used = Duration::new(c.tv_sec as u64, c.tv_nsec as u32)
             .saturating_sub(Duration::new(c0.tv_sec as u64, c0.tv_nsec as u32));

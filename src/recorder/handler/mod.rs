@@ -204,7 +204,8 @@ extern "C" fn on_signal(sig: c_int, info: *mut libc::siginfo_t, ctx: *mut c_void
         // SAFETY: the arguments are the kernel's, passed on unchanged.
         None => unsafe { chain(sig, info, ctx) },
     }
-    // SAFETY: as above.
+    // SAFETY: `errno` is this thread's errno location, valid for the thread's
+    // life; restoring it undoes any change made while the handler ran.
     unsafe { *errno = saved };
 }
 

@@ -177,7 +177,7 @@ impl ProcessTimer {
         if self.armed {
             let zero = libc::timeval { tv_sec: 0, tv_usec: 0 };
             let it = libc::itimerval { it_interval: zero, it_value: zero };
-            // SAFETY: as above.
+            // SAFETY: setitimer reads the itimerval we pass; a null old value is allowed.
             unsafe { libc::setitimer(libc::ITIMER_PROF, &it, std::ptr::null_mut()) };
             self.armed = false;
         }
