@@ -14,7 +14,8 @@
 //! rewritten; files are written to a temporary name and renamed, so a reader
 //! never sees half of one. The directory is created with mode 0700: the
 //! verdict decides what the signal handler's unwinder may be handed, so only
-//! the user who records may write it.
+//! the user who records may write it, and a file or directory that belongs to
+//! another user or that group or others may write is ignored.
 
 use std::hash::{Hash, Hasher};
 use std::io::Read;
@@ -127,6 +128,13 @@ impl CfiCache {
         if !meta.is_file() || meta.len() > (head + 4 * MAX_ENTRIES) as u64 {
             return None;
         }
+        // Only a verdict that no other user could have written is trusted:
+        // the file and its directory belong to this user and are writable by
+        // nobody else (a shared or loosened directory is ignored, not used).
+        let dir = std::fs::metadata(&self.dir).ok()?;
+        if !private_to_me(&meta) || !private_to_me(&dir) {
+            return None;
+        }
         let mut bytes = Vec::with_capacity(meta.len() as usize);
         file.take(meta.len()).read_to_end(&mut bytes).ok()?;
         decode(&bytes, key)
@@ -157,6 +165,14 @@ impl CfiCache {
         }
         res
     }
+}
+
+/// Owned by this process's effective user and not writable by group or others.
+fn private_to_me(meta: &std::fs::Metadata) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let me = unsafe { libc::geteuid() };
+    meta.uid() == me && meta.mode() & 0o022 == 0
 }
 
 fn encode(key: &Key, dropped: &[u32]) -> Vec<u8> {
@@ -230,6 +246,18 @@ mod tests {
             std::fs::write(&path, bad).unwrap();
             assert_eq!(cache.load(&k), None);
         }
+        // A verdict that others could have written is not trusted: a file or
+        // a directory writable by group or others.
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::write(&path, &good).unwrap();
+        assert_eq!(cache.load(&k), Some(vec![1, 2]));
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o620)).unwrap();
+        assert_eq!(cache.load(&k), None);
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+        assert_eq!(cache.load(&k), None);
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+        assert_eq!(cache.load(&k), Some(vec![1, 2]));
         // A FIFO in its place is not opened for a blocking read.
         std::fs::remove_file(&path).unwrap();
         let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
