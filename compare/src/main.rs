@@ -275,23 +275,23 @@ fn main() {
             let timing = std::env::var_os("WORKLOAD_HANDLER_TIMING").is_some();
             let mut handler = String::new();
             if timing {
-                spulse::__bench::handler_timing(true);
+                spulse::testing::handler_timing::handler_timing(true);
             }
             (per_thread, check) = run_workload(a.threads, a.rounds, a.depth);
             if timing {
-                spulse::__bench::handler_timing(false);
-                let hist = spulse::__bench::take_handler_times();
+                spulse::testing::handler_timing::handler_timing(false);
+                let hist = spulse::testing::handler_timing::take_handler_times();
                 let total: u64 = hist.iter().sum();
                 let mut acc = 0;
                 let mut median = 0;
                 for (i, n) in hist.iter().enumerate() {
                     acc += n;
                     if acc * 2 >= total {
-                        median = i as u64 * spulse::__bench::BUCKET_NS;
+                        median = i as u64 * spulse::testing::handler_timing::BUCKET_NS;
                         break;
                     }
                 }
-                let mean = hist.iter().enumerate().map(|(i, n)| i as u64 * n).sum::<u64>() * spulse::__bench::BUCKET_NS
+                let mean = hist.iter().enumerate().map(|(i, n)| i as u64 * n).sum::<u64>() * spulse::testing::handler_timing::BUCKET_NS
                     / total.max(1);
                 handler = format!(r#","handler_median_ns":{median},"handler_mean_ns":{mean}"#);
             }
