@@ -271,6 +271,20 @@ fn main() {
         }
         "spulse" => {
             let guard = spulse::Recorder::builder().frequency_hz(a.freq).start(&a.out).expect("spulse start");
+            // WORKLOAD_HANDLER_PHASE=classify|claim|registers|unwind: the handler
+            // returns after that phase (the per-phase cost breakdown; those
+            // samples are not recorded).
+            if let Some(p) = std::env::var_os("WORKLOAD_HANDLER_PHASE") {
+                use spulse::testing::handler_timing::Phase;
+                let phase = match p.to_str() {
+                    Some("classify") => Phase::Classify,
+                    Some("claim") => Phase::Claim,
+                    Some("registers") => Phase::Registers,
+                    Some("unwind") => Phase::Unwind,
+                    other => panic!("WORKLOAD_HANDLER_PHASE={other:?}: classify, claim, registers or unwind"),
+                };
+                spulse::testing::handler_timing::stop_after(Some(phase));
+            }
             // WORKLOAD_HANDLER_TIMING=1: also report the handler's own time.
             let timing = std::env::var_os("WORKLOAD_HANDLER_TIMING").is_some();
             let mut handler = String::new();

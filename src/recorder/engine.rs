@@ -24,12 +24,21 @@ impl Engine {
     }
 
     /// Periodic upkeep (new threads for per-thread timers and kernel-time events).
-    pub(crate) fn tick(&mut self) {
+    pub(crate) fn tick(&mut self, tids: &[u32]) {
         match self {
-            Engine::Threads(t) => t.rescan(),
-            Engine::Perf(_, Some(k)) => k.rescan(),
+            Engine::Threads(t) => t.rescan(tids),
+            Engine::Perf(_, Some(k)) => k.rescan(tids),
             _ => {}
         }
+    }
+
+    /// Whether a thread created since the last tick goes unsampled until the
+    /// writer lists the threads (one timer per thread, none inherited), so the
+    /// listing must be taken on every tick. The perf engine's inherited events
+    /// sample a new thread from its first instruction, and its first sample
+    /// tells the writer that the thread exists.
+    pub(crate) fn needs_every_scan(&self) -> bool {
+        matches!(self, Engine::Threads(_))
     }
 
     /// Keep the kernel-time events' descriptors open for the life of the

@@ -124,8 +124,11 @@ impl LostSamples {
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum KernelTime {
-    /// Sampled: every period that ended in kernel mode is a sample whose leaf is
-    /// a kernel-mode absolute frame (address 0: the kernel function is not
+    /// Sampled: system CPU time is sampled at an eighth of the rate, each
+    /// sample weighing eight intervals (a period of the kernel-time event ends
+    /// every eight sampling periods of the thread's running time, in user mode
+    /// too, where its timer is pure cost), as a sample whose leaf is a
+    /// kernel-mode absolute frame (address 0: the kernel function is not
     /// known) on top of the user stack that entered the kernel.
     Sampled,
     /// User time only: switched off ([`RecorderBuilder::kernel_time`] or
@@ -186,7 +189,8 @@ pub struct Stats {
     pub threads_blocking_signal: u64,
     /// Whether system CPU time was sampled, and if not, why.
     pub kernel_time: KernelTime,
-    /// Samples whose period ended in kernel mode (written with a kernel leaf).
+    /// Sample intervals whose period ended in kernel mode (written with a
+    /// kernel leaf), counted by weight: a kernel-time sample stands for eight.
     pub kernel_samples: u64,
     /// Threads that got no kernel-time event (more than 512 threads, or no
     /// descriptor below 4096 free): only their user time was sampled.
@@ -883,6 +887,14 @@ pub mod bench_support {
     pub fn take_handler_times() -> Vec<u64> {
         super::handler::timing::take()
     }
+
+    pub use super::handler::timing::Phase;
+
+    /// Make the handler return after `phase` (`None`: run whole), for the
+    /// per-phase cost breakdown; samples stopped early are not recorded.
+    pub fn stop_after(phase: Option<Phase>) {
+        super::handler::timing::set_stop_after(phase)
+    }
 }
 
 /// Called in a forked child (async-signal-safe: atomics only): the parent's
@@ -1010,6 +1022,7 @@ fn start_inner(b: &RecorderBuilder, path: &Path) -> Result<Guard, Error> {
         counters: Counters::default(),
         weight_cap: MAX_SIGNAL_WEIGHT,
         period_ns,
+        kernel_weight: sys::perf::KERNEL_PERIOD_FACTOR,
         names: handler::ThreadNames::default(),
     });
 
@@ -1147,7 +1160,10 @@ fn start_kernel_time(
             // SIGURG before the first event: its default disposition would
             // drop our signals rather than run the handler.
             match handler::install(Signal::SIGURG) {
-                Ok(installed) => match sys::perf::KernelEvents::start(period_ns, writer_tid) {
+                Ok(installed) => match sys::perf::KernelEvents::start(
+                    period_ns.saturating_mul(sys::perf::KERNEL_PERIOD_FACTOR as u64),
+                    writer_tid,
+                ) {
                     Ok(k) => (engine::Engine::Perf(p, Some(k)), KernelTime::Sampled),
                     Err(e) => {
                         if installed {

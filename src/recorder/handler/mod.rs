@@ -184,6 +184,14 @@ extern "C" fn on_signal(sig: c_int, info: *mut libc::siginfo_t, ctx: *mut c_void
         Some((weight, kernel_fd)) => {
             #[cfg(feature = "testing")]
             let t0 = timing::begin();
+            #[cfg(feature = "testing")]
+            if timing::stop_after(timing::Phase::Classify) {
+                timing::end(t0);
+                // SAFETY: `errno` is this thread's errno slot (from __errno_location, valid
+                // for the thread's life); restoring it undoes any change made since.
+                unsafe { *errno = saved };
+                return;
+            }
             IN_HANDLER.fetch_add(1, Ordering::SeqCst);
             let st = STATE.load(Ordering::SeqCst);
             if !st.is_null() {
@@ -219,7 +227,7 @@ extern "C" fn on_signal(sig: c_int, info: *mut libc::siginfo_t, ctx: *mut c_void
 /// sample in four, at random, keeps the two out of step.
 #[inline]
 fn rephase(st: &Shared, fd: c_int) {
-    let p = st.period_ns.max(2);
+    let p = st.period_ns.saturating_mul(st.kernel_weight as u64).max(2);
     // splitmix64 of the time and the thread pointer: no state to share.
     // SAFETY: pthread_self only reads the thread pointer register.
     let mut z = now_us() ^ (unsafe { libc::pthread_self() } as u64).rotate_left(32);
@@ -296,6 +304,7 @@ unsafe fn chain(sig: c_int, info: *mut libc::siginfo_t, ctx: *mut c_void) {
 #[inline]
 unsafe fn record(st: &Shared, weight: u32, kernel: bool, ctx: *mut c_void) {
     let c = &st.counters;
+    let weight = if kernel { weight.saturating_mul(st.kernel_weight) } else { weight };
     c.signals.fetch_add(1, Ordering::Relaxed);
     let weight = if weight > st.weight_cap {
         c.overrun_capped.fetch_add((weight - st.weight_cap) as u64, Ordering::Relaxed);
@@ -319,6 +328,10 @@ unsafe fn record(st: &Shared, weight: u32, kernel: bool, ctx: *mut c_void) {
         c.lost_no_cache.fetch_add(weight as u64, Ordering::Relaxed);
         return;
     };
+    #[cfg(feature = "testing")]
+    if timing::stop_after(timing::Phase::Claim) {
+        return;
+    }
     let Some(mut claim) = st.ring.claim() else {
         c.lost_ring_full.fetch_add(weight as u64, Ordering::Relaxed);
         return;
@@ -329,6 +342,10 @@ unsafe fn record(st: &Shared, weight: u32, kernel: bool, ctx: *mut c_void) {
         return; // the claim is published void on drop
     };
     let time_us = now_us();
+    #[cfg(feature = "testing")]
+    if timing::stop_after(timing::Phase::Registers) {
+        return;
+    }
     // SAFETY: `st` is the published state and the caller counts in IN_HANDLER,
     // as `SnapshotCell::current` requires.
     let snap = unsafe { st.snapshot.current() };
@@ -363,6 +380,10 @@ unsafe fn record(st: &Shared, weight: u32, kernel: bool, ctx: *mut c_void) {
             }
         }
     };
+    #[cfg(feature = "testing")]
+    if timing::stop_after(timing::Phase::Unwind) {
+        return;
+    }
     if depth == 0 {
         c.lost_unwind_failed.fetch_add(weight as u64, Ordering::Relaxed);
         return;

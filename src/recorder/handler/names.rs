@@ -23,6 +23,10 @@ const READY: u32 = 1 << 31;
 pub(crate) struct ThreadNames {
     keys: Box<[AtomicU32]>,
     words: Box<[[AtomicU64; 2]]>,
+    /// Entries claimed so far: it moves when a thread is sampled for the first
+    /// time, which tells the writer a new thread exists without listing
+    /// `/proc/self/task` on every tick.
+    added: AtomicU64,
 }
 
 impl Default for ThreadNames {
@@ -30,6 +34,7 @@ impl Default for ThreadNames {
         ThreadNames {
             keys: (0..NAME_SLOTS).map(|_| AtomicU32::new(0)).collect(),
             words: (0..NAME_SLOTS).map(|_| [AtomicU64::new(0), AtomicU64::new(0)]).collect(),
+            added: AtomicU64::new(0),
         }
     }
 }
@@ -40,6 +45,11 @@ fn home(tid: u32) -> usize {
 }
 
 impl ThreadNames {
+    /// How many threads have had their name captured (see `added`).
+    pub(crate) fn added(&self) -> u64 {
+        self.added.load(Ordering::Relaxed)
+    }
+
     /// In the handler: make sure the calling thread `tid` has an entry, taking
     /// its name if it has none. No allocation, no lock: loads, one CAS, one
     /// `prctl` on the first sample of a thread.
@@ -70,6 +80,7 @@ impl ThreadNames {
                 self.words[i][0].store(u64::from_le_bytes(w0), Ordering::Relaxed);
                 self.words[i][1].store(u64::from_le_bytes(w1), Ordering::Relaxed);
                 k.store(tid | READY, Ordering::Release);
+                self.added.fetch_add(1, Ordering::Relaxed);
                 return;
             }
             // Another thread won this entry between our load and CAS: look at

@@ -43,6 +43,10 @@ pub(crate) struct Shared {
     pub weight_cap: u32,
     /// The sampling period in nanoseconds.
     pub period_ns: u64,
+    /// Sample intervals one kernel-time sample stands for: the kernel-time
+    /// events run at this many times the period (see
+    /// `sys::perf::KERNEL_PERIOD_FACTOR`).
+    pub kernel_weight: u32,
     /// Names of the threads sampled, taken on their first sample.
     pub names: ThreadNames,
 }

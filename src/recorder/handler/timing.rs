@@ -4,8 +4,12 @@
 //! histogram of atomic counters. Off, it costs the handler one relaxed load.
 //! Runs in the handler: no allocation, no lock; [`begin`] and [`end`] only read a
 //! clock and touch atomics.
+//!
+//! It also holds the phase knob of the cost breakdown: [`set_stop_after`] makes
+//! the handler return after a given phase ([`Phase`]), so a gap meter measures
+//! what each phase adds to a sample's cost (`compare/gaps.py`).
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 
 /// When on, each of our signals adds its handler time to the histogram.
 static ON: AtomicBool = AtomicBool::new(false);
@@ -16,6 +20,35 @@ pub(crate) const BUCKETS: usize = 2048;
 #[allow(clippy::declare_interior_mutable_const)]
 const ZERO: AtomicU64 = AtomicU64::new(0);
 static HIST: [AtomicU64; BUCKETS] = [ZERO; BUCKETS];
+
+/// Where the handler stops when the breakdown knob is set (0: it runs whole).
+static STOP_AFTER: AtomicU8 = AtomicU8::new(0);
+
+/// The phases of the handler, in order, for [`set_stop_after`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Phase {
+    /// The signal is classified as ours; nothing else is done.
+    Classify = 1,
+    /// The thread id is read, its name captured, an unwinder cache claimed.
+    Claim = 2,
+    /// A ring slot is claimed, the registers and the time are read.
+    Registers = 3,
+    /// The stack is unwound into the slot (which is then dropped, not published).
+    Unwind = 4,
+}
+
+/// Make the handler return after `phase` (`None`: run whole, the default).
+/// Samples stopped early are not recorded.
+pub(crate) fn set_stop_after(phase: Option<Phase>) {
+    STOP_AFTER.store(phase.map_or(0, |p| p as u8), Ordering::SeqCst);
+}
+
+/// Whether the handler stops after `phase`.
+#[inline(always)]
+pub(super) fn stop_after(phase: Phase) -> bool {
+    STOP_AFTER.load(Ordering::Relaxed) == phase as u8
+}
 
 /// Nanoseconds per tick of [`bench_ticks`], as a 32.32 fixed-point number.
 static TICK_NS_Q32: AtomicU64 = AtomicU64::new(1 << 32);

@@ -113,8 +113,7 @@ impl ThreadTimers {
     }
 
     /// Cover threads created since the last call; forget those that exited.
-    pub(crate) fn rescan(&mut self) {
-        let Ok(tids) = list_tids() else { return };
+    pub(crate) fn rescan(&mut self, tids: &[u32]) {
         let gone: Vec<u32> = self.timers.keys().copied().filter(|t| !tids.contains(t)).collect();
         for t in gone {
             if let Some(id) = self.timers.remove(&t) {
@@ -122,7 +121,7 @@ impl ThreadTimers {
                 unsafe { libc::syscall(libc::SYS_timer_delete, id) };
             }
         }
-        for tid in tids {
+        for &tid in tids {
             if tid != self.skip && !self.timers.contains_key(&tid) {
                 let _ = self.create(tid);
             }
