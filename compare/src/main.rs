@@ -53,7 +53,7 @@ fn gap_meter(seconds: f64) -> (u64, u64, u64) {
                 running += d;
                 stolen += d;
                 gaps += 1;
-                HIST[((d / GAP_MIN_TICKS) as usize).min(HIST.len() - 1)]
+                HIST[((d / HIST_BUCKET_TICKS) as usize).min(HIST.len() - 1)]
                     .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             }
         }
@@ -148,6 +148,16 @@ struct Args {
     gaps: Option<f64>,
 }
 
+/// In gap-meter mode, give a profiler that has just started 300 ms before the
+/// measured window opens, so its one-off start-up work (spulse's writer
+/// faulting its ring in, for one) is not counted as the steady-state cost of
+/// sampling; the window measures that cost only. Start-up is measured apart.
+fn settle(a: &Args) {
+    if a.gaps.is_some() {
+        std::thread::sleep(Duration::from_millis(300));
+    }
+}
+
 fn parse_args() -> Args {
     let mut a = Args {
         profiler: "none".into(),
@@ -203,8 +213,12 @@ fn rusage() -> (f64, i64) {
     (cpu, ru.ru_maxrss)
 }
 
-/// Histogram of interruption lengths, in units of `GAP_MIN_TICKS`.
-static HIST: [std::sync::atomic::AtomicU64; 64] = [const { std::sync::atomic::AtomicU64::new(0) }; 64];
+/// Histogram of interruption lengths, in units of `HIST_BUCKET_TICKS`: its
+/// median is the typical cost of one interruption, which host noise and
+/// descheduling move far less than the total.
+static HIST: [std::sync::atomic::AtomicU64; 2048] = [const { std::sync::atomic::AtomicU64::new(0) }; 2048];
+/// Width of a bucket of `HIST`, in time-stamp-counter ticks.
+const HIST_BUCKET_TICKS: u64 = 100;
 /// Gap-meter totals of every thread: ticks running, ticks stolen, gaps.
 static GAPS: [std::sync::atomic::AtomicU64; 3] = [const { std::sync::atomic::AtomicU64::new(0) }; 3];
 static GAP_SECONDS: std::sync::Mutex<Option<f64>> = std::sync::Mutex::new(None);
@@ -257,6 +271,7 @@ fn main() {
     let a = parse_args();
     *GAP_SECONDS.lock().unwrap() = a.gaps;
     let _ = std::fs::remove_file(&a.out);
+    let tsc0 = ticks();
     let t0 = Instant::now();
     let mut extra = String::new();
     let (per_thread, check);
@@ -271,6 +286,7 @@ fn main() {
         }
         "spulse" => {
             let guard = spulse::Recorder::builder().frequency_hz(a.freq).start(&a.out).expect("spulse start");
+            settle(&a);
             // WORKLOAD_HANDLER_PHASE=classify|claim|registers|unwind: the handler
             // returns after that phase (the per-phase cost breakdown; those
             // samples are not recorded).
@@ -338,6 +354,7 @@ fn main() {
                 .blocklist(&["libc", "libgcc", "pthread", "vdso"])
                 .build()
                 .expect("pprof start");
+            settle(&a);
             (per_thread, check) = run_workload(a.threads, a.rounds, a.depth);
             end_now();
             let l0 = Instant::now();
@@ -398,12 +415,12 @@ fn main() {
         let g: Vec<u64> = GAPS.iter().map(|v| v.load(std::sync::atomic::Ordering::Relaxed)).collect();
         let window = f64::from_bits(WINDOW_CPU.load(std::sync::atomic::Ordering::Relaxed));
         extra.push_str(&format!(
-            r#","gap_running_ticks":{},"gap_stolen_ticks":{},"gaps":{},"window_cpu_s":{:.6}"#,
-            g[0], g[1], g[2], window
+            r#","gap_running_ticks":{},"gap_stolen_ticks":{},"gaps":{},"window_cpu_s":{:.6},"tsc_hz":{:.0}"#,
+            g[0], g[1], g[2], window, ticks().wrapping_sub(tsc0) as f64 / t0.elapsed().as_secs_f64()
         ));
         let h: Vec<String> =
             HIST.iter().map(|v| v.load(std::sync::atomic::Ordering::Relaxed).to_string()).collect();
-        extra.push_str(&format!(r#","gap_hist":[{}]"#, h.join(",")));
+        extra.push_str(&format!(r#","gap_hist":[{}],"gap_hist_bucket_ticks":{}"#, h.join(","), HIST_BUCKET_TICKS));
     }
     println!(
         r#"{{"profiler":"{}","freq":{},"threads":{},"wall_s":{:.6},"cpu_s":{:.6},"workload_cpu_s":{:.6},"maxrss_kb":{},"check":{}{}}}"#,
