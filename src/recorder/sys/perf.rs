@@ -51,9 +51,11 @@
 //!
 //! The price of fasync: such an event is not inherited usefully (the signal of
 //! an inherited copy goes to the owner of the original), so one event with its
-//! own descriptor is opened per thread, at start and at every writer tick for
-//! threads created since: a thread's first flush interval (50 ms by default)
-//! is sampled in user mode only. At most [`MAX_KERNEL_EVENTS`] threads get one,
+//! own descriptor is opened per thread, at start and, for a thread created
+//! later, at the writer tick after its first (user-mode) sample, which is
+//! how the writer learns of it without listing `/proc/self/task` every tick:
+//! until then (about a flush interval, 50 ms by default, of its running time)
+//! a new thread is sampled in user mode only. At most [`MAX_KERNEL_EVENTS`] threads get one,
 //! and only descriptors below [`crate::recorder::handler::MAX_KERNEL_FD`] are
 //! kept (the handler looks the descriptor of a SIGURG up in a fixed table to
 //! tell ours from a socket's). A pending SIGURG also makes an interruptible
@@ -61,8 +63,13 @@
 //! any signal: restarted (`SA_RESTART`) or `EINTR` for calls that are never
 //! restarted (`epoll_wait`, `select`, ...).
 //!
-//! Both events of a thread run on timers of the same period; the handler draws
-//! the kernel event's next period at random after each of its samples (see
+//! The kernel event's period is [`KERNEL_PERIOD_FACTOR`] sampling periods and
+//! each of its samples weighs as many intervals: a task-clock timer fires every
+//! period the thread runs, in user mode too (where an `exclude_user` event
+//! drops the overflow), so at one period the kernel event doubled the cost of
+//! sampling a thread that never enters the kernel. Both events run on timers
+//! whose periods are multiples of each other; the handler draws the kernel
+//! event's next period at random after one of its samples in four (see
 //! `rephase` in the handler) so the two never stay in step. What remains: a
 //! period that expires while the kernel switches the thread in or out, or
 //! delivers one of our signals, is kernel time as perf sees it (`perf record`
