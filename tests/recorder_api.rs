@@ -397,3 +397,18 @@ fn handler_restored_without_siginfo_is_reinstalled() {
 fn unix_us() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_micros() as u64
 }
+
+#[test]
+fn stats_report_the_writer_threads_own_cpu_time() {
+    let _serial = serial();
+    let (_dir, path) = spool_path("writer_cpu.spool");
+    let g = spulse::Recorder::builder().frequency_hz(999).start(&path).unwrap();
+    burn(0.3);
+    let stats = g.finish().unwrap();
+    eprintln!("{stats:?}");
+    assert!(stats.samples_written > 100, "{stats:?}");
+    // The writer drained and wrote every sample: it used some CPU, and far
+    // less than the recording lasted (it sleeps between flushes).
+    assert!(stats.writer_cpu > Duration::ZERO, "{stats:?}");
+    assert!(stats.writer_cpu < stats.duration / 2, "{stats:?}");
+}

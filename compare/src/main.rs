@@ -338,12 +338,13 @@ fn main() {
                 per_thread.iter().map(|(tid, _)| counts.get(tid).copied().unwrap_or(0).to_string()).collect();
             let bytes = std::fs::metadata(&a.out).map(|m| m.len()).unwrap_or(0);
             extra = format!(
-                r#","samples":{},"per_thread_samples":[{}],"profile_bytes":{},"load_s":{:.6},"engine":"{}""#,
+                r#","samples":{},"per_thread_samples":[{}],"profile_bytes":{},"load_s":{:.6},"engine":"{}","writer_cpu_s":{:.6}"#,
                 snap.len(),
                 per.join(","),
                 bytes,
                 load_s,
-                stats.engine
+                stats.engine,
+                stats.writer_cpu.as_secs_f64()
             );
             extra.push_str(&handler);
         }

@@ -200,6 +200,10 @@ pub struct Stats {
     pub segments_written: u64,
     /// Segments deleted by [`RecorderBuilder::retain`].
     pub segments_deleted: u64,
+    /// CPU time of the recorder's writer thread (draining the ring, interning
+    /// stacks, writing, its periodic checks): the part of the profiler's cost
+    /// spent outside the sampled threads.
+    pub writer_cpu: Duration,
 }
 
 impl Stats {

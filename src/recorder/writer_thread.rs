@@ -924,6 +924,7 @@ impl Run {
             threads_without_kernel_time: self.st.engine.kernel_missed(),
             segments_written: self.st.rotation.as_ref().map_or(1, |r| r.seq + 1),
             segments_deleted: self.st.rotation.as_ref().map_or(0, |r| r.deleted),
+            writer_cpu: super::sys::thread_cpu_time(),
         })
     }
 }
