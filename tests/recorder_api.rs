@@ -412,3 +412,31 @@ fn stats_report_the_writer_threads_own_cpu_time() {
     assert!(stats.writer_cpu > Duration::ZERO, "{stats:?}");
     assert!(stats.writer_cpu < stats.duration / 2, "{stats:?}");
 }
+
+#[test]
+fn a_filling_ring_brings_the_writer_back_before_its_interval() {
+    let _serial = serial();
+    let (_dir, path) = spool_path("adaptive.spool");
+    // A drain takes at most the ring's 128 slots. Drained only every 400 ms,
+    // a recording of D seconds writes at most (D / 0.4 + 2) x 128 samples
+    // however many were taken; a drain that finds the ring more than a quarter
+    // full makes the writer come back after half the wait, then half that,
+    // so it drains far more often and writes most of the 4 kHz samples. The
+    // bound does not depend on how fast the machine is or how loaded.
+    let g = spulse::Recorder::builder()
+        .frequency_hz(4000)
+        .ring_capacity(128)
+        .flush_interval(Duration::from_millis(400))
+        .start(&path)
+        .unwrap();
+    burn(1.0);
+    let stats = g.finish().unwrap();
+    eprintln!("{stats:?}");
+    let fixed_rate_most = (stats.duration.as_secs_f64() / 0.4 + 2.0) * 128.0;
+    assert!(
+        stats.samples_written as f64 > 1.5 * fixed_rate_most,
+        "{} samples written in {:?}: no more than 400 ms drains allow ({fixed_rate_most:.0}); {stats:?}",
+        stats.samples_written,
+        stats.duration
+    );
+}

@@ -285,7 +285,12 @@ fn main() {
             (per_thread, check) = run_workload(a.threads, a.rounds, a.depth);
         }
         "spulse" => {
-            let guard = spulse::Recorder::builder().frequency_hz(a.freq).start(&a.out).expect("spulse start");
+            let mut builder = spulse::Recorder::builder().frequency_hz(a.freq);
+            // WORKLOAD_FLUSH_MS: the writer's flush interval (how often it wakes).
+            if let Some(ms) = std::env::var("WORKLOAD_FLUSH_MS").ok().and_then(|v| v.parse().ok()) {
+                builder = builder.flush_interval(Duration::from_millis(ms));
+            }
+            let guard = builder.start(&a.out).expect("spulse start");
             settle(&a);
             // WORKLOAD_HANDLER_PHASE=classify|claim|registers|unwind: the handler
             // returns after that phase (the per-phase cost breakdown; those

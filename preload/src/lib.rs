@@ -15,7 +15,7 @@
 //!   `SPULSE_OUTPUT` then needs `{seq}` as well (see `RecorderBuilder::rotate`).
 //! * At `exit` (an `atexit` handler) it finishes the recording: stop, drain,
 //!   flush, sync. A process that dies by a signal or `_exit` keeps what was
-//!   flushed (the recorder flushes every 50 ms).
+//!   flushed (the recorder flushes every 100 ms).
 //! * In a child made by `fork` it starts a new recorder for the child (the
 //!   parent's recorder withdraws itself in the child). A program started by
 //!   `exec` loads this library again and starts afresh.

@@ -214,6 +214,8 @@ struct Run {
     named_at_scan: u64,
     /// When the threads were last listed.
     scanned_at: Instant,
+    /// Ring slots the last drain took.
+    drained: usize,
 }
 
 /// What is known of one thread of the process.
@@ -376,12 +378,15 @@ pub(crate) fn main(rx: Receiver<Control>) -> Result<Stats, Error> {
         python_inside: false,
         named_at_scan: 0,
         scanned_at: Instant::now(),
+        drained: 0,
     };
     // The initial scan was taken before the engine started: every sample is later,
     // so generation 0 is verified from the first tick's check on.
     run.timeline.verified.resize(run.st.generation as usize + 1, 0);
     run.timeline.exact.resize(run.st.generation as usize + 1, true);
     let mut next = Instant::now() + interval;
+    // The shortened wait while the ring fills faster than the interval drains it.
+    let mut short: Option<Duration> = None;
     loop {
         let now = Instant::now();
         let wait = next.saturating_duration_since(now);
@@ -402,6 +407,16 @@ pub(crate) fn main(rx: Receiver<Control>) -> Result<Stats, Error> {
                 let now = Instant::now();
                 if next <= now {
                     next = now + interval;
+                }
+                // A drain that took more than a quarter of the ring: come back
+                // sooner, before the sampled threads fill it, halving the wait
+                // until a drain takes less; then back to the interval.
+                if run.drained.saturating_mul(4) > run.st.shared.ring.capacity() {
+                    let wait = (short.unwrap_or(interval) / 2).max(Duration::from_millis(1));
+                    short = Some(wait);
+                    next = next.min(now + wait);
+                } else {
+                    short = None;
                 }
             }
         }
@@ -631,7 +646,9 @@ impl Run {
         let shared = self.st.shared.clone();
         // Out of `self` for the loop, whose closure borrows `self` mutably.
         let Some(mut consumer) = self.st.consumer.take() else { return };
+        self.drained = 0;
         while let Some(()) = consumer.pop(&shared.ring, |s| {
+            self.drained += 1;
             if let Some(s) = s {
                 if !all && s.time_us > self.horizon {
                     self.held.push(HeldSample {

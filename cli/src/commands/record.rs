@@ -8,7 +8,7 @@
 //!   naming the directory. Each process, and each program a process `exec`s,
 //!   records itself with the ordinary embedded recorder into
 //!   `<pid>.<ns>.spool` there: same engines, same per-sample cost, and a
-//!   process that is SIGKILLed keeps what it flushed (every 50 ms).
+//!   process that is SIGKILLed keeps what it flushed (every 100 ms).
 //! * The collector follows each of those spools with `Tail` (see
 //!   [`crate::merge`]), remaps ids into one dense stream and appends it to the
 //!   output, flushing every tick (20 ms), so the output is a valid spool at every

@@ -98,7 +98,6 @@ impl Ring {
     }
 
     /// Slots in the ring.
-    #[cfg(test)]
     pub(crate) fn capacity(&self) -> usize {
         self.mask + 1
     }

@@ -54,7 +54,7 @@
 //! own descriptor is opened per thread, at start and, for a thread created
 //! later, at the writer tick after its first (user-mode) sample, which is
 //! how the writer learns of it without listing `/proc/self/task` every tick:
-//! until then (about a flush interval, 50 ms by default, of its running time)
+//! until then (about a flush interval, 100 ms by default, of its running time)
 //! a new thread is sampled in user mode only. At most [`MAX_KERNEL_EVENTS`] threads get one,
 //! and only descriptors below [`crate::recorder::handler::MAX_KERNEL_FD`] are
 //! kept (the handler looks the descriptor of a SIGURG up in a fixed table to
