@@ -420,8 +420,8 @@ fn a_filling_ring_brings_the_writer_back_before_its_interval() {
     // A drain takes at most the ring's 128 slots. Drained only every 400 ms,
     // a recording of D seconds writes at most (D / 0.4 + 2) x 128 samples
     // however many were taken; a drain that finds the ring more than a quarter
-    // full makes the writer come back after half the wait, then half that,
-    // so it drains far more often and writes most of the 4 kHz samples. The
+    // full makes the writer wake as often as the arrival rate needs, so it
+    // drains far more often and writes most of the 4 kHz samples. The
     // bound does not depend on how fast the machine is or how loaded.
     let g = spulse::Recorder::builder()
         .frequency_hz(4000)

@@ -307,10 +307,11 @@ impl RecorderBuilder {
     /// interval if that is shorter). Each wake-up of the writer costs a
     /// context switch and a write: at 50 ms they were most of an idle
     /// recorder's CPU (measured 0.12% of a sampled thread against 0.07% at
-    /// 100 ms). When a drain finds the ring more than a quarter full, the
-    /// writer comes back after half the interval, then half that, until a
-    /// drain finds less, so many busy threads do not overflow the ring
-    /// between two flushes.
+    /// 100 ms). When samples arrive faster than a quarter of the ring per
+    /// interval (counting those a full ring lost), the writer wakes as often
+    /// as that rate needs (down to every millisecond), so many busy threads
+    /// do not overflow the ring between two flushes; it returns to the
+    /// interval when the rate drops.
     pub fn flush_interval(mut self, interval: Duration) -> Self {
         self.flush_interval = Some(interval);
         self

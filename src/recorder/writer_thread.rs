@@ -387,6 +387,7 @@ pub(crate) fn main(rx: Receiver<Control>) -> Result<Stats, Error> {
     let mut next = Instant::now() + interval;
     // The shortened wait while the ring fills faster than the interval drains it.
     let mut short: Option<Duration> = None;
+    let mut lost_before = 0u64;
     loop {
         let now = Instant::now();
         let wait = next.saturating_duration_since(now);
@@ -408,16 +409,15 @@ pub(crate) fn main(rx: Receiver<Control>) -> Result<Stats, Error> {
                 if next <= now {
                     next = now + interval;
                 }
-                // A drain that took more than a quarter of the ring: come back
-                // sooner, before the sampled threads fill it, halving the wait
-                // until a drain takes less; then back to the interval.
-                if run.drained.saturating_mul(4) > run.st.shared.ring.capacity() {
-                    let wait = (short.unwrap_or(interval) / 2).max(Duration::from_millis(1));
-                    short = Some(wait);
-                    next = next.min(now + wait);
-                } else {
-                    short = None;
-                }
+                // Samples that arrived since the last drain: those it took and
+                // those lost to a full ring.
+                let lost = run.st.shared.counters.lost_ring_full.load(Ordering::Relaxed);
+                let arrived = (run.drained as u64).saturating_add(lost.saturating_sub(lost_before));
+                lost_before = lost;
+                let wait = short.unwrap_or(interval);
+                let wait = adapt_wait(wait, arrived, run.st.shared.ring.capacity() as u64, interval);
+                short = (wait < interval).then_some(wait);
+                next = next.min(now + wait);
             }
         }
     }
@@ -946,6 +946,23 @@ impl Run {
     }
 }
 
+/// The writer's next wait, after a wait of `wait` in which `arrived` samples
+/// came into a ring of `capacity` slots: short enough that a quarter of the
+/// ring fills in it at that rate, so bursts have room (1 ms at least); once
+/// the rate has dropped to less than an eighth of the ring per wait, doubled
+/// back towards `interval` (the most it ever is).
+fn adapt_wait(wait: Duration, arrived: u64, capacity: u64, interval: Duration) -> Duration {
+    let quarter = (capacity / 4).max(1);
+    let next = if arrived > quarter {
+        wait.mul_f64(quarter as f64 / arrived as f64)
+    } else if arrived.saturating_mul(8) < capacity {
+        wait.saturating_mul(2)
+    } else {
+        wait
+    };
+    next.clamp(Duration::from_millis(1).min(interval), interval)
+}
+
 /// Longest time between two listings of the process's threads.
 const THREAD_RESCAN: Duration = Duration::from_secs(1);
 
@@ -963,6 +980,24 @@ fn blocks_signal(tid: u32, sig: i32) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_wait_shrinks_with_the_arrival_rate_and_grows_back() {
+        let ms = Duration::from_millis;
+        let interval = ms(100);
+        // A quarter of a 1024-slot ring is 256: 1024 arrivals in 100 ms, so
+        // 256 arrive in 25 ms.
+        assert_eq!(adapt_wait(interval, 1024, 1024, interval), ms(25));
+        // Below a quarter and above an eighth: unchanged.
+        assert_eq!(adapt_wait(ms(25), 200, 1024, interval), ms(25));
+        // Below an eighth: doubled, never past the interval.
+        assert_eq!(adapt_wait(ms(25), 10, 1024, interval), ms(50));
+        assert_eq!(adapt_wait(ms(80), 10, 1024, interval), interval);
+        // Never below 1 ms, even for a flood.
+        assert_eq!(adapt_wait(ms(2), 1 << 40, 1024, interval), ms(1));
+        // Nothing arrived: the interval.
+        assert_eq!(adapt_wait(interval, 0, 1024, interval), interval);
+    }
     use crate::recorder::modules::{ExecSegment, ObjectKey};
 
     fn module(gen_added: u64, gen_removed: Option<u64>) -> ModuleEntry {
