@@ -1,9 +1,13 @@
 //! The sampling engines: who sends the profiling signal, to which thread, and how
-//! often. [`Engine`] is chosen at start ([`EngineChoice`]) and owned by the writer
-//! thread, which calls [`Engine::tick`] every flush interval (thread timers use it
-//! to cover threads created since) and [`Engine::stop`] at the end.
+//! often (or, for the perf-stack engine, which rings the kernel writes samples
+//! into). [`Engine`] is chosen at start ([`EngineChoice`]) and owned by the writer
+//! thread, which calls [`Engine::tick`] every flush interval (thread timers,
+//! kernel-time events and perf-stack events use it to cover threads created
+//! since) and [`Engine::stop`] at the end.
+//!
+//! [`EngineChoice`]: super::EngineChoice
 
-use super::sys::{perf, timer};
+use super::sys::{perf, perf_stack, timer};
 
 /// A running engine.
 pub(crate) enum Engine {
@@ -11,6 +15,8 @@ pub(crate) enum Engine {
     Perf(perf::PerfEngine, Option<perf::KernelEvents>),
     Threads(timer::ThreadTimers),
     Process(timer::ProcessTimer),
+    /// Per-thread events that copy the user stack into rings (no signal).
+    PerfStack(perf_stack::StackEvents),
 }
 
 impl Engine {
@@ -20,6 +26,7 @@ impl Engine {
             Engine::Perf(..) => crate::Engine::PerfEvent,
             Engine::Threads(_) => crate::Engine::ThreadCpuTimer,
             Engine::Process(_) => crate::Engine::ProcessTimer,
+            Engine::PerfStack(_) => crate::Engine::PerfStack,
         }
     }
 
@@ -28,6 +35,7 @@ impl Engine {
         match self {
             Engine::Threads(t) => t.rescan(),
             Engine::Perf(_, Some(k)) => k.rescan(),
+            Engine::PerfStack(s) => s.rescan(),
             _ => {}
         }
     }
@@ -39,6 +47,14 @@ impl Engine {
             if let Some(k) = k.take() {
                 std::mem::forget(k);
             }
+        }
+    }
+
+    /// The perf-stack engine's events, if that engine runs.
+    pub(crate) fn stack_events(&mut self) -> Option<&mut perf_stack::StackEvents> {
+        match self {
+            Engine::PerfStack(s) => Some(s),
+            _ => None,
         }
     }
 
@@ -61,6 +77,7 @@ impl Engine {
             }
             Engine::Threads(t) => t.stop(),
             Engine::Process(p) => p.stop(),
+            Engine::PerfStack(s) => s.stop(),
         }
     }
 }

@@ -63,6 +63,7 @@ mod engine;
 mod handler;
 mod intern;
 mod modules;
+mod stack_sampler;
 mod sys;
 mod writer_thread;
 
@@ -71,7 +72,7 @@ use std::os::fd::AsFd;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::mpsc::{self, Sender};
+use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -80,7 +81,7 @@ use nix::sys::signal::Signal;
 
 use crate::{Engine, Error, Header, RecorderError, SpoolWriter};
 use handler::{ring, unwind, Counters, Shared, StackBounds};
-use writer_thread::{Control, WriterState};
+use writer_thread::{Control, ControlSender, WriterState};
 
 /// Which sampling engine to use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -95,6 +96,13 @@ pub enum EngineChoice {
     ThreadCpuTimer,
     /// `setitimer(ITIMER_PROF)` (SIGPROF).
     ProcessTimer,
+    /// Opt-in, never chosen by `Auto`: per-thread `perf_event_open` task-clock
+    /// events (user time) that copy the user registers and the top of the
+    /// user stack ([`RecorderBuilder::user_stack_copy`]) into a ring mapped
+    /// from each event; no signal and no handler: the writer thread unwinds
+    /// the copies. Threads that block signals are sampled too; threads created
+    /// after start are covered from the next flush on. Fails if refused.
+    PerfStack,
 }
 
 /// Samples that were not written, by reason.
@@ -245,6 +253,8 @@ pub struct RecorderBuilder {
     sync_at_finish: bool,
     rotate: Option<Duration>,
     retain: Option<usize>,
+    user_stack_copy: u32,
+    perf_stack_ring_pages: usize,
 }
 
 impl Default for RecorderBuilder {
@@ -261,9 +271,16 @@ impl Default for RecorderBuilder {
             sync_at_finish: true,
             rotate: None,
             retain: None,
+            user_stack_copy: DEFAULT_USER_STACK_COPY,
+            perf_stack_ring_pages: DEFAULT_PERF_STACK_RING_PAGES,
         }
     }
 }
+
+/// Default [`RecorderBuilder::user_stack_copy`]: 16 KiB.
+pub const DEFAULT_USER_STACK_COPY: u32 = 16 << 10;
+/// Default [`RecorderBuilder::perf_stack_ring_pages`]: 64 pages (256 KiB).
+pub const DEFAULT_PERF_STACK_RING_PAGES: usize = 64;
 
 /// Default sampling frequency.
 pub const DEFAULT_FREQUENCY_HZ: u32 = 999;
@@ -375,6 +392,28 @@ impl RecorderBuilder {
     /// or ended by `_exit`) leaves N + 1.
     pub fn retain(mut self, segments: usize) -> Self {
         self.retain = Some(segments);
+        self
+    }
+
+    /// With [`EngineChoice::PerfStack`]: bytes of each sampled thread's stack
+    /// the kernel copies per sample, from the stack pointer up (default 16
+    /// KiB; a multiple of 8, 8..65536: the kernel's sample record has a 16-bit
+    /// size). The unwinder reads only the copy: a stack whose frames reach
+    /// beyond it is written truncated. Each copy costs the sampled thread the
+    /// time to copy it and takes ring space.
+    pub fn user_stack_copy(mut self, bytes: u32) -> Self {
+        self.user_stack_copy = bytes;
+        self
+    }
+
+    /// With [`EngineChoice::PerfStack`]: data pages of each thread's sample
+    /// ring (a power of two, 1..=1024; default 64, 256 KiB with 4 KiB pages).
+    /// Each thread's ring maps one page more; rings take at most 64 MiB in
+    /// all (threads beyond get none). The writer drains the rings when one is
+    /// half full; samples that find their ring full are lost
+    /// ([`LostSamples::ring_full`]).
+    pub fn perf_stack_ring_pages(mut self, pages: usize) -> Self {
+        self.perf_stack_ring_pages = pages;
         self
     }
 
@@ -490,6 +529,26 @@ impl RecorderBuilder {
                  more than the limit of {} MiB; lower one of them",
                     bytes >> 20,
                     MAX_RING_BYTES >> 20
+                ),
+            ));
+        }
+        let copy = self.user_stack_copy;
+        if copy == 0 || copy % 8 != 0 || copy >= sys::perf_stack::MAX_STACK_COPY {
+            return Err(invalid(
+                "user_stack_copy",
+                format!(
+                    "user_stack_copy {copy} must be a multiple of 8 in 8..{} bytes",
+                    sys::perf_stack::MAX_STACK_COPY
+                ),
+            ));
+        }
+        let pages = self.perf_stack_ring_pages;
+        if !pages.is_power_of_two() || pages > sys::perf_stack::MAX_RING_PAGES {
+            return Err(invalid(
+                "perf_stack_ring_pages",
+                format!(
+                    "perf_stack_ring_pages {pages} must be a power of two in 1..={}",
+                    sys::perf_stack::MAX_RING_PAGES
                 ),
             ));
         }
@@ -781,7 +840,7 @@ pub struct Guard {
 
 #[derive(Debug)]
 struct Running {
-    tx: Sender<Control>,
+    tx: ControlSender,
     join: JoinHandle<Result<Stats, Error>>,
     pid: u32,
     path: PathBuf,
@@ -789,7 +848,7 @@ struct Running {
 }
 
 static RUNNING: AtomicBool = AtomicBool::new(false);
-static PYTHON_TX: Mutex<Option<Sender<Control>>> = Mutex::new(None);
+static PYTHON_TX: Mutex<Option<ControlSender>> = Mutex::new(None);
 static PYTHON_INSIDE: AtomicBool = AtomicBool::new(false);
 /// The running recorder's spool, for readers in the same process (the `http`
 /// endpoint cuts its windows from it): (pid that started it, path, flush
@@ -1014,13 +1073,24 @@ fn start_inner(b: &RecorderBuilder, path: &Path) -> Result<Guard, Error> {
     });
 
     // The writer thread exists before any engine, so it can be left out of them.
-    let (tx, rx) = mpsc::channel::<Control>();
+    // The perf-stack engine's writer waits on its rings: its channel has an
+    // eventfd to wake it.
+    let (tx, rx, wake) = writer_thread::channel(b.engine == EngineChoice::PerfStack).map_err(|e| {
+        Error::Recorder(RecorderError::WriterFailed {
+            what: "could not be spawned (eventfd)",
+            source: Some(e),
+        })
+    })?;
+    let wake_fd = wake.as_ref().map(|w| {
+        use std::os::fd::AsRawFd;
+        w.as_raw_fd()
+    });
     let (tid_tx, tid_rx) = mpsc::sync_channel::<u32>(1);
     let join = std::thread::Builder::new()
         .name("spulse-writer".into())
         .spawn(move || {
             let _ = tid_tx.send(sys::gettid());
-            writer_thread::main(rx)
+            writer_thread::main(rx, wake)
         })
         .map_err(|e| {
             Error::Recorder(RecorderError::WriterFailed { what: "could not be spawned", source: Some(e) })
@@ -1039,12 +1109,15 @@ fn start_inner(b: &RecorderBuilder, path: &Path) -> Result<Guard, Error> {
         EngineChoice::PerfEvent => &[EngineChoice::PerfEvent],
         EngineChoice::ThreadCpuTimer => &[EngineChoice::ThreadCpuTimer],
         EngineChoice::ProcessTimer => &[EngineChoice::ProcessTimer],
+        EngineChoice::PerfStack => &[EngineChoice::PerfStack],
     };
     let mut reasons = Vec::new();
     let mut engine = None;
     for &c in candidates {
         let sig = if c == EngineChoice::PerfEvent { Signal::SIGTRAP } else { Signal::SIGPROF };
-        match handler::install(sig) {
+        // The perf-stack engine sends no signal: no handler.
+        let install = if c == EngineChoice::PerfStack { Ok(false) } else { handler::install(sig) };
+        match install {
             Ok(true) => cleanup.installed.push(sig),
             Ok(false) => {}
             Err(err) => {
@@ -1053,6 +1126,19 @@ fn start_inner(b: &RecorderBuilder, path: &Path) -> Result<Guard, Error> {
             }
         }
         let r = match c {
+            EngineChoice::PerfStack => {
+                let cfg = sys::perf_stack::StackConfig {
+                    period_ns,
+                    stack_copy: b.user_stack_copy,
+                    data_pages: b.perf_stack_ring_pages,
+                };
+                sys::perf_stack::StackEvents::start(cfg, writer_tid, wake_fd)
+                    .map(engine::Engine::PerfStack)
+                    .map_err(|source| RecorderError::EngineRefused {
+                        what: "perf_event_open (task-clock, user registers and stack, mapped ring)",
+                        source,
+                    })
+            }
             EngineChoice::PerfEvent => sys::perf::PerfEngine::start(period_ns, writer_tid)
                 .map(|p| engine::Engine::Perf(p, None))
                 .map_err(|source| RecorderError::EngineRefused {
@@ -1121,6 +1207,8 @@ fn start_inner(b: &RecorderBuilder, path: &Path) -> Result<Guard, Error> {
         kernel_time: kernel_status,
         rotation: rotation
             .map(|plan| writer_thread::Rotation::new(plan, path, &file_id, b.mode, b.overwrite, interval_us)),
+        stack_sampler: (kind == Engine::PerfStack)
+            .then(|| stack_sampler::StackSampler::new(b.max_stack_depth)),
     };
     tx.send(Control::Start(Box::new(state))).map_err(|_| exited())?;
     let join = cleanup.join.take().expect("writer thread handle");
@@ -1160,6 +1248,10 @@ fn start_kernel_time(
             }
         }
         e @ engine::Engine::Perf(..) => (e, KernelTime::Off),
+        e @ engine::Engine::PerfStack(_) if wanted => {
+            (e, KernelTime::Refused("the perf-stack engine samples user time only".into()))
+        }
+        e @ engine::Engine::PerfStack(_) => (e, KernelTime::Off),
         e => (e, KernelTime::Unmarked),
     }
 }
@@ -1169,7 +1261,7 @@ fn start_kernel_time(
 struct Cleanup {
     path: Option<PathBuf>,
     installed: Vec<Signal>,
-    tx: Option<Sender<Control>>,
+    tx: Option<ControlSender>,
     join: Option<JoinHandle<Result<Stats, Error>>>,
 }
 
