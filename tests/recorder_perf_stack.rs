@@ -9,7 +9,6 @@ mod recorder_support;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Barrier};
-use std::time::Duration;
 
 use recorder_support::*;
 use spulse::{EngineChoice, Error, RecorderError};

@@ -535,10 +535,12 @@ mod tests {
         #[cfg(target_arch = "aarch64")]
         assert_eq!((r.fp, r.lr, r.sp, r.pc), (0x100, 0x200, 0x300, 0x400));
         // No registers (abi 0) and no stack.
-        let s = parse_sample(&sample_record(5, &[], &[], 0)).expect("parses");
+        let bare = sample_record(5, &[], &[], 0);
+        let s = parse_sample(&bare).expect("parses");
         assert!(s.regs.is_none() && s.stack.is_empty());
         // A dynamic size beyond the copy keeps the copy only.
-        let s = parse_sample(&sample_record(5, &regs, &stack, 1 << 40)).expect("parses");
+        let beyond = sample_record(5, &regs, &stack, 1 << 40);
+        let s = parse_sample(&beyond).expect("parses");
         assert_eq!(s.stack.len(), 64);
     }
 
