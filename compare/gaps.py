@@ -10,7 +10,8 @@ unprofiled workload: the kernel's sampling interrupt alone) in turn (the same bi
 --seconds of wall time, and reports per profiler the median over repetitions
 of the values below. `spulse-stack` is spulse with its perf-stack engine
 (`--engine perf-stack`: no signal, the kernel copies registers and stack, the
-writer thread unwinds), `spulse-signal` spulse forced to its perf-event
+writer thread unwinds; woken when a ring is half full), `spulse-stack-tick`
+the same drained only at the writer's 50 ms ticks (1 MiB rings), `spulse-signal` spulse forced to its perf-event
 (signal) engine; `--profilers` picks which run (`none` always runs first).
   stolen   extra share of the meter threads' running time taken by
            interruptions, against the `none` run of the same repetition
@@ -36,16 +37,18 @@ import subprocess
 import tempfile
 
 PROFILERS = ["none", "spulse", "pprof", "pprof-fh", "kernel-floor"]
-ALL = PROFILERS + ["spulse-signal", "spulse-stack"]
+ALL = PROFILERS + ["spulse-signal", "spulse-stack", "spulse-stack-tick"]
 
 
 def run(binary, profiler, freq, threads, seconds, out, depth):
     name = {"pprof-fh": "pprof", "kernel-floor": "none", "spulse-signal": "spulse",
-            "spulse-stack": "spulse"}.get(profiler, profiler)
+            "spulse-stack": "spulse", "spulse-stack-tick": "spulse"}.get(profiler, profiler)
     cmd = [binary, "--profiler", name, "--freq", str(freq), "--threads", str(threads), "--gaps", str(seconds),
            "--out", out, "--depth", str(depth)]
     if profiler == "spulse-stack":
         cmd += ["--engine", "perf-stack"]
+    elif profiler == "spulse-stack-tick":
+        cmd += ["--engine", "perf-stack-tick"]
     elif profiler == "spulse-signal":
         cmd += ["--engine", "perf-event"]
     if profiler == "kernel-floor":
@@ -82,7 +85,8 @@ def main():
             ap.error(f"unknown profiler {p}; known: {', '.join(ALL)}")
     bins = {p: os.path.join(a.target_dir, v, "release", "workload")
             for p, v in [("none", "main"), ("spulse", "main"), ("pprof", "pprof"), ("pprof-fh", "pprof-fh"),
-                         ("kernel-floor", "main"), ("spulse-signal", "main"), ("spulse-stack", "main")]}
+                         ("kernel-floor", "main"), ("spulse-signal", "main"), ("spulse-stack", "main"),
+                         ("spulse-stack-tick", "main")]}
     out = os.path.join(tempfile.mkdtemp(), "p.spool")
     print(f"load average before: {' '.join(open('/proc/loadavg').read().split()[:3])}", flush=True)
     print(f"| Hz | threads | depth | profiler | stolen | other CPU | total overhead | samples/s per thread-CPU-s "

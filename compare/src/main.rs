@@ -5,9 +5,11 @@
 //!
 //! Usage: workload --profiler none|spulse|pprof --freq HZ --threads N
 //!                 [--rounds R] [--depth D] [--out PATH] [--gaps SECONDS]
-//!                 [--engine auto|perf-event|perf-stack]
+//!                 [--engine auto|perf-event|perf-stack|perf-stack-tick]
 //!
-//! `--engine` picks spulse's sampling engine (default: its automatic choice).
+//! `--engine` picks spulse's sampling engine (default: its automatic choice;
+//! `perf-stack-tick` is the perf-stack engine drained only at the writer's
+//! ticks, with rings large enough for a tick's samples).
 //! With `perf-stack`, whose events are not inherited by threads created
 //! later (they get one at the writer's next tick), the worker threads are
 //! created first and wait until the recorder has started, so they are
@@ -327,9 +329,15 @@ fn main() {
                 "auto" => builder,
                 "perf-event" => builder.engine(spulse::EngineChoice::PerfEvent),
                 "perf-stack" => builder.engine(spulse::EngineChoice::PerfStack),
+                // Drained at the writer's 50 ms ticks only: a ring that holds
+                // 50 ms of 16 KiB stack copies (1 MiB).
+                "perf-stack-tick" => builder
+                    .engine(spulse::EngineChoice::PerfStack)
+                    .perf_stack_watermark(false)
+                    .perf_stack_ring_pages(256),
                 other => panic!("unknown engine {other}"),
             };
-            let prespawn = a.engine == "perf-stack";
+            let prespawn = a.engine.starts_with("perf-stack");
             let mut guard = if prespawn { None } else { Some(builder.start(&a.out).expect("spulse start")) };
             // WORKLOAD_HANDLER_TIMING=1: also report the handler's own time.
             let timing = std::env::var_os("WORKLOAD_HANDLER_TIMING").is_some();

@@ -255,6 +255,7 @@ pub struct RecorderBuilder {
     retain: Option<usize>,
     user_stack_copy: u32,
     perf_stack_ring_pages: usize,
+    perf_stack_watermark: bool,
 }
 
 impl Default for RecorderBuilder {
@@ -273,6 +274,7 @@ impl Default for RecorderBuilder {
             retain: None,
             user_stack_copy: DEFAULT_USER_STACK_COPY,
             perf_stack_ring_pages: DEFAULT_PERF_STACK_RING_PAGES,
+            perf_stack_watermark: true,
         }
     }
 }
@@ -414,6 +416,17 @@ impl RecorderBuilder {
     /// ([`LostSamples::ring_full`]).
     pub fn perf_stack_ring_pages(mut self, pages: usize) -> Self {
         self.perf_stack_ring_pages = pages;
+        self
+    }
+
+    /// With [`EngineChoice::PerfStack`]: whether a ring half full wakes the
+    /// writer thread to drain it (default true). With `false` the writer
+    /// drains only every [`flush_interval`](Self::flush_interval), so each
+    /// ring must hold a whole interval of samples (at 999 Hz and 50 ms, 50
+    /// samples of about `user_stack_copy` bytes each: 256 pages for 16 KiB
+    /// copies), or the rest is lost.
+    pub fn perf_stack_watermark(mut self, on: bool) -> Self {
+        self.perf_stack_watermark = on;
         self
     }
 
@@ -1131,6 +1144,7 @@ fn start_inner(b: &RecorderBuilder, path: &Path) -> Result<Guard, Error> {
                     period_ns,
                     stack_copy: b.user_stack_copy,
                     data_pages: b.perf_stack_ring_pages,
+                    watermark: b.perf_stack_watermark,
                 };
                 sys::perf_stack::StackEvents::start(cfg, writer_tid, wake_fd)
                     .map(engine::Engine::PerfStack)

@@ -12,7 +12,9 @@
 //! bytes, so the default ring (256 KiB of data, 16 KiB stack copies) holds 15
 //! samples, 15 ms of a busy thread at 999 Hz; the kernel wakes the writer
 //! (`watermark`) when a ring is half full, and the writer drains every ring
-//! then. A sample that finds its ring full is dropped by the kernel and
+//! then. (With `RecorderBuilder::perf_stack_watermark(false)` the writer
+//! drains only at its flush interval: the ring must then hold a whole
+//! interval of samples.) A sample that finds its ring full is dropped by the kernel and
 //! reported (a `PERF_RECORD_LOST` record, and the event's own lost count,
 //! `PERF_FORMAT_LOST`, read when the event is closed): it counts as lost
 //! (`LostSamples::ring_full`).
@@ -90,6 +92,8 @@ pub(crate) struct StackConfig {
     pub stack_copy: u32,
     /// Data pages per ring (a power of two).
     pub data_pages: usize,
+    /// Whether a ring half full wakes the writer (else it drains at its ticks).
+    pub watermark: bool,
 }
 
 /// User registers of a sample.
@@ -486,11 +490,13 @@ impl StackEvents {
     }
 }
 
-/// Open `tid`'s event and add it to the epoll set `ep` (a closed descriptor
-/// leaves the set by itself).
+/// Open `tid`'s event and, with the watermark, add it to the epoll set `ep`
+/// (a closed descriptor leaves the set by itself).
 fn open_registered(tid: u32, cfg: &StackConfig, ep: RawFd) -> io::Result<StackRing> {
     let ring = StackRing::open(tid, cfg)?;
-    epoll_add(ep, ring.fd.as_raw_fd(), tid as u64)?;
+    if cfg.watermark {
+        epoll_add(ep, ring.fd.as_raw_fd(), tid as u64)?;
+    }
     Ok(ring)
 }
 
