@@ -9,6 +9,7 @@ mod recorder_support;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Barrier};
+use std::time::Duration;
 
 use recorder_support::*;
 use spulse::{EngineChoice, Error, RecorderError};
@@ -17,13 +18,15 @@ use spulse::{EngineChoice, Error, RecorderError};
 /// recorder (built by `builder`) has started; the threads exist before the
 /// start, so each has its event from its first instruction of work. Each
 /// thread first runs `prepare`. Returns the stats, the spool's samples per
-/// tid and each thread's (tid, user CPU seconds of the burn).
+/// tid and each thread's (tid, CPU seconds of the burn).
 ///
-/// User CPU time, because the engine samples user time only: the kernel's
-/// own work for each sample (the timer interrupt and the stack copy) is the
-/// thread's system time. The kernel splits a thread's CPU time into user and
-/// system in proportion to its scheduler ticks (250 a second here), so the
-/// split is known to about 1.5% over a second; the capture tests burn two.
+/// The engine samples user time only (a period that ends in kernel mode is
+/// dropped), so the burn reads its CPU clock (a system call) only about once
+/// a millisecond: its CPU time is then user time but for the kernel's own
+/// work for each sample (the timer interrupt and the stack copy, during which
+/// no period can end). That total, from the thread's CPU clock, is exact;
+/// the kernel's user/system split (`RUSAGE_THREAD`, printed) is apportioned by
+/// scheduler ticks, 250 a second here, too coarse to test 2% against.
 fn record_busy(
     builder: spulse::RecorderBuilder,
     threads: usize,
@@ -44,25 +47,42 @@ fn record_busy(
                     ready.wait();
                     go.wait();
                     let (u0, s0) = thread_user_system();
-                    burn(cpu_each);
+                    let c0 = thread_cpu_seconds();
+                    std::hint::black_box(burn_cpu(cpu_each, 1_000_000, Duration::from_secs(20)));
+                    let cpu = thread_cpu_seconds() - c0;
                     let (u1, s1) = thread_user_system();
-                    eprintln!("burn: user {:.3} s, system {:.3} s", u1 - u0, s1 - s0);
-                    (gettid(), u1 - u0)
+                    eprintln!("burn: cpu {cpu:.3} s, user {:.3} s, system {:.3} s", u1 - u0, s1 - s0);
+                    (gettid(), cpu)
                 })
                 .unwrap()
         })
         .collect();
     ready.wait();
+    let before = unix_us();
     let guard =
         builder.frequency_hz(999).engine(EngineChoice::PerfStack).start(&path).expect("perf-stack start");
     assert_eq!(guard.engine(), spulse::Engine::PerfStack);
     go.wait();
     let per: Vec<(u32, f64)> = hs.into_iter().map(|h| h.join().unwrap()).collect();
     let stats = guard.finish().expect("finish");
+    let after = unix_us();
     assert_eq!(stats.engine, spulse::Engine::PerfStack);
     let snap = spulse::Snapshot::open(&path).expect("spool opens");
     assert_eq!(stats.samples_written, snap.len() as u64);
+    // The kernel stamps samples with CLOCK_REALTIME, the clock of the spool's
+    // times and of the writer's module checks.
+    for smp in snap.samples() {
+        assert!(
+            before <= smp.time_us && smp.time_us <= after,
+            "sample at {} outside [{before}, {after}]",
+            smp.time_us
+        );
+    }
     (stats, per_thread(&snap), per)
+}
+
+fn unix_us() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_micros() as u64
 }
 
 /// The calling thread's user and system CPU seconds (`RUSAGE_THREAD`).

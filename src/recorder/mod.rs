@@ -1,13 +1,19 @@
 //! The recorder: `spulse::start("out.spool")` and [`Recorder::builder`] sample
 //! every thread's CPU time with a signal handler, and a writer thread turns the
-//! samples into a spool.
+//! samples into a spool. The opt-in perf-stack engine
+//! ([`EngineChoice::PerfStack`]) has no signal and no handler: the kernel copies
+//! each sample's user registers and stack top into a ring per thread
+//! (`sys/perf_stack.rs`, whose doc states the memory bound: 260 KiB a thread by
+//! default, 64 MiB at most) and the writer thread unwinds the copies
+//! (`stack_sampler.rs`) and writes them through the same path.
 //!
 //! Pieces: `handler/` (everything that runs in the signal handler: the handler,
 //! the ring's producer side, the unwinder cache pool and walk, the module-snapshot
 //! cell, the shared state and counters; its `mod.rs` gives the async-signal-safety
 //! argument), `sys/` (the OS layer: `sigaction`, `perf_event_open`, timers,
 //! thread-control-block probing, `/proc/self/maps`), `engine.rs` (the running
-//! engine: who sends the signal), `modules.rs` (loaded objects, generations,
+//! engine: who sends the signal), `stack_sampler.rs` (the perf-stack engine's
+//! unwinding), `modules.rs` (loaded objects, generations,
 //! unwinder snapshots), `cfi_check.rs` (which unwind tables the handler may be
 //! handed) and `cfi_cache.rs` (its verdicts, kept per library build), `intern.rs` and `writer_thread.rs` (the spool side). This file holds
 //! the public API: builder, guard, statistics, Python-runtime marks, and the
@@ -108,7 +114,8 @@ pub enum EngineChoice {
 /// Samples that were not written, by reason.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct LostSamples {
-    /// The ring was full (the writer fell behind).
+    /// The ring was full (the writer fell behind; perf-stack engine: a
+    /// thread's ring in the kernel was, as the kernel reports).
     pub ring_full: u64,
     /// Every unwinder cache was in use by other handlers.
     pub no_cache: u64,
@@ -141,7 +148,8 @@ pub enum KernelTime {
     Off,
     /// User time only: kernel-mode counting could not be set up, because the
     /// kernel refused it (usually `perf_event_paranoid` >= 2 without
-    /// `CAP_PERFMON`) or another handler owns SIGURG; the reason.
+    /// `CAP_PERFMON`) or another handler owns SIGURG, or the engine is the
+    /// perf-stack engine, which samples user time only; the reason.
     Refused(String),
     /// The timer engines count user and system time alike and cannot tell
     /// them apart: system time is in the samples, with no kernel-mode leaf.
@@ -166,11 +174,14 @@ pub struct Stats {
     pub samples_written: u64,
     /// Samples lost, by reason.
     pub samples_lost: LostSamples,
-    /// Profiling signals handled while recording.
+    /// Profiling signals handled while recording (perf-stack engine: samples
+    /// the kernel wrote into the rings).
     pub signals: u64,
     /// Stacks whose unwinding stopped before the root (marked truncated).
     pub truncated_stacks: u64,
-    /// Of those, samples on a stack the handler could not prove mapped (leaf only).
+    /// Of those, samples on a stack the handler could not prove mapped (leaf
+    /// only; perf-stack engine: samples that came without registers or stack
+    /// bytes).
     pub unknown_stacks: u64,
     /// Size of the spool in bytes (with rotation: of all segments written,
     /// deleted ones included).
@@ -190,7 +201,8 @@ pub struct Stats {
     pub threads_never_sampled: u64,
     /// Threads seen blocking the engine's profiling signal (`SigBlk` in
     /// `/proc/self/task/<tid>/status` when the thread was first seen or at the
-    /// end). Their CPU time is missing from the profile.
+    /// end). Their CPU time is missing from the profile. Always 0 with the
+    /// perf-stack engine, which sends no signal.
     pub threads_blocking_signal: u64,
     /// Whether system CPU time was sampled, and if not, why.
     pub kernel_time: KernelTime,

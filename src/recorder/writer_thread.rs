@@ -20,6 +20,13 @@
 //!    the active modules in it, then sync and unlock the one left behind
 //!    (see [`Run::rotate`]).
 //!
+//! With the perf-stack engine the "ring" of step 1 is also every thread's
+//! kernel ring: drained and unwound (`stack_sampler.rs`) with the current
+//! module snapshot, then held or written like the handler's samples. The
+//! writer waits in `epoll_wait` on those rings and on an eventfd that every
+//! control message writes; a ring half full wakes it for steps 1, 2 and 4's
+//! check without the flush (`Run::drain_step`), so rings stay small.
+//!
 //! # No sample attributed to the wrong library
 //! The handler unwinds with the snapshot it finds and stamps the sample with that
 //! snapshot's generation, but the loader may have changed the address space since

@@ -33,6 +33,11 @@
 //! writer thread); the listing is repeated until it is stable, so a thread
 //! created by a thread whose event was not open yet is found on the next pass.
 //!
+//! Events that cannot be inherited (the kernel-time events below, and the
+//! perf-stack engine's, `perf_stack.rs`) are kept per thread by
+//! [`PerThreadEvents`]: opened at start and at every writer tick for threads
+//! created since, closed when their thread is gone.
+//!
 //! # Kernel time: [`KernelEvents`]
 //! System CPU time is sampled by a second task-clock event per thread that
 //! counts the periods ending in kernel mode only (`exclude_user = 1`; refused

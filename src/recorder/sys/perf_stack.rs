@@ -273,7 +273,10 @@ impl StackRing {
         let mut tail = self.header_atomic(PAGE_DATA_TAIL).load(Ordering::Relaxed);
         let size = self.data_size as u64;
         // SAFETY: the data area lies inside the mapping (checked in `open`).
-        let data = unsafe { std::slice::from_raw_parts(self.base.add(self.data_offset), self.data_size) };
+        let data = unsafe { self.base.add(self.data_offset) } as *const u8;
+        // Only the bytes in [tail, head) are read: the kernel has published
+        // them (`head` is loaded with acquire) and writes there again only
+        // after `tail` moves past them.
         while head.wrapping_sub(tail) >= 8 {
             let avail = head.wrapping_sub(tail);
             if avail > size {
@@ -281,18 +284,23 @@ impl StackRing {
             }
             let at = (tail % size) as usize;
             let mut hdr = [0u8; 8];
-            copy_wrapped(data, at, &mut hdr);
+            // SAFETY: `at < size`, 8 <= avail <= size, and the 8 bytes are published.
+            unsafe { copy_wrapped(data, self.data_size, at, &mut hdr) };
             let kind = u32::from_ne_bytes([hdr[0], hdr[1], hdr[2], hdr[3]]);
             let len = u16::from_ne_bytes([hdr[6], hdr[7]]) as u64;
             if len < 8 || len > avail {
                 tail = head;
                 break;
             }
-            let rec: &[u8] = if at + len as usize <= data.len() {
-                &data[at..at + len as usize]
+            let rec: &[u8] = if at + len as usize <= self.data_size {
+                // SAFETY: `[at, at + len)` lies in the data area and is
+                // published; the kernel leaves it alone while this slice lives
+                // (the tail moves only after the loop).
+                unsafe { std::slice::from_raw_parts(data.add(at), len as usize) }
             } else {
                 scratch.resize(len as usize, 0);
-                copy_wrapped(data, at, scratch);
+                // SAFETY: `at < size`, len <= avail <= size, bytes published.
+                unsafe { copy_wrapped(data, self.data_size, at, scratch) };
                 scratch
             };
             match kind {
@@ -316,11 +324,19 @@ impl StackRing {
     }
 }
 
-/// Copy `out.len()` bytes from the ring `data` starting at `at`, wrapping.
-fn copy_wrapped(data: &[u8], at: usize, out: &mut [u8]) {
-    let n = data.len();
-    for (i, b) in out.iter_mut().enumerate() {
-        *b = data[(at + i) % n];
+/// Copy `out.len()` bytes of a ring's data area (`size` bytes at `data`)
+/// starting at offset `at`, continuing at its start past its end.
+///
+/// # Safety
+/// `data .. data + size` must be readable, `at < size`, `out.len() <= size`,
+/// and the bytes copied must not be written while this runs.
+unsafe fn copy_wrapped(data: *const u8, size: usize, at: usize, out: &mut [u8]) {
+    let first = out.len().min(size - at);
+    // SAFETY: the caller's contract: `[at, at + first)` and
+    // `[0, out.len() - first)` lie in the area; `out` is ours.
+    unsafe {
+        std::ptr::copy_nonoverlapping(data.add(at), out.as_mut_ptr(), first);
+        std::ptr::copy_nonoverlapping(data, out.as_mut_ptr().add(first), out.len() - first);
     }
 }
 
@@ -564,7 +580,12 @@ mod tests {
     fn wrapped_copies_continue_at_the_start() {
         let data: Vec<u8> = (0..16u8).collect();
         let mut out = [0u8; 6];
-        copy_wrapped(&data, 13, &mut out);
+        // SAFETY: 13 < 16 and 6 <= 16 bytes of our own vector.
+        unsafe { copy_wrapped(data.as_ptr(), data.len(), 13, &mut out) };
         assert_eq!(out, [13, 14, 15, 0, 1, 2]);
+        let mut whole = [0u8; 16];
+        // SAFETY: as above, the whole area from offset 0.
+        unsafe { copy_wrapped(data.as_ptr(), data.len(), 0, &mut whole) };
+        assert_eq!(whole.to_vec(), data);
     }
 }
