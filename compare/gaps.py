@@ -26,7 +26,7 @@ the same drained only at the writer's 50 ms ticks (1 MiB rings), `spulse-signal`
 
 Usage: python3 compare/gaps.py [--reps 5] [--freq 999] [--threads 1,2,8]
                                [--seconds 2] [--target-dir DIR] [--depth 20]
-                               [--profilers spulse,spulse-stack,...]
+                               [--profilers spulse,spulse-stack,...] [--stack-copy BYTES]
 """
 
 import argparse
@@ -40,11 +40,13 @@ PROFILERS = ["none", "spulse", "pprof", "pprof-fh", "kernel-floor"]
 ALL = PROFILERS + ["spulse-signal", "spulse-stack", "spulse-stack-tick"]
 
 
-def run(binary, profiler, freq, threads, seconds, out, depth):
+def run(binary, profiler, freq, threads, seconds, out, depth, stack_copy=None):
     name = {"pprof-fh": "pprof", "kernel-floor": "none", "spulse-signal": "spulse",
             "spulse-stack": "spulse", "spulse-stack-tick": "spulse"}.get(profiler, profiler)
     cmd = [binary, "--profiler", name, "--freq", str(freq), "--threads", str(threads), "--gaps", str(seconds),
            "--out", out, "--depth", str(depth)]
+    if profiler.startswith("spulse-stack") and stack_copy:
+        cmd += ["--stack-copy", str(stack_copy)]
     if profiler == "spulse-stack":
         cmd += ["--engine", "perf-stack"]
     elif profiler == "spulse-stack-tick":
@@ -77,6 +79,8 @@ def main():
     ap.add_argument("--seconds", type=float, default=2.0)
     ap.add_argument("--target-dir", default="/tmp/spulse-compare-target")
     ap.add_argument("--depth", type=int, default=20)
+    ap.add_argument("--stack-copy", type=int, default=None,
+                    help="the perf-stack variants' user_stack_copy in bytes (default: spulse's, 16 KiB)")
     ap.add_argument("--profilers", default=",".join(PROFILERS[1:]))
     a = ap.parse_args()
     chosen = ["none"] + [p for p in a.profilers.split(",") if p and p != "none"]
@@ -97,7 +101,7 @@ def main():
         for _ in range(a.reps):
             base = None
             for p in chosen:
-                stolen, other, rate, capture = run(bins[p], p, a.freq, threads, a.seconds, out, a.depth)
+                stolen, other, rate, capture = run(bins[p], p, a.freq, threads, a.seconds, out, a.depth, a.stack_copy)
                 if p == "none":
                     base = (stolen, other)
                     continue

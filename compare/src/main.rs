@@ -6,10 +6,12 @@
 //! Usage: workload --profiler none|spulse|pprof --freq HZ --threads N
 //!                 [--rounds R] [--depth D] [--out PATH] [--gaps SECONDS]
 //!                 [--engine auto|perf-event|perf-stack|perf-stack-tick]
+//!                 [--stack-copy BYTES]
 //!
 //! `--engine` picks spulse's sampling engine (default: its automatic choice;
 //! `perf-stack-tick` is the perf-stack engine drained only at the writer's
-//! ticks, with rings large enough for a tick's samples).
+//! ticks, with rings large enough for a tick's samples; `--stack-copy` sets
+//! the perf-stack engine's `user_stack_copy`).
 //! With `perf-stack`, whose events are not inherited by threads created
 //! later (they get one at the writer's next tick), the worker threads are
 //! created first and wait until the recorder has started, so they are
@@ -158,6 +160,7 @@ struct Args {
     out: String,
     gaps: Option<f64>,
     engine: String,
+    stack_copy: Option<u32>,
 }
 
 fn parse_args() -> Args {
@@ -170,6 +173,7 @@ fn parse_args() -> Args {
         out: "/tmp/spulse-compare.spool".into(),
         gaps: None,
         engine: "auto".into(),
+        stack_copy: None,
     };
     let argv: Vec<String> = std::env::args().skip(1).collect();
     let mut i = 0;
@@ -184,6 +188,7 @@ fn parse_args() -> Args {
             "--out" => a.out = v,
             "--gaps" => a.gaps = Some(v.parse().expect("--gaps")),
             "--engine" => a.engine = v,
+            "--stack-copy" => a.stack_copy = Some(v.parse().expect("--stack-copy")),
             other => panic!("unknown argument {other}"),
         }
         i += 2;
@@ -337,6 +342,9 @@ fn main() {
                     .perf_stack_ring_pages(256),
                 other => panic!("unknown engine {other}"),
             };
+            if let Some(bytes) = a.stack_copy {
+                builder = builder.user_stack_copy(bytes);
+            }
             let prespawn = a.engine.starts_with("perf-stack");
             let mut guard = if prespawn { None } else { Some(builder.start(&a.out).expect("spulse start")) };
             // WORKLOAD_HANDLER_TIMING=1: also report the handler's own time.
