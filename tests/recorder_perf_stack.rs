@@ -172,6 +172,9 @@ fn every_sample_is_written_or_counted_lost_with_a_small_ring() {
 
 #[test]
 fn stack_copy_and_ring_size_are_checked() {
+    // One recorder per process: a recording test running now would make
+    // `start` answer AlreadyRunning before it checks the settings.
+    let _serial = serial();
     let (_dir, path) = spool_path("bad.spool");
     let setting = |b: spulse::RecorderBuilder| match b.engine(EngineChoice::PerfStack).start(&path) {
         Err(Error::Recorder(RecorderError::InvalidConfig { setting, message })) => {
