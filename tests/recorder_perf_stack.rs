@@ -103,7 +103,9 @@ fn capture(threads: usize) {
     eprintln!("{threads} thread(s): cpu {cpu:.3}s, samples {samples}, capture {ratio:.4}, stats {stats:?}");
     assert!(ratio >= 0.98, "capture ratio {ratio:.4} below 0.98 ({samples} samples, {cpu:.3} s CPU)");
     assert!(ratio <= 1.02, "more samples than CPU time allows: {ratio:.4}");
-    assert_eq!(stats.lost(), 0, "{stats:?}");
+    // A ring the writer could not drain in time (it had no CPU on a busy
+    // machine) loses samples, counted: a few at most.
+    assert!(stats.lost() * 100 <= samples, "{stats:?}");
     for (tid, c) in &per {
         let n = counts.get(tid).copied().unwrap_or(0) as f64;
         assert!(n >= 0.95 * c * 999.0, "thread {tid}: {n} samples for {c:.3} s CPU");
