@@ -43,10 +43,26 @@ fn unwind_outer(cpu: f64, wall: Duration) -> u64 {
 
 #[test]
 fn leaf_samples_unwind_to_the_thread_root() {
+    check_root(spulse::Recorder::builder(), None);
+}
+
+/// The same with the perf-stack engine, where the writer thread unwinds the
+/// stack bytes the kernel copied (under qemu-user, which has no perf events,
+/// the thread-CPU-timer engine instead, saying so).
+#[test]
+fn perf_stack_samples_unwind_to_the_thread_root() {
+    let (choice, expect) = perf_stack_engine_for("perf_stack_samples_unwind_to_the_thread_root");
+    check_root(spulse::Recorder::builder().engine(choice), Some(expect));
+}
+
+fn check_root(builder: spulse::RecorderBuilder, expect: Option<spulse::Engine>) {
     let _serial = serial();
     let (_dir, path) = spool_path("unwind.spool");
-    let guard = spulse::Recorder::builder().frequency_hz(999).start(&path).expect("start");
+    let guard = builder.frequency_hz(999).start(&path).expect("start");
     let engine = guard.engine();
+    if let Some(e) = expect {
+        assert_eq!(engine, e);
+    }
     let worker = std::thread::Builder::new()
         .name("unwind-root".into())
         .spawn(|| (gettid(), unwind_outer(1.0, Duration::from_secs(20))))

@@ -5,6 +5,19 @@
 //!
 //! Usage: workload --profiler none|spulse|pprof --freq HZ --threads N
 //!                 [--rounds R] [--depth D] [--out PATH] [--gaps SECONDS]
+//!                 [--engine auto|perf-event|perf-stack|perf-stack-tick]
+//!                 [--stack-copy BYTES]
+//!
+//! `--engine` picks spulse's sampling engine (default: its automatic choice;
+//! `perf-stack-tick` is the perf-stack engine drained only at the writer's
+//! ticks, with rings large enough for a tick's samples; `--stack-copy` sets
+//! the perf-stack engine's `user_stack_copy`).
+//! With `perf-stack`, whose events are not inherited by threads created
+//! later (they get one at the writer's next tick), the worker threads are
+//! created first and wait until the recorder has started, so they are
+//! sampled from their first instruction, as with the inherited signal events.
+//! `workload_user_s` is the workers' user CPU time (`RUSAGE_THREAD`), the time
+//! a user-time sampler's capture ratio is measured against.
 //!
 //! With `--gaps S`, each thread instead runs a gap meter for S seconds (below
 //! the same `depth` frames): a tight loop reading the time-stamp counter that
@@ -146,6 +159,8 @@ struct Args {
     depth: u32,
     out: String,
     gaps: Option<f64>,
+    engine: String,
+    stack_copy: Option<u32>,
 }
 
 /// In gap-meter mode, give a profiler that has just started 300 ms before the
@@ -167,6 +182,8 @@ fn parse_args() -> Args {
         depth: 20,
         out: "/tmp/spulse-compare.spool".into(),
         gaps: None,
+        engine: "auto".into(),
+        stack_copy: None,
     };
     let argv: Vec<String> = std::env::args().skip(1).collect();
     let mut i = 0;
@@ -180,6 +197,8 @@ fn parse_args() -> Args {
             "--depth" => a.depth = v.parse().expect("--depth"),
             "--out" => a.out = v,
             "--gaps" => a.gaps = Some(v.parse().expect("--gaps")),
+            "--engine" => a.engine = v,
+            "--stack-copy" => a.stack_copy = Some(v.parse().expect("--stack-copy")),
             other => panic!("unknown argument {other}"),
         }
         i += 2;
@@ -227,20 +246,55 @@ static GAP_SECONDS: std::sync::Mutex<Option<f64>> = std::sync::Mutex::new(None);
 /// workload's and the profiler's), as f64 bits.
 static WINDOW_CPU: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
+/// Workers' user CPU time in microseconds.
+static USER_CPU_US: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// The calling thread's user CPU time in microseconds.
+fn thread_user_us() -> u64 {
+    // SAFETY: getrusage fills the zeroed struct we own.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: as above; RUSAGE_THREAD is the calling thread.
+    unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut ru) };
+    ru.ru_utime.tv_sec as u64 * 1_000_000 + ru.ru_utime.tv_usec as u64
+}
+
 fn run_workload(threads: usize, rounds: u64, depth: u32) -> (Vec<(u32, f64)>, u64) {
+    run_workload_after(threads, rounds, depth, None)
+}
+
+/// The workload; with `prestart`, the threads are created first and start
+/// working only once `prestart` has run.
+fn run_workload_after(
+    threads: usize,
+    rounds: u64,
+    depth: u32,
+    prestart: Option<&mut dyn FnMut()>,
+) -> (Vec<(u32, f64)>, u64) {
     let cpu0 = rusage().0;
-    let r = run_workload_threads(threads, rounds, depth);
+    let r = run_workload_threads(threads, rounds, depth, prestart);
     WINDOW_CPU.store((rusage().0 - cpu0).to_bits(), std::sync::atomic::Ordering::Relaxed);
     r
 }
 
-fn run_workload_threads(threads: usize, rounds: u64, depth: u32) -> (Vec<(u32, f64)>, u64) {
+fn run_workload_threads(
+    threads: usize,
+    rounds: u64,
+    depth: u32,
+    prestart: Option<&mut dyn FnMut()>,
+) -> (Vec<(u32, f64)>, u64) {
     let gap_seconds = *GAP_SECONDS.lock().unwrap();
+    let parties = if prestart.is_some() { threads + 1 } else { 1 };
+    let go = std::sync::Arc::new(std::sync::Barrier::new(parties));
     let handles: Vec<_> = (0..threads)
         .map(|t| {
+            let go = go.clone();
             std::thread::Builder::new()
                 .name(format!("worker-{t}"))
                 .spawn(move || {
+                    if parties > 1 {
+                        go.wait();
+                    }
+                    let u0 = thread_user_us();
                     let mut x = t as u64;
                     if let Some(s) = gap_seconds {
                         let r = descend_gaps(depth, s);
@@ -252,11 +306,16 @@ fn run_workload_threads(threads: usize, rounds: u64, depth: u32) -> (Vec<(u32, f
                             x = descend(depth, x ^ r);
                         }
                     }
+                    USER_CPU_US.fetch_add(thread_user_us() - u0, std::sync::atomic::Ordering::Relaxed);
                     (gettid(), thread_cpu().as_secs_f64(), x)
                 })
                 .expect("spawn")
         })
         .collect();
+    if let Some(f) = prestart {
+        f();
+        go.wait();
+    }
     let mut per_thread = Vec::new();
     let mut check = 0u64;
     for h in handles {
@@ -290,8 +349,29 @@ fn main() {
             if let Some(ms) = std::env::var("WORKLOAD_FLUSH_MS").ok().and_then(|v| v.parse().ok()) {
                 builder = builder.flush_interval(Duration::from_millis(ms));
             }
-            let guard = builder.start(&a.out).expect("spulse start");
-            settle(&a);
+            builder = match a.engine.as_str() {
+                "auto" => builder,
+                "perf-event" => builder.engine(spulse::EngineChoice::PerfEvent),
+                "perf-stack" => builder.engine(spulse::EngineChoice::PerfStack),
+                // Drained at the writer's ticks only: a ring that holds a
+                // tick's 16 KiB stack copies (1 MiB).
+                "perf-stack-tick" => builder
+                    .engine(spulse::EngineChoice::PerfStack)
+                    .perf_stack_watermark(false)
+                    .perf_stack_ring_pages(256),
+                other => panic!("unknown engine {other}"),
+            };
+            if let Some(bytes) = a.stack_copy {
+                builder = builder.user_stack_copy(bytes);
+            }
+            let prespawn = a.engine.starts_with("perf-stack");
+            let mut guard = if prespawn {
+                None
+            } else {
+                let g = builder.start(&a.out).expect("spulse start");
+                settle(&a);
+                Some(g)
+            };
             // WORKLOAD_HANDLER_PHASE=classify|claim|registers|unwind: the handler
             // returns after that phase (the per-phase cost breakdown; those
             // samples are not recorded).
@@ -312,7 +392,16 @@ fn main() {
             if timing {
                 spulse::testing::handler_timing::handler_timing(true);
             }
-            (per_thread, check) = run_workload(a.threads, a.rounds, a.depth);
+            if prespawn {
+                let mut start = || {
+                    guard = Some(builder.start(&a.out).expect("spulse start"));
+                    settle(&a);
+                };
+                (per_thread, check) = run_workload_after(a.threads, a.rounds, a.depth, Some(&mut start));
+            } else {
+                (per_thread, check) = run_workload(a.threads, a.rounds, a.depth);
+            }
+            let guard = guard.expect("started");
             if timing {
                 spulse::testing::handler_timing::handler_timing(false);
                 let hist = spulse::testing::handler_timing::take_handler_times();
@@ -421,8 +510,13 @@ fn main() {
         let g: Vec<u64> = GAPS.iter().map(|v| v.load(std::sync::atomic::Ordering::Relaxed)).collect();
         let window = f64::from_bits(WINDOW_CPU.load(std::sync::atomic::Ordering::Relaxed));
         extra.push_str(&format!(
-            r#","gap_running_ticks":{},"gap_stolen_ticks":{},"gaps":{},"window_cpu_s":{:.6},"tsc_hz":{:.0}"#,
-            g[0], g[1], g[2], window, ticks().wrapping_sub(tsc0) as f64 / t0.elapsed().as_secs_f64()
+            r#","gap_running_ticks":{},"gap_stolen_ticks":{},"gaps":{},"window_cpu_s":{:.6},"workload_user_s":{:.6},"tsc_hz":{:.0}"#,
+            g[0],
+            g[1],
+            g[2],
+            window,
+            USER_CPU_US.load(std::sync::atomic::Ordering::Relaxed) as f64 / 1e6,
+            ticks().wrapping_sub(tsc0) as f64 / t0.elapsed().as_secs_f64()
         ));
         let h: Vec<String> =
             HIST.iter().map(|v| v.load(std::sync::atomic::Ordering::Relaxed).to_string()).collect();

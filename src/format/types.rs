@@ -57,6 +57,9 @@ pub enum Engine {
     Unknown,
     /// Per-thread `perf_event_open` task-clock events.
     PerfEvent,
+    /// Per-thread `perf_event_open` task-clock events that copy the user stack
+    /// into a ring, unwound by the writer thread (no signal).
+    PerfStack,
     /// Per-thread CPU-clock POSIX timers (`timer_create`).
     ThreadCpuTimer,
     /// The process-wide `setitimer(ITIMER_PROF)` timer.
@@ -69,6 +72,7 @@ impl Engine {
         match self {
             Engine::Unknown => "unknown",
             Engine::PerfEvent => "perf-event",
+            Engine::PerfStack => "perf-stack",
             Engine::ThreadCpuTimer => "thread-cpu-timer",
             Engine::ProcessTimer => "process-timer",
         }

@@ -1,9 +1,13 @@
 //! The sampling engines: who sends the profiling signal, to which thread, and how
-//! often. [`Engine`] is chosen at start ([`EngineChoice`]) and owned by the writer
-//! thread, which calls [`Engine::tick`] every flush interval (thread timers use it
-//! to cover threads created since) and [`Engine::stop`] at the end.
+//! often (or, for the perf-stack engine, which rings the kernel writes samples
+//! into). [`Engine`] is chosen at start ([`EngineChoice`]) and owned by the writer
+//! thread, which calls [`Engine::tick`] every flush interval (thread timers,
+//! kernel-time events and perf-stack events use it to cover threads created
+//! since) and [`Engine::stop`] at the end.
+//!
+//! [`EngineChoice`]: super::EngineChoice
 
-use super::sys::{perf, timer};
+use super::sys::{perf, perf_stack, timer};
 
 /// A running engine.
 pub(crate) enum Engine {
@@ -11,6 +15,8 @@ pub(crate) enum Engine {
     Perf(perf::PerfEngine, Option<perf::KernelEvents>),
     Threads(timer::ThreadTimers),
     Process(timer::ProcessTimer),
+    /// Per-thread events that copy the user stack into rings (no signal).
+    PerfStack(perf_stack::StackEvents),
 }
 
 impl Engine {
@@ -20,6 +26,7 @@ impl Engine {
             Engine::Perf(..) => crate::Engine::PerfEvent,
             Engine::Threads(_) => crate::Engine::ThreadCpuTimer,
             Engine::Process(_) => crate::Engine::ProcessTimer,
+            Engine::PerfStack(_) => crate::Engine::PerfStack,
         }
     }
 
@@ -28,17 +35,19 @@ impl Engine {
         match self {
             Engine::Threads(t) => t.rescan(tids),
             Engine::Perf(_, Some(k)) => k.rescan(tids),
+            Engine::PerfStack(s) => s.rescan(tids),
             _ => {}
         }
     }
 
     /// Whether a thread created since the last tick goes unsampled until the
-    /// writer lists the threads (one timer per thread, none inherited), so the
-    /// listing must be taken on every tick. The perf engine's inherited events
-    /// sample a new thread from its first instruction, and its first sample
-    /// tells the writer that the thread exists.
+    /// writer lists the threads (one timer or one perf-stack event per thread,
+    /// none inherited), so the listing must be taken on every tick. The perf
+    /// engine's inherited events sample a new thread from its first
+    /// instruction, and its first sample tells the writer that the thread
+    /// exists.
     pub(crate) fn needs_every_scan(&self) -> bool {
-        matches!(self, Engine::Threads(_))
+        matches!(self, Engine::Threads(_) | Engine::PerfStack(_))
     }
 
     /// Keep the kernel-time events' descriptors open for the life of the
@@ -48,6 +57,14 @@ impl Engine {
             if let Some(k) = k.take() {
                 std::mem::forget(k);
             }
+        }
+    }
+
+    /// The perf-stack engine's events, if that engine runs.
+    pub(crate) fn stack_events(&mut self) -> Option<&mut perf_stack::StackEvents> {
+        match self {
+            Engine::PerfStack(s) => Some(s),
+            _ => None,
         }
     }
 
@@ -70,6 +87,7 @@ impl Engine {
             }
             Engine::Threads(t) => t.stop(),
             Engine::Process(p) => p.stop(),
+            Engine::PerfStack(s) => s.stop(),
         }
     }
 }

@@ -1,13 +1,19 @@
 //! The recorder: `spulse::start("out.spool")` and [`Recorder::builder`] sample
 //! every thread's CPU time with a signal handler, and a writer thread turns the
-//! samples into a spool.
+//! samples into a spool. The opt-in perf-stack engine
+//! ([`EngineChoice::PerfStack`]) has no signal and no handler: the kernel copies
+//! each sample's user registers and stack top into a ring per thread
+//! (`sys/perf_stack.rs`, whose doc states the memory bound: 260 KiB a thread by
+//! default, 64 MiB at most) and the writer thread unwinds the copies
+//! (`stack_sampler.rs`) and writes them through the same path.
 //!
 //! Pieces: `handler/` (everything that runs in the signal handler: the handler,
 //! the ring's producer side, the unwinder cache pool and walk, the module-snapshot
 //! cell, the shared state and counters; its `mod.rs` gives the async-signal-safety
 //! argument), `sys/` (the OS layer: `sigaction`, `perf_event_open`, timers,
 //! thread-control-block probing, `/proc/self/maps`), `engine.rs` (the running
-//! engine: who sends the signal), `modules.rs` (loaded objects, generations,
+//! engine: who sends the signal), `stack_sampler.rs` (the perf-stack engine's
+//! unwinding), `modules.rs` (loaded objects, generations,
 //! unwinder snapshots), `cfi_check.rs` (which unwind tables the handler may be
 //! handed) and `cfi_cache.rs` (its verdicts, kept per library build), `intern.rs` and `writer_thread.rs` (the spool side). This file holds
 //! the public API: builder, guard, statistics, Python-runtime marks, and the
@@ -63,6 +69,7 @@ mod engine;
 mod handler;
 mod intern;
 mod modules;
+mod stack_sampler;
 mod sys;
 mod writer_thread;
 
@@ -71,7 +78,7 @@ use std::os::fd::AsFd;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::mpsc::{self, Sender};
+use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -80,7 +87,7 @@ use nix::sys::signal::Signal;
 
 use crate::{Engine, Error, Header, RecorderError, SpoolWriter};
 use handler::{ring, unwind, Counters, Shared, StackBounds};
-use writer_thread::{Control, WriterState};
+use writer_thread::{Control, ControlSender, WriterState};
 
 /// Which sampling engine to use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -95,12 +102,20 @@ pub enum EngineChoice {
     ThreadCpuTimer,
     /// `setitimer(ITIMER_PROF)` (SIGPROF).
     ProcessTimer,
+    /// Opt-in, never chosen by `Auto`: per-thread `perf_event_open` task-clock
+    /// events (user time) that copy the user registers and the top of the
+    /// user stack ([`RecorderBuilder::user_stack_copy`]) into a ring mapped
+    /// from each event; no signal and no handler: the writer thread unwinds
+    /// the copies. Threads that block signals are sampled too; threads created
+    /// after start are covered from the next flush on. Fails if refused.
+    PerfStack,
 }
 
 /// Samples that were not written, by reason.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct LostSamples {
-    /// The ring was full (the writer fell behind).
+    /// The ring was full (the writer fell behind; perf-stack engine: a
+    /// thread's ring in the kernel was, as the kernel reports).
     pub ring_full: u64,
     /// Every unwinder cache was in use by other handlers.
     pub no_cache: u64,
@@ -136,7 +151,8 @@ pub enum KernelTime {
     Off,
     /// User time only: kernel-mode counting could not be set up, because the
     /// kernel refused it (usually `perf_event_paranoid` >= 2 without
-    /// `CAP_PERFMON`) or another handler owns SIGURG; the reason.
+    /// `CAP_PERFMON`) or another handler owns SIGURG, or the engine is the
+    /// perf-stack engine, which samples user time only; the reason.
     Refused(String),
     /// The timer engines count user and system time alike and cannot tell
     /// them apart: system time is in the samples, with no kernel-mode leaf.
@@ -161,11 +177,14 @@ pub struct Stats {
     pub samples_written: u64,
     /// Samples lost, by reason.
     pub samples_lost: LostSamples,
-    /// Profiling signals handled while recording.
+    /// Profiling signals handled while recording (perf-stack engine: samples
+    /// the kernel wrote into the rings).
     pub signals: u64,
     /// Stacks whose unwinding stopped before the root (marked truncated).
     pub truncated_stacks: u64,
-    /// Of those, samples on a stack the handler could not prove mapped (leaf only).
+    /// Of those, samples on a stack the handler could not prove mapped (leaf
+    /// only; perf-stack engine: samples that came without registers or stack
+    /// bytes).
     pub unknown_stacks: u64,
     /// Size of the spool in bytes (with rotation: of all segments written,
     /// deleted ones included).
@@ -185,7 +204,8 @@ pub struct Stats {
     pub threads_never_sampled: u64,
     /// Threads seen blocking the engine's profiling signal (`SigBlk` in
     /// `/proc/self/task/<tid>/status` when the thread was first seen or at the
-    /// end). Their CPU time is missing from the profile.
+    /// end). Their CPU time is missing from the profile. Always 0 with the
+    /// perf-stack engine, which sends no signal.
     pub threads_blocking_signal: u64,
     /// Whether system CPU time was sampled, and if not, why.
     pub kernel_time: KernelTime,
@@ -254,6 +274,9 @@ pub struct RecorderBuilder {
     sync_at_finish: bool,
     rotate: Option<Duration>,
     retain: Option<usize>,
+    user_stack_copy: u32,
+    perf_stack_ring_pages: usize,
+    perf_stack_watermark: bool,
 }
 
 impl Default for RecorderBuilder {
@@ -270,9 +293,17 @@ impl Default for RecorderBuilder {
             sync_at_finish: true,
             rotate: None,
             retain: None,
+            user_stack_copy: DEFAULT_USER_STACK_COPY,
+            perf_stack_ring_pages: DEFAULT_PERF_STACK_RING_PAGES,
+            perf_stack_watermark: true,
         }
     }
 }
+
+/// Default [`RecorderBuilder::user_stack_copy`]: 16 KiB.
+pub const DEFAULT_USER_STACK_COPY: u32 = 16 << 10;
+/// Default [`RecorderBuilder::perf_stack_ring_pages`]: 64 pages (256 KiB).
+pub const DEFAULT_PERF_STACK_RING_PAGES: usize = 64;
 
 /// Default sampling frequency.
 pub const DEFAULT_FREQUENCY_HZ: u32 = 999;
@@ -398,6 +429,39 @@ impl RecorderBuilder {
         self
     }
 
+    /// With [`EngineChoice::PerfStack`]: bytes of each sampled thread's stack
+    /// the kernel copies per sample, from the stack pointer up (default 16
+    /// KiB; a multiple of 8, 8..65536: the kernel's sample record has a 16-bit
+    /// size). The unwinder reads only the copy: a stack whose frames reach
+    /// beyond it is written truncated. Each copy costs the sampled thread the
+    /// time to copy it and takes ring space.
+    pub fn user_stack_copy(mut self, bytes: u32) -> Self {
+        self.user_stack_copy = bytes;
+        self
+    }
+
+    /// With [`EngineChoice::PerfStack`]: data pages of each thread's sample
+    /// ring (a power of two, 1..=1024; default 64, 256 KiB with 4 KiB pages).
+    /// Each thread's ring maps one page more; rings take at most 64 MiB in
+    /// all (threads beyond get none). The writer drains the rings when one is
+    /// half full; samples that find their ring full are lost
+    /// ([`LostSamples::ring_full`]).
+    pub fn perf_stack_ring_pages(mut self, pages: usize) -> Self {
+        self.perf_stack_ring_pages = pages;
+        self
+    }
+
+    /// With [`EngineChoice::PerfStack`]: whether a ring half full wakes the
+    /// writer thread to drain it (default true). With `false` the writer
+    /// drains only every [`flush_interval`](Self::flush_interval), so each
+    /// ring must hold a whole interval of samples (at 999 Hz and 50 ms, 50
+    /// samples of about `user_stack_copy` bytes each: 256 pages for 16 KiB
+    /// copies), or the rest is lost.
+    pub fn perf_stack_watermark(mut self, on: bool) -> Self {
+        self.perf_stack_watermark = on;
+        self
+    }
+
     /// Whether finishing the recording waits until the spool is on stable
     /// storage (`fsync`; default true), so that it survives a power loss or a
     /// kernel crash right after. What the recorder flushed survives the
@@ -516,12 +580,29 @@ impl RecorderBuilder {
                 ),
             ));
         }
+        let copy = self.user_stack_copy;
+        if copy == 0 || copy % 8 != 0 || copy >= sys::perf_stack::MAX_STACK_COPY {
+            return Err(invalid(
+                "user_stack_copy",
+                format!(
+                    "user_stack_copy {copy} must be a multiple of 8 in 8..{} bytes",
+                    sys::perf_stack::MAX_STACK_COPY
+                ),
+            ));
+        }
+        let pages = self.perf_stack_ring_pages;
+        if !pages.is_power_of_two() || pages > sys::perf_stack::MAX_RING_PAGES {
+            return Err(invalid(
+                "perf_stack_ring_pages",
+                format!(
+                    "perf_stack_ring_pages {pages} must be a power of two in 1..={}",
+                    sys::perf_stack::MAX_RING_PAGES
+                ),
+            ));
+        }
         if let Some(fi) = self.flush_interval {
             if fi < Duration::from_millis(1) || fi > MAX_FLUSH_INTERVAL {
-                return Err(invalid(
-                    "flush_interval",
-                    format!("flush_interval {fi:?} is outside 1ms..=10min"),
-                ));
+                return Err(invalid("flush_interval", format!("flush_interval {fi:?} is outside 1ms..=10min")));
             }
         }
         let mode = self.mode;
@@ -812,7 +893,7 @@ pub struct Guard {
 
 #[derive(Debug)]
 struct Running {
-    tx: Sender<Control>,
+    tx: ControlSender,
     join: JoinHandle<Result<Stats, Error>>,
     pid: u32,
     path: PathBuf,
@@ -820,7 +901,7 @@ struct Running {
 }
 
 static RUNNING: AtomicBool = AtomicBool::new(false);
-static PYTHON_TX: Mutex<Option<Sender<Control>>> = Mutex::new(None);
+static PYTHON_TX: Mutex<Option<ControlSender>> = Mutex::new(None);
 static PYTHON_INSIDE: AtomicBool = AtomicBool::new(false);
 /// The running recorder's spool, for readers in the same process (the `http`
 /// endpoint cuts its windows from it): (pid that started it, path, flush
@@ -1054,13 +1135,24 @@ fn start_inner(b: &RecorderBuilder, path: &Path) -> Result<Guard, Error> {
     });
 
     // The writer thread exists before any engine, so it can be left out of them.
-    let (tx, rx) = mpsc::channel::<Control>();
+    // The perf-stack engine's writer waits on its rings: its channel has an
+    // eventfd to wake it.
+    let (tx, rx, wake) = writer_thread::channel(b.engine == EngineChoice::PerfStack).map_err(|e| {
+        Error::Recorder(RecorderError::WriterFailed {
+            what: "could not be spawned (eventfd)",
+            source: Some(e),
+        })
+    })?;
+    let wake_fd = wake.as_ref().map(|w| {
+        use std::os::fd::AsRawFd;
+        w.as_raw_fd()
+    });
     let (tid_tx, tid_rx) = mpsc::sync_channel::<u32>(1);
     let join = std::thread::Builder::new()
         .name("spulse-writer".into())
         .spawn(move || {
             let _ = tid_tx.send(sys::gettid());
-            writer_thread::main(rx)
+            writer_thread::main(rx, wake)
         })
         .map_err(|e| {
             Error::Recorder(RecorderError::WriterFailed { what: "could not be spawned", source: Some(e) })
@@ -1079,12 +1171,15 @@ fn start_inner(b: &RecorderBuilder, path: &Path) -> Result<Guard, Error> {
         EngineChoice::PerfEvent => &[EngineChoice::PerfEvent],
         EngineChoice::ThreadCpuTimer => &[EngineChoice::ThreadCpuTimer],
         EngineChoice::ProcessTimer => &[EngineChoice::ProcessTimer],
+        EngineChoice::PerfStack => &[EngineChoice::PerfStack],
     };
     let mut reasons = Vec::new();
     let mut engine = None;
     for &c in candidates {
         let sig = if c == EngineChoice::PerfEvent { Signal::SIGTRAP } else { Signal::SIGPROF };
-        match handler::install(sig) {
+        // The perf-stack engine sends no signal: no handler.
+        let install = if c == EngineChoice::PerfStack { Ok(false) } else { handler::install(sig) };
+        match install {
             Ok(true) => cleanup.installed.push(sig),
             Ok(false) => {}
             Err(err) => {
@@ -1093,6 +1188,20 @@ fn start_inner(b: &RecorderBuilder, path: &Path) -> Result<Guard, Error> {
             }
         }
         let r = match c {
+            EngineChoice::PerfStack => {
+                let cfg = sys::perf_stack::StackConfig {
+                    period_ns,
+                    stack_copy: b.user_stack_copy,
+                    data_pages: b.perf_stack_ring_pages,
+                    watermark: b.perf_stack_watermark,
+                };
+                sys::perf_stack::StackEvents::start(cfg, writer_tid, wake_fd)
+                    .map(engine::Engine::PerfStack)
+                    .map_err(|source| RecorderError::EngineRefused {
+                        what: "perf_event_open (task-clock, user registers and stack, mapped ring)",
+                        source,
+                    })
+            }
             EngineChoice::PerfEvent => sys::perf::PerfEngine::start(period_ns, writer_tid)
                 .map(|p| engine::Engine::Perf(p, None))
                 .map_err(|source| RecorderError::EngineRefused {
@@ -1161,6 +1270,8 @@ fn start_inner(b: &RecorderBuilder, path: &Path) -> Result<Guard, Error> {
         kernel_time: kernel_status,
         rotation: rotation
             .map(|plan| writer_thread::Rotation::new(plan, path, &file_id, b.mode, b.overwrite, interval_us)),
+        stack_sampler: (kind == Engine::PerfStack)
+            .then(|| stack_sampler::StackSampler::new(b.max_stack_depth)),
     };
     tx.send(Control::Start(Box::new(state))).map_err(|_| exited())?;
     let join = cleanup.join.take().expect("writer thread handle");
@@ -1203,6 +1314,10 @@ fn start_kernel_time(
             }
         }
         e @ engine::Engine::Perf(..) => (e, KernelTime::Off),
+        e @ engine::Engine::PerfStack(_) if wanted => {
+            (e, KernelTime::Refused("the perf-stack engine samples user time only".into()))
+        }
+        e @ engine::Engine::PerfStack(_) => (e, KernelTime::Off),
         e => (e, KernelTime::Unmarked),
     }
 }
@@ -1212,7 +1327,7 @@ fn start_kernel_time(
 struct Cleanup {
     path: Option<PathBuf>,
     installed: Vec<Signal>,
-    tx: Option<Sender<Control>>,
+    tx: Option<ControlSender>,
     join: Option<JoinHandle<Result<Stats, Error>>>,
 }
 

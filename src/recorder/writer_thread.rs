@@ -20,6 +20,13 @@
 //!    the active modules in it, then sync and unlock the one left behind
 //!    (see [`Run::rotate`]).
 //!
+//! With the perf-stack engine the "ring" of step 1 is also every thread's
+//! kernel ring: drained and unwound (`stack_sampler.rs`) with the current
+//! module snapshot, then held or written like the handler's samples. The
+//! writer waits in `epoll_wait` on those rings and on an eventfd that every
+//! control message writes; a ring half full wakes it for steps 1, 2 and 4's
+//! check without the flush (`Run::drain_step`), so rings stay small.
+//!
 //! # No sample attributed to the wrong library
 //! The handler unwinds with the snapshot it finds and stamps the sample with that
 //! snapshot's generation, but the loader may have changed the address space since
@@ -50,10 +57,11 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use std::fs::File;
 use std::io::Write;
 use std::os::fd::AsFd;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
-use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, TryRecvError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -62,7 +70,9 @@ use super::handler::ring::{Consumer, RawSample};
 use super::handler::{self, Retired, Shared};
 use super::intern::Interner;
 use super::modules::{self, LoadedObject, ModuleEntry, ModuleTable};
+use super::stack_sampler::StackSampler;
 use super::sys;
+use super::sys::perf_stack::Woken;
 use super::{LostSamples, Stats};
 use crate::{Error, Frame, Header, NewModule, RecorderError, SpoolWriter};
 
@@ -105,6 +115,50 @@ pub(crate) enum Control {
     Python { entering: bool, ack: std::sync::mpsc::SyncSender<Result<(), Error>> },
 }
 
+/// The sending side of the writer thread's control channel. With the
+/// perf-stack engine the writer waits in `epoll_wait` on the sample rings
+/// rather than on the channel, so every message also writes an eventfd in that
+/// epoll set to wake it.
+#[derive(Debug, Clone)]
+pub(crate) struct ControlSender {
+    tx: Sender<Control>,
+    wake: Option<Arc<OwnedFd>>,
+}
+
+impl ControlSender {
+    /// Send `c` (and wake a writer waiting on the rings); `Err` when the writer
+    /// thread is gone.
+    pub(crate) fn send(&self, c: Control) -> Result<(), ()> {
+        self.tx.send(c).map_err(|_| ())?;
+        if let Some(w) = &self.wake {
+            let one = 1u64;
+            // SAFETY: writes 8 bytes from our u64 to an eventfd we keep open.
+            unsafe { libc::write(w.as_raw_fd(), &one as *const u64 as *const libc::c_void, 8) };
+        }
+        Ok(())
+    }
+}
+
+/// The writer thread's control channel; with `wake`, also the eventfd that
+/// wakes it (see [`ControlSender`]).
+pub(crate) fn channel(
+    wake: bool,
+) -> std::io::Result<(ControlSender, Receiver<Control>, Option<Arc<OwnedFd>>)> {
+    let wake = if wake {
+        // SAFETY: eventfd returns a new descriptor or -1.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: a fresh descriptor we own.
+        Some(Arc::new(unsafe { OwnedFd::from_raw_fd(fd) }))
+    } else {
+        None
+    };
+    let (tx, rx) = std::sync::mpsc::channel();
+    Ok((ControlSender { tx, wake: wake.clone() }, rx, wake))
+}
+
 /// What the writer thread owns.
 pub(crate) struct WriterState {
     pub shared: Arc<Shared>,
@@ -125,6 +179,8 @@ pub(crate) struct WriterState {
     pub kernel_time: super::KernelTime,
     /// Segment rotation, when the recording rotates.
     pub rotation: Option<Rotation>,
+    /// The perf-stack engine's unwinding (that engine only).
+    pub stack_sampler: Option<StackSampler>,
 }
 
 /// The state of a rotating recording.
@@ -216,6 +272,23 @@ struct Run {
     scanned_at: Instant,
     /// Ring slots the last drain took.
     drained: usize,
+    /// The perf-stack engine's unwinding, taken out of the state.
+    stack_sampler: Option<StackSampler>,
+    /// The control channel's eventfd (perf-stack engine only).
+    wake: Option<Arc<OwnedFd>>,
+}
+
+/// What the writer's wait returned.
+enum Event {
+    Control(Control),
+    /// The control channel is closed.
+    Closed,
+    /// The flush interval is up.
+    Tick,
+    /// Perf-stack rings reached their watermark.
+    Rings,
+    /// Nothing to do yet: wait again.
+    Again,
 }
 
 /// What is known of one thread of the process.
@@ -342,9 +415,10 @@ pub(crate) fn define_objects(
     Ok(())
 }
 
-/// The thread body: wait for `Start`, then run until `Stop`.
-pub(crate) fn main(rx: Receiver<Control>) -> Result<Stats, Error> {
-    let st = loop {
+/// The thread body: wait for `Start`, then run until `Stop`. `wake` is the
+/// control channel's eventfd, when it has one.
+pub(crate) fn main(rx: Receiver<Control>, wake: Option<Arc<OwnedFd>>) -> Result<Stats, Error> {
+    let mut st = loop {
         match rx.recv() {
             Ok(Control::Start(st)) => break *st,
             Ok(Control::Python { ack, .. }) => {
@@ -362,6 +436,7 @@ pub(crate) fn main(rx: Receiver<Control>) -> Result<Stats, Error> {
     // The ring's pages, faulted in here rather than in the handler.
     st.shared.ring.prefault();
     let interval = st.interval;
+    let stack_sampler = st.stack_sampler.take();
     let mut run = Run {
         st,
         interner: Interner::default(),
@@ -379,6 +454,8 @@ pub(crate) fn main(rx: Receiver<Control>) -> Result<Stats, Error> {
         named_at_scan: 0,
         scanned_at: Instant::now(),
         drained: 0,
+        stack_sampler,
+        wake,
     };
     // The initial scan was taken before the engine started: every sample is later,
     // so generation 0 is verified from the first tick's check on.
@@ -389,15 +466,14 @@ pub(crate) fn main(rx: Receiver<Control>) -> Result<Stats, Error> {
     let mut short: Option<Duration> = None;
     let mut lost_before = 0u64;
     loop {
-        let now = Instant::now();
-        let wait = next.saturating_duration_since(now);
-        match rx.recv_timeout(wait) {
-            Ok(Control::Stop) | Err(RecvTimeoutError::Disconnected) => break,
-            Ok(Control::Python { entering, ack }) => {
+        match run.next_event(&rx, next) {
+            Event::Control(Control::Stop) | Event::Closed => break,
+            Event::Control(Control::Python { entering, ack }) => {
                 let _ = ack.send(run.python_mark(entering));
             }
-            Ok(Control::Start(_)) | Ok(Control::Abort) => {}
-            Err(RecvTimeoutError::Timeout) => {
+            Event::Control(Control::Start(_)) | Event::Control(Control::Abort) | Event::Again => {}
+            Event::Rings => run.drain_step(),
+            Event::Tick => {
                 run.tick();
                 if run.st.rotation.as_ref().is_some_and(|r| Instant::now() >= r.due) {
                     run.rotate();
@@ -425,6 +501,50 @@ pub(crate) fn main(rx: Receiver<Control>) -> Result<Stats, Error> {
 }
 
 impl Run {
+    /// Wait for a control message, the next tick (due at `next`) or, with the
+    /// perf-stack engine, rings that reached their watermark.
+    fn next_event(&mut self, rx: &Receiver<Control>, next: Instant) -> Event {
+        let wait = next.saturating_duration_since(Instant::now());
+        let Some(events) = self.st.engine.stack_events() else {
+            return match rx.recv_timeout(wait) {
+                Ok(c) => Event::Control(c),
+                Err(RecvTimeoutError::Timeout) => Event::Tick,
+                Err(RecvTimeoutError::Disconnected) => Event::Closed,
+            };
+        };
+        // Messages first: one sent while the rings kept us busy is not missed,
+        // and one sent after this check writes the eventfd the wait sees.
+        match rx.try_recv() {
+            Ok(c) => return Event::Control(c),
+            Err(TryRecvError::Disconnected) => return Event::Closed,
+            Err(TryRecvError::Empty) => {}
+        }
+        if wait.is_zero() {
+            return Event::Tick;
+        }
+        match events.wait(wait) {
+            Woken::Rings => Event::Rings,
+            Woken::Other => {
+                if let Some(w) = &self.wake {
+                    let mut n = 0u64;
+                    // SAFETY: reads 8 bytes into our u64 from a non-blocking
+                    // eventfd we keep open (resets its count).
+                    unsafe { libc::read(w.as_raw_fd(), &mut n as *mut u64 as *mut libc::c_void, 8) };
+                }
+                Event::Again
+            }
+        }
+    }
+
+    /// Between ticks, when perf-stack rings filled to their watermark: check
+    /// the loader, drain and unwind, apply a module change (no flush: the
+    /// tick flushes).
+    fn drain_step(&mut self) {
+        let change = self.scan_modules();
+        self.drain(false);
+        self.apply_module_change(change);
+    }
+
     fn note<T>(&mut self, r: Result<T, Error>) -> Option<T> {
         match r {
             Ok(v) => Some(v),
@@ -442,9 +562,11 @@ impl Run {
     /// sampled is checked again).
     fn scan_threads(&mut self, tids: &[u32], at_end: bool) {
         let writer = self.st.shared.writer_tid.load(Ordering::Relaxed);
+        // The perf-stack engine sends no signal: no thread can block it.
         let sig = match self.st.engine.kind() {
-            crate::Engine::PerfEvent => libc::SIGTRAP,
-            _ => libc::SIGPROF,
+            crate::Engine::PerfEvent => Some(libc::SIGTRAP),
+            crate::Engine::PerfStack => None,
+            _ => Some(libc::SIGPROF),
         };
         for &tid in tids {
             if tid == writer {
@@ -452,8 +574,10 @@ impl Run {
             }
             let new = !self.threads.contains_key(&tid);
             let t = self.threads.entry(tid).or_default();
-            if (new || (at_end && !t.sampled)) && !t.blocking {
-                t.blocking = blocks_signal(tid, sig);
+            if let Some(sig) = sig {
+                if (new || (at_end && !t.sampled)) && !t.blocking {
+                    t.blocking = blocks_signal(tid, sig);
+                }
             }
         }
     }
@@ -666,6 +790,42 @@ impl Run {
             }
         }) {}
         self.st.consumer = Some(consumer);
+        self.drain_stacks(all);
+    }
+
+    /// The perf-stack engine: drain its rings, unwind, and write (or hold)
+    /// the samples as `drain` does the handler's.
+    fn drain_stacks(&mut self, all: bool) {
+        let Some(mut sampler) = self.stack_sampler.take() else { return };
+        if let Some(events) = self.st.engine.stack_events() {
+            let shared = &self.st.shared;
+            shared.snapshot.with_current(|snap| sampler.collect(events, snap, &shared.counters));
+        }
+        for u in &sampler.batch {
+            let s = RawSample {
+                time_us: u.time_us,
+                tid: u.tid,
+                weight: 1,
+                generation: u.generation,
+                truncated: u.truncated,
+                kernel: false,
+                addrs: &sampler.addrs[u.start..u.start + u.len],
+            };
+            if !all && s.time_us > self.horizon {
+                self.held.push(HeldSample {
+                    time_us: s.time_us,
+                    tid: s.tid,
+                    weight: 1,
+                    generation: s.generation,
+                    truncated: s.truncated,
+                    kernel: false,
+                    addrs: s.addrs.to_vec(),
+                });
+            } else {
+                self.write_sample(&s);
+            }
+        }
+        self.stack_sampler = Some(sampler);
     }
 
     /// Write a Python-runtime record stamped with a fresh loader check's time,
@@ -898,6 +1058,11 @@ impl Run {
         }
         let change = self.scan_modules();
         self.drain(true);
+        if let Some(events) = self.st.engine.stack_events() {
+            // Samples the kernel dropped and never reported in a lost record.
+            let lost = events.close_all();
+            self.st.shared.counters.lost_ring_full.fetch_add(lost, Ordering::Relaxed);
+        }
         self.apply_module_change(change);
         let pending = std::mem::take(&mut self.pending_retire);
         for idx in pending {

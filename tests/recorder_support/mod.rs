@@ -100,3 +100,14 @@ pub fn perf_engine_for(test: &str) -> (spulse::EngineChoice, spulse::Engine) {
         (spulse::EngineChoice::PerfEvent, spulse::Engine::PerfEvent)
     }
 }
+
+/// The engine for a test written for the perf-stack engine: `PerfStack`,
+/// except under an emulator without `perf_event_open` (qemu-user), where the
+/// test says so and runs with the thread-CPU-timer engine instead. Natively a
+/// refused `perf_event_open` still makes the test fail.
+pub fn perf_stack_engine_for(test: &str) -> (spulse::EngineChoice, spulse::Engine) {
+    match perf_engine_for(test) {
+        (_, spulse::Engine::PerfEvent) => (spulse::EngineChoice::PerfStack, spulse::Engine::PerfStack),
+        fallback => fallback,
+    }
+}

@@ -1,6 +1,7 @@
 //! The OS layer: the raw system calls and `/proc` reads of the recorder, the way
 //! the rest of it sees Linux. `sigaction.rs` installs, restores and remembers
-//! signal dispositions; `perf.rs` opens the per-thread perf events; `timer.rs`
+//! signal dispositions; `perf.rs` opens the per-thread perf events;
+//! `perf_stack.rs` the perf-stack engine's events and their mapped rings; `timer.rs`
 //! arms the per-thread POSIX CPU timers and the process itimer; `tcb.rs` probes
 //! glibc's thread control block; `maps.rs` finds the main thread's stack. The
 //! functions here that the signal handler calls ([`gettid`], [`now_us`] and
@@ -9,6 +10,7 @@
 
 pub(crate) mod maps;
 pub(crate) mod perf;
+pub(crate) mod perf_stack;
 pub(crate) mod sigaction;
 pub(crate) mod tcb;
 pub(crate) mod timer;

@@ -33,6 +33,11 @@
 //! writer thread); the listing is repeated until it is stable, so a thread
 //! created by a thread whose event was not open yet is found on the next pass.
 //!
+//! Events that cannot be inherited (the kernel-time events below, and the
+//! perf-stack engine's, `perf_stack.rs`) are kept per thread by
+//! [`PerThreadEvents`]: opened at start and at every writer tick for threads
+//! created since, closed when their thread is gone.
+//!
 //! # Kernel time: [`KernelEvents`]
 //! System CPU time is sampled by a second task-clock event per thread that
 //! counts the periods ending in kernel mode only (`exclude_user = 1`; refused
@@ -85,29 +90,29 @@ use super::{list_tids, SIGNAL_MAGIC};
 /// `struct perf_event_attr` up to `sig_data` (PERF_ATTR_SIZE_VER7, 128 bytes).
 #[repr(C)]
 #[derive(Default)]
-struct PerfEventAttr {
-    type_: u32,
-    size: u32,
-    config: u64,
-    sample_period: u64,
-    sample_type: u64,
-    read_format: u64,
-    flags: u64,
-    wakeup_events: u32,
-    bp_type: u32,
-    config1: u64,
-    config2: u64,
-    branch_sample_type: u64,
-    sample_regs_user: u64,
-    sample_stack_user: u32,
-    clockid: i32,
-    sample_regs_intr: u64,
-    aux_watermark: u32,
-    sample_max_stack: u16,
-    reserved_2: u16,
-    aux_sample_size: u32,
-    reserved_3: u32,
-    sig_data: u64,
+pub(super) struct PerfEventAttr {
+    pub(super) type_: u32,
+    pub(super) size: u32,
+    pub(super) config: u64,
+    pub(super) sample_period: u64,
+    pub(super) sample_type: u64,
+    pub(super) read_format: u64,
+    pub(super) flags: u64,
+    pub(super) wakeup_events: u32,
+    pub(super) bp_type: u32,
+    pub(super) config1: u64,
+    pub(super) config2: u64,
+    pub(super) branch_sample_type: u64,
+    pub(super) sample_regs_user: u64,
+    pub(super) sample_stack_user: u32,
+    pub(super) clockid: i32,
+    pub(super) sample_regs_intr: u64,
+    pub(super) aux_watermark: u32,
+    pub(super) sample_max_stack: u16,
+    pub(super) reserved_2: u16,
+    pub(super) aux_sample_size: u32,
+    pub(super) reserved_3: u32,
+    pub(super) sig_data: u64,
 }
 
 /// The kernel-time events' period, in sampling periods; each of their samples
@@ -119,17 +124,17 @@ struct PerfEventAttr {
 /// and system time is still sampled without bias, at an eighth of the rate.
 pub(crate) const KERNEL_PERIOD_FACTOR: u32 = 8;
 
-const PERF_TYPE_SOFTWARE: u32 = 1;
-const PERF_COUNT_SW_TASK_CLOCK: u64 = 1;
+pub(super) const PERF_TYPE_SOFTWARE: u32 = 1;
+pub(super) const PERF_COUNT_SW_TASK_CLOCK: u64 = 1;
 const FLAG_INHERIT: u64 = 1 << 1;
 const FLAG_EXCLUDE_USER: u64 = 1 << 4;
-const FLAG_EXCLUDE_KERNEL: u64 = 1 << 5;
-const FLAG_EXCLUDE_HV: u64 = 1 << 6;
+pub(super) const FLAG_EXCLUDE_KERNEL: u64 = 1 << 5;
+pub(super) const FLAG_EXCLUDE_HV: u64 = 1 << 6;
 const FLAG_INHERIT_THREAD: u64 = 1 << 35;
 const FLAG_REMOVE_ON_EXEC: u64 = 1 << 36;
 const FLAG_SIGTRAP: u64 = 1 << 37;
 const PERF_FLAG_FD_CLOEXEC: libc::c_ulong = 8;
-const PERF_EVENT_IOC_DISABLE: libc::c_ulong = 0x2401;
+pub(super) const PERF_EVENT_IOC_DISABLE: libc::c_ulong = 0x2401;
 
 /// The running perf engine: the fds of the events opened at start.
 pub(crate) struct PerfEngine {
@@ -156,7 +161,7 @@ fn open_for(tid: u32, period_ns: u64) -> io::Result<OwnedFd> {
     )
 }
 
-fn open_attr(tid: u32, attr: &PerfEventAttr) -> io::Result<OwnedFd> {
+pub(super) fn open_attr(tid: u32, attr: &PerfEventAttr) -> io::Result<OwnedFd> {
     // SAFETY: perf_event_open reads `attr` (size given in the struct) and returns
     // a new fd or -1; no memory is retained by the kernel.
     let fd = unsafe {
@@ -234,15 +239,107 @@ impl Drop for PerfEngine {
 /// Most threads given a kernel-time event (each costs a descriptor).
 pub(crate) const MAX_KERNEL_EVENTS: usize = 512;
 
+/// Events that need one descriptor per thread (no inheritance): one opened for
+/// every thread found in `/proc/self/task` at start and at each [`rescan`]
+/// (every writer tick) for threads created since, and closed once their thread
+/// is gone. Used by the kernel-time events and by the perf-stack engine
+/// (`perf_stack.rs`); `T` is what each thread holds.
+///
+/// [`rescan`]: PerThreadEvents::rescan
+pub(crate) struct PerThreadEvents<T> {
+    /// tid -> its event.
+    pub(crate) events: HashMap<u32, T>,
+    /// The writer thread, never given one.
+    skip: u32,
+    /// Most threads with an event at once.
+    limit: usize,
+    /// Threads left without an event (limit, descriptors, memory).
+    given_up: HashSet<u32>,
+    /// How many threads were ever left without one.
+    pub(crate) missed: u64,
+}
+
+impl<T> PerThreadEvents<T> {
+    /// An event for every thread but `skip`, made by `open`. Fails (with the
+    /// kernel's answer) when the first one is refused: such events are not
+    /// allowed here at all. Later refusals leave that thread without one.
+    pub(crate) fn start(
+        skip: u32,
+        limit: usize,
+        open: &mut dyn FnMut(u32) -> io::Result<T>,
+    ) -> io::Result<PerThreadEvents<T>> {
+        let mut set =
+            PerThreadEvents { events: HashMap::new(), skip, limit, given_up: HashSet::new(), missed: 0 };
+        for tid in list_tids()? {
+            if tid == skip {
+                continue;
+            }
+            match set.add(tid, open) {
+                Ok(()) => {}
+                Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {}
+                Err(e) if set.events.is_empty() => return Err(e),
+                Err(_) => set.give_up(tid),
+            }
+        }
+        Ok(set)
+    }
+
+    fn give_up(&mut self, tid: u32) {
+        if self.given_up.insert(tid) {
+            self.missed += 1;
+        }
+    }
+
+    fn add(&mut self, tid: u32, open: &mut dyn FnMut(u32) -> io::Result<T>) -> io::Result<()> {
+        if self.events.len() >= self.limit {
+            return Err(io::Error::from_raw_os_error(libc::EMFILE));
+        }
+        let ev = open(tid)?;
+        self.events.insert(tid, ev);
+        Ok(())
+    }
+
+    /// Events for the threads of `tids` (the threads alive now) that have
+    /// none yet (made by `open`); the events of threads that exited are handed
+    /// to `close`.
+    pub(crate) fn rescan(
+        &mut self,
+        tids: &[u32],
+        open: &mut dyn FnMut(u32) -> io::Result<T>,
+        close: &mut dyn FnMut(u32, T),
+    ) {
+        let alive: HashSet<u32> = tids.iter().copied().collect();
+        let gone: Vec<u32> = self.events.keys().copied().filter(|t| !alive.contains(t)).collect();
+        for t in gone {
+            if let Some(ev) = self.events.remove(&t) {
+                close(t, ev);
+            }
+        }
+        self.given_up.retain(|t| alive.contains(t));
+        for &tid in tids {
+            if tid != self.skip && !self.events.contains_key(&tid) && !self.given_up.contains(&tid) {
+                match self.add(tid, open) {
+                    Ok(()) => {}
+                    Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {}
+                    Err(_) => self.give_up(tid),
+                }
+            }
+        }
+    }
+
+    /// Hand every event to `close`.
+    pub(crate) fn close_all(&mut self, close: &mut dyn FnMut(u32, T)) {
+        for (t, ev) in self.events.drain() {
+            close(t, ev);
+        }
+    }
+}
+
 /// Per-thread kernel-mode task-clock events signalled by SIGURG (see the module
 /// documentation).
 pub(crate) struct KernelEvents {
-    /// tid -> its event.
-    fds: HashMap<u32, OwnedFd>,
+    threads: PerThreadEvents<OwnedFd>,
     period_ns: u64,
-    skip: u32,
-    /// Threads left without an event (limit or descriptor table).
-    given_up: HashSet<u32>,
     /// How many threads were ever left without one.
     pub(crate) missed: u64,
 }
@@ -283,78 +380,38 @@ fn open_kernel_for(tid: u32, period_ns: u64) -> io::Result<OwnedFd> {
     if !ok {
         return Err(io::Error::last_os_error());
     }
+    // Into the handler's table, or no event: a SIGURG from an unmarked
+    // descriptor would not be recognised as ours.
+    if !crate::recorder::handler::mark_kernel_fd(raw) {
+        return Err(io::Error::from_raw_os_error(libc::EMFILE));
+    }
     Ok(fd)
 }
 
+/// Close the kernel-time event of a thread that exited (or at drop): no handler
+/// can be using it, since its signal goes to that thread only.
+fn close_kernel(_tid: u32, fd: OwnedFd) {
+    // Out of the handler's table before the number can be reused.
+    crate::recorder::handler::unmark_kernel_fd(fd.as_raw_fd());
+    drop(fd);
+}
+
 impl KernelEvents {
-    /// Kernel-time events for every thread but `skip`. Fails (with the kernel's
-    /// answer) when the first one is refused: kernel counting is not allowed.
+    /// Kernel-time events for every thread but `skip`. Fails (with the
+    /// kernel's answer) when the first one is refused: kernel counting is not allowed.
     pub(crate) fn start(period_ns: u64, skip: u32) -> io::Result<KernelEvents> {
-        let mut k =
-            KernelEvents { fds: HashMap::new(), period_ns, skip, given_up: HashSet::new(), missed: 0 };
-        for tid in list_tids()? {
-            if tid == skip {
-                continue;
-            }
-            match k.add(tid) {
-                Ok(()) => {}
-                Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {}
-                Err(e) if k.fds.is_empty() => {
-                    k.stop();
-                    return Err(e);
-                }
-                Err(_) => k.give_up(tid),
-            }
-        }
-        Ok(k)
-    }
-
-    fn give_up(&mut self, tid: u32) {
-        if self.given_up.insert(tid) {
-            self.missed += 1;
-        }
-    }
-
-    fn add(&mut self, tid: u32) -> io::Result<()> {
-        if self.fds.len() >= MAX_KERNEL_EVENTS {
-            return Err(io::Error::from_raw_os_error(libc::EMFILE));
-        }
-        let fd = open_kernel_for(tid, self.period_ns)?;
-        if !crate::recorder::handler::mark_kernel_fd(fd.as_raw_fd()) {
-            return Err(io::Error::from_raw_os_error(libc::EMFILE));
-        }
-        self.fds.insert(tid, fd);
-        Ok(())
-    }
-
-    /// Close the event of `tid`, a thread that exited (or at drop): no handler
-    /// can be using it, since its signal goes to that thread only.
-    fn remove(&mut self, tid: u32) {
-        if let Some(fd) = self.fds.remove(&tid) {
-            // Out of the handler's table before the number can be reused.
-            crate::recorder::handler::unmark_kernel_fd(fd.as_raw_fd());
-            drop(fd);
-        }
+        let threads =
+            PerThreadEvents::start(skip, MAX_KERNEL_EVENTS, &mut |tid| open_kernel_for(tid, period_ns))?;
+        let missed = threads.missed;
+        Ok(KernelEvents { threads, period_ns, missed })
     }
 
     /// Events for threads created since the last call; close those of threads
     /// that exited.
     pub(crate) fn rescan(&mut self, tids: &[u32]) {
-        let alive: HashSet<u32> = tids.iter().copied().collect();
-        let gone: Vec<u32> = self.fds.keys().copied().filter(|t| !alive.contains(t)).collect();
-        for t in gone {
-            self.remove(t);
-        }
-        self.given_up.retain(|t| alive.contains(t));
-        for &tid in tids {
-            if tid != self.skip && !self.fds.contains_key(&tid) && !self.given_up.contains(&tid) {
-                match self.add(tid) {
-                    Ok(()) => {}
-                    Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {}
-                    Err(_) => self.give_up(tid),
-                }
-            }
-        }
+        let period_ns = self.period_ns;
+        self.threads.rescan(tids, &mut |tid| open_kernel_for(tid, period_ns), &mut close_kernel);
+        self.missed = self.threads.missed;
     }
 
     /// Stop every event and take it out of the handler's table, but keep the
@@ -363,7 +420,7 @@ impl KernelEvents {
     /// thread does only after withdrawing the state from the handler and
     /// waiting until no handler runs.
     pub(crate) fn stop(&mut self) {
-        for fd in self.fds.values() {
+        for fd in self.threads.events.values() {
             crate::recorder::handler::unmark_kernel_fd(fd.as_raw_fd());
             // SAFETY: an ioctl on an fd we own; DISABLE takes no argument.
             unsafe { libc::ioctl(fd.as_raw_fd(), PERF_EVENT_IOC_DISABLE as _, 0) };
@@ -373,9 +430,6 @@ impl KernelEvents {
 
 impl Drop for KernelEvents {
     fn drop(&mut self) {
-        let tids: Vec<u32> = self.fds.keys().copied().collect();
-        for t in tids {
-            self.remove(t);
-        }
+        self.threads.close_all(&mut close_kernel);
     }
 }

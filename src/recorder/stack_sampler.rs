@@ -1,0 +1,123 @@
+//! The perf-stack engine's writer side: turn the samples the kernel copied into
+//! the per-thread rings (`sys/perf_stack.rs`) into the same raw samples the
+//! signal handler produces, by unwinding each one with framehop, here in the
+//! writer thread, against the copied stack bytes.
+//!
+//! The unwinder is the handler's current module snapshot (the writer thread
+//! is the one that replaces it, so it stays alive while used here) and the
+//! same walk (`handler::unwind::unwind_into`); every stack read is served from
+//! the copy, and a read outside it fails, which ends the walk as a truncated
+//! stack. Nothing of the sampled thread's live memory is read. The samples go
+//! through the writer's usual path (held until the module check covers them,
+//! interned, written), and the counters are the handler's: `signals` counts
+//! the samples the kernel delivered, `truncated` and `foreign_stack` (no
+//! registers or no stack copy: leaf only) as in the handler, and lost samples
+//! (ring full) `lost_ring_full`.
+
+use std::sync::atomic::Ordering;
+
+use super::handler::unwind::{unwind_into, Regs};
+use super::handler::Counters;
+use super::modules::{NativeCache, UnwindSnapshot};
+use super::sys::perf_stack::{StackEvents, StackSample};
+
+/// One unwound sample waiting to be written; its addresses are
+/// `addrs[start..start + len]` of the batch.
+pub(crate) struct Unwound {
+    pub time_us: u64,
+    pub tid: u32,
+    pub generation: u64,
+    pub truncated: bool,
+    pub start: usize,
+    pub len: usize,
+}
+
+/// The writer's unwinding state for the perf-stack engine.
+pub(crate) struct StackSampler {
+    cache: Box<NativeCache>,
+    /// Samples of the last [`StackSampler::collect`], in ring order per thread.
+    pub(crate) batch: Vec<Unwound>,
+    pub(crate) addrs: Vec<u64>,
+    out: Vec<u64>,
+}
+
+impl StackSampler {
+    /// A sampler keeping at most `depth` frames per sample.
+    pub(crate) fn new(depth: usize) -> StackSampler {
+        StackSampler {
+            cache: Box::new(NativeCache::new_in()),
+            batch: Vec::new(),
+            addrs: Vec::new(),
+            out: vec![0; depth.max(1)],
+        }
+    }
+
+    /// Drain every ring of `events` and unwind each sample with `snap` into
+    /// [`StackSampler::batch`] (replacing what it held); update `counters`.
+    pub(crate) fn collect(&mut self, events: &mut StackEvents, snap: &UnwindSnapshot, counters: &Counters) {
+        self.batch.clear();
+        self.addrs.clear();
+        let StackSampler { cache, batch, addrs, out } = self;
+        let lost = events.drain(&mut |s: &StackSample<'_>| {
+            counters.signals.fetch_add(1, Ordering::Relaxed);
+            let (n, truncated, on_stack) = unwind_sample(s, snap, cache, out);
+            if !on_stack {
+                counters.foreign_stack.fetch_add(1, Ordering::Relaxed);
+            }
+            if n == 0 {
+                counters.lost_unwind_failed.fetch_add(1, Ordering::Relaxed);
+                return;
+            }
+            if truncated {
+                counters.truncated.fetch_add(1, Ordering::Relaxed);
+            }
+            batch.push(Unwound {
+                time_us: s.time_ns / 1000,
+                tid: s.tid,
+                generation: snap.generation,
+                truncated,
+                start: addrs.len(),
+                len: n,
+            });
+            addrs.extend_from_slice(&out[..n]);
+        });
+        if lost > 0 {
+            counters.lost_ring_full.fetch_add(lost, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Unwind one sample into `out` (leaf first): the number of addresses,
+/// whether the walk stopped before the root, and whether there was a stack to
+/// walk. A sample without registers or without stack bytes keeps its leaf only.
+fn unwind_sample(
+    s: &StackSample<'_>,
+    snap: &UnwindSnapshot,
+    cache: &mut NativeCache,
+    out: &mut [u64],
+) -> (usize, bool, bool) {
+    let regs = match s.regs {
+        Some(r) if !s.stack.is_empty() => Regs { pc: r.pc, sp: r.sp, fp: r.fp, lr: r.lr },
+        Some(r) => return leaf_only(r.pc, out),
+        None => return leaf_only(s.ip, out),
+    };
+    let (lo, bytes) = (regs.sp, s.stack);
+    let mut read = |addr: u64| -> Result<u64, ()> {
+        let off = addr.checked_sub(lo).ok_or(())? as usize;
+        let end = off.checked_add(8).ok_or(())?;
+        let w = bytes.get(off..end).ok_or(())?;
+        Ok(u64::from_ne_bytes(w.try_into().map_err(|_| ())?))
+    };
+    let (n, truncated) = unwind_into(&snap.unwinder, cache, &regs, &mut read, out);
+    (n, truncated, true)
+}
+
+fn leaf_only(pc: u64, out: &mut [u64]) -> (usize, bool, bool) {
+    match out.first_mut() {
+        Some(w) if pc != 0 => {
+            *w = pc;
+            (1, true, false)
+        }
+        _ => (0, true, false),
+    }
+}
