@@ -354,11 +354,11 @@ fn main() {
                 "perf-event" => builder.engine(spulse::EngineChoice::PerfEvent),
                 "perf-stack" => builder.engine(spulse::EngineChoice::PerfStack),
                 // Drained at the writer's ticks only: a ring that holds a
-                // tick's 16 KiB stack copies (1 MiB).
+                // 100 ms tick's 16 KiB stack copies (2 MiB).
                 "perf-stack-tick" => builder
                     .engine(spulse::EngineChoice::PerfStack)
                     .perf_stack_watermark(false)
-                    .perf_stack_ring_pages(256),
+                    .perf_stack_ring_pages(512),
                 other => panic!("unknown engine {other}"),
             };
             if let Some(bytes) = a.stack_copy {

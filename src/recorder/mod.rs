@@ -454,8 +454,8 @@ impl RecorderBuilder {
     /// With [`EngineChoice::PerfStack`]: whether a ring half full wakes the
     /// writer thread to drain it (default true). With `false` the writer
     /// drains only every [`flush_interval`](Self::flush_interval), so each
-    /// ring must hold a whole interval of samples (at 999 Hz and 50 ms, 50
-    /// samples of about `user_stack_copy` bytes each: 256 pages for 16 KiB
+    /// ring must hold a whole interval of samples (at 999 Hz and 100 ms, 100
+    /// samples of about `user_stack_copy` bytes each: 512 pages for 16 KiB
     /// copies), or the rest is lost.
     pub fn perf_stack_watermark(mut self, on: bool) -> Self {
         self.perf_stack_watermark = on;
@@ -602,7 +602,10 @@ impl RecorderBuilder {
         }
         if let Some(fi) = self.flush_interval {
             if fi < Duration::from_millis(1) || fi > MAX_FLUSH_INTERVAL {
-                return Err(invalid("flush_interval", format!("flush_interval {fi:?} is outside 1ms..=10min")));
+                return Err(invalid(
+                    "flush_interval",
+                    format!("flush_interval {fi:?} is outside 1ms..=10min"),
+                ));
             }
         }
         let mode = self.mode;

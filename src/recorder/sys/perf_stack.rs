@@ -439,7 +439,8 @@ impl StackEvents {
         let cfg = self.cfg;
         let ep = self.epoll.as_raw_fd();
         let closing = &mut self.closing;
-        self.threads.rescan(tids, &mut |tid| open_registered(tid, &cfg, ep), &mut |_, ring| closing.push(ring));
+        self.threads
+            .rescan(tids, &mut |tid| open_registered(tid, &cfg, ep), &mut |_, ring| closing.push(ring));
     }
 
     /// Stop every event; the rings keep their samples for the last drain.
