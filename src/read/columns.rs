@@ -76,6 +76,10 @@ pub(crate) trait Layout {
     type Thread: Copy;
     /// `off` and `thread` in this layout, if they fit.
     fn narrow(off: u64, thread: u32) -> Option<(Self::Off, Self::Thread)>;
+    /// `off` in this layout, cut to its width (the caller knows it fits).
+    fn off(off: u64) -> Self::Off;
+    /// `thread` in this layout, cut to its width (the caller knows it fits).
+    fn thread(thread: u32) -> Self::Thread;
 }
 
 /// 4-byte offsets and 2-byte thread ids.
@@ -93,6 +97,14 @@ impl Layout for NarrowLayout {
             _ => None,
         }
     }
+    #[inline(always)]
+    fn off(off: u64) -> u32 {
+        off as u32
+    }
+    #[inline(always)]
+    fn thread(thread: u32) -> u16 {
+        thread as u16
+    }
 }
 
 impl Layout for WideLayout {
@@ -101,6 +113,90 @@ impl Layout for WideLayout {
     #[inline(always)]
     fn narrow(off: u64, thread: u32) -> Option<(u64, u32)> {
         Some((off, thread))
+    }
+    #[inline(always)]
+    fn off(off: u64) -> u64 {
+        off
+    }
+    #[inline(always)]
+    fn thread(thread: u32) -> u32 {
+        thread
+    }
+}
+
+/// Room for samples in a block's columns, to be written in place: by index,
+/// in any order, from any thread that holds this part (`read/packed.rs`
+/// splits a block's spare capacity into one `Dest` per packed block).
+pub(crate) struct Dest<'a, L: Layout> {
+    origin: u64,
+    offs: &'a mut [MaybeUninit<L::Off>],
+    threads: &'a mut [MaybeUninit<L::Thread>],
+    stacks: &'a mut [MaybeUninit<u32>],
+}
+
+impl<'a, L: Layout> Dest<'a, L> {
+    /// Room for this many samples.
+    pub(crate) fn len(&self) -> usize {
+        self.offs.len()
+    }
+
+    /// The first `n` samples' room and the rest.
+    pub(crate) fn split_at(self, n: usize) -> (Self, Self) {
+        let (o1, o2) = self.offs.split_at_mut(n);
+        let (h1, h2) = self.threads.split_at_mut(n);
+        let (s1, s2) = self.stacks.split_at_mut(n);
+        let origin = self.origin;
+        (
+            Dest { origin, offs: o1, threads: h1, stacks: s1 },
+            Dest { origin, offs: o2, threads: h2, stacks: s2 },
+        )
+    }
+
+    /// The time every offset is from (see [`Block::exact`]: times written
+    /// must lie in the block's range).
+    pub(crate) fn origin(&self) -> u64 {
+        self.origin
+    }
+
+    pub(crate) fn offs(&mut self) -> &mut [MaybeUninit<L::Off>] {
+        self.offs
+    }
+
+    /// Thread ids must fit the layout.
+    pub(crate) fn threads(&mut self) -> &mut [MaybeUninit<L::Thread>] {
+        self.threads
+    }
+
+    pub(crate) fn stacks(&mut self) -> &mut [MaybeUninit<u32>] {
+        self.stacks
+    }
+}
+
+/// A block's room in whichever layout it has.
+pub(crate) enum AnyDest<'a> {
+    Narrow(Dest<'a, NarrowLayout>),
+    Wide(Dest<'a, WideLayout>),
+}
+
+impl<'a> AnyDest<'a> {
+    pub(crate) fn len(&self) -> usize {
+        match self {
+            AnyDest::Narrow(d) => d.len(),
+            AnyDest::Wide(d) => d.len(),
+        }
+    }
+
+    pub(crate) fn split_at(self, n: usize) -> (Self, Self) {
+        match self {
+            AnyDest::Narrow(d) => {
+                let (a, b) = d.split_at(n);
+                (AnyDest::Narrow(a), AnyDest::Narrow(b))
+            }
+            AnyDest::Wide(d) => {
+                let (a, b) = d.split_at(n);
+                (AnyDest::Wide(a), AnyDest::Wide(b))
+            }
+        }
     }
 }
 
@@ -192,6 +288,64 @@ impl Block {
     /// are written).
     pub(crate) fn new(start_us: u64, capacity: usize) -> Block {
         Block { origin: start_us.wrapping_sub(BIAS), cols: Width::Narrow(Cols::with_capacity(capacity)) }
+    }
+
+    /// An empty block with room for exactly `capacity` samples, to be
+    /// written in place through [`spare_mut`](Self::spare_mut): narrow (every
+    /// time in `[origin, origin + 2^32)`, every thread id below 2^16) or wide.
+    pub(crate) fn exact(origin: u64, capacity: usize, narrow: bool) -> Block {
+        let cols = if narrow {
+            Width::Narrow(Cols::with_capacity(capacity))
+        } else {
+            Width::Wide(Cols::with_capacity(capacity))
+        };
+        Block { origin, cols }
+    }
+
+    /// The block's unused capacity, to write samples into in place.
+    pub(crate) fn spare_mut(&mut self) -> AnyDest<'_> {
+        fn dest<L: Layout>(origin: u64, c: &mut Cols<L::Off, L::Thread>) -> Dest<'_, L> {
+            let n = (c.offs.capacity() - c.offs.len())
+                .min(c.threads.capacity() - c.threads.len())
+                .min(c.stacks.capacity() - c.stacks.len());
+            Dest {
+                origin,
+                offs: &mut c.offs.spare_capacity_mut()[..n],
+                threads: &mut c.threads.spare_capacity_mut()[..n],
+                stacks: &mut c.stacks.spare_capacity_mut()[..n],
+            }
+        }
+        match &mut self.cols {
+            Width::Narrow(c) => AnyDest::Narrow(dest::<NarrowLayout>(self.origin, c)),
+            Width::Wide(c) => AnyDest::Wide(dest::<WideLayout>(self.origin, c)),
+        }
+    }
+
+    /// Count the first `n` samples of the spare capacity as the block's.
+    ///
+    /// # Safety
+    ///
+    /// Each of the first `n` elements of each column's spare capacity (as
+    /// [`spare_mut`](Self::spare_mut) gave them) has been written, and the
+    /// block was empty.
+    pub(crate) unsafe fn assume_written(&mut self, n: usize) {
+        fn set<O, T>(c: &mut Cols<O, T>, n: usize) {
+            assert!(
+                c.offs.is_empty()
+                    && n <= c.offs.capacity().min(c.threads.capacity()).min(c.stacks.capacity())
+            );
+            // SAFETY: within the capacity (asserted), and the caller has
+            // written the first `n` elements of each vector.
+            unsafe {
+                c.offs.set_len(n);
+                c.threads.set_len(n);
+                c.stacks.set_len(n);
+            }
+        }
+        match &mut self.cols {
+            Width::Narrow(c) => set(c, n),
+            Width::Wide(c) => set(c, n),
+        }
     }
 
     /// Number of samples.
@@ -325,6 +479,14 @@ impl SampleColumns {
     /// Columns starting with `first`.
     pub(crate) fn new(first: Block) -> SampleColumns {
         SampleColumns { blocks: vec![first], starts: Vec::new(), len: 0 }
+    }
+
+    /// Columns made of `blocks`, in order (at least one).
+    pub(crate) fn from_blocks(mut blocks: Vec<Block>) -> SampleColumns {
+        if blocks.is_empty() {
+            blocks.push(Block::new(0, 0));
+        }
+        SampleColumns { blocks, starts: Vec::new(), len: 0 }
     }
 
     /// The block samples are appended to.
