@@ -418,52 +418,51 @@ impl Column {
         self.dict.iter().copied().max()
     }
 
-    /// Every value of the column, in order, into `out[..count]` (grown if
-    /// shorter; the rest is left as it was), using `bufs` for the
-    /// unpacked codes and escapes. The codes are checked as they go (each a
-    /// frequent rank or the escape, the escapes as many as announced, each a
-    /// dictionary index) without a branch on them: a bad one is noted and
-    /// reported once the loop is done.
-    pub(crate) fn decode(&self, raw: &[u8], bufs: &mut DecodeBufs, out: &mut Vec<u64>) -> Result<(), String> {
+    /// Every value `v` of the column, in order, as `map(v)` into `out`
+    /// (exactly as long as the column; every element is written, also when
+    /// this fails), using `bufs` for the unpacked codes and escapes. The
+    /// codes are checked as they go (each a frequent rank or the escape, the
+    /// escapes as many as announced, each a dictionary index) without a
+    /// branch on them: a bad one is noted and reported once the loop is done.
+    #[inline(always)]
+    pub(crate) fn decode_into<T>(
+        &self,
+        raw: &[u8],
+        bufs: &mut DecodeBufs,
+        out: &mut [T],
+        mut map: impl FnMut(u64) -> T,
+    ) -> Result<(), String> {
         let (k, wi, m) = (self.code_width, self.index_width, self.escapes);
         let d = self.dict.len();
-        // Sized once and overwritten whole each time (no zeroing).
-        if out.len() < self.count {
-            out.resize(self.count, 0);
-        }
-        let out = &mut out[..self.count];
+        assert_eq!(out.len(), self.count);
         let bad_index = || Err(format!("an escape is not one of the {d} dictionary entries"));
         if k == 0 {
             // Every value an escape: plain dictionary indices.
             let idx = unpack(raw, self.escapes_at, wi, self.count, &mut bufs.codes);
-            if idx.iter().copied().max().is_some_and(|i| i as usize >= d) {
-                return bad_index();
-            }
+            let bad = idx.iter().copied().max().is_some_and(|i| i as usize >= d);
             for (o, &x) in out.iter_mut().zip(idx) {
-                *o = self.dict[x as usize];
+                *o = map(self.dict[(x as usize).min(d - 1)]);
             }
-            return Ok(());
+            return if bad { bad_index() } else { Ok(()) };
         }
         let codes = unpack(raw, self.codes_at, k, self.count, &mut bufs.codes);
         let table = &self.table[..1 << k];
         if m == 0 {
             // No escapes: every code a frequent rank.
+            for (o, &c) in out.iter_mut().zip(codes) {
+                *o = map(table[c as usize]);
+            }
             if codes.iter().copied().max().is_some_and(|c| c as usize >= self.frequent) {
                 return Err(format!("a code is not one of the {} frequent values", self.frequent));
-            }
-            for (o, &c) in out.iter_mut().zip(codes) {
-                *o = table[c as usize];
             }
             return Ok(());
         }
         let esc_idx = unpack(raw, self.escapes_at, wi, m, &mut bufs.escapes);
-        if esc_idx.iter().copied().max().is_some_and(|i| i as usize >= d) {
-            return bad_index();
-        }
+        let bad = esc_idx.iter().copied().max().is_some_and(|i| i as usize >= d);
         // The escapes' values, then zeros up to one per code, so that
         // surplus escape codes (an error, reported below) read inside it.
         bufs.escaped.clear();
-        bufs.escaped.extend(esc_idx.iter().map(|&i| self.dict[i as usize]));
+        bufs.escaped.extend(esc_idx.iter().map(|&i| self.dict[(i as usize).min(d - 1)]));
         bufs.escaped.resize(self.count + 1, 0);
         let escaped = &bufs.escaped[..];
         let esc = (1u32 << k) - 1;
@@ -476,8 +475,11 @@ impl Column {
             bad_code |= !is_esc & (code >= frequent);
             let (e, f) = (escaped[j], table[code as usize]);
             let keep_e = (is_esc as u64).wrapping_neg();
-            *o = (e & keep_e) | (f & !keep_e);
+            *o = map((e & keep_e) | (f & !keep_e));
             j += is_esc as usize;
+        }
+        if bad {
+            return bad_index();
         }
         if bad_code {
             return Err(format!("a code is neither one of the {frequent} frequent values nor the escape"));
@@ -489,14 +491,12 @@ impl Column {
     }
 }
 
-/// Reusable buffers for [`Column::decode`].
+/// Reusable buffers for [`Column::decode_into`].
 #[derive(Debug, Default)]
 pub(crate) struct DecodeBufs {
     codes: Vec<u32>,
     escapes: Vec<u32>,
     escaped: Vec<u64>,
-    /// One column's values.
-    values: Vec<u64>,
 }
 
 /// Unpack `n` fields of `width` bits (at most 16) from the section at byte
@@ -522,64 +522,83 @@ fn unpack<'a>(raw: &[u8], at: usize, width: u32, n: usize, out: &'a mut Vec<u32>
     &out[..n]
 }
 
-/// [`unpack`] for one width: eight fields (`W` bytes) at a time, each group
-/// one 16-byte load and eight constant shifts, which the compiler unrolls.
+/// [`unpack`] for one width: eight fields (`W` bytes) at a time, each an
+/// 8-byte load at a constant offset in the group, a constant shift and a
+/// mask, which the compiler unrolls.
 #[inline(always)]
 fn unpack_const<const W: usize>(raw: &[u8], at: usize, out: &mut [u32]) {
     if W == 0 {
         return;
     }
-    let mask = (1u128 << W) - 1;
-    for (g, chunk) in out.chunks_exact_mut(8).enumerate() {
-        let byte = at + g * W;
-        let word = match raw.get(byte..byte + 16) {
-            Some(b) => u128::from_le_bytes(b.try_into().expect("sixteen bytes")),
-            // The last groups of a section at the very end of the block
-            // (the padding covers the 16-byte load only while the group
-            // starts before the block's end): zeros past the buffer.
-            None => {
-                let mut b = [0u8; 16];
-                let rest = raw.get(byte..).unwrap_or(&[]);
-                b[..rest.len()].copy_from_slice(rest);
-                u128::from_le_bytes(b)
-            }
-        };
+    let mask = (1u64 << W) - 1;
+    let groups = out.len() / 8;
+    // Groups whose loads stay inside `raw`: the last load of a group reads
+    // bytes `(7 * W) / 8 .. + 8` past its start.
+    let fast = (raw.len().saturating_sub(at + 7 * W / 8 + 8) / W + 1).min(groups);
+    let fast = if raw.len() >= at + 7 * W / 8 + 8 { fast } else { 0 };
+    for (g, chunk) in out[..fast * 8].chunks_exact_mut(8).enumerate() {
+        let group = &raw[at + g * W..at + g * W + 7 * W / 8 + 8];
         for (j, o) in chunk.iter_mut().enumerate() {
-            *o = ((word >> (j * W)) & mask) as u32;
+            let (byte, shift) = (j * W / 8, j * W % 8);
+            let word = u64::from_le_bytes(group[byte..byte + 8].try_into().expect("eight bytes"));
+            *o = ((word >> shift) & mask) as u32;
+        }
+    }
+    // The rest (a section at the very end of the block): through a copy
+    // padded with zeros.
+    for (g, chunk) in out.chunks_exact_mut(8).enumerate().skip(fast) {
+        let mut b = [0u8; 24];
+        let rest = raw.get(at + g * W..).unwrap_or(&[]);
+        let n = rest.len().min(24);
+        b[..n].copy_from_slice(&rest[..n]);
+        for (j, o) in chunk.iter_mut().enumerate() {
+            let (byte, shift) = (j * W / 8, j * W % 8);
+            let word = u64::from_le_bytes(b[byte..byte + 8].try_into().expect("eight bytes"));
+            *o = ((word >> shift) & mask) as u32;
         }
     }
 }
 
-/// Where a decoded block's samples go, a column at a time.
+/// Where a decoded block's samples go: each method decodes a column
+/// (with [`Column::decode_into`]) straight into the sink's own storage.
 pub(crate) trait BlockSink {
-    /// The times: `first`, then each the previous plus its delta (wrapping).
-    /// Returns the earliest and latest.
-    fn times(&mut self, first: u64, deltas: &[u64]) -> (u64, u64);
-    /// The thread ids (each checked below the threads defined).
-    fn threads(&mut self, ids: &[u64]);
-    /// The stack ids (each checked below the stack nodes defined).
-    fn stacks(&mut self, ids: &[u64]);
+    /// The times: `first`, then each the previous plus the next delta of
+    /// `deltas` (wrapping). Returns the earliest and latest.
+    fn times(
+        &mut self,
+        first: u64,
+        deltas: &Column,
+        raw: &[u8],
+        bufs: &mut DecodeBufs,
+    ) -> Result<(u64, u64), String>;
+    /// The thread ids (the caller has checked the dictionary: each is below
+    /// the threads defined).
+    fn threads(&mut self, ids: &Column, raw: &[u8], bufs: &mut DecodeBufs) -> Result<(), String>;
+    /// The stack ids (checked likewise).
+    fn stacks(&mut self, ids: &Column, raw: &[u8], bufs: &mut DecodeBufs) -> Result<(), String>;
 }
 
-/// The prefix sums of `deltas` from `first`, each passed through `to` into
-/// `out` (one longer than `deltas`); returns their extremes.
+/// The times of a block into `out` (one more than the deltas), each passed
+/// through `to`; returns their extremes.
 #[inline(always)]
-pub(crate) fn prefix_times<O>(
+pub(crate) fn times_into<O>(
     first: u64,
-    deltas: &[u64],
+    deltas: &Column,
+    raw: &[u8],
+    bufs: &mut DecodeBufs,
     out: &mut [O],
     to: impl Fn(u64) -> O,
-) -> (u64, u64) {
+) -> Result<(u64, u64), String> {
     let (mut t, mut lo, mut hi) = (first, first, first);
     let (head, rest) = out.split_first_mut().expect("a block has a sample");
     *head = to(first);
-    for (o, &d) in rest.iter_mut().zip(deltas) {
+    deltas.decode_into(raw, bufs, rest, |d| {
         t = t.wrapping_add(d);
         lo = lo.min(t);
         hi = hi.max(t);
-        *o = to(t);
-    }
-    (lo, hi)
+        to(t)
+    })?;
+    Ok((lo, hi))
 }
 
 /// Why a decoded block is refused.
@@ -624,37 +643,29 @@ pub(crate) fn decode_block(
     if let Some(s) = sc.max_value().filter(|&s| s >= stacks as u64) {
         return Err(BlockError::Undefined { what: "stack", id: s });
     }
-    let mut values = std::mem::take(&mut bufs.values);
-    let col = |c: &Column, what: &str, bufs: &mut DecodeBufs, values: &mut Vec<u64>| {
-        c.decode(raw, bufs, values).map_err(|e| BlockError::Layout(format!("{what} column: {e}")))
-    };
-    let done = (|| {
-        col(&tc, "time", bufs, &mut values)?;
-        let range = sink.times(first, &values[..count - 1]);
-        col(&hc, "thread", bufs, &mut values)?;
-        sink.threads(&values[..count]);
-        col(&sc, "stack", bufs, &mut values)?;
-        sink.stacks(&values[..count]);
-        Ok(range)
-    })();
-    bufs.values = values;
-    done
+    let layout = |what: &'static str| move |e: String| BlockError::Layout(format!("{what} column: {e}"));
+    let range = sink.times(first, &tc, raw, bufs).map_err(layout("time"))?;
+    sink.threads(&hc, raw, bufs).map_err(layout("thread"))?;
+    sink.stacks(&sc, raw, bufs).map_err(layout("stack"))?;
+    Ok(range)
 }
 
 /// Plain columns as a sink (one block at a time, for `Replay` and tests).
 impl BlockSink for (&mut [u64], &mut [u32], &mut [u32]) {
-    fn times(&mut self, first: u64, deltas: &[u64]) -> (u64, u64) {
-        prefix_times(first, deltas, self.0, |t| t)
+    fn times(
+        &mut self,
+        first: u64,
+        deltas: &Column,
+        raw: &[u8],
+        bufs: &mut DecodeBufs,
+    ) -> Result<(u64, u64), String> {
+        times_into(first, deltas, raw, bufs, self.0, |t| t)
     }
-    fn threads(&mut self, ids: &[u64]) {
-        for (o, &v) in self.1.iter_mut().zip(ids) {
-            *o = v as u32;
-        }
+    fn threads(&mut self, ids: &Column, raw: &[u8], bufs: &mut DecodeBufs) -> Result<(), String> {
+        ids.decode_into(raw, bufs, self.1, |v| v as u32)
     }
-    fn stacks(&mut self, ids: &[u64]) {
-        for (o, &v) in self.2.iter_mut().zip(ids) {
-            *o = v as u32;
-        }
+    fn stacks(&mut self, ids: &Column, raw: &[u8], bufs: &mut DecodeBufs) -> Result<(), String> {
+        ids.decode_into(raw, bufs, self.2, |v| v as u32)
     }
 }
 
@@ -721,6 +732,28 @@ mod tests {
         let zipf: Vec<u32> = (0..20_000u32).map(|i| if i % 3 == 0 { i * 7 } else { i % 5 }).collect();
         let times: Vec<u64> = (0..20_000u64).map(|i| 1000 * i + (i * 37) % 41).collect();
         round_trip(&times, &zipf, &zipf);
+    }
+
+    #[test]
+    fn unpack_reads_every_width_up_to_the_end_of_the_block() {
+        for width in 0..=16u32 {
+            for n in [0usize, 1, 7, 8, 9, 100, 1001] {
+                let vals: Vec<u64> =
+                    (0..n as u64).map(|i| i.wrapping_mul(0x9E37_79B9) % (1 << width).max(1)).collect();
+                // A section after 3 bytes of something else, and nothing after
+                // it but the padding (the tightest case for the loads).
+                let mut raw = vec![0xa5u8; 3];
+                let mut w = BitWriter::new(&mut raw);
+                for &v in &vals {
+                    w.put(v, width);
+                }
+                w.finish();
+                raw.extend_from_slice(&[0; RAW_PADDING]);
+                let mut out = Vec::new();
+                let got = unpack(&raw, 3, width, n, &mut out);
+                assert!(got.iter().map(|&v| v as u64).eq(vals.iter().copied()), "width {width}, {n} values");
+            }
+        }
     }
 
     #[test]

@@ -429,25 +429,26 @@ fn decode_range(
     Ok(cols)
 }
 
+/// Writes every element of its columns (`decode_into` does, also when it
+/// fails): the safety of `assume_written` in `decode_all` rests on this.
 impl<L: Layout> BlockSink for Dest<'_, L> {
-    // Each writes every element of its column: the safety of
-    // `assume_written` in `decode_all` rests on these lengths.
-    fn times(&mut self, first: u64, deltas: &[u64]) -> (u64, u64) {
-        assert_eq!(deltas.len() + 1, self.len());
+    fn times(
+        &mut self,
+        first: u64,
+        deltas: &Column,
+        raw: &[u8],
+        bufs: &mut DecodeBufs,
+    ) -> Result<(u64, u64), String> {
         let origin = self.origin();
-        prefix_times(first, deltas, self.offs(), |t| MaybeUninit::new(L::off(t.wrapping_sub(origin))))
+        times_into(first, deltas, raw, bufs, self.offs(), |t| {
+            MaybeUninit::new(L::off(t.wrapping_sub(origin)))
+        })
     }
-    fn threads(&mut self, ids: &[u64]) {
-        assert_eq!(ids.len(), self.len());
-        for (o, &v) in self.threads().iter_mut().zip(ids) {
-            o.write(L::thread(v as u32));
-        }
+    fn threads(&mut self, ids: &Column, raw: &[u8], bufs: &mut DecodeBufs) -> Result<(), String> {
+        ids.decode_into(raw, bufs, self.threads(), |v| MaybeUninit::new(L::thread(v as u32)))
     }
-    fn stacks(&mut self, ids: &[u64]) {
-        assert_eq!(ids.len(), self.len());
-        for (o, &v) in self.stacks().iter_mut().zip(ids) {
-            o.write(v as u32);
-        }
+    fn stacks(&mut self, ids: &Column, raw: &[u8], bufs: &mut DecodeBufs) -> Result<(), String> {
+        ids.decode_into(raw, bufs, self.stacks(), |v| MaybeUninit::new(v as u32))
     }
 }
 
