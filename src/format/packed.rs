@@ -55,20 +55,14 @@ pub(crate) const MAX_CODE_WIDTH: u32 = 12;
 /// field near the end can be read with one 16-byte load.
 pub(crate) const RAW_PADDING: usize = 16;
 
-/// The most bytes a valid block of `count` samples decodes to: the first
-/// time, and per column its header, at most `count - 1` gaps of 64 bits, a
-/// frequent table of at most 4,095 entries and `count` codes and escapes of
-/// at most 12 and 16 bits. Readers refuse a larger `uncompressed_bytes`
-/// before allocating for it.
+/// A bound on the bytes a valid block of `count` samples decodes to: the
+/// first time, and per column its 24-byte header, at most `count - 1` gaps of
+/// 64 bits, a frequent table of at most 4,095 entries of at most 16 bits, and
+/// `count` codes and escapes of at most 12 and 16 bits: under
+/// `8,216 + 12 × count` bytes a column. Readers refuse a larger
+/// `uncompressed_bytes` before allocating for it (FORMAT.md, section 10).
 pub(crate) fn max_raw_len(count: u32) -> u64 {
-    8 + 3
-        * (COLUMN_HEADER_LEN as u64
-            + 8 * count as u64
-            + 8190
-            + 2
-            + (3 * count as u64).div_ceil(2)
-            + 2 * count as u64
-            + 1)
+    8 + 3 * (8216 + 12 * count as u64)
 }
 
 /// The most output an LZ4 block of `compressed` bytes can decode to. Each

@@ -4,6 +4,10 @@
 //! [`Block`]s: one per thread that decoded a part of the file
 //! (`parallel.rs`), so the second thread of a two-thread load writes its
 //! samples straight to their final place and nothing is copied afterwards.
+//! A packed file's loader (`packed.rs`) knows every sample count and time
+//! range from the file's index, so it creates each block at its exact size
+//! ([`Block::exact`]) and its threads write disjoint parts of it in place
+//! ([`Dest`]).
 //!
 //! A block stores each timestamp as an offset from the block's origin. It
 //! starts narrow, 10 bytes per sample: 4-byte offsets (from 4.5 minutes before
