@@ -414,10 +414,10 @@ impl Column {
 
     /// Every value `v` of the column, in order, as `map(v)` into `out`
     /// (exactly as long as the column; every element is written, also when
-    /// this fails), using `bufs` for the unpacked codes and escapes. The
-    /// codes are checked as they go (each a frequent rank or the escape, the
-    /// escapes as many as announced, each a dictionary index) without a
-    /// branch on them: a bad one is noted and reported once the loop is done.
+    /// this fails), using `bufs` for the escapes. The codes are checked as
+    /// they go (each a frequent rank or the escape, the escapes as many as
+    /// announced, each a dictionary index) without a branch on them: a bad
+    /// one is noted and reported once the loop is done.
     #[inline(always)]
     pub(crate) fn decode_into<T>(
         &self,
@@ -429,24 +429,29 @@ impl Column {
         let (k, wi, m) = (self.code_width, self.index_width, self.escapes);
         let d = self.dict.len();
         assert_eq!(out.len(), self.count);
+        if self.count == 0 {
+            return Ok(());
+        }
         let bad_index = || Err(format!("an escape is not one of the {d} dictionary entries"));
         if k == 0 {
             // Every value an escape: plain dictionary indices.
-            let idx = unpack(raw, self.escapes_at, wi, self.count, &mut bufs.codes);
-            let bad = idx.iter().copied().max().is_some_and(|i| i as usize >= d);
-            for (o, &x) in out.iter_mut().zip(idx) {
-                *o = map(self.dict[(x as usize).min(d - 1)]);
-            }
-            return if bad { bad_index() } else { Ok(()) };
+            let dict = &self.dict[..];
+            let mut top = 0u32;
+            with_width!(wi, W => fields::<W, T>(raw, self.escapes_at, out, |x| {
+                top = top.max(x);
+                map(dict[(x as usize).min(d - 1)])
+            }));
+            return if top as usize >= d { bad_index() } else { Ok(()) };
         }
-        let codes = unpack(raw, self.codes_at, k, self.count, &mut bufs.codes);
         let table = &self.table[..1 << k];
         if m == 0 {
             // No escapes: every code a frequent rank.
-            for (o, &c) in out.iter_mut().zip(codes) {
-                *o = map(table[c as usize]);
-            }
-            if codes.iter().copied().max().is_some_and(|c| c as usize >= self.frequent) {
+            let mut top = 0u32;
+            with_width!(k, W => fields::<W, T>(raw, self.codes_at, out, |c| {
+                top = top.max(c);
+                map(table[c as usize & ((1 << W) - 1)])
+            }));
+            if top as usize >= self.frequent {
                 return Err(format!("a code is not one of the {} frequent values", self.frequent));
             }
             return Ok(());
@@ -459,19 +464,19 @@ impl Column {
         bufs.escaped.extend(esc_idx.iter().map(|&i| self.dict[(i as usize).min(d - 1)]));
         bufs.escaped.resize(self.count + 1, 0);
         let escaped = &bufs.escaped[..];
-        let esc = (1u32 << k) - 1;
         let frequent = self.frequent as u32;
         let (mut j, mut bad_code) = (0usize, false);
-        for (o, &code) in out.iter_mut().zip(codes) {
+        with_width!(k, W => fields::<W, T>(raw, self.codes_at, out, |code| {
             // Both candidates loaded and one kept by a mask: a branch here
             // would be mispredicted at every escape.
+            let esc = (1u32 << W) - 1;
             let is_esc = code == esc;
             bad_code |= !is_esc & (code >= frequent);
-            let (e, f) = (escaped[j], table[code as usize]);
+            let (e, f) = (escaped[j], table[code as usize & ((1 << W) - 1)]);
             let keep_e = (is_esc as u64).wrapping_neg();
-            *o = map((e & keep_e) | (f & !keep_e));
             j += is_esc as usize;
-        }
+            map((e & keep_e) | (f & !keep_e))
+        }));
         if bad {
             return bad_index();
         }
@@ -485,62 +490,53 @@ impl Column {
     }
 }
 
-/// Reusable buffers for [`Column::decode_into`].
-#[derive(Debug, Default)]
-pub(crate) struct DecodeBufs {
-    codes: Vec<u32>,
-    escapes: Vec<u32>,
-    escaped: Vec<u64>,
+/// Run `$body` with `$W` a constant equal to `$width` (0 to 16), so that
+/// the bit-field loops in it are compiled for each width.
+macro_rules! with_width {
+    ($width:expr, $W:ident => $body:expr) => {
+        with_width!(@ $width, $W, $body, 0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16)
+    };
+    (@ $width:expr, $W:ident, $body:expr, $($w:literal)*) => {
+        match $width {
+            $($w => {
+                const $W: usize = $w;
+                $body
+            })*
+            _ => unreachable!("field widths are at most 16 bits"),
+        }
+    };
 }
+use with_width;
 
-/// Unpack `n` fields of `width` bits (at most 16) from the section at byte
-/// `at` of `raw` (padded) into `out`, which it returns.
-fn unpack<'a>(raw: &[u8], at: usize, width: u32, n: usize, out: &'a mut Vec<u32>) -> &'a [u32] {
-    let groups = n.next_multiple_of(8);
-    if out.len() < groups {
-        out.resize(groups, 0);
-    }
-    let out = &mut out[..groups];
-    if width == 0 {
-        out.fill(0);
-    }
-    macro_rules! widths {
-        ($($w:literal)*) => {
-            match width {
-                $($w => unpack_const::<$w>(raw, at, out),)*
-                _ => unreachable!("field widths are at most 16 bits"),
-            }
-        };
-    }
-    widths!(0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16);
-    &out[..n]
-}
-
-/// [`unpack`] for one width: eight fields (`W` bytes) at a time, each an
-/// 8-byte load at a constant offset in the group, a constant shift and a
-/// mask, which the compiler unrolls.
+/// `out[i] = f(field i)` for the `out.len()` fields of `W` bits (at most
+/// 16) of the section at byte `at` of `raw` (padded), in order: eight fields
+/// (`W` bytes) at a time, each an 8-byte load at a constant offset in the
+/// group, a constant shift and a mask, which the compiler unrolls.
 #[inline(always)]
-fn unpack_const<const W: usize>(raw: &[u8], at: usize, out: &mut [u32]) {
-    if W == 0 {
-        return;
-    }
-    let mask = (1u64 << W) - 1;
-    let groups = out.len() / 8;
+fn fields<const W: usize, T>(raw: &[u8], at: usize, out: &mut [T], mut f: impl FnMut(u32) -> T) {
+    let mask = ((1u64 << W) - 1) as u32;
+    let groups = out.len().div_ceil(8);
     // Groups whose loads stay inside `raw`: the last load of a group reads
-    // bytes `(7 * W) / 8 .. + 8` past its start.
-    let fast = (raw.len().saturating_sub(at + 7 * W / 8 + 8) / W + 1).min(groups);
-    let fast = if raw.len() >= at + 7 * W / 8 + 8 { fast } else { 0 };
-    for (g, chunk) in out[..fast * 8].chunks_exact_mut(8).enumerate() {
-        let group = &raw[at + g * W..at + g * W + 7 * W / 8 + 8];
+    // bytes `7 * W / 8 .. + 8` past its start.
+    let reach = 7 * W / 8 + 8;
+    let fast = match raw.len().checked_sub(at + reach) {
+        Some(room) if W > 0 => (room / W + 1).min(out.len() / 8),
+        Some(_) => out.len() / 8,
+        None => 0,
+    };
+    let (head, tail) = out.split_at_mut(fast * 8);
+    for (g, chunk) in head.chunks_exact_mut(8).enumerate() {
+        let group = &raw[at + g * W..at + g * W + reach];
         for (j, o) in chunk.iter_mut().enumerate() {
             let (byte, shift) = (j * W / 8, j * W % 8);
             let word = u64::from_le_bytes(group[byte..byte + 8].try_into().expect("eight bytes"));
-            *o = ((word >> shift) & mask) as u32;
+            *o = f((word >> shift) as u32 & mask);
         }
     }
     // The rest (a section at the very end of the block): through a copy
     // padded with zeros.
-    for (g, chunk) in out.chunks_exact_mut(8).enumerate().skip(fast) {
+    for (g, chunk) in tail.chunks_mut(8).enumerate() {
+        let g = fast + g;
         let mut b = [0u8; 24];
         let rest = raw.get(at + g * W..).unwrap_or(&[]);
         let n = rest.len().min(24);
@@ -548,9 +544,28 @@ fn unpack_const<const W: usize>(raw: &[u8], at: usize, out: &mut [u32]) {
         for (j, o) in chunk.iter_mut().enumerate() {
             let (byte, shift) = (j * W / 8, j * W % 8);
             let word = u64::from_le_bytes(b[byte..byte + 8].try_into().expect("eight bytes"));
-            *o = ((word >> shift) & mask) as u32;
+            *o = f((word >> shift) as u32 & mask);
         }
     }
+    debug_assert!(groups >= fast);
+}
+
+/// Reusable buffers for [`Column::decode_into`].
+#[derive(Debug, Default)]
+pub(crate) struct DecodeBufs {
+    escapes: Vec<u32>,
+    escaped: Vec<u64>,
+}
+
+/// Unpack `n` fields of `width` bits (at most 16) from the section at byte
+/// `at` of `raw` (padded) into `out`, which it returns.
+fn unpack<'a>(raw: &[u8], at: usize, width: u32, n: usize, out: &'a mut Vec<u32>) -> &'a [u32] {
+    if out.len() < n {
+        out.resize(n, 0);
+    }
+    let out = &mut out[..n];
+    with_width!(width, W => fields::<W, u32>(raw, at, out, |x| x));
+    out
 }
 
 /// Where a decoded block's samples go: each method decodes a column
