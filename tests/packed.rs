@@ -354,7 +354,8 @@ fn block_contents_are_checked_against_definitions_and_index() {
         edit(&mut raw);
         err(&assemble(&front, &frame_block(&raw, 2), 2, 100, 200))
     };
-    let cases: [(&str, &dyn Fn(&mut Vec<u8>)); 6] = [
+    type Edit<'a> = &'a dyn Fn(&mut Vec<u8>);
+    let cases: [(&str, Edit); 6] = [
         // More distinct values than values.
         ("3 distinct values for 2 values", &|r| r[thread_col + 8] = 3),
         // A code width past the limit.
@@ -408,7 +409,8 @@ fn edge_cases_round_trip() {
     use spulse::{Frame, Header, SpoolWriter};
     // (threads, samples as (time, thread, stack index)); 70,000 stack nodes.
     let far = START_US + (1 << 62);
-    let cases: Vec<(usize, Vec<(u64, usize, u32)>)> = vec![
+    type Case = (usize, Vec<(u64, usize, u32)>);
+    let cases: Vec<Case> = vec![
         // One sample.
         (1, vec![(START_US, 0, 0)]),
         // Samples that never vary but in time, by a constant step: a few
