@@ -13,7 +13,7 @@
 //! its values need, so a value costs a few bits rather than whole bytes (LZ4
 //! has no entropy coder; this is the part of one that fixed widths allow).
 //! Decoding is table lookups on fixed-width bit fields, with no branch on the
-//! data: see [`Column::decode`].
+//! data: see [`Column::decode_into`].
 
 /// The eight bytes a packed file starts and ends with.
 pub const PACKED_MAGIC: [u8; 8] = *b"SPULSPK2";

@@ -1,15 +1,17 @@
 //! Reading the packed container (`FORMAT.md`, section 10): the frame (footer,
 //! index, definitions), one block at a time, and the two ways the readers use
-//! it: [`Snapshot`](crate::Snapshot) decodes every block into its columns (on
-//! two threads for a large file), [`Replay`](crate::Replay) validates every
-//! block once at open and decodes them again one by one while iterating.
+//! it: [`Snapshot`](crate::Snapshot) decodes every block straight into its
+//! place in columns allocated once from the index (on two threads for a
+//! large file), [`Replay`](crate::Replay) validates every block once at open
+//! and decodes them again one by one while iterating.
 //!
 //! A packed file is written whole to a temporary name and renamed, so unlike a
 //! spool it has no truncated tail to recover: a file cut anywhere lacks its
 //! footer (or its index no longer matches its length) and is corrupt.
 //! Every length read from the file is checked against the file's own length
 //! before anything is allocated for it, and a block costs at most
-//! [`MAX_BLOCK_SAMPLES`] samples of scratch.
+//! [`MAX_BLOCK_SAMPLES`] samples of scratch (its decoded bytes are bounded by
+//! `max_raw_len`).
 
 use std::fs::File;
 use std::mem::MaybeUninit;
