@@ -17,7 +17,7 @@ use std::fs::File;
 use std::mem::MaybeUninit;
 use std::os::unix::fs::FileExt;
 
-use super::columns::{AnyDest, Block, Dest, Fill, Filler, Layout, SampleColumns};
+use super::columns::{AnyDest, Block, Dest, Fill, Filler, Kind, Layout, SampleColumns};
 use super::scan::format_error;
 use crate::format::defs::Definitions;
 use crate::format::packed::*;
@@ -450,7 +450,7 @@ impl<L: Layout> BlockSink for Dest<'_, L> {
         ids.decode_into(raw, bufs, self.threads(), |v| MaybeUninit::new(L::thread(v as u32)))
     }
     fn stacks(&mut self, ids: &Column, raw: &[u8], bufs: &mut DecodeBufs) -> Result<(), String> {
-        ids.decode_into(raw, bufs, self.stacks(), |v| MaybeUninit::new(v as u32))
+        ids.decode_into(raw, bufs, self.stacks(), |v| MaybeUninit::new(L::stack(v as u32)))
     }
 }
 
@@ -463,6 +463,7 @@ fn decode_jobs(
     let mut scratch = Scratch::default();
     for (i, dest) in jobs {
         match dest {
+            AnyDest::Compact(mut d) => frame.block_into(src, i, &mut scratch, &mut d)?,
             AnyDest::Narrow(mut d) => frame.block_into(src, i, &mut scratch, &mut d)?,
             AnyDest::Wide(mut d) => frame.block_into(src, i, &mut scratch, &mut d)?,
         }
@@ -503,7 +504,15 @@ pub(crate) fn decode_all(src: &(impl Source + ?Sized), frame: &Frame) -> Result<
         let narrow = narrow_ids && e.max_time_us - e.min_time_us < NARROW_SPAN;
         segs.push((i, i + 1, e.min_time_us, e.max_time_us, e.count as usize, narrow));
     }
-    let mut cols: Vec<Block> = segs.iter().map(|s| Block::exact(s.2, s.4, s.5)).collect();
+    // Ids small enough for the 7-byte compact columns (every id of a block
+    // is checked below these counts before it is written).
+    let compact = frame.threads <= 1 << 8 && frame.stacks <= 1 << 16;
+    let kind = |narrow: bool| match (narrow, compact) {
+        (true, true) => Kind::Compact,
+        (true, false) => Kind::Narrow,
+        (false, _) => Kind::Wide,
+    };
+    let mut cols: Vec<Block> = segs.iter().map(|s| Block::exact(s.2, s.4, kind(s.5))).collect();
     let mut jobs: Vec<(usize, AnyDest<'_>)> = Vec::with_capacity(blocks);
     for (s, b) in segs.iter().zip(&mut cols) {
         let mut rest = b.spare_mut();
