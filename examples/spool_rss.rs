@@ -18,7 +18,8 @@
 //! spool, and `open PATH` opens a spool or packed file once with
 //! `Snapshot::open` (for the peak RSS of that alone); `compare SPOOL PACKED`
 //! times `Snapshot::open` of each and the serde_json parse of the same
-//! samples into typed columns in interleaved rounds (median of 7).
+//! samples into typed columns in interleaved rounds (median of 7, wall and
+//! process CPU time).
 
 use spulse_testkit::profile as spool_profile;
 
@@ -31,6 +32,15 @@ fn cpu_time() -> Duration {
     // SAFETY: `ts` is a valid, writable timespec and the clock id is a constant
     // the kernel supports; clock_gettime writes only into `ts`.
     let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    assert_eq!(rc, 0, "clock_gettime");
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
+/// CPU time consumed by the whole process (every thread).
+fn process_cpu_time() -> Duration {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: as in `cpu_time`, with the process-wide clock.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
     assert_eq!(rc, 0, "clock_gettime");
     Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
 }
@@ -161,23 +171,36 @@ fn main() -> Result<(), spulse::Error> {
             let snap = spulse::Snapshot::open(spool)?;
             let json = spool_profile::columns_json(&snap);
             drop(snap);
+            // Wall and process CPU time (all threads) of each load: on a
+            // shared machine the wall time of the two-thread loads suffers
+            // most from the other processes, the CPU time much less.
             let mut t: [Vec<f64>; 3] = Default::default();
+            let mut cpu: [Vec<f64>; 3] = Default::default();
+            let timed =
+                |k: usize, t: &mut [Vec<f64>; 3], cpu: &mut [Vec<f64>; 3], f: &mut dyn FnMut() -> usize| {
+                    let (s, c) = (Instant::now(), process_cpu_time());
+                    let n = f();
+                    t[k].push(s.elapsed().as_secs_f64());
+                    cpu[k].push((process_cpu_time() - c).as_secs_f64());
+                    n
+                };
             for round in 0..7 {
-                let s = Instant::now();
-                let a = spulse::Snapshot::open(packed)?.len();
-                t[0].push(s.elapsed().as_secs_f64());
-                let s = Instant::now();
-                let b = spulse::Snapshot::open(spool)?.len();
-                t[1].push(s.elapsed().as_secs_f64());
-                let s = Instant::now();
-                let v: (Vec<u64>, Vec<u32>, Vec<u32>) = serde_json::from_slice(&json).expect("valid JSON");
-                t[2].push(s.elapsed().as_secs_f64());
-                assert!(a == b && b == v.0.len());
+                let a = timed(0, &mut t, &mut cpu, &mut || spulse::Snapshot::open(packed).unwrap().len());
+                let b = timed(1, &mut t, &mut cpu, &mut || spulse::Snapshot::open(spool).unwrap().len());
+                let c = timed(2, &mut t, &mut cpu, &mut || {
+                    let v: (Vec<u64>, Vec<u32>, Vec<u32>) =
+                        serde_json::from_slice(&json).expect("valid JSON");
+                    v.0.len()
+                });
+                assert!(a == b && b == c);
                 println!(
-                    "round {round}: packed {:.1} ms, spool {:.1} ms, JSON {:.1} ms",
+                    "round {round}: packed {:.1} ms ({:.1} CPU), spool {:.1} ms ({:.1} CPU), JSON {:.1} ms ({:.1} CPU)",
                     t[0][round] * 1e3,
+                    cpu[0][round] * 1e3,
                     t[1][round] * 1e3,
-                    t[2][round] * 1e3
+                    cpu[1][round] * 1e3,
+                    t[2][round] * 1e3,
+                    cpu[2][round] * 1e3,
                 );
             }
             let median = |v: &mut Vec<f64>| {
@@ -185,13 +208,20 @@ fn main() -> Result<(), spulse::Error> {
                 v[v.len() / 2]
             };
             let (p, s, j) = (median(&mut t[0]), median(&mut t[1]), median(&mut t[2]));
+            let (pc, sc, jc) = (median(&mut cpu[0]), median(&mut cpu[1]), median(&mut cpu[2]));
             println!(
-                "median of 7: packed {:.1} ms, spool {:.1} ms ({:.2}x the packed), JSON typed {:.1} ms ({:.1}x)",
+                "median of 7: packed {:.1} ms, spool {:.1} ms ({:.2}x the packed), JSON typed {:.1} ms ({:.1}x); \
+                 CPU: packed {:.1} ms, spool {:.1} ms ({:.2}x), JSON {:.1} ms ({:.1}x)",
                 p * 1e3,
                 s * 1e3,
                 s / p,
                 j * 1e3,
-                j / p
+                j / p,
+                pc * 1e3,
+                sc * 1e3,
+                sc / pc,
+                jc * 1e3,
+                jc / pc
             );
         }
         Some("open") if args.len() == 3 => {

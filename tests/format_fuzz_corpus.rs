@@ -230,6 +230,7 @@ fn seed_corpus_is_current() {
         packed_seeds.push((format!("corrupt-flip-{n}"), flipped));
     }
     packed_seeds.push(("magic-only".into(), spulse::PACKED_MAGIC.to_vec()));
+    packed_seeds.push(("first-layout-magic".into(), b"SPULSPK1".to_vec()));
     packed_seeds.push(("spool".into(), build(random_ops(5, 50)).0));
     let write = std::env::var_os("SPULSE_WRITE_CORPUS").is_some();
     for (target, _) in targets() {

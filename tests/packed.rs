@@ -207,29 +207,72 @@ fn parts(packed: &[u8]) -> Parts {
     Parts { front: packed[..marks_at + 8 + 8 * marks].to_vec() }
 }
 
-/// Columns as a block's byte planes, LZ4-compressed with its 12-byte header.
-fn block(times: &[u64], threads: &[u32], stacks: &[u32]) -> Vec<u8> {
-    let n = times.len();
-    let mut raw = vec![0u8; 16 * n];
-    for (i, t) in times.iter().enumerate() {
-        for (k, b) in t.to_le_bytes().iter().enumerate() {
-            raw[k * n + i] = *b;
-        }
-    }
-    for (c, col) in [threads, stacks].iter().enumerate() {
-        for (i, v) in col.iter().enumerate() {
-            for (k, b) in v.to_le_bytes().iter().enumerate() {
-                raw[8 * n + c * 4 * n + k * n + i] = *b;
+/// `vals` as fields of `width` bits, least significant bit first, the last
+/// byte padded with zero bits (FORMAT.md section 10, "Bit fields").
+fn bit_fields(vals: &[u64], width: u32) -> Vec<u8> {
+    let mut out = vec![0u8; (vals.len() * width as usize).div_ceil(8)];
+    for (i, &v) in vals.iter().enumerate() {
+        for b in 0..width as usize {
+            if v >> b & 1 == 1 {
+                let bit = i * width as usize + b;
+                out[bit / 8] |= 1 << (bit % 8);
             }
         }
     }
-    let comp = lz4_flex::block::compress(&raw);
+    out
+}
+
+fn width_of(v: u64) -> u32 {
+    64 - v.leading_zeros()
+}
+
+/// A coded column of `vals` in its simplest form: the dictionary in
+/// ascending order, code width 0 (no frequent table, no codes), every value
+/// an escape holding its dictionary index.
+fn plain_column(vals: &[u64]) -> Vec<u8> {
+    let mut dict = vals.to_vec();
+    dict.sort_unstable();
+    dict.dedup();
+    let gaps: Vec<u64> = dict.windows(2).map(|w| w[1] - w[0]).collect();
+    let gw = gaps.iter().map(|&g| width_of(g)).max().unwrap_or(0);
+    let wi = width_of(dict.len().saturating_sub(1) as u64);
+    let idx: Vec<u64> = vals.iter().map(|v| dict.binary_search(v).unwrap() as u64).collect();
+    let mut out = Vec::new();
+    out.extend_from_slice(&dict.first().copied().unwrap_or(0).to_le_bytes());
+    out.extend_from_slice(&(dict.len() as u32).to_le_bytes());
+    out.extend_from_slice(&[gw as u8, 0, 0, 0]);
+    out.extend_from_slice(&(vals.len() as u32).to_le_bytes());
+    out.extend_from_slice(&0u32.to_le_bytes());
+    out.extend(bit_fields(&gaps, gw));
+    out.extend(bit_fields(&idx, wi));
+    out
+}
+
+/// The decoded bytes of a block: the first time, then the time deltas,
+/// thread ids and stack ids as plain coded columns.
+fn raw_block(times: &[u64], threads: &[u32], stacks: &[u32]) -> Vec<u8> {
+    let mut raw = times[0].to_le_bytes().to_vec();
+    let deltas: Vec<u64> = times.windows(2).map(|w| w[1].wrapping_sub(w[0])).collect();
+    raw.extend(plain_column(&deltas));
+    raw.extend(plain_column(&threads.iter().map(|&v| v as u64).collect::<Vec<_>>()));
+    raw.extend(plain_column(&stacks.iter().map(|&v| v as u64).collect::<Vec<_>>()));
+    raw
+}
+
+/// `raw` LZ4-compressed with its 12-byte header, for `n` samples.
+fn frame_block(raw: &[u8], n: usize) -> Vec<u8> {
+    let comp = lz4_flex::block::compress(raw);
     let mut out = Vec::new();
     out.extend_from_slice(&(raw.len() as u32).to_le_bytes());
     out.extend_from_slice(&(comp.len() as u32).to_le_bytes());
     out.extend_from_slice(&(n as u32).to_le_bytes());
     out.extend_from_slice(&comp);
     out
+}
+
+/// A block of these samples, built from the specification alone.
+fn block(times: &[u64], threads: &[u32], stacks: &[u32]) -> Vec<u8> {
+    frame_block(&raw_block(times, threads, stacks), times.len())
 }
 
 /// A packed file of `front` and one block, with an index entry claiming
@@ -292,13 +335,157 @@ fn block_contents_are_checked_against_definitions_and_index() {
     let e = err(&assemble(&front, &b, 3, 100, 200));
     assert!(e.to_string().contains("decompresses to") || e.to_string().contains("does not decode"), "{e}");
     assert_eq!(e.offset(), Some(block_at + 12));
-    // A block claiming more samples than it can hold is refused before any
-    // allocation for it.
+    // A block claiming more decoded bytes than its samples or its payload
+    // can take is refused before any allocation for it.
     let mut b = block(&[200, 100], &[1, 0], &[2, 0]);
-    b[0..4].copy_from_slice(&(16u32 << 16).to_le_bytes());
-    b[8..12].copy_from_slice(&(1u32 << 16).to_le_bytes());
-    let e = err(&assemble(&front, &b, 1 << 16, 100, 200));
+    b[0..4].copy_from_slice(&(1u32 << 30).to_le_bytes());
+    let e = err(&assemble(&front, &b, 2, 100, 200));
     assert!(e.to_string().contains("cannot hold"), "{e}");
+    assert_eq!(e.offset(), Some(block_at));
+
+    // The layout inside the decoded block: each inconsistency is an error
+    // at the block's payload, naming the column and the decoded byte.
+    let good_raw = raw_block(&[200, 100], &[1, 0], &[2, 0]);
+    // Offsets in the decoded block: first time (8), then the time column's
+    // header; one delta, so one dictionary entry and no bit fields.
+    let thread_col = 8 + 24;
+    let bad = |edit: &dyn Fn(&mut Vec<u8>)| {
+        let mut raw = good_raw.clone();
+        edit(&mut raw);
+        err(&assemble(&front, &frame_block(&raw, 2), 2, 100, 200))
+    };
+    type Edit<'a> = &'a dyn Fn(&mut Vec<u8>);
+    let cases: [(&str, Edit); 6] = [
+        // More distinct values than values.
+        ("3 distinct values for 2 values", &|r| r[thread_col + 8] = 3),
+        // A code width past the limit.
+        ("code width 13 out of range", &|r| r[thread_col + 13] = 13),
+        // A nonzero reserved field.
+        ("reserved field", &|r| r[thread_col + 20] = 1),
+        // Fewer escapes than values with no codes.
+        ("1 escapes for 2 values with code width 0", &|r| r[thread_col + 16] = 1),
+        // A byte too many after the columns.
+        ("the columns end at decoded byte", &|r| r.push(0)),
+        // The stack column's bit fields cut short.
+        ("past the block's", &|r| {
+            r.pop();
+        }),
+    ];
+    for (what, edit) in cases {
+        let e = bad(edit);
+        assert!(e.to_string().contains(what), "{what}: {e}");
+        assert_eq!(e.offset(), Some(block_at + 12), "{what}");
+    }
+    // A frequent table entry and codes that are not what they claim.
+    let mut raw = 150u64.to_le_bytes().to_vec();
+    raw.extend(plain_column(&[]));
+    // Thread column: 1 value, dictionary {0}, code width 1, one frequent
+    // entry (index 0), code 0, no escapes.
+    raw.extend_from_slice(&0u64.to_le_bytes());
+    raw.extend_from_slice(&1u32.to_le_bytes());
+    raw.extend_from_slice(&[0, 1, 1, 0]);
+    raw.extend_from_slice(&0u32.to_le_bytes());
+    raw.extend_from_slice(&0u32.to_le_bytes());
+    // The frequent table (1 entry of 0 bits) takes no byte; the one code
+    // of 1 bit, one byte.
+    raw.push(0);
+    raw.extend(plain_column(&[0]));
+    let one = |raw: &[u8]| assemble(&front, &frame_block(raw, 1), 1, 150, 150);
+    let s = check_readers(&one(&raw)).unwrap();
+    assert_eq!(
+        s.samples().map(|x| (x.time_us, x.thread.get(), x.stack.get())).collect::<Vec<_>>(),
+        [(150, 0, 0)]
+    );
+    // Code 1 is the escape of a 1-bit code, but no escapes are announced.
+    let mut r = raw.clone();
+    r[8 + 24 + 24] = 1;
+    let e = err(&one(&r));
+    assert!(e.to_string().contains("not one of the 1 frequent values"), "{e}");
+    assert_eq!(e.offset(), Some(block_at + 12));
+}
+
+#[test]
+fn edge_cases_round_trip() {
+    use spulse::{Frame, Header, SpoolWriter};
+    // (threads, samples as (time, thread, stack index)); 70,000 stack nodes.
+    let far = START_US + (1 << 62);
+    type Case = (usize, Vec<(u64, usize, u32)>);
+    let cases: Vec<Case> = vec![
+        // One sample.
+        (1, vec![(START_US, 0, 0)]),
+        // Samples that never vary but in time, by a constant step: a few
+        // bytes a block, fewer bytes in the file than samples (Snapshot then
+        // grows its columns as blocks decode rather than trusting the index).
+        (1, (0..1_000_000u64).map(|i| (START_US + 3 * i, 0, 7)).collect()),
+        // One thread, exactly one block, then one more sample.
+        (1, (0..65_536u64).map(|i| (START_US + i, 0, (i % 5) as u32)).collect()),
+        (1, (0..65_537u64).map(|i| (START_US + i, 0, (i % 5) as u32)).collect()),
+        // Out-of-order times, ids at their largest, times at both ends of
+        // the spool's range (hours apart: narrow columns split, wide ones for a block
+        // spanning more than 71 minutes).
+        (
+            3,
+            vec![
+                (START_US, 2, 69_999),
+                (START_US - 5, 0, 0),
+                (far, 1, 69_999),
+                (0, 2, 1),
+                (START_US + 7, 1, 3),
+            ],
+        ),
+        // Two blocks hours apart, each narrow, and a skewed stack column
+        // (escapes and frequent codes mixed).
+        (
+            2,
+            (0..140_000u64)
+                .map(|i| {
+                    let t = if i < 70_000 { START_US + i * 10 } else { START_US + (1 << 33) + i };
+                    (t, (i % 2) as usize, if i % 5 == 0 { (i % 60_000) as u32 } else { (i % 3) as u32 })
+                })
+                .collect(),
+        ),
+    ];
+    for (k, (nthreads, samples)) in cases.into_iter().enumerate() {
+        let mut w =
+            SpoolWriter::new(Vec::new(), Header { start_time_us: START_US, interval_us: 1000 }).unwrap();
+        let threads: Vec<_> = (0..nthreads).map(|i| w.define_thread(1, i as u32, "t").unwrap()).collect();
+        let f = w.define_frame(Frame::Absolute { address: 0x1000, kernel: false }).unwrap();
+        let mut stacks = vec![w.define_stack(None, f).unwrap()];
+        // A binary tree: 70,000 nodes, 17 deep.
+        while stacks.len() < 70_000 {
+            stacks.push(w.define_stack(Some(stacks[(stacks.len() - 1) / 2]), f).unwrap());
+        }
+        for &(t, h, s) in &samples {
+            w.sample(t, threads[h], stacks[s as usize]).unwrap();
+        }
+        let bytes = w.into_inner().unwrap();
+        let packed = pack_bytes(&bytes);
+        if k == 1 {
+            assert!(packed.len() < samples.len(), "{} bytes", packed.len());
+        }
+        let spool = Snapshot::from_bytes(&bytes).unwrap();
+        let snap = check_readers(&packed).unwrap();
+        assert_same(&spool, &snap);
+        let got: Vec<_> =
+            snap.samples().map(|x| (x.time_us, x.thread.get() as usize, x.stack.get())).collect();
+        let want: Vec<_> = samples
+            .iter()
+            .map(|&(t, h, s)| (t, threads[h].get() as usize, stacks[s as usize].get()))
+            .collect();
+        assert_eq!(got, want, "case {k}");
+    }
+}
+
+#[test]
+fn a_packed_file_of_the_first_layout_is_refused_by_name() {
+    let (bytes, _) = build(random_ops(19, 100));
+    let mut packed = pack_bytes(&bytes);
+    let n = packed.len();
+    packed[..8].copy_from_slice(b"SPULSPK1");
+    packed[n - 8..].copy_from_slice(b"SPULSPK1");
+    let e = check_readers(&packed).map(|_| ()).unwrap_err();
+    assert_eq!(e.offset(), Some(0));
+    assert!(e.to_string().contains("first layout") && e.to_string().contains("pack the spool again"), "{e}");
 }
 
 #[test]

@@ -22,7 +22,7 @@ fn packed_fixture() -> (Program, std::path::PathBuf, std::path::PathBuf) {
 #[test]
 fn every_command_reads_the_packed_file_as_the_spool() {
     let (p, spool, spk) = packed_fixture();
-    assert!(std::fs::read(&spk).unwrap().starts_with(b"SPULSPK1"));
+    assert!(std::fs::read(&spk).unwrap().starts_with(b"SPULSPK2"));
     for args in [
         &["top", "--json"][..],
         &["top", "--json", "--thread", "1002"],
@@ -131,7 +131,8 @@ fn a_damaged_packed_file_is_an_error_with_its_offset() {
         assert!(e.contains("cut.spk: at byte offset") && e.contains("corrupt packed file"), "{e}");
         assert!(e.contains("truncated"), "{e}");
     }
-    // A block's payload altered: its LZ4 stream no longer decodes to its size.
+    // A block's uncompressed length altered: its LZ4 payload (12 bytes
+    // further) no longer decodes to that size.
     let mut bad = bytes.clone();
     let le = |b: &[u8]| u64::from_le_bytes(b[..8].try_into().unwrap()) as usize;
     let index_at = le(&bytes[bytes.len() - 32..]);
@@ -141,5 +142,5 @@ fn a_damaged_packed_file_is_an_error_with_its_offset() {
     std::fs::write(&f, &bad).unwrap();
     let o = spulse(&["top", s(&f)]);
     assert_eq!(o.status.code(), Some(2));
-    assert!(stderr(&o).contains(&format!("at byte offset {block_at}")), "{}", stderr(&o));
+    assert!(stderr(&o).contains(&format!("at byte offset {}: ", block_at + 12)), "{}", stderr(&o));
 }

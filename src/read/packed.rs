@@ -1,20 +1,23 @@
 //! Reading the packed container (`FORMAT.md`, section 10): the frame (footer,
 //! index, definitions), one block at a time, and the two ways the readers use
-//! it: [`Snapshot`](crate::Snapshot) decodes every block into its columns (on
-//! two threads for a large file), [`Replay`](crate::Replay) validates every
-//! block once at open and decodes them again one by one while iterating.
+//! it: [`Snapshot`](crate::Snapshot) decodes every block straight into its
+//! place in columns allocated once from the index (on two threads for a
+//! large file), [`Replay`](crate::Replay) validates every block once at open
+//! and decodes them again one by one while iterating.
 //!
 //! A packed file is written whole to a temporary name and renamed, so unlike a
 //! spool it has no truncated tail to recover: a file cut anywhere lacks its
 //! footer (or its index no longer matches its length) and is corrupt.
 //! Every length read from the file is checked against the file's own length
 //! before anything is allocated for it, and a block costs at most
-//! [`MAX_BLOCK_SAMPLES`] samples of scratch.
+//! [`MAX_BLOCK_SAMPLES`] samples of scratch (its decoded bytes are bounded by
+//! `max_raw_len`).
 
 use std::fs::File;
+use std::mem::MaybeUninit;
 use std::os::unix::fs::FileExt;
 
-use super::columns::{Block, Fill, Filler, Layout, SampleColumns};
+use super::columns::{AnyDest, Block, Dest, Fill, Filler, Kind, Layout, SampleColumns};
 use super::scan::format_error;
 use crate::format::defs::Definitions;
 use crate::format::packed::*;
@@ -58,9 +61,10 @@ pub(crate) fn corrupt(offset: u64, what: String) -> Error {
     format_error(offset, FormatErrorKind::PackedCorrupt(what))
 }
 
-/// Whether `head` (the first bytes of a file) starts with the packed magic.
+/// Whether `head` (the first bytes of a file) starts with the packed magic
+/// (or that of the first packed layout, which the readers refuse by name).
 pub(crate) fn is_packed(head: &[u8]) -> bool {
-    head.starts_with(&PACKED_MAGIC)
+    head.starts_with(&PACKED_MAGIC) || head.starts_with(&PACKED_MAGIC_V1)
 }
 
 /// The validated frame of a packed file: definitions, block index, counts.
@@ -91,6 +95,14 @@ pub(crate) fn open_frame(src: &(impl Source + ?Sized), len: u64) -> Result<Frame
     }
     let mut head = [0u8; HEAD_LEN as usize];
     src.read_exact_at(&mut head, 0)?;
+    if head[..8] == PACKED_MAGIC_V1 {
+        return Err(corrupt(
+            0,
+            "a packed file of the first layout (SPULSPK1, byte planes), which this version no longer reads: \
+             pack the spool again"
+                .into(),
+        ));
+    }
     if head[..8] != PACKED_MAGIC {
         return Err(format_error(0, FormatErrorKind::BadMagic));
     }
@@ -158,12 +170,6 @@ pub(crate) fn open_frame(src: &(impl Source + ?Sized), len: u64) -> Result<Frame
         }
         if e.min_time_us > e.max_time_us {
             return Err(corrupt(at, format!("index entry {i}: earliest time after latest time")));
-        }
-        if (e.count as u64 * SAMPLE_BYTES as u64) > max_decompressed(e.compressed as u64) {
-            return Err(corrupt(
-                at,
-                format!("index entry {i}: {} compressed bytes cannot hold {} samples", e.compressed, e.count),
-            ));
         }
         expect = e.offset + BLOCK_HEADER_LEN + e.compressed as u64;
         if expect > index_at {
@@ -246,6 +252,7 @@ fn load_definitions(
 pub(crate) struct Scratch {
     payload: Vec<u8>,
     raw: Vec<u8>,
+    bufs: DecodeBufs,
 }
 
 impl Frame {
@@ -260,6 +267,21 @@ impl Frame {
         threads: &mut [u32],
         stacks: &mut [u32],
     ) -> Result<(), Error> {
+        let n = self.index[i].count as usize;
+        assert!(times.len() == n && threads.len() == n && stacks.len() == n);
+        self.block_into(src, i, scratch, &mut (times, threads, stacks))
+    }
+
+    /// Read, decompress and check block `i`, handing its samples to `sink`
+    /// (which receives every index below the block's count, unless this
+    /// fails).
+    pub(crate) fn block_into(
+        &self,
+        src: &(impl Source + ?Sized),
+        i: usize,
+        scratch: &mut Scratch,
+        sink: &mut impl BlockSink,
+    ) -> Result<(), Error> {
         let e = self.index[i];
         let mut head = [0u8; BLOCK_HEADER_LEN as usize];
         src.read_exact_at(&mut head, e.offset)?;
@@ -273,38 +295,42 @@ impl Frame {
                 ),
             ));
         }
-        if raw_len as u64 != count as u64 * SAMPLE_BYTES as u64 {
+        if raw_len as u64 > max_raw_len(count) || raw_len as u64 > max_decompressed(comp as u64) {
             return Err(corrupt(
                 e.offset,
                 format!(
-                    "block {i}: {raw_len} uncompressed bytes for {count} samples of {SAMPLE_BYTES} bytes"
+                    "block {i}: {raw_len} uncompressed bytes cannot hold {count} samples in {comp} compressed bytes \
+                     (at most {} and {})",
+                    max_raw_len(count),
+                    max_decompressed(comp as u64)
                 ),
             ));
         }
         scratch.payload.resize(comp as usize, 0);
         src.read_exact_at(&mut scratch.payload, e.offset + BLOCK_HEADER_LEN)?;
-        scratch.raw.resize(raw_len as usize, 0);
-        decompress(&scratch.payload, &mut scratch.raw)
+        decompress(&scratch.payload, raw_len as usize, &mut scratch.raw)
             .map_err(|m| corrupt(e.offset + BLOCK_HEADER_LEN, format!("block {i}: {m}")))?;
-        let st = unplane(&scratch.raw, times, threads, stacks);
-        if st.max_thread as usize >= self.threads {
-            return Err(format_error(
-                e.offset,
-                FormatErrorKind::UndefinedReference { what: "thread", id: st.max_thread as u64 },
-            ));
-        }
-        if st.max_stack as usize >= self.stacks {
-            return Err(format_error(
-                e.offset,
-                FormatErrorKind::UndefinedReference { what: "stack", id: st.max_stack as u64 },
-            ));
-        }
-        if (st.min_time_us, st.max_time_us) != (e.min_time_us, e.max_time_us) {
+        let (lo, hi) = decode_block(
+            &mut scratch.bufs,
+            &scratch.raw,
+            raw_len as usize,
+            count as usize,
+            self.threads,
+            self.stacks,
+            sink,
+        )
+        .map_err(|err| match err {
+            BlockError::Layout(m) => corrupt(e.offset + BLOCK_HEADER_LEN, format!("block {i}: {m}")),
+            BlockError::Undefined { what, id } => {
+                format_error(e.offset, FormatErrorKind::UndefinedReference { what, id })
+            }
+        })?;
+        if (lo, hi) != (e.min_time_us, e.max_time_us) {
             return Err(corrupt(
                 e.offset,
                 format!(
-                    "block {i}: times {}..={} differ from its index entry's {}..={}",
-                    st.min_time_us, st.max_time_us, e.min_time_us, e.max_time_us
+                    "block {i}: times {lo}..={hi} differ from its index entry's {}..={}",
+                    e.min_time_us, e.max_time_us
                 ),
             ));
         }
@@ -405,34 +431,141 @@ fn decode_range(
     Ok(cols)
 }
 
-/// Every sample of a packed file in a `Snapshot`'s columns, decoded on two
-/// threads when the file has enough blocks and two cores are there. Each
-/// block is decompressed into a small buffer (one block, in cache) and copied
-/// into the columns in their compact form (`columns.rs`).
+/// Writes every element of its columns (`decode_into` does, also when it
+/// fails): the safety of `assume_written` in `decode_all` rests on this.
+impl<L: Layout> BlockSink for Dest<'_, L> {
+    fn times(
+        &mut self,
+        first: u64,
+        deltas: &Column,
+        raw: &[u8],
+        bufs: &mut DecodeBufs,
+    ) -> Result<(u64, u64), String> {
+        let origin = self.origin();
+        times_into(first, deltas, raw, bufs, self.offs(), |t| {
+            MaybeUninit::new(L::off(t.wrapping_sub(origin)))
+        })
+    }
+    fn threads(&mut self, ids: &Column, raw: &[u8], bufs: &mut DecodeBufs) -> Result<(), String> {
+        ids.decode_into(raw, bufs, self.threads(), |v| MaybeUninit::new(L::thread(v as u32)))
+    }
+    fn stacks(&mut self, ids: &Column, raw: &[u8], bufs: &mut DecodeBufs) -> Result<(), String> {
+        ids.decode_into(raw, bufs, self.stacks(), |v| MaybeUninit::new(L::stack(v as u32)))
+    }
+}
+
+/// Decode packed blocks straight into their place in the final columns.
+fn decode_jobs(
+    src: &(impl Source + ?Sized),
+    frame: &Frame,
+    jobs: Vec<(usize, AnyDest<'_>)>,
+) -> Result<(), Error> {
+    let mut scratch = Scratch::default();
+    for (i, dest) in jobs {
+        match dest {
+            AnyDest::Compact(mut d) => frame.block_into(src, i, &mut scratch, &mut d)?,
+            AnyDest::Narrow(mut d) => frame.block_into(src, i, &mut scratch, &mut d)?,
+            AnyDest::Wide(mut d) => frame.block_into(src, i, &mut scratch, &mut d)?,
+        }
+    }
+    Ok(())
+}
+
+/// Times a narrow column block can hold: offsets below 2^32 from its origin.
+const NARROW_SPAN: u64 = 1 << 32;
+
+/// Every sample of a packed file in a `Snapshot`'s columns.
+///
+/// The index tells every block's sample count and time range before any is
+/// decoded, so the final columns are allocated once, at their exact size:
+/// consecutive packed blocks whose times fit one narrow column block (10
+/// bytes a sample, `columns.rs`) share it, and each packed block is decoded
+/// straight into its own part of it, half of the blocks on a second thread
+/// when there are enough of them. Nothing is copied afterwards. A file
+/// claiming more samples than it has bytes (possible for a real one only if
+/// its samples barely vary) is decoded block by block into columns that grow
+/// as the blocks prove their samples instead.
 pub(crate) fn decode_all(src: &(impl Source + ?Sized), frame: &Frame) -> Result<SampleColumns, Error> {
     let blocks = frame.index.len();
-    let two = blocks >= 8 && std::thread::available_parallelism().is_ok_and(|c| c.get() >= 2);
-    if !two {
+    if frame.samples > frame.file_len {
         return decode_range(src, frame, 0..blocks);
     }
-    let split = blocks / 2;
-    let (first, second) = std::thread::scope(|sc| {
-        let second = std::thread::Builder::new()
-            .name("spulse-unpack".into())
-            .spawn_scoped(sc, || decode_range(src, frame, split..blocks))
-            .ok();
-        let first = decode_range(src, frame, 0..split);
-        let second =
-            second.map(|h| h.join().unwrap_or_else(|_| Err(corrupt(0, "decoder thread failed".into()))));
-        (first, second)
-    });
-    // The first error in file order.
-    let mut cols = first?;
-    let rest = match second {
-        Some(r) => r?,
-        // No second thread to be had (resource limits): decode the rest here.
-        None => decode_range(src, frame, split..blocks)?,
+    // (first packed block, end, earliest time, latest time, samples, narrow)
+    let narrow_ids = frame.threads <= 1 << 16;
+    let mut segs: Vec<(usize, usize, u64, u64, usize, bool)> = Vec::new();
+    for (i, e) in frame.index.iter().enumerate() {
+        if let Some(s) = segs.last_mut().filter(|s| s.5) {
+            let (lo, hi) = (s.2.min(e.min_time_us), s.3.max(e.max_time_us));
+            if hi - lo < NARROW_SPAN {
+                (s.1, s.2, s.3, s.4) = (i + 1, lo, hi, s.4 + e.count as usize);
+                continue;
+            }
+        }
+        let narrow = narrow_ids && e.max_time_us - e.min_time_us < NARROW_SPAN;
+        segs.push((i, i + 1, e.min_time_us, e.max_time_us, e.count as usize, narrow));
+    }
+    // Ids small enough for the 7-byte compact columns (every id of a block
+    // is checked below these counts before it is written).
+    let compact = frame.threads <= 1 << 8 && frame.stacks <= 1 << 16;
+    let kind = |narrow: bool| match (narrow, compact) {
+        (true, true) => Kind::Compact,
+        (true, false) => Kind::Narrow,
+        (false, _) => Kind::Wide,
     };
-    cols.append_rebased(rest, 0);
-    Ok(cols)
+    let mut cols: Vec<Block> = segs.iter().map(|s| Block::exact(s.2, s.4, kind(s.5))).collect();
+    let mut jobs: Vec<(usize, AnyDest<'_>)> = Vec::with_capacity(blocks);
+    for (s, b) in segs.iter().zip(&mut cols) {
+        let mut rest = b.spare_mut();
+        for i in s.0..s.1 {
+            let (here, after) = rest.split_at(frame.index[i].count as usize);
+            jobs.push((i, here));
+            rest = after;
+        }
+    }
+    debug_assert!(jobs.iter().all(|(i, d)| d.len() == frame.index[*i].count as usize));
+    let two = blocks >= 4 && std::thread::available_parallelism().is_ok_and(|c| c.get() >= 2);
+    if two {
+        // Split where half the samples are decoded.
+        let mut acc = 0u64;
+        let split = jobs
+            .iter()
+            .position(|(i, _)| {
+                acc += frame.index[*i].count as u64;
+                2 * acc >= frame.samples
+            })
+            .map_or(jobs.len(), |p| p + 1);
+        let second = jobs.split_off(split);
+        let (a, b) = std::thread::scope(|sc| {
+            let handle = std::thread::Builder::new()
+                .name("spulse-unpack".into())
+                .spawn_scoped(sc, || decode_jobs(src, frame, second))
+                .map_err(|_| ());
+            let a = decode_jobs(src, frame, jobs);
+            let b = match handle {
+                Ok(h) => Some(h.join().unwrap_or_else(|_| Err(corrupt(0, "decoder thread failed".into())))),
+                // No second thread to be had (resource limits): the jobs
+                // went with the failed spawn; decode the whole file again
+                // below, on this thread.
+                Err(()) => None,
+            };
+            (a, b)
+        });
+        // The first error in file order.
+        a?;
+        match b {
+            Some(b) => b?,
+            None => return decode_range(src, frame, 0..blocks),
+        }
+    } else {
+        decode_jobs(src, frame, jobs)?;
+    }
+    for (s, b) in segs.iter().zip(&mut cols) {
+        // SAFETY: every job succeeded, and the jobs of this block covered its
+        // spare capacity's first `s.4` samples (the sum of its packed blocks'
+        // counts) in disjoint parts, each written in full by `block_into` (it
+        // hands every index below the block's count to the sink before it
+        // returns `Ok`); the block was created empty.
+        unsafe { b.assume_written(s.4) };
+    }
+    Ok(SampleColumns::from_blocks(cols))
 }

@@ -239,7 +239,7 @@ impl Replay {
             blocks: f.index.len() as u64,
             file_bytes: f.file_len,
             compressed_bytes: f.payload_bytes,
-            column_bytes: f.samples * 16,
+            column_bytes: f.samples * crate::format::packed::SAMPLE_BYTES as u64,
         })
     }
 
