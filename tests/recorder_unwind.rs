@@ -53,7 +53,10 @@ fn leaf_samples_unwind_to_the_thread_root() {
         .unwrap();
     let (tid, acc) = worker.join().unwrap();
     black_box(acc);
-    guard.finish().expect("finish");
+    let stats = guard.finish().expect("finish");
+    // The frames below are this executable's, unwound through its tables read
+    // where they are mapped (not copied).
+    assert!(stats.unwind_tables_mapped > 0, "{stats:?}");
     let snap = spulse::Snapshot::open(&path).expect("spool opens");
 
     let mut sym = Symbolizer::default();
@@ -85,4 +88,52 @@ fn leaf_samples_unwind_to_the_thread_root() {
         complete as f64 >= 0.95 * leaf_inner as f64,
         "{complete} of {leaf_inner} leaf samples reached the thread root; first that did not: {first_bad:?}"
     );
+}
+
+/// The recorder does not copy the executable's unwind tables: its memory does
+/// not grow with the executable's `.eh_frame`. The handler's unwinder reads
+/// them where the program is mapped; only a rebuilt search table (when the
+/// check in `cfi_check.rs` left FDEs out) may be a copy, which is at most the
+/// size of `.eh_frame_hdr`. Libraries' tables are copied, and `Stats` counts
+/// exactly that.
+#[test]
+fn executable_unwind_tables_are_not_copied() {
+    use object::{Object, ObjectSection};
+    let _serial = serial();
+    let file = std::fs::read("/proc/self/exe").expect("read the test executable");
+    let elf = object::File::parse(&*file).expect("parse the test executable");
+    let size = |name| elf.section_by_name(name).map_or(0, |s| s.size());
+    let (eh_frame, eh_frame_hdr) = (size(".eh_frame"), size(".eh_frame_hdr"));
+    assert!(eh_frame > 0 && eh_frame_hdr > 0, "the test executable has unwind tables");
+
+    let objects = spulse::testing::unwind_tables::scan();
+    let pc = unwind_inner as fn(u64) -> u64 as usize as u64;
+    let exe = objects
+        .iter()
+        .find(|o| o.exec_segments.iter().any(|&(a, n)| a <= pc && pc - a < n))
+        .expect("the object holding this test's code");
+    assert!(exe.mapped >= eh_frame, "{exe:?}: .eh_frame is {eh_frame} bytes");
+    assert!(
+        exe.copied <= eh_frame_hdr,
+        "{exe:?}: only a rebuilt .eh_frame_hdr ({eh_frame_hdr} bytes) may be copied"
+    );
+    let libs: Vec<_> = objects.iter().filter(|o| o.path != exe.path).collect();
+    eprintln!(
+        "executable: .eh_frame {eh_frame} B, .eh_frame_hdr {eh_frame_hdr} B; {} B mapped, {} B copied; \
+         libraries: {} B copied",
+        exe.mapped,
+        exe.copied,
+        libs.iter().map(|o| o.copied).sum::<u64>()
+    );
+    assert!(libs.iter().all(|o| o.mapped == 0), "libraries are copied: {libs:?}");
+    assert!(libs.iter().any(|o| o.copied > 0), "{libs:?}");
+
+    // A recording counts the same: the libraries' tables and the executable's
+    // rebuilt search table, if any, copied; the executable's tables mapped.
+    let (_dir, path) = spool_path("tables.spool");
+    let guard = spulse::Recorder::builder().frequency_hz(999).start(&path).expect("start");
+    burn(0.05);
+    let stats = guard.finish().expect("finish");
+    let copied: u64 = objects.iter().map(|o| o.copied).sum();
+    assert_eq!((stats.unwind_tables_copied, stats.unwind_tables_mapped), (copied, exe.mapped));
 }

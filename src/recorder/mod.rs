@@ -196,6 +196,16 @@ pub struct Stats {
     pub segments_written: u64,
     /// Segments deleted by [`RecorderBuilder::retain`].
     pub segments_deleted: u64,
+    /// Bytes of unwind tables (`.eh_frame`, `.eh_frame_hdr`) copied into the
+    /// recorder's memory for the signal handler's unwinder, summed over the
+    /// objects loaded while recording: every library's tables, and the main
+    /// executable's search table when it had to be rebuilt (see
+    /// `src/recorder/cfi_check.rs`). Never the executable's `.eh_frame`.
+    pub unwind_tables_copied: u64,
+    /// Bytes of unwind tables the handler's unwinder reads where they are
+    /// mapped, not copied: the main executable's (it stays mapped, read-only,
+    /// for the life of the process). Not part of the recorder's memory.
+    pub unwind_tables_mapped: u64,
 }
 
 impl Stats {
@@ -885,6 +895,9 @@ pub mod bench_support {
     }
 }
 
+#[cfg(feature = "testing")]
+pub use modules::table_report;
+
 /// Called in a forked child (async-signal-safe: atomics only): the parent's
 /// recorder is not running here.
 pub(crate) fn forget_parent_recorder_after_fork() {
@@ -1121,6 +1134,7 @@ fn start_inner(b: &RecorderBuilder, path: &Path) -> Result<Guard, Error> {
         kernel_time: kernel_status,
         rotation: rotation
             .map(|plan| writer_thread::Rotation::new(plan, path, &file_id, b.mode, b.overwrite, interval_us)),
+        table_memory: objects.iter().fold(Default::default(), |m, o| m.add(o.table_memory)),
     };
     tx.send(Control::Start(Box::new(state))).map_err(|_| exited())?;
     let join = cleanup.join.take().expect("writer thread handle");

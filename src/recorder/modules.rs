@@ -7,9 +7,15 @@
 //! `findshlibs` 0.10 does not expose, and because one walk must see one
 //! consistent list: names, build ids (`NT_GNU_BUILD_ID` notes), executable
 //! `PT_LOAD` segments and the `.eh_frame_hdr`/`.eh_frame` bytes are all read in the
-//! same callback, while the loader lock keeps every object mapped. Unwind data is
-//! copied into owned vectors, so a later `dlclose` cannot pull it away from the
-//! handler. None of this code runs in the signal handler.
+//! same callback, while the loader lock keeps every object mapped. A library's
+//! unwind data is copied into owned vectors, so a later `dlclose` cannot pull it
+//! away from the handler. The main executable's is not copied: the handler's
+//! unwinder reads its `.eh_frame` (and its `.eh_frame_hdr`, unless the search
+//! table had to be rebuilt) where the program is mapped, since that mapping
+//! lasts, read-only, for the life of the process (see [`TableBytes`]). For a
+//! large program that is most of the unwind data: the recorder's memory does
+//! not grow with the size of the executable's tables. None of this code runs
+//! in the signal handler.
 //!
 //! Replacing the handler's view of modules without a lock: the writer builds a new
 //! [`UnwindSnapshot`] (clone of the previous unwinder, modules removed and added,
@@ -20,6 +26,7 @@
 //! at zero after the swap (every handler that could have loaded it has returned);
 //! until then it waits on a retired list. Nobody ever waits on anybody.
 
+use std::borrow::Cow;
 use std::ffi::CStr;
 use std::os::raw::{c_int, c_void};
 
@@ -27,8 +34,20 @@ use super::cfi_cache::{self, CfiCache};
 use super::cfi_check;
 use framehop::{ExplicitModuleSectionInfo, MustNotAllocateDuringUnwind, Unwinder as _};
 
+/// Bytes of an unwind table as the handler's unwinder holds them: a copy
+/// (`Owned`), or the object's own mapped bytes (`Borrowed`), only for an object
+/// that stays mapped and unchanged for the life of the process: the main
+/// executable, in a segment without write permission.
+///
+/// Libraries are always copied. glibc never unloads the libraries loaded before
+/// `main` (only objects that `dlopen` loaded can be unloaded), but no public
+/// interface tells such a library from one a plugin loader opened (which may be
+/// closed at any time); pinning every library (`RTLD_NODELETE`) would change
+/// what `dlclose` does for the program, so libraries keep their copies.
+pub(crate) type TableBytes = Cow<'static, [u8]>;
+
 /// The unwinder type the handler uses.
-pub(crate) type NativeUnwinder = framehop::UnwinderNative<Vec<u8>, MustNotAllocateDuringUnwind>;
+pub(crate) type NativeUnwinder = framehop::UnwinderNative<TableBytes, MustNotAllocateDuringUnwind>;
 /// The unwinder cache type (one per concurrent unwind).
 pub(crate) type NativeCache = framehop::CacheNative<MustNotAllocateDuringUnwind>;
 
@@ -64,14 +83,42 @@ pub(crate) struct LoadedObject {
     pub segments: Vec<ExecSegment>,
     /// The unwinder's module (absent for objects the caller already knows:
     /// their data is not copied again).
-    pub unwind: Option<framehop::Module<Vec<u8>>>,
+    pub unwind: Option<framehop::Module<TableBytes>>,
+    /// Where the handler's unwinder reads this object's tables from (zero for
+    /// objects the caller already knew).
+    pub table_memory: TableMemory,
     /// Start addresses (in memory) of the functions whose unwind entries were
     /// left out of the handler's search table (see `cfi_check`).
     #[cfg_attr(not(test), allow(dead_code))]
     pub unwind_dropped: Vec<u64>,
 }
 
+/// An object's unwind-table bytes, by where the handler's unwinder reads them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct TableMemory {
+    /// Bytes copied into the recorder's memory (libraries' tables, and a
+    /// rebuilt search table).
+    pub copied: u64,
+    /// Bytes read where the object is mapped (the main executable's).
+    pub borrowed: u64,
+}
+
+impl TableMemory {
+    fn of(bytes: &TableBytes) -> TableMemory {
+        let n = bytes.len() as u64;
+        match bytes {
+            Cow::Owned(_) => TableMemory { copied: n, borrowed: 0 },
+            Cow::Borrowed(_) => TableMemory { copied: 0, borrowed: n },
+        }
+    }
+
+    pub(crate) fn add(self, o: TableMemory) -> TableMemory {
+        TableMemory { copied: self.copied + o.copied, borrowed: self.borrowed + o.borrowed }
+    }
+}
+
 const PT_LOAD: u32 = 1;
+const PF_W: u32 = 2;
 const PT_NOTE: u32 = 4;
 const PT_GNU_EH_FRAME: u32 = 0x6474_e550;
 const PF_X: u32 = 1;
@@ -79,6 +126,8 @@ const NT_GNU_BUILD_ID: u32 = 3;
 
 struct ScanState<'a> {
     exe_path: &'a [u8],
+    /// The program headers of the object `exec` mapped (`AT_PHDR`).
+    main_phdr: u64,
     known: &'a dyn Fn(&ObjectKey) -> bool,
     out: Vec<LoadedObject>,
 }
@@ -121,14 +170,17 @@ pub(crate) fn scan(exe_path: &[u8], known: &dyn Fn(&ObjectKey) -> bool) -> Vec<L
             };
             let name =
                 if info.dlpi_name.is_null() { &[][..] } else { CStr::from_ptr(info.dlpi_name).to_bytes() };
-            if let Some(obj) = read_object(info.dlpi_addr, name, phdrs, st.exe_path, st.known) {
+            let main = st.main_phdr != 0 && info.dlpi_phdr as usize as u64 == st.main_phdr;
+            if let Some(obj) = read_object(info.dlpi_addr, name, phdrs, main, st.exe_path, st.known) {
                 st.out.push(obj);
             }
         }));
         let _ = res;
         0
     }
-    let mut st = ScanState { exe_path, known, out: Vec::new() };
+    // SAFETY: getauxval only reads the auxiliary vector; 0 when absent.
+    let main_phdr = unsafe { libc::getauxval(libc::AT_PHDR) };
+    let mut st = ScanState { exe_path, main_phdr, known, out: Vec::new() };
     // SAFETY: the callback only uses the state we pass, which outlives the call.
     unsafe { libc::dl_iterate_phdr(Some(each), &mut st as *mut ScanState<'_> as *mut c_void) };
     st.out
@@ -156,6 +208,34 @@ unsafe fn copy_mapped(bias: u64, vaddr: u64, len: u64) -> Vec<u8> {
     unsafe { std::slice::from_raw_parts(p, len as usize) }.to_vec()
 }
 
+/// `len` bytes of the object at stated address `vaddr`, borrowed where they
+/// are mapped if the object is `permanent` and `load` (the `PT_LOAD` that holds
+/// them) is not writable, copied otherwise.
+///
+/// # Safety
+/// As for [`copy_mapped`], with `load` the segment that holds the bytes; and
+/// `permanent` only for the object that `exec` mapped (the main program).
+unsafe fn table_bytes(
+    bias: u64,
+    vaddr: u64,
+    len: u64,
+    load: &libc::Elf64_Phdr,
+    permanent: bool,
+) -> TableBytes {
+    if !permanent || load.p_flags & PF_W != 0 {
+        // SAFETY: guaranteed by the caller.
+        return Cow::Owned(unsafe { copy_mapped(bias, vaddr, len) });
+    }
+    let p = bias.wrapping_add(vaddr) as *const u8;
+    // SAFETY: the bytes are mapped and readable now (the caller's contract, as
+    // for `copy_mapped`), and stay so, unchanged, for the life of the process,
+    // so a `'static` shared borrow is sound: the program `exec` mapped is never
+    // unloaded (the dynamic loader unloads only objects `dlopen` loaded, and
+    // nothing else unmaps it), and its segment has no write permission, so
+    // neither the loader's relocation nor the program writes there.
+    Cow::Borrowed(unsafe { std::slice::from_raw_parts(p, len as usize) })
+}
+
 /// Read one object.
 ///
 /// # Safety
@@ -164,6 +244,7 @@ unsafe fn read_object(
     bias: u64,
     name: &[u8],
     phdrs: &[libc::Elf64_Phdr],
+    main: bool,
     exe: &[u8],
     known: &dyn Fn(&ObjectKey) -> bool,
 ) -> Option<LoadedObject> {
@@ -181,6 +262,7 @@ unsafe fn read_object(
             build_id: Vec::new(),
             segments,
             unwind: None,
+            table_memory: TableMemory::default(),
             unwind_dropped: Vec::new(),
         });
     }
@@ -204,75 +286,82 @@ unsafe fn read_object(
     let hi = segments.iter().map(|s| s.avma + s.size).max()?;
     let mut tables = None;
     if let Some(h) = phdrs.iter().find(|p| p.p_type == PT_GNU_EH_FRAME) {
-        if in_load(phdrs, h.p_vaddr, h.p_memsz).is_some() && h.p_memsz >= 8 {
-            // SAFETY: inside a PT_LOAD (checked above).
-            let hdr = unsafe { copy_mapped(bias, h.p_vaddr, h.p_memsz) };
+        if let Some(hdr_load) = in_load(phdrs, h.p_vaddr, h.p_memsz).filter(|_| h.p_memsz >= 8) {
+            // SAFETY: inside a PT_LOAD (checked above); `main` only for the
+            // object exec mapped.
+            let hdr = unsafe { table_bytes(bias, h.p_vaddr, h.p_memsz, hdr_load, main) };
             if let Some(eh_svma) = eh_frame_address(&hdr, h.p_vaddr) {
                 if let Some(load) = in_load(phdrs, eh_svma, 1) {
                     let end = load.p_vaddr + load.p_memsz;
                     let len = end - eh_svma;
                     // SAFETY: [eh_svma, end) is the tail of one PT_LOAD.
-                    let eh = unsafe { copy_mapped(bias, eh_svma, len) };
+                    let eh = unsafe { table_bytes(bias, eh_svma, len, load, main) };
                     tables =
                         Some(UnwindTables { hdr, hdr_svma: h.p_vaddr, eh_frame: eh, eh_frame_svma: eh_svma });
                 }
             }
         }
     }
-    let (unwind, unwind_dropped) = unwind_module(&key.path, &build_id, lo..hi, bias, tables);
-    Some(LoadedObject { key, build_id, segments, unwind: Some(unwind), unwind_dropped })
+    let (unwind, table_memory, unwind_dropped) = unwind_module(&key.path, &build_id, lo..hi, bias, tables);
+    Some(LoadedObject { key, build_id, segments, unwind: Some(unwind), table_memory, unwind_dropped })
 }
 
 /// An object's `.eh_frame_hdr` and `.eh_frame` bytes with their stated addresses.
 pub(crate) struct UnwindTables {
-    pub hdr: Vec<u8>,
+    pub hdr: TableBytes,
     pub hdr_svma: u64,
-    pub eh_frame: Vec<u8>,
+    pub eh_frame: TableBytes,
     pub eh_frame_svma: u64,
 }
 
 /// The unwinder's module for an object whose code spans `avma` in memory, loaded
 /// with `bias`. The handler may only see FDEs it unwinds without any possible
 /// integer overflow, so the search table is rebuilt by `cfi_check`; a header
-/// that cannot be rebuilt leaves the object to frame pointers. Also returns the
-/// memory addresses of the functions whose FDEs were left out.
+/// that cannot be rebuilt leaves the object to frame pointers. Also returns
+/// where the module's table bytes live, and the memory addresses of the
+/// functions whose FDEs were left out.
+///
+/// A rebuilt search table is a new, owned buffer; when the check dropped no
+/// FDE it equals the original, and the original bytes (borrowed or copied, as
+/// `tables` holds them) are used instead.
 pub(crate) fn unwind_module(
     path: &[u8],
     build_id: &[u8],
     avma: std::ops::Range<u64>,
     bias: u64,
     tables: Option<UnwindTables>,
-) -> (framehop::Module<Vec<u8>>, Vec<u64>) {
+) -> (framehop::Module<TableBytes>, TableMemory, Vec<u64>) {
     let text = avma.start.wrapping_sub(bias)..avma.end.wrapping_sub(bias);
     // base_svma 0: framehop adds it to 32-bit relative addresses unchecked.
-    let mut info = ExplicitModuleSectionInfo::<Vec<u8>> { base_svma: 0, ..Default::default() };
+    let mut info = ExplicitModuleSectionInfo::<TableBytes> { base_svma: 0, ..Default::default() };
     let mut dropped = Vec::new();
+    let mut memory = TableMemory::default();
     if let Some(t) = tables {
         // The filter mirrors framehop's x86_64 rules; elsewhere the tables are
         // handed over as they are (the no-overflow argument is x86_64's).
-        let filtered = if cfg!(target_arch = "x86_64") {
-            checked_tables(&t, build_id, text.start)
-        } else {
-            Some(cfi_check::Filtered {
-                hdr: t.hdr.clone(),
-                kept: 0,
-                dropped: 0,
-                dropped_starts: Vec::new(),
-                dropped_entries: Vec::new(),
-            })
+        let filtered =
+            if cfg!(target_arch = "x86_64") { checked_tables(&t, build_id, text.start) } else { None };
+        let hdr_range = t.hdr_svma..t.hdr_svma.wrapping_add(t.hdr.len() as u64);
+        let hdr = match filtered {
+            Some(f) => {
+                dropped = f.dropped_starts.iter().map(|s| s.wrapping_add(bias)).collect();
+                Some(if f.dropped == 0 && f.hdr[..] == t.hdr[..] { t.hdr } else { Cow::Owned(f.hdr) })
+            }
+            None if cfg!(target_arch = "x86_64") => None,
+            None => Some(t.hdr),
         };
-        if let Some(f) = filtered {
+        if let Some(hdr) = hdr {
+            memory = TableMemory::of(&t.eh_frame).add(TableMemory::of(&hdr));
             let eh_end = t.eh_frame_svma.wrapping_add(t.eh_frame.len() as u64);
             info.eh_frame_svma = Some(t.eh_frame_svma..eh_end);
             info.eh_frame = Some(t.eh_frame);
-            info.eh_frame_hdr_svma = Some(t.hdr_svma..t.hdr_svma.wrapping_add(t.hdr.len() as u64));
-            info.eh_frame_hdr = Some(f.hdr);
-            dropped = f.dropped_starts.iter().map(|s| s.wrapping_add(bias)).collect();
+            info.eh_frame_hdr_svma = Some(hdr_range);
+            info.eh_frame_hdr = Some(hdr);
         }
     }
     info.text_svma = Some(text);
     let name = String::from_utf8_lossy(path).into_owned();
-    (framehop::Module::new(name, avma, bias, info), dropped)
+    (framehop::Module::new(name, avma, bias, info), memory, dropped)
 }
 
 /// [`cfi_check::filter_eh_frame_hdr`] on `t`, with the verdict taken from and
@@ -432,6 +521,40 @@ pub(crate) fn next_snapshot(
     UnwindSnapshot { generation, unwinder }
 }
 
+/// With the `testing` feature (not a stable API): where the handler's unwinder
+/// would read each loaded object's unwind tables if a recorder started now.
+#[cfg(feature = "testing")]
+pub mod table_report {
+    /// One loaded object's unwind tables.
+    #[derive(Debug, Clone)]
+    pub struct ObjectTables {
+        /// The object's path (the executable's as `/proc/self/exe` names it).
+        pub path: Vec<u8>,
+        /// Its executable segments in memory: `(start, size)`.
+        pub exec_segments: Vec<(u64, u64)>,
+        /// Table bytes copied into the recorder's memory.
+        pub copied: u64,
+        /// Table bytes read where they are mapped.
+        pub mapped: u64,
+    }
+
+    /// Scan this process's objects as `start` does.
+    pub fn scan() -> Vec<ObjectTables> {
+        use std::os::unix::ffi::OsStringExt;
+        let exe =
+            std::fs::read_link("/proc/self/exe").map(|p| p.into_os_string().into_vec()).unwrap_or_default();
+        super::scan(&exe, &|_| false)
+            .into_iter()
+            .map(|o| ObjectTables {
+                path: o.key.path,
+                exec_segments: o.segments.iter().map(|s| (s.avma, s.size)).collect(),
+                copied: o.table_memory.copied,
+                mapped: o.table_memory.borrowed,
+            })
+            .collect()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -482,5 +605,21 @@ mod tests {
         assert!(exe.segments.iter().any(|s| s.avma <= pc && pc < s.avma + s.size));
         let (a, _) = dl_counters();
         assert!(a >= objs.len() as u64);
+    }
+
+    /// The executable's `.eh_frame` is read where it is mapped, never copied;
+    /// libraries' tables are copied.
+    #[test]
+    fn executable_tables_are_borrowed_and_libraries_copied() {
+        let objs = scan(b"/proc/self/exe", &|_| false);
+        let exe = objs.iter().find(|o| o.key.path == b"/proc/self/exe").unwrap();
+        let module = exe.unwind.as_ref().expect("the test executable has unwind tables");
+        assert!(exe.table_memory.borrowed > 0, "{:?}", exe.table_memory);
+        let libc = objs.iter().find(|o| String::from_utf8_lossy(&o.key.path).contains("libc.so")).unwrap();
+        assert_eq!(libc.table_memory.borrowed, 0);
+        assert!(libc.table_memory.copied > 0);
+        // The unwinder finds the executable's functions through the borrowed tables.
+        let pc = executable_tables_are_borrowed_and_libraries_copied as *const () as usize as u64;
+        assert!(module.avma_range().contains(&pc));
     }
 }

@@ -125,6 +125,9 @@ pub(crate) struct WriterState {
     pub kernel_time: super::KernelTime,
     /// Segment rotation, when the recording rotates.
     pub rotation: Option<Rotation>,
+    /// Unwind-table bytes handed to the handler's unwinder so far, by where
+    /// they live (every object seen while recording).
+    pub table_memory: modules::TableMemory,
 }
 
 /// The state of a rotating recording.
@@ -511,6 +514,7 @@ impl Run {
             })
             .collect();
         let added: Vec<LoadedObject> = objects.into_iter().filter(|o| !known.contains(&o.key)).collect();
+        self.st.table_memory = added.iter().fold(self.st.table_memory, |m, o| m.add(o.table_memory));
         if removed.is_empty() && added.is_empty() {
             // The counters moved but the objects are the same (say, a library
             // opened and closed between two ticks): the state now is the current
@@ -891,6 +895,8 @@ impl Run {
             threads_without_kernel_time: self.st.engine.kernel_missed(),
             segments_written: self.st.rotation.as_ref().map_or(1, |r| r.seq + 1),
             segments_deleted: self.st.rotation.as_ref().map_or(0, |r| r.deleted),
+            unwind_tables_copied: self.st.table_memory.copied,
+            unwind_tables_mapped: self.st.table_memory.borrowed,
         })
     }
 }

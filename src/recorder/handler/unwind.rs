@@ -183,15 +183,19 @@ mod tests {
         let lit4 = fde(&mut eh, eh_svma, c, text + 0x40, 0x40, &[0x0f, 1, 0x34]);
         eh.extend_from_slice(&[0, 0, 0, 0]);
         let tables = modules::UnwindTables {
-            hdr: hdr(hdr_svma, eh_svma, &[(text, good), (text + 0x40, lit4)]),
+            hdr: hdr(hdr_svma, eh_svma, &[(text, good), (text + 0x40, lit4)]).into(),
             hdr_svma,
-            eh_frame: eh,
+            eh_frame: eh.into(),
             eh_frame_svma: eh_svma,
         };
         let bias = avma - text;
-        let (module, dropped) =
+        let eh_len = tables.eh_frame.len() as u64;
+        let (module, memory, dropped) =
             modules::unwind_module(b"synthetic", b"", avma..avma + 0x1000, bias, Some(tables));
         assert_eq!(dropped, [avma + 0x40]);
+        // Owned tables, and a rebuilt search table (one entry of 8 bytes fewer).
+        assert_eq!(memory.borrowed, 0);
+        assert_eq!(memory.copied, eh_len + 12 + 8);
         let mut unwinder = NativeUnwinder::new();
         unwinder.add_module(module);
         let pool = CachePool::new(1);
