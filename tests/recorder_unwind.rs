@@ -90,6 +90,22 @@ fn leaf_samples_unwind_to_the_thread_root() {
     );
 }
 
+/// Sets the number of FDEs above which the executable's unwind tables are
+/// checked after start, and restores the previous value when dropped.
+struct DeferThreshold(u64);
+
+impl DeferThreshold {
+    fn set(fdes: u64) -> DeferThreshold {
+        DeferThreshold(spulse::testing::unwind_tables::set_defer_threshold(fdes))
+    }
+}
+
+impl Drop for DeferThreshold {
+    fn drop(&mut self) {
+        spulse::testing::unwind_tables::set_defer_threshold(self.0);
+    }
+}
+
 /// The recorder does not copy the executable's unwind tables: its memory does
 /// not grow with the executable's `.eh_frame`. The handler's unwinder reads
 /// them where the program is mapped; only a rebuilt search table (when the
@@ -100,6 +116,8 @@ fn leaf_samples_unwind_to_the_thread_root() {
 fn executable_unwind_tables_are_not_copied() {
     use object::{Object, ObjectSection};
     let _serial = serial();
+    // Checked at start, whatever its size (the deferred check is tested below).
+    let _defer = DeferThreshold::set(u64::MAX);
     let file = std::fs::read("/proc/self/exe").expect("read the test executable");
     let elf = object::File::parse(&*file).expect("parse the test executable");
     let size = |name| elf.section_by_name(name).map_or(0, |s| s.size());
@@ -136,4 +154,59 @@ fn executable_unwind_tables_are_not_copied() {
     let stats = guard.finish().expect("finish");
     let copied: u64 = objects.iter().map(|o| o.copied).sum();
     assert_eq!((stats.unwind_tables_copied, stats.unwind_tables_mapped), (copied, exe.mapped));
+}
+
+/// The check of a large executable's unwind tables runs in the writer thread
+/// after `start` returns (here forced for this small one). Until it is done a
+/// sample's stack stops at the executable's first frame, marked truncated,
+/// never continued by a guess; after it, stacks reach the root.
+#[test]
+fn executable_tables_checked_after_start() {
+    let _serial = serial();
+    // Every executable's check deferred, however small.
+    let _defer = DeferThreshold::set(0);
+    let objects = spulse::testing::unwind_tables::scan();
+    let pc = unwind_inner as fn(u64) -> u64 as usize as u64;
+    let exe = objects.iter().find(|o| o.exec_segments.iter().any(|&(a, n)| a <= pc && pc - a < n)).unwrap();
+    assert_eq!((exe.copied, exe.mapped), (0, 0), "deferred: nothing handed over at start");
+
+    let (_dir, path) = spool_path("deferred.spool");
+    let guard = spulse::Recorder::builder().frequency_hz(999).start(&path).expect("start");
+    let worker = std::thread::spawn(|| (gettid(), unwind_outer(0.5, Duration::from_secs(20))));
+    let (tid, acc) = worker.join().unwrap();
+    black_box(acc);
+    let stats = guard.finish().expect("finish");
+    assert!(stats.unwind_tables_mapped > 0, "the checked tables were handed over: {stats:?}");
+
+    let snap = spulse::Snapshot::open(&path).expect("spool opens");
+    let mut sym = Symbolizer::default();
+    let (mut leaf_inner, mut complete, mut cut) = (0u64, 0u64, 0u64);
+    for s in snap.samples() {
+        let frames: Vec<_> = snap.stack_frames(s.stack).collect();
+        if snap.thread(s.thread).tid != tid {
+            continue;
+        }
+        let names: Vec<String> = frames.iter().map(|&f| sym.name(&snap, f)).collect();
+        if !names.first().is_some_and(|n| n.ends_with("unwind_inner")) {
+            continue;
+        }
+        leaf_inner += 1;
+        let truncated = frames.iter().any(|&f| snap.frame(f) == Frame::Truncated);
+        let chain_ok =
+            names.len() > 3 && names[1].ends_with("unwind_middle") && names[2].ends_with("unwind_outer");
+        if !truncated && chain_ok && names.iter().any(|n| n.ends_with("thread_start")) {
+            complete += 1;
+        } else {
+            // Cut before the check was done: the leaf (in the executable) and
+            // the marker, nothing guessed after it.
+            assert!(
+                frames.len() == 2 && snap.frame(frames[1]) == Frame::Truncated,
+                "neither complete nor cut at the executable's first frame: {names:?}"
+            );
+            cut += 1;
+        }
+    }
+    eprintln!("{leaf_inner} samples in unwind_inner: {complete} to the root, {cut} cut at the leaf before the check");
+    assert!(leaf_inner >= 50, "too few samples in the leaf function: {leaf_inner}");
+    assert!(complete as f64 >= 0.9 * leaf_inner as f64, "{complete} of {leaf_inner} reached the root");
 }

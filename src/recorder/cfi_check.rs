@@ -73,6 +73,23 @@ fn fixed_size(enc: u8) -> Option<usize> {
     }
 }
 
+/// The FDE count an `.eh_frame_hdr` states, when its encodings are fixed-size.
+pub(crate) fn fde_count(hdr: &[u8]) -> Option<u64> {
+    let (&version, rest) = hdr.split_first()?;
+    let (ptr_enc, count_enc) = (*rest.first()?, *rest.get(1)?);
+    if version != 1 || count_enc == 0xff {
+        return None;
+    }
+    let at = 4usize.checked_add(fixed_size(ptr_enc)?)?;
+    let size = fixed_size(count_enc)?;
+    let mut raw = [0u8; 8];
+    raw[..size].copy_from_slice(hdr.get(at..at.checked_add(size)?)?);
+    Some(u64::from_le_bytes(raw))
+}
+
+/// Entries checked between two calls of `filter_eh_frame_hdr`'s `between`.
+const ENTRIES_PER_STEP: usize = 1024;
+
 /// Rebuild `hdr` (an `.eh_frame_hdr` at stated address `hdr_svma`) so that its
 /// search table lists only FDEs of `eh_frame` (at `eh_frame_svma`) that unwind
 /// without the possibility of an integer overflow (see the module doc). `None`
@@ -82,6 +99,10 @@ fn fixed_size(enc: u8) -> Option<usize> {
 /// `known_unsafe`, when given, is an earlier verdict on these same tables (the
 /// positions of the dropped entries, from [`super::cfi_cache`]): the FDEs are
 /// then not parsed again, and only the cheap pointer check runs.
+///
+/// `between` is called after every [`ENTRIES_PER_STEP`] entries, so that a
+/// caller can do other work during a long check; when it returns false the
+/// check stops and the result is `None`.
 pub(crate) fn filter_eh_frame_hdr(
     hdr: &[u8],
     hdr_svma: u64,
@@ -89,6 +110,7 @@ pub(crate) fn filter_eh_frame_hdr(
     eh_frame_svma: u64,
     text_svma: u64,
     known_unsafe: Option<&[u32]>,
+    between: &mut dyn FnMut() -> bool,
 ) -> Option<Filtered> {
     let (&version, rest) = hdr.split_first()?;
     let (ptr_enc, count_enc, table_enc) = (*rest.first()?, *rest.get(1)?, *rest.get(2)?);
@@ -119,6 +141,9 @@ pub(crate) fn filter_eh_frame_hdr(
         let entry = hdr.get(entry_at..entry_at.checked_add(entry_size)?)?;
         let index = u32::try_from(i).ok()?;
         i += 1;
+        if i % ENTRIES_PER_STEP == 0 && !between() {
+            return None;
+        }
         let safe = fde_ptr
             .direct()
             .ok()
@@ -298,29 +323,37 @@ mod tests {
         let entries =
             [(text, good), (text + 0x40, expr), (text + 0x50, odd), (text + 0x60, huge), (text + 0x70, ra)];
         let h = hdr(hdr_svma, eh_svma, &entries);
-        let f = filter_eh_frame_hdr(&h, hdr_svma, &eh, eh_svma, text, None).expect("rebuildable header");
+        let f = filter_eh_frame_hdr(&h, hdr_svma, &eh, eh_svma, text, None, &mut || true)
+            .expect("rebuildable header");
         assert_eq!((f.kept, f.dropped), (1, 4));
+        assert_eq!(fde_count(&h), Some(5));
+        assert_eq!(fde_count(&f.hdr), Some(1));
+        // A caller that gives up between steps gets no table (the check of a
+        // table this small has no step to give up at).
+        assert!(filter_eh_frame_hdr(&h, hdr_svma, &eh, eh_svma, text, None, &mut || false).is_some());
         assert_eq!(f.dropped_starts, [text + 0x40, text + 0x50, text + 0x60, text + 0x70]);
         assert_eq!(f.hdr, hdr(hdr_svma, eh_svma, &entries[..1]));
         assert_eq!(f.dropped_entries, [1, 2, 3, 4]);
         // The same verdict handed back (as the cache does) rebuilds the same
         // table without parsing an FDE; a verdict that says otherwise is what
         // the table becomes, so the cache must only ever hold real verdicts.
-        let again = filter_eh_frame_hdr(&h, hdr_svma, &eh, eh_svma, text, Some(&f.dropped_entries)).unwrap();
+        let again =
+            filter_eh_frame_hdr(&h, hdr_svma, &eh, eh_svma, text, Some(&f.dropped_entries), &mut || true)
+                .unwrap();
         assert_eq!(again, f);
-        let other = filter_eh_frame_hdr(&h, hdr_svma, &eh, eh_svma, text, Some(&[0])).unwrap();
+        let other = filter_eh_frame_hdr(&h, hdr_svma, &eh, eh_svma, text, Some(&[0]), &mut || true).unwrap();
         assert_eq!((other.kept, other.dropped, other.dropped_entries), (4, 1, vec![0]));
 
         // An entry pointing before .eh_frame (framehop would subtract unchecked).
         let mut bad = hdr(hdr_svma, eh_svma, &[(text, good)]);
         let moved = (eh_svma + 0x100).wrapping_sub(hdr_svma + 4) as i32;
         bad[4..8].copy_from_slice(&moved.to_le_bytes());
-        let f = filter_eh_frame_hdr(&bad, hdr_svma, &eh, eh_svma, text, None).unwrap();
+        let f = filter_eh_frame_hdr(&bad, hdr_svma, &eh, eh_svma, text, None, &mut || true).unwrap();
         assert_eq!((f.kept, f.dropped), (0, 1));
 
         // A LEB128 table encoding cannot be rebuilt in place.
         let mut leb = h.clone();
         leb[3] = 0x31;
-        assert!(filter_eh_frame_hdr(&leb, hdr_svma, &eh, eh_svma, text, None).is_none());
+        assert!(filter_eh_frame_hdr(&leb, hdr_svma, &eh, eh_svma, text, None, &mut || true).is_none());
     }
 }

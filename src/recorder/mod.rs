@@ -1006,8 +1006,9 @@ fn start_inner(b: &RecorderBuilder, path: &Path) -> Result<Guard, Error> {
         })
         .unwrap_or_default();
     let dl = modules::dl_counters();
-    let objects = modules::scan(&exe_path, &|_| false);
+    let mut objects = modules::scan(&exe_path, &|_| false, true);
     let snapshot = modules::initial_snapshot(&objects, 0);
+    let deferred = objects.iter_mut().find_map(|o| o.deferred.take());
     let (main_top, main_span) = sys::maps::main_stack_bounds();
     let tcb_block_offset = sys::tcb::stack_block_offset();
     let tcb_tid_offset = sys::tcb::tid_offset();
@@ -1135,6 +1136,7 @@ fn start_inner(b: &RecorderBuilder, path: &Path) -> Result<Guard, Error> {
         rotation: rotation
             .map(|plan| writer_thread::Rotation::new(plan, path, &file_id, b.mode, b.overwrite, interval_us)),
         table_memory: objects.iter().fold(Default::default(), |m, o| m.add(o.table_memory)),
+        deferred,
     };
     tx.send(Control::Start(Box::new(state))).map_err(|_| exited())?;
     let join = cleanup.join.take().expect("writer thread handle");

@@ -46,8 +46,27 @@ use framehop::{ExplicitModuleSectionInfo, MustNotAllocateDuringUnwind, Unwinder 
 /// what `dlclose` does for the program, so libraries keep their copies.
 pub(crate) type TableBytes = Cow<'static, [u8]>;
 
-/// The unwinder type the handler uses.
-pub(crate) type NativeUnwinder = framehop::UnwinderNative<TableBytes, MustNotAllocateDuringUnwind>;
+/// The unwinder the handler uses: framehop's, and the code range of an object
+/// whose tables are still being checked (the main executable's, when they are
+/// large: see [`DeferredTables`]). The handler stops a walk at a frame in that
+/// range (the stack is then marked truncated) rather than let framehop guess
+/// that frame's caller by frame pointer.
+#[derive(Clone, Default)]
+pub(crate) struct NativeUnwinder {
+    pub frames: framehop::UnwinderNative<TableBytes, MustNotAllocateDuringUnwind>,
+    pub pending: Option<std::ops::Range<u64>>,
+}
+
+impl NativeUnwinder {
+    #[cfg(test)]
+    pub(crate) fn new() -> NativeUnwinder {
+        NativeUnwinder::default()
+    }
+
+    pub(crate) fn add_module(&mut self, m: framehop::Module<TableBytes>) {
+        self.frames.add_module(m);
+    }
+}
 /// The unwinder cache type (one per concurrent unwind).
 pub(crate) type NativeCache = framehop::CacheNative<MustNotAllocateDuringUnwind>;
 
@@ -85,8 +104,10 @@ pub(crate) struct LoadedObject {
     /// their data is not copied again).
     pub unwind: Option<framehop::Module<TableBytes>>,
     /// Where the handler's unwinder reads this object's tables from (zero for
-    /// objects the caller already knew).
+    /// objects the caller already knew, and for deferred ones until checked).
     pub table_memory: TableMemory,
+    /// The tables left to check after start (then `unwind` is `None`).
+    pub deferred: Option<DeferredTables>,
     /// Start addresses (in memory) of the functions whose unwind entries were
     /// left out of the handler's search table (see `cfi_check`).
     #[cfg_attr(not(test), allow(dead_code))]
@@ -128,6 +149,7 @@ struct ScanState<'a> {
     exe_path: &'a [u8],
     /// The program headers of the object `exec` mapped (`AT_PHDR`).
     main_phdr: u64,
+    defer: bool,
     known: &'a dyn Fn(&ObjectKey) -> bool,
     out: Vec<LoadedObject>,
 }
@@ -152,8 +174,10 @@ pub(crate) fn dl_counters() -> (u64, u64) {
 }
 
 /// Every loaded object with at least one executable segment. Objects for which
-/// `known` returns true are listed by key and segments only.
-pub(crate) fn scan(exe_path: &[u8], known: &dyn Fn(&ObjectKey) -> bool) -> Vec<LoadedObject> {
+/// `known` returns true are listed by key and segments only. With `defer`, the
+/// check of a large main executable's tables is left to the caller (its object
+/// carries them in `deferred`; see [`DeferredTables`]).
+pub(crate) fn scan(exe_path: &[u8], known: &dyn Fn(&ObjectKey) -> bool, defer: bool) -> Vec<LoadedObject> {
     unsafe extern "C" fn each(info: *mut libc::dl_phdr_info, _size: usize, data: *mut c_void) -> c_int {
         // `data` is the `&mut ScanState` passed by `scan`; `info` and the program
         // headers it points to are valid during the callback, and the loader lock
@@ -171,7 +195,8 @@ pub(crate) fn scan(exe_path: &[u8], known: &dyn Fn(&ObjectKey) -> bool) -> Vec<L
             let name =
                 if info.dlpi_name.is_null() { &[][..] } else { CStr::from_ptr(info.dlpi_name).to_bytes() };
             let main = st.main_phdr != 0 && info.dlpi_phdr as usize as u64 == st.main_phdr;
-            if let Some(obj) = read_object(info.dlpi_addr, name, phdrs, main, st.exe_path, st.known) {
+            if let Some(obj) = read_object(info.dlpi_addr, name, phdrs, main, st.defer, st.exe_path, st.known)
+            {
                 st.out.push(obj);
             }
         }));
@@ -180,7 +205,7 @@ pub(crate) fn scan(exe_path: &[u8], known: &dyn Fn(&ObjectKey) -> bool) -> Vec<L
     }
     // SAFETY: getauxval only reads the auxiliary vector; 0 when absent.
     let main_phdr = unsafe { libc::getauxval(libc::AT_PHDR) };
-    let mut st = ScanState { exe_path, main_phdr, known, out: Vec::new() };
+    let mut st = ScanState { exe_path, main_phdr, defer, known, out: Vec::new() };
     // SAFETY: the callback only uses the state we pass, which outlives the call.
     unsafe { libc::dl_iterate_phdr(Some(each), &mut st as *mut ScanState<'_> as *mut c_void) };
     st.out
@@ -245,6 +270,7 @@ unsafe fn read_object(
     name: &[u8],
     phdrs: &[libc::Elf64_Phdr],
     main: bool,
+    defer: bool,
     exe: &[u8],
     known: &dyn Fn(&ObjectKey) -> bool,
 ) -> Option<LoadedObject> {
@@ -263,6 +289,7 @@ unsafe fn read_object(
             segments,
             unwind: None,
             table_memory: TableMemory::default(),
+            deferred: None,
             unwind_dropped: Vec::new(),
         });
     }
@@ -302,8 +329,100 @@ unsafe fn read_object(
             }
         }
     }
+    if let Some(t) = tables.as_ref().filter(|t| main && defer && defer_check(t)) {
+        if let (Cow::Borrowed(hdr), Cow::Borrowed(eh_frame)) = (&t.hdr, &t.eh_frame) {
+            let deferred = DeferredTables {
+                path: key.path.clone(),
+                build_id: build_id.clone(),
+                avma: lo..hi,
+                bias,
+                hdr,
+                hdr_svma: t.hdr_svma,
+                eh_frame,
+                eh_frame_svma: t.eh_frame_svma,
+            };
+            return Some(LoadedObject {
+                key,
+                build_id,
+                segments,
+                unwind: None,
+                table_memory: TableMemory::default(),
+                deferred: Some(deferred),
+                unwind_dropped: Vec::new(),
+            });
+        }
+    }
     let (unwind, table_memory, unwind_dropped) = unwind_module(&key.path, &build_id, lo..hi, bias, tables);
-    Some(LoadedObject { key, build_id, segments, unwind: Some(unwind), table_memory, unwind_dropped })
+    Some(LoadedObject {
+        key,
+        build_id,
+        segments,
+        unwind: Some(unwind),
+        table_memory,
+        deferred: None,
+        unwind_dropped,
+    })
+}
+
+/// Search-table entries (FDEs) above which the main executable's tables are
+/// checked after `start` returns rather than before: the check parses every
+/// FDE (about half a microsecond each here), so this keeps it to about a
+/// millisecond of the start.
+pub(crate) const DEFER_MIN_FDES: u64 = 2048;
+
+static DEFER_THRESHOLD: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(DEFER_MIN_FDES);
+
+/// Whether the check of `t` (an executable's tables) waits until after start:
+/// its header's FDE count (a fixed-size field; anything else is checked at
+/// once) is above the threshold.
+fn defer_check(t: &UnwindTables) -> bool {
+    cfi_check::fde_count(&t.hdr).unwrap_or(0) > DEFER_THRESHOLD.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// The main executable's unwind tables, awaiting the check that decides what
+/// the handler may be handed. Until the writer thread has run it (between its
+/// flushes: [`DeferredTables::check`]), the handler's unwinder has no module
+/// for the executable and stops at its frames.
+#[derive(Clone)]
+pub(crate) struct DeferredTables {
+    path: Vec<u8>,
+    build_id: Vec<u8>,
+    avma: std::ops::Range<u64>,
+    bias: u64,
+    hdr: &'static [u8],
+    hdr_svma: u64,
+    eh_frame: &'static [u8],
+    eh_frame_svma: u64,
+}
+
+impl DeferredTables {
+    /// The code range the handler must stop at until the check is done.
+    pub(crate) fn avma(&self) -> std::ops::Range<u64> {
+        self.avma.clone()
+    }
+
+    /// Run the check, calling `between` every few thousand FDEs (it returns
+    /// false to give up: the module then stays without tables). The module
+    /// and its table memory.
+    pub(crate) fn check(
+        self,
+        between: &mut dyn FnMut() -> bool,
+    ) -> Option<(framehop::Module<TableBytes>, TableMemory)> {
+        let tables = UnwindTables {
+            hdr: Cow::Borrowed(self.hdr),
+            hdr_svma: self.hdr_svma,
+            eh_frame: Cow::Borrowed(self.eh_frame),
+            eh_frame_svma: self.eh_frame_svma,
+        };
+        let mut aborted = false;
+        let mut step = || {
+            aborted = aborted || !between();
+            !aborted
+        };
+        let (m, memory, _) =
+            unwind_module_with(&self.path, &self.build_id, self.avma, self.bias, Some(tables), &mut step);
+        (!aborted).then_some((m, memory))
+    }
 }
 
 /// An object's `.eh_frame_hdr` and `.eh_frame` bytes with their stated addresses.
@@ -331,6 +450,19 @@ pub(crate) fn unwind_module(
     bias: u64,
     tables: Option<UnwindTables>,
 ) -> (framehop::Module<TableBytes>, TableMemory, Vec<u64>) {
+    unwind_module_with(path, build_id, avma, bias, tables, &mut || true)
+}
+
+/// [`unwind_module`], calling `between` during the check (see
+/// [`cfi_check::filter_eh_frame_hdr`]).
+fn unwind_module_with(
+    path: &[u8],
+    build_id: &[u8],
+    avma: std::ops::Range<u64>,
+    bias: u64,
+    tables: Option<UnwindTables>,
+    between: &mut dyn FnMut() -> bool,
+) -> (framehop::Module<TableBytes>, TableMemory, Vec<u64>) {
     let text = avma.start.wrapping_sub(bias)..avma.end.wrapping_sub(bias);
     // base_svma 0: framehop adds it to 32-bit relative addresses unchecked.
     let mut info = ExplicitModuleSectionInfo::<TableBytes> { base_svma: 0, ..Default::default() };
@@ -339,8 +471,11 @@ pub(crate) fn unwind_module(
     if let Some(t) = tables {
         // The filter mirrors framehop's x86_64 rules; elsewhere the tables are
         // handed over as they are (the no-overflow argument is x86_64's).
-        let filtered =
-            if cfg!(target_arch = "x86_64") { checked_tables(&t, build_id, text.start) } else { None };
+        let filtered = if cfg!(target_arch = "x86_64") {
+            checked_tables(&t, build_id, text.start, between)
+        } else {
+            None
+        };
         let hdr_range = t.hdr_svma..t.hdr_svma.wrapping_add(t.hdr.len() as u64);
         let hdr = match filtered {
             Some(f) => {
@@ -366,10 +501,23 @@ pub(crate) fn unwind_module(
 
 /// [`cfi_check::filter_eh_frame_hdr`] on `t`, with the verdict taken from and
 /// kept in the [`CfiCache`] when one is configured and the object has a build id.
-fn checked_tables(t: &UnwindTables, build_id: &[u8], text_svma: u64) -> Option<cfi_check::Filtered> {
+fn checked_tables(
+    t: &UnwindTables,
+    build_id: &[u8],
+    text_svma: u64,
+    between: &mut dyn FnMut() -> bool,
+) -> Option<cfi_check::Filtered> {
     static CACHE: std::sync::OnceLock<Option<CfiCache>> = std::sync::OnceLock::new();
-    let filter = |known: Option<&[u32]>| {
-        cfi_check::filter_eh_frame_hdr(&t.hdr, t.hdr_svma, &t.eh_frame, t.eh_frame_svma, text_svma, known)
+    let mut filter = |known: Option<&[u32]>| {
+        cfi_check::filter_eh_frame_hdr(
+            &t.hdr,
+            t.hdr_svma,
+            &t.eh_frame,
+            t.eh_frame_svma,
+            text_svma,
+            known,
+            &mut *between,
+        )
     };
     let cached = CACHE.get_or_init(CfiCache::from_env).as_ref().and_then(|cache| {
         let key = cfi_cache::Key::new(build_id, &t.hdr, t.hdr_svma, &t.eh_frame, t.eh_frame_svma, text_svma)?;
@@ -497,11 +645,24 @@ impl ModuleTable {
 
 /// Build the first snapshot from a scan.
 pub(crate) fn initial_snapshot(objects: &[LoadedObject], generation: u64) -> UnwindSnapshot {
-    let mut unwinder = NativeUnwinder::new();
+    let mut unwinder = NativeUnwinder::default();
     for u in objects.iter().filter_map(|o| o.unwind.as_ref()) {
         unwinder.add_module(u.clone());
     }
+    unwinder.pending = objects.iter().find_map(|o| o.deferred.as_ref()).map(DeferredTables::avma);
     UnwindSnapshot { generation, unwinder }
+}
+
+/// `prev` with the checked module of the deferred object added, and nothing
+/// pending: same modules, same generation.
+pub(crate) fn checked_snapshot(
+    prev: &UnwindSnapshot,
+    module: framehop::Module<TableBytes>,
+) -> UnwindSnapshot {
+    let mut unwinder = prev.unwinder.clone();
+    unwinder.add_module(module);
+    unwinder.pending = None;
+    UnwindSnapshot { generation: prev.generation, unwinder }
 }
 
 /// The next snapshot: `prev` minus objects starting at `removed`, plus `added`.
@@ -513,7 +674,7 @@ pub(crate) fn next_snapshot(
 ) -> UnwindSnapshot {
     let mut unwinder = prev.unwinder.clone();
     for &start in removed {
-        unwinder.remove_module(start);
+        unwinder.frames.remove_module(start);
     }
     for u in added.iter().filter_map(|o| o.unwind.as_ref()) {
         unwinder.add_module(u.clone());
@@ -538,12 +699,22 @@ pub mod table_report {
         pub mapped: u64,
     }
 
+    /// Set the number of FDEs above which a recorder checks the executable's
+    /// unwind tables after `start` returns (default [`DEFAULT_DEFER_MIN_FDES`]);
+    /// returns the previous value.
+    pub fn set_defer_threshold(fdes: u64) -> u64 {
+        super::DEFER_THRESHOLD.swap(fdes, std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// The default of [`set_defer_threshold`].
+    pub const DEFAULT_DEFER_MIN_FDES: u64 = super::DEFER_MIN_FDES;
+
     /// Scan this process's objects as `start` does.
     pub fn scan() -> Vec<ObjectTables> {
         use std::os::unix::ffi::OsStringExt;
         let exe =
             std::fs::read_link("/proc/self/exe").map(|p| p.into_os_string().into_vec()).unwrap_or_default();
-        super::scan(&exe, &|_| false)
+        super::scan(&exe, &|_| false, true)
             .into_iter()
             .map(|o| ObjectTables {
                 path: o.key.path,
@@ -596,7 +767,7 @@ mod tests {
 
     #[test]
     fn scan_finds_executable_and_libc() {
-        let objs = scan(b"/proc/self/exe", &|_| false);
+        let objs = scan(b"/proc/self/exe", &|_| false, false);
         assert!(objs.iter().any(|o| o.key.path == b"/proc/self/exe"), "executable missing");
         assert!(objs.iter().any(|o| String::from_utf8_lossy(&o.key.path).contains("libc")), "libc missing");
         let exe = objs.iter().find(|o| o.key.path == b"/proc/self/exe").unwrap();
@@ -611,7 +782,7 @@ mod tests {
     /// libraries' tables are copied.
     #[test]
     fn executable_tables_are_borrowed_and_libraries_copied() {
-        let objs = scan(b"/proc/self/exe", &|_| false);
+        let objs = scan(b"/proc/self/exe", &|_| false, false);
         let exe = objs.iter().find(|o| o.key.path == b"/proc/self/exe").unwrap();
         let module = exe.unwind.as_ref().expect("the test executable has unwind tables");
         assert!(exe.table_memory.borrowed > 0, "{:?}", exe.table_memory);

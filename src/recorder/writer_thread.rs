@@ -53,7 +53,7 @@ use std::os::fd::AsFd;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
-use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -128,6 +128,9 @@ pub(crate) struct WriterState {
     /// Unwind-table bytes handed to the handler's unwinder so far, by where
     /// they live (every object seen while recording).
     pub table_memory: modules::TableMemory,
+    /// The executable's unwind tables when their check was left until after
+    /// start; the writer runs it first, between its ticks.
+    pub deferred: Option<modules::DeferredTables>,
 }
 
 /// The state of a rotating recording.
@@ -377,6 +380,11 @@ pub(crate) fn main(rx: Receiver<Control>) -> Result<Stats, Error> {
     run.timeline.verified.resize(run.st.generation as usize + 1, 0);
     run.timeline.exact.resize(run.st.generation as usize + 1, true);
     let mut next = Instant::now() + interval;
+    if let Some(d) = run.st.deferred.take() {
+        if !run.check_deferred(d, &rx, &mut next, interval) {
+            return run.finish();
+        }
+    }
     loop {
         let now = Instant::now();
         let wait = next.saturating_duration_since(now);
@@ -386,19 +394,7 @@ pub(crate) fn main(rx: Receiver<Control>) -> Result<Stats, Error> {
                 let _ = ack.send(run.python_mark(entering));
             }
             Ok(Control::Start(_)) | Ok(Control::Abort) => {}
-            Err(RecvTimeoutError::Timeout) => {
-                run.tick();
-                if run.st.rotation.as_ref().is_some_and(|r| Instant::now() >= r.due) {
-                    run.rotate();
-                }
-                // Fixed rate: the next tick is one interval after this one was
-                // due, not after it finished, so flushes never drift apart.
-                next += interval;
-                let now = Instant::now();
-                if next <= now {
-                    next = now + interval;
-                }
-            }
+            Err(RecvTimeoutError::Timeout) => run.scheduled(&mut next, interval),
         }
     }
     run.finish()
@@ -437,6 +433,61 @@ impl Run {
                 t.blocking = blocks_signal(tid, sig);
             }
         }
+    }
+
+    /// The work due at `next`: a tick, and a new segment when one is due.
+    fn scheduled(&mut self, next: &mut Instant, interval: Duration) {
+        self.tick();
+        if self.st.rotation.as_ref().is_some_and(|r| Instant::now() >= r.due) {
+            self.rotate();
+        }
+        // Fixed rate: the next tick is one interval after this one was due,
+        // not after it finished, so flushes never drift apart.
+        *next += interval;
+        let now = Instant::now();
+        if *next <= now {
+            *next = now + interval;
+        }
+    }
+
+    /// Check the executable's unwind tables left from start, keeping to the
+    /// writer's schedule meanwhile (ticks when due, control messages answered),
+    /// then hand the checked module to the handler: same modules, same
+    /// generation. False when asked to stop during the check (the executable
+    /// then stays without tables: its frames end the stacks).
+    fn check_deferred(
+        &mut self,
+        d: modules::DeferredTables,
+        rx: &Receiver<Control>,
+        next: &mut Instant,
+        interval: Duration,
+    ) -> bool {
+        let mut stop = false;
+        let checked = d.check(&mut || {
+            loop {
+                match rx.try_recv() {
+                    Ok(Control::Stop) | Err(TryRecvError::Disconnected) => {
+                        stop = true;
+                        return false;
+                    }
+                    Ok(Control::Python { entering, ack }) => {
+                        let _ = ack.send(self.python_mark(entering));
+                    }
+                    Ok(Control::Start(_)) | Ok(Control::Abort) => {}
+                    Err(TryRecvError::Empty) => break,
+                }
+            }
+            if Instant::now() >= *next {
+                self.scheduled(next, interval);
+            }
+            true
+        });
+        if let Some((module, memory)) = checked {
+            let snap = self.st.shared.snapshot.with_current(|cur| modules::checked_snapshot(cur, module));
+            self.retired.push(self.st.shared.snapshot.replace(Box::new(snap)));
+            self.st.table_memory = self.st.table_memory.add(memory);
+        }
+        !stop
     }
 
     fn tick(&mut self) {
@@ -504,7 +555,7 @@ impl Run {
         let known: HashSet<modules::ObjectKey> =
             self.st.table.entries.iter().filter(|e| e.gen_removed.is_none()).map(|e| e.key.clone()).collect();
         // Objects already in the table are listed without copying their data again.
-        let objects = modules::scan(&self.st.exe_path, &|k| known.contains(k));
+        let objects = modules::scan(&self.st.exe_path, &|k| known.contains(k), false);
         let gen = self.st.generation + 1;
         let present: HashSet<&modules::ObjectKey> = objects.iter().map(|o| &o.key).collect();
         let removed: Vec<usize> = (0..self.st.table.entries.len())

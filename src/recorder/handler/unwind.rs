@@ -108,7 +108,9 @@ fn native_regs(r: &Regs) -> framehop::UnwindRegsNative {
 
 /// Walk the stack from `regs` into `out` (leaf pc first, then raw return
 /// addresses). Returns the number of addresses written and whether the walk
-/// stopped before the root (unwinding error, or `out` full).
+/// stopped before the root (unwinding error, `out` full, or a frame in the
+/// code whose unwind tables are still being checked: its caller is not known
+/// yet).
 #[inline]
 pub(crate) fn unwind_into<F>(
     unwinder: &NativeUnwinder,
@@ -123,7 +125,7 @@ where
     if out.is_empty() {
         return (0, true);
     }
-    let mut iter = unwinder.iter_frames(regs.pc, native_regs(regs), cache, read_stack);
+    let mut iter = unwinder.frames.iter_frames(regs.pc, native_regs(regs), cache, read_stack);
     let mut n = 0;
     loop {
         match iter.next() {
@@ -131,11 +133,16 @@ where
                 if n == out.len() {
                     return (n, true);
                 }
-                out[n] = match frame {
-                    FrameAddress::InstructionPointer(pc) => pc,
-                    FrameAddress::ReturnAddress(ra) => ra.get(),
+                let (addr, lookup) = match frame {
+                    FrameAddress::InstructionPointer(pc) => (pc, pc),
+                    FrameAddress::ReturnAddress(ra) => (ra.get(), ra.get() - 1),
                 };
+                out[n] = addr;
                 n += 1;
+                // Stop before framehop unwinds this frame without its tables.
+                if unwinder.pending.as_ref().is_some_and(|r| r.contains(&lookup)) {
+                    return (n, true);
+                }
             }
             Ok(None) => return (n, false),
             Err(_) => return (n, true),
@@ -207,6 +214,54 @@ mod tests {
         assert_eq!(out[0], avma + 0x48);
     }
 
+    /// While an object's tables are being checked, a walk stops at its first
+    /// frame, which it keeps: a leaf in that code, or a caller there.
+    #[test]
+    fn a_walk_stops_at_code_whose_tables_are_pending() {
+        let objects = modules::scan(b"", &|_| false, false);
+        let full = modules::initial_snapshot(&objects, 0);
+        let here = a_walk_stops_at_code_whose_tables_are_pending as fn() as usize as u64;
+        let exe =
+            objects.iter().find(|o| o.segments.iter().any(|s| s.avma <= here && here - s.avma < s.size));
+        let exe = exe.expect("the test executable");
+        let range = exe.unwind.as_ref().expect("checked at scan").avma_range();
+        let mut pending = full.unwinder.clone();
+        pending.frames.remove_module(range.start);
+        pending.pending = Some(range.clone());
+
+        let pool = CachePool::new(1);
+        let mut guard = pool.claim(0).unwrap();
+        let mut out = [0u64; 8];
+        // A stack that a frame-pointer guess would follow: [fp] = 0 (the
+        // root), [fp + 8] = a return address into libc.
+        let getpid = libc::getpid as unsafe extern "C" fn() -> libc::pid_t as usize as u64;
+        let stack = [here + 1, 0, getpid + 0x10, 0];
+        let base = stack.as_ptr() as u64;
+        let mut read = |a: u64| -> Result<u64, ()> {
+            let i = a.wrapping_sub(base) / 8;
+            if a % 8 == 0 && a >= base && i < 4 {
+                Ok(stack[i as usize])
+            } else {
+                Err(())
+            }
+        };
+        // A leaf in the pending code: that frame only, marked truncated.
+        let leaf = Regs { pc: here, sp: base, fp: base + 8, lr: 0 };
+        let r = unwind_into(&pending, guard.cache(), &leaf, &mut read, &mut out);
+        assert_eq!((r, out[0]), ((1, true), here));
+        // Without the stop, framehop would have guessed a caller by frame
+        // pointer (there are no tables for that code in this unwinder).
+        let mut guessing = pending.clone();
+        guessing.pending = None;
+        let r = unwind_into(&guessing, guard.cache(), &leaf, &mut read, &mut out);
+        assert!(r.0 >= 2 && out[1] == getpid + 0x10, "{r:?} {:x?}", &out[..r.0]);
+        // A libc leaf whose caller is in the pending code: the walk reads the
+        // return address (at sp on entry to a function), keeps it, and stops.
+        let regs = Regs { pc: getpid, sp: base, fp: 0, lr: 0 };
+        let r = unwind_into(&pending, guard.cache(), &regs, &mut read, &mut out);
+        assert_eq!((r, &out[..2]), ((2, true), &[getpid, here + 1][..]));
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig { cases: 3000, ..ProptestConfig::default() })]
         /// Whatever the registers and stack hold, unwinding with the handler's
@@ -228,7 +283,7 @@ mod tests {
         ) {
             thread_local! {
                 static SNAP: (modules::UnwindSnapshot, Vec<u64>) = {
-                    let objects = modules::scan(b"", &|_| false);
+                    let objects = modules::scan(b"", &|_| false, false);
                     (modules::initial_snapshot(&objects, 0), code_addresses(&objects))
                 };
             }
