@@ -14,8 +14,13 @@ prints the medians of:
   the first sample in the spool (`spulse info --json`);
 - CPU time of the whole run (user + sys, `wait4`), against the plain run;
 - memory at steady state (after BURN seconds of CPU, before the recorder
-  finishes): resident set (`/proc/self/statm`) and malloc'd heap in use
-  (`mallinfo2`), against the plain run.
+  finishes), against the plain run: anonymous and file-backed resident memory
+  (`RssAnon`, `RssFile` in `/proc/self/status`; the executable's tables that
+  the recorder reads in place are file pages, shared with the page cache) and
+  the malloc'd heap in use (`mallinfo2`: `uordblks + hblkhd`);
+- samples whose stack stops at the executable's first frame ("cut": taken
+  while the check of its tables was still running; one thread at 999 Hz, so
+  about one per millisecond of the check).
 
 Usage: python3 compare/start_cost.py SPULSE_BIN ROUNDS LABEL=PRELOAD.so [LABEL=PRELOAD.so ...]
 Environment: FUNCS (default 500000), BURN (seconds, default 0.5),
@@ -34,6 +39,7 @@ MAIN = r"""
 #include <malloc.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/time.h>
 #include <time.h>
 #include <unistd.h>
@@ -45,17 +51,20 @@ long spin(long x) {
     while (cpu() - s < burn_s) for (int i = 0; i < 10000; i++) h = h * 31 + i;
     return (long)h + x;
 }
-static long rss_kb(void) {
-    long pages = 0, res = 0; FILE *f = fopen("/proc/self/statm", "r");
-    if (f) { if (fscanf(f, "%ld %ld", &pages, &res) != 2) res = 0; fclose(f); }
-    return res * (sysconf(_SC_PAGESIZE) / 1024);
+static long status_kb(const char *key) {
+    char l[256]; long v = -1; size_t n = strlen(key); FILE *f = fopen("/proc/self/status", "r");
+    while (f && fgets(l, sizeof l, f)) if (!strncmp(l, key, n)) v = atol(l + n);
+    if (f) fclose(f);
+    return v;
 }
 int main(void) {
     struct timeval tv; gettimeofday(&tv, NULL);
     long long main_us = (long long)tv.tv_sec * 1000000 + tv.tv_usec;
     burn_s = atof(getenv("BURN"));
     big_f0(1);
-    printf("%lld %ld %ld\n", main_us, rss_kb(), (long)(mallinfo2().uordblks / 1024));
+    struct mallinfo2 m = mallinfo2();
+    printf("%lld %ld %ld %ld\n", main_us, status_kb("RssAnon:"), status_kb("RssFile:"),
+           (long)((m.uordblks + m.hblkhd) / 1024));
     return 0;
 }
 """
@@ -99,14 +108,21 @@ def run(prog, spulse, lib, spools):
     out = os.read(r, 4096).decode()
     os.close(r)
     assert status == 0, out
-    main_us, rss, heap = (int(x) for x in out.split())
-    row = {"wall_ms": wall * 1e3, "cpu_ms": (ru.ru_utime + ru.ru_stime) * 1e3, "rss_kb": rss, "heap_kb": heap}
+    main_us, anon, file_kb, heap = (int(x) for x in out.split())
+    row = {"wall_ms": wall * 1e3, "cpu_ms": (ru.ru_utime + ru.ru_stime) * 1e3, "anon_kb": anon,
+           "file_kb": file_kb, "heap_kb": heap}
     if lib:
         info = json.loads(subprocess.run([spulse, "info", "--json", spool], check=True,
                                          capture_output=True).stdout)
         row["start_to_main_ms"] = (main_us - info["start_time_us"]) / 1e3
         row["start_to_first_sample_ms"] = (info["first_sample_us"] - info["start_time_us"]) / 1e3
         row["samples"] = info["samples"]
+        folded = subprocess.run([spulse, "export", spool, "-f", "collapsed", "-o", "-"], check=True,
+                                capture_output=True, text=True).stdout
+        # Samples whose stack stops at the executable's first frame (taken
+        # before the check of its tables was done).
+        row["cut"] = sum(int(l.rsplit(" ", 1)[1]) for l in folded.splitlines()
+                         if l.startswith(("[truncated];spin", "[truncated];big_f")))
     return row
 
 
@@ -126,15 +142,19 @@ def main():
     for _ in range(rounds):
         for name, lib in libs:
             res[name].append(run(prog, spulse, lib and os.path.abspath(lib), spools))
-    base = {k: statistics.median(r[k] for r in res["plain"]) for k in ("cpu_ms", "rss_kb", "heap_kb")}
+    keys = ("cpu_ms", "anon_kb", "file_kb", "heap_kb")
+    base = {k: statistics.median(r[k] for r in res["plain"]) for k in keys}
+    print("medians; + is against the plain run")
     for name, rows in res.items():
         med = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
-        line = f"{name:12s} cpu {med['cpu_ms']:8.2f} ms (+{med['cpu_ms'] - base['cpu_ms']:.2f})"
-        line += f"  rss {med['rss_kb']:7.0f} KB (+{med['rss_kb'] - base['rss_kb']:.0f})"
-        line += f"  heap {med['heap_kb']:6.0f} KB (+{med['heap_kb'] - base['heap_kb']:.0f})"
+        line = f"{name:10s} cpu {med['cpu_ms']:7.1f} ms (+{med['cpu_ms'] - base['cpu_ms']:.1f})"
+        line += f"  RssAnon +{med['anon_kb'] - base['anon_kb']:.0f} KB"
+        line += f"  RssFile +{med['file_kb'] - base['file_kb']:.0f} KB"
+        line += f"  heap +{med['heap_kb'] - base['heap_kb']:.0f} KB"
         if "samples" in med:
-            line += f"  start->main {med['start_to_main_ms']:7.2f} ms"
-            line += f"  start->first sample {med['start_to_first_sample_ms']:7.2f} ms  samples {med['samples']:.0f}"
+            line += f"  start->main {med['start_to_main_ms']:.2f} ms"
+            line += f"  start->1st sample {med['start_to_first_sample_ms']:.2f} ms"
+            line += f"  samples {med['samples']:.0f} (cut {med['cut']:.0f})"
         print(line + f"  (n={len(rows)})")
 
 

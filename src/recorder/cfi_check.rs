@@ -60,6 +60,16 @@ pub(crate) struct Filtered {
     /// Positions in the original search table of the dropped FDEs, ascending:
     /// the verdict that [`super::cfi_cache`] keeps.
     pub dropped_entries: Vec<u32>,
+    /// When the original table's entries ascend strictly by start address
+    /// (all direct pointers): the stated-address ranges in which a lookup in
+    /// the original table finds a dropped entry, ascending and disjoint. A
+    /// lookup (gimli's binary search) returns the entry with the greatest
+    /// start at or below the address, or the first entry below all of them,
+    /// so a dropped entry's range runs from its start (from 0 for the first
+    /// entry) to the next entry's start (to the end of the address space for
+    /// the last). Code outside these ranges may be unwound with the original,
+    /// unmodified table.
+    pub dropped_ranges: Option<Vec<std::ops::Range<u64>>>,
 }
 
 /// Size of a fixed-size `DW_EH_PE_*` value format, `None` for LEB128 (and omit).
@@ -136,7 +146,20 @@ pub(crate) fn filter_eh_frame_hdr(
     let (mut kept, mut dropped, mut i) = (0usize, 0usize, 0usize);
     let mut dropped_starts = Vec::new();
     let mut dropped_entries = Vec::new();
+    let mut ranges = Some(Vec::new());
+    let mut prev_start: Option<u64> = None;
+    // The start of the dropped range still open (the entry before was dropped).
+    let mut open: Option<u64> = None;
     while let Some((start, fde_ptr)) = iter.next().ok()? {
+        match start.direct().ok().filter(|&s| prev_start.map_or(true, |p| p < s)) {
+            Some(s) => {
+                if let (Some(from), Some(r)) = (open.take(), ranges.as_mut()) {
+                    r.push(from..s);
+                }
+                prev_start = Some(s);
+            }
+            None => ranges = None,
+        }
         let entry_at = table_at.checked_add(i.checked_mul(entry_size)?)?;
         let entry = hdr.get(entry_at..entry_at.checked_add(entry_size)?)?;
         let index = u32::try_from(i).ok()?;
@@ -160,14 +183,20 @@ pub(crate) fn filter_eh_frame_hdr(
             dropped += 1;
             dropped_starts.extend(start.direct().ok());
             dropped_entries.push(index);
+            if ranges.is_some() {
+                open = Some(if index == 0 { 0 } else { prev_start.unwrap_or(0) });
+            }
         }
+    }
+    if let (Some(from), Some(r)) = (open, ranges.as_mut()) {
+        r.push(from..u64::MAX);
     }
     let count = (kept as u64).to_le_bytes();
     if count[count_size..].iter().any(|&b| b != 0) {
         return None;
     }
     out[count_at..table_at].copy_from_slice(&count[..count_size]);
-    Some(Filtered { hdr: out, kept, dropped, dropped_starts, dropped_entries })
+    Some(Filtered { hdr: out, kept, dropped, dropped_starts, dropped_entries, dropped_ranges: ranges })
 }
 
 /// Whether the FDE at `offset` parses and every row of it translates into one of
@@ -334,6 +363,15 @@ mod tests {
         assert_eq!(f.dropped_starts, [text + 0x40, text + 0x50, text + 0x60, text + 0x70]);
         assert_eq!(f.hdr, hdr(hdr_svma, eh_svma, &entries[..1]));
         assert_eq!(f.dropped_entries, [1, 2, 3, 4]);
+        assert_eq!(
+            f.dropped_ranges,
+            Some(vec![
+                text + 0x40..text + 0x50,
+                text + 0x50..text + 0x60,
+                text + 0x60..text + 0x70,
+                text + 0x70..u64::MAX
+            ])
+        );
         // The same verdict handed back (as the cache does) rebuilds the same
         // table without parsing an FDE; a verdict that says otherwise is what
         // the table becomes, so the cache must only ever hold real verdicts.
@@ -343,6 +381,12 @@ mod tests {
         assert_eq!(again, f);
         let other = filter_eh_frame_hdr(&h, hdr_svma, &eh, eh_svma, text, Some(&[0]), &mut || true).unwrap();
         assert_eq!((other.kept, other.dropped, other.dropped_entries), (4, 1, vec![0]));
+        // A dropped first entry also takes the addresses below every entry.
+        assert_eq!(other.dropped_ranges, Some(vec![0..text + 0x40]));
+        // Entries out of order: no ranges (the table must then be rebuilt).
+        let swapped = hdr(hdr_svma, eh_svma, &[entries[1], entries[0]]);
+        let f = filter_eh_frame_hdr(&swapped, hdr_svma, &eh, eh_svma, text, None, &mut || true).unwrap();
+        assert_eq!((f.kept, f.dropped_ranges), (1, None));
 
         // An entry pointing before .eh_frame (framehop would subtract unchecked).
         let mut bad = hdr(hdr_svma, eh_svma, &[(text, good)]);

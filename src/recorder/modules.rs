@@ -102,11 +102,12 @@ pub(crate) struct LoadedObject {
     pub segments: Vec<ExecSegment>,
     /// The unwinder's module (absent for objects the caller already knows:
     /// their data is not copied again).
-    pub unwind: Option<framehop::Module<TableBytes>>,
+    /// Several when parts of its code are left out (see `unwind_module`).
+    pub unwind: Vec<framehop::Module<TableBytes>>,
     /// Where the handler's unwinder reads this object's tables from (zero for
     /// objects the caller already knew, and for deferred ones until checked).
     pub table_memory: TableMemory,
-    /// The tables left to check after start (then `unwind` is `None`).
+    /// The tables left to check after start (then `unwind` is empty).
     pub deferred: Option<DeferredTables>,
     /// Start addresses (in memory) of the functions whose unwind entries were
     /// left out of the handler's search table (see `cfi_check`).
@@ -287,7 +288,7 @@ unsafe fn read_object(
             key,
             build_id: Vec::new(),
             segments,
-            unwind: None,
+            unwind: Vec::new(),
             table_memory: TableMemory::default(),
             deferred: None,
             unwind_dropped: Vec::new(),
@@ -345,7 +346,7 @@ unsafe fn read_object(
                 key,
                 build_id,
                 segments,
-                unwind: None,
+                unwind: Vec::new(),
                 table_memory: TableMemory::default(),
                 deferred: Some(deferred),
                 unwind_dropped: Vec::new(),
@@ -353,15 +354,7 @@ unsafe fn read_object(
         }
     }
     let (unwind, table_memory, unwind_dropped) = unwind_module(&key.path, &build_id, lo..hi, bias, tables);
-    Some(LoadedObject {
-        key,
-        build_id,
-        segments,
-        unwind: Some(unwind),
-        table_memory,
-        deferred: None,
-        unwind_dropped,
-    })
+    Some(LoadedObject { key, build_id, segments, unwind, table_memory, deferred: None, unwind_dropped })
 }
 
 /// Search-table entries (FDEs) above which the main executable's tables are
@@ -407,7 +400,7 @@ impl DeferredTables {
     pub(crate) fn check(
         self,
         between: &mut dyn FnMut() -> bool,
-    ) -> Option<(framehop::Module<TableBytes>, TableMemory)> {
+    ) -> Option<(Vec<framehop::Module<TableBytes>>, TableMemory)> {
         let tables = UnwindTables {
             hdr: Cow::Borrowed(self.hdr),
             hdr_svma: self.hdr_svma,
@@ -433,23 +426,28 @@ pub(crate) struct UnwindTables {
     pub eh_frame_svma: u64,
 }
 
-/// The unwinder's module for an object whose code spans `avma` in memory, loaded
-/// with `bias`. The handler may only see FDEs it unwinds without any possible
-/// integer overflow, so the search table is rebuilt by `cfi_check`; a header
-/// that cannot be rebuilt leaves the object to frame pointers. Also returns
-/// where the module's table bytes live, and the memory addresses of the
+/// The unwinder's modules for an object whose code spans `avma` in memory,
+/// loaded with `bias`. The handler may only see FDEs it unwinds without any
+/// possible integer overflow, so the search table is rebuilt by `cfi_check`; a
+/// header that cannot be rebuilt leaves the object to frame pointers. Also
+/// returns where the modules' table bytes live, and the memory addresses of the
 /// functions whose FDEs were left out.
 ///
 /// A rebuilt search table is a new, owned buffer; when the check dropped no
 /// FDE it equals the original, and the original bytes (borrowed or copied, as
-/// `tables` holds them) are used instead.
+/// `tables` holds them) are used instead. For tables read in place (the main
+/// executable's) with a few dropped FDEs in an ordered table, the original
+/// table is kept too, and the object becomes several modules that leave out
+/// the code where a lookup would find a dropped entry (see
+/// `cfi_check::Filtered::dropped_ranges`): its memory then does not depend
+/// on the executable's size at all.
 pub(crate) fn unwind_module(
     path: &[u8],
     build_id: &[u8],
     avma: std::ops::Range<u64>,
     bias: u64,
     tables: Option<UnwindTables>,
-) -> (framehop::Module<TableBytes>, TableMemory, Vec<u64>) {
+) -> (Vec<framehop::Module<TableBytes>>, TableMemory, Vec<u64>) {
     unwind_module_with(path, build_id, avma, bias, tables, &mut || true)
 }
 
@@ -462,12 +460,14 @@ fn unwind_module_with(
     bias: u64,
     tables: Option<UnwindTables>,
     between: &mut dyn FnMut() -> bool,
-) -> (framehop::Module<TableBytes>, TableMemory, Vec<u64>) {
+) -> (Vec<framehop::Module<TableBytes>>, TableMemory, Vec<u64>) {
     let text = avma.start.wrapping_sub(bias)..avma.end.wrapping_sub(bias);
     // base_svma 0: framehop adds it to 32-bit relative addresses unchecked.
     let mut info = ExplicitModuleSectionInfo::<TableBytes> { base_svma: 0, ..Default::default() };
     let mut dropped = Vec::new();
     let mut memory = TableMemory::default();
+    // Stated-address ranges left out of the unwinder's modules (see below).
+    let mut carved: Vec<std::ops::Range<u64>> = Vec::new();
     if let Some(t) = tables {
         // The filter mirrors framehop's x86_64 rules; elsewhere the tables are
         // handed over as they are (the no-overflow argument is x86_64's).
@@ -477,10 +477,26 @@ fn unwind_module_with(
             None
         };
         let hdr_range = t.hdr_svma..t.hdr_svma.wrapping_add(t.hdr.len() as u64);
+        let borrowed = matches!((&t.hdr, &t.eh_frame), (Cow::Borrowed(_), Cow::Borrowed(_)));
         let hdr = match filtered {
             Some(f) => {
                 dropped = f.dropped_starts.iter().map(|s| s.wrapping_add(bias)).collect();
-                Some(if f.dropped == 0 && f.hdr[..] == t.hdr[..] { t.hdr } else { Cow::Owned(f.hdr) })
+                if f.dropped == 0 && f.hdr[..] == t.hdr[..] {
+                    Some(t.hdr)
+                } else if let Some(ranges) =
+                    f.dropped_ranges.filter(|r| borrowed && !r.is_empty() && r.len() <= MAX_CARVED_RANGES)
+                {
+                    // Tables read in place keep their original search table
+                    // rather than a rebuilt copy (8 bytes an FDE): the code
+                    // where a lookup would find a dropped entry is left out
+                    // of the modules instead, so the handler never looks
+                    // one up (framehop unwinds code outside every module by
+                    // frame pointer, with checked arithmetic).
+                    carved = ranges;
+                    Some(t.hdr)
+                } else {
+                    Some(Cow::Owned(f.hdr))
+                }
             }
             None if cfg!(target_arch = "x86_64") => None,
             None => Some(t.hdr),
@@ -494,10 +510,27 @@ fn unwind_module_with(
             info.eh_frame_hdr = Some(hdr);
         }
     }
-    info.text_svma = Some(text);
+    info.text_svma = Some(text.clone());
     let name = String::from_utf8_lossy(path).into_owned();
-    (framehop::Module::new(name, avma, bias, info), memory, dropped)
+    // The module's code minus the carved ranges, as memory ranges. Each piece
+    // shares the (borrowed) section data; only the range differs.
+    let mut pieces = Vec::new();
+    let mut from = text.start;
+    for r in carved.iter().chain(std::iter::once(&(text.end..text.end))) {
+        let to = r.start.clamp(from, text.end);
+        if from < to {
+            pieces.push(from.wrapping_add(bias)..to.wrapping_add(bias));
+        }
+        from = from.max(r.end.min(text.end));
+    }
+    let modules =
+        pieces.into_iter().map(|p| framehop::Module::new(name.clone(), p, bias, info.clone())).collect();
+    (modules, memory, dropped)
 }
+
+/// Most ranges carved out of a module whose search table is read in place;
+/// beyond this the table is rebuilt (each range splits the module in two).
+const MAX_CARVED_RANGES: usize = 16;
 
 /// [`cfi_check::filter_eh_frame_hdr`] on `t`, with the verdict taken from and
 /// kept in the [`CfiCache`] when one is configured and the object has a build id.
@@ -646,7 +679,7 @@ impl ModuleTable {
 /// Build the first snapshot from a scan.
 pub(crate) fn initial_snapshot(objects: &[LoadedObject], generation: u64) -> UnwindSnapshot {
     let mut unwinder = NativeUnwinder::default();
-    for u in objects.iter().filter_map(|o| o.unwind.as_ref()) {
+    for u in objects.iter().flat_map(|o| &o.unwind) {
         unwinder.add_module(u.clone());
     }
     unwinder.pending = objects.iter().find_map(|o| o.deferred.as_ref()).map(DeferredTables::avma);
@@ -657,10 +690,12 @@ pub(crate) fn initial_snapshot(objects: &[LoadedObject], generation: u64) -> Unw
 /// pending: same modules, same generation.
 pub(crate) fn checked_snapshot(
     prev: &UnwindSnapshot,
-    module: framehop::Module<TableBytes>,
+    modules: Vec<framehop::Module<TableBytes>>,
 ) -> UnwindSnapshot {
     let mut unwinder = prev.unwinder.clone();
-    unwinder.add_module(module);
+    for m in modules {
+        unwinder.add_module(m);
+    }
     unwinder.pending = None;
     UnwindSnapshot { generation: prev.generation, unwinder }
 }
@@ -676,7 +711,7 @@ pub(crate) fn next_snapshot(
     for &start in removed {
         unwinder.frames.remove_module(start);
     }
-    for u in added.iter().filter_map(|o| o.unwind.as_ref()) {
+    for u in added.iter().flat_map(|o| &o.unwind) {
         unwinder.add_module(u.clone());
     }
     UnwindSnapshot { generation, unwinder }
@@ -784,13 +819,13 @@ mod tests {
     fn executable_tables_are_borrowed_and_libraries_copied() {
         let objs = scan(b"/proc/self/exe", &|_| false, false);
         let exe = objs.iter().find(|o| o.key.path == b"/proc/self/exe").unwrap();
-        let module = exe.unwind.as_ref().expect("the test executable has unwind tables");
+        assert!(!exe.unwind.is_empty(), "the test executable has unwind tables");
         assert!(exe.table_memory.borrowed > 0, "{:?}", exe.table_memory);
         let libc = objs.iter().find(|o| String::from_utf8_lossy(&o.key.path).contains("libc.so")).unwrap();
         assert_eq!(libc.table_memory.borrowed, 0);
         assert!(libc.table_memory.copied > 0);
         // The unwinder finds the executable's functions through the borrowed tables.
         let pc = executable_tables_are_borrowed_and_libraries_copied as *const () as usize as u64;
-        assert!(module.avma_range().contains(&pc));
+        assert!(exe.unwind.iter().any(|m| m.avma_range().contains(&pc)));
     }
 }

@@ -199,12 +199,13 @@ mod tests {
         let eh_len = tables.eh_frame.len() as u64;
         let (module, memory, dropped) =
             modules::unwind_module(b"synthetic", b"", avma..avma + 0x1000, bias, Some(tables));
+        assert_eq!(module.len(), 1, "owned tables: one module, the search table rebuilt");
         assert_eq!(dropped, [avma + 0x40]);
         // Owned tables, and a rebuilt search table (one entry of 8 bytes fewer).
         assert_eq!(memory.borrowed, 0);
         assert_eq!(memory.copied, eh_len + 12 + 8);
         let mut unwinder = NativeUnwinder::new();
-        unwinder.add_module(module);
+        unwinder.add_module(module.into_iter().next().unwrap());
         let pool = CachePool::new(1);
         let mut guard = pool.claim(0).unwrap();
         let mut out = [0u64; 8];
@@ -212,6 +213,58 @@ mod tests {
         let (n, truncated) = unwind_into(&unwinder, guard.cache(), &regs, &mut |_| Err(()), &mut out);
         assert_eq!((n, truncated), (1, true));
         assert_eq!(out[0], avma + 0x48);
+    }
+
+    /// Tables read in place keep their original search table: the code whose
+    /// lookup would find the dropped FDE is left out of the modules instead,
+    /// and nothing is copied.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn borrowed_tables_leave_out_the_code_of_dropped_fdes() {
+        use crate::recorder::cfi_check::synth::{cie, fde, hdr};
+        let (hdr_svma, eh_svma, text, avma) = (0x1000u64, 0x2000u64, 0x10000u64, 0x5000_0000u64);
+        let mut eh = Vec::new();
+        let c = cie(&mut eh, &[0x0c, 7, 8, 0x90, 1]);
+        let plain = [0x41, 0x0e, 16, 0x86, 2, 0x43, 0x0d, 6];
+        let good = fde(&mut eh, eh_svma, c, text, 0x40, &plain);
+        // DW_CFA_def_cfa_expression { DW_OP_lit4 }: dropped by the check.
+        let lit4 = fde(&mut eh, eh_svma, c, text + 0x40, 0x40, &[0x0f, 1, 0x34]);
+        let after = fde(&mut eh, eh_svma, c, text + 0x80, 0x40, &plain);
+        eh.extend_from_slice(&[0, 0, 0, 0]);
+        let h = hdr(hdr_svma, eh_svma, &[(text, good), (text + 0x40, lit4), (text + 0x80, after)]);
+        let (h, eh): (&'static [u8], &'static [u8]) = (Box::leak(h.into()), Box::leak(eh.into()));
+        let tables =
+            modules::UnwindTables { hdr: h.into(), hdr_svma, eh_frame: eh.into(), eh_frame_svma: eh_svma };
+        let bias = avma - text;
+        let (pieces, memory, dropped) =
+            modules::unwind_module(b"synthetic", b"", avma..avma + 0x1000, bias, Some(tables));
+        assert_eq!(dropped, [avma + 0x40]);
+        assert_eq!((memory.copied, memory.borrowed), (0, (h.len() + eh.len()) as u64));
+        let ranges: Vec<_> = pieces.iter().map(|m| m.avma_range()).collect();
+        assert_eq!(ranges, [avma..avma + 0x40, avma + 0x80..avma + 0x1000]);
+
+        let mut unwinder = NativeUnwinder::new();
+        for m in pieces {
+            unwinder.add_module(m);
+        }
+        let pool = CachePool::new(1);
+        let mut guard = pool.claim(0).unwrap();
+        let mut out = [0u64; 8];
+        // In the dropped function: no module, so framehop follows the frame
+        // pointer (here: unreadable) and never evaluates the FDE.
+        let regs = Regs { pc: avma + 0x48, sp: 0x7000_0000, fp: 0x7000_0100, lr: 0 };
+        let r = unwind_into(&unwinder, guard.cache(), &regs, &mut |_| Err(()), &mut out);
+        assert_eq!((r, out[0]), ((1, true), avma + 0x48));
+        // In the functions on either side, their own FDEs: at their first
+        // instruction the return address is at sp.
+        for pc in [avma, avma + 0x80] {
+            let stack = [0x1234u64];
+            let sp = stack.as_ptr() as u64;
+            let mut read = |a: u64| if a == sp { Ok(stack[0]) } else { Err(()) };
+            let regs = Regs { pc, sp, fp: 0, lr: 0 };
+            let r = unwind_into(&unwinder, guard.cache(), &regs, &mut read, &mut out);
+            assert_eq!((r.0, &out[..2]), (2, &[pc, 0x1234][..]), "{pc:#x}");
+        }
     }
 
     /// While an object's tables are being checked, a walk stops at its first
@@ -224,10 +277,13 @@ mod tests {
         let exe =
             objects.iter().find(|o| o.segments.iter().any(|s| s.avma <= here && here - s.avma < s.size));
         let exe = exe.expect("the test executable");
-        let range = exe.unwind.as_ref().expect("checked at scan").avma_range();
+        assert!(!exe.unwind.is_empty(), "checked at scan");
         let mut pending = full.unwinder.clone();
-        pending.frames.remove_module(range.start);
-        pending.pending = Some(range.clone());
+        for m in &exe.unwind {
+            pending.frames.remove_module(m.avma_range().start);
+        }
+        let range = exe.unwind[0].avma_range().start..exe.unwind.last().unwrap().avma_range().end;
+        pending.pending = Some(range);
 
         let pool = CachePool::new(1);
         let mut guard = pool.claim(0).unwrap();
