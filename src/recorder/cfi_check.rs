@@ -38,6 +38,18 @@
 //! FDEs are rare (PLT stubs, signal trampolines, hand-written assembly); their
 //! frames unwind by frame pointer.
 //!
+//! Tables read in place (the main executable's, which `modules.rs` does not
+//! copy) are not rebuilt when the check drops only a few FDEs of a table whose
+//! entries ascend strictly: the original table stays, and the code in which a
+//! lookup would return a dropped entry ([`Filtered::dropped_ranges`]: gimli's
+//! binary search returns the entry with the greatest start at or below the
+//! address, or the first entry for an address below them all) is left out of
+//! the unwinder's modules. An address there belongs to no module, so framehop
+//! unwinds it by frame pointer (checked arithmetic) without a lookup; an
+//! address anywhere else only ever finds a kept entry. The stated FDE count is
+//! then the original one, and every entry it counts was read by the check, so
+//! `(len / 2) * row_size` stays inside the table.
+//!
 //! The rules mirrored here are framehop's x86_64 ones; on other architectures
 //! `modules.rs` hands the tables over unfiltered and this argument does not apply.
 

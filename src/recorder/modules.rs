@@ -359,9 +359,10 @@ unsafe fn read_object(
 
 /// Search-table entries (FDEs) above which the main executable's tables are
 /// checked after `start` returns rather than before: the check parses every
-/// FDE (about half a microsecond each here), so this keeps it to about a
-/// millisecond of the start.
-pub(crate) const DEFER_MIN_FDES: u64 = 2048;
+/// FDE (0.3-0.6 us each here), so this keeps it to one or two milliseconds of
+/// the start, and small programs (a few thousand FDEs) get whole stacks from
+/// their first sample.
+pub(crate) const DEFER_MIN_FDES: u64 = 4096;
 
 static DEFER_THRESHOLD: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(DEFER_MIN_FDES);
 
