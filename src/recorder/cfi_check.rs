@@ -394,7 +394,8 @@ mod tests {
         let other = filter_eh_frame_hdr(&h, hdr_svma, &eh, eh_svma, text, Some(&[0]), &mut || true).unwrap();
         assert_eq!((other.kept, other.dropped, other.dropped_entries), (4, 1, vec![0]));
         // A dropped first entry also takes the addresses below every entry.
-        assert_eq!(other.dropped_ranges, Some(vec![0..text + 0x40]));
+        let below_all: Vec<std::ops::Range<u64>> = std::iter::once(0..text + 0x40).collect();
+        assert_eq!(other.dropped_ranges, Some(below_all));
         // Entries out of order: no ranges (the table must then be rebuilt).
         let swapped = hdr(hdr_svma, eh_svma, &[entries[1], entries[0]]);
         let f = filter_eh_frame_hdr(&swapped, hdr_svma, &eh, eh_svma, text, None, &mut || true).unwrap();
