@@ -58,11 +58,6 @@ pub(crate) struct NativeUnwinder {
 }
 
 impl NativeUnwinder {
-    #[cfg(test)]
-    pub(crate) fn new() -> NativeUnwinder {
-        NativeUnwinder::default()
-    }
-
     pub(crate) fn add_module(&mut self, m: framehop::Module<TableBytes>) {
         self.frames.add_module(m);
     }

@@ -204,7 +204,7 @@ mod tests {
         // Owned tables, and a rebuilt search table (one entry of 8 bytes fewer).
         assert_eq!(memory.borrowed, 0);
         assert_eq!(memory.copied, eh_len + 12 + 8);
-        let mut unwinder = NativeUnwinder::new();
+        let mut unwinder = NativeUnwinder::default();
         unwinder.add_module(module.into_iter().next().unwrap());
         let pool = CachePool::new(1);
         let mut guard = pool.claim(0).unwrap();
@@ -243,7 +243,7 @@ mod tests {
         let ranges: Vec<_> = pieces.iter().map(|m| m.avma_range()).collect();
         assert_eq!(ranges, [avma..avma + 0x40, avma + 0x80..avma + 0x1000]);
 
-        let mut unwinder = NativeUnwinder::new();
+        let mut unwinder = NativeUnwinder::default();
         for m in pieces {
             unwinder.add_module(m);
         }
