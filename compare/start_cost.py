@@ -22,9 +22,11 @@ prints the medians of:
   while the check of its tables was still running; one thread at 999 Hz, so
   about one per millisecond of the check).
 
-Usage: python3 compare/start_cost.py SPULSE_BIN ROUNDS LABEL=PRELOAD.so [LABEL=PRELOAD.so ...]
-Environment: FUNCS (default 500000), BURN (seconds, default 0.5),
-SPULSE_CFI_CACHE is passed through (unset: no verdict cache).
+Usage: python3 compare/start_cost.py SPULSE_BIN ROUNDS LABEL=PRELOAD.so[,VAR=VALUE...] ...
+(each LABEL a configuration, run once per round in the order given; VAR=VALUE
+sets an environment variable for it, such as SPULSE_CFI_CACHE=/tmp/cfi for the
+verdict cache, which is otherwise off).
+Environment: FUNCS (default 500000), BURN (seconds, default 0.5).
 """
 import json
 import os
@@ -92,10 +94,12 @@ def build(work, funcs):
     return prog
 
 
-def run(prog, spulse, lib, spools):
+def run(prog, spulse, lib, extra, spools):
     for f in os.listdir(spools):
         os.unlink(os.path.join(spools, f))
     env = dict(os.environ, BURN=os.environ.get("BURN", "0.5"))
+    env.pop("SPULSE_CFI_CACHE", None)
+    env.update(extra)
     spool = os.path.join(spools, "x.spool")
     if lib:
         env.update(LD_PRELOAD=lib, SPULSE_OUTPUT=spool)
@@ -128,7 +132,11 @@ def run(prog, spulse, lib, spools):
 
 def main():
     spulse, rounds = sys.argv[1], int(sys.argv[2])
-    libs = [("plain", None)] + [tuple(a.split("=", 1)) for a in sys.argv[3:]]
+    libs = [("plain", None, {})]
+    for a in sys.argv[3:]:
+        label, rest = a.split("=", 1)
+        lib, *env = rest.split(",")
+        libs.append((label, lib, dict(e.split("=", 1) for e in env)))
     work = tempfile.mkdtemp(prefix="spulse-start-")
     prog = build(work, int(os.environ.get("FUNCS", "500000")))
     sizes = subprocess.run(["readelf", "-SW", prog], capture_output=True, text=True).stdout
@@ -138,10 +146,10 @@ def main():
             print(f"{f[0]}: {int(f[4], 16):,} bytes")
     spools = os.path.join(work, "sp")
     os.makedirs(spools)
-    res = {name: [] for name, _ in libs}
+    res = {name: [] for name, _, _ in libs}
     for _ in range(rounds):
-        for name, lib in libs:
-            res[name].append(run(prog, spulse, lib and os.path.abspath(lib), spools))
+        for name, lib, extra in libs:
+            res[name].append(run(prog, spulse, lib and os.path.abspath(lib), extra, spools))
     keys = ("cpu_ms", "anon_kb", "file_kb", "heap_kb")
     base = {k: statistics.median(r[k] for r in res["plain"]) for k in keys}
     print("medians; + is against the plain run")
