@@ -95,9 +95,9 @@ pub(crate) struct LoadedObject {
     pub key: ObjectKey,
     pub build_id: Vec<u8>,
     pub segments: Vec<ExecSegment>,
-    /// The unwinder's module (absent for objects the caller already knows:
-    /// their data is not copied again).
-    /// Several when parts of its code are left out (see `unwind_module`).
+    /// The unwinder's modules: usually one; several when parts of the code are
+    /// left out (see [`unwind_module`]); none for objects the caller already
+    /// knows (their data is not read again) and for deferred ones.
     pub unwind: Vec<framehop::Module<TableBytes>>,
     /// Where the handler's unwinder reads this object's tables from (zero for
     /// objects the caller already knew, and for deferred ones until checked).
