@@ -44,6 +44,9 @@ fn unwind_outer(cpu: f64, wall: Duration) -> u64 {
 #[test]
 fn leaf_samples_unwind_to_the_thread_root() {
     let _serial = serial();
+    // Every sample unwound, from the first: the executable's tables are
+    // checked before `start` returns, however slow the check (a debug build).
+    let _defer = DeferThreshold::set(u64::MAX);
     let (_dir, path) = spool_path("unwind.spool");
     let guard = spulse::Recorder::builder().frequency_hz(999).start(&path).expect("start");
     let engine = guard.engine();
@@ -88,22 +91,6 @@ fn leaf_samples_unwind_to_the_thread_root() {
         complete as f64 >= 0.95 * leaf_inner as f64,
         "{complete} of {leaf_inner} leaf samples reached the thread root; first that did not: {first_bad:?}"
     );
-}
-
-/// Sets the number of FDEs above which the executable's unwind tables are
-/// checked after start, and restores the previous value when dropped.
-struct DeferThreshold(u64);
-
-impl DeferThreshold {
-    fn set(fdes: u64) -> DeferThreshold {
-        DeferThreshold(spulse::testing::unwind_tables::set_defer_threshold(fdes))
-    }
-}
-
-impl Drop for DeferThreshold {
-    fn drop(&mut self) {
-        spulse::testing::unwind_tables::set_defer_threshold(self.0);
-    }
 }
 
 /// The recorder does not copy the executable's unwind tables: its memory does
