@@ -305,6 +305,11 @@ mod tests {
         let leaf = Regs { pc: here, sp: base, fp: base + 8, lr: 0 };
         let r = unwind_into(&pending, guard.cache(), &leaf, &mut read, &mut out);
         assert_eq!((r, out[0]), ((1, true), here));
+        // The rest is x86_64's calling convention (the return address on the
+        // stack at a function's entry; aarch64 keeps it in the link register).
+        if cfg!(not(target_arch = "x86_64")) {
+            return;
+        }
         // Without the stop, framehop would have guessed a caller by frame
         // pointer (there are no tables for that code in this unwinder).
         let mut guessing = pending.clone();
