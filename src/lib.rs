@@ -35,4 +35,5 @@ pub use write::{pack, NewModule, PackSummary, SpoolWriter};
 pub mod testing {
     pub use crate::read::parallel::speculations_applied;
     pub use crate::recorder::bench_support as handler_timing;
+    pub use crate::recorder::table_report as unwind_tables;
 }

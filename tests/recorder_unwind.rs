@@ -57,6 +57,9 @@ fn perf_stack_samples_unwind_to_the_thread_root() {
 
 fn check_root(builder: spulse::RecorderBuilder, expect: Option<spulse::Engine>) {
     let _serial = serial();
+    // Every sample unwound, from the first: the executable's tables are
+    // checked before `start` returns, however slow the check (a debug build).
+    let _defer = DeferThreshold::set(u64::MAX);
     let (_dir, path) = spool_path("unwind.spool");
     let guard = builder.frequency_hz(999).start(&path).expect("start");
     let engine = guard.engine();
@@ -69,7 +72,10 @@ fn check_root(builder: spulse::RecorderBuilder, expect: Option<spulse::Engine>) 
         .unwrap();
     let (tid, acc) = worker.join().unwrap();
     black_box(acc);
-    guard.finish().expect("finish");
+    let stats = guard.finish().expect("finish");
+    // The frames below are this executable's, unwound through its tables read
+    // where they are mapped (not copied).
+    assert!(stats.unwind_tables_mapped > 0, "{stats:?}");
     let snap = spulse::Snapshot::open(&path).expect("spool opens");
 
     let mut sym = Symbolizer::default();
@@ -101,4 +107,109 @@ fn check_root(builder: spulse::RecorderBuilder, expect: Option<spulse::Engine>) 
         complete as f64 >= 0.95 * leaf_inner as f64,
         "{complete} of {leaf_inner} leaf samples reached the thread root; first that did not: {first_bad:?}"
     );
+}
+
+/// The recorder does not copy the executable's unwind tables: its memory does
+/// not grow with the executable's `.eh_frame`. The handler's unwinder reads
+/// them where the program is mapped; only a rebuilt search table (when the
+/// check in `cfi_check.rs` left FDEs out) may be a copy, which is at most the
+/// size of `.eh_frame_hdr`. Libraries' tables are copied, and `Stats` counts
+/// exactly that.
+#[test]
+fn executable_unwind_tables_are_not_copied() {
+    use object::{Object, ObjectSection};
+    let _serial = serial();
+    // Checked at start, whatever its size (the deferred check is tested below).
+    let _defer = DeferThreshold::set(u64::MAX);
+    let file = std::fs::read("/proc/self/exe").expect("read the test executable");
+    let elf = object::File::parse(&*file).expect("parse the test executable");
+    let size = |name| elf.section_by_name(name).map_or(0, |s| s.size());
+    let (eh_frame, eh_frame_hdr) = (size(".eh_frame"), size(".eh_frame_hdr"));
+    assert!(eh_frame > 0 && eh_frame_hdr > 0, "the test executable has unwind tables");
+
+    let objects = spulse::testing::unwind_tables::scan();
+    let pc = unwind_inner as fn(u64) -> u64 as usize as u64;
+    let exe = objects
+        .iter()
+        .find(|o| o.exec_segments.iter().any(|&(a, n)| a <= pc && pc - a < n))
+        .expect("the object holding this test's code");
+    assert!(exe.mapped >= eh_frame, "{exe:?}: .eh_frame is {eh_frame} bytes");
+    assert!(
+        exe.copied <= eh_frame_hdr,
+        "{exe:?}: only a rebuilt .eh_frame_hdr ({eh_frame_hdr} bytes) may be copied"
+    );
+    let libs: Vec<_> = objects.iter().filter(|o| o.path != exe.path).collect();
+    eprintln!(
+        "executable: .eh_frame {eh_frame} B, .eh_frame_hdr {eh_frame_hdr} B; {} B mapped, {} B copied; \
+         libraries: {} B copied",
+        exe.mapped,
+        exe.copied,
+        libs.iter().map(|o| o.copied).sum::<u64>()
+    );
+    assert!(libs.iter().all(|o| o.mapped == 0), "libraries are copied: {libs:?}");
+    assert!(libs.iter().any(|o| o.copied > 0), "{libs:?}");
+
+    // A recording counts the same: the libraries' tables and the executable's
+    // rebuilt search table, if any, copied; the executable's tables mapped.
+    let (_dir, path) = spool_path("tables.spool");
+    let guard = spulse::Recorder::builder().frequency_hz(999).start(&path).expect("start");
+    burn(0.05);
+    let stats = guard.finish().expect("finish");
+    let copied: u64 = objects.iter().map(|o| o.copied).sum();
+    assert_eq!((stats.unwind_tables_copied, stats.unwind_tables_mapped), (copied, exe.mapped));
+}
+
+/// The check of a large executable's unwind tables runs in the writer thread
+/// after `start` returns (here forced for this small one). Until it is done a
+/// sample's stack stops at the executable's first frame, marked truncated,
+/// never continued by a guess; after it, stacks reach the root.
+#[test]
+fn executable_tables_checked_after_start() {
+    let _serial = serial();
+    // Every executable's check deferred, however small.
+    let _defer = DeferThreshold::set(0);
+    let objects = spulse::testing::unwind_tables::scan();
+    let pc = unwind_inner as fn(u64) -> u64 as usize as u64;
+    let exe = objects.iter().find(|o| o.exec_segments.iter().any(|&(a, n)| a <= pc && pc - a < n)).unwrap();
+    assert_eq!((exe.copied, exe.mapped), (0, 0), "deferred: nothing handed over at start");
+
+    let (_dir, path) = spool_path("deferred.spool");
+    let guard = spulse::Recorder::builder().frequency_hz(999).start(&path).expect("start");
+    let worker = std::thread::spawn(|| (gettid(), unwind_outer(0.5, Duration::from_secs(20))));
+    let (tid, acc) = worker.join().unwrap();
+    black_box(acc);
+    let stats = guard.finish().expect("finish");
+    assert!(stats.unwind_tables_mapped > 0, "the checked tables were handed over: {stats:?}");
+
+    let snap = spulse::Snapshot::open(&path).expect("spool opens");
+    let mut sym = Symbolizer::default();
+    let (mut leaf_inner, mut complete, mut cut) = (0u64, 0u64, 0u64);
+    for s in snap.samples() {
+        let frames: Vec<_> = snap.stack_frames(s.stack).collect();
+        if snap.thread(s.thread).tid != tid {
+            continue;
+        }
+        let names: Vec<String> = frames.iter().map(|&f| sym.name(&snap, f)).collect();
+        if !names.first().is_some_and(|n| n.ends_with("unwind_inner")) {
+            continue;
+        }
+        leaf_inner += 1;
+        let truncated = frames.iter().any(|&f| snap.frame(f) == Frame::Truncated);
+        let chain_ok =
+            names.len() > 3 && names[1].ends_with("unwind_middle") && names[2].ends_with("unwind_outer");
+        if !truncated && chain_ok && names.iter().any(|n| n.ends_with("thread_start")) {
+            complete += 1;
+        } else {
+            // Cut before the check was done: the leaf (in the executable) and
+            // the marker, nothing guessed after it.
+            assert!(
+                frames.len() == 2 && snap.frame(frames[1]) == Frame::Truncated,
+                "neither complete nor cut at the executable's first frame: {names:?}"
+            );
+            cut += 1;
+        }
+    }
+    eprintln!("{leaf_inner} samples in unwind_inner: {complete} to the root, {cut} cut at the leaf before the check");
+    assert!(leaf_inner >= 50, "too few samples in the leaf function: {leaf_inner}");
+    assert!(complete as f64 >= 0.9 * leaf_inner as f64, "{complete} of {leaf_inner} reached the root");
 }

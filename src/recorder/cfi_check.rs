@@ -38,6 +38,18 @@
 //! FDEs are rare (PLT stubs, signal trampolines, hand-written assembly); their
 //! frames unwind by frame pointer.
 //!
+//! Tables read in place (the main executable's, which `modules.rs` does not
+//! copy) are not rebuilt when the check drops only a few FDEs of a table whose
+//! entries ascend strictly: the original table stays, and the code in which a
+//! lookup would return a dropped entry ([`Filtered::dropped_ranges`]: gimli's
+//! binary search returns the entry with the greatest start at or below the
+//! address, or the first entry for an address below them all) is left out of
+//! the unwinder's modules. An address there belongs to no module, so framehop
+//! unwinds it by frame pointer (checked arithmetic) without a lookup; an
+//! address anywhere else only ever finds a kept entry. The stated FDE count is
+//! then the original one, and every entry it counts was read by the check, so
+//! `(len / 2) * row_size` stays inside the table.
+//!
 //! The rules mirrored here are framehop's x86_64 ones; on other architectures
 //! `modules.rs` hands the tables over unfiltered and this argument does not apply.
 
@@ -60,6 +72,16 @@ pub(crate) struct Filtered {
     /// Positions in the original search table of the dropped FDEs, ascending:
     /// the verdict that [`super::cfi_cache`] keeps.
     pub dropped_entries: Vec<u32>,
+    /// When the original table's entries ascend strictly by start address
+    /// (all direct pointers): the stated-address ranges in which a lookup in
+    /// the original table finds a dropped entry, ascending and disjoint. A
+    /// lookup (gimli's binary search) returns the entry with the greatest
+    /// start at or below the address, or the first entry below all of them,
+    /// so a dropped entry's range runs from its start (from 0 for the first
+    /// entry) to the next entry's start (to the end of the address space for
+    /// the last). Code outside these ranges may be unwound with the original,
+    /// unmodified table.
+    pub dropped_ranges: Option<Vec<std::ops::Range<u64>>>,
 }
 
 /// Size of a fixed-size `DW_EH_PE_*` value format, `None` for LEB128 (and omit).
@@ -73,6 +95,23 @@ fn fixed_size(enc: u8) -> Option<usize> {
     }
 }
 
+/// The FDE count an `.eh_frame_hdr` states, when its encodings are fixed-size.
+pub(crate) fn fde_count(hdr: &[u8]) -> Option<u64> {
+    let (&version, rest) = hdr.split_first()?;
+    let (ptr_enc, count_enc) = (*rest.first()?, *rest.get(1)?);
+    if version != 1 || count_enc == 0xff {
+        return None;
+    }
+    let at = 4usize.checked_add(fixed_size(ptr_enc)?)?;
+    let size = fixed_size(count_enc)?;
+    let mut raw = [0u8; 8];
+    raw[..size].copy_from_slice(hdr.get(at..at.checked_add(size)?)?);
+    Some(u64::from_le_bytes(raw))
+}
+
+/// Entries checked between two calls of `filter_eh_frame_hdr`'s `between`.
+const ENTRIES_PER_STEP: usize = 1024;
+
 /// Rebuild `hdr` (an `.eh_frame_hdr` at stated address `hdr_svma`) so that its
 /// search table lists only FDEs of `eh_frame` (at `eh_frame_svma`) that unwind
 /// without the possibility of an integer overflow (see the module doc). `None`
@@ -82,6 +121,10 @@ fn fixed_size(enc: u8) -> Option<usize> {
 /// `known_unsafe`, when given, is an earlier verdict on these same tables (the
 /// positions of the dropped entries, from [`super::cfi_cache`]): the FDEs are
 /// then not parsed again, and only the cheap pointer check runs.
+///
+/// `between` is called after every [`ENTRIES_PER_STEP`] entries, so that a
+/// caller can do other work during a long check; when it returns false the
+/// check stops and the result is `None`.
 pub(crate) fn filter_eh_frame_hdr(
     hdr: &[u8],
     hdr_svma: u64,
@@ -89,6 +132,7 @@ pub(crate) fn filter_eh_frame_hdr(
     eh_frame_svma: u64,
     text_svma: u64,
     known_unsafe: Option<&[u32]>,
+    between: &mut dyn FnMut() -> bool,
 ) -> Option<Filtered> {
     let (&version, rest) = hdr.split_first()?;
     let (ptr_enc, count_enc, table_enc) = (*rest.first()?, *rest.get(1)?, *rest.get(2)?);
@@ -114,11 +158,27 @@ pub(crate) fn filter_eh_frame_hdr(
     let (mut kept, mut dropped, mut i) = (0usize, 0usize, 0usize);
     let mut dropped_starts = Vec::new();
     let mut dropped_entries = Vec::new();
+    let mut ranges = Some(Vec::new());
+    let mut prev_start: Option<u64> = None;
+    // The start of the dropped range still open (the entry before was dropped).
+    let mut open: Option<u64> = None;
     while let Some((start, fde_ptr)) = iter.next().ok()? {
+        match start.direct().ok().filter(|&s| prev_start.map_or(true, |p| p < s)) {
+            Some(s) => {
+                if let (Some(from), Some(r)) = (open.take(), ranges.as_mut()) {
+                    r.push(from..s);
+                }
+                prev_start = Some(s);
+            }
+            None => ranges = None,
+        }
         let entry_at = table_at.checked_add(i.checked_mul(entry_size)?)?;
         let entry = hdr.get(entry_at..entry_at.checked_add(entry_size)?)?;
         let index = u32::try_from(i).ok()?;
         i += 1;
+        if i % ENTRIES_PER_STEP == 0 && !between() {
+            return None;
+        }
         let safe = fde_ptr
             .direct()
             .ok()
@@ -135,14 +195,20 @@ pub(crate) fn filter_eh_frame_hdr(
             dropped += 1;
             dropped_starts.extend(start.direct().ok());
             dropped_entries.push(index);
+            if ranges.is_some() {
+                open = Some(if index == 0 { 0 } else { prev_start.unwrap_or(0) });
+            }
         }
+    }
+    if let (Some(from), Some(r)) = (open, ranges.as_mut()) {
+        r.push(from..u64::MAX);
     }
     let count = (kept as u64).to_le_bytes();
     if count[count_size..].iter().any(|&b| b != 0) {
         return None;
     }
     out[count_at..table_at].copy_from_slice(&count[..count_size]);
-    Some(Filtered { hdr: out, kept, dropped, dropped_starts, dropped_entries })
+    Some(Filtered { hdr: out, kept, dropped, dropped_starts, dropped_entries, dropped_ranges: ranges })
 }
 
 /// Whether the FDE at `offset` parses and every row of it translates into one of
@@ -298,29 +364,53 @@ mod tests {
         let entries =
             [(text, good), (text + 0x40, expr), (text + 0x50, odd), (text + 0x60, huge), (text + 0x70, ra)];
         let h = hdr(hdr_svma, eh_svma, &entries);
-        let f = filter_eh_frame_hdr(&h, hdr_svma, &eh, eh_svma, text, None).expect("rebuildable header");
+        let f = filter_eh_frame_hdr(&h, hdr_svma, &eh, eh_svma, text, None, &mut || true)
+            .expect("rebuildable header");
         assert_eq!((f.kept, f.dropped), (1, 4));
+        assert_eq!(fde_count(&h), Some(5));
+        assert_eq!(fde_count(&f.hdr), Some(1));
+        // A caller that gives up between steps gets no table (the check of a
+        // table this small has no step to give up at).
+        assert!(filter_eh_frame_hdr(&h, hdr_svma, &eh, eh_svma, text, None, &mut || false).is_some());
         assert_eq!(f.dropped_starts, [text + 0x40, text + 0x50, text + 0x60, text + 0x70]);
         assert_eq!(f.hdr, hdr(hdr_svma, eh_svma, &entries[..1]));
         assert_eq!(f.dropped_entries, [1, 2, 3, 4]);
+        assert_eq!(
+            f.dropped_ranges,
+            Some(vec![
+                text + 0x40..text + 0x50,
+                text + 0x50..text + 0x60,
+                text + 0x60..text + 0x70,
+                text + 0x70..u64::MAX
+            ])
+        );
         // The same verdict handed back (as the cache does) rebuilds the same
         // table without parsing an FDE; a verdict that says otherwise is what
         // the table becomes, so the cache must only ever hold real verdicts.
-        let again = filter_eh_frame_hdr(&h, hdr_svma, &eh, eh_svma, text, Some(&f.dropped_entries)).unwrap();
+        let again =
+            filter_eh_frame_hdr(&h, hdr_svma, &eh, eh_svma, text, Some(&f.dropped_entries), &mut || true)
+                .unwrap();
         assert_eq!(again, f);
-        let other = filter_eh_frame_hdr(&h, hdr_svma, &eh, eh_svma, text, Some(&[0])).unwrap();
+        let other = filter_eh_frame_hdr(&h, hdr_svma, &eh, eh_svma, text, Some(&[0]), &mut || true).unwrap();
         assert_eq!((other.kept, other.dropped, other.dropped_entries), (4, 1, vec![0]));
+        // A dropped first entry also takes the addresses below every entry.
+        let below_all: Vec<std::ops::Range<u64>> = std::iter::once(0..text + 0x40).collect();
+        assert_eq!(other.dropped_ranges, Some(below_all));
+        // Entries out of order: no ranges (the table must then be rebuilt).
+        let swapped = hdr(hdr_svma, eh_svma, &[entries[1], entries[0]]);
+        let f = filter_eh_frame_hdr(&swapped, hdr_svma, &eh, eh_svma, text, None, &mut || true).unwrap();
+        assert_eq!((f.kept, f.dropped_ranges), (1, None));
 
         // An entry pointing before .eh_frame (framehop would subtract unchecked).
         let mut bad = hdr(hdr_svma, eh_svma, &[(text, good)]);
         let moved = (eh_svma + 0x100).wrapping_sub(hdr_svma + 4) as i32;
         bad[4..8].copy_from_slice(&moved.to_le_bytes());
-        let f = filter_eh_frame_hdr(&bad, hdr_svma, &eh, eh_svma, text, None).unwrap();
+        let f = filter_eh_frame_hdr(&bad, hdr_svma, &eh, eh_svma, text, None, &mut || true).unwrap();
         assert_eq!((f.kept, f.dropped), (0, 1));
 
         // A LEB128 table encoding cannot be rebuilt in place.
         let mut leb = h.clone();
         leb[3] = 0x31;
-        assert!(filter_eh_frame_hdr(&leb, hdr_svma, &eh, eh_svma, text, None).is_none());
+        assert!(filter_eh_frame_hdr(&leb, hdr_svma, &eh, eh_svma, text, None, &mut || true).is_none());
     }
 }

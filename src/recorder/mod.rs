@@ -224,6 +224,16 @@ pub struct Stats {
     /// stacks, writing, its periodic checks): the part of the profiler's cost
     /// spent outside the sampled threads.
     pub writer_cpu: Duration,
+    /// Bytes of unwind tables (`.eh_frame`, `.eh_frame_hdr`) copied into the
+    /// recorder's memory for the signal handler's unwinder, summed over the
+    /// objects loaded while recording: every library's tables, and the main
+    /// executable's search table when it had to be rebuilt (see
+    /// `src/recorder/cfi_check.rs`). Never the executable's `.eh_frame`.
+    pub unwind_tables_copied: u64,
+    /// Bytes of unwind tables the handler's unwinder reads where they are
+    /// mapped, not copied: the main executable's (it stays mapped, read-only,
+    /// for the life of the process). Not part of the recorder's memory.
+    pub unwind_tables_mapped: u64,
 }
 
 impl Stats {
@@ -1008,6 +1018,9 @@ pub mod bench_support {
     }
 }
 
+#[cfg(feature = "testing")]
+pub use modules::table_report;
+
 /// Called in a forked child (async-signal-safe: atomics only): the parent's
 /// recorder is not running here.
 pub(crate) fn forget_parent_recorder_after_fork() {
@@ -1116,8 +1129,9 @@ fn start_inner(b: &RecorderBuilder, path: &Path) -> Result<Guard, Error> {
         })
         .unwrap_or_default();
     let dl = modules::dl_counters();
-    let objects = modules::scan(&exe_path, &|_| false);
+    let mut objects = modules::scan(&exe_path, &|_| false, true);
     let snapshot = modules::initial_snapshot(&objects, 0);
+    let deferred = objects.iter_mut().find_map(|o| o.deferred.take());
     let (main_top, main_span) = sys::maps::main_stack_bounds();
     let tcb_block_offset = sys::tcb::stack_block_offset();
     let tcb_tid_offset = sys::tcb::tid_offset();
@@ -1275,6 +1289,8 @@ fn start_inner(b: &RecorderBuilder, path: &Path) -> Result<Guard, Error> {
             .map(|plan| writer_thread::Rotation::new(plan, path, &file_id, b.mode, b.overwrite, interval_us)),
         stack_sampler: (kind == Engine::PerfStack)
             .then(|| stack_sampler::StackSampler::new(b.max_stack_depth)),
+        table_memory: objects.iter().fold(Default::default(), |m, o| m.add(o.table_memory)),
+        deferred,
     };
     tx.send(Control::Start(Box::new(state))).map_err(|_| exited())?;
     let join = cleanup.join.take().expect("writer thread handle");

@@ -7,9 +7,15 @@
 //! `findshlibs` 0.10 does not expose, and because one walk must see one
 //! consistent list: names, build ids (`NT_GNU_BUILD_ID` notes), executable
 //! `PT_LOAD` segments and the `.eh_frame_hdr`/`.eh_frame` bytes are all read in the
-//! same callback, while the loader lock keeps every object mapped. Unwind data is
-//! copied into owned vectors, so a later `dlclose` cannot pull it away from the
-//! handler. None of this code runs in the signal handler.
+//! same callback, while the loader lock keeps every object mapped. A library's
+//! unwind data is copied into owned vectors, so a later `dlclose` cannot pull it
+//! away from the handler. The main executable's is not copied: the handler's
+//! unwinder reads its `.eh_frame` (and its `.eh_frame_hdr`, unless the search
+//! table had to be rebuilt) where the program is mapped, since that mapping
+//! lasts, read-only, for the life of the process (see [`TableBytes`]). For a
+//! large program that is most of the unwind data: the recorder's memory does
+//! not grow with the size of the executable's tables. None of this code runs
+//! in the signal handler.
 //!
 //! Replacing the handler's view of modules without a lock: the writer builds a new
 //! [`UnwindSnapshot`] (clone of the previous unwinder, modules removed and added,
@@ -20,6 +26,7 @@
 //! at zero after the swap (every handler that could have loaded it has returned);
 //! until then it waits on a retired list. Nobody ever waits on anybody.
 
+use std::borrow::Cow;
 use std::ffi::CStr;
 use std::os::raw::{c_int, c_void};
 
@@ -27,8 +34,34 @@ use super::cfi_cache::{self, CfiCache};
 use super::cfi_check;
 use framehop::{ExplicitModuleSectionInfo, MustNotAllocateDuringUnwind, Unwinder as _};
 
-/// The unwinder type the handler uses.
-pub(crate) type NativeUnwinder = framehop::UnwinderNative<Vec<u8>, MustNotAllocateDuringUnwind>;
+/// Bytes of an unwind table as the handler's unwinder holds them: a copy
+/// (`Owned`), or the object's own mapped bytes (`Borrowed`), only for an object
+/// that stays mapped and unchanged for the life of the process: the main
+/// executable, in a segment without write permission.
+///
+/// Libraries are always copied. glibc never unloads the libraries loaded before
+/// `main` (only objects that `dlopen` loaded can be unloaded), but no public
+/// interface tells such a library from one a plugin loader opened (which may be
+/// closed at any time); pinning every library (`RTLD_NODELETE`) would change
+/// what `dlclose` does for the program, so libraries keep their copies.
+pub(crate) type TableBytes = Cow<'static, [u8]>;
+
+/// The unwinder the handler uses: framehop's, and the code range of an object
+/// whose tables are still being checked (the main executable's, when they are
+/// large: see [`DeferredTables`]). The handler stops a walk at a frame in that
+/// range (the stack is then marked truncated) rather than let framehop guess
+/// that frame's caller by frame pointer.
+#[derive(Clone, Default)]
+pub(crate) struct NativeUnwinder {
+    pub frames: framehop::UnwinderNative<TableBytes, MustNotAllocateDuringUnwind>,
+    pub pending: Option<std::ops::Range<u64>>,
+}
+
+impl NativeUnwinder {
+    pub(crate) fn add_module(&mut self, m: framehop::Module<TableBytes>) {
+        self.frames.add_module(m);
+    }
+}
 /// The unwinder cache type (one per concurrent unwind).
 pub(crate) type NativeCache = framehop::CacheNative<MustNotAllocateDuringUnwind>;
 
@@ -62,16 +95,47 @@ pub(crate) struct LoadedObject {
     pub key: ObjectKey,
     pub build_id: Vec<u8>,
     pub segments: Vec<ExecSegment>,
-    /// The unwinder's module (absent for objects the caller already knows:
-    /// their data is not copied again).
-    pub unwind: Option<framehop::Module<Vec<u8>>>,
+    /// The unwinder's modules: usually one; several when parts of the code are
+    /// left out (see [`unwind_module`]); none for objects the caller already
+    /// knows (their data is not read again) and for deferred ones.
+    pub unwind: Vec<framehop::Module<TableBytes>>,
+    /// Where the handler's unwinder reads this object's tables from (zero for
+    /// objects the caller already knew, and for deferred ones until checked).
+    pub table_memory: TableMemory,
+    /// The tables left to check after start (then `unwind` is empty).
+    pub deferred: Option<DeferredTables>,
     /// Start addresses (in memory) of the functions whose unwind entries were
     /// left out of the handler's search table (see `cfi_check`).
     #[cfg_attr(not(test), allow(dead_code))]
     pub unwind_dropped: Vec<u64>,
 }
 
+/// An object's unwind-table bytes, by where the handler's unwinder reads them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct TableMemory {
+    /// Bytes copied into the recorder's memory (libraries' tables, and a
+    /// rebuilt search table).
+    pub copied: u64,
+    /// Bytes read where the object is mapped (the main executable's).
+    pub borrowed: u64,
+}
+
+impl TableMemory {
+    fn of(bytes: &TableBytes) -> TableMemory {
+        let n = bytes.len() as u64;
+        match bytes {
+            Cow::Owned(_) => TableMemory { copied: n, borrowed: 0 },
+            Cow::Borrowed(_) => TableMemory { copied: 0, borrowed: n },
+        }
+    }
+
+    pub(crate) fn add(self, o: TableMemory) -> TableMemory {
+        TableMemory { copied: self.copied + o.copied, borrowed: self.borrowed + o.borrowed }
+    }
+}
+
 const PT_LOAD: u32 = 1;
+const PF_W: u32 = 2;
 const PT_NOTE: u32 = 4;
 const PT_GNU_EH_FRAME: u32 = 0x6474_e550;
 const PF_X: u32 = 1;
@@ -79,6 +143,9 @@ const NT_GNU_BUILD_ID: u32 = 3;
 
 struct ScanState<'a> {
     exe_path: &'a [u8],
+    /// The program headers of the object `exec` mapped (`AT_PHDR`).
+    main_phdr: u64,
+    defer: bool,
     known: &'a dyn Fn(&ObjectKey) -> bool,
     out: Vec<LoadedObject>,
 }
@@ -103,8 +170,10 @@ pub(crate) fn dl_counters() -> (u64, u64) {
 }
 
 /// Every loaded object with at least one executable segment. Objects for which
-/// `known` returns true are listed by key and segments only.
-pub(crate) fn scan(exe_path: &[u8], known: &dyn Fn(&ObjectKey) -> bool) -> Vec<LoadedObject> {
+/// `known` returns true are listed by key and segments only. With `defer`, the
+/// check of a large main executable's tables is left to the caller (its object
+/// carries them in `deferred`; see [`DeferredTables`]).
+pub(crate) fn scan(exe_path: &[u8], known: &dyn Fn(&ObjectKey) -> bool, defer: bool) -> Vec<LoadedObject> {
     unsafe extern "C" fn each(info: *mut libc::dl_phdr_info, _size: usize, data: *mut c_void) -> c_int {
         // `data` is the `&mut ScanState` passed by `scan`; `info` and the program
         // headers it points to are valid during the callback, and the loader lock
@@ -121,14 +190,18 @@ pub(crate) fn scan(exe_path: &[u8], known: &dyn Fn(&ObjectKey) -> bool) -> Vec<L
             };
             let name =
                 if info.dlpi_name.is_null() { &[][..] } else { CStr::from_ptr(info.dlpi_name).to_bytes() };
-            if let Some(obj) = read_object(info.dlpi_addr, name, phdrs, st.exe_path, st.known) {
+            let main = st.main_phdr != 0 && info.dlpi_phdr as usize as u64 == st.main_phdr;
+            if let Some(obj) = read_object(info.dlpi_addr, name, phdrs, main, st.defer, st.exe_path, st.known)
+            {
                 st.out.push(obj);
             }
         }));
         let _ = res;
         0
     }
-    let mut st = ScanState { exe_path, known, out: Vec::new() };
+    // SAFETY: getauxval only reads the auxiliary vector; 0 when absent.
+    let main_phdr = unsafe { libc::getauxval(libc::AT_PHDR) };
+    let mut st = ScanState { exe_path, main_phdr, defer, known, out: Vec::new() };
     // SAFETY: the callback only uses the state we pass, which outlives the call.
     unsafe { libc::dl_iterate_phdr(Some(each), &mut st as *mut ScanState<'_> as *mut c_void) };
     st.out
@@ -156,6 +229,34 @@ unsafe fn copy_mapped(bias: u64, vaddr: u64, len: u64) -> Vec<u8> {
     unsafe { std::slice::from_raw_parts(p, len as usize) }.to_vec()
 }
 
+/// `len` bytes of the object at stated address `vaddr`, borrowed where they
+/// are mapped if the object is `permanent` and `load` (the `PT_LOAD` that holds
+/// them) is not writable, copied otherwise.
+///
+/// # Safety
+/// As for [`copy_mapped`], with `load` the segment that holds the bytes; and
+/// `permanent` only for the object that `exec` mapped (the main program).
+unsafe fn table_bytes(
+    bias: u64,
+    vaddr: u64,
+    len: u64,
+    load: &libc::Elf64_Phdr,
+    permanent: bool,
+) -> TableBytes {
+    if !permanent || load.p_flags & PF_W != 0 {
+        // SAFETY: guaranteed by the caller.
+        return Cow::Owned(unsafe { copy_mapped(bias, vaddr, len) });
+    }
+    let p = bias.wrapping_add(vaddr) as *const u8;
+    // SAFETY: the bytes are mapped and readable now (the caller's contract, as
+    // for `copy_mapped`), and stay so, unchanged, for the life of the process,
+    // so a `'static` shared borrow is sound: the program `exec` mapped is never
+    // unloaded (the dynamic loader unloads only objects `dlopen` loaded, and
+    // nothing else unmaps it), and its segment has no write permission, so
+    // neither the loader's relocation nor the program writes there.
+    Cow::Borrowed(unsafe { std::slice::from_raw_parts(p, len as usize) })
+}
+
 /// Read one object.
 ///
 /// # Safety
@@ -164,6 +265,8 @@ unsafe fn read_object(
     bias: u64,
     name: &[u8],
     phdrs: &[libc::Elf64_Phdr],
+    main: bool,
+    defer: bool,
     exe: &[u8],
     known: &dyn Fn(&ObjectKey) -> bool,
 ) -> Option<LoadedObject> {
@@ -180,7 +283,9 @@ unsafe fn read_object(
             key,
             build_id: Vec::new(),
             segments,
-            unwind: None,
+            unwind: Vec::new(),
+            table_memory: TableMemory::default(),
+            deferred: None,
             unwind_dropped: Vec::new(),
         });
     }
@@ -204,83 +309,244 @@ unsafe fn read_object(
     let hi = segments.iter().map(|s| s.avma + s.size).max()?;
     let mut tables = None;
     if let Some(h) = phdrs.iter().find(|p| p.p_type == PT_GNU_EH_FRAME) {
-        if in_load(phdrs, h.p_vaddr, h.p_memsz).is_some() && h.p_memsz >= 8 {
-            // SAFETY: inside a PT_LOAD (checked above).
-            let hdr = unsafe { copy_mapped(bias, h.p_vaddr, h.p_memsz) };
+        if let Some(hdr_load) = in_load(phdrs, h.p_vaddr, h.p_memsz).filter(|_| h.p_memsz >= 8) {
+            // SAFETY: inside a PT_LOAD (checked above); `main` only for the
+            // object exec mapped.
+            let hdr = unsafe { table_bytes(bias, h.p_vaddr, h.p_memsz, hdr_load, main) };
             if let Some(eh_svma) = eh_frame_address(&hdr, h.p_vaddr) {
                 if let Some(load) = in_load(phdrs, eh_svma, 1) {
                     let end = load.p_vaddr + load.p_memsz;
                     let len = end - eh_svma;
                     // SAFETY: [eh_svma, end) is the tail of one PT_LOAD.
-                    let eh = unsafe { copy_mapped(bias, eh_svma, len) };
+                    let eh = unsafe { table_bytes(bias, eh_svma, len, load, main) };
                     tables =
                         Some(UnwindTables { hdr, hdr_svma: h.p_vaddr, eh_frame: eh, eh_frame_svma: eh_svma });
                 }
             }
         }
     }
-    let (unwind, unwind_dropped) = unwind_module(&key.path, &build_id, lo..hi, bias, tables);
-    Some(LoadedObject { key, build_id, segments, unwind: Some(unwind), unwind_dropped })
+    if let Some(t) = tables.as_ref().filter(|t| main && defer && defer_check(t)) {
+        if let (Cow::Borrowed(hdr), Cow::Borrowed(eh_frame)) = (&t.hdr, &t.eh_frame) {
+            let deferred = DeferredTables {
+                path: key.path.clone(),
+                build_id: build_id.clone(),
+                avma: lo..hi,
+                bias,
+                hdr,
+                hdr_svma: t.hdr_svma,
+                eh_frame,
+                eh_frame_svma: t.eh_frame_svma,
+            };
+            return Some(LoadedObject {
+                key,
+                build_id,
+                segments,
+                unwind: Vec::new(),
+                table_memory: TableMemory::default(),
+                deferred: Some(deferred),
+                unwind_dropped: Vec::new(),
+            });
+        }
+    }
+    let (unwind, table_memory, unwind_dropped) = unwind_module(&key.path, &build_id, lo..hi, bias, tables);
+    Some(LoadedObject { key, build_id, segments, unwind, table_memory, deferred: None, unwind_dropped })
+}
+
+/// Search-table entries (FDEs) above which the main executable's tables are
+/// checked after `start` returns rather than before: the check parses every
+/// FDE (0.3-0.6 us each here), so this keeps it to one or two milliseconds of
+/// the start, and small programs (a few thousand FDEs) get whole stacks from
+/// their first sample.
+pub(crate) const DEFER_MIN_FDES: u64 = 4096;
+
+static DEFER_THRESHOLD: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(DEFER_MIN_FDES);
+
+/// Whether the check of `t` (an executable's tables) waits until after start:
+/// its header's FDE count (a fixed-size field; anything else is checked at
+/// once) is above the threshold.
+fn defer_check(t: &UnwindTables) -> bool {
+    cfi_check::fde_count(&t.hdr).unwrap_or(0) > DEFER_THRESHOLD.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// The main executable's unwind tables, awaiting the check that decides what
+/// the handler may be handed. Until the writer thread has run it (between its
+/// flushes: [`DeferredTables::check`]), the handler's unwinder has no module
+/// for the executable and stops at its frames.
+#[derive(Clone)]
+pub(crate) struct DeferredTables {
+    path: Vec<u8>,
+    build_id: Vec<u8>,
+    avma: std::ops::Range<u64>,
+    bias: u64,
+    hdr: &'static [u8],
+    hdr_svma: u64,
+    eh_frame: &'static [u8],
+    eh_frame_svma: u64,
+}
+
+impl DeferredTables {
+    /// The code range the handler must stop at until the check is done.
+    pub(crate) fn avma(&self) -> std::ops::Range<u64> {
+        self.avma.clone()
+    }
+
+    /// Run the check, calling `between` every few thousand FDEs (it returns
+    /// false to give up: the module then stays without tables). The module
+    /// and its table memory.
+    pub(crate) fn check(
+        self,
+        between: &mut dyn FnMut() -> bool,
+    ) -> Option<(Vec<framehop::Module<TableBytes>>, TableMemory)> {
+        let tables = UnwindTables {
+            hdr: Cow::Borrowed(self.hdr),
+            hdr_svma: self.hdr_svma,
+            eh_frame: Cow::Borrowed(self.eh_frame),
+            eh_frame_svma: self.eh_frame_svma,
+        };
+        let mut aborted = false;
+        let mut step = || {
+            aborted = aborted || !between();
+            !aborted
+        };
+        let (m, memory, _) =
+            unwind_module_with(&self.path, &self.build_id, self.avma, self.bias, Some(tables), &mut step);
+        (!aborted).then_some((m, memory))
+    }
 }
 
 /// An object's `.eh_frame_hdr` and `.eh_frame` bytes with their stated addresses.
 pub(crate) struct UnwindTables {
-    pub hdr: Vec<u8>,
+    pub hdr: TableBytes,
     pub hdr_svma: u64,
-    pub eh_frame: Vec<u8>,
+    pub eh_frame: TableBytes,
     pub eh_frame_svma: u64,
 }
 
-/// The unwinder's module for an object whose code spans `avma` in memory, loaded
-/// with `bias`. The handler may only see FDEs it unwinds without any possible
-/// integer overflow, so the search table is rebuilt by `cfi_check`; a header
-/// that cannot be rebuilt leaves the object to frame pointers. Also returns the
-/// memory addresses of the functions whose FDEs were left out.
+/// The unwinder's modules for an object whose code spans `avma` in memory,
+/// loaded with `bias`. The handler may only see FDEs it unwinds without any
+/// possible integer overflow, so the search table is rebuilt by `cfi_check`; a
+/// header that cannot be rebuilt leaves the object to frame pointers. Also
+/// returns where the modules' table bytes live, and the memory addresses of the
+/// functions whose FDEs were left out.
+///
+/// A rebuilt search table is a new, owned buffer; when the check dropped no
+/// FDE it equals the original, and the original bytes (borrowed or copied, as
+/// `tables` holds them) are used instead. For tables read in place (the main
+/// executable's) with a few dropped FDEs in an ordered table, the original
+/// table is kept too, and the object becomes several modules that leave out
+/// the code where a lookup would find a dropped entry (see
+/// `cfi_check::Filtered::dropped_ranges`): its memory then does not depend
+/// on the executable's size at all.
 pub(crate) fn unwind_module(
     path: &[u8],
     build_id: &[u8],
     avma: std::ops::Range<u64>,
     bias: u64,
     tables: Option<UnwindTables>,
-) -> (framehop::Module<Vec<u8>>, Vec<u64>) {
+) -> (Vec<framehop::Module<TableBytes>>, TableMemory, Vec<u64>) {
+    unwind_module_with(path, build_id, avma, bias, tables, &mut || true)
+}
+
+/// [`unwind_module`], calling `between` during the check (see
+/// [`cfi_check::filter_eh_frame_hdr`]).
+fn unwind_module_with(
+    path: &[u8],
+    build_id: &[u8],
+    avma: std::ops::Range<u64>,
+    bias: u64,
+    tables: Option<UnwindTables>,
+    between: &mut dyn FnMut() -> bool,
+) -> (Vec<framehop::Module<TableBytes>>, TableMemory, Vec<u64>) {
     let text = avma.start.wrapping_sub(bias)..avma.end.wrapping_sub(bias);
     // base_svma 0: framehop adds it to 32-bit relative addresses unchecked.
-    let mut info = ExplicitModuleSectionInfo::<Vec<u8>> { base_svma: 0, ..Default::default() };
+    let mut info = ExplicitModuleSectionInfo::<TableBytes> { base_svma: 0, ..Default::default() };
     let mut dropped = Vec::new();
+    let mut memory = TableMemory::default();
+    // Stated-address ranges left out of the unwinder's modules (see below).
+    let mut carved: Vec<std::ops::Range<u64>> = Vec::new();
     if let Some(t) = tables {
         // The filter mirrors framehop's x86_64 rules; elsewhere the tables are
         // handed over as they are (the no-overflow argument is x86_64's).
         let filtered = if cfg!(target_arch = "x86_64") {
-            checked_tables(&t, build_id, text.start)
+            checked_tables(&t, build_id, text.start, between)
         } else {
-            Some(cfi_check::Filtered {
-                hdr: t.hdr.clone(),
-                kept: 0,
-                dropped: 0,
-                dropped_starts: Vec::new(),
-                dropped_entries: Vec::new(),
-            })
+            None
         };
-        if let Some(f) = filtered {
+        let hdr_range = t.hdr_svma..t.hdr_svma.wrapping_add(t.hdr.len() as u64);
+        let borrowed = matches!((&t.hdr, &t.eh_frame), (Cow::Borrowed(_), Cow::Borrowed(_)));
+        let hdr = match filtered {
+            Some(f) => {
+                dropped = f.dropped_starts.iter().map(|s| s.wrapping_add(bias)).collect();
+                if f.dropped == 0 && f.hdr[..] == t.hdr[..] {
+                    Some(t.hdr)
+                } else if let Some(ranges) =
+                    f.dropped_ranges.filter(|r| borrowed && !r.is_empty() && r.len() <= MAX_CARVED_RANGES)
+                {
+                    // Tables read in place keep their original search table
+                    // rather than a rebuilt copy (8 bytes an FDE): the code
+                    // where a lookup would find a dropped entry is left out
+                    // of the modules instead, so the handler never looks
+                    // one up (framehop unwinds code outside every module by
+                    // frame pointer, with checked arithmetic).
+                    carved = ranges;
+                    Some(t.hdr)
+                } else {
+                    Some(Cow::Owned(f.hdr))
+                }
+            }
+            None if cfg!(target_arch = "x86_64") => None,
+            None => Some(t.hdr),
+        };
+        if let Some(hdr) = hdr {
+            memory = TableMemory::of(&t.eh_frame).add(TableMemory::of(&hdr));
             let eh_end = t.eh_frame_svma.wrapping_add(t.eh_frame.len() as u64);
             info.eh_frame_svma = Some(t.eh_frame_svma..eh_end);
             info.eh_frame = Some(t.eh_frame);
-            info.eh_frame_hdr_svma = Some(t.hdr_svma..t.hdr_svma.wrapping_add(t.hdr.len() as u64));
-            info.eh_frame_hdr = Some(f.hdr);
-            dropped = f.dropped_starts.iter().map(|s| s.wrapping_add(bias)).collect();
+            info.eh_frame_hdr_svma = Some(hdr_range);
+            info.eh_frame_hdr = Some(hdr);
         }
     }
-    info.text_svma = Some(text);
+    info.text_svma = Some(text.clone());
     let name = String::from_utf8_lossy(path).into_owned();
-    (framehop::Module::new(name, avma, bias, info), dropped)
+    // The module's code minus the carved ranges, as memory ranges. Each piece
+    // shares the (borrowed) section data; only the range differs.
+    let mut pieces = Vec::new();
+    let mut from = text.start;
+    for r in carved.iter().chain(std::iter::once(&(text.end..text.end))) {
+        let to = r.start.clamp(from, text.end);
+        if from < to {
+            pieces.push(from.wrapping_add(bias)..to.wrapping_add(bias));
+        }
+        from = from.max(r.end.min(text.end));
+    }
+    let modules =
+        pieces.into_iter().map(|p| framehop::Module::new(name.clone(), p, bias, info.clone())).collect();
+    (modules, memory, dropped)
 }
+
+/// Most ranges carved out of a module whose search table is read in place;
+/// beyond this the table is rebuilt (each range splits the module in two).
+const MAX_CARVED_RANGES: usize = 16;
 
 /// [`cfi_check::filter_eh_frame_hdr`] on `t`, with the verdict taken from and
 /// kept in the [`CfiCache`] when one is configured and the object has a build id.
-fn checked_tables(t: &UnwindTables, build_id: &[u8], text_svma: u64) -> Option<cfi_check::Filtered> {
+fn checked_tables(
+    t: &UnwindTables,
+    build_id: &[u8],
+    text_svma: u64,
+    between: &mut dyn FnMut() -> bool,
+) -> Option<cfi_check::Filtered> {
     static CACHE: std::sync::OnceLock<Option<CfiCache>> = std::sync::OnceLock::new();
-    let filter = |known: Option<&[u32]>| {
-        cfi_check::filter_eh_frame_hdr(&t.hdr, t.hdr_svma, &t.eh_frame, t.eh_frame_svma, text_svma, known)
+    let mut filter = |known: Option<&[u32]>| {
+        cfi_check::filter_eh_frame_hdr(
+            &t.hdr,
+            t.hdr_svma,
+            &t.eh_frame,
+            t.eh_frame_svma,
+            text_svma,
+            known,
+            &mut *between,
+        )
     };
     let cached = CACHE.get_or_init(CfiCache::from_env).as_ref().and_then(|cache| {
         let key = cfi_cache::Key::new(build_id, &t.hdr, t.hdr_svma, &t.eh_frame, t.eh_frame_svma, text_svma)?;
@@ -408,11 +674,26 @@ impl ModuleTable {
 
 /// Build the first snapshot from a scan.
 pub(crate) fn initial_snapshot(objects: &[LoadedObject], generation: u64) -> UnwindSnapshot {
-    let mut unwinder = NativeUnwinder::new();
-    for u in objects.iter().filter_map(|o| o.unwind.as_ref()) {
+    let mut unwinder = NativeUnwinder::default();
+    for u in objects.iter().flat_map(|o| &o.unwind) {
         unwinder.add_module(u.clone());
     }
+    unwinder.pending = objects.iter().find_map(|o| o.deferred.as_ref()).map(DeferredTables::avma);
     UnwindSnapshot { generation, unwinder }
+}
+
+/// `prev` with the checked module of the deferred object added, and nothing
+/// pending: same modules, same generation.
+pub(crate) fn checked_snapshot(
+    prev: &UnwindSnapshot,
+    modules: Vec<framehop::Module<TableBytes>>,
+) -> UnwindSnapshot {
+    let mut unwinder = prev.unwinder.clone();
+    for m in modules {
+        unwinder.add_module(m);
+    }
+    unwinder.pending = None;
+    UnwindSnapshot { generation: prev.generation, unwinder }
 }
 
 /// The next snapshot: `prev` minus objects starting at `removed`, plus `added`.
@@ -424,12 +705,56 @@ pub(crate) fn next_snapshot(
 ) -> UnwindSnapshot {
     let mut unwinder = prev.unwinder.clone();
     for &start in removed {
-        unwinder.remove_module(start);
+        unwinder.frames.remove_module(start);
     }
-    for u in added.iter().filter_map(|o| o.unwind.as_ref()) {
+    for u in added.iter().flat_map(|o| &o.unwind) {
         unwinder.add_module(u.clone());
     }
     UnwindSnapshot { generation, unwinder }
+}
+
+/// With the `testing` feature (not a stable API): where the handler's unwinder
+/// would read each loaded object's unwind tables if a recorder started now.
+#[cfg(feature = "testing")]
+pub mod table_report {
+    /// One loaded object's unwind tables.
+    #[derive(Debug, Clone)]
+    pub struct ObjectTables {
+        /// The object's path (the executable's as `/proc/self/exe` names it).
+        pub path: Vec<u8>,
+        /// Its executable segments in memory: `(start, size)`.
+        pub exec_segments: Vec<(u64, u64)>,
+        /// Table bytes copied into the recorder's memory.
+        pub copied: u64,
+        /// Table bytes read where they are mapped.
+        pub mapped: u64,
+    }
+
+    /// Set the number of FDEs above which a recorder checks the executable's
+    /// unwind tables after `start` returns (default [`DEFAULT_DEFER_MIN_FDES`]);
+    /// returns the previous value.
+    pub fn set_defer_threshold(fdes: u64) -> u64 {
+        super::DEFER_THRESHOLD.swap(fdes, std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// The default of [`set_defer_threshold`].
+    pub const DEFAULT_DEFER_MIN_FDES: u64 = super::DEFER_MIN_FDES;
+
+    /// Scan this process's objects as `start` does.
+    pub fn scan() -> Vec<ObjectTables> {
+        use std::os::unix::ffi::OsStringExt;
+        let exe =
+            std::fs::read_link("/proc/self/exe").map(|p| p.into_os_string().into_vec()).unwrap_or_default();
+        super::scan(&exe, &|_| false, true)
+            .into_iter()
+            .map(|o| ObjectTables {
+                path: o.key.path,
+                exec_segments: o.segments.iter().map(|s| (s.avma, s.size)).collect(),
+                copied: o.table_memory.copied,
+                mapped: o.table_memory.borrowed,
+            })
+            .collect()
+    }
 }
 
 #[cfg(test)]
@@ -473,7 +798,7 @@ mod tests {
 
     #[test]
     fn scan_finds_executable_and_libc() {
-        let objs = scan(b"/proc/self/exe", &|_| false);
+        let objs = scan(b"/proc/self/exe", &|_| false, false);
         assert!(objs.iter().any(|o| o.key.path == b"/proc/self/exe"), "executable missing");
         assert!(objs.iter().any(|o| String::from_utf8_lossy(&o.key.path).contains("libc")), "libc missing");
         let exe = objs.iter().find(|o| o.key.path == b"/proc/self/exe").unwrap();
@@ -482,5 +807,21 @@ mod tests {
         assert!(exe.segments.iter().any(|s| s.avma <= pc && pc < s.avma + s.size));
         let (a, _) = dl_counters();
         assert!(a >= objs.len() as u64);
+    }
+
+    /// The executable's `.eh_frame` is read where it is mapped, never copied;
+    /// libraries' tables are copied.
+    #[test]
+    fn executable_tables_are_borrowed_and_libraries_copied() {
+        let objs = scan(b"/proc/self/exe", &|_| false, false);
+        let exe = objs.iter().find(|o| o.key.path == b"/proc/self/exe").unwrap();
+        assert!(!exe.unwind.is_empty(), "the test executable has unwind tables");
+        assert!(exe.table_memory.borrowed > 0, "{:?}", exe.table_memory);
+        let libc = objs.iter().find(|o| String::from_utf8_lossy(&o.key.path).contains("libc.so")).unwrap();
+        assert_eq!(libc.table_memory.borrowed, 0);
+        assert!(libc.table_memory.copied > 0);
+        // The unwinder finds the executable's functions through the borrowed tables.
+        let pc = executable_tables_are_borrowed_and_libraries_copied as *const () as usize as u64;
+        assert!(exe.unwind.iter().any(|m| m.avma_range().contains(&pc)));
     }
 }

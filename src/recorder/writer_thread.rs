@@ -181,6 +181,12 @@ pub(crate) struct WriterState {
     pub rotation: Option<Rotation>,
     /// The perf-stack engine's unwinding (that engine only).
     pub stack_sampler: Option<StackSampler>,
+    /// Unwind-table bytes handed to the handler's unwinder so far, by where
+    /// they live (every object seen while recording).
+    pub table_memory: modules::TableMemory,
+    /// The executable's unwind tables when their check was left until after
+    /// start; the writer runs it first, between its ticks.
+    pub deferred: Option<modules::DeferredTables>,
 }
 
 /// The state of a rotating recording.
@@ -272,6 +278,11 @@ struct Run {
     scanned_at: Instant,
     /// Ring slots the last drain took.
     drained: usize,
+    /// The shortened wait while the ring fills faster than the interval
+    /// drains it (see `adapt_wait`).
+    short: Option<Duration>,
+    /// The ring-full loss count at the last tick.
+    lost_before: u64,
     /// The perf-stack engine's unwinding, taken out of the state.
     stack_sampler: Option<StackSampler>,
     /// The control channel's eventfd (perf-stack engine only).
@@ -454,6 +465,8 @@ pub(crate) fn main(rx: Receiver<Control>, wake: Option<Arc<OwnedFd>>) -> Result<
         named_at_scan: 0,
         scanned_at: Instant::now(),
         drained: 0,
+        short: None,
+        lost_before: 0,
         stack_sampler,
         wake,
     };
@@ -462,9 +475,11 @@ pub(crate) fn main(rx: Receiver<Control>, wake: Option<Arc<OwnedFd>>) -> Result<
     run.timeline.verified.resize(run.st.generation as usize + 1, 0);
     run.timeline.exact.resize(run.st.generation as usize + 1, true);
     let mut next = Instant::now() + interval;
-    // The shortened wait while the ring fills faster than the interval drains it.
-    let mut short: Option<Duration> = None;
-    let mut lost_before = 0u64;
+    if let Some(d) = run.st.deferred.take() {
+        if !run.check_deferred(d, &rx, &mut next, interval) {
+            return run.finish();
+        }
+    }
     loop {
         match run.next_event(&rx, next) {
             Event::Control(Control::Stop) | Event::Closed => break,
@@ -473,28 +488,7 @@ pub(crate) fn main(rx: Receiver<Control>, wake: Option<Arc<OwnedFd>>) -> Result<
             }
             Event::Control(Control::Start(_)) | Event::Control(Control::Abort) | Event::Again => {}
             Event::Rings => run.drain_step(),
-            Event::Tick => {
-                run.tick();
-                if run.st.rotation.as_ref().is_some_and(|r| Instant::now() >= r.due) {
-                    run.rotate();
-                }
-                // Fixed rate: the next tick is one interval after this one was
-                // due, not after it finished, so flushes never drift apart.
-                next += interval;
-                let now = Instant::now();
-                if next <= now {
-                    next = now + interval;
-                }
-                // Samples that arrived since the last drain: those it took and
-                // those lost to a full ring.
-                let lost = run.st.shared.counters.lost_ring_full.load(Ordering::Relaxed);
-                let arrived = (run.drained as u64).saturating_add(lost.saturating_sub(lost_before));
-                lost_before = lost;
-                let wait = short.unwrap_or(interval);
-                let wait = adapt_wait(wait, arrived, run.st.shared.ring.capacity() as u64, interval);
-                short = (wait < interval).then_some(wait);
-                next = next.min(now + wait);
-            }
+            Event::Tick => run.scheduled(&mut next, interval),
         }
     }
     run.finish()
@@ -601,6 +595,70 @@ impl Run {
         super::sys::list_tids().ok()
     }
 
+    /// The work due at `next`: a tick, and a new segment when one is due.
+    fn scheduled(&mut self, next: &mut Instant, interval: Duration) {
+        self.tick();
+        if self.st.rotation.as_ref().is_some_and(|r| Instant::now() >= r.due) {
+            self.rotate();
+        }
+        // Fixed rate: the next tick is one interval after this one was due,
+        // not after it finished, so flushes never drift apart.
+        *next += interval;
+        let now = Instant::now();
+        if *next <= now {
+            *next = now + interval;
+        }
+        // Samples that arrived since the last drain: those it took and those
+        // lost to a full ring; the next wait follows their rate.
+        let lost = self.st.shared.counters.lost_ring_full.load(Ordering::Relaxed);
+        let arrived = (self.drained as u64).saturating_add(lost.saturating_sub(self.lost_before));
+        self.lost_before = lost;
+        let wait = self.short.unwrap_or(interval);
+        let wait = adapt_wait(wait, arrived, self.st.shared.ring.capacity() as u64, interval);
+        self.short = (wait < interval).then_some(wait);
+        *next = (*next).min(now + wait);
+    }
+
+    /// Check the executable's unwind tables left from start, keeping to the
+    /// writer's schedule meanwhile (ticks when due, control messages answered),
+    /// then hand the checked module to the handler: same modules, same
+    /// generation. False when asked to stop during the check (the executable
+    /// then stays without tables: its frames end the stacks).
+    fn check_deferred(
+        &mut self,
+        d: modules::DeferredTables,
+        rx: &Receiver<Control>,
+        next: &mut Instant,
+        interval: Duration,
+    ) -> bool {
+        let mut stop = false;
+        let checked = d.check(&mut || {
+            loop {
+                match rx.try_recv() {
+                    Ok(Control::Stop) | Err(TryRecvError::Disconnected) => {
+                        stop = true;
+                        return false;
+                    }
+                    Ok(Control::Python { entering, ack }) => {
+                        let _ = ack.send(self.python_mark(entering));
+                    }
+                    Ok(Control::Start(_)) | Ok(Control::Abort) => {}
+                    Err(TryRecvError::Empty) => break,
+                }
+            }
+            if Instant::now() >= *next {
+                self.scheduled(next, interval);
+            }
+            true
+        });
+        if let Some((module, memory)) = checked {
+            let snap = self.st.shared.snapshot.with_current(|cur| modules::checked_snapshot(cur, module));
+            self.retired.push(self.st.shared.snapshot.replace(Box::new(snap)));
+            self.st.table_memory = self.st.table_memory.add(memory);
+        }
+        !stop
+    }
+
     fn tick(&mut self) {
         let tids = self.threads_to_scan();
         if let Some(tids) = &tids {
@@ -671,7 +729,7 @@ impl Run {
         let known: HashSet<modules::ObjectKey> =
             self.st.table.entries.iter().filter(|e| e.gen_removed.is_none()).map(|e| e.key.clone()).collect();
         // Objects already in the table are listed without copying their data again.
-        let objects = modules::scan(&self.st.exe_path, &|k| known.contains(k));
+        let objects = modules::scan(&self.st.exe_path, &|k| known.contains(k), false);
         let gen = self.st.generation + 1;
         let present: HashSet<&modules::ObjectKey> = objects.iter().map(|o| &o.key).collect();
         let removed: Vec<usize> = (0..self.st.table.entries.len())
@@ -681,6 +739,7 @@ impl Run {
             })
             .collect();
         let added: Vec<LoadedObject> = objects.into_iter().filter(|o| !known.contains(&o.key)).collect();
+        self.st.table_memory = added.iter().fold(self.st.table_memory, |m, o| m.add(o.table_memory));
         if removed.is_empty() && added.is_empty() {
             // The counters moved but the objects are the same (say, a library
             // opened and closed between two ticks): the state now is the current
@@ -1107,6 +1166,8 @@ impl Run {
             segments_written: self.st.rotation.as_ref().map_or(1, |r| r.seq + 1),
             segments_deleted: self.st.rotation.as_ref().map_or(0, |r| r.deleted),
             writer_cpu: super::sys::thread_cpu_time(),
+            unwind_tables_copied: self.st.table_memory.copied,
+            unwind_tables_mapped: self.st.table_memory.borrowed,
         })
     }
 }

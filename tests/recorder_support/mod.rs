@@ -111,3 +111,21 @@ pub fn perf_stack_engine_for(test: &str) -> (spulse::EngineChoice, spulse::Engin
         fallback => fallback,
     }
 }
+
+/// Sets the number of FDEs above which a recorder checks the executable's
+/// unwind tables after `start` returns (until then, stacks stop at the
+/// executable's frames), and restores the previous value when dropped. Tests
+/// that need every sample unwound from the first one use `u64::MAX`.
+pub struct DeferThreshold(u64);
+
+impl DeferThreshold {
+    pub fn set(fdes: u64) -> DeferThreshold {
+        DeferThreshold(spulse::testing::unwind_tables::set_defer_threshold(fdes))
+    }
+}
+
+impl Drop for DeferThreshold {
+    fn drop(&mut self) {
+        spulse::testing::unwind_tables::set_defer_threshold(self.0);
+    }
+}

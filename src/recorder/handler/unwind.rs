@@ -108,7 +108,9 @@ fn native_regs(r: &Regs) -> framehop::UnwindRegsNative {
 
 /// Walk the stack from `regs` into `out` (leaf pc first, then raw return
 /// addresses). Returns the number of addresses written and whether the walk
-/// stopped before the root (unwinding error, or `out` full).
+/// stopped before the root (unwinding error, `out` full, or a frame in the
+/// code whose unwind tables are still being checked: its caller is not known
+/// yet).
 #[inline]
 pub(crate) fn unwind_into<F>(
     unwinder: &NativeUnwinder,
@@ -123,7 +125,7 @@ where
     if out.is_empty() {
         return (0, true);
     }
-    let mut iter = unwinder.iter_frames(regs.pc, native_regs(regs), cache, read_stack);
+    let mut iter = unwinder.frames.iter_frames(regs.pc, native_regs(regs), cache, read_stack);
     let mut n = 0;
     loop {
         match iter.next() {
@@ -131,11 +133,16 @@ where
                 if n == out.len() {
                     return (n, true);
                 }
-                out[n] = match frame {
-                    FrameAddress::InstructionPointer(pc) => pc,
-                    FrameAddress::ReturnAddress(ra) => ra.get(),
+                let (addr, lookup) = match frame {
+                    FrameAddress::InstructionPointer(pc) => (pc, pc),
+                    FrameAddress::ReturnAddress(ra) => (ra.get(), ra.get() - 1),
                 };
+                out[n] = addr;
                 n += 1;
+                // Stop before framehop unwinds this frame without its tables.
+                if unwinder.pending.as_ref().is_some_and(|r| r.contains(&lookup)) {
+                    return (n, true);
+                }
             }
             Ok(None) => return (n, false),
             Err(_) => return (n, true),
@@ -183,17 +190,22 @@ mod tests {
         let lit4 = fde(&mut eh, eh_svma, c, text + 0x40, 0x40, &[0x0f, 1, 0x34]);
         eh.extend_from_slice(&[0, 0, 0, 0]);
         let tables = modules::UnwindTables {
-            hdr: hdr(hdr_svma, eh_svma, &[(text, good), (text + 0x40, lit4)]),
+            hdr: hdr(hdr_svma, eh_svma, &[(text, good), (text + 0x40, lit4)]).into(),
             hdr_svma,
-            eh_frame: eh,
+            eh_frame: eh.into(),
             eh_frame_svma: eh_svma,
         };
         let bias = avma - text;
-        let (module, dropped) =
+        let eh_len = tables.eh_frame.len() as u64;
+        let (module, memory, dropped) =
             modules::unwind_module(b"synthetic", b"", avma..avma + 0x1000, bias, Some(tables));
+        assert_eq!(module.len(), 1, "owned tables: one module, the search table rebuilt");
         assert_eq!(dropped, [avma + 0x40]);
-        let mut unwinder = NativeUnwinder::new();
-        unwinder.add_module(module);
+        // Owned tables, and a rebuilt search table (one entry of 8 bytes fewer).
+        assert_eq!(memory.borrowed, 0);
+        assert_eq!(memory.copied, eh_len + 12 + 8);
+        let mut unwinder = NativeUnwinder::default();
+        unwinder.add_module(module.into_iter().next().unwrap());
         let pool = CachePool::new(1);
         let mut guard = pool.claim(0).unwrap();
         let mut out = [0u64; 8];
@@ -201,6 +213,114 @@ mod tests {
         let (n, truncated) = unwind_into(&unwinder, guard.cache(), &regs, &mut |_| Err(()), &mut out);
         assert_eq!((n, truncated), (1, true));
         assert_eq!(out[0], avma + 0x48);
+    }
+
+    /// Tables read in place keep their original search table: the code whose
+    /// lookup would find the dropped FDE is left out of the modules instead,
+    /// and nothing is copied.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn borrowed_tables_leave_out_the_code_of_dropped_fdes() {
+        use crate::recorder::cfi_check::synth::{cie, fde, hdr};
+        let (hdr_svma, eh_svma, text, avma) = (0x1000u64, 0x2000u64, 0x10000u64, 0x5000_0000u64);
+        let mut eh = Vec::new();
+        let c = cie(&mut eh, &[0x0c, 7, 8, 0x90, 1]);
+        let plain = [0x41, 0x0e, 16, 0x86, 2, 0x43, 0x0d, 6];
+        let good = fde(&mut eh, eh_svma, c, text, 0x40, &plain);
+        // DW_CFA_def_cfa_expression { DW_OP_lit4 }: dropped by the check.
+        let lit4 = fde(&mut eh, eh_svma, c, text + 0x40, 0x40, &[0x0f, 1, 0x34]);
+        let after = fde(&mut eh, eh_svma, c, text + 0x80, 0x40, &plain);
+        eh.extend_from_slice(&[0, 0, 0, 0]);
+        let h = hdr(hdr_svma, eh_svma, &[(text, good), (text + 0x40, lit4), (text + 0x80, after)]);
+        let (h, eh): (&'static [u8], &'static [u8]) = (Box::leak(h.into()), Box::leak(eh.into()));
+        let tables =
+            modules::UnwindTables { hdr: h.into(), hdr_svma, eh_frame: eh.into(), eh_frame_svma: eh_svma };
+        let bias = avma - text;
+        let (pieces, memory, dropped) =
+            modules::unwind_module(b"synthetic", b"", avma..avma + 0x1000, bias, Some(tables));
+        assert_eq!(dropped, [avma + 0x40]);
+        assert_eq!((memory.copied, memory.borrowed), (0, (h.len() + eh.len()) as u64));
+        let ranges: Vec<_> = pieces.iter().map(|m| m.avma_range()).collect();
+        assert_eq!(ranges, [avma..avma + 0x40, avma + 0x80..avma + 0x1000]);
+
+        let mut unwinder = NativeUnwinder::default();
+        for m in pieces {
+            unwinder.add_module(m);
+        }
+        let pool = CachePool::new(1);
+        let mut guard = pool.claim(0).unwrap();
+        let mut out = [0u64; 8];
+        // In the dropped function: no module, so framehop follows the frame
+        // pointer (here: unreadable) and never evaluates the FDE.
+        let regs = Regs { pc: avma + 0x48, sp: 0x7000_0000, fp: 0x7000_0100, lr: 0 };
+        let r = unwind_into(&unwinder, guard.cache(), &regs, &mut |_| Err(()), &mut out);
+        assert_eq!((r, out[0]), ((1, true), avma + 0x48));
+        // In the functions on either side, their own FDEs: at their first
+        // instruction the return address is at sp.
+        for pc in [avma, avma + 0x80] {
+            let stack = [0x1234u64];
+            let sp = stack.as_ptr() as u64;
+            let mut read = |a: u64| if a == sp { Ok(stack[0]) } else { Err(()) };
+            let regs = Regs { pc, sp, fp: 0, lr: 0 };
+            let r = unwind_into(&unwinder, guard.cache(), &regs, &mut read, &mut out);
+            assert_eq!((r.0, &out[..2]), (2, &[pc, 0x1234][..]), "{pc:#x}");
+        }
+    }
+
+    /// While an object's tables are being checked, a walk stops at its first
+    /// frame, which it keeps: a leaf in that code, or a caller there.
+    #[test]
+    fn a_walk_stops_at_code_whose_tables_are_pending() {
+        let objects = modules::scan(b"", &|_| false, false);
+        let full = modules::initial_snapshot(&objects, 0);
+        let here = a_walk_stops_at_code_whose_tables_are_pending as fn() as usize as u64;
+        let exe =
+            objects.iter().find(|o| o.segments.iter().any(|s| s.avma <= here && here - s.avma < s.size));
+        let exe = exe.expect("the test executable");
+        assert!(!exe.unwind.is_empty(), "checked at scan");
+        let mut pending = full.unwinder.clone();
+        for m in &exe.unwind {
+            pending.frames.remove_module(m.avma_range().start);
+        }
+        let range = exe.unwind[0].avma_range().start..exe.unwind.last().unwrap().avma_range().end;
+        pending.pending = Some(range);
+
+        let pool = CachePool::new(1);
+        let mut guard = pool.claim(0).unwrap();
+        let mut out = [0u64; 8];
+        // A stack that a frame-pointer guess would follow: [fp] = 0 (the
+        // root), [fp + 8] = a return address into libc.
+        let getpid = libc::getpid as unsafe extern "C" fn() -> libc::pid_t as usize as u64;
+        let stack = [here + 1, 0, getpid + 0x10, 0];
+        let base = stack.as_ptr() as u64;
+        let mut read = |a: u64| -> Result<u64, ()> {
+            let i = a.wrapping_sub(base) / 8;
+            if a % 8 == 0 && a >= base && i < 4 {
+                Ok(stack[i as usize])
+            } else {
+                Err(())
+            }
+        };
+        // A leaf in the pending code: that frame only, marked truncated.
+        let leaf = Regs { pc: here, sp: base, fp: base + 8, lr: 0 };
+        let r = unwind_into(&pending, guard.cache(), &leaf, &mut read, &mut out);
+        assert_eq!((r, out[0]), ((1, true), here));
+        // The rest is x86_64's calling convention (the return address on the
+        // stack at a function's entry; aarch64 keeps it in the link register).
+        if cfg!(not(target_arch = "x86_64")) {
+            return;
+        }
+        // Without the stop, framehop would have guessed a caller by frame
+        // pointer (there are no tables for that code in this unwinder).
+        let mut guessing = pending.clone();
+        guessing.pending = None;
+        let r = unwind_into(&guessing, guard.cache(), &leaf, &mut read, &mut out);
+        assert!(r.0 >= 2 && out[1] == getpid + 0x10, "{r:?} {:x?}", &out[..r.0]);
+        // A libc leaf whose caller is in the pending code: the walk reads the
+        // return address (at sp on entry to a function), keeps it, and stops.
+        let regs = Regs { pc: getpid, sp: base, fp: 0, lr: 0 };
+        let r = unwind_into(&pending, guard.cache(), &regs, &mut read, &mut out);
+        assert_eq!((r, &out[..2]), ((2, true), &[getpid, here + 1][..]));
     }
 
     proptest! {
@@ -224,7 +344,7 @@ mod tests {
         ) {
             thread_local! {
                 static SNAP: (modules::UnwindSnapshot, Vec<u64>) = {
-                    let objects = modules::scan(b"", &|_| false);
+                    let objects = modules::scan(b"", &|_| false, false);
                     (modules::initial_snapshot(&objects, 0), code_addresses(&objects))
                 };
             }
