@@ -28,9 +28,12 @@
 //! dynamic loader inside the handler. It uses no Rust thread-local. It never
 //! panics by construction, in every build profile of a dependent crate
 //! (overflow checks on or off): slice accesses are bounded by checks, our
-//! arithmetic is wrapping or checked, and framehop is handed only unwind tables
-//! whose every step it performs with checked arithmetic (`cfi_check.rs` gives
-//! the argument, line by line through framehop and gimli). An `extern "C"`
+//! arithmetic is wrapping or checked, and framehop only ever evaluates unwind
+//! entries whose every step it performs with checked arithmetic: the others
+//! are left out of the table it searches, or, where the executable's original
+//! table is kept, the code they cover is left out of its module, so no lookup
+//! reaches them (`cfi_check.rs` gives the argument, line by line through
+//! framehop and gimli). An `extern "C"`
 //! function aborts rather than unwinding out of a signal frame. The handler runs on the
 //! interrupted thread's own stack (no `SA_ONSTACK`: Rust's 8 KiB alternate
 //! stacks are too small for the ~17 KiB the unwinder needs).
