@@ -646,6 +646,13 @@ impl Run {
                     Err(TryRecvError::Empty) => break,
                 }
             }
+            // The perf-stack engine's rings fill meanwhile: drain those at
+            // their watermark as the main loop would (their stacks stop at the
+            // executable's frames until the check is done).
+            let rings = self.st.engine.stack_events().map(|e| e.wait(Duration::ZERO));
+            if matches!(rings, Some(Woken::Rings)) {
+                self.drain_step();
+            }
             if Instant::now() >= *next {
                 self.scheduled(next, interval);
             }
