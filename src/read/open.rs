@@ -118,7 +118,8 @@ fn clear_nonblocking(file: &File) -> io::Result<()> {
     if flags < 0 {
         return Err(io::Error::last_os_error());
     }
-    // SAFETY: as above; F_SETFL only changes the status flags of our own fd.
+    // SAFETY: `fd` is open (owned by `file`, alive for this call); F_SETFL only
+    // changes its status flags.
     if unsafe { libc::fcntl(fd, libc::F_SETFL, flags & !libc::O_NONBLOCK) } < 0 {
         return Err(io::Error::last_os_error());
     }

@@ -180,7 +180,8 @@ extern "C" fn on_signal(sig: c_int, info: *mut libc::siginfo_t, ctx: *mut c_void
     // SAFETY: __errno_location returns this thread's errno slot (initial-exec TLS,
     // always allocated); reading and writing it is what every C handler does.
     let errno = unsafe { libc::__errno_location() };
-    // SAFETY: see above.
+    // SAFETY: `errno` is this thread's errno slot, valid and aligned for the
+    // thread's life; reading an int from it has no other effect.
     let saved = unsafe { *errno };
     // SAFETY: `info` comes from the kernel (SA_SIGINFO).
     match unsafe { classify(sig, info) } {

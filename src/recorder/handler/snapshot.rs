@@ -68,7 +68,9 @@ pub(crate) fn reclaim(retired: &mut Vec<Retired>) {
         return;
     }
     for r in retired.drain(..) {
-        // SAFETY: see above; `r.0` came from Box::into_raw and is owned by `r`.
+        // SAFETY: `quiescent()` saw no handler running after the snapshot was
+        // swapped out, so no handler holds `r.0` or can load it again; it came
+        // from Box::into_raw and is owned by `r` alone, freed only here.
         drop(unsafe { Box::from_raw(r.0) });
     }
 }

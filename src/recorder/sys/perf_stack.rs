@@ -585,7 +585,8 @@ mod tests {
         unsafe { copy_wrapped(data.as_ptr(), data.len(), 13, &mut out) };
         assert_eq!(out, [13, 14, 15, 0, 1, 2]);
         let mut whole = [0u8; 16];
-        // SAFETY: as above, the whole area from offset 0.
+        // SAFETY: offset 0 < 16 and 16 <= 16 bytes of our own vector: the
+        // copy reads exactly the whole area once.
         unsafe { copy_wrapped(data.as_ptr(), data.len(), 0, &mut whole) };
         assert_eq!(whole.to_vec(), data);
     }
