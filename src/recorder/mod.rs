@@ -139,10 +139,10 @@ impl LostSamples {
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum KernelTime {
-    /// Sampled: system CPU time is sampled at an eighth of the rate, each
-    /// sample weighing eight intervals (a period of the kernel-time event ends
-    /// every eight sampling periods of the thread's running time, in user mode
-    /// too, where its timer is pure cost), as a sample whose leaf is a
+    /// Sampled: system CPU time is sampled at 1/8.618 of the rate, each
+    /// sample weighing 8 or 9 intervals, 8.618 on average (a period of the
+    /// kernel-time event ends every 8.618 sampling periods of the thread's
+    /// running time, in user mode too, where its timer is pure cost), as a sample whose leaf is a
     /// kernel-mode absolute frame (address 0: the kernel function is not
     /// known) on top of the user stack that entered the kernel.
     Sampled,
@@ -210,7 +210,7 @@ pub struct Stats {
     /// Whether system CPU time was sampled, and if not, why.
     pub kernel_time: KernelTime,
     /// Sample intervals whose period ended in kernel mode (written with a
-    /// kernel leaf), counted by weight: a kernel-time sample stands for eight.
+    /// kernel leaf), counted by weight: a kernel-time sample stands for 8 or 9.
     pub kernel_samples: u64,
     /// Threads that got no kernel-time event (more than 512 threads, or no
     /// descriptor below 4096 free): only their user time was sampled.
@@ -1146,8 +1146,7 @@ fn start_inner(b: &RecorderBuilder, path: &Path) -> Result<Guard, Error> {
         bounds: StackBounds { main_top, main_span, tcb_block_offset, tcb_tid_offset },
         counters: Counters::default(),
         weight_cap: MAX_SIGNAL_WEIGHT,
-        period_ns,
-        kernel_weight: sys::perf::KERNEL_PERIOD_FACTOR,
+        kernel_weight_milli: sys::perf::KERNEL_PERIOD_MILLI,
         names: handler::ThreadNames::default(),
     });
 
@@ -1318,7 +1317,7 @@ fn start_kernel_time(
             // drop our signals rather than run the handler.
             match handler::install(Signal::SIGURG) {
                 Ok(installed) => match sys::perf::KernelEvents::start(
-                    period_ns.saturating_mul(sys::perf::KERNEL_PERIOD_FACTOR as u64),
+                    period_ns.saturating_mul(sys::perf::KERNEL_PERIOD_MILLI) / 1000,
                     writer_tid,
                 ) {
                     Ok(k) => (engine::Engine::Perf(p, Some(k)), KernelTime::Sampled),

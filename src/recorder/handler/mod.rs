@@ -19,7 +19,6 @@
 //! runs with `MustNotAllocateDuringUnwind`); it calls only `clock_gettime`
 //! (vDSO), `pthread_self` (reads the thread pointer), `__errno_location`,
 //! `prctl(PR_GET_NAME)` (once per thread, on its first sample),
-//! `ioctl(PERF_EVENT_IOC_PERIOD)` (after a kernel-mode sample, see `rephase`),
 //! `syscall(SYS_gettid)` (only if the TCB probe below failed; otherwise the
 //! thread id is read from glibc's `struct pthread`) and, for foreign signals,
 //! `sigaction`/`tgkill`; the executable is linked with full
@@ -205,9 +204,6 @@ extern "C" fn on_signal(sig: c_int, info: *mut libc::siginfo_t, ctx: *mut c_void
                 let st = unsafe { &*st };
                 // SAFETY: `ctx` is the kernel's ucontext for this signal.
                 unsafe { record(st, weight, kernel_fd.is_some(), ctx) };
-                if let Some(fd) = kernel_fd {
-                    rephase(st, fd);
-                }
             }
             IN_HANDLER.fetch_sub(1, Ordering::SeqCst);
             #[cfg(feature = "testing")]
@@ -220,44 +216,6 @@ extern "C" fn on_signal(sig: c_int, info: *mut libc::siginfo_t, ctx: *mut c_void
     // life; restoring it undoes any change made while the handler ran.
     unsafe { *errno = saved };
 }
-
-/// Give the kernel-time event `fd` a next period drawn uniformly from
-/// `[period / 2, 3 * period / 2)` (mean: the period). The user-time and
-/// kernel-time events of a thread run on separate timers with the same period:
-/// opened a few microseconds apart, the kernel one would expire, period after
-/// period, just after the user one, while the kernel delivers the user
-/// event's signal, and count that kernel time many times over (measured: up to
-/// twice the thread's system time). A random next period after one kernel
-/// sample in four, at random, keeps the two out of step.
-#[inline]
-fn rephase(st: &Shared, fd: c_int) {
-    let p = st.period_ns.saturating_mul(st.kernel_weight as u64).max(2);
-    // splitmix64 of the time and the thread pointer: no state to share.
-    // SAFETY: pthread_self only reads the thread pointer register.
-    let mut z = now_us() ^ (unsafe { libc::pthread_self() } as u64).rotate_left(32);
-    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^= z >> 31;
-    // Setting a period restarts the event's count, so the time from the
-    // overflow to this call (the rest of the system call, the signal's
-    // delivery, this handler) goes uncounted: after every kernel sample that
-    // lost about 8% of system time (capture 0.90-0.93 of CPU x frequency).
-    // One kernel sample in four is enough to break the lockstep.
-    if z >> 62 != 0 {
-        return;
-    }
-    let next: u64 = p / 2 + z % p;
-    // SAFETY: PERF_EVENT_IOC_PERIOD reads one u64 through the pointer. `fd` is
-    // one of our kernel-time events (it was marked in KERNEL_FDS) and still
-    // open: the writer closes an event only when its thread, the one running
-    // this handler, has exited, or after `unpublish` saw no handler running.
-    // A failure only leaves the period as it was.
-    unsafe { libc::ioctl(fd, PERF_EVENT_IOC_PERIOD as _, &next as *const u64) };
-}
-
-/// `_IOW('$', 4, __u64)`.
-const PERF_EVENT_IOC_PERIOD: libc::c_ulong = 0x4008_2404;
 
 /// Pass a foreign signal to the disposition that was in place before ours.
 ///
@@ -308,7 +266,7 @@ unsafe fn chain(sig: c_int, info: *mut libc::siginfo_t, ctx: *mut c_void) {
 #[inline]
 unsafe fn record(st: &Shared, weight: u32, kernel: bool, ctx: *mut c_void) {
     let c = &st.counters;
-    let weight = if kernel { weight.saturating_mul(st.kernel_weight) } else { weight };
+    let weight = if kernel { kernel_weight(st) } else { weight };
     c.signals.fetch_add(1, Ordering::Relaxed);
     let weight = if weight > st.weight_cap {
         c.overrun_capped.fetch_add((weight - st.weight_cap) as u64, Ordering::Relaxed);
@@ -402,6 +360,16 @@ unsafe fn record(st: &Shared, weight: u32, kernel: bool, ctx: *mut c_void) {
     claim.publish(time_us, tid, weight, snap.generation, depth, flags);
 }
 
+/// The weight of the next kernel-time sample: 8 or 9, so that the first n
+/// kernel samples of the recording weigh `n x kernel_weight_milli / 1000` in all.
+#[inline]
+fn kernel_weight(st: &Shared) -> u32 {
+    let n = st.counters.kernel_signals.fetch_add(1, Ordering::Relaxed);
+    let m = st.kernel_weight_milli;
+    let w = (n.wrapping_add(1).wrapping_mul(m) / 1000).wrapping_sub(n.wrapping_mul(m) / 1000);
+    w.min(u32::MAX as u64) as u32
+}
+
 /// Read one stack word, only inside `[lo, hi)` and 8-byte aligned.
 #[inline]
 fn read_stack_word(lo: u64, hi: u64, addr: u64) -> Result<u64, ()> {
@@ -489,7 +457,6 @@ fn prime() {
         libc::sigaction(libc::SIGPROF, std::ptr::null(), std::ptr::null_mut());
         let mut name = [0u8; 16];
         libc::prctl(libc::PR_GET_NAME, name.as_mut_ptr() as libc::c_ulong, 0, 0, 0);
-        libc::ioctl(-1, PERF_EVENT_IOC_PERIOD as _, std::ptr::null::<u64>());
     }
 }
 

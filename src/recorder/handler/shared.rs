@@ -18,8 +18,10 @@ pub(crate) struct Counters {
     pub overrun_capped: AtomicU64,
     pub truncated: AtomicU64,
     pub foreign_stack: AtomicU64,
-    /// Samples whose period ended in kernel mode.
+    /// Samples whose period ended in kernel mode (by weight).
     pub kernel: AtomicU64,
+    /// Kernel-time signals handled: the dithering of their weights.
+    pub kernel_signals: AtomicU64,
 }
 
 /// Stack bounds the handler trusts (see the handler's module documentation).
@@ -41,12 +43,10 @@ pub(crate) struct Shared {
     pub bounds: StackBounds,
     pub counters: Counters,
     pub weight_cap: u32,
-    /// The sampling period in nanoseconds.
-    pub period_ns: u64,
-    /// Sample intervals one kernel-time sample stands for: the kernel-time
-    /// events run at this many times the period (see
-    /// `sys::perf::KERNEL_PERIOD_FACTOR`).
-    pub kernel_weight: u32,
+    /// Sample intervals a kernel-time sample stands for on average, in
+    /// thousandths: the kernel-time events' period in sampling periods (see
+    /// `sys::perf::KERNEL_PERIOD_MILLI`).
+    pub kernel_weight_milli: u64,
     /// Names of the threads sampled, taken on their first sample.
     pub names: ThreadNames,
 }

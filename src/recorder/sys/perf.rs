@@ -68,14 +68,13 @@
 //! any signal: restarted (`SA_RESTART`) or `EINTR` for calls that are never
 //! restarted (`epoll_wait`, `select`, ...).
 //!
-//! The kernel event's period is [`KERNEL_PERIOD_FACTOR`] sampling periods and
-//! each of its samples weighs as many intervals: a task-clock timer fires every
-//! period the thread runs, in user mode too (where an `exclude_user` event
-//! drops the overflow), so at one period the kernel event doubled the cost of
-//! sampling a thread that never enters the kernel. Both events run on timers
-//! whose periods are multiples of each other; the handler draws the kernel
-//! event's next period at random after one of its samples in four (see
-//! `rephase` in the handler) so the two never stay in step. What remains: a
+//! The kernel event's period is 8.618 sampling periods
+//! ([`KERNEL_PERIOD_MILLI`]) and each of its samples weighs as many intervals
+//! on average: a task-clock timer fires every period the thread runs, in user
+//! mode too (where an `exclude_user` event drops the overflow), so at one
+//! period the kernel event doubled the cost of sampling a thread that never
+//! enters the kernel; the fraction keeps the two events' timers out of step
+//! without touching them from the handler. What remains: a
 //! period that expires while the kernel switches the thread in or out, or
 //! delivers one of our signals, is kernel time as perf sees it (`perf record`
 //! shows the same), while `getrusage` counts system time by the scheduler tick;
@@ -115,14 +114,23 @@ pub(super) struct PerfEventAttr {
     pub(super) sig_data: u64,
 }
 
-/// The kernel-time events' period, in sampling periods; each of their samples
-/// stands for this many intervals. A task-clock event's timer fires every
-/// period the thread runs, in user mode too, where an `exclude_user` event
-/// drops the overflow: at one period it doubled the cost of sampling a thread
-/// that stays in user space (measured with `compare/gaps.py`: 17.5 against
-/// 33.2 us per sample at 999 Hz). At eight periods that timer costs an eighth,
-/// and system time is still sampled without bias, at an eighth of the rate.
-pub(crate) const KERNEL_PERIOD_FACTOR: u32 = 8;
+/// The kernel-time events' period, in thousandths of a sampling period
+/// (8.618 periods); each of their samples stands for as many intervals on
+/// average (8 or 9, dithered so that n samples weigh n x 8.618 in all). A
+/// task-clock event's timer fires every period the thread runs, in user mode
+/// too, where an `exclude_user` event drops the overflow: at one period it
+/// doubled the cost of sampling a thread that stays in user space (measured
+/// with `compare/gaps.py`: 17.5 against 33.2 us per sample at 999 Hz). At
+/// 8.618 periods that timer costs less than an eighth, and system time is
+/// still sampled without bias. The fraction keeps the two events of a thread
+/// out of step: their expiries shift by 0.618 of a period against each other
+/// every kernel period, so the kernel event never keeps expiring just after
+/// the user event, while the kernel delivers the user event's signal (which
+/// would count that delivery as the thread's system time, period after
+/// period). Setting a new random period from the handler after a kernel
+/// sample did that before, but each `PERF_EVENT_IOC_PERIOD` restarts the
+/// count, and at 8 periods that lost 5-15% of system time.
+pub(crate) const KERNEL_PERIOD_MILLI: u64 = 8_618;
 
 pub(super) const PERF_TYPE_SOFTWARE: u32 = 1;
 pub(super) const PERF_COUNT_SW_TASK_CLOCK: u64 = 1;
@@ -415,10 +423,11 @@ impl KernelEvents {
     }
 
     /// Stop every event and take it out of the handler's table, but keep the
-    /// descriptors open: a handler still running may be about to set the next
-    /// period of one (`rephase`). They are closed on drop, which the writer
-    /// thread does only after withdrawing the state from the handler and
-    /// waiting until no handler runs.
+    /// descriptors open: a SIGURG of one may still be pending, and its
+    /// descriptor number must not be reused by another file the handler would
+    /// then take for ours. They are closed on drop, which the writer thread
+    /// does only after withdrawing the state from the handler and waiting
+    /// until no handler runs.
     pub(crate) fn stop(&mut self) {
         for fd in self.threads.events.values() {
             crate::recorder::handler::unmark_kernel_fd(fd.as_raw_fd());
