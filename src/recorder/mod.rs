@@ -321,6 +321,10 @@ pub const DEFAULT_FREQUENCY_HZ: u32 = 999;
 /// How often the writer drains the ring and appends to the spool by default.
 const DEFAULT_FLUSH_INTERVAL: Duration = Duration::from_millis(100);
 
+/// The default flush interval of the engines that start sampling a new thread
+/// at the writer's next tick (per-thread CPU timers, perf-stack).
+const PER_THREAD_ENGINE_FLUSH_INTERVAL: Duration = Duration::from_millis(50);
+
 impl RecorderBuilder {
     /// Samples per second of each thread's CPU time (default 999, or the
     /// `SPULSE_FREQUENCY` environment variable). Must be 1..=100000.
@@ -344,8 +348,10 @@ impl RecorderBuilder {
         self
     }
     /// How often the writer thread drains the ring and appends to the spool
-    /// (1 ms..=10 min; default 100 ms, or the [`rotate`](Self::rotate)
-    /// interval if that is shorter). Each wake-up of the writer costs a
+    /// (1 ms..=10 min; default 100 ms, 50 ms with an engine that starts
+    /// sampling a new thread at the writer's next tick (per-thread CPU timers,
+    /// perf-stack), or the [`rotate`](Self::rotate) interval if that is
+    /// shorter). Each wake-up of the writer costs a
     /// context switch and a write: at 50 ms they were most of an idle
     /// recorder's CPU (measured 0.12% of a sampled thread against 0.07% at
     /// 100 ms). When samples arrive faster than a quarter of the ring per
@@ -1261,6 +1267,14 @@ fn start_inner(b: &RecorderBuilder, path: &Path) -> Result<Guard, Error> {
         });
     };
     let kind = engine.kind();
+    // An engine that covers a new thread only when the writer next lists the
+    // threads (per-thread timers, perf-stack events) keeps the shorter default
+    // interval, so a new thread's unsampled start stays at most 50 ms.
+    let flush = if b.flush_interval.is_none() && engine.needs_every_scan() {
+        flush.min(PER_THREAD_ENGINE_FLUSH_INTERVAL)
+    } else {
+        flush
+    };
     let (engine, kernel_status) = start_kernel_time(engine, kernel_time, period_ns, writer_tid);
     // From here on signals may be pending: if a later step fails, the handler
     // stays installed (it ignores our stray signals) rather than exposing them to
