@@ -560,11 +560,10 @@ pub(crate) fn decode_all(src: &(impl Source + ?Sized), frame: &Frame) -> Result<
         decode_jobs(src, frame, jobs)?;
     }
     for (s, b) in segs.iter().zip(&mut cols) {
-        // SAFETY: every job succeeded, and the jobs of this block covered its
-        // spare capacity's first `s.4` samples (the sum of its packed blocks'
-        // counts) in disjoint parts, each written in full by `block_into` (it
-        // hands every index below the block's count to the sink before it
-        // returns `Ok`); the block was created empty.
+        // Every job succeeded; `block_into` hands every index below a packed
+        // block's count to the sink before it returns `Ok`.
+        // SAFETY: the block was created empty and its jobs wrote its first `s.4`
+        // samples (the sum of its packed blocks' counts) in disjoint parts, in full.
         unsafe { b.assume_written(s.4) };
     }
     Ok(SampleColumns::from_blocks(cols))

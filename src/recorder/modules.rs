@@ -248,12 +248,10 @@ unsafe fn table_bytes(
         return Cow::Owned(unsafe { copy_mapped(bias, vaddr, len) });
     }
     let p = bias.wrapping_add(vaddr) as *const u8;
-    // SAFETY: the bytes are mapped and readable now (the caller's contract, as
-    // for `copy_mapped`), and stay so, unchanged, for the life of the process,
-    // so a `'static` shared borrow is sound: the program `exec` mapped is never
-    // unloaded (the dynamic loader unloads only objects `dlopen` loaded, and
-    // nothing else unmaps it), and its segment has no write permission, so
-    // neither the loader's relocation nor the program writes there.
+    // The program `exec` mapped is never unloaded (the loader unloads only what
+    // `dlopen` loaded), and its segment has no write permission: nothing writes there.
+    // SAFETY: so the bytes, mapped and readable now (the caller's contract, as for
+    // `copy_mapped`), stay so unchanged for the process's life: a `'static` borrow holds.
     Cow::Borrowed(unsafe { std::slice::from_raw_parts(p, len as usize) })
 }
 

@@ -132,9 +132,9 @@ impl Ring {
     /// the pages are faulted in by their first sample, as before.
     pub(crate) fn prefault(&self) {
         if self.words.mapped {
-            // SAFETY: `ptr .. ptr + len * 8` is our own mapping (see
-            // `ZeroedWords`); POPULATE_WRITE only makes its pages present and
-            // writable, without changing a byte of them.
+            // POPULATE_WRITE only makes pages present and writable.
+            // SAFETY: `ptr .. ptr + len * 8` is our own mapping (`ZeroedWords`),
+            // and the call changes no byte of it.
             unsafe {
                 libc::madvise(
                     self.words.ptr as *mut libc::c_void,

@@ -231,9 +231,9 @@ impl StackRing {
     }
 
     fn header_atomic(&self, offset: usize) -> &AtomicU64 {
-        // SAFETY: `offset` is one of the 8-byte-aligned u64 fields of the
-        // header page, which is mapped for the life of `self`; the kernel
-        // writes them concurrently, hence atomic access.
+        // The kernel writes these fields concurrently, hence atomic access.
+        // SAFETY: `offset` is an 8-byte-aligned u64 field of the header page,
+        // mapped for the life of `self`.
         unsafe { &*(self.base.add(offset) as *const AtomicU64) }
     }
 
@@ -293,9 +293,8 @@ impl StackRing {
                 break;
             }
             let rec: &[u8] = if at + len as usize <= self.data_size {
-                // SAFETY: `[at, at + len)` lies in the data area and is
-                // published; the kernel leaves it alone while this slice lives
-                // (the tail moves only after the loop).
+                // SAFETY: `[at, at + len)` is in the data area and published; the
+                // kernel leaves it alone until the tail moves, after the loop.
                 unsafe { std::slice::from_raw_parts(data.add(at), len as usize) }
             } else {
                 scratch.resize(len as usize, 0);
