@@ -3,9 +3,10 @@
 //!
 //! On the profile-shaped spool of `benches/spool.rs` (see
 //! `spulse_testkit::profile`), packed with `spulse::pack`: the two files'
-//! sizes, `Snapshot::open` of the packed file and of the spool, and
-//! `serde_json` parsing the same samples into typed columns (`Vec<u64>`
-//! times, `Vec<u32>` threads and stacks). Run the real figures with
+//! sizes, `Snapshot::open` of the packed file and of the spool (alone, and
+//! followed by iterating every sample), and `serde_json` parsing the same
+//! samples into typed columns (`Vec<u64>` times, `Vec<u32>` threads and
+//! stacks). Run the real figures with
 //! `cargo bench --bench packed` (10 million samples); under
 //! `cargo test --all-targets` each benchmark runs once on a small spool.
 //! Peak memory is measured outside criterion: `spool_rss open` (see
@@ -70,6 +71,19 @@ fn packed_benches(c: &mut Criterion) {
     });
     g.bench_function(BenchmarkId::new("snapshot_open_spool", n), |b| {
         b.iter(|| Snapshot::open(&spool_path).unwrap().len());
+    });
+    // Opening and then reading every sample: a packed file's samples are
+    // decoded on access, so opening alone is not the whole cost.
+    let iterate = |snap: Snapshot| {
+        snap.samples().fold(0u64, |a, s| {
+            a.wrapping_add(s.time_us ^ s.thread.get() as u64 ^ (s.stack.get() as u64) << 32)
+        })
+    };
+    g.bench_function(BenchmarkId::new("snapshot_open_iterate_packed", n), |b| {
+        b.iter(|| iterate(Snapshot::open(&packed_path).unwrap()));
+    });
+    g.bench_function(BenchmarkId::new("snapshot_open_iterate_spool", n), |b| {
+        b.iter(|| iterate(Snapshot::open(&spool_path).unwrap()));
     });
     g.bench_function(BenchmarkId::new("json_parse_typed_columns", n), |b| {
         b.iter(|| {

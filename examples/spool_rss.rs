@@ -16,10 +16,11 @@
 //! generator's ticks `TICK_US` apart instead of 1 ms (10,000 gives a 5.8-hour
 //! profile of 10 M samples). `pack SPOOL OUT` writes the packed file of a
 //! spool, and `open PATH` opens a spool or packed file once with
-//! `Snapshot::open` (for the peak RSS of that alone); `compare SPOOL PACKED`
-//! times `Snapshot::open` of each and the serde_json parse of the same
-//! samples into typed columns in interleaved rounds (median of 7, wall and
-//! process CPU time).
+//! `Snapshot::open` (for the peak RSS of that alone; `open PATH iterate`
+//! then reads every sample); `compare SPOOL PACKED` times `Snapshot::open`
+//! of each, the serde_json parse of the same samples into typed columns, and
+//! `Snapshot::open` plus iterating every sample of each, in interleaved
+//! rounds (median of 7, wall and process CPU time).
 
 use spulse_testkit::profile as spool_profile;
 
@@ -174,16 +175,29 @@ fn main() -> Result<(), spulse::Error> {
             // Wall and process CPU time (all threads) of each load: on a
             // shared machine the wall time of the two-thread loads suffers
             // most from the other processes, the CPU time much less.
-            let mut t: [Vec<f64>; 3] = Default::default();
-            let mut cpu: [Vec<f64>; 3] = Default::default();
+            // Then each snapshot opened and every sample iterated (a packed
+            // file's samples are decoded on access, so opening alone does
+            // not show the whole cost of reading them).
+            const K: usize = 5;
+            let mut t: [Vec<f64>; K] = Default::default();
+            let mut cpu: [Vec<f64>; K] = Default::default();
             let timed =
-                |k: usize, t: &mut [Vec<f64>; 3], cpu: &mut [Vec<f64>; 3], f: &mut dyn FnMut() -> usize| {
+                |k: usize, t: &mut [Vec<f64>; K], cpu: &mut [Vec<f64>; K], f: &mut dyn FnMut() -> usize| {
                     let (s, c) = (Instant::now(), process_cpu_time());
                     let n = f();
                     t[k].push(s.elapsed().as_secs_f64());
                     cpu[k].push((process_cpu_time() - c).as_secs_f64());
                     n
                 };
+            let open_iterate = |path: &str| {
+                let snap = spulse::Snapshot::open(path).unwrap();
+                let mut acc = 0u64;
+                for s in snap.samples() {
+                    acc = acc.wrapping_add(s.time_us ^ s.thread.get() as u64 ^ (s.stack.get() as u64) << 32);
+                }
+                std::hint::black_box(acc);
+                snap.len()
+            };
             for round in 0..7 {
                 let a = timed(0, &mut t, &mut cpu, &mut || spulse::Snapshot::open(packed).unwrap().len());
                 let b = timed(1, &mut t, &mut cpu, &mut || spulse::Snapshot::open(spool).unwrap().len());
@@ -192,15 +206,22 @@ fn main() -> Result<(), spulse::Error> {
                         serde_json::from_slice(&json).expect("valid JSON");
                     v.0.len()
                 });
-                assert!(a == b && b == c);
+                let d = timed(3, &mut t, &mut cpu, &mut || open_iterate(packed));
+                let e = timed(4, &mut t, &mut cpu, &mut || open_iterate(spool));
+                assert!(a == b && b == c && c == d && d == e);
                 println!(
-                    "round {round}: packed {:.1} ms ({:.1} CPU), spool {:.1} ms ({:.1} CPU), JSON {:.1} ms ({:.1} CPU)",
+                    "round {round}: packed {:.1} ms ({:.1} CPU), spool {:.1} ms ({:.1} CPU), JSON {:.1} ms ({:.1} CPU); \
+                     open + iterate: packed {:.1} ms ({:.1} CPU), spool {:.1} ms ({:.1} CPU)",
                     t[0][round] * 1e3,
                     cpu[0][round] * 1e3,
                     t[1][round] * 1e3,
                     cpu[1][round] * 1e3,
                     t[2][round] * 1e3,
                     cpu[2][round] * 1e3,
+                    t[3][round] * 1e3,
+                    cpu[3][round] * 1e3,
+                    t[4][round] * 1e3,
+                    cpu[4][round] * 1e3,
                 );
             }
             let median = |v: &mut Vec<f64>| {
@@ -209,6 +230,8 @@ fn main() -> Result<(), spulse::Error> {
             };
             let (p, s, j) = (median(&mut t[0]), median(&mut t[1]), median(&mut t[2]));
             let (pc, sc, jc) = (median(&mut cpu[0]), median(&mut cpu[1]), median(&mut cpu[2]));
+            let (pi, si) = (median(&mut t[3]), median(&mut t[4]));
+            let (pic, sic) = (median(&mut cpu[3]), median(&mut cpu[4]));
             println!(
                 "median of 7: packed {:.1} ms, spool {:.1} ms ({:.2}x the packed), JSON typed {:.1} ms ({:.1}x); \
                  CPU: packed {:.1} ms, spool {:.1} ms ({:.2}x), JSON {:.1} ms ({:.1}x)",
@@ -223,24 +246,48 @@ fn main() -> Result<(), spulse::Error> {
                 jc * 1e3,
                 jc / pc
             );
+            println!(
+                "median of 7, open + iterate every sample: packed {:.1} ms, spool {:.1} ms ({:.2}x the packed), \
+                 JSON parse {:.1}x the packed; CPU: packed {:.1} ms, spool {:.1} ms ({:.2}x), JSON {:.1}x",
+                pi * 1e3,
+                si * 1e3,
+                si / pi,
+                j / pi,
+                pic * 1e3,
+                sic * 1e3,
+                sic / pic,
+                jc / pic
+            );
         }
-        Some("open") if args.len() == 3 => {
-            // One `Snapshot::open` (a spool or a packed file), for peak RSS.
+        Some("open") if args.len() == 3 || (args.len() == 4 && args[3] == "iterate") => {
+            // One `Snapshot::open` (a spool or a packed file), for peak RSS;
+            // with `iterate`, then every sample read in order.
             let t = Instant::now();
             let snap = spulse::Snapshot::open(&args[2])?;
             let wall = t.elapsed();
+            let mut acc = 0u64;
+            if args.len() == 4 {
+                for s in snap.samples() {
+                    acc = acc.wrapping_add(s.time_us ^ s.thread.get() as u64 ^ (s.stack.get() as u64) << 32);
+                }
+            }
             println!(
-                "{} samples ({}); Snapshot::open {:.3} s; decoded columns (16 bytes a sample) {} bytes",
+                "{} samples ({}); Snapshot::open {:.3} s{}; decoded columns (16 bytes a sample) {} bytes",
                 snap.len(),
                 if snap.is_packed() { "packed" } else { "spool" },
                 wall.as_secs_f64(),
+                if args.len() == 4 {
+                    format!(", with iteration {:.3} s ({acc:x})", t.elapsed().as_secs_f64())
+                } else {
+                    String::new()
+                },
                 16 * snap.len()
             );
         }
         _ => {
             eprintln!(
                 "usage: spool_rss write PATH SAMPLES [TICK_US] | replay PATH | snapshot PATH | json PATH | \
-                 pack SPOOL OUT | open PATH | compare SPOOL PACKED"
+                 pack SPOOL OUT | open PATH [iterate] | compare SPOOL PACKED"
             );
             std::process::exit(2);
         }

@@ -96,6 +96,182 @@ fn many_blocks_decode_in_order_on_two_threads() {
 }
 
 #[test]
+fn random_access_iteration_and_the_spool_agree_on_a_multi_block_file() {
+    // 11 blocks of up to 65,536 samples, each kept coded with a checkpoint
+    // every 1,024 samples: every sample read by index, in order and out of
+    // order, equals the one iteration gives and the spool's.
+    let (bytes, _) = spulse_testkit::profile::spool(700_000);
+    let packed = pack_bytes(&bytes);
+    let spool = Snapshot::from_bytes(&bytes).unwrap();
+    let snap = Snapshot::open(temp_file(&packed).path()).unwrap();
+    assert!(snap.is_packed());
+    let want: Vec<_> = spool.samples().collect();
+    assert_eq!(want.len(), 700_000);
+    assert_eq!(snap.len(), want.len());
+    assert!(!snap.is_empty());
+    let it: Vec<_> = snap.samples().collect();
+    assert!(it == want, "iteration differs from the spool's samples");
+    assert!((0..snap.len()).map(|i| snap.sample(i)).eq(want.iter().copied()), "sample(i) in order");
+    // Out of order: a stride that lands in a different chunk (and often a
+    // different block) every time, and backwards across block boundaries.
+    let n = want.len();
+    for j in 0..50_000usize {
+        let i = j.wrapping_mul(7_919) % n;
+        assert_eq!(snap.sample(i), want[i], "sample({i})");
+    }
+    for i in (65_536 * 3 - 3_000..65_536 * 3 + 3_000).rev() {
+        assert_eq!(snap.sample(i), want[i], "sample({i})");
+    }
+    // The iterator's length, and a clone taken midway, stay exact.
+    let mut it = snap.samples();
+    assert_eq!(it.len(), n);
+    for _ in 0..100_000 {
+        it.next();
+    }
+    assert_eq!(it.len(), n - 100_000);
+    let rest = it.clone();
+    assert!(rest.eq(want[100_000..].iter().copied()));
+    assert!(it.eq(want[100_000..].iter().copied()));
+    assert!(snap.sample_times().eq(spool.sample_times()));
+    assert_eq!(snap.time_range(), spool.time_range());
+    // A clone reads the same, from two threads at once (the cache of the
+    // last chunk read is per snapshot and never blocks).
+    let copy = snap.clone();
+    std::thread::scope(|s| {
+        for k in 0..2usize {
+            let (snap, copy, want) = (&snap, &copy, &want);
+            s.spawn(move || {
+                for j in 0..20_000usize {
+                    let i = (j * 104_729 + k * 31) % n;
+                    assert_eq!(snap.sample(i), want[i]);
+                    assert_eq!(copy.sample(n - 1 - i), want[n - 1 - i]);
+                }
+            });
+        }
+    });
+}
+
+/// An index entry's earliest and latest time and sample count.
+type Entry = (u64, u64, u32);
+
+/// The blocks of a packed file (header and payload each) and its front part,
+/// read through its footer and index.
+fn split_blocks(packed: &[u8]) -> (Vec<u8>, Vec<Vec<u8>>, Vec<Entry>) {
+    let le64 = |b: &[u8]| u64::from_le_bytes(b[..8].try_into().unwrap());
+    let le32 = |b: &[u8]| u32::from_le_bytes(b[..4].try_into().unwrap());
+    let footer = &packed[packed.len() - 32..];
+    let (index_at, count) = (le64(&footer[0..8]) as usize, le64(&footer[8..16]) as usize);
+    let mut blocks = Vec::new();
+    let mut entries = Vec::new();
+    for k in 0..count {
+        let e = &packed[index_at + 32 * k..];
+        let (offset, comp) = (le64(&e[0..8]) as usize, le32(&e[28..32]) as usize);
+        blocks.push(packed[offset..offset + 12 + comp].to_vec());
+        entries.push((le64(&e[8..16]), le64(&e[16..24]), le32(&e[24..28])));
+    }
+    let first = le64(&packed[index_at..]) as usize;
+    (packed[..first].to_vec(), blocks, entries)
+}
+
+/// A packed file of `front`, `blocks` and an index with these entries'
+/// time ranges and counts.
+fn join_blocks(front: &[u8], blocks: &[Vec<u8>], entries: &[Entry]) -> Vec<u8> {
+    let mut f = front.to_vec();
+    let mut offsets = Vec::new();
+    for b in blocks {
+        offsets.push(f.len() as u64);
+        f.extend_from_slice(b);
+    }
+    let index_at = f.len() as u64;
+    for ((b, &(min, max, count)), off) in blocks.iter().zip(entries).zip(offsets) {
+        f.extend_from_slice(&off.to_le_bytes());
+        f.extend_from_slice(&min.to_le_bytes());
+        f.extend_from_slice(&max.to_le_bytes());
+        f.extend_from_slice(&count.to_le_bytes());
+        f.extend_from_slice(&(b.len() as u32 - 12).to_le_bytes());
+    }
+    let samples: u64 = entries.iter().map(|e| e.2 as u64).sum();
+    f.extend_from_slice(&index_at.to_le_bytes());
+    f.extend_from_slice(&(blocks.len() as u64).to_le_bytes());
+    f.extend_from_slice(&samples.to_le_bytes());
+    f.extend_from_slice(&PACKED_MAGIC);
+    f
+}
+
+/// Where the code section of the coded column at `pos` of a decoded block
+/// starts, its code width and where the column ends.
+fn column_codes(raw: &[u8], pos: usize, count: u64) -> (usize, u32, usize) {
+    let h = &raw[pos..pos + 24];
+    let d = u32::from_le_bytes(h[8..12].try_into().unwrap()) as u64;
+    let (gw, k) = (h[12] as u64, h[13] as u32);
+    let f = u16::from_le_bytes([h[14], h[15]]) as u64;
+    let m = u32::from_le_bytes(h[16..20].try_into().unwrap()) as u64;
+    let wi = width_of(d.saturating_sub(1)) as u64;
+    let codes_at = pos as u64 + 24 + (d.saturating_sub(1) * gw).div_ceil(8) + (f * wi).div_ceil(8);
+    let end = codes_at + (count * k as u64).div_ceil(8) + (m * wi).div_ceil(8);
+    (codes_at as usize, k, end as usize)
+}
+
+#[test]
+fn corrupt_coded_bytes_deep_in_a_block_are_refused_at_open() {
+    let (bytes, _) = spulse_testkit::profile::spool(700_000);
+    let packed = pack_bytes(&bytes);
+    let (front, blocks, entries) = split_blocks(&packed);
+    assert_eq!(blocks.len(), 11);
+    // Rebuilt unchanged, the file reads back (so the helpers are right).
+    assert_eq!(join_blocks(&front, &blocks, &entries), packed);
+    let k = 7;
+    let count = entries[k].2 as usize;
+    let raw_len = u32::from_le_bytes(blocks[k][0..4].try_into().unwrap()) as usize;
+    let raw = lz4_flex::block::decompress(&blocks[k][12..], raw_len).unwrap();
+    let times = column_codes(&raw, 8, count as u64 - 1);
+    let threads = column_codes(&raw, times.2, count as u64);
+    let stacks = column_codes(&raw, threads.2, count as u64);
+    assert_eq!(stacks.2, raw.len());
+    let block_at: u64 = front.len() as u64 + blocks[..k].iter().map(|b| b.len() as u64).sum::<u64>();
+    // Flip the code of sample `i` (in the last chunk of the block, far from
+    // any checkpoint) between the escape and a frequent rank; the file is
+    // refused when opened, at the block's payload, by every reader.
+    let flip = |(codes_at, width, _): (usize, u32, usize), i: usize| {
+        assert!(width > 0);
+        let mut raw = raw.clone();
+        let bit = i * width as usize;
+        let mut code = 0u32;
+        for b in 0..width as usize {
+            code |= (((raw[codes_at + (bit + b) / 8] >> ((bit + b) % 8)) & 1) as u32) << b;
+        }
+        let new = if code == (1 << width) - 1 { 0 } else { (1 << width) - 1 };
+        for b in 0..width as usize {
+            let (byte, m) = (codes_at + (bit + b) / 8, 1u8 << ((bit + b) % 8));
+            raw[byte] = if new >> b & 1 == 1 { raw[byte] | m } else { raw[byte] & !m };
+        }
+        let mut blocks = blocks.clone();
+        blocks[k] = frame_block(&raw, count);
+        join_blocks(&front, &blocks, &entries)
+    };
+    let mut columns = 0;
+    for (what, col) in [("stack", stacks), ("thread", threads), ("time", times)] {
+        if col.1 == 0 {
+            continue;
+        }
+        columns += 1;
+        let bad = flip(col, count - 5);
+        let e = check_readers(&bad).map(|_| ()).expect_err(what);
+        assert!(matches!(e.format_kind(), Some(FormatErrorKind::PackedCorrupt(_))), "{what}: {e}");
+        let msg = e.to_string();
+        assert!(msg.contains(&format!("block {k}: {what} column")), "{what}: {e}");
+        assert_eq!(e.offset(), Some(block_at + 12), "{what}: {e}");
+        let f = temp_file(&bad);
+        let e = Snapshot::open(f.path()).map(|_| ()).unwrap_err();
+        assert!(e.to_string().contains(f.path().to_str().unwrap()), "{e}");
+        assert_eq!(e.offset(), Some(block_at + 12));
+    }
+    // The profile's time and stack columns have codes (frequent values and
+    // escapes); its thread column may be plain dictionary indices.
+    assert!(columns >= 2, "{columns} columns with codes");
+}
+
+#[test]
 fn an_empty_spool_packs_to_an_empty_packed_file() {
     let (bytes, _) = build([]);
     let packed = pack_bytes(&bytes);

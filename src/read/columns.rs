@@ -1,15 +1,11 @@
-//! The sample columns of a [`Snapshot`](super::Snapshot).
+//! The sample columns of a [`Snapshot`](super::Snapshot) of a spool, and
+//! the iterator over a snapshot's samples ([`Samples`]), which also walks a
+//! packed file's coded blocks (`coded.rs`).
 //!
 //! Samples are kept column-wise (timestamp, thread, stack) in one or more
 //! [`Block`]s: one per thread that decoded a part of the file
 //! (`parallel.rs`), so the second thread of a two-thread load writes its
 //! samples straight to their final place and nothing is copied afterwards.
-//! A packed file's loader (`packed.rs`) knows every sample count and time
-//! range from the file's index, so it creates each block at its exact size
-//! ([`Block::exact`]) and its threads write disjoint parts of it in place
-//! ([`Dest`]); when the file defines at most 256 threads and 65,536 stack
-//! nodes those blocks are *compact*, 7 bytes per sample (1-byte thread and
-//! 2-byte stack ids), and one turns narrow if anything is appended to it.
 //!
 //! A block stores each timestamp as an offset from the block's origin. It
 //! starts narrow, 10 bytes per sample: 4-byte offsets (from 4.5 minutes before
@@ -27,6 +23,7 @@
 
 use std::mem::MaybeUninit;
 
+use super::coded::CodedIter;
 use super::snapshot::advise_huge_pages;
 use crate::format::{Sample, StackId, ThreadId};
 
@@ -84,10 +81,6 @@ pub(crate) trait Layout {
     type Stack: Copy;
     /// `off` and `thread` in this layout, if they fit.
     fn narrow(off: u64, thread: u32) -> Option<(Self::Off, Self::Thread)>;
-    /// `off` in this layout, cut to its width (the caller knows it fits).
-    fn off(off: u64) -> Self::Off;
-    /// `thread` in this layout, cut to its width (the caller knows it fits).
-    fn thread(thread: u32) -> Self::Thread;
     /// `stack` in this layout, cut to its width (the caller knows it fits).
     fn stack(stack: u32) -> Self::Stack;
 }
@@ -109,14 +102,6 @@ impl Layout for NarrowLayout {
         }
     }
     #[inline(always)]
-    fn off(off: u64) -> u32 {
-        off as u32
-    }
-    #[inline(always)]
-    fn thread(thread: u32) -> u16 {
-        thread as u16
-    }
-    #[inline(always)]
     fn stack(stack: u32) -> u32 {
         stack
     }
@@ -131,131 +116,8 @@ impl Layout for WideLayout {
         Some((off, thread))
     }
     #[inline(always)]
-    fn off(off: u64) -> u64 {
-        off
-    }
-    #[inline(always)]
-    fn thread(thread: u32) -> u32 {
-        thread
-    }
-    #[inline(always)]
     fn stack(stack: u32) -> u32 {
         stack
-    }
-}
-
-/// 4-byte offsets, 1-byte thread ids and 2-byte stack ids (7 bytes a
-/// sample): only for blocks created whole by [`Block::exact`] for a file
-/// whose threads and stack nodes all fit (a packed file's index tells this
-/// before anything is decoded). Such a block becomes narrow before anything
-/// is appended to it.
-pub(crate) enum CompactLayout {}
-
-impl Layout for CompactLayout {
-    type Off = u32;
-    type Thread = u8;
-    type Stack = u16;
-    #[inline(always)]
-    fn narrow(off: u64, thread: u32) -> Option<(u32, u8)> {
-        match (u32::try_from(off), u8::try_from(thread)) {
-            (Ok(o), Ok(t)) => Some((o, t)),
-            _ => None,
-        }
-    }
-    #[inline(always)]
-    fn off(off: u64) -> u32 {
-        off as u32
-    }
-    #[inline(always)]
-    fn thread(thread: u32) -> u8 {
-        thread as u8
-    }
-    #[inline(always)]
-    fn stack(stack: u32) -> u16 {
-        stack as u16
-    }
-}
-
-/// Room for samples in a block's columns, to be written in place: by index,
-/// in any order, from any thread that holds this part (`read/packed.rs`
-/// splits a block's spare capacity into one `Dest` per packed block).
-pub(crate) struct Dest<'a, L: Layout> {
-    origin: u64,
-    offs: &'a mut [MaybeUninit<L::Off>],
-    threads: &'a mut [MaybeUninit<L::Thread>],
-    stacks: &'a mut [MaybeUninit<L::Stack>],
-}
-
-impl<'a, L: Layout> Dest<'a, L> {
-    /// Room for this many samples.
-    pub(crate) fn len(&self) -> usize {
-        self.offs.len()
-    }
-
-    /// The first `n` samples' room and the rest.
-    pub(crate) fn split_at(self, n: usize) -> (Self, Self) {
-        let (o1, o2) = self.offs.split_at_mut(n);
-        let (h1, h2) = self.threads.split_at_mut(n);
-        let (s1, s2) = self.stacks.split_at_mut(n);
-        let origin = self.origin;
-        (
-            Dest { origin, offs: o1, threads: h1, stacks: s1 },
-            Dest { origin, offs: o2, threads: h2, stacks: s2 },
-        )
-    }
-
-    /// The time every offset is from (see [`Block::exact`]: times written
-    /// must lie in the block's range).
-    pub(crate) fn origin(&self) -> u64 {
-        self.origin
-    }
-
-    pub(crate) fn offs(&mut self) -> &mut [MaybeUninit<L::Off>] {
-        self.offs
-    }
-
-    /// Thread ids must fit the layout.
-    pub(crate) fn threads(&mut self) -> &mut [MaybeUninit<L::Thread>] {
-        self.threads
-    }
-
-    /// Stack ids must fit the layout.
-    pub(crate) fn stacks(&mut self) -> &mut [MaybeUninit<L::Stack>] {
-        self.stacks
-    }
-}
-
-/// A block's room in whichever layout it has.
-pub(crate) enum AnyDest<'a> {
-    Compact(Dest<'a, CompactLayout>),
-    Narrow(Dest<'a, NarrowLayout>),
-    Wide(Dest<'a, WideLayout>),
-}
-
-impl<'a> AnyDest<'a> {
-    pub(crate) fn len(&self) -> usize {
-        match self {
-            AnyDest::Compact(d) => d.len(),
-            AnyDest::Narrow(d) => d.len(),
-            AnyDest::Wide(d) => d.len(),
-        }
-    }
-
-    pub(crate) fn split_at(self, n: usize) -> (Self, Self) {
-        match self {
-            AnyDest::Compact(d) => {
-                let (a, b) = d.split_at(n);
-                (AnyDest::Compact(a), AnyDest::Compact(b))
-            }
-            AnyDest::Narrow(d) => {
-                let (a, b) = d.split_at(n);
-                (AnyDest::Narrow(a), AnyDest::Narrow(b))
-            }
-            AnyDest::Wide(d) => {
-                let (a, b) = d.split_at(n);
-                (AnyDest::Wide(a), AnyDest::Wide(b))
-            }
-        }
     }
 }
 
@@ -333,20 +195,8 @@ fn fill_cols<L: Layout<Stack = u32>, F: Fill>(
 /// A block's columns, narrow until a sample does not fit.
 #[derive(Debug, Clone)]
 enum Width {
-    Compact(Cols<u32, u8, u16>),
     Narrow(Cols<u32, u16>),
     Wide(Cols<u64, u32>),
-}
-
-/// The layout of a block made by [`Block::exact`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Kind {
-    /// [`CompactLayout`]: 7 bytes a sample.
-    Compact,
-    /// [`NarrowLayout`]: 10 bytes a sample.
-    Narrow,
-    /// [`WideLayout`]: 16 bytes a sample.
-    Wide,
 }
 
 /// A run of consecutive samples, column-wise; a sample's timestamp is
@@ -365,86 +215,10 @@ impl Block {
         Block { origin: start_us.wrapping_sub(BIAS), cols: Width::Narrow(Cols::with_capacity(capacity)) }
     }
 
-    /// An empty block with room for exactly `capacity` samples, to be
-    /// written in place through [`spare_mut`](Self::spare_mut): narrow (every
-    /// time in `[origin, origin + 2^32)`, every thread id below 2^16),
-    /// compact (as narrow, and every thread id below 2^8 and stack id below
-    /// 2^16) or wide.
-    pub(crate) fn exact(origin: u64, capacity: usize, kind: Kind) -> Block {
-        let cols = match kind {
-            Kind::Compact => Width::Compact(Cols::with_capacity(capacity)),
-            Kind::Narrow => Width::Narrow(Cols::with_capacity(capacity)),
-            Kind::Wide => Width::Wide(Cols::with_capacity(capacity)),
-        };
-        Block { origin, cols }
-    }
-
-    /// Turn a compact block into a narrow one (same samples, same capacity),
-    /// before anything is appended to it.
-    #[cold]
-    fn uncompact(&mut self) {
-        if let Width::Compact(c) = &self.cols {
-            let mut n: Cols<u32, u16> = Cols::with_capacity(c.offs.capacity().max(c.offs.len() + 1));
-            n.offs.extend_from_slice(&c.offs);
-            n.threads.extend(c.threads.iter().map(|&t| t as u16));
-            n.stacks.extend(c.stacks.iter().map(|&s| s as u32));
-            self.cols = Width::Narrow(n);
-        }
-    }
-
-    /// The block's unused capacity, to write samples into in place.
-    pub(crate) fn spare_mut(&mut self) -> AnyDest<'_> {
-        fn dest<L: Layout>(origin: u64, c: &mut Cols<L::Off, L::Thread, L::Stack>) -> Dest<'_, L> {
-            let n = (c.offs.capacity() - c.offs.len())
-                .min(c.threads.capacity() - c.threads.len())
-                .min(c.stacks.capacity() - c.stacks.len());
-            Dest {
-                origin,
-                offs: &mut c.offs.spare_capacity_mut()[..n],
-                threads: &mut c.threads.spare_capacity_mut()[..n],
-                stacks: &mut c.stacks.spare_capacity_mut()[..n],
-            }
-        }
-        match &mut self.cols {
-            Width::Compact(c) => AnyDest::Compact(dest::<CompactLayout>(self.origin, c)),
-            Width::Narrow(c) => AnyDest::Narrow(dest::<NarrowLayout>(self.origin, c)),
-            Width::Wide(c) => AnyDest::Wide(dest::<WideLayout>(self.origin, c)),
-        }
-    }
-
-    /// Count the first `n` samples of the spare capacity as the block's.
-    ///
-    /// # Safety
-    ///
-    /// Each of the first `n` elements of each column's spare capacity (as
-    /// [`spare_mut`](Self::spare_mut) gave them) has been written, and the
-    /// block was empty.
-    pub(crate) unsafe fn assume_written(&mut self, n: usize) {
-        fn set<O, T, S>(c: &mut Cols<O, T, S>, n: usize) {
-            assert!(
-                c.offs.is_empty()
-                    && n <= c.offs.capacity().min(c.threads.capacity()).min(c.stacks.capacity())
-            );
-            // SAFETY: within the capacity (asserted), and the caller has
-            // written the first `n` elements of each vector.
-            unsafe {
-                c.offs.set_len(n);
-                c.threads.set_len(n);
-                c.stacks.set_len(n);
-            }
-        }
-        match &mut self.cols {
-            Width::Compact(c) => set(c, n),
-            Width::Narrow(c) => set(c, n),
-            Width::Wide(c) => set(c, n),
-        }
-    }
-
     /// Number of samples.
     #[inline]
     pub(crate) fn len(&self) -> usize {
         match &self.cols {
-            Width::Compact(c) => c.offs.len(),
             Width::Narrow(c) => c.offs.len(),
             Width::Wide(c) => c.offs.len(),
         }
@@ -452,7 +226,7 @@ impl Block {
 
     /// Whether the block's columns are the narrow ones (for tests).
     pub(crate) fn is_narrow(&self) -> bool {
-        matches!(self.cols, Width::Narrow(_) | Width::Compact(_))
+        matches!(self.cols, Width::Narrow(_))
     }
 
     /// Append a sample taken at `time_us`; `false` (nothing appended) if it
@@ -460,11 +234,7 @@ impl Block {
     #[inline(always)]
     fn try_push(&mut self, time_us: u64, thread: u32, stack: u32) -> bool {
         let off = time_us.wrapping_sub(self.origin);
-        if matches!(self.cols, Width::Compact(_)) {
-            self.uncompact();
-        }
         match &mut self.cols {
-            Width::Compact(_) => unreachable!("made narrow above"),
             Width::Narrow(c) => match NarrowLayout::narrow(off, thread) {
                 Some((o, t)) => {
                     c.offs.push(o);
@@ -486,11 +256,7 @@ impl Block {
     /// capacity, in the block's layout.
     #[inline]
     pub(crate) fn fill<F: Fill>(&mut self, f: &mut F) -> F::Out {
-        if matches!(self.cols, Width::Compact(_)) {
-            self.uncompact();
-        }
         match &mut self.cols {
-            Width::Compact(_) => unreachable!("made narrow above"),
             Width::Narrow(c) => fill_cols::<NarrowLayout, F>(self.origin, c, f),
             Width::Wide(c) => fill_cols::<WideLayout, F>(self.origin, c, f),
         }
@@ -509,7 +275,6 @@ impl Block {
             c.stacks.reserve(more);
         }
         match &mut self.cols {
-            Width::Compact(c) => reserve(c),
             Width::Narrow(c) => reserve(c),
             Width::Wide(c) => reserve(c),
         }
@@ -518,7 +283,6 @@ impl Block {
     /// Unused capacity, in samples.
     fn spare(&self) -> usize {
         match &self.cols {
-            Width::Compact(c) => c.offs.capacity() - c.offs.len(),
             Width::Narrow(c) => c.offs.capacity() - c.offs.len(),
             Width::Wide(c) => c.offs.capacity() - c.offs.len(),
         }
@@ -526,7 +290,6 @@ impl Block {
 
     fn shrink_to_fit(&mut self) {
         match &mut self.cols {
-            Width::Compact(c) => c.shrink_to_fit(),
             Width::Narrow(c) => c.shrink_to_fit(),
             Width::Wide(c) => c.shrink_to_fit(),
         }
@@ -535,7 +298,6 @@ impl Block {
     /// Switch to the wide columns, keeping every sample (and the capacity).
     #[cold]
     fn widen(&mut self) {
-        self.uncompact();
         if let Width::Narrow(n) = &self.cols {
             let mut w = Cols::with_capacity(n.offs.capacity().max(n.offs.len() + 1));
             w.offs.extend(n.offs.iter().map(|&o| o as u64));
@@ -555,7 +317,6 @@ impl Block {
     /// Keep the first `n` samples.
     pub(crate) fn truncate(&mut self, n: usize) {
         match &mut self.cols {
-            Width::Compact(c) => c.truncate(n),
             Width::Narrow(c) => c.truncate(n),
             Width::Wide(c) => c.truncate(n),
         }
@@ -565,7 +326,6 @@ impl Block {
     #[inline]
     fn get(&self, i: usize) -> Sample {
         let (off, thread, stack) = match &self.cols {
-            Width::Compact(c) => (c.offs[i] as u64, c.threads[i] as u32, c.stacks[i] as u32),
             Width::Narrow(c) => (c.offs[i] as u64, c.threads[i] as u32, c.stacks[i]),
             Width::Wide(c) => (c.offs[i], c.threads[i], c.stacks[i]),
         };
@@ -586,14 +346,6 @@ impl SampleColumns {
     /// Columns starting with `first`.
     pub(crate) fn new(first: Block) -> SampleColumns {
         SampleColumns { blocks: vec![first], starts: Vec::new(), len: 0 }
-    }
-
-    /// Columns made of `blocks`, in order (at least one).
-    pub(crate) fn from_blocks(mut blocks: Vec<Block>) -> SampleColumns {
-        if blocks.is_empty() {
-            blocks.push(Block::new(0, 0));
-        }
-        SampleColumns { blocks, starts: Vec::new(), len: 0 }
     }
 
     /// The block samples are appended to.
@@ -696,7 +448,7 @@ impl SampleColumns {
 
     /// Every sample in stream order.
     pub(crate) fn iter(&self) -> Samples<'_> {
-        Samples { blocks: &self.blocks, block: 0, i: 0, remaining: self.len }
+        Samples { inner: Inner::Columns { blocks: &self.blocks, block: 0, i: 0, remaining: self.len } }
     }
 }
 
@@ -704,32 +456,50 @@ impl SampleColumns {
 /// ([`Snapshot::samples`](super::Snapshot::samples)).
 #[derive(Debug, Clone)]
 pub struct Samples<'a> {
-    blocks: &'a [Block],
-    block: usize,
-    i: usize,
-    remaining: usize,
+    inner: Inner<'a>,
+}
+
+#[derive(Debug, Clone)]
+enum Inner<'a> {
+    /// A spool's columns.
+    Columns { blocks: &'a [Block], block: usize, i: usize, remaining: usize },
+    /// A packed file's coded blocks, decoded a chunk at a time.
+    Coded(CodedIter<'a>),
+}
+
+impl<'a> Samples<'a> {
+    pub(crate) fn coded(it: CodedIter<'a>) -> Samples<'a> {
+        Samples { inner: Inner::Coded(it) }
+    }
 }
 
 impl Iterator for Samples<'_> {
     type Item = Sample;
 
-    #[inline]
+    #[inline(always)]
     fn next(&mut self) -> Option<Sample> {
-        loop {
-            let b = self.blocks.get(self.block)?;
-            if self.i < b.len() {
-                let s = b.get(self.i);
-                self.i += 1;
-                self.remaining -= 1;
-                return Some(s);
-            }
-            self.block += 1;
-            self.i = 0;
+        match &mut self.inner {
+            Inner::Columns { blocks, block, i, remaining } => loop {
+                let b = blocks.get(*block)?;
+                if *i < b.len() {
+                    let s = b.get(*i);
+                    *i += 1;
+                    *remaining -= 1;
+                    return Some(s);
+                }
+                *block += 1;
+                *i = 0;
+            },
+            Inner::Coded(it) => it.next(),
         }
     }
 
     fn size_hint(&self) -> (usize, Option<usize>) {
-        (self.remaining, Some(self.remaining))
+        let n = match &self.inner {
+            Inner::Columns { remaining, .. } => *remaining,
+            Inner::Coded(it) => it.remaining,
+        };
+        (n, Some(n))
     }
 }
 
@@ -850,49 +620,6 @@ mod tests {
         cols.finish();
         assert_eq!(shape(&cols), [(10_000, false)]);
         assert_eq!(contents(&cols), jumpy);
-    }
-
-    #[test]
-    fn exact_blocks_are_written_in_place_and_a_compact_one_turns_narrow_when_appended_to() {
-        let start: u64 = 1_700_000_000_000_000;
-        for kind in [Kind::Compact, Kind::Narrow, Kind::Wide] {
-            let samples: Vec<(u64, u32, u32)> =
-                (0..10).map(|i| (start + 7 * i, (i % 3) as u32 * 100, 65_535 - i as u32)).collect();
-            let mut b = Block::exact(start, samples.len(), kind);
-            assert_eq!(b.is_narrow(), kind != Kind::Wide);
-            // Two parts written separately, the second first.
-            fn put<L: Layout>(d: &mut Dest<'_, L>, part: &[(u64, u32, u32)]) {
-                for (i, &(t, h, s)) in part.iter().enumerate() {
-                    let off = L::off(t - d.origin());
-                    d.offs()[i].write(off);
-                    d.threads()[i].write(L::thread(h));
-                    d.stacks()[i].write(L::stack(s));
-                }
-            }
-            let (first, second) = b.spare_mut().split_at(4);
-            for (d, part) in [(second, &samples[4..]), (first, &samples[..4])] {
-                assert_eq!(d.len(), part.len());
-                match d {
-                    AnyDest::Compact(mut d) => put(&mut d, part),
-                    AnyDest::Narrow(mut d) => put(&mut d, part),
-                    AnyDest::Wide(mut d) => put(&mut d, part),
-                }
-            }
-            // SAFETY: all ten samples were written just above.
-            unsafe { b.assume_written(samples.len()) };
-            let mut cols = SampleColumns::from_blocks(vec![b]);
-            cols.finish();
-            assert_eq!(contents(&cols), samples, "{kind:?}");
-            // Appending a sample that only the narrow layout holds (a thread
-            // id past 8 bits) keeps every sample.
-            let mut cols = cols.clone();
-            cols.push(Sample { time_us: start + 100, thread: ThreadId(300), stack: StackId(70_000) });
-            cols.finish();
-            let mut want = samples.clone();
-            want.push((start + 100, 300, 70_000));
-            assert_eq!(contents(&cols), want, "{kind:?}");
-            assert_eq!(shape(&cols), [(11, kind != Kind::Wide)], "{kind:?}");
-        }
     }
 
     #[test]

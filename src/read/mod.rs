@@ -3,6 +3,7 @@
 //! record loop. `Snapshot` and `Replay` also read the packed container
 //! (`packed.rs`), chosen by the file's magic.
 
+mod coded;
 mod columns;
 mod open;
 pub(crate) mod packed;

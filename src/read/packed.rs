@@ -1,9 +1,9 @@
 //! Reading the packed container (`FORMAT.md`, section 10): the frame (footer,
 //! index, definitions), one block at a time, and the two ways the readers use
-//! it: [`Snapshot`](crate::Snapshot) decodes every block straight into its
-//! place in columns allocated once from the index (on two threads for a
-//! large file), [`Replay`](crate::Replay) validates every block once at open
-//! and decodes them again one by one while iterating.
+//! it: [`Snapshot`](crate::Snapshot) checks every block at open and keeps
+//! it decompressed but still coded (`coded.rs`; on two threads for a large
+//! file), [`Replay`](crate::Replay) checks every block the same way at open,
+//! one at a time, and decodes them again one by one while iterating.
 //!
 //! A packed file is written whole to a temporary name and renamed, so unlike a
 //! spool it has no truncated tail to recover: a file cut anywhere lacks its
@@ -14,10 +14,9 @@
 //! `max_raw_len`).
 
 use std::fs::File;
-use std::mem::MaybeUninit;
 use std::os::unix::fs::FileExt;
 
-use super::columns::{AnyDest, Block, Dest, Fill, Filler, Kind, Layout, SampleColumns};
+use super::coded::CodedBlock;
 use super::scan::format_error;
 use crate::format::defs::Definitions;
 use crate::format::packed::*;
@@ -30,6 +29,11 @@ use crate::{Error, FormatErrorKind};
 pub(crate) trait Source: Sync {
     /// Fill `buf` from offset `at`; a source shorter than that is an error.
     fn read_exact_at(&self, buf: &mut [u8], at: u64) -> Result<(), Error>;
+
+    /// The `len` bytes at `at`, if the source holds them in memory (no copy).
+    fn slice_at(&self, _at: u64, _len: usize) -> Option<&[u8]> {
+        None
+    }
 }
 
 impl Source for [u8] {
@@ -42,6 +46,11 @@ impl Source for [u8] {
             }
             None => Err(corrupt(at, "the data ends before this field".into())),
         }
+    }
+
+    fn slice_at(&self, at: u64, len: usize) -> Option<&[u8]> {
+        let s = usize::try_from(at).ok()?;
+        self.get(s..s.checked_add(len)?)
     }
 }
 
@@ -282,6 +291,31 @@ impl Frame {
         scratch: &mut Scratch,
         sink: &mut impl BlockSink,
     ) -> Result<(), Error> {
+        let (len, count) = self.read_block(src, i, &mut scratch.payload, &mut scratch.raw)?;
+        let (lo, hi) =
+            decode_block(&mut scratch.bufs, &scratch.raw, len, count, self.threads, self.stacks, sink)
+                .map_err(|err| self.block_error(i, err))?;
+        self.check_range(i, lo, hi)
+    }
+
+    /// Read, decompress and check block `i` in full (`Replay::open`), in
+    /// `scratch`; returns its last time.
+    pub(crate) fn check_coded(
+        &self,
+        src: &(impl Source + ?Sized),
+        i: usize,
+        scratch: &mut Scratch,
+    ) -> Result<u64, Error> {
+        let (len, count) = self.read_block(src, i, &mut scratch.payload, &mut scratch.raw)?;
+        let checked = check_block(&mut scratch.bufs, &scratch.raw, len, count, self.threads, self.stacks)
+            .map_err(|err| self.block_error(i, err))?;
+        self.check_range(i, checked.lo, checked.hi)?;
+        Ok(checked.last)
+    }
+
+    /// Read block `i`'s header and check it against the index and the
+    /// limits. Returns the decoded length and the sample count.
+    fn block_header(&self, src: &(impl Source + ?Sized), i: usize) -> Result<(usize, usize), Error> {
         let e = self.index[i];
         let mut head = [0u8; BLOCK_HEADER_LEN as usize];
         src.read_exact_at(&mut head, e.offset)?;
@@ -306,25 +340,62 @@ impl Frame {
                 ),
             ));
         }
-        scratch.payload.resize(comp as usize, 0);
-        src.read_exact_at(&mut scratch.payload, e.offset + BLOCK_HEADER_LEN)?;
-        decompress(&scratch.payload, raw_len as usize, &mut scratch.raw)
-            .map_err(|m| corrupt(e.offset + BLOCK_HEADER_LEN, format!("block {i}: {m}")))?;
-        let (lo, hi) = decode_block(
-            &mut scratch.bufs,
-            &scratch.raw,
-            raw_len as usize,
-            count as usize,
-            self.threads,
-            self.stacks,
-            sink,
-        )
-        .map_err(|err| match err {
+        Ok((raw_len as usize, count as usize))
+    }
+
+    /// Decompress block `i`'s payload (its header already checked, `len`
+    /// decoded bytes) into `out`, exactly `len` bytes long.
+    fn payload_into(
+        &self,
+        src: &(impl Source + ?Sized),
+        i: usize,
+        payload: &mut Vec<u8>,
+        out: &mut [u8],
+    ) -> Result<(), Error> {
+        let e = self.index[i];
+        let at = e.offset + BLOCK_HEADER_LEN;
+        let comp = e.compressed as usize;
+        let bytes = match src.slice_at(at, comp) {
+            Some(b) => b,
+            None => {
+                payload.resize(comp, 0);
+                src.read_exact_at(payload, at)?;
+                &payload[..]
+            }
+        };
+        decompress_exact(bytes, out).map_err(|m| corrupt(at, format!("block {i}: {m}")))
+    }
+
+    /// Read block `i`'s header and payload, check them against the index,
+    /// and decompress the payload into `raw` (padded: see [`decompress`]).
+    /// Returns the decoded length and the sample count.
+    fn read_block(
+        &self,
+        src: &(impl Source + ?Sized),
+        i: usize,
+        payload: &mut Vec<u8>,
+        raw: &mut Vec<u8>,
+    ) -> Result<(usize, usize), Error> {
+        let (len, count) = self.block_header(src, i)?;
+        prepare_raw(raw, len);
+        self.payload_into(src, i, payload, &mut raw[..len])?;
+        Ok((len, count))
+    }
+
+    /// The error for block `i` refused by the codec.
+    fn block_error(&self, i: usize, err: BlockError) -> Error {
+        let e = self.index[i];
+        match err {
             BlockError::Layout(m) => corrupt(e.offset + BLOCK_HEADER_LEN, format!("block {i}: {m}")),
             BlockError::Undefined { what, id } => {
                 format_error(e.offset, FormatErrorKind::UndefinedReference { what, id })
             }
-        })?;
+        }
+    }
+
+    /// Check block `i`'s decoded time extremes against its index entry.
+    fn check_range(&self, i: usize, lo: u64, hi: u64) -> Result<(), Error> {
+        let e = self.index[i];
         if (lo, hi) != (e.min_time_us, e.max_time_us) {
             return Err(corrupt(
                 e.offset,
@@ -371,200 +442,102 @@ impl BlockBuf {
 /// Check every block of a packed file one at a time (`Replay::open`), with
 /// one block's memory; returns the last sample's time, if any.
 pub(crate) fn validate_all(src: &(impl Source + ?Sized), frame: &Frame) -> Result<Option<u64>, Error> {
-    let mut buf = BlockBuf::default();
+    let mut scratch = Scratch::default();
+    let mut last = None;
     for i in 0..frame.index.len() {
-        buf.load(frame, src, i)?;
+        last = Some(frame.check_coded(src, i, &mut scratch)?);
     }
-    Ok(buf.times.last().copied())
+    Ok(last)
 }
 
-/// Hands a decoded block's samples to a [`Filler`], from sample `i` on.
-struct FromBlock<'a> {
-    buf: &'a BlockBuf,
-    i: usize,
-}
-
-impl Fill for FromBlock<'_> {
-    /// The time and thread of a sample the filler had no room for.
-    type Out = Option<(u64, u32)>;
-
-    #[inline(always)]
-    fn run<L: Layout>(&mut self, w: &mut Filler<'_, L>) -> Option<(u64, u32)> {
-        let b = self.buf;
-        let n = b.times.len().min(b.threads.len()).min(b.stacks.len());
-        let mut i = self.i;
-        while i < n {
-            let (t, h, s) = (b.times[i], b.threads[i], b.stacks[i]);
-            if !w.put(t, h, s) {
-                self.i = i;
-                return Some((t, h));
-            }
-            i += 1;
-        }
-        self.i = i;
-        None
-    }
-}
-
-/// Decode blocks `range` into columns of their own.
-fn decode_range(
+/// Blocks `range` of a packed file checked and kept coded, their decoded
+/// bytes in one buffer sized from their headers (each followed by
+/// [`RAW_PADDING`] zeros); the first error in file order.
+fn load_range(
     src: &(impl Source + ?Sized),
     frame: &Frame,
     range: std::ops::Range<usize>,
-) -> Result<SampleColumns, Error> {
-    let count: u64 = frame.index[range.clone()].iter().map(|e| e.count as u64).sum();
-    // Room for every sample up front, but never more than one per byte of the
-    // file (real profiles take several bytes a sample): a hostile file that
-    // claims more than it can plausibly hold grows the columns as it is
-    // actually decoded instead.
-    let room = count.min(frame.file_len) as usize;
-    let start = frame.index.get(range.start).map_or(0, |e| e.min_time_us);
-    let mut cols = SampleColumns::new(Block::new(start, room));
-    let mut buf = BlockBuf::default();
-    for i in range {
-        buf.load(frame, src, i)?;
-        let mut f = FromBlock { buf: &buf, i: 0 };
-        while let Some((time, thread)) = cols.last_mut().fill(&mut f) {
-            cols.make_room(time, thread);
-        }
-    }
-    Ok(cols)
-}
-
-/// Writes every element of its columns (`decode_into` does, also when it
-/// fails): the safety of `assume_written` in `decode_all` rests on this.
-impl<L: Layout> BlockSink for Dest<'_, L> {
-    fn times(
-        &mut self,
-        first: u64,
-        deltas: &Column,
-        raw: &[u8],
-        bufs: &mut DecodeBufs,
-    ) -> Result<(u64, u64), String> {
-        let origin = self.origin();
-        times_into(first, deltas, raw, bufs, self.offs(), |t| {
-            MaybeUninit::new(L::off(t.wrapping_sub(origin)))
-        })
-    }
-    fn threads(&mut self, ids: &Column, raw: &[u8], bufs: &mut DecodeBufs) -> Result<(), String> {
-        ids.decode_into(raw, bufs, self.threads(), |v| MaybeUninit::new(L::thread(v as u32)))
-    }
-    fn stacks(&mut self, ids: &Column, raw: &[u8], bufs: &mut DecodeBufs) -> Result<(), String> {
-        ids.decode_into(raw, bufs, self.stacks(), |v| MaybeUninit::new(L::stack(v as u32)))
-    }
-}
-
-/// Decode packed blocks straight into their place in the final columns.
-fn decode_jobs(
-    src: &(impl Source + ?Sized),
-    frame: &Frame,
-    jobs: Vec<(usize, AnyDest<'_>)>,
-) -> Result<(), Error> {
-    let mut scratch = Scratch::default();
-    for (i, dest) in jobs {
-        match dest {
-            AnyDest::Compact(mut d) => frame.block_into(src, i, &mut scratch, &mut d)?,
-            AnyDest::Narrow(mut d) => frame.block_into(src, i, &mut scratch, &mut d)?,
-            AnyDest::Wide(mut d) => frame.block_into(src, i, &mut scratch, &mut d)?,
-        }
-    }
-    Ok(())
-}
-
-/// Times a narrow column block can hold: offsets below 2^32 from its origin.
-const NARROW_SPAN: u64 = 1 << 32;
-
-/// Every sample of a packed file in a `Snapshot`'s columns.
-///
-/// The index tells every block's sample count and time range before any is
-/// decoded, so the final columns are allocated once, at their exact size:
-/// consecutive packed blocks whose times fit one narrow column block (10
-/// bytes a sample, `columns.rs`) share it, and each packed block is decoded
-/// straight into its own part of it, half of the blocks on a second thread
-/// when there are enough of them. Nothing is copied afterwards. A file
-/// claiming more samples than it has bytes (possible for a real one only if
-/// its samples barely vary) is decoded block by block into columns that grow
-/// as the blocks prove their samples instead.
-pub(crate) fn decode_all(src: &(impl Source + ?Sized), frame: &Frame) -> Result<SampleColumns, Error> {
-    let blocks = frame.index.len();
-    if frame.samples > frame.file_len {
-        return decode_range(src, frame, 0..blocks);
-    }
-    // (first packed block, end, earliest time, latest time, samples, narrow)
-    let narrow_ids = frame.threads <= 1 << 16;
-    let mut segs: Vec<(usize, usize, u64, u64, usize, bool)> = Vec::new();
-    for (i, e) in frame.index.iter().enumerate() {
-        if let Some(s) = segs.last_mut().filter(|s| s.5) {
-            let (lo, hi) = (s.2.min(e.min_time_us), s.3.max(e.max_time_us));
-            if hi - lo < NARROW_SPAN {
-                (s.1, s.2, s.3, s.4) = (i + 1, lo, hi, s.4 + e.count as usize);
-                continue;
+) -> Result<Vec<CodedBlock>, Error> {
+    // The headers first, to size the buffer; a bad header ends the range
+    // there, and is reported once the blocks before it have been checked.
+    let mut heads = Vec::with_capacity(range.len());
+    let mut late = None;
+    let mut total = 0usize;
+    for i in range.clone() {
+        match frame.block_header(src, i) {
+            Ok((len, count)) => {
+                heads.push((total, len, count));
+                total += len + RAW_PADDING;
+            }
+            Err(e) => {
+                late = Some(e);
+                break;
             }
         }
-        let narrow = narrow_ids && e.max_time_us - e.min_time_us < NARROW_SPAN;
-        segs.push((i, i + 1, e.min_time_us, e.max_time_us, e.count as usize, narrow));
     }
-    // Ids small enough for the 7-byte compact columns (every id of a block
-    // is checked below these counts before it is written).
-    let compact = frame.threads <= 1 << 8 && frame.stacks <= 1 << 16;
-    let kind = |narrow: bool| match (narrow, compact) {
-        (true, true) => Kind::Compact,
-        (true, false) => Kind::Narrow,
-        (false, _) => Kind::Wide,
-    };
-    let mut cols: Vec<Block> = segs.iter().map(|s| Block::exact(s.2, s.4, kind(s.5))).collect();
-    let mut jobs: Vec<(usize, AnyDest<'_>)> = Vec::with_capacity(blocks);
-    for (s, b) in segs.iter().zip(&mut cols) {
-        let mut rest = b.spare_mut();
-        for i in s.0..s.1 {
-            let (here, after) = rest.split_at(frame.index[i].count as usize);
-            jobs.push((i, here));
-            rest = after;
-        }
+    // Each length is within `max_decompressed` of its payload, which lies
+    // in the file: the total is bounded by the file's length.
+    let mut arena = super::snapshot::zeroed_buffer(total).map_err(Error::from)?;
+    // Huge pages: far fewer page faults for the megabytes about to be
+    // written (measured: about a quarter less CPU for the whole open).
+    super::snapshot::advise_huge_pages(&mut arena);
+    let mut scratch = Scratch::default();
+    let mut checked = Vec::with_capacity(heads.len());
+    for (k, &(at, len, count)) in heads.iter().enumerate() {
+        let i = range.start + k;
+        frame.payload_into(src, i, &mut scratch.payload, &mut arena[at..at + len])?;
+        let raw = &arena[at..at + len + RAW_PADDING];
+        let c = check_block(&mut scratch.bufs, raw, len, count, frame.threads, frame.stacks)
+            .map_err(|err| frame.block_error(i, err))?;
+        frame.check_range(i, c.lo, c.hi)?;
+        checked.push(c);
     }
-    debug_assert!(jobs.iter().all(|(i, d)| d.len() == frame.index[*i].count as usize));
+    if let Some(e) = late {
+        return Err(e);
+    }
+    let arena = std::sync::Arc::new(arena);
+    Ok(heads
+        .into_iter()
+        .zip(checked)
+        .map(|((at, len, count), checked)| CodedBlock { arena: arena.clone(), at, len, count, checked })
+        .collect())
+}
+
+/// Every block of a packed file checked and kept coded (`Snapshot`), half of
+/// them on a second thread when there are enough; the first error in file
+/// order.
+pub(crate) fn load_coded(src: &(impl Source + ?Sized), frame: &Frame) -> Result<Vec<CodedBlock>, Error> {
+    let run = |range: std::ops::Range<usize>| load_range(src, frame, range);
+    let blocks = frame.index.len();
     let two = blocks >= 4 && std::thread::available_parallelism().is_ok_and(|c| c.get() >= 2);
-    if two {
-        // Split where half the samples are decoded.
-        let mut acc = 0u64;
-        let split = jobs
-            .iter()
-            .position(|(i, _)| {
-                acc += frame.index[*i].count as u64;
-                2 * acc >= frame.samples
-            })
-            .map_or(jobs.len(), |p| p + 1);
-        let second = jobs.split_off(split);
-        let (a, b) = std::thread::scope(|sc| {
-            let handle = std::thread::Builder::new()
-                .name("spulse-unpack".into())
-                .spawn_scoped(sc, || decode_jobs(src, frame, second))
-                .map_err(|_| ());
-            let a = decode_jobs(src, frame, jobs);
-            let b = match handle {
-                Ok(h) => Some(h.join().unwrap_or_else(|_| Err(corrupt(0, "decoder thread failed".into())))),
-                // No second thread to be had (resource limits): the jobs
-                // went with the failed spawn; decode the whole file again
-                // below, on this thread.
-                Err(()) => None,
-            };
-            (a, b)
-        });
-        // The first error in file order.
-        a?;
-        match b {
-            Some(b) => b?,
-            None => return decode_range(src, frame, 0..blocks),
-        }
-    } else {
-        decode_jobs(src, frame, jobs)?;
+    if !two {
+        return run(0..blocks);
     }
-    for (s, b) in segs.iter().zip(&mut cols) {
-        // Every job succeeded; `block_into` hands every index below a packed
-        // block's count to the sink before it returns `Ok`.
-        // SAFETY: the block was created empty and its jobs wrote its first `s.4`
-        // samples (the sum of its packed blocks' counts) in disjoint parts, in full.
-        unsafe { b.assume_written(s.4) };
-    }
-    Ok(SampleColumns::from_blocks(cols))
+    // Split where half the samples are.
+    let mut acc = 0u64;
+    let split = frame
+        .index
+        .iter()
+        .position(|e| {
+            acc += e.count as u64;
+            2 * acc >= frame.samples
+        })
+        .map_or(blocks, |p| p + 1);
+    let (a, b) = std::thread::scope(|sc| {
+        let handle =
+            std::thread::Builder::new().name("spulse-unpack".into()).spawn_scoped(sc, || run(split..blocks));
+        let a = run(0..split);
+        let b = match handle {
+            Ok(h) => h.join().unwrap_or_else(|_| Err(corrupt(0, "decoder thread failed".into()))),
+            // No second thread to be had (resource limits): this one does it.
+            Err(_) => match a {
+                Ok(_) => run(split..blocks),
+                Err(_) => Ok(Vec::new()),
+            },
+        };
+        (a, b)
+    });
+    let mut a = a?;
+    a.extend(b?);
+    Ok(a)
 }

@@ -1,13 +1,16 @@
 //! `Snapshot`: a whole spool decoded into memory for random access.
 //!
-//! Samples are stored column-wise (`columns.rs`: timestamps, threads,
-//! stacks), so loading a large profile allocates a few vectors sized once from
-//! the file length, not one object per sample. Large spools are read and
-//! loaded on two threads (`parallel.rs`).
+//! A spool's samples are stored column-wise (`columns.rs`: timestamps,
+//! threads, stacks), so loading a large profile allocates a few vectors sized
+//! once from the file length, not one object per sample. Large spools are
+//! read and loaded on two threads (`parallel.rs`). A packed file's samples
+//! stay in their coded form, checked in full at open and decoded a chunk at
+//! a time when read (`coded.rs`).
 
 use std::ops::Deref;
 use std::path::Path;
 
+use super::coded::CodedSamples;
 use super::columns::{Block, SampleColumns, Samples};
 use super::open;
 use super::packed;
@@ -60,11 +63,19 @@ use crate::Error;
 #[derive(Debug, Clone)]
 pub struct Snapshot {
     defs: Definitions,
-    samples: SampleColumns,
+    samples: Store,
     recovered: bool,
     valid_len: u64,
     file_len: u64,
-    packed: bool,
+}
+
+/// Where a snapshot's samples are.
+#[derive(Debug, Clone)]
+enum Store {
+    /// A spool's, decoded into columns.
+    Columns(SampleColumns),
+    /// A packed file's, checked and kept coded.
+    Coded(CodedSamples),
 }
 
 impl Snapshot {
@@ -138,37 +149,34 @@ impl Snapshot {
         samples.finish();
         Ok(Snapshot {
             defs,
-            samples,
+            samples: Store::Columns(samples),
             recovered,
             valid_len: valid_len as u64,
             file_len: bytes.len() as u64,
-            packed: false,
         })
     }
 
-    /// Decode and validate a whole packed file (`FORMAT.md`, section 10) of
-    /// `len` bytes, block by block into the same compact columns a spool
-    /// loads into, on two threads for a large file.
+    /// Check a whole packed file (`FORMAT.md`, section 10) of `len` bytes,
+    /// every block in full (on two threads for a large file), keeping the
+    /// blocks in their coded form (`coded.rs`).
     fn from_packed(src: &(impl packed::Source + ?Sized), len: u64) -> Result<Snapshot, Error> {
         let mut frame = packed::open_frame(src, len)?;
-        let mut samples = packed::decode_all(src, &frame)?;
-        samples.finish();
-        if let Some(last) = samples.len().checked_sub(1).and_then(|i| samples.get(i)) {
-            frame.finish(last.time_us);
+        let samples = CodedSamples::new(packed::load_coded(src, &frame)?);
+        if let Some(last) = samples.last_time() {
+            frame.finish(last);
         }
         Ok(Snapshot {
             defs: frame.defs,
-            samples,
+            samples: Store::Coded(samples),
             recovered: false,
             valid_len: len,
             file_len: len,
-            packed: true,
         })
     }
 
     /// Whether the file was a packed file (`spulse pack`) rather than a spool.
     pub fn is_packed(&self) -> bool {
-        self.packed
+        matches!(self.samples, Store::Coded(_))
     }
 
     /// Whether the file ended partway through its final record (which was dropped).
@@ -193,29 +201,42 @@ impl Snapshot {
 
     /// Number of samples.
     pub fn len(&self) -> usize {
-        self.samples.len()
+        match &self.samples {
+            Store::Columns(c) => c.len(),
+            Store::Coded(c) => c.len(),
+        }
     }
 
     /// Whether there are no samples.
     pub fn is_empty(&self) -> bool {
-        self.samples.len() == 0
+        self.len() == 0
     }
 
-    /// One sample by index (stream order).
+    /// One sample by index (stream order). For a packed file this decodes
+    /// the chunk of 1,024 samples it is in (the last chunk read is kept, so
+    /// reading samples in order decodes each chunk once).
     ///
     /// # Panics
     ///
     /// If `i >= self.len()`.
     pub fn sample(&self, i: usize) -> Sample {
-        match self.samples.get(i) {
+        let s = match &self.samples {
+            Store::Columns(c) => c.get(i),
+            Store::Coded(c) => c.get(i),
+        };
+        match s {
             Some(s) => s,
             None => panic!("sample index {i} out of range for a snapshot of {} samples", self.len()),
         }
     }
 
-    /// Every sample in stream order.
+    /// Every sample in stream order (for a packed file, decoded a chunk of
+    /// 1,024 samples at a time).
     pub fn samples(&self) -> Samples<'_> {
-        self.samples.iter()
+        match &self.samples {
+            Store::Columns(c) => c.iter(),
+            Store::Coded(c) => Samples::coded(c.iter()),
+        }
     }
 
     /// Sample timestamps (unix microseconds), stream order.
@@ -226,18 +247,27 @@ impl Snapshot {
     /// First and last sample timestamps, if any (samples may be out of order
     /// across threads: these are the minimum and maximum).
     pub fn time_range(&self) -> Option<(u64, u64)> {
+        if let Store::Coded(c) = &self.samples {
+            // Every block's extremes, checked against its samples at open.
+            return c.time_range();
+        }
         let min = self.sample_times().min()?;
         let max = self.sample_times().max()?;
         Some((min, max))
     }
 
     /// How many blocks the samples are stored in and how many of those use
-    /// the narrow (10 bytes per sample) columns (`testing` feature only;
-    /// unstable).
+    /// the narrow (10 bytes per sample) columns; for a packed file, its
+    /// blocks and 0 (`testing` feature only; unstable).
     #[cfg(feature = "testing")]
     pub fn column_blocks(&self) -> (usize, usize) {
-        let b = self.samples.blocks();
-        (b.len(), b.iter().filter(|b| b.is_narrow()).count())
+        match &self.samples {
+            Store::Columns(c) => {
+                let b = c.blocks();
+                (b.len(), b.iter().filter(|b| b.is_narrow()).count())
+            }
+            Store::Coded(c) => (c.block_count(), 0),
+        }
     }
 }
 
@@ -311,7 +341,7 @@ fn no_memory(len: usize) -> std::io::Error {
 /// hands out fresh zeroed pages without writing them), but an error instead of
 /// an abort when the memory cannot be had: the length comes from an untrusted
 /// file (a sparse file can claim terabytes).
-fn zeroed_buffer(len: usize) -> std::io::Result<Vec<u8>> {
+pub(crate) fn zeroed_buffer(len: usize) -> std::io::Result<Vec<u8>> {
     if len == 0 {
         return Ok(Vec::new());
     }
