@@ -25,14 +25,31 @@
 //!   embedded `spulse::start` returns an `Err` saying the process is already
 //!   recorded, and the program keeps running.
 //!
+//! It records only when it was preloaded: its constructor also runs when a
+//! program loads it with `dlopen` (Python's `ctypes.CDLL(path)`, a plugin
+//! loader), and a recorder started there would record a program that did not
+//! ask for it. So the constructor first finds this library's own file (`dladdr`
+//! on one of its symbols) and looks for it among the entries of `LD_PRELOAD`
+//! (separated by spaces or colons) and of `/etc/ld.so.preload` (separated by
+//! whitespace or colons). An entry with a slash matches when it names the same
+//! file, compared by (device, inode), so a relative path, a path with `..` or
+//! doubled slashes, or a symlink all match; an entry without a slash (which the
+//! loader searches for in the library path), or one holding a `$` token such as
+//! `$LIB`, matches by file name. If no entry matches, the library starts
+//! nothing, registers no exit or fork handler, and prints one line to stderr
+//! saying why.
+//!
 //! Under `spulse record`, `SPULSE_RECORD_DIR` names the collector's private
 //! directory: each process (each exec image) writes `<pid>.<ns>.spool` there,
 //! `<ns>` being `CLOCK_MONOTONIC` nanoseconds at start, so the images one pid
 //! runs through `exec` sort in order. A recorder that cannot start leaves a
 //! `<pid>.<ns>.error` file with the reason for the collector to report.
 
-use std::io::Write;
-use std::path::PathBuf;
+use std::ffi::{CStr, OsStr};
+use std::io::{Read, Write};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Mutex;
 
@@ -50,6 +67,10 @@ static GUARD: Mutex<Option<spulse::Guard>> = Mutex::new(None);
 static INIT: extern "C" fn() = init;
 
 extern "C" fn init() {
+    if let Err(why) = preloaded() {
+        let _ = writeln!(std::io::stderr(), "spulse: not recording: {why}");
+        return;
+    }
     start_here();
     // SAFETY: both register plain `extern "C"` functions with no arguments;
     // they stay valid for the life of the process (this library is never
@@ -132,6 +153,69 @@ fn start_here() {
             }
         },
     }
+}
+
+/// `/etc/ld.so.preload`, read up to this many bytes (the loader's own list is
+/// a few paths; a larger file is not a preload list this library must honour).
+const LD_SO_PRELOAD_MAX: u64 = 64 * 1024;
+
+/// `Ok` when this library is named in `LD_PRELOAD` or `/etc/ld.so.preload`;
+/// otherwise the reason it is not recording (it was loaded with `dlopen`).
+fn preloaded() -> Result<(), String> {
+    let own = own_path()
+        .ok_or_else(|| "cannot find the file of libspulse_preload.so (dladdr failed)".to_string())?;
+    let own_id = std::fs::metadata(&own).ok().map(|m| (m.dev(), m.ino()));
+    let own_name = own.file_name().map(OsStr::to_os_string);
+    let matches = |entry: &[u8]| -> bool {
+        if entry.is_empty() {
+            return false;
+        }
+        let path = Path::new(OsStr::from_bytes(entry));
+        if entry.contains(&b'/') && !entry.contains(&b'$') {
+            let id = std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()));
+            id.is_some() && id == own_id
+        } else {
+            path.file_name().is_some() && path.file_name().map(OsStr::to_os_string) == own_name
+        }
+    };
+    if let Some(list) = std::env::var_os("LD_PRELOAD") {
+        if list.as_bytes().split(|&b| b == b' ' || b == b':').any(matches) {
+            return Ok(());
+        }
+    }
+    let mut system = Vec::new();
+    if let Ok(f) = std::fs::File::open("/etc/ld.so.preload") {
+        let _ = f.take(LD_SO_PRELOAD_MAX).read_to_end(&mut system);
+    }
+    if system.split(|&b| matches!(b, b' ' | b'\t' | b'\n' | b'\r' | b':')).any(matches) {
+        return Ok(());
+    }
+    Err(format!(
+        "{} was loaded without being preloaded (with dlopen?): it is not named in LD_PRELOAD or /etc/ld.so.preload, \
+         so it records nothing in process {}",
+        own.display(),
+        std::process::id()
+    ))
+}
+
+/// The path this library was loaded from, as the dynamic loader recorded it.
+fn own_path() -> Option<PathBuf> {
+    // `Dl_info` is plain data (pointers and integers); dladdr fills it on success.
+    // SAFETY: all zero bytes is a valid value of such a struct.
+    let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+    let addr = &spulse_preload_recorded_pid as *const AtomicU32 as *const libc::c_void;
+    // dladdr only reads the loader's tables.
+    // SAFETY: `addr` points into this library's data; `info` is ours, writable.
+    let found = unsafe { libc::dladdr(addr, &mut info) };
+    if found == 0 || info.dli_fname.is_null() {
+        return None;
+    }
+    // On success `dli_fname` is owned by the loader and lives as long as this
+    // library stays loaded, which covers this whole call.
+    // SAFETY: a NUL-terminated string, valid for the lifetime used here.
+    let name = unsafe { CStr::from_ptr(info.dli_fname) };
+    let bytes = name.to_bytes();
+    (!bytes.is_empty()).then(|| PathBuf::from(OsStr::from_bytes(bytes)))
 }
 
 fn monotonic_ns() -> u64 {
