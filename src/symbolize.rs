@@ -537,7 +537,9 @@ pub fn module_name(m: &Module) -> String {
 /// library ships v0 symbols, most crates legacy ones): no hash or crate
 /// disambiguator, no generic arguments (legacy symbols do not record them),
 /// closures and shims as legacy spells them (`{{closure}}`, `{{vtable.shim}}`),
-/// inherent methods of path types as `a::Type::f` (v0 says `<a::Type>::f`).
+/// inherent methods of path types as `a::Type::f` (v0 says `<a::Type>::f`),
+/// trait impl methods as `<Type as Trait>::f` (legacy says
+/// `module::<impl Trait for Type>::f`).
 /// A generic function therefore shows as one row for all its instances.
 pub fn demangle(name: &str) -> Cow<'_, str> {
     if let Ok(d) = rustc_demangle::try_demangle(name) {
@@ -555,7 +557,90 @@ pub fn demangle(name: &str) -> Cow<'_, str> {
 
 /// Bring a demangled Rust path to the display [`demangle`] documents.
 fn normalize_rust(s: &str) -> String {
-    unwrap_inherent(&strip_generics(s))
+    unwrap_inherent(&strip_generics(&legacy_impls(s)))
+}
+
+/// Legacy names a method of an impl block by the module the impl sits in:
+/// `core::iter::range::<impl core::iter::traits::iterator::Iterator for
+/// core::ops::range::Range<A>>::next`, where v0 says `<core::ops::range::Range<A>
+/// as core::iter::traits::iterator::Iterator>::next`. Left as it is, the
+/// generic-argument pass would cut the `<impl ..>` segment and leave
+/// `core::iter::range::next` for every impl in that module: spell it as v0
+/// does (`<Type as Trait>`, or `<Type>` for an inherent impl).
+fn legacy_impls(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut rest = s;
+    while let Some(at) = rest.find("<impl ") {
+        let segment_start = at == 0 || rest[..at].ends_with("::");
+        let Some(len) = balanced_len(&rest[at..]) else { break };
+        if !segment_start {
+            out.push_str(&rest[..at + len]);
+            rest = &rest[at + len..];
+            continue;
+        }
+        // Drop the module path the impl sits in (v0 does not print it).
+        let before = &rest[..at];
+        let path_len = before
+            .char_indices()
+            .rev()
+            .take_while(|&(_, c)| c.is_alphanumeric() || c == '_' || c == ':')
+            .last()
+            .map_or(0, |(i, _)| before.len() - i);
+        out.push_str(&before[..before.len() - path_len]);
+        let inner = &rest[at + 6..at + len - 1];
+        match top_level_split(inner, " for ") {
+            Some((tr, ty)) => {
+                out.push('<');
+                out.push_str(ty);
+                out.push_str(" as ");
+                out.push_str(tr);
+                out.push('>');
+            }
+            None => {
+                out.push('<');
+                out.push_str(inner);
+                out.push('>');
+            }
+        }
+        rest = &rest[at + len..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// The length of the `<...>` group `s` starts with, brackets balanced (`->` is
+/// not a closing bracket).
+fn balanced_len(s: &str) -> Option<usize> {
+    let b = s.as_bytes();
+    let mut depth = 0usize;
+    for j in 0..b.len() {
+        match b[j] {
+            b'<' => depth += 1,
+            b'>' if j == 0 || b[j - 1] != b'-' => {
+                depth = depth.checked_sub(1)?;
+                if depth == 0 {
+                    return Some(j + 1);
+                }
+            }
+            _ => {}
+        }
+    }
+    None
+}
+
+/// `s` split at the first `sep` outside any `<...>`.
+fn top_level_split<'a>(s: &'a str, sep: &str) -> Option<(&'a str, &'a str)> {
+    let b = s.as_bytes();
+    let mut depth = 0usize;
+    for j in 0..b.len() {
+        match b[j] {
+            b'<' => depth += 1,
+            b'>' if j == 0 || b[j - 1] != b'-' => depth = depth.saturating_sub(1),
+            _ if depth == 0 && s[j..].starts_with(sep) => return Some((&s[..j], &s[j + sep.len()..])),
+            _ => {}
+        }
+    }
+    None
 }
 
 /// v0 spells a method of an inherent impl on a path type `<a::Type>::f`,
@@ -566,7 +651,8 @@ fn unwrap_inherent(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     let mut i = 0;
     while i < b.len() {
-        let at_segment_start = i == 0 || out.ends_with("::");
+        // Also inside a qualified path (`<<a::Type>::f::{{closure}} as T>::g`).
+        let at_segment_start = i == 0 || out.ends_with("::") || out.ends_with('<');
         if b[i] == b'<' && at_segment_start {
             if let Some(len) = s[i + 1..].find('>') {
                 let inner = &s[i + 1..i + 1 + len];
@@ -609,7 +695,14 @@ fn strip_generics(s: &str) -> String {
                 let inner = &s[i + 1..i + len];
                 let kind = inner.split('#').next().unwrap_or(inner);
                 match kind.strip_prefix("shim:") {
-                    Some(shim) => out.push_str(&format!("{{{{{shim}.shim}}}}")),
+                    // Legacy glues a shim to the function it wraps
+                    // (`FnOnce::call_once{{vtable.shim}}`); v0 makes it a segment.
+                    Some(shim) => {
+                        if out.ends_with("::") {
+                            out.truncate(out.len() - 2);
+                        }
+                        out.push_str(&format!("{{{{{shim}.shim}}}}"))
+                    }
                     None => out.push_str(&format!("{{{{{kind}}}}}")),
                 }
                 i += len + 1;
@@ -1119,9 +1212,30 @@ mod tests {
         );
         assert_eq!(
             normalize_rust("a::call::<fn(u8) -> u8>::{closure#2}::{shim:vtable#0}"),
-            "a::call::{{closure}}::{{vtable.shim}}"
+            "a::call::{{closure}}{{vtable.shim}}"
+        );
+        // As legacy spells the same shim (`..::FnOnce::call_once{{vtable.shim}}`),
+        // and an inherent method's closure inside a qualified path unwrapped.
+        assert_eq!(
+            normalize_rust(
+                "<<std::sync::once::Once>::call_once::{closure#0} as core::ops::function::FnOnce<(&std::sync::once::OnceState,)>>::call_once::{shim:vtable#0}"
+            ),
+            "<std::sync::once::Once::call_once::{{closure}} as core::ops::function::FnOnce>::call_once{{vtable.shim}}"
         );
         assert_eq!(normalize_rust("<[u8] as a::B<&str>>::f"), "<[u8] as a::B>::f");
+        // Legacy names an impl by its module; v0 by its type and trait.
+        let legacy = "_ZN4core4iter5range101_$LT$impl$u20$core..iter..traits..iterator..Iterator$u20$for$u20$core..ops..range..Range$LT$A$GT$$GT$4next17h7c48a1ecddd74bd4E";
+        assert_eq!(
+            demangle(legacy),
+            "<core::ops::range::Range as core::iter::traits::iterator::Iterator>::next"
+        );
+        assert_eq!(
+            normalize_rust("<core::ops::range::Range<A> as core::iter::traits::iterator::Iterator>::next"),
+            demangle(legacy)
+        );
+        assert_eq!(normalize_rust("a::b::<impl a::T<u8> for a::S<fn() -> u8>>::f"), "<a::S as a::T>::f");
+        assert_eq!(normalize_rust("a::b::<impl a::S<T>>::f::{{closure}}"), "a::S::f::{{closure}}");
+        assert_eq!(normalize_rust("x::<impl a::T for &[u8]>::g"), "<&[u8] as a::T>::g");
         // Inherent methods: v0 brackets the type, legacy does not.
         assert_eq!(normalize_rust("<std::time::Instant>::now"), "std::time::Instant::now");
         assert_eq!(normalize_rust("<alloc::vec::Vec<u8>>::push"), "alloc::vec::Vec::push");

@@ -7,7 +7,6 @@
 mod common;
 
 use std::collections::HashMap;
-use std::io::Read;
 use std::process::Command;
 
 use common::*;
@@ -60,13 +59,9 @@ fn pprof_is_read_by_go_tool_pprof() {
 
 #[test]
 fn pprof_carries_mappings_addresses_and_build_ids() {
-    use prost::Message;
-    use spulse_cli::export::pprof::Profile;
     let (p, spool) = fixture();
     let out = export(&p, &spool, "pprof", "a.pb.gz");
-    let mut raw = Vec::new();
-    flate2::read::GzDecoder::new(std::fs::File::open(&out).unwrap()).read_to_end(&mut raw).unwrap();
-    let prof = Profile::decode(&*raw).expect("valid profile.proto");
+    let prof = read_pprof(&out);
     let st = &prof.string_table;
     assert_eq!(prof.mapping.len(), 1);
     let m = &prof.mapping[0];

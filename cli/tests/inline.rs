@@ -109,13 +109,7 @@ fn inlined_functions_are_expanded() {
     // In pprof the location holds both functions, the inlined one first.
     let pb = dir.path().join("inl.pb.gz");
     ok(&["export", s(&spool), "--format", "pprof", "-o", s(&pb)]);
-    let mut raw = Vec::new();
-    std::io::Read::read_to_end(
-        &mut flate2::read::GzDecoder::new(std::fs::File::open(&pb).unwrap()),
-        &mut raw,
-    )
-    .unwrap();
-    let prof = <spulse_cli::export::pprof::Profile as prost::Message>::decode(&*raw).unwrap();
+    let prof = read_pprof(&pb);
     let name = |fid: u64| {
         let f = prof.function.iter().find(|f| f.id == fid).unwrap();
         prof.string_table[f.name as usize].clone()

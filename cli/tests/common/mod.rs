@@ -300,3 +300,15 @@ pub fn have_jsonschema() -> bool {
 pub fn have_binutils(program: &str) -> bool {
     oracle(&format!("binutils {program}"), &[program, "--version"], "Debian's binutils")
 }
+
+/// The pprof profile in the gzipped file `path` (the `pprof` export), decoded.
+pub fn read_pprof(path: &Path) -> spulse_cli::export::pprof::Profile {
+    let mut raw = Vec::new();
+    std::io::Read::read_to_end(
+        &mut flate2::read::GzDecoder::new(std::fs::File::open(path).unwrap()),
+        &mut raw,
+    )
+    .unwrap_or_else(|e| panic!("{} is not gzip: {e}", path.display()));
+    <spulse_cli::export::pprof::Profile as prost::Message>::decode(&*raw)
+        .unwrap_or_else(|e| panic!("{} is not a pprof profile: {e}", path.display()))
+}
