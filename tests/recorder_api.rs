@@ -221,9 +221,12 @@ fn foreign_sigprof_is_chained_to_the_previous_disposition() {
         // SAFETY: a foreign SIGPROF (si_code SI_TKILL): chained to SIG_IGN, so harmless.
         unsafe { libc::raise(libc::SIGPROF) };
     }
-    burn(0.1);
+    // Half a CPU-second: the thread timer's signals come one a scheduler tick
+    // at most, and with two CPU hogs beside a debug build 0.1 s brought 1 to 20
+    // of them (once none at all, 1 run in 40).
+    burn(0.5);
     let stats = g.finish().unwrap();
-    assert!(stats.samples_written > 0);
+    assert!(stats.samples_written > 0, "the recorder recorded nothing: {stats:?}");
     // After stop, our own stray signals would be ignored, foreign ones still chained.
     // SAFETY: raise only sends SIGPROF to this thread; the recorder is stopped,
     // so the disposition in place is the one saved before it (SIG_IGN).
