@@ -1091,6 +1091,11 @@ fn parse_block(
     Ok((first, [tc, hc, sc]))
 }
 
+/// A column's layout error, named after the column.
+fn layout(what: &'static str) -> impl Fn(String) -> BlockError {
+    move |e| BlockError::Layout(format!("{what} column: {e}"))
+}
+
 /// Decode the block of `count` samples held in `raw[..len]` (padded with
 /// [`RAW_PADDING`] bytes) into `sink`, checking every id against the
 /// `threads` and `stacks` defined and that the columns fill exactly `len`
@@ -1105,7 +1110,6 @@ pub(crate) fn decode_block(
     sink: &mut impl BlockSink,
 ) -> Result<(u64, u64), BlockError> {
     let (first, [tc, hc, sc]) = parse_block(raw, len, count, threads, stacks)?;
-    let layout = |what: &'static str| move |e: String| BlockError::Layout(format!("{what} column: {e}"));
     let range = sink.times(first, &tc, raw, bufs).map_err(layout("time"))?;
     sink.threads(&hc, raw, bufs).map_err(layout("thread"))?;
     sink.stacks(&sc, raw, bufs).map_err(layout("stack"))?;
@@ -1148,7 +1152,6 @@ pub(crate) fn check_block(
     stacks: usize,
 ) -> Result<CheckedBlock, BlockError> {
     let (first, [tc, hc, sc]) = parse_block(raw, len, count, threads, stacks)?;
-    let layout = |what: &'static str| move |e: String| BlockError::Layout(format!("{what} column: {e}"));
     let chunks = count.div_ceil(CHUNK);
     let mut marks = Vec::with_capacity(chunks);
     let (lo, hi, last) = tc.check_times(raw, bufs, first, &mut marks).map_err(layout("time"))?;

@@ -118,7 +118,7 @@ const ENTRIES_PER_STEP: usize = 1024;
 /// when the header cannot be rebuilt (no table, a variable-size encoding, a
 /// table gimli cannot read): the caller then gives the module no unwind tables.
 ///
-/// `known_unsafe`, when given, is an earlier verdict on these same tables (the
+/// `known_unsound`, when given, is an earlier verdict on these same tables (the
 /// positions of the dropped entries, from [`super::cfi_cache`]): the FDEs are
 /// then not parsed again, and only the cheap pointer check runs.
 ///
@@ -131,7 +131,7 @@ pub(crate) fn filter_eh_frame_hdr(
     eh_frame: &[u8],
     eh_frame_svma: u64,
     text_svma: u64,
-    known_unsafe: Option<&[u32]>,
+    known_unsound: Option<&[u32]>,
     between: &mut dyn FnMut() -> bool,
 ) -> Option<Filtered> {
     let (&version, rest) = hdr.split_first()?;
@@ -184,7 +184,7 @@ pub(crate) fn filter_eh_frame_hdr(
             .ok()
             .and_then(|p| p.checked_sub(eh_frame_ptr))
             .and_then(|off| usize::try_from(off).ok())
-            .is_some_and(|off| match known_unsafe {
+            .is_some_and(|off| match known_unsound {
                 Some(bad) => bad.binary_search(&index).is_err(),
                 None => fde_is_safe(&section, &bases, &mut ctx, off),
             });

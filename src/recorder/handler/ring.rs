@@ -192,9 +192,9 @@ impl ZeroedWords {
     }
 
     fn as_slice(&self) -> &[UnsafeCell<u64>] {
-        // SAFETY: `ptr` points to `len` cells that live until drop: either our
-        // mapping (zero-filled by the kernel, page-aligned, readable and
-        // writable) or a leaked `Box<[UnsafeCell<u64>]>` of `len` cells.
+        // `ptr` is either our mapping (zero-filled by the kernel, page-aligned,
+        // readable and writable) or a leaked `Box<[UnsafeCell<u64>]>`.
+        // SAFETY: either way `len` cells live there until drop, and
         // `UnsafeCell<u64>` has the layout of `u64`, for which zero is valid.
         unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
     }
@@ -228,10 +228,10 @@ impl Consumer {
         if seq != pos.wrapping_add(1) {
             return None;
         }
-        // SAFETY: the acquire load above saw the producer's release store for this
-        // position, so its words are complete, and no producer can claim the slot
-        // again before we store the next sequence below; this `Consumer` is the
-        // ring's only one (made once by `Ring::new`, not `Clone`, borrowed `&mut`).
+        // This `Consumer` is the ring's only one (made once by `Ring::new`, not
+        // `Clone`, borrowed `&mut`), so no other reader holds the slot.
+        // SAFETY: the acquire load above saw the producer's release store, so the
+        // words are complete; no producer reclaims the slot before our next store.
         let words = unsafe { std::slice::from_raw_parts(ring.slot_ptr(pos) as *const u64, ring.stride) };
         let flags = words[3] >> 32;
         let r = if flags & FLAG_VOID != 0 {
