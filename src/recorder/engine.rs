@@ -7,12 +7,12 @@
 //!
 //! [`EngineChoice`]: super::EngineChoice
 
-use super::sys::{perf, perf_stack, timer};
+use super::sys::{perf, perf_kernel, perf_stack, timer};
 
 /// A running engine.
 pub(crate) enum Engine {
-    /// The user-time events, and the kernel-time events when allowed.
-    Perf(perf::PerfEngine, Option<perf::KernelEvents>),
+    /// The user-time events, and the kernel-time rings when allowed.
+    Perf(perf::PerfEngine, Option<perf_kernel::KernelRings>),
     Threads(timer::ThreadTimers),
     Process(timer::ProcessTimer),
     /// Per-thread events that copy the user stack into rings (no signal).
@@ -30,11 +30,10 @@ impl Engine {
         }
     }
 
-    /// Periodic upkeep (new threads for per-thread timers and kernel-time events).
+    /// Periodic upkeep (new threads for per-thread timers and perf-stack events).
     pub(crate) fn tick(&mut self, tids: &[u32]) {
         match self {
             Engine::Threads(t) => t.rescan(tids),
-            Engine::Perf(_, Some(k)) => k.rescan(tids),
             Engine::PerfStack(s) => s.rescan(tids),
             _ => {}
         }
@@ -50,16 +49,6 @@ impl Engine {
         matches!(self, Engine::Threads(_) | Engine::PerfStack(_))
     }
 
-    /// Keep the kernel-time events' descriptors open for the life of the
-    /// process (see `KernelEvents::stop`).
-    pub(crate) fn leak_kernel_events(&mut self) {
-        if let Engine::Perf(_, k) = self {
-            if let Some(k) = k.take() {
-                std::mem::forget(k);
-            }
-        }
-    }
-
     /// The perf-stack engine's events, if that engine runs.
     pub(crate) fn stack_events(&mut self) -> Option<&mut perf_stack::StackEvents> {
         match self {
@@ -68,7 +57,24 @@ impl Engine {
         }
     }
 
-    /// Threads that got no kernel-time event (limit or descriptor table).
+    /// Perf-event descriptors held.
+    pub(crate) fn descriptors(&self) -> usize {
+        match self {
+            Engine::Perf(p, k) => p.descriptors() + k.as_ref().map_or(0, |k| k.fds),
+            Engine::PerfStack(s) => s.descriptors(),
+            _ => 0,
+        }
+    }
+
+    /// The kernel-time rings, if they run.
+    pub(crate) fn kernel_rings(&mut self) -> Option<&mut perf_kernel::KernelRings> {
+        match self {
+            Engine::Perf(_, Some(k)) => Some(k),
+            _ => None,
+        }
+    }
+
+    /// Threads alive at start that got no kernel-time events (descriptor budget).
     pub(crate) fn kernel_missed(&self) -> u64 {
         match self {
             Engine::Perf(_, Some(k)) => k.missed,

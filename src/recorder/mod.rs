@@ -144,15 +144,19 @@ pub enum KernelTime {
     /// kernel-time event ends every 8.618 sampling periods of the thread's
     /// running time, in user mode too, where its timer is pure cost), as a sample whose leaf is a
     /// kernel-mode absolute frame (address 0: the kernel function is not
-    /// known) on top of the user stack that entered the kernel.
+    /// known) on top of the user stack that entered the kernel. The events
+    /// send no signal: the kernel copies the user registers and the top of
+    /// the user stack (`user_stack_copy` bytes) into a ring per CPU, and the
+    /// writer thread unwinds them.
     Sampled,
     /// User time only: switched off ([`RecorderBuilder::kernel_time`] or
     /// `SPULSE_KERNEL_TIME=0`).
     Off,
     /// User time only: kernel-mode counting could not be set up, because the
     /// kernel refused it (usually `perf_event_paranoid` >= 2 without
-    /// `CAP_PERFMON`) or another handler owns SIGURG, or the engine is the
-    /// perf-stack engine, which samples user time only; the reason.
+    /// `CAP_PERFMON`), or its descriptors did not fit the recorder's
+    /// descriptor budget, or the engine is the perf-stack engine, which
+    /// samples user time only; the reason.
     Refused(String),
     /// The timer engines count user and system time alike and cannot tell
     /// them apart: system time is in the samples, with no kernel-mode leaf.
@@ -212,9 +216,23 @@ pub struct Stats {
     /// Sample intervals whose period ended in kernel mode (written with a
     /// kernel leaf), counted by weight: a kernel-time sample stands for 8 or 9.
     pub kernel_samples: u64,
-    /// Threads that got no kernel-time event (more than 512 threads, or no
-    /// descriptor below 4096 free): only their user time was sampled.
+    /// Threads alive at start that got no kernel-time events (the
+    /// descriptor budget ran out; threads they create later have none
+    /// either): only their user time was sampled.
     pub threads_without_kernel_time: u64,
+    /// Kernel-time samples taken while the kernel returned from the
+    /// recorder's own signal handler, by weight: the profiler's cost, not
+    /// the program's, so dropped (never written).
+    pub own_samples_dropped: u64,
+    /// Perf-event descriptors the engine held: at most an eighth of the
+    /// soft `RLIMIT_NOFILE` at start (the descriptor budget; see
+    /// [`RecorderBuilder::engine`]).
+    pub descriptors: u64,
+    /// What did not go as configured, one sentence each: an engine refused
+    /// and the one that ran instead, kernel time refused, threads left
+    /// without events, the profiling signal taken over by the program.
+    /// Empty when everything ran as asked. `spulse record` prints them.
+    pub warnings: Vec<String>,
     /// Spool files written: 1, or with [`RecorderBuilder::rotate`] the number
     /// of segments created (deleted ones included).
     pub segments_written: u64,
@@ -1197,6 +1215,7 @@ fn start_inner(b: &RecorderBuilder, path: &Path) -> Result<Guard, Error> {
     };
     let mut reasons = Vec::new();
     let mut engine = None;
+    let budget = fd_budget();
     for &c in candidates {
         let sig = if c == EngineChoice::PerfEvent { Signal::SIGTRAP } else { Signal::SIGPROF };
         // The perf-stack engine sends no signal: no handler.
@@ -1224,7 +1243,7 @@ fn start_inner(b: &RecorderBuilder, path: &Path) -> Result<Guard, Error> {
                         source,
                     })
             }
-            EngineChoice::PerfEvent => sys::perf::PerfEngine::start(period_ns, writer_tid)
+            EngineChoice::PerfEvent => sys::perf::PerfEngine::start(period_ns, writer_tid, budget)
                 .map(|p| engine::Engine::Perf(p, None))
                 .map_err(|source| RecorderError::EngineRefused {
                     what: "perf_event_open (task-clock, sigtrap)",
@@ -1267,6 +1286,8 @@ fn start_inner(b: &RecorderBuilder, path: &Path) -> Result<Guard, Error> {
         });
     };
     let kind = engine.kind();
+    let mut warnings: Vec<String> =
+        reasons.iter().map(|r| format!("{r}; the {} engine ran instead", kind.name())).collect();
     // An engine that covers a new thread only when the writer next lists the
     // threads (per-thread timers, perf-stack events) keeps the shorter default
     // interval, so a new thread's unsampled start stays at most 50 ms.
@@ -1275,7 +1296,28 @@ fn start_inner(b: &RecorderBuilder, path: &Path) -> Result<Guard, Error> {
     } else {
         flush
     };
-    let (engine, kernel_status) = start_kernel_time(engine, kernel_time, period_ns, writer_tid);
+    let kcfg = sys::perf_kernel::KernelConfig {
+        period_ns: period_ns.saturating_mul(sys::perf::KERNEL_PERIOD_MILLI) / 1000,
+        stack_copy: b.user_stack_copy,
+        drain_interval_ns: flush.as_nanos().min(u64::MAX as u128) as u64,
+    };
+    let (engine, kernel_status) = start_kernel_time(engine, kernel_time, kcfg, writer_tid, budget);
+    if let KernelTime::Refused(why) = &kernel_status {
+        if kernel_time && kind == Engine::PerfEvent {
+            warnings.push(format!("kernel time not sampled: {why}"));
+        }
+    }
+    let mut engine = engine;
+    if let Some(k) = engine.kernel_rings() {
+        if k.missed > 0 {
+            warnings.push(format!(
+                "{} threads alive at start got no kernel-time events (descriptor budget {budget})",
+                k.missed
+            ));
+        }
+    }
+    let descriptors = engine.descriptors();
+    let needs_sampler = kind == Engine::PerfStack || kernel_status == KernelTime::Sampled;
     // From here on signals may be pending: if a later step fails, the handler
     // stays installed (it ignores our stray signals) rather than exposing them to
     // the default disposition, which would kill the process.
@@ -1300,8 +1342,10 @@ fn start_inner(b: &RecorderBuilder, path: &Path) -> Result<Guard, Error> {
         kernel_time: kernel_status,
         rotation: rotation
             .map(|plan| writer_thread::Rotation::new(plan, path, &file_id, b.mode, b.overwrite, interval_us)),
-        stack_sampler: (kind == Engine::PerfStack)
-            .then(|| stack_sampler::StackSampler::new(b.max_stack_depth)),
+        stack_sampler: needs_sampler.then(|| stack_sampler::StackSampler::new(b.max_stack_depth)),
+        own_code: handler::return_trampoline(),
+        warnings,
+        descriptors,
         table_memory: objects.iter().fold(Default::default(), |m, o| m.add(o.table_memory)),
         deferred,
     };
@@ -1314,35 +1358,26 @@ fn start_inner(b: &RecorderBuilder, path: &Path) -> Result<Guard, Error> {
     Ok(Guard { inner: Some(Running { tx, join, pid, path: path.to_path_buf(), engine: kind }) })
 }
 
-/// Add the kernel-time events to a perf engine when asked and allowed; what
-/// came of it.
+/// Add the kernel-time rings to a perf engine when asked and allowed; what
+/// came of it. They may use what the user-time events left of `budget`.
 fn start_kernel_time(
     engine: engine::Engine,
     wanted: bool,
-    period_ns: u64,
+    cfg: sys::perf_kernel::KernelConfig,
     writer_tid: u32,
+    budget: usize,
 ) -> (engine::Engine, KernelTime) {
     match engine {
         engine::Engine::Perf(p, _) if wanted => {
-            let refused = |e: std::io::Error| {
-                KernelTime::Refused(format!("kernel-mode perf_event_open (task-clock, exclude_user): {e}"))
-            };
-            // SIGURG before the first event: its default disposition would
-            // drop our signals rather than run the handler.
-            match handler::install(Signal::SIGURG) {
-                Ok(installed) => match sys::perf::KernelEvents::start(
-                    period_ns.saturating_mul(sys::perf::KERNEL_PERIOD_MILLI) / 1000,
-                    writer_tid,
-                ) {
-                    Ok(k) => (engine::Engine::Perf(p, Some(k)), KernelTime::Sampled),
-                    Err(e) => {
-                        if installed {
-                            handler::restore(Signal::SIGURG);
-                        }
-                        (engine::Engine::Perf(p, None), refused(e))
-                    }
-                },
-                Err(e) => (engine::Engine::Perf(p, None), KernelTime::Refused(e.to_string())),
+            let left = budget.saturating_sub(p.descriptors());
+            match sys::perf_kernel::KernelRings::start(cfg, writer_tid, left) {
+                Ok(k) => (engine::Engine::Perf(p, Some(k)), KernelTime::Sampled),
+                Err(e) => (
+                    engine::Engine::Perf(p, None),
+                    KernelTime::Refused(format!(
+                        "kernel-mode perf_event_open (task-clock, exclude_user, per CPU): {e}"
+                    )),
+                ),
             }
         }
         e @ engine::Engine::Perf(..) => (e, KernelTime::Off),
@@ -1352,6 +1387,22 @@ fn start_kernel_time(
         e @ engine::Engine::PerfStack(_) => (e, KernelTime::Off),
         e => (e, KernelTime::Unmarked),
     }
+}
+
+/// The most perf-event descriptors a recorder may hold: an eighth of the soft
+/// `RLIMIT_NOFILE` at start, so that the program keeps the rest. The
+/// user-time events take one per thread alive at start, the kernel-time
+/// events one per thread alive at start and CPU; threads created later
+/// inherit their creator's events and take none.
+fn fd_budget() -> usize {
+    let mut rl = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit writes the struct we pass.
+    let soft = if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut rl) } == 0 {
+        rl.rlim_cur
+    } else {
+        1024
+    };
+    (soft.min(1 << 20) / 8) as usize
 }
 
 /// Undoes a partial start: withdraws the state, restores signal dispositions

@@ -19,6 +19,7 @@ use std::sync::atomic::Ordering;
 use super::handler::unwind::{unwind_into, Regs};
 use super::handler::Counters;
 use super::modules::{NativeCache, UnwindSnapshot};
+use super::sys::perf_kernel::KernelRings;
 use super::sys::perf_stack::{StackEvents, StackSample};
 
 /// One unwound sample waiting to be written; its addresses are
@@ -28,6 +29,10 @@ pub(crate) struct Unwound {
     pub tid: u32,
     pub generation: u64,
     pub truncated: bool,
+    /// Sample intervals it stands for (kernel-time samples: 8 or 9).
+    pub weight: u32,
+    /// A kernel-time sample: written with a kernel-mode leaf.
+    pub kernel: bool,
     pub start: usize,
     pub len: usize,
 }
@@ -52,11 +57,15 @@ impl StackSampler {
         }
     }
 
-    /// Drain every ring of `events` and unwind each sample with `snap` into
-    /// [`StackSampler::batch`] (replacing what it held); update `counters`.
-    pub(crate) fn collect(&mut self, events: &mut StackEvents, snap: &UnwindSnapshot, counters: &Counters) {
+    /// Forget the samples of the last batch (after they were written).
+    pub(crate) fn clear(&mut self) {
         self.batch.clear();
         self.addrs.clear();
+    }
+
+    /// Drain every ring of `events` and unwind each sample with `snap` into
+    /// [`StackSampler::batch`] (appended to what it holds); update `counters`.
+    pub(crate) fn collect(&mut self, events: &mut StackEvents, snap: &UnwindSnapshot, counters: &Counters) {
         let StackSampler { cache, batch, addrs, out } = self;
         let lost = events.drain(&mut |s: &StackSample<'_>| {
             counters.signals.fetch_add(1, Ordering::Relaxed);
@@ -76,6 +85,8 @@ impl StackSampler {
                 tid: s.tid,
                 generation: snap.generation,
                 truncated,
+                weight: 1,
+                kernel: false,
                 start: addrs.len(),
                 len: n,
             });
@@ -85,6 +96,85 @@ impl StackSampler {
             counters.lost_ring_full.fetch_add(lost, Ordering::Relaxed);
         }
     }
+}
+
+impl StackSampler {
+    /// Drain the kernel-time rings and unwind each sample's user stack into
+    /// [`StackSampler::batch`] (appended to what it holds), each weighing
+    /// `weight()` intervals. A sample whose user pc or any frame lies in
+    /// `own` (the signal return trampoline our handler returns through: the
+    /// period ended while the kernel returned from our own signal) is the
+    /// profiler's time, not the program's: dropped and counted
+    /// (`Counters::own_dropped`).
+    pub(crate) fn collect_kernel(
+        &mut self,
+        rings: &mut KernelRings,
+        snap: &UnwindSnapshot,
+        counters: &Counters,
+        own: Option<(u64, u64)>,
+        weight: &mut dyn FnMut() -> u32,
+    ) {
+        let StackSampler { cache, batch, addrs, out } = self;
+        let in_own = |a: u64| own.is_some_and(|(lo, hi)| (lo..hi).contains(&a));
+        let lost = rings.drain(&mut |s: &StackSample<'_>| {
+            let w = weight();
+            // A kernel sample without user registers or stack has no user
+            // frame to charge (its ip is a kernel address).
+            let Some(r) = s.regs.filter(|_| !s.stack.is_empty()) else {
+                counters.lost_unwind_failed.fetch_add(w as u64, Ordering::Relaxed);
+                return;
+            };
+            let regs = Regs { pc: r.pc, sp: r.sp, fp: r.fp, lr: r.lr };
+            // The writer puts the kernel-mode leaf on top: it takes one of the
+            // `max_stack_depth` frames, as in the handler.
+            let keep = out.len().saturating_sub(1).max(1);
+            let (n, truncated) = unwind_copy(&regs, s.stack, snap, cache, &mut out[..keep]);
+            if n == 0 {
+                counters.lost_unwind_failed.fetch_add(w as u64, Ordering::Relaxed);
+                return;
+            }
+            if out[..n].iter().any(|&a| in_own(a) || in_own(a.wrapping_sub(1))) {
+                counters.own_dropped.fetch_add(w as u64, Ordering::Relaxed);
+                return;
+            }
+            if truncated {
+                counters.truncated.fetch_add(1, Ordering::Relaxed);
+            }
+            counters.kernel.fetch_add(w as u64, Ordering::Relaxed);
+            batch.push(Unwound {
+                time_us: s.time_ns / 1000,
+                tid: s.tid,
+                generation: snap.generation,
+                truncated,
+                weight: w,
+                kernel: true,
+                start: addrs.len(),
+                len: n,
+            });
+            addrs.extend_from_slice(&out[..n]);
+        });
+        if lost > 0 {
+            counters.lost_ring_full.fetch_add(lost, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Unwind from `regs` over the stack bytes copied from `regs.sp` upwards.
+fn unwind_copy(
+    regs: &Regs,
+    bytes: &[u8],
+    snap: &UnwindSnapshot,
+    cache: &mut NativeCache,
+    out: &mut [u64],
+) -> (usize, bool) {
+    let lo = regs.sp;
+    let mut read = |addr: u64| -> Result<u64, ()> {
+        let off = addr.checked_sub(lo).ok_or(())? as usize;
+        let end = off.checked_add(8).ok_or(())?;
+        let w = bytes.get(off..end).ok_or(())?;
+        Ok(u64::from_ne_bytes(w.try_into().map_err(|_| ())?))
+    };
+    unwind_into(&snap.unwinder, cache, regs, &mut read, out)
 }
 
 /// Unwind one sample into `out` (leaf first): the number of addresses,
@@ -101,14 +191,7 @@ fn unwind_sample(
         Some(r) => return leaf_only(r.pc, out),
         None => return leaf_only(s.ip, out),
     };
-    let (lo, bytes) = (regs.sp, s.stack);
-    let mut read = |addr: u64| -> Result<u64, ()> {
-        let off = addr.checked_sub(lo).ok_or(())? as usize;
-        let end = off.checked_add(8).ok_or(())?;
-        let w = bytes.get(off..end).ok_or(())?;
-        Ok(u64::from_ne_bytes(w.try_into().map_err(|_| ())?))
-    };
-    let (n, truncated) = unwind_into(&snap.unwinder, cache, &regs, &mut read, out);
+    let (n, truncated) = unwind_copy(&regs, s.stack, snap, cache, out);
     (n, truncated, true)
 }
 

@@ -179,8 +179,16 @@ pub(crate) struct WriterState {
     pub kernel_time: super::KernelTime,
     /// Segment rotation, when the recording rotates.
     pub rotation: Option<Rotation>,
-    /// The perf-stack engine's unwinding (that engine only).
+    /// The writer's unwinding of stack copies (the perf-stack engine and the
+    /// kernel-time rings).
     pub stack_sampler: Option<StackSampler>,
+    /// Code whose kernel-time samples are the profiler's own (the signal
+    /// return trampoline our handler returns through).
+    pub own_code: Option<(u64, u64)>,
+    /// What did not go as configured at start (`Stats::warnings`).
+    pub warnings: Vec<String>,
+    /// Perf-event descriptors the engine holds.
+    pub descriptors: usize,
     /// Unwind-table bytes handed to the handler's unwinder so far, by where
     /// they live (every object seen while recording).
     pub table_memory: modules::TableMemory,
@@ -859,32 +867,40 @@ impl Run {
         self.drain_stacks(all);
     }
 
-    /// The perf-stack engine: drain its rings, unwind, and write (or hold)
-    /// the samples as `drain` does the handler's.
+    /// The perf-stack engine's rings and the kernel-time rings: drain them,
+    /// unwind, and write (or hold) the samples as `drain` does the handler's.
     fn drain_stacks(&mut self, all: bool) {
         let Some(mut sampler) = self.stack_sampler.take() else { return };
+        sampler.clear();
+        let shared = self.st.shared.clone();
+        let own = self.st.own_code;
         if let Some(events) = self.st.engine.stack_events() {
-            let shared = &self.st.shared;
             shared.snapshot.with_current(|snap| sampler.collect(events, snap, &shared.counters));
+        }
+        if let Some(rings) = self.st.engine.kernel_rings() {
+            let mut weight = || handler::kernel_weight(&shared);
+            shared
+                .snapshot
+                .with_current(|snap| sampler.collect_kernel(rings, snap, &shared.counters, own, &mut weight));
         }
         for u in &sampler.batch {
             let s = RawSample {
                 time_us: u.time_us,
                 tid: u.tid,
-                weight: 1,
+                weight: u.weight,
                 generation: u.generation,
                 truncated: u.truncated,
-                kernel: false,
+                kernel: u.kernel,
                 addrs: &sampler.addrs[u.start..u.start + u.len],
             };
             if !all && s.time_us > self.horizon {
                 self.held.push(HeldSample {
                     time_us: s.time_us,
                     tid: s.tid,
-                    weight: 1,
+                    weight: s.weight,
                     generation: s.generation,
                     truncated: s.truncated,
-                    kernel: false,
+                    kernel: s.kernel,
                     addrs: s.addrs.to_vec(),
                 });
             } else {
@@ -1116,17 +1132,16 @@ impl Run {
         self.st.engine.stop();
         // Withdraw the state from the handler and wait until no handler uses it:
         // every sample is then in the ring, taken before the check below.
-        if handler::unpublish().is_none() {
-            // A handler never left (stopped by a debugger): it may still set
-            // the period of a kernel-time event, whose descriptor must then
-            // stay open rather than be reused under it.
-            self.st.engine.leak_kernel_events();
-        }
+        let _ = handler::unpublish();
         let change = self.scan_modules();
         self.drain(true);
         if let Some(events) = self.st.engine.stack_events() {
             // Samples the kernel dropped and never reported in a lost record.
             let lost = events.close_all();
+            self.st.shared.counters.lost_ring_full.fetch_add(lost, Ordering::Relaxed);
+        }
+        if let Some(rings) = self.st.engine.kernel_rings() {
+            let lost = rings.lost_unreported();
             self.st.shared.counters.lost_ring_full.fetch_add(lost, Ordering::Relaxed);
         }
         self.apply_module_change(change);
@@ -1170,6 +1185,9 @@ impl Run {
             kernel_time: self.st.kernel_time.clone(),
             kernel_samples: c.kernel.load(Ordering::Relaxed),
             threads_without_kernel_time: self.st.engine.kernel_missed(),
+            own_samples_dropped: c.own_dropped.load(Ordering::Relaxed),
+            descriptors: self.st.descriptors as u64,
+            warnings: std::mem::take(&mut self.st.warnings),
             segments_written: self.st.rotation.as_ref().map_or(1, |r| r.seq + 1),
             segments_deleted: self.st.rotation.as_ref().map_or(0, |r| r.deleted),
             writer_cpu: super::sys::thread_cpu_time(),

@@ -59,9 +59,7 @@
 //!
 //! # Which signals are ours
 //! `SIGTRAP` with `si_code == TRAP_PERF` and `si_perf_data == SIGNAL_MAGIC` (the
-//! `sig_data` our perf events carry); `SIGURG` with `si_code == POLL_IN` whose
-//! `si_fd` is marked in `KERNEL_FDS` (our kernel-time events, which send it
-//! through `fasync`; the sample gets a kernel-mode leaf); `SIGPROF` with `si_code == SI_TIMER` and
+//! `sig_data` our perf events carry); `SIGPROF` with `si_code == SI_TIMER` and
 //! `si_value == SIGNAL_MAGIC` (our per-thread timers); `SIGPROF` with `si_code ==
 //! SI_KERNEL` once our process timer was ever armed. Anything else is chained to
 //! the old action returned by the `sigaction` call that installed the handler
@@ -102,33 +100,6 @@ static IN_HANDLER: AtomicUsize = AtomicUsize::new(0);
 /// Set once the process timer was armed: `SI_KERNEL` SIGPROFs are ours from then on.
 static PROCESS_TIMER_USED: AtomicBool = AtomicBool::new(false);
 
-/// Descriptors below this may carry a kernel-time event (see `sys/perf.rs`).
-pub(crate) const MAX_KERNEL_FD: usize = 4096;
-/// Which descriptors are our kernel-time events: a SIGURG from `fasync` names
-/// its descriptor (`si_fd`), and only those marked here are ours.
-static KERNEL_FDS: [AtomicBool; MAX_KERNEL_FD] = [const { AtomicBool::new(false) }; MAX_KERNEL_FD];
-
-/// Mark `fd` as one of our kernel-time events; false if it is out of the table.
-pub(crate) fn mark_kernel_fd(fd: c_int) -> bool {
-    match usize::try_from(fd).ok().and_then(|i| KERNEL_FDS.get(i)) {
-        Some(b) => {
-            b.store(true, Ordering::SeqCst);
-            true
-        }
-        None => false,
-    }
-}
-
-/// Unmark `fd` (before it is closed, so a reused number is not taken for ours).
-pub(crate) fn unmark_kernel_fd(fd: c_int) {
-    if let Some(b) = usize::try_from(fd).ok().and_then(|i| KERNEL_FDS.get(i)) {
-        b.store(false, Ordering::SeqCst);
-    }
-}
-
-/// `si_code` of a `fasync` signal for readable data.
-const POLL_IN: c_int = 1;
-
 /// The first words of a `siginfo_t` on 64-bit Linux: three ints, padding, then the
 /// union at offset 16 (`_timer`: tid, overrun, sigval; `_sigfault`: addr, then
 /// `_perf`: data, type, flags).
@@ -142,14 +113,12 @@ struct SigInfoHead {
     u1: u64,
 }
 
-/// How many sample intervals a signal stands for and, when its period ended in
-/// kernel mode, the descriptor of the kernel-time event that sent it; `None`
-/// if the signal is not ours.
+/// How many sample intervals a signal stands for; `None` if the signal is not ours.
 ///
 /// # Safety
 /// `info` must be the siginfo pointer the kernel passed to an `SA_SIGINFO` handler.
 #[inline]
-unsafe fn classify(sig: c_int, info: *const libc::siginfo_t) -> Option<(u32, Option<c_int>)> {
+unsafe fn classify(sig: c_int, info: *const libc::siginfo_t) -> Option<u32> {
     if info.is_null() {
         return None;
     }
@@ -157,20 +126,12 @@ unsafe fn classify(sig: c_int, info: *const libc::siginfo_t) -> Option<(u32, Opt
     // suitably aligned; all fields are plain integers.
     let si = unsafe { &*(info as *const SigInfoHead) };
     match sig {
-        libc::SIGTRAP if si.code == libc::TRAP_PERF && si.u1 == SIGNAL_MAGIC => Some((1, None)),
+        libc::SIGTRAP if si.code == libc::TRAP_PERF && si.u1 == SIGNAL_MAGIC => Some(1),
         libc::SIGPROF if si.code == libc::SI_TIMER && si.u1 == SIGNAL_MAGIC => {
             let overrun = (si.u0 >> 32) as u32 as i32;
-            Some((1u32.saturating_add(overrun.max(0) as u32), None))
+            Some(1u32.saturating_add(overrun.max(0) as u32))
         }
-        libc::SIGPROF if si.code == libc::SI_KERNEL && PROCESS_TIMER_USED.load(Ordering::Relaxed) => {
-            Some((1, None))
-        }
-        // `_sigpoll`: `si_band` (u0), then `si_fd` (the low half of u1).
-        libc::SIGURG if si.code == POLL_IN => {
-            let fd = si.u1 as u32 as c_int;
-            let ours = usize::try_from(fd).ok().and_then(|i| KERNEL_FDS.get(i));
-            ours.is_some_and(|b| b.load(Ordering::Relaxed)).then_some((1, Some(fd)))
-        }
+        libc::SIGPROF if si.code == libc::SI_KERNEL && PROCESS_TIMER_USED.load(Ordering::Relaxed) => Some(1),
         _ => None,
     }
 }
@@ -184,7 +145,7 @@ extern "C" fn on_signal(sig: c_int, info: *mut libc::siginfo_t, ctx: *mut c_void
     let saved = unsafe { *errno };
     // SAFETY: `info` comes from the kernel (SA_SIGINFO).
     match unsafe { classify(sig, info) } {
-        Some((weight, kernel_fd)) => {
+        Some(weight) => {
             #[cfg(feature = "testing")]
             let t0 = timing::begin();
             #[cfg(feature = "testing")]
@@ -203,7 +164,7 @@ extern "C" fn on_signal(sig: c_int, info: *mut libc::siginfo_t, ctx: *mut c_void
                 // nulling STATE, and we incremented IN_HANDLER before loading it.
                 let st = unsafe { &*st };
                 // SAFETY: `ctx` is the kernel's ucontext for this signal.
-                unsafe { record(st, weight, kernel_fd.is_some(), ctx) };
+                unsafe { record(st, weight, ctx) };
             }
             IN_HANDLER.fetch_sub(1, Ordering::SeqCst);
             #[cfg(feature = "testing")]
@@ -226,10 +187,6 @@ unsafe fn chain(sig: c_int, info: *mut libc::siginfo_t, ctx: *mut c_void) {
     let handler = prev.handler.load(Ordering::Relaxed);
     let flags = prev.flags.load(Ordering::Relaxed);
     if handler == libc::SIG_IGN {
-        return;
-    }
-    if handler == libc::SIG_DFL && sig == libc::SIGURG {
-        // Its default action is to ignore it.
         return;
     }
     if handler == libc::SIG_DFL {
@@ -257,16 +214,13 @@ unsafe fn chain(sig: c_int, info: *mut libc::siginfo_t, ctx: *mut c_void) {
     }
 }
 
-/// Record one sample of the interrupted thread (`kernel`: its period ended in
-/// kernel mode; the signal arrives on the return to user space, so the stack
-/// unwound is the user stack that entered the kernel).
+/// Record one sample of the interrupted thread.
 ///
 /// # Safety
 /// `ctx` must be the ucontext the kernel passed with the signal.
 #[inline]
-unsafe fn record(st: &Shared, weight: u32, kernel: bool, ctx: *mut c_void) {
+unsafe fn record(st: &Shared, weight: u32, ctx: *mut c_void) {
     let c = &st.counters;
-    let weight = if kernel { kernel_weight(st) } else { weight };
     c.signals.fetch_add(1, Ordering::Relaxed);
     let weight = if weight > st.weight_cap {
         c.overrun_capped.fetch_add((weight - st.weight_cap) as u64, Ordering::Relaxed);
@@ -317,14 +271,6 @@ unsafe fn record(st: &Shared, weight: u32, kernel: bool, ctx: *mut c_void) {
             Some(o) => o,
             None => return,
         };
-        // The writer puts a kernel-mode leaf on top of a kernel sample's user
-        // frames: it takes one of the `max_stack_depth` frames (unless that is
-        // 1), so a stack never outgrows the depth limit and the format's.
-        let keep = if kernel && out.len() > 1 { out.len() - 1 } else { out.len() };
-        let out = match out.get_mut(..keep) {
-            Some(o) => o,
-            None => return,
-        };
         match stack_range(st, tid, regs.sp) {
             Some((lo, hi)) => {
                 let mut read = |addr: u64| read_stack_word(lo, hi, addr);
@@ -353,17 +299,14 @@ unsafe fn record(st: &Shared, weight: u32, kernel: bool, ctx: *mut c_void) {
     if truncated {
         c.truncated.fetch_add(1, Ordering::Relaxed);
     }
-    if kernel {
-        c.kernel.fetch_add(weight as u64, Ordering::Relaxed);
-    }
-    let flags = if truncated { ring::FLAG_TRUNCATED } else { 0 } | if kernel { ring::FLAG_KERNEL } else { 0 };
+    let flags = if truncated { ring::FLAG_TRUNCATED } else { 0 };
     claim.publish(time_us, tid, weight, snap.generation, depth, flags);
 }
 
 /// The weight of the next kernel-time sample: 8 or 9, so that the first n
 /// kernel samples of the recording weigh `n x kernel_weight_milli / 1000` in all.
-#[inline]
-fn kernel_weight(st: &Shared) -> u32 {
+/// (Called by the writer thread, which drains the kernel-time rings.)
+pub(crate) fn kernel_weight(st: &Shared) -> u32 {
     let n = st.counters.kernel_signals.fetch_add(1, Ordering::Relaxed);
     let m = st.kernel_weight_milli;
     let w = (n.wrapping_add(1).wrapping_mul(m) / 1000).wrapping_sub(n.wrapping_mul(m) / 1000);
@@ -468,6 +411,28 @@ pub(crate) fn install(sig: Signal) -> Result<bool, RecorderError> {
 }
 
 pub(crate) use sigaction::restore;
+
+/// The code a handler of ours returns through (the signal return trampoline,
+/// `sa_restorer`, on x86_64: glibc's `__restore_rt`), as an address range: a
+/// kernel-time sample whose stack holds it was taken while the kernel
+/// returned from our own handler. `None` where the trampoline is not in the
+/// action (aarch64 returns through the vDSO's).
+pub(crate) fn return_trampoline() -> Option<(u64, u64)> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        // SAFETY: querying (null new action) into a valid out-pointer.
+        let cur = unsafe {
+            let mut cur: libc::sigaction = std::mem::zeroed();
+            libc::sigaction(libc::SIGTRAP, std::ptr::null(), &mut cur);
+            cur
+        };
+        let r = cur.sa_restorer.map(|f| f as usize as u64)?;
+        // __restore_rt is `mov $15, %rax; syscall` (9 bytes): 16 covers it.
+        Some((r, r.wrapping_add(16)))
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    None
+}
 
 /// From now on, `SI_KERNEL` SIGPROFs are ours.
 pub(crate) fn mark_process_timer_used() {

@@ -20,6 +20,9 @@ pub(crate) struct Counters {
     pub foreign_stack: AtomicU64,
     /// Samples whose period ended in kernel mode (by weight).
     pub kernel: AtomicU64,
+    /// Kernel-time samples taken while the kernel returned from our own
+    /// signal handler (by weight): the profiler's time, dropped.
+    pub own_dropped: AtomicU64,
     /// Kernel-time signals handled: the dithering of their weights.
     pub kernel_signals: AtomicU64,
 }

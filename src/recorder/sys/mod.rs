@@ -10,6 +10,7 @@
 
 pub(crate) mod maps;
 pub(crate) mod perf;
+pub(crate) mod perf_kernel;
 pub(crate) mod perf_stack;
 pub(crate) mod sigaction;
 pub(crate) mod tcb;

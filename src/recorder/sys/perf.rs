@@ -1,8 +1,7 @@
 //! The primary engine: one `perf_event_open` task-clock event per thread,
 //! sampling user-space CPU time, whose overflow sends `SIGTRAP` to the very
 //! thread that ran (`attr.sigtrap = 1`, Linux >= 5.13); and, where the kernel
-//! allows it, a second event per thread for system time ([`KernelEvents`],
-//! below).
+//! allows it, per-CPU inherited events for system time (`perf_kernel.rs`).
 //!
 //! Why SIGTRAP through `sigtrap` rather than SIGPROF through `F_SETOWN_EX` +
 //! `F_SETSIG`: with `sigtrap` the kernel delivers the signal synchronously to the
@@ -33,52 +32,14 @@
 //! writer thread); the listing is repeated until it is stable, so a thread
 //! created by a thread whose event was not open yet is found on the next pass.
 //!
-//! Events that cannot be inherited (the kernel-time events below, and the
-//! perf-stack engine's, `perf_stack.rs`) are kept per thread by
-//! [`PerThreadEvents`]: opened at start and at every writer tick for threads
-//! created since, closed when their thread is gone.
+//! Events that cannot be inherited (the perf-stack engine's, `perf_stack.rs`)
+//! are kept per thread by [`PerThreadEvents`]: opened at start and at every
+//! writer tick for threads created since, closed when their thread is gone.
 //!
-//! # Kernel time: [`KernelEvents`]
-//! System CPU time is sampled by a second task-clock event per thread that
-//! counts the periods ending in kernel mode only (`exclude_user = 1`; refused
-//! unless `perf_event_paranoid` <= 1 or the process has `CAP_PERFMON` /
-//! `CAP_SYS_ADMIN`), so every overflow of it is a kernel-mode sample by
-//! construction: no guessing from the interrupted user pc. Its signal is not
-//! SIGTRAP through `sigtrap`, for the exec reason above (measured here: a
-//! kernel-mode sigtrap event at 1 kHz killed 26% of the programs a process
-//! exec'd directly), but SIGURG through `fasync` (`O_ASYNC`, `F_SETSIG`,
-//! `F_SETOWN_EX` with `F_OWNER_TID`): SIGURG's default action is to ignore,
-//! so one still pending when the thread execs is discarded by the new program
-//! (measured: 0 of 300 exec'd programs disturbed). The signal is sent to the
-//! thread right after the overflow and handled on its return to user space,
-//! where the handler unwinds the user stack that made the system call (or
-//! took the page fault) and adds a kernel-mode leaf frame.
-//!
-//! The price of fasync: such an event is not inherited usefully (the signal of
-//! an inherited copy goes to the owner of the original), so one event with its
-//! own descriptor is opened per thread, at start and, for a thread created
-//! later, at the writer tick after its first (user-mode) sample, which is
-//! how the writer learns of it without listing `/proc/self/task` every tick:
-//! until then (about a flush interval, 100 ms by default, of its running time)
-//! a new thread is sampled in user mode only. At most [`MAX_KERNEL_EVENTS`] threads get one,
-//! and only descriptors below [`crate::recorder::handler::MAX_KERNEL_FD`] are
-//! kept (the handler looks the descriptor of a SIGURG up in a fixed table to
-//! tell ours from a socket's). A pending SIGURG also makes an interruptible
-//! sleep that follows the overflow in the same system call return early, like
-//! any signal: restarted (`SA_RESTART`) or `EINTR` for calls that are never
-//! restarted (`epoll_wait`, `select`, ...).
-//!
-//! The kernel event's period is 8.618 sampling periods
-//! ([`KERNEL_PERIOD_MILLI`]) and each of its samples weighs as many intervals
-//! on average: a task-clock timer fires every period the thread runs, in user
-//! mode too (where an `exclude_user` event drops the overflow), so at one
-//! period the kernel event doubled the cost of sampling a thread that never
-//! enters the kernel; the fraction keeps the two events' timers out of step
-//! without touching them from the handler. What remains: a
-//! period that expires while the kernel switches the thread in or out, or
-//! delivers one of our signals, is kernel time as perf sees it (`perf record`
-//! shows the same), while `getrusage` counts system time by the scheduler tick;
-//! on a busy machine the two differ by a few percent of the thread's CPU time.
+//! # Kernel time
+//! System CPU time is sampled by the inherited per-CPU ring events of
+//! `perf_kernel.rs` (no signal), at a period of [`KERNEL_PERIOD_MILLI`]
+//! sampling periods.
 
 use std::collections::{HashMap, HashSet};
 use std::io;
@@ -134,12 +95,12 @@ pub(crate) const KERNEL_PERIOD_MILLI: u64 = 8_618;
 
 pub(super) const PERF_TYPE_SOFTWARE: u32 = 1;
 pub(super) const PERF_COUNT_SW_TASK_CLOCK: u64 = 1;
-const FLAG_INHERIT: u64 = 1 << 1;
-const FLAG_EXCLUDE_USER: u64 = 1 << 4;
+pub(super) const FLAG_INHERIT: u64 = 1 << 1;
+pub(super) const FLAG_EXCLUDE_USER: u64 = 1 << 4;
 pub(super) const FLAG_EXCLUDE_KERNEL: u64 = 1 << 5;
 pub(super) const FLAG_EXCLUDE_HV: u64 = 1 << 6;
-const FLAG_INHERIT_THREAD: u64 = 1 << 35;
-const FLAG_REMOVE_ON_EXEC: u64 = 1 << 36;
+pub(super) const FLAG_INHERIT_THREAD: u64 = 1 << 35;
+pub(super) const FLAG_REMOVE_ON_EXEC: u64 = 1 << 36;
 const FLAG_SIGTRAP: u64 = 1 << 37;
 const PERF_FLAG_FD_CLOEXEC: libc::c_ulong = 8;
 pub(super) const PERF_EVENT_IOC_DISABLE: libc::c_ulong = 0x2401;
@@ -170,6 +131,11 @@ fn open_for(tid: u32, period_ns: u64) -> io::Result<OwnedFd> {
 }
 
 pub(super) fn open_attr(tid: u32, attr: &PerfEventAttr) -> io::Result<OwnedFd> {
+    open_attr_on(tid, -1, attr)
+}
+
+/// Open an event for `tid` counting only while it runs on `cpu` (-1: any CPU).
+pub(super) fn open_attr_on(tid: u32, cpu: i32, attr: &PerfEventAttr) -> io::Result<OwnedFd> {
     // SAFETY: perf_event_open reads `attr` (size given in the struct) and returns
     // a new fd or -1; no memory is retained by the kernel.
     let fd = unsafe {
@@ -177,7 +143,7 @@ pub(super) fn open_attr(tid: u32, attr: &PerfEventAttr) -> io::Result<OwnedFd> {
             libc::SYS_perf_event_open,
             attr as *const PerfEventAttr,
             tid as libc::pid_t,
-            -1,
+            cpu,
             -1,
             PERF_FLAG_FD_CLOEXEC,
         )
@@ -200,8 +166,10 @@ const MAX_LISTING_PASSES: usize = 16;
 
 impl PerfEngine {
     /// Open an event for every thread but `skip`, sampling every `period_ns` of
-    /// user CPU time.
-    pub(crate) fn start(period_ns: u64, skip: u32) -> io::Result<PerfEngine> {
+    /// user CPU time, with at most `budget` descriptors: more threads than
+    /// that alive at start is an error (the caller falls back to an engine
+    /// that needs no descriptor per thread), never a silent gap.
+    pub(crate) fn start(period_ns: u64, skip: u32, budget: usize) -> io::Result<PerfEngine> {
         let mut eng = PerfEngine { fds: Vec::new() };
 
         let mut done: HashSet<u32> = HashSet::new();
@@ -214,6 +182,17 @@ impl PerfEngine {
             }
             for tid in new {
                 done.insert(tid);
+                if eng.fds.len() >= budget {
+                    let n = list_tids().map_or(0, |t| t.len().saturating_sub(1));
+                    eng.stop();
+                    return Err(io::Error::new(
+                        io::ErrorKind::OutOfMemory,
+                        format!(
+                            "{n} threads alive at start need more descriptors than the budget of {budget} \
+                             (an eighth of the soft RLIMIT_NOFILE)"
+                        ),
+                    ));
+                }
                 match open_for(tid, period_ns) {
                     Ok(fd) => eng.fds.push(fd),
                     // The thread exited between listing and opening.
@@ -226,6 +205,11 @@ impl PerfEngine {
             }
         }
         Ok(eng)
+    }
+
+    /// Descriptors held (one per thread alive at start).
+    pub(crate) fn descriptors(&self) -> usize {
+        self.fds.len()
     }
 
     /// Disable every event (and its inherited clones) and close them.
@@ -244,13 +228,10 @@ impl Drop for PerfEngine {
     }
 }
 
-/// Most threads given a kernel-time event (each costs a descriptor).
-pub(crate) const MAX_KERNEL_EVENTS: usize = 512;
-
 /// Events that need one descriptor per thread (no inheritance): one opened for
 /// every thread found in `/proc/self/task` at start and at each [`rescan`]
 /// (every writer tick) for threads created since, and closed once their thread
-/// is gone. Used by the kernel-time events and by the perf-stack engine
+/// is gone. Used by the perf-stack engine
 /// (`perf_stack.rs`); `T` is what each thread holds.
 ///
 /// [`rescan`]: PerThreadEvents::rescan
@@ -340,105 +321,5 @@ impl<T> PerThreadEvents<T> {
         for (t, ev) in self.events.drain() {
             close(t, ev);
         }
-    }
-}
-
-/// Per-thread kernel-mode task-clock events signalled by SIGURG (see the module
-/// documentation).
-pub(crate) struct KernelEvents {
-    threads: PerThreadEvents<OwnedFd>,
-    period_ns: u64,
-    /// How many threads were ever left without one.
-    pub(crate) missed: u64,
-}
-
-/// `struct f_owner_ex` of `<fcntl.h>` (not in the `libc` crate).
-#[repr(C)]
-struct FOwnerEx {
-    type_: libc::c_int,
-    pid: libc::pid_t,
-}
-const F_SETSIG: libc::c_int = 10;
-const F_SETOWN_EX: libc::c_int = 15;
-const F_OWNER_TID: libc::c_int = 0;
-
-/// Open a kernel-mode-only task-clock event for `tid` that sends SIGURG to it.
-fn open_kernel_for(tid: u32, period_ns: u64) -> io::Result<OwnedFd> {
-    let fd = open_attr(
-        tid,
-        &PerfEventAttr {
-            type_: PERF_TYPE_SOFTWARE,
-            size: std::mem::size_of::<PerfEventAttr>() as u32,
-            config: PERF_COUNT_SW_TASK_CLOCK,
-            sample_period: period_ns,
-            flags: FLAG_EXCLUDE_USER | FLAG_EXCLUDE_HV,
-            wakeup_events: 1,
-            ..Default::default()
-        },
-    )?;
-    let raw = fd.as_raw_fd();
-    let owner = FOwnerEx { type_: F_OWNER_TID, pid: tid as libc::pid_t };
-    // SAFETY: fcntl on a descriptor we own; F_SETOWN_EX reads the struct we pass,
-    // F_SETSIG and F_SETFL take integers.
-    let ok = unsafe {
-        libc::fcntl(raw, F_SETOWN_EX, &owner as *const FOwnerEx) == 0
-            && libc::fcntl(raw, F_SETSIG, libc::SIGURG) == 0
-            && libc::fcntl(raw, libc::F_SETFL, libc::O_ASYNC) == 0
-    };
-    if !ok {
-        return Err(io::Error::last_os_error());
-    }
-    // Into the handler's table, or no event: a SIGURG from an unmarked
-    // descriptor would not be recognised as ours.
-    if !crate::recorder::handler::mark_kernel_fd(raw) {
-        return Err(io::Error::from_raw_os_error(libc::EMFILE));
-    }
-    Ok(fd)
-}
-
-/// Close the kernel-time event of a thread that exited (or at drop): no handler
-/// can be using it, since its signal goes to that thread only.
-fn close_kernel(_tid: u32, fd: OwnedFd) {
-    // Out of the handler's table before the number can be reused.
-    crate::recorder::handler::unmark_kernel_fd(fd.as_raw_fd());
-    drop(fd);
-}
-
-impl KernelEvents {
-    /// Kernel-time events for every thread but `skip`. Fails (with the
-    /// kernel's answer) when the first one is refused: kernel counting is not allowed.
-    pub(crate) fn start(period_ns: u64, skip: u32) -> io::Result<KernelEvents> {
-        let threads =
-            PerThreadEvents::start(skip, MAX_KERNEL_EVENTS, &mut |tid| open_kernel_for(tid, period_ns))?;
-        let missed = threads.missed;
-        Ok(KernelEvents { threads, period_ns, missed })
-    }
-
-    /// Events for threads created since the last call; close those of threads
-    /// that exited.
-    pub(crate) fn rescan(&mut self, tids: &[u32]) {
-        let period_ns = self.period_ns;
-        self.threads.rescan(tids, &mut |tid| open_kernel_for(tid, period_ns), &mut close_kernel);
-        self.missed = self.threads.missed;
-    }
-
-    /// Stop every event and take it out of the handler's table, but keep the
-    /// descriptors open: a SIGURG of one may still be pending, and its
-    /// descriptor number must not be reused by another file the handler would
-    /// then take for ours. They are closed on drop, which the writer thread
-    /// does only after withdrawing the state from the handler and waiting
-    /// until no handler runs.
-    pub(crate) fn stop(&mut self) {
-        for fd in self.threads.events.values() {
-            crate::recorder::handler::unmark_kernel_fd(fd.as_raw_fd());
-            // SAFETY: an ioctl on an fd we own; DISABLE takes no argument.
-            unsafe { libc::ioctl(fd.as_raw_fd(), PERF_EVENT_IOC_DISABLE as _, 0) };
-        }
-    }
-}
-
-impl Drop for KernelEvents {
-    fn drop(&mut self) {
-        self.threads.close_all(&mut close_kernel);
     }
 }

@@ -57,15 +57,15 @@ pub(crate) const MAX_STACK_COPY: u32 = 64 << 10;
 /// Most data pages of one ring (4 MiB).
 pub(crate) const MAX_RING_PAGES: usize = 1024;
 
-const SAMPLE_IP: u64 = 1 << 0;
-const SAMPLE_TID: u64 = 1 << 1;
-const SAMPLE_TIME: u64 = 1 << 2;
-const SAMPLE_REGS_USER: u64 = 1 << 12;
-const SAMPLE_STACK_USER: u64 = 1 << 13;
+pub(super) const SAMPLE_IP: u64 = 1 << 0;
+pub(super) const SAMPLE_TID: u64 = 1 << 1;
+pub(super) const SAMPLE_TIME: u64 = 1 << 2;
+pub(super) const SAMPLE_REGS_USER: u64 = 1 << 12;
+pub(super) const SAMPLE_STACK_USER: u64 = 1 << 13;
 /// `read_format`: the event's count of samples it could not write (Linux >= 6.0).
-const FORMAT_LOST: u64 = 1 << 4;
-const FLAG_WATERMARK: u64 = 1 << 14;
-const FLAG_USE_CLOCKID: u64 = 1 << 25;
+pub(super) const FORMAT_LOST: u64 = 1 << 4;
+pub(super) const FLAG_WATERMARK: u64 = 1 << 14;
+pub(super) const FLAG_USE_CLOCKID: u64 = 1 << 25;
 
 const RECORD_LOST: u32 = 2;
 const RECORD_SAMPLE: u32 = 9;
@@ -73,10 +73,10 @@ const RECORD_SAMPLE: u32 = 9;
 /// The user registers sampled, in the order the kernel writes them (ascending
 /// register number): x86_64 bp (6), sp (7), ip (8).
 #[cfg(target_arch = "x86_64")]
-const REGS_MASK: u64 = (1 << 6) | (1 << 7) | (1 << 8);
+pub(super) const REGS_MASK: u64 = (1 << 6) | (1 << 7) | (1 << 8);
 /// aarch64: x29 (29), x30 = lr (30), sp (31), pc (32).
 #[cfg(target_arch = "aarch64")]
-const REGS_MASK: u64 = (1 << 29) | (1 << 30) | (1 << 31) | (1 << 32);
+pub(super) const REGS_MASK: u64 = (1 << 29) | (1 << 30) | (1 << 31) | (1 << 32);
 
 /// Offsets in `struct perf_event_mmap_page`.
 const PAGE_DATA_HEAD: usize = 1024;
@@ -145,7 +145,7 @@ impl Drop for StackRing {
     }
 }
 
-fn page_size() -> usize {
+pub(super) fn page_size() -> usize {
     // SAFETY: sysconf reads a constant.
     let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
     if p > 0 {
@@ -188,7 +188,13 @@ impl StackRing {
             }
             Err(e) => return Err(e),
         };
-        let map_len = ring_bytes(cfg.data_pages);
+        StackRing::map(fd, cfg.data_pages, lost_readable)
+    }
+
+    /// Map the ring of the sampling event `fd` (`1 + data_pages` pages).
+    pub(super) fn map(fd: OwnedFd, data_pages: usize, lost_readable: bool) -> io::Result<StackRing> {
+        let data_bytes = data_pages * page_size();
+        let map_len = ring_bytes(data_pages);
         // SAFETY: maps the event's ring (header page + data) from a perf fd we
         // own; the kernel checks the length. The mapping lives until Drop.
         let base = unsafe {
@@ -241,8 +247,13 @@ impl StackRing {
         self.header_atomic(offset).load(Ordering::Acquire)
     }
 
+    /// The event's descriptor (other events' output may be redirected to it).
+    pub(super) fn raw_fd(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+
     /// Stop sampling (the ring keeps what it holds).
-    fn disable(&self) {
+    pub(super) fn disable(&self) {
         // SAFETY: an ioctl on an fd we own; DISABLE takes no argument.
         unsafe { libc::ioctl(self.fd.as_raw_fd(), PERF_EVENT_IOC_DISABLE as _, 0) };
     }
@@ -260,7 +271,7 @@ impl StackRing {
     }
 
     /// Samples lost and not reported by a lost record (read when closing).
-    fn lost_unreported(&self) -> u64 {
+    pub(super) fn lost_unreported(&self) -> u64 {
         self.lost_total().map_or(0, |t| t.saturating_sub(self.lost_in_records))
     }
 
@@ -268,7 +279,12 @@ impl StackRing {
     /// counts to `lost`, then give the space back to the kernel. A record that
     /// does not parse (which the kernel never writes) ends the drain: the rest
     /// of the ring is skipped.
-    fn drain(&mut self, scratch: &mut Vec<u8>, lost: &mut u64, on_sample: &mut dyn FnMut(&StackSample<'_>)) {
+    pub(super) fn drain(
+        &mut self,
+        scratch: &mut Vec<u8>,
+        lost: &mut u64,
+        on_sample: &mut dyn FnMut(&StackSample<'_>),
+    ) {
         let head = self.header_word(PAGE_DATA_HEAD);
         let mut tail = self.header_atomic(PAGE_DATA_TAIL).load(Ordering::Relaxed);
         let size = self.data_size as u64;
@@ -430,6 +446,11 @@ impl StackEvents {
         let limit = (MAX_RING_MEMORY / ring_bytes(cfg.data_pages)).max(1);
         let threads = PerThreadEvents::start(skip, limit, &mut |tid| open_registered(tid, &cfg, ep))?;
         Ok(StackEvents { threads, cfg, epoll, closing: Vec::new(), lost: 0, scratch: Vec::new() })
+    }
+
+    /// Descriptors held (one per thread with an event, and the epoll set).
+    pub(crate) fn descriptors(&self) -> usize {
+        self.threads.events.len() + 1
     }
 
     /// Events for new threads; the rings of threads that exited are kept for

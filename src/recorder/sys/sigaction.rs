@@ -21,13 +21,11 @@ pub(crate) struct Prev {
 
 static PREV_TRAP: Prev = Prev { handler: AtomicUsize::new(libc::SIG_DFL), flags: AtomicI32::new(0) };
 static PREV_PROF: Prev = Prev { handler: AtomicUsize::new(libc::SIG_DFL), flags: AtomicI32::new(0) };
-static PREV_URG: Prev = Prev { handler: AtomicUsize::new(libc::SIG_DFL), flags: AtomicI32::new(0) };
 
 pub(crate) fn previous_of(sig: c_int) -> Option<&'static Prev> {
     match sig {
         libc::SIGTRAP => Some(&PREV_TRAP),
         libc::SIGPROF => Some(&PREV_PROF),
-        libc::SIGURG => Some(&PREV_URG),
         _ => None,
     }
 }
