@@ -28,6 +28,9 @@ pub use recorder::{
 };
 pub use write::{pack, NewModule, PackSummary, SpoolWriter};
 
+#[doc(hidden)]
+pub use recorder::interpose as __interpose;
+
 /// Hooks for spulse's own tests and benchmarks, compiled only with the
 /// `testing` cargo feature (off by default). **Unstable**: not part of the
 /// API, may change or go in any release; do not enable it in a build you ship.

@@ -45,6 +45,8 @@
 //! runs through `exec` sort in order. A recorder that cannot start leaves a
 //! `<pid>.<ns>.error` file with the reason for the collector to report.
 
+mod signals;
+
 use std::ffi::{CStr, OsStr};
 use std::io::{Read, Write};
 use std::os::unix::ffi::OsStrExt;
@@ -71,6 +73,7 @@ extern "C" fn init() {
         let _ = writeln!(std::io::stderr(), "spulse: not recording: {why}");
         return;
     }
+    signals::init();
     start_here();
     // SAFETY: both register plain `extern "C"` functions with no arguments;
     // they stay valid for the life of the process (this library is never
@@ -94,7 +97,13 @@ extern "C" fn at_exit() {
         match g.finish() {
             // Under `spulse record`, the collector adds the lost samples to its summary.
             Ok(stats) if std::env::var_os("SPULSE_RECORD_DIR").is_some_and(|d| !d.is_empty()) => {
-                let _ = std::fs::write(stats_path, format!("{} {}\n", stats.samples_written, stats.lost()));
+                // First line: samples and lost; then one line per warning.
+                let mut text = format!("{} {}\n", stats.samples_written, stats.lost());
+                for w in &stats.warnings {
+                    text.push_str(&w.replace('\n', " "));
+                    text.push('\n');
+                }
+                let _ = std::fs::write(stats_path, text);
             }
             Ok(_) => {}
             Err(e) => {

@@ -82,6 +82,26 @@ impl Engine {
         }
     }
 
+    /// The signal the engine samples with, if any.
+    pub(crate) fn signal(&self) -> Option<i32> {
+        match self {
+            Engine::Perf(..) => Some(libc::SIGTRAP),
+            Engine::Threads(_) | Engine::Process(_) => Some(libc::SIGPROF),
+            Engine::PerfStack(_) => None,
+        }
+    }
+
+    /// Stop sending the signal (the program took it over); the kernel-time
+    /// rings, which send none, go on.
+    pub(crate) fn stop_signals(&mut self) {
+        match self {
+            Engine::Perf(p, _) => p.stop(),
+            Engine::Threads(t) => t.stop(),
+            Engine::Process(p) => p.stop(),
+            Engine::PerfStack(_) => {}
+        }
+    }
+
     /// Stop sending signals.
     pub(crate) fn stop(&mut self) {
         match self {

@@ -1045,6 +1045,32 @@ pub mod bench_support {
 #[cfg(feature = "testing")]
 pub use modules::table_report;
 
+/// For a library that interposes `sigaction` (spulse's preload library): not
+/// part of the API. See `sys/sigaction.rs`, "Signals the program owns".
+#[doc(hidden)]
+pub mod interpose {
+    use std::os::raw::c_int;
+
+    pub use super::sys::sigaction::SigactionFn;
+
+    /// Route the recorder's own `sigaction` calls to `f`, the C library's
+    /// (found with `dlsym(RTLD_NEXT, ...)`), not to the interposer.
+    pub fn set_real_sigaction(f: SigactionFn) {
+        super::sys::sigaction::set_real_sigaction(f)
+    }
+
+    /// The interposed `sigaction`: `Some(rc)` when the recorder's handler
+    /// holds `sig` and the program's action was kept to chain to instead;
+    /// `None`: pass the call on.
+    ///
+    /// # Safety
+    /// As `sigaction(2)`: `act` null or valid, `old` null or writable.
+    pub unsafe fn sigaction(sig: c_int, act: *const libc::sigaction, old: *mut libc::sigaction) -> Option<c_int> {
+        // SAFETY: the caller's contract.
+        unsafe { super::handler::virtual_action(sig, act, old) }
+    }
+}
+
 /// Called in a forked child (async-signal-safe: atomics only): the parent's
 /// recorder is not running here.
 pub(crate) fn forget_parent_recorder_after_fork() {

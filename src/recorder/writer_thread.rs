@@ -295,6 +295,8 @@ struct Run {
     stack_sampler: Option<StackSampler>,
     /// The control channel's eventfd (perf-stack engine only).
     wake: Option<Arc<OwnedFd>>,
+    /// The program took the engine's signal over (see `check_signal`).
+    signal_lost: bool,
 }
 
 /// What the writer's wait returned.
@@ -477,6 +479,7 @@ pub(crate) fn main(rx: Receiver<Control>, wake: Option<Arc<OwnedFd>>) -> Result<
         lost_before: 0,
         stack_sampler,
         wake,
+        signal_lost: false,
     };
     // The initial scan was taken before the engine started: every sample is later,
     // so generation 0 is verified from the first tick's check on.
@@ -675,6 +678,7 @@ impl Run {
     }
 
     fn tick(&mut self) {
+        self.check_signal();
         let tids = self.threads_to_scan();
         if let Some(tids) = &tids {
             self.scan_threads(tids, false);
@@ -690,6 +694,30 @@ impl Run {
             let r = self.st.out.flush();
             self.note(r);
         }
+    }
+
+    /// Whether the program replaced our handler of the engine's signal (a
+    /// program that calls `sigaction` without an interposer: see
+    /// `sys/sigaction.rs`). If so the engine stops sending it, so the
+    /// program's handler never sees our signals again, and `Stats` says so.
+    fn check_signal(&mut self) {
+        if self.signal_lost {
+            return;
+        }
+        let Some(sig) = self.st.engine.signal() else { return };
+        if handler::holds(sig) {
+            return;
+        }
+        self.signal_lost = true;
+        self.st.engine.stop_signals();
+        let name = if sig == libc::SIGTRAP { "SIGTRAP" } else { "SIGPROF" };
+        self.st.warnings.push(format!(
+            "the program installed its own {name} handler {:.1} s into the recording: the {} engine stopped \
+             there (user time is not sampled after it; record under `spulse record` or LD_PRELOAD, which \
+             keep the program's handler and go on sampling)",
+            self.st.started.elapsed().as_secs_f64(),
+            self.st.engine.kind().name(),
+        ));
     }
 
     fn retire(&mut self, idx: usize) {

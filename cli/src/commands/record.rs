@@ -317,6 +317,8 @@ impl Collector {
         let mut samples = 0;
         let mut lost = 0;
         let mut warnings = Vec::new();
+        // What processes' recorders reported (`Stats::warnings`), with how many said it.
+        let mut reported: Vec<(String, Vec<u32>)> = Vec::new();
         for d in &self.done {
             pids.insert(d.pid);
             samples += d.samples;
@@ -326,10 +328,25 @@ impl Collector {
             }
             // Samples the process's own recorder lost (written at its exit).
             if let Ok(text) = std::fs::read_to_string(d.path.with_extension("stats")) {
-                if let Some(l) = text.split_whitespace().nth(1).and_then(|v| v.parse::<u64>().ok()) {
+                let mut lines = text.lines();
+                let first = lines.next().unwrap_or("");
+                if let Some(l) = first.split_whitespace().nth(1).and_then(|v| v.parse::<u64>().ok()) {
                     lost += l;
                 }
+                for w in lines.filter(|l| !l.trim().is_empty()).take(16) {
+                    let w: String = w.chars().filter(|c| !c.is_control()).take(400).collect();
+                    match reported.iter_mut().find(|(m, _)| *m == w) {
+                        Some((_, pids)) => pids.push(d.pid),
+                        None => reported.push((w, vec![d.pid])),
+                    }
+                }
             }
+        }
+        for (w, pids) in reported {
+            warnings.push(match pids.as_slice() {
+                [one] => format!("process {one}: {w}"),
+                many => format!("{} processes (first {}): {w}", many.len(), many[0]),
+            });
         }
         if let Ok(rd) = std::fs::read_dir(&self.dir) {
             for e in rd.flatten() {

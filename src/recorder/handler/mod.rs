@@ -197,10 +197,25 @@ unsafe fn chain(sig: c_int, info: *mut libc::siginfo_t, ctx: *mut c_void) {
         unsafe {
             let mut sa: libc::sigaction = std::mem::zeroed();
             sa.sa_sigaction = libc::SIG_DFL;
-            libc::sigaction(sig, &sa, std::ptr::null_mut());
+            sigaction::raw(sig, &sa, std::ptr::null_mut());
             libc::syscall(libc::SYS_tgkill, libc::getpid(), gettid() as c_int, sig);
         }
         return;
+    }
+    if flags & libc::SA_RESETHAND != 0 {
+        // One-shot: the program's disposition is the default from now on.
+        prev.handler.store(libc::SIG_DFL, Ordering::Relaxed);
+        prev.flags.store(0, Ordering::Relaxed);
+    }
+    // The program's sa_mask, blocked while its handler runs, as the kernel
+    // would have (the signal itself is blocked already, by our action).
+    let mask = prev.mask.load(Ordering::Relaxed);
+    let mut saved: u64 = 0;
+    if mask != 0 {
+        // SAFETY: rt_sigprocmask with 8-byte sets we own; async-signal-safe.
+        unsafe {
+            libc::syscall(libc::SYS_rt_sigprocmask, libc::SIG_BLOCK, &mask as *const u64, &mut saved as *mut u64, 8)
+        };
     }
     if flags & libc::SA_SIGINFO != 0 {
         type SigInfoHandler = extern "C" fn(c_int, *mut libc::siginfo_t, *mut c_void);
@@ -211,6 +226,12 @@ unsafe fn chain(sig: c_int, info: *mut libc::siginfo_t, ctx: *mut c_void) {
         // SAFETY: a handler installed without SA_SIGINFO takes the signal number only.
         let f: extern "C" fn(c_int) = unsafe { std::mem::transmute(handler) };
         f(sig);
+    }
+    if mask != 0 {
+        // SAFETY: as above: restores the mask saved before the call.
+        unsafe {
+            libc::syscall(libc::SYS_rt_sigprocmask, libc::SIG_SETMASK, &saved as *const u64, std::ptr::null_mut::<u64>(), 8)
+        };
     }
 }
 
@@ -397,7 +418,8 @@ fn prime() {
         let _ = libc::getpid();
         let _ = *libc::__errno_location();
         libc::syscall(libc::SYS_tgkill, -1, -1, 0);
-        libc::sigaction(libc::SIGPROF, std::ptr::null(), std::ptr::null_mut());
+        sigaction::raw(libc::SIGPROF, std::ptr::null(), std::ptr::null_mut());
+        libc::syscall(libc::SYS_rt_sigprocmask, libc::SIG_BLOCK, std::ptr::null::<u64>(), std::ptr::null_mut::<u64>(), 8);
         let mut name = [0u8; 16];
         libc::prctl(libc::PR_GET_NAME, name.as_mut_ptr() as libc::c_ulong, 0, 0, 0);
     }
@@ -412,6 +434,25 @@ pub(crate) fn install(sig: Signal) -> Result<bool, RecorderError> {
 
 pub(crate) use sigaction::restore;
 
+/// Whether our handler is the disposition of `sig` now (a program may have
+/// replaced it: see `sys/sigaction.rs`).
+pub(crate) fn holds(sig: c_int) -> bool {
+    sigaction::holds(sig, on_signal as sigaction::Handler as usize)
+}
+
+/// For an interposed `sigaction` (see `sys::sigaction::virtual_action`).
+///
+/// # Safety
+/// As `sigaction(2)`: `act` null or valid, `old` null or writable.
+pub(crate) unsafe fn virtual_action(
+    sig: c_int,
+    act: *const libc::sigaction,
+    old: *mut libc::sigaction,
+) -> Option<c_int> {
+    // SAFETY: the caller's contract.
+    unsafe { sigaction::virtual_action(sig, act, old, on_signal as sigaction::Handler as usize) }
+}
+
 /// The code a handler of ours returns through (the signal return trampoline,
 /// `sa_restorer`, on x86_64: glibc's `__restore_rt`), as an address range: a
 /// kernel-time sample whose stack holds it was taken while the kernel
@@ -423,7 +464,7 @@ pub(crate) fn return_trampoline() -> Option<(u64, u64)> {
         // SAFETY: querying (null new action) into a valid out-pointer.
         let cur = unsafe {
             let mut cur: libc::sigaction = std::mem::zeroed();
-            libc::sigaction(libc::SIGTRAP, std::ptr::null(), &mut cur);
+            sigaction::raw(libc::SIGTRAP, std::ptr::null(), &mut cur);
             cur
         };
         let r = cur.sa_restorer.map(|f| f as usize as u64)?;

@@ -1,0 +1,109 @@
+//! The program's signal handlers and ours: this library exports `sigaction`,
+//! `signal`, `bsd_signal` and `sysv_signal`, so that a program (or a library
+//! it loads) that installs a handler for a signal the recorder samples with
+//! (SIGTRAP for the perf-event engine, SIGPROF for the timer engines) keeps
+//! it without displacing the recorder's: the program's action is kept as the
+//! one the recorder chains every signal that is not its own to, and reads
+//! back as the program set it (`spulse::__interpose`). LLVM's tools
+//! (rust-lld, llvm-symbolizer) install a SIGTRAP handler that takes any
+//! SIGTRAP for a crash; without this they died under `spulse record`. Every
+//! other signal, and every call made while no recorder handler holds the
+//! signal, goes to the C library unchanged.
+//!
+//! A program that makes the `rt_sigaction` system call itself (Go's runtime,
+//! static binaries, which this library is not loaded into anyway) is not
+//! seen here; the recorder notices at its next tick that its handler was
+//! replaced and stops the engine that signals (see `Stats::warnings`).
+
+use std::os::raw::c_int;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use spulse::__interpose::SigactionFn;
+
+/// The C library's `sigaction` (`dlsym(RTLD_NEXT)`), 0 until found.
+static REAL: AtomicUsize = AtomicUsize::new(0);
+
+/// Find the C library's `sigaction` and give it to the recorder: called from
+/// the constructor, before the recorder starts.
+pub(crate) fn init() {
+    if let Some(f) = real() {
+        spulse::__interpose::set_real_sigaction(f);
+    }
+}
+
+fn real() -> Option<SigactionFn> {
+    let mut p = REAL.load(Ordering::Acquire);
+    if p == 0 {
+        // SAFETY: dlsym with RTLD_NEXT and a NUL-terminated name; it returns
+        // the next definition after this library (the C library's) or null.
+        p = unsafe { libc::dlsym(libc::RTLD_NEXT, c"sigaction".as_ptr()) } as usize;
+        if p == 0 {
+            return None;
+        }
+        REAL.store(p, Ordering::Release);
+    }
+    // SAFETY: the C library's `sigaction`, which has this signature.
+    Some(unsafe { std::mem::transmute::<usize, SigactionFn>(p) })
+}
+
+/// `sigaction(2)`, as seen by the program.
+///
+/// # Safety
+/// As `sigaction(2)`.
+#[no_mangle]
+pub unsafe extern "C" fn sigaction(sig: c_int, act: *const libc::sigaction, old: *mut libc::sigaction) -> c_int {
+    // SAFETY: the caller's contract, passed on.
+    if let Some(rc) = unsafe { spulse::__interpose::sigaction(sig, act, old) } {
+        return rc;
+    }
+    match real() {
+        // SAFETY: the caller's contract, passed on to the C library.
+        Some(f) => unsafe { f(sig, act, old) },
+        None => {
+            // SAFETY: errno is this thread's; ENOSYS says what happened.
+            unsafe { *libc::__errno_location() = libc::ENOSYS };
+            -1
+        }
+    }
+}
+
+/// `signal`-style installs: `flags` as the C library gives them.
+fn install(sig: c_int, handler: libc::sighandler_t, flags: c_int, block_self: bool) -> libc::sighandler_t {
+    // SAFETY: zeroed actions are valid values to fill in.
+    let mut act: libc::sigaction = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
+    act.sa_sigaction = handler;
+    act.sa_flags = flags;
+    // SAFETY: sigemptyset/sigaddset initialise the set we own; an invalid
+    // `sig` is reported by sigaction below.
+    unsafe {
+        libc::sigemptyset(&mut act.sa_mask);
+        if block_self && sig > 0 && sig < 65 {
+            libc::sigaddset(&mut act.sa_mask, sig);
+        }
+    }
+    // SAFETY: valid pointers to our locals.
+    if unsafe { sigaction(sig, &act, &mut old) } != 0 {
+        return libc::SIG_ERR;
+    }
+    old.sa_sigaction
+}
+
+/// `signal(3)`: BSD semantics, as glibc's (restart, the signal blocked in its handler).
+#[no_mangle]
+pub extern "C" fn signal(sig: c_int, handler: libc::sighandler_t) -> libc::sighandler_t {
+    install(sig, handler, libc::SA_RESTART, true)
+}
+
+/// `bsd_signal(3)`: the same as `signal`.
+#[no_mangle]
+pub extern "C" fn bsd_signal(sig: c_int, handler: libc::sighandler_t) -> libc::sighandler_t {
+    install(sig, handler, libc::SA_RESTART, true)
+}
+
+/// `sysv_signal(3)`: one-shot, not blocked in its handler.
+#[no_mangle]
+pub extern "C" fn sysv_signal(sig: c_int, handler: libc::sighandler_t) -> libc::sighandler_t {
+    install(sig, handler, libc::SA_RESETHAND | libc::SA_NODEFER, false)
+}
