@@ -198,14 +198,6 @@ pub enum RecorderError {
         /// A sentence naming the setting, its value and the accepted values.
         message: String,
     },
-    /// The engine's profiling signal is handled by another signal handler,
-    /// which spulse does not take over.
-    SignalInUse {
-        /// The signal (`SIGTRAP` for perf events, `SIGPROF` for timers).
-        signal: &'static str,
-        /// Address of the other handler.
-        handler: usize,
-    },
     /// The operating system refused a sampling engine (or the signal
     /// disposition it needs); the OS error is the [`source`](std::error::Error::source).
     EngineRefused {
@@ -261,11 +253,6 @@ impl fmt::Display for RecorderError {
             ),
             NotRunning => write!(f, "no spulse recorder is running"),
             InvalidConfig { message, .. } => write!(f, "{message}"),
-            SignalInUse { signal, handler } => write!(
-                f,
-                "{signal} is already handled by another signal handler (at {handler:#x}); spulse does not \
-                 take over a signal someone else owns"
-            ),
             EngineRefused { what, source } => write!(f, "{what} was refused: {source}"),
             NoEngine(errors) => {
                 write!(f, "cannot start sampling: ")?;

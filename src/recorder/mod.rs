@@ -1186,7 +1186,12 @@ fn start_inner(b: &RecorderBuilder, path: &Path) -> Result<Guard, Error> {
     let tcb_block_offset = sys::tcb::stack_block_offset();
     let tcb_tid_offset = sys::tcb::tid_offset();
     let ncpu = sys::cpus_allowed();
-    let (ring, consumer) = ring::Ring::new(b.ring_capacity, b.max_stack_depth);
+    // The perf-stack engine never writes the handler's ring: a token one.
+    let (ring, consumer) = if b.engine == EngineChoice::PerfStack {
+        ring::Ring::new(2, 1)
+    } else {
+        ring::Ring::new(b.ring_capacity, b.max_stack_depth)
+    };
     let shared = Arc::new(Shared {
         pid,
         writer_tid: AtomicU32::new(0),

@@ -126,19 +126,41 @@ impl Ring {
     /// Fault the ring's pages in now, from the writer thread, so the handler
     /// does not: until the ring has gone round once, about every fourth sample
     /// would otherwise take a page fault (the kernel zeroing a fresh page) in
-    /// the handler, for the first seconds of a recording. Done with
+    /// the handler, for the first seconds of a recording. Only the start of
+    /// each slot is faulted in: its header and [`PREFAULT_FRAMES`] frames (the
+    /// whole ring when slots are that small, as by default); the pages of
+    /// deeper frames are touched only by a stack that reaches them, so a large
+    /// `max_stack_depth` costs memory only where stacks are deep. Done with
     /// `MADV_POPULATE_WRITE` (Linux 5.14), which leaves the contents as they
     /// are, so producers may be writing slots meanwhile; on an older kernel
     /// the pages are faulted in by their first sample, as before.
     pub(crate) fn prefault(&self) {
-        if self.words.mapped {
+        if !self.words.mapped {
+            return;
+        }
+        let stride = self.stride * 8;
+        let head = (HEADER_WORDS + PREFAULT_FRAMES) * 8;
+        let ranges: Box<dyn Iterator<Item = (usize, usize)>> = if stride <= head {
+            Box::new(std::iter::once((0, (self.words.len * 8).max(1))))
+        } else {
+            Box::new((0..self.capacity()).map(move |i| (i * stride, head)))
+        };
+        // SAFETY: a sysconf query.
+        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as usize;
+        for (off, len) in ranges {
+            // madvise wants a page-aligned start.
+            let start = off & !(page - 1);
+            let len = len + (off - start);
             // POPULATE_WRITE only makes pages present and writable.
-            // SAFETY: `ptr .. ptr + len * 8` is our own mapping (`ZeroedWords`),
-            // and the call changes no byte of it.
+            // SAFETY: `[start, start + len)` lies in our own mapping
+            // (`ZeroedWords`: `len * 8` bytes from a page-aligned `ptr`; the
+            // slot starts inside it and the call is cut at its end), and the
+            // call changes no byte of it.
             unsafe {
+                let end = (start + len).min(self.words.len * 8);
                 libc::madvise(
-                    self.words.ptr as *mut libc::c_void,
-                    (self.words.len * 8).max(1),
+                    (self.words.ptr as *mut u8).add(start) as *mut libc::c_void,
+                    end.saturating_sub(start).max(1),
                     MADV_POPULATE_WRITE,
                 )
             };
@@ -150,6 +172,9 @@ impl Ring {
         self.words.as_slice()[base].get()
     }
 }
+
+/// Frames of each slot faulted in at start ([`Ring::prefault`]).
+pub(crate) const PREFAULT_FRAMES: usize = 128;
 
 /// `MADV_POPULATE_WRITE` (Linux 5.14; not in every libc crate version).
 const MADV_POPULATE_WRITE: libc::c_int = 23;

@@ -1,0 +1,276 @@
+//! The recorder must not hurt the program it records (issue 25):
+//!
+//! * descriptors: threads created after start take none (inherited events);
+//!   at start the perf events take at most an eighth of the soft
+//!   `RLIMIT_NOFILE`, and with more threads alive than that the recorder
+//!   says which engine ran instead (`Stats::warnings`), never silently;
+//! * a SIGTRAP handler the program installs after start (no interposer) never
+//!   keeps receiving our signals: the engine stops and `Stats` says so;
+//! * no sample holds the recorder's own handler or its signal trampoline
+//!   (kernel-time samples taken while the kernel returned from our handler
+//!   are dropped and counted);
+//! * memory: a large `max_stack_depth` does not fault in the whole ring.
+//!
+//! Each case that changes process-wide state (signal dispositions, the
+//! descriptor limit) runs in a child process of this test binary (a "role").
+
+mod recorder_support;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use recorder_support::*;
+use spulse::KernelTime;
+
+fn out_var() -> Option<std::path::PathBuf> {
+    std::env::var_os("SPULSE_HOST_TEST_OUT").map(Into::into)
+}
+
+/// Threads created after start inherit the perf events: the descriptor count
+/// stays what the threads alive at start needed (1 + CPUs with kernel time).
+#[test]
+fn threads_created_after_start_take_no_descriptors() {
+    let _serial = serial();
+    let (engine, kind) = perf_engine_for("threads_created_after_start_take_no_descriptors");
+    if kind != spulse::Engine::PerfEvent {
+        return;
+    }
+    let (_dir, path) = spool_path("threads.spool");
+    let fds_before = open_fds();
+    let g = spulse::Recorder::builder().engine(engine).start(&path).unwrap();
+    let during_start = open_fds();
+    // 64 threads, alive together.
+    let barrier = std::sync::Arc::new(std::sync::Barrier::new(65));
+    let hs: Vec<_> = (0..64)
+        .map(|_| {
+            let b = barrier.clone();
+            std::thread::spawn(move || {
+                burn(0.02);
+                b.wait();
+            })
+        })
+        .collect();
+    barrier.wait();
+    let with_threads = open_fds();
+    for h in hs {
+        h.join().unwrap();
+    }
+    let stats = g.finish().unwrap();
+    assert_eq!(with_threads, during_start, "64 new threads took descriptors ({stats:?})");
+    let cpus = online_cpus();
+    let threads_at_start = 1; // this test thread (the harness's main thread waits, but is alive too)
+    assert!(
+        stats.descriptors as usize <= (threads_at_start + 1) * (1 + cpus),
+        "descriptors {} for {cpus} CPUs",
+        stats.descriptors
+    );
+    assert!(during_start - fds_before >= stats.descriptors as usize, "{during_start} {fds_before} {stats:?}");
+    assert!(stats.warnings.is_empty(), "{:?}", stats.warnings);
+}
+
+fn open_fds() -> usize {
+    std::fs::read_dir("/proc/self/fd").unwrap().count()
+}
+
+fn online_cpus() -> usize {
+    // SAFETY: sysconf reads a constant.
+    unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) as usize }
+}
+
+#[test]
+fn many_threads_under_a_low_descriptor_limit() {
+    let (_dir, path) = spool_path("lowfd.spool");
+    let out = run_role("low_fd_limit_role", "SPULSE_HOST_TEST_OUT", &path);
+    let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("ROLE OK"), "{text}");
+}
+
+/// 200 threads alive at start with `ulimit -n 256` (budget 32): the perf
+/// engine does not fit, the thread-timer engine runs, the program can still
+/// open files, and the warning says why.
+#[test]
+fn low_fd_limit_role() {
+    let Some(path) = out_var() else { return };
+    if !perf_event_open_implemented() {
+        println!("ROLE OK (no perf events here: nothing to budget)");
+        return;
+    }
+    let rl = libc::rlimit { rlim_cur: 256, rlim_max: 4096 };
+    // SAFETY: setrlimit reads the struct we pass; lowering our own soft limit.
+    assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &rl) }, 0);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let hs: Vec<_> = (0..200)
+        .map(|_| {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+            })
+        })
+        .collect();
+    let g = spulse::start(&path).unwrap();
+    burn(0.2);
+    // The program's own descriptors: at least 150 more files open.
+    let files: Vec<_> = (0..150).map(|_| std::fs::File::open("/dev/null").expect("program's own open()")).collect();
+    drop(files);
+    stop.store(true, Ordering::Relaxed);
+    for h in hs {
+        h.join().unwrap();
+    }
+    let stats = g.finish().unwrap();
+    assert!(stats.descriptors <= 32, "{stats:?}");
+    assert_ne!(stats.engine, spulse::Engine::PerfEvent, "{stats:?}");
+    assert!(
+        stats.warnings.iter().any(|w| w.contains("budget") && w.contains("instead")),
+        "the engine change must be said: {:?}",
+        stats.warnings
+    );
+    assert!(stats.samples_written > 0, "{stats:?}");
+    println!("ROLE OK {:?}", stats.warnings);
+}
+
+#[test]
+fn a_sigtrap_handler_installed_after_start_stops_the_engine_and_is_said() {
+    let (_dir, path) = spool_path("trap.spool");
+    let out = run_role("late_sigtrap_handler_role", "SPULSE_HOST_TEST_OUT", &path);
+    let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("ROLE OK"), "{text}");
+}
+
+static TRAPS: AtomicU64 = AtomicU64::new(0);
+
+extern "C" fn counting_trap(_: i32, _: *mut libc::siginfo_t, _: *mut libc::c_void) {
+    TRAPS.fetch_add(1, Ordering::SeqCst);
+}
+
+#[test]
+fn late_sigtrap_handler_role() {
+    let Some(path) = out_var() else { return };
+    let (engine, kind) = perf_engine_for("late_sigtrap_handler_role");
+    if kind != spulse::Engine::PerfEvent {
+        println!("ROLE OK (no perf events here)");
+        return;
+    }
+    let g = spulse::Recorder::builder().engine(engine).flush_interval(Duration::from_millis(20)).start(&path).unwrap();
+    burn(0.1);
+    // The program takes SIGTRAP over with plain sigaction (no interposer).
+    // SAFETY: installing a handler that only counts.
+    unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = counting_trap as extern "C" fn(i32, *mut libc::siginfo_t, *mut libc::c_void) as usize;
+        sa.sa_flags = libc::SA_SIGINFO;
+        libc::sigaction(libc::SIGTRAP, &sa, std::ptr::null_mut());
+    }
+    // Within a few writer ticks the engine stops: the count stops growing.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut settled = None;
+    while Instant::now() < deadline {
+        burn(0.1);
+        let a = TRAPS.load(Ordering::SeqCst);
+        burn(0.3);
+        if TRAPS.load(Ordering::SeqCst) == a {
+            settled = Some(a);
+            break;
+        }
+    }
+    let stats = g.finish().unwrap();
+    assert!(settled.is_some(), "our SIGTRAPs kept reaching the program's handler: {}", TRAPS.load(Ordering::SeqCst));
+    assert!(
+        stats.warnings.iter().any(|w| w.contains("SIGTRAP") && w.contains("stopped")),
+        "{:?}",
+        stats.warnings
+    );
+    println!("ROLE OK traps seen by the program before the stop: {}", settled.unwrap());
+}
+
+/// Kernel-time samples of a thread that mostly makes system calls: none
+/// holds the handler, its trampoline or the writer thread.
+#[test]
+fn no_sample_holds_the_profilers_own_code() {
+    let _serial = serial();
+    let (engine, kind) = perf_engine_for("no_sample_holds_the_profilers_own_code");
+    let (_dir, path) = spool_path("own.spool");
+    let g = spulse::Recorder::builder().engine(engine).start(&path).unwrap();
+    let mut buf = vec![0u8; 4096];
+    let t0 = Instant::now();
+    let mut f = std::fs::File::open("/dev/zero").unwrap();
+    while t0.elapsed() < Duration::from_millis(1500) {
+        use std::io::Read;
+        // Small reads: many kernel entries, each a chance for a period to end
+        // while our own signal is delivered or returned from.
+        f.read_exact(&mut buf).unwrap();
+        burn(0.0005);
+    }
+    let stats = g.finish().unwrap();
+    let snap = spulse::Snapshot::open(&path).unwrap();
+    let names = function_names(&snap);
+    let bad: Vec<&String> = names
+        .iter()
+        .filter(|n| n.contains("on_signal") || n.contains("__restore_rt") || n.contains("writer_thread"))
+        .collect();
+    assert!(bad.is_empty(), "the profiler in its own profile: {bad:?}");
+    if kind == spulse::Engine::PerfEvent && stats.kernel_time == KernelTime::Sampled {
+        assert!(stats.kernel_samples > 0, "{stats:?}");
+    }
+    eprintln!(
+        "kernel samples {}, own dropped {}, samples {}",
+        stats.kernel_samples, stats.own_samples_dropped, stats.samples_written
+    );
+}
+
+/// A deep `max_stack_depth` does not make the process bigger by the whole
+/// ring: only each slot's first frames are faulted in at start.
+#[test]
+fn a_deep_ring_is_not_faulted_in_whole() {
+    let (_dir, path) = spool_path("deep.spool");
+    let out = run_role("deep_ring_role", "SPULSE_HOST_TEST_OUT", &path);
+    let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("ROLE OK"), "{text}");
+}
+
+fn rss_kib() -> u64 {
+    let s = std::fs::read_to_string("/proc/self/status").unwrap();
+    s.lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap()
+}
+
+#[test]
+fn deep_ring_role() {
+    let Some(path) = out_var() else { return };
+    let before = rss_kib();
+    // 2048 slots x 4099 words = 64 MiB of ring.
+    let g = spulse::Recorder::builder().max_stack_depth(4095).start(&path).unwrap();
+    burn(0.3);
+    let during = rss_kib();
+    g.finish().unwrap();
+    let grew = during.saturating_sub(before);
+    // Each slot's first page (2048 x 4 KiB = 8 MiB), unwinder caches and
+    // tables: far below the 64 MiB the whole ring would take.
+    assert!(grew < 24 << 10, "RSS grew by {grew} KiB");
+    println!("ROLE OK grew {grew} KiB");
+}
+
+/// The names of every frame on every sampled stack.
+fn function_names(snap: &spulse::Snapshot) -> std::collections::HashSet<String> {
+    let mut sym = Symbolizer::default();
+    let mut seen = std::collections::HashSet::new();
+    let mut names = std::collections::HashSet::new();
+    for s in snap.samples() {
+        let mut at = Some(s.stack);
+        while let Some(id) = at {
+            if !seen.insert(id) {
+                break;
+            }
+            let node = snap.stack(id);
+            names.insert(sym.name(snap, node.frame));
+            at = node.parent;
+        }
+    }
+    names
+}
