@@ -1,0 +1,106 @@
+//! Programs that own signals run under `spulse record` as they do without it,
+//! and are still sampled (issue 25):
+//!
+//! * a C program that installs its own handler for SIGTRAP (the perf-event
+//!   engine's signal) by `signal`, by `sigaction` (read back as set) and
+//!   one-shot (`SA_RESETHAND`), for SIGPROF, SIGURG, a real-time signal, an
+//!   `ITIMER_REAL` SIGALRM, and a `signalfd` over SIGURG, SIGPROF and a
+//!   real-time signal: exactly its own signals reach it, it exits 0, and the
+//!   spool holds its CPU time;
+//! * `cargo build` of a crate with path dependencies (one with a build
+//!   script) links (LLVM's rust-lld and llvm tools own SIGTRAP), and rustc,
+//!   the build script and the linker are in the spool.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use common::*;
+
+fn compile_program(dir: &Path) -> PathBuf {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/owns_signals.c");
+    let exe = dir.join("owns_signals");
+    let out = Command::new("cc").args(["-O1", "-o"]).arg(&exe).arg(&src).output().expect("run cc");
+    assert!(out.status.success(), "cc: {}", String::from_utf8_lossy(&out.stderr));
+    exe
+}
+
+/// Executable paths of the processes the spool recorded (their first module).
+fn programs(spool: &Path) -> Vec<String> {
+    let snap = spulse::Snapshot::open(spool).unwrap_or_else(|e| panic!("{}: {e}", spool.display()));
+    let d = snap.definitions();
+    d.modules().iter().map(|m| String::from_utf8_lossy(&m.path).into_owned()).collect()
+}
+
+#[test]
+fn programs_that_own_signals_run_as_without_spulse_and_are_sampled() {
+    let dir = tempfile::tempdir().unwrap();
+    let exe = compile_program(dir.path());
+    for how in
+        ["sigtrap-signal", "sigtrap-sigaction", "sigtrap-oneshot", "sigprof", "sigurg", "sigrt", "sigalrm", "signalfd"]
+    {
+        let bare = Command::new(&exe).arg(how).output().unwrap();
+        assert!(bare.status.success(), "{how} without spulse: {:?} {}", bare.status, stderr(&bare));
+        let spool = dir.path().join(format!("{how}.spool"));
+        let o = spulse(&["record", "-o", s(&spool), "--", s(&exe), how]);
+        assert!(
+            o.status.success(),
+            "{how} under spulse record: {:?}\n{}",
+            o.status,
+            stderr(&o)
+        );
+        let snap = spulse::Snapshot::open(&spool).unwrap();
+        let n = snap.samples().count();
+        // 0.6 s of CPU at 999 Hz (the SIGALRM case: until five 50 ms alarms,
+        // 0.25 s): at least a third of it, even on a loaded machine (the
+        // samples follow CPU time, not wall time).
+        let least = if how == "sigalrm" { 80 } else { 200 };
+        assert!(n >= least, "{how}: only {n} samples");
+    }
+}
+
+#[test]
+fn cargo_build_links_under_record_with_rustc_build_scripts_and_the_linker_in_the_spool() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let w = |p: &str, text: &str| {
+        let p = root.join(p);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, text).unwrap();
+    };
+    w(
+        "app/Cargo.toml",
+        "[package]\nname = \"app\"\nversion = \"0.1.0\"\nedition = \"2021\"\n\n[dependencies]\nalpha = { path = \"../alpha\" }\nbeta = { path = \"../beta\" }\n",
+    );
+    w("app/src/main.rs", "fn main() { println!(\"{} {}\", alpha::value(), beta::VALUE); }\n");
+    w("alpha/Cargo.toml", "[package]\nname = \"alpha\"\nversion = \"0.1.0\"\nedition = \"2021\"\nbuild = \"build.rs\"\n");
+    w(
+        "alpha/build.rs",
+        "fn main() { let n: u64 = (0..2_000_000u64).map(|i| i % 7).sum(); println!(\"cargo:rustc-env=ALPHA={n}\"); }\n",
+    );
+    w("alpha/src/lib.rs", "pub fn value() -> &'static str { env!(\"ALPHA\") }\n");
+    w("beta/Cargo.toml", "[package]\nname = \"beta\"\nversion = \"0.1.0\"\nedition = \"2021\"\n");
+    w("beta/src/lib.rs", "pub const VALUE: u32 = 7;\n");
+    let spool = root.join("build.spool");
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let o = Command::new(env!("CARGO_BIN_EXE_spulse"))
+        .args(["record", "-o", s(&spool), "--", &cargo, "build", "--offline", "--quiet"])
+        .current_dir(root.join("app"))
+        .env("CARGO_TARGET_DIR", root.join("target"))
+        .env_remove("RUSTFLAGS")
+        .env_remove("CARGO_ENCODED_RUSTFLAGS")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "cargo build under spulse record: {:?}\n{}", o.status, stderr(&o));
+    let run = Command::new(root.join("target/debug/app")).output().unwrap();
+    assert_eq!(String::from_utf8_lossy(&run.stdout).trim(), "2000000 7".replace("2000000", &(0..2_000_000u64).map(|i| i % 7).sum::<u64>().to_string()));
+    let progs = programs(&spool);
+    let has = |f: &dyn Fn(&str) -> bool| progs.iter().any(|p| f(p));
+    assert!(has(&|p| p.ends_with("/rustc") || p.contains("librustc_driver")), "no rustc in {progs:?}");
+    assert!(has(&|p| p.contains("build-script-build") || p.contains("build_script_build")), "no build script in {progs:?}");
+    assert!(
+        has(&|p| p.ends_with("/rust-lld") || p.ends_with("/ld") || p.contains("ld.bfd") || p.contains("ld.gold") || p.contains("ld.lld") || p.ends_with("/cc") || p.contains("collect2")),
+        "no linker in {progs:?}"
+    );
+}
