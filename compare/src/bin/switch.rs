@@ -1,0 +1,163 @@
+//! The context-switch workloads of BENCHMARKS.md ("Context switches"), under
+//! one profiler chosen on the command line; prints one JSON object.
+//!
+//! Usage: switch --mode pingpong|echo --profiler none|spulse|pprof --freq HZ
+//!               [--kernel-time on|off] [--round-trips N] [--clients N] [--seconds S]
+//!
+//! * `pingpong`: two threads hand a futex word back and forth N times (30,000
+//!   by default): the pattern of a channel, an async runtime's wake-ups, a
+//!   contended lock. Reports wall and process CPU microseconds per round trip.
+//! * `echo`: a thread-per-connection TCP echo server on loopback and N client
+//!   threads (8 by default) sending 64-byte requests for S seconds (3):
+//!   requests per second and the 99th-percentile round trip in microseconds.
+//!
+//! The profiler starts before any worker thread exists (as `spulse::start` in
+//! `main` or `spulse record` would), so every thread is covered.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+fn arg(args: &[String], name: &str, default: &str) -> String {
+    args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).cloned().unwrap_or_else(|| default.to_string())
+}
+
+fn process_cpu_us() -> f64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime writes one timespec.
+    unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
+    ts.tv_sec as f64 * 1e6 + ts.tv_nsec as f64 / 1e3
+}
+
+fn futex_wait(w: &AtomicU32, v: u32) {
+    while w.load(Ordering::Acquire) == v {
+        // SAFETY: FUTEX_WAIT on a live AtomicU32; returns at once if it changed.
+        unsafe {
+            libc::syscall(libc::SYS_futex, w.as_ptr(), libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG, v, std::ptr::null::<u8>(), 0, 0)
+        };
+    }
+}
+
+fn futex_set(w: &AtomicU32, v: u32) {
+    w.store(v, Ordering::Release);
+    // SAFETY: FUTEX_WAKE on a live AtomicU32.
+    unsafe { libc::syscall(libc::SYS_futex, w.as_ptr(), libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG, 1, 0, 0, 0) };
+}
+
+fn pingpong(n: usize) -> String {
+    let word = Arc::new(AtomicU32::new(0));
+    let w2 = word.clone();
+    let peer = std::thread::spawn(move || {
+        for _ in 0..n {
+            futex_wait(&w2, 0);
+            futex_set(&w2, 0);
+        }
+    });
+    let (t0, c0) = (Instant::now(), process_cpu_us());
+    for _ in 0..n {
+        futex_set(&word, 1);
+        futex_wait(&word, 1);
+    }
+    let (wall, cpu) = (t0.elapsed().as_secs_f64() * 1e6, process_cpu_us() - c0);
+    peer.join().unwrap();
+    format!("\"us_per_round_trip\": {:.3}, \"cpu_us_per_round_trip\": {:.3}", wall / n as f64, cpu / n as f64)
+}
+
+fn echo(clients: usize, seconds: f64) -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = std::thread::spawn(move || {
+        let mut conns = Vec::new();
+        for _ in 0..clients {
+            let (mut s, _) = listener.accept().unwrap();
+            s.set_nodelay(true).unwrap();
+            conns.push(std::thread::spawn(move || {
+                let mut buf = [0u8; 64];
+                while s.read_exact(&mut buf).is_ok() {
+                    if s.write_all(&buf).is_err() {
+                        break;
+                    }
+                }
+            }));
+        }
+        for c in conns {
+            c.join().unwrap();
+        }
+    });
+    let stop = Arc::new(AtomicBool::new(false));
+    let hs: Vec<_> = (0..clients)
+        .map(|_| {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let mut s = TcpStream::connect(addr).unwrap();
+                s.set_nodelay(true).unwrap();
+                let mut lat = Vec::with_capacity(1 << 16);
+                let mut buf = [7u8; 64];
+                while !stop.load(Ordering::Relaxed) {
+                    let t = Instant::now();
+                    s.write_all(&buf).unwrap();
+                    s.read_exact(&mut buf).unwrap();
+                    lat.push(t.elapsed().as_nanos() as u64);
+                }
+                lat
+            })
+        })
+        .collect();
+    let c0 = process_cpu_us();
+    std::thread::sleep(Duration::from_secs_f64(seconds));
+    stop.store(true, Ordering::Relaxed);
+    let cpu = process_cpu_us() - c0;
+    let mut all: Vec<u64> = hs.into_iter().flat_map(|h| h.join().unwrap()).collect();
+    server.join().unwrap();
+    all.sort_unstable();
+    let p99 = all.get(all.len() * 99 / 100).copied().unwrap_or(0) as f64 / 1e3;
+    format!(
+        "\"requests_per_s\": {:.0}, \"p99_us\": {:.1}, \"cpu_s\": {:.3}",
+        all.len() as f64 / seconds,
+        p99,
+        cpu / 1e6
+    )
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let mode = arg(&args, "--mode", "pingpong");
+    let profiler = arg(&args, "--profiler", "none");
+    let freq: u32 = arg(&args, "--freq", "999").parse().unwrap();
+    let kernel = arg(&args, "--kernel-time", "on") == "on";
+    let dir = std::env::temp_dir().join(format!("switch-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let spool = dir.join("s.spool");
+    let guard = (profiler == "spulse").then(|| {
+        spulse::Recorder::builder().frequency_hz(freq).kernel_time(kernel).start(&spool).expect("spulse start")
+    });
+    #[cfg(any(feature = "pprof-default", feature = "pprof-framehop"))]
+    let pguard =
+        (profiler == "pprof").then(|| pprof::ProfilerGuardBuilder::default().frequency(freq as i32).build().unwrap());
+    #[cfg(not(any(feature = "pprof-default", feature = "pprof-framehop")))]
+    assert!(profiler != "pprof", "built without a pprof feature");
+    let body = match mode.as_str() {
+        "pingpong" => pingpong(arg(&args, "--round-trips", "30000").parse().unwrap()),
+        _ => echo(arg(&args, "--clients", "8").parse().unwrap(), arg(&args, "--seconds", "3").parse().unwrap()),
+    };
+    let mut extra = String::new();
+    if let Some(g) = guard {
+        let st = g.finish().unwrap();
+        extra = format!(
+            ", \"samples\": {}, \"kernel_time\": \"{}\", \"engine\": \"{}\", \"descriptors\": {}",
+            st.samples_written,
+            st.kernel_time,
+            st.engine.name(),
+            st.descriptors
+        );
+    }
+    #[cfg(any(feature = "pprof-default", feature = "pprof-framehop"))]
+    if let Some(g) = pguard {
+        let n: usize = g.report().build().map(|r| r.data.values().sum::<isize>() as usize).unwrap_or(0);
+        extra = format!(", \"samples\": {n}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    println!("{{\"mode\": \"{mode}\", \"profiler\": \"{profiler}\", \"freq\": {freq}, {body}{extra}}}");
+}
