@@ -128,6 +128,8 @@ fn low_fd_limit_role() {
         stats.warnings
     );
     assert!(stats.samples_written > 0, "{stats:?}");
+    let beside = std::fs::read_to_string(spulse::warnings_path(&path)).expect("the warnings beside the spool");
+    assert!(beside.contains("budget"), "{beside}");
     println!("ROLE OK {:?}", stats.warnings);
 }
 

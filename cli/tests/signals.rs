@@ -104,3 +104,33 @@ fn cargo_build_links_under_record_with_rustc_build_scripts_and_the_linker_in_the
         "no linker in {progs:?}"
     );
 }
+
+/// `info` shows what the recorder said did not go as configured (the
+/// `<spool>.warnings` file beside it), and a hostile one (a FIFO) neither
+/// hangs it nor is read.
+#[test]
+fn info_shows_the_recorders_warnings_from_beside_the_spool() {
+    let (_p, spool) = fixture();
+    let out = ok(&["info", s(&spool)]);
+    assert!(out.contains("warnings:        none"), "{out}");
+    let side = spulse::warnings_path(&spool);
+    std::fs::write(&side, "the perf-event engine stopped there\n").unwrap();
+    let out = ok(&["info", s(&spool)]);
+    assert!(out.contains("warning:         the perf-event engine stopped there"), "{out}");
+    let json = ok(&["info", "--json", s(&spool)]);
+    assert!(json.contains("the perf-event engine stopped there"), "{json}");
+    std::fs::remove_file(&side).unwrap();
+    let c = std::ffi::CString::new(side.to_str().unwrap()).unwrap();
+    // SAFETY: mkfifo with a NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let mut child = spawn_spulse(&["info", s(&spool)]);
+    let t0 = std::time::Instant::now();
+    loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            assert!(st.success());
+            break;
+        }
+        assert!(t0.elapsed() < std::time::Duration::from_secs(20), "info hung on a FIFO beside the spool");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}

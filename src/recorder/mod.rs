@@ -1003,6 +1003,11 @@ impl Guard {
         };
         PYTHON_INSIDE.store(false, Ordering::SeqCst);
         RUNNING.store(false, Ordering::SeqCst);
+        if let Ok(stats) = &res {
+            if !stats.warnings.is_empty() {
+                write_warnings(&run.path, &stats.warnings);
+            }
+        }
         res.map_err(|e| e.with_path(&run.path))
     }
 }
@@ -1333,8 +1338,13 @@ fn start_inner(b: &RecorderBuilder, path: &Path) -> Result<Guard, Error> {
         drain_interval_ns: flush.as_nanos().min(u64::MAX as u128) as u64,
     };
     let (engine, kernel_status) = start_kernel_time(engine, kernel_time, kcfg, writer_tid, budget);
+    // Refused where the default only asks "where allowed" is the normal
+    // unprivileged case (`Stats::kernel_time` says it); asked for by name
+    // (builder or SPULSE_KERNEL_TIME=1), it is a deviation worth a warning.
+    let asked = b.kernel_time == Some(true)
+        || std::env::var("SPULSE_KERNEL_TIME").is_ok_and(|v| v.trim() == "1");
     if let KernelTime::Refused(why) = &kernel_status {
-        if kernel_time && kind == Engine::PerfEvent {
+        if kernel_time && asked && kind == Engine::PerfEvent {
             warnings.push(format!("kernel time not sampled: {why}"));
         }
     }
@@ -1387,6 +1397,38 @@ fn start_inner(b: &RecorderBuilder, path: &Path) -> Result<Guard, Error> {
     PYTHON_INSIDE.store(false, Ordering::SeqCst);
     *LIVE_SPOOL.lock().unwrap_or_else(|e| e.into_inner()) = Some((pid, path.to_path_buf(), flush));
     Ok(Guard { inner: Some(Running { tx, join, pid, path: path.to_path_buf(), engine: kind }) })
+}
+
+/// The name of the file beside a spool that holds its recorder's
+/// [`Stats::warnings`] (`<spool>.warnings`, one per line), read by `spulse
+/// info`: the spool itself keeps to the seed format, which has no place for
+/// them. Written only when there are warnings.
+pub fn warnings_path(spool: &Path) -> PathBuf {
+    let mut p = spool.as_os_str().to_owned();
+    p.push(".warnings");
+    PathBuf::from(p)
+}
+
+/// Write `warnings` beside `spool` (mode 0600, never through a symlink); a
+/// failure is not the recording's: it is ignored (`Stats` has them).
+fn write_warnings(spool: &Path, warnings: &[String]) {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut text = String::new();
+    for w in warnings {
+        text.push_str(&w.replace('\n', " "));
+        text.push('\n');
+    }
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(warnings_path(spool));
+    if let Ok(mut f) = f {
+        let _ = f.write_all(text.as_bytes());
+    }
 }
 
 /// Add the kernel-time rings to a perf engine when asked and allowed; what

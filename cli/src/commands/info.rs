@@ -41,6 +41,15 @@ pub fn run(args: &InfoArgs) -> Result<(), CliError> {
         several => several.iter().map(|f| std::fs::metadata(f).map_or(0, |m| m.len())).sum(),
     };
 
+    // What the recorders said did not go as configured (`<spool>.warnings`,
+    // written beside the spool only when there were any; bounded read).
+    let mut recorder_warnings: Vec<String> = Vec::new();
+    for f in &args.files {
+        if let Some(text) = read_warnings(&spulse::warnings_path(f)) {
+            recorder_warnings.extend(text.lines().filter(|l| !l.trim().is_empty()).take(64).map(str::to_string));
+        }
+    }
+
     let bar = progress(defs.sample_count(), "reading");
     let mut per_thread: Vec<u64> = vec![0; defs.threads().len()];
     // Samples whose leaf is a kernel-mode frame: system CPU time.
@@ -123,6 +132,7 @@ pub fn run(args: &InfoArgs) -> Result<(), CliError> {
             "stacks": defs.stack_count(),
             "python_runtime_transitions": defs.python_runtime_events().len(),
             "bytes_per_sample": bytes_per_sample,
+            "recorder_warnings": recorder_warnings,
             "recovered_from_truncated_tail": replay.recovered_from_truncated_tail(),
             "process_list": process_list,
             "thread_list": threads,
@@ -188,6 +198,12 @@ pub fn run(args: &InfoArgs) -> Result<(), CliError> {
                  counts system time without marking it); the spool does not say which, the recorder's \
                  Stats::kernel_time does"
             )?;
+        }
+        if recorder_warnings.is_empty() {
+            writeln!(out, "warnings:        none recorded beside the spool")?;
+        }
+        for w in &recorder_warnings {
+            writeln!(out, "warning:         {}", escape(w))?;
         }
         writeln!(out, "threads:         {} in {} process(es)", defs.threads().len(), pids.len())?;
         writeln!(
@@ -257,4 +273,22 @@ pub fn run(args: &InfoArgs) -> Result<(), CliError> {
         }
         Ok(())
     })
+}
+
+/// The text of a warnings file: a regular file (not followed through a
+/// symlink, not a FIFO), at most 64 KiB of it; `None` if there is none.
+fn read_warnings(path: &std::path::Path) -> Option<String> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
+        .ok()?;
+    if !f.metadata().ok()?.is_file() {
+        return None;
+    }
+    let mut buf = Vec::new();
+    f.take(64 << 10).read_to_end(&mut buf).ok()?;
+    Some(String::from_utf8_lossy(&buf).into_owned())
 }

@@ -179,6 +179,21 @@ pub fn run(args: &RecordArgs) -> Result<i32, CliError> {
     for w in &summary.warnings {
         let _ = writeln!(err, "spulse: warning: {}", crate::display::escape(w));
     }
+    if !summary.warnings.is_empty() {
+        // Beside the output, for `spulse info` (the spool has no place for them).
+        use std::os::unix::fs::OpenOptionsExt;
+        let text: String = summary.warnings.iter().map(|w| w.replace('\n', " ") + "\n").collect();
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(spulse::warnings_path(&out_path));
+        if let Ok(mut f) = f {
+            let _ = f.write_all(text.as_bytes());
+        }
+    }
     let out_shown = out_path.display().to_string();
     let shown = crate::display::escape(&out_shown);
     let _ = writeln!(
