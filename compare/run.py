@@ -240,7 +240,7 @@ def main():
     if a.write:
         uname = platform.uname()
         section = (
-            "## Side by side (issue 5)\n\n"
+            "## Side by side\n\n"
             f"Measured {datetime.date.today()} on {uname.node} ({os.cpu_count()} cores, Linux {uname.release}) by\n"
             f"`python3 compare/run.py --reps {a.reps} --freqs {a.freqs} --threads {a.threads} --rounds {a.rounds} --write`.\n"
             "Each cell is the median of the runs; runs of all profilers alternate within each repetition.\n"
@@ -255,8 +255,8 @@ def main():
         )
         path = os.path.join(ROOT, "BENCHMARKS.md")
         text = open(path).read() if os.path.exists(path) else "# Benchmarks\n"
-        if "## Side by side (issue 5)" in text:
-            text = re.sub(r"## Side by side \(issue 5\)\n.*?(?=\n## |\Z)", section, text, flags=re.S)
+        if "## Side by side\n" in text:
+            text = re.sub(r"## Side by side\n.*?(?=\n## |\Z)", section, text, flags=re.S)
         else:
             text = text.rstrip("\n") + "\n\n" + section
         open(path, "w").write(text)

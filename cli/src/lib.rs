@@ -12,6 +12,8 @@
 //! - [`display`]: escaping untrusted text for the terminal and XML, fitting it to a width.
 //! - [`processes`]: the processes of a spool (pid, program, samples, ended).
 //! - [`merge`]: merging per-process spools into one (`record`).
+//! - [`preload_lib`]: where `record` gets `libspulse_preload.so` (beside the
+//!   tool, or the copy inside it, written to a verified cache path).
 //! - [`output`]: writing an output file through a temporary file and a rename
 //!   (`export`, `pack`), never over the input.
 //! - [`commands`]: one module per subcommand.
@@ -24,6 +26,7 @@ pub mod export;
 pub mod input;
 pub mod merge;
 pub mod output;
+pub mod preload_lib;
 pub mod processes;
 pub mod report;
 pub mod select;

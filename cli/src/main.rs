@@ -28,6 +28,10 @@ enum Command {
     Record(record::RecordArgs),
 }
 
+/// `libspulse_preload.so`, carried so that an installed `spulse record` needs
+/// nothing beside it (`cli/build.rs` says how; empty after `cargo check`).
+static PRELOAD_LIB: &[u8] = include_bytes!(env!("SPULSE_PRELOAD_SO"));
+
 fn main() {
     // Errors are reported as one line; a panic (a bug) also stays on one line.
     std::panic::set_hook(Box::new(|info| {
@@ -41,7 +45,7 @@ fn main() {
         Command::Export(a) => export::run(a),
         Command::Follow(a) => follow::run(a),
         Command::Pack(a) => pack::run(a),
-        Command::Record(a) => match record::run(a) {
+        Command::Record(a) => match record::run(a, PRELOAD_LIB) {
             // The command's own exit status (128 + signal if it was killed).
             Ok(code) => std::process::exit(code),
             Err(e) => Err(e),

@@ -1,14 +1,42 @@
-//! The processes of a spool (for `info` and `top --per-process`): a process is
-//! a pid that has threads or modules; its program is the name its main thread
-//! (tid = pid) was last defined with, shown as the path of the module of that
-//! process whose file name it matches (the kernel cuts thread names at 15
-//! bytes); it *ended* when the spool retired every module of it (a recording
-//! made by `spulse record` retires a process's modules when it exits, is killed
-//! or execs; an embedded recording retires none).
+//! The processes of a spool (for `info`, `top --per-process` and the Firefox
+//! export): a process is a pid that has threads or modules; its program is
+//! [`program_module`]'s path (the executable of its latest image), else the
+//! name its main thread (tid = pid) was last defined with; it *ended* when the
+//! spool retired every module of it (a recording made by `spulse record`
+//! retires a process's modules when it exits, is killed or execs; an embedded
+//! recording retires none).
 
 use std::collections::BTreeMap;
 
-use spulse::Definitions;
+use spulse::{Definitions, Module};
+
+/// The executable a process ran last: the recorder lists a process's modules
+/// in `dl_iterate_phdr` order, the main executable first, then the vDSO, then
+/// the libraries; a process that `exec`s records a new image, listed again in
+/// that order after the old one's modules. So the module just before the
+/// pid's last vDSO is its latest executable (the first module of the pid when
+/// no vDSO was listed). Thread names are not used: they are cut at 15 bytes,
+/// taken on a thread's first sample (a forked child keeps its parent's until
+/// it execs), and a program's work may run on threads other than its main one.
+pub fn program_module(defs: &Definitions, pid: u32) -> Option<&Module> {
+    let mut first = None;
+    let mut prev: Option<&Module> = None;
+    let mut exe = None;
+    for m in defs.modules().iter().filter(|m| m.pid == pid) {
+        first.get_or_insert(m);
+        if is_vdso(m) {
+            if let Some(p) = prev.filter(|p| !is_vdso(p)) {
+                exe = Some(p);
+            }
+        }
+        prev = Some(m);
+    }
+    exe.or(first)
+}
+
+fn is_vdso(m: &Module) -> bool {
+    matches!(&m.path[..], b"linux-vdso.so.1" | b"linux-vdso64.so.1" | b"linux-gate.so.1" | b"[vdso]")
+}
 
 /// One process of a spool.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -56,19 +84,8 @@ pub fn processes(defs: &Definitions, per_thread: &[u64]) -> Vec<ProcessInfo> {
     for (pid, p) in by_pid.iter_mut() {
         let (has, active) = any_module.get(pid).copied().unwrap_or((false, false));
         p.ended = has && !active;
-        // The latest module whose file name starts with the thread name.
-        let named = defs.modules().iter().rev().filter(|m| m.pid == *pid).find(|m| {
-            let name = m.path().file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-            !p.program.is_empty() && name.starts_with(&p.program)
-        });
-        match named {
-            Some(m) => p.program = m.path().display().to_string(),
-            None if p.program.is_empty() => {
-                if let Some(m) = defs.modules().iter().find(|m| m.pid == *pid) {
-                    p.program = m.path().display().to_string();
-                }
-            }
-            None => {}
+        if let Some(m) = program_module(defs, *pid) {
+            p.program = m.path().display().to_string();
         }
     }
     by_pid.into_values().collect()

@@ -31,6 +31,8 @@ use crate::CliError;
 pub struct Filter {
     /// Only samples of threads with this kernel thread id.
     pub tid: Option<u32>,
+    /// Only samples of threads with this name ([`Filter::name_matches`]).
+    pub thread_name: Option<&'static str>,
     /// Only samples of threads of this process id.
     pub pid: Option<u32>,
     /// Only samples at or after this many microseconds since the profile start.
@@ -52,6 +54,15 @@ impl Filter {
         Ok(())
     }
 
+    /// Whether a thread named `name` passes the name filter: the same name, or
+    /// the kernel's 15-byte cut of a longer one given by the user.
+    pub fn name_matches(&self, name: &str) -> bool {
+        match self.thread_name {
+            None => true,
+            Some(want) => want == name || (name.len() == 15 && want.len() > 15 && want.starts_with(name)),
+        }
+    }
+
     /// Reject a thread or process id that no thread record of the spool
     /// `file` has (a typo would otherwise select nothing, silently).
     pub fn validate(&self, defs: &Definitions, file: &Path) -> Result<(), CliError> {
@@ -60,6 +71,21 @@ impl Filter {
         if let Some(tid) = self.tid {
             if !defs.threads().iter().any(|t| t.tid == tid) {
                 return Err(CliError::input(format!("{}: no thread with tid {tid}", shown())));
+            }
+        }
+        if let Some(want) = self.thread_name {
+            if !defs.threads().iter().any(|t| self.name_matches(&t.name) && self.pid.is_none_or(|p| p == t.pid)) {
+                let mut names: Vec<&str> = defs.threads().iter().map(|t| t.name.as_str()).collect();
+                names.sort_unstable();
+                names.dedup();
+                names.truncate(20);
+                return Err(CliError::input(format!(
+                    "{}: no thread named {}{} (names: {})",
+                    shown(),
+                    escape(want),
+                    self.pid.map(|p| format!(" in pid {p}")).unwrap_or_default(),
+                    escape(&names.join(", "))
+                )));
             }
         }
         if let Some(pid) = self.pid {
@@ -169,7 +195,11 @@ impl Selector {
     fn add_threads(&mut self, defs: &Definitions) {
         let f = self.filter;
         for t in &defs.threads()[self.wanted.len()..] {
-            self.wanted.push(f.tid.is_none_or(|tid| tid == t.tid) && f.pid.is_none_or(|pid| pid == t.pid));
+            self.wanted.push(
+                f.tid.is_none_or(|tid| tid == t.tid)
+                    && f.pid.is_none_or(|pid| pid == t.pid)
+                    && f.name_matches(&t.name),
+            );
         }
     }
 

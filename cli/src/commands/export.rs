@@ -34,16 +34,18 @@ pub enum Format {
 /// Arguments of `spulse export`.
 #[derive(Debug, Args)]
 #[command(
-    after_help = "Examples:\n  spulse export app.spool --format pprof -o app.pb.gz && go tool pprof -top app.pb.gz\n  spulse export app.spool --format firefox -o app.json\n  spulse export app.spool --format firefox -o app.jslb.gz\n  spulse export app.spool --format collapsed -o app.folded\n  spulse export app.spool --format svg -o app.svg --symbols /usr/lib/debug\n  spulse export app.spool --format speedscope -o app.speedscope.json --thread 4242\n  spulse export app.spool --format pprof -o app.pb.gz --pid 4200 --from 1000000"
+    after_help = "Examples:\n  spulse export app.spool -o flame.svg    (the format from the name)\n  spulse export app.spool --format pprof -o app.pb.gz && go tool pprof -top app.pb.gz\n  spulse export app.spool --format firefox -o app.json\n  spulse export app.spool --format firefox -o app.jslb.gz\n  spulse export app.spool --format collapsed -o app.folded\n  spulse export app.spool --format svg -o app.svg --symbols /usr/lib/debug\n  spulse export app.spool --format speedscope -o app.speedscope.json --thread 4242\n  spulse export app.spool --format pprof -o app.pb.gz --pid 4200 --from 1000000"
 )]
 pub struct ExportArgs {
     /// The spool (or packed) file. Several (such as the segments of a rotating recording)
     /// are merged in time order and exported as one profile.
     #[arg(required = true, value_name = "FILE")]
     pub files: Vec<PathBuf>,
-    /// Output format.
+    /// Output format. Default: from OUT's name: `.svg`; `.pb.gz`, `.pb` or
+    /// `.pprof` (pprof); `.speedscope.json` (speedscope); `.json`,
+    /// `.jslb`, `.jslb.gz` (firefox); `.folded`, `.collapsed` or `.txt` (collapsed).
     #[arg(short, long, value_enum)]
-    pub format: Format,
+    pub format: Option<Format>,
     /// Output file (`-` for stdout). With `--format firefox`, a name ending in
     /// `.jslb` or `.jslb.gz` selects the JsonSlabs container.
     #[arg(short, long, value_name = "OUT")]
@@ -57,7 +59,7 @@ pub struct ExportArgs {
 /// Run `spulse export`.
 pub fn run(args: &ExportArgs) -> Result<(), CliError> {
     args.filter.filter().check_window()?;
-    args.format.exporter(&args.output)?;
+    args.format()?.exporter(&args.output)?;
     // The output may be none of the inputs.
     let mut target_of = None;
     for f in &args.files {
@@ -77,7 +79,41 @@ pub fn run(args: &ExportArgs) -> Result<(), CliError> {
     Ok(())
 }
 
+impl ExportArgs {
+    /// `--format`, else the format OUT's name says.
+    pub fn format(&self) -> Result<Format, CliError> {
+        if let Some(f) = self.format {
+            return Ok(f);
+        }
+        Format::from_file_name(&self.output).ok_or_else(|| {
+            CliError::input(format!(
+                "{}: cannot tell the export format from this name; give --format                  (pprof, firefox, collapsed, svg or speedscope)",
+                escape(&self.output.display().to_string())
+            ))
+        })
+    }
+}
+
 impl Format {
+    /// The format a file name's extension says, if any (ASCII case ignored).
+    pub fn from_file_name(path: &Path) -> Option<Format> {
+        let name = path.file_name()?.to_string_lossy().to_ascii_lowercase();
+        let ends = |suffixes: &[&str]| suffixes.iter().any(|s| name.len() > s.len() && name.ends_with(s));
+        Some(if ends(&[".svg"]) {
+            Format::Svg
+        } else if ends(&[".pb.gz", ".pb", ".pprof", ".pprof.gz"]) {
+            Format::Pprof
+        } else if ends(&[".speedscope.json"]) {
+            Format::Speedscope
+        } else if ends(&[".json", ".jslb", ".jslb.gz"]) {
+            Format::Firefox
+        } else if ends(&[".folded", ".collapsed", ".txt"]) {
+            Format::Collapsed
+        } else {
+            return None;
+        })
+    }
+
     /// The exporter that writes this format to `output`: the Firefox format
     /// goes in the JsonSlabs container when `output` ends in `.jslb` or
     /// `.jslb.gz`, which no other format can be written in.
@@ -114,5 +150,5 @@ fn write_export(
     let title = format!("spulse {}", name.display());
     let output = escape(&args.output.display().to_string()).into_owned();
     let job = Job { replay, filter: &args.filter.filter(), title: &title, output: &output };
-    (args.format.exporter(&args.output)?)(&job, &mut sym, out)
+    (args.format()?.exporter(&args.output)?)(&job, &mut sym, out)
 }

@@ -75,7 +75,6 @@ pub fn run(args: &InfoArgs) -> Result<(), CliError> {
     let samples = n;
     let duration_us = if samples > 0 { last.saturating_sub(defs.start_time_us()) } else { 0 };
     let generations: BTreeSet<u64> = defs.modules().iter().map(|m| m.generation).collect();
-    let pids: BTreeSet<u32> = defs.threads().iter().map(|t| t.pid).collect();
     let deactivated: HashMap<u32, u64> =
         defs.deactivations().iter().map(|d| (d.module.get(), d.samples_before)).collect();
     let procs = processes(defs, &per_thread);
@@ -124,7 +123,8 @@ pub fn run(args: &InfoArgs) -> Result<(), CliError> {
             "samples": samples,
             "kernel_samples": kernel_samples,
             "threads": defs.threads().len(),
-            "processes": pids.len(),
+            "processes": procs.len(),
+            "processes_with_samples": procs.iter().filter(|p| p.samples > 0).count(),
             "modules": defs.modules().len(),
             "module_generations": generations.len(),
             "deactivated_modules": deactivated.len(),
@@ -205,7 +205,16 @@ pub fn run(args: &InfoArgs) -> Result<(), CliError> {
         for w in &recorder_warnings {
             writeln!(out, "warning:         {}", escape(w))?;
         }
-        writeln!(out, "threads:         {} in {} process(es)", defs.threads().len(), pids.len())?;
+        // Every process the table below lists; a process with no thread was
+        // recorded but never sampled (it ran for less than a sampling period).
+        let sampled = procs.iter().filter(|p| p.samples > 0).count();
+        writeln!(
+            out,
+            "processes:       {} ({} with samples); threads: {}",
+            procs.len(),
+            sampled,
+            defs.threads().len()
+        )?;
         writeln!(
             out,
             "modules:         {} ({} generation(s), {} deactivated)",

@@ -23,9 +23,11 @@ pub const DEFAULT_LIMIT: usize = 20;
 /// Sample selection, the same for every command that reads samples.
 #[derive(Debug, Clone, Args)]
 pub struct FilterArgs {
-    /// Only samples of the thread with this kernel thread id.
-    #[arg(long, value_name = "TID", allow_negative_numbers = true)]
-    pub thread: Option<u32>,
+    /// Only samples of the thread with this kernel thread id, or of every
+    /// thread with this name (as `info` lists them; a name of digits only is
+    /// read as a thread id).
+    #[arg(long, value_name = "TID|NAME", allow_negative_numbers = true)]
+    pub thread: Option<String>,
     /// Only samples of threads of the process with this id.
     #[arg(long, value_name = "PID", allow_negative_numbers = true)]
     pub pid: Option<u32>,
@@ -40,7 +42,15 @@ pub struct FilterArgs {
 impl FilterArgs {
     /// The filter.
     pub fn filter(&self) -> Filter {
-        Filter { tid: self.thread, pid: self.pid, from_us: self.from, to_us: self.to }
+        let (tid, thread_name) = match self.thread.as_deref() {
+            None => (None, None),
+            Some(t) => match t.parse::<u32>() {
+                Ok(tid) => (Some(tid), None),
+                // Leaked once per run: `Filter` stays `Copy`.
+                Err(_) => (None, Some(&*Box::leak(t.to_owned().into_boxed_str()))),
+            },
+        };
+        Filter { tid, thread_name, pid: self.pid, from_us: self.from, to_us: self.to }
     }
 }
 

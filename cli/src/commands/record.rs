@@ -57,14 +57,15 @@ pub struct RecordArgs {
 
 /// How often the collector looks for new data (and flushes the output).
 const TICK: Duration = Duration::from_millis(20);
-/// File name of the library.
-const LIB_NAME: &str = "libspulse_preload.so";
 
-/// Record; returns the exit code (CMD's status).
-pub fn run(args: &RecordArgs) -> Result<i32, CliError> {
+/// Record; returns the exit code (CMD's status). `embedded_lib` is the
+/// preload library the binary carries (empty if none; see
+/// [`crate::preload_lib`]).
+pub fn run(args: &RecordArgs, embedded_lib: &[u8]) -> Result<i32, CliError> {
     let program = resolve_program(&args.command[0])?;
     check_dynamic(&program)?;
-    let lib = find_library()?;
+    // `_lib_dir`: a temporary directory holding the library, if it had to go to one.
+    let (lib, _lib_dir) = crate::preload_lib::locate(embedded_lib)?;
     let hz = match args.frequency {
         Some(hz) => hz,
         None => match std::env::var("SPULSE_FREQUENCY") {
@@ -546,34 +547,6 @@ fn check_dynamic(program: &Path) -> Result<(), CliError> {
         ))),
         _ => Ok(()),
     }
-}
-
-/// Where `libspulse_preload.so` is: `SPULSE_PRELOAD_LIB`, else beside this
-/// executable, in its `deps/` (cargo's layout), or in `../lib/spulse/`.
-fn find_library() -> Result<PathBuf, CliError> {
-    if let Some(p) = std::env::var_os("SPULSE_PRELOAD_LIB").filter(|p| !p.is_empty()) {
-        let p = PathBuf::from(p);
-        return if p.is_file() {
-            Ok(std::fs::canonicalize(&p).unwrap_or(p))
-        } else {
-            Err(CliError::input(format!("SPULSE_PRELOAD_LIB={}: no such file", p.display())))
-        };
-    }
-    let exe = std::env::current_exe()
-        .map_err(|e| CliError::other(format!("cannot locate this executable: {e}")))?;
-    let dir = exe.parent().unwrap_or(Path::new("/"));
-    let candidates =
-        [dir.join("deps").join(LIB_NAME), dir.join(LIB_NAME), dir.join("../lib/spulse").join(LIB_NAME)];
-    for c in &candidates {
-        if c.is_file() {
-            return Ok(std::fs::canonicalize(c).unwrap_or_else(|_| c.clone()));
-        }
-    }
-    Err(CliError::input(format!(
-        "cannot find {LIB_NAME} (looked in {}); build it with `cargo build --release -p spulse-preload` \
-         or point SPULSE_PRELOAD_LIB at it",
-        candidates.iter().map(|c| c.display().to_string()).collect::<Vec<_>>().join(", ")
-    )))
 }
 
 /// Create `path`, failing if anything exists there (never overwrite, never follow a symlink).

@@ -1,7 +1,7 @@
 //! Firefox Profiler export (processed format) through `fxprof-processed-profile`.
 //!
-//! One process per pid, named after its executable (the first module the spool
-//! defines for the pid, as the recorder lists the executable first), one
+//! One process per pid, named after its executable (the one it ran last:
+//! [`crate::processes::program_module`]), one
 //! thread per thread record (the main thread also named after the
 //! executable), samples in stream order with their timestamps. Every module
 //! with resolved frames becomes a library (name, path, build id as code id and
@@ -217,7 +217,11 @@ pub fn profile(job: &Job<'_>, sym: &mut Symbolizer) -> Result<(Value, u64), CliE
     // Processes (named after their executable) and threads.
     let mut exe_names: HashMap<u32, String> = HashMap::new();
     for m in defs.modules() {
-        exe_names.entry(m.pid).or_insert_with(|| module_name(m));
+        if !exe_names.contains_key(&m.pid) {
+            if let Some(exe) = crate::processes::program_module(defs, m.pid) {
+                exe_names.insert(m.pid, module_name(exe));
+            }
+        }
     }
     let mut processes: HashMap<u32, fx::ProcessHandle> = HashMap::new();
     let mut threads: Vec<fx::ThreadHandle> = Vec::new();

@@ -1,0 +1,208 @@
+//! Where `spulse record` gets `libspulse_preload.so`.
+//!
+//! In order:
+//! 1. `SPULSE_PRELOAD_LIB`, if set and not empty (a missing file is an error);
+//! 2. beside this executable, as cargo builds them (`deps/`, the same
+//!    directory) or as a package installs them (`../lib/spulse/`);
+//! 3. the copy carried inside this executable (`cli/build.rs` explains how it
+//!    gets there), written once to a private cache directory,
+//!    `$XDG_CACHE_HOME/spulse/preload-<hash>/libspulse_preload.so` (else
+//!    `~/.cache/...`). The directory is created mode 0700 and used only if it
+//!    is a real directory owned by this user with no group or other
+//!    permissions; the file is used only if it is a regular file owned by this
+//!    user whose bytes are exactly the embedded ones (it is rewritten, through
+//!    a temporary file and a rename, otherwise). The file has to outlive the
+//!    recording: the spool names it, and `spulse top`/`export` read its symbols.
+//!    If no cache directory can be used, the copy goes to a private temporary
+//!    directory removed after the recording (with a warning: frames inside the
+//!    library cannot be symbolized afterwards).
+
+use std::fs::File;
+use std::io::{Read, Write};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use crate::CliError;
+
+/// File name of the library.
+pub const LIB_NAME: &str = "libspulse_preload.so";
+
+/// The library to preload, and the temporary directory holding it if it had to
+/// go to one (keep it alive for the whole recording).
+pub fn locate(embedded: &[u8]) -> Result<(PathBuf, Option<tempfile::TempDir>), CliError> {
+    if let Some(p) = std::env::var_os("SPULSE_PRELOAD_LIB").filter(|p| !p.is_empty()) {
+        let p = PathBuf::from(p);
+        return if p.is_file() {
+            Ok((std::fs::canonicalize(&p).unwrap_or(p), None))
+        } else {
+            Err(CliError::input(format!("SPULSE_PRELOAD_LIB={}: no such file", p.display())))
+        };
+    }
+    let exe = std::env::current_exe()
+        .map_err(|e| CliError::other(format!("cannot locate this executable: {e}")))?;
+    let dir = exe.parent().unwrap_or(Path::new("/"));
+    let candidates =
+        [dir.join("deps").join(LIB_NAME), dir.join(LIB_NAME), dir.join("../lib/spulse").join(LIB_NAME)];
+    for c in &candidates {
+        // An empty file is the placeholder `cargo check` leaves (cli/build.rs).
+        if std::fs::metadata(c).is_ok_and(|m| m.is_file() && m.len() > 0) {
+            return Ok((std::fs::canonicalize(c).unwrap_or_else(|_| c.clone()), None));
+        }
+    }
+    if !embedded.starts_with(b"\x7fELF") {
+        return Err(CliError::input(format!(
+            "cannot find {LIB_NAME} (looked in {}), and this spulse was built without it inside \
+             (a `cargo check` build?); build it with `cargo build --release -p spulse-cli` \
+             or point SPULSE_PRELOAD_LIB at it",
+            candidates.iter().map(|c| c.display().to_string()).collect::<Vec<_>>().join(", ")
+        )));
+    }
+    match cache_base() {
+        Some(base) => {
+            let dir = base.join("spulse").join(format!("preload-{:016x}", hash(embedded)));
+            match install_verified(&dir, embedded) {
+                Ok(p) => return Ok((p, None)),
+                Err(e) => eprintln!(
+                    "spulse: warning: cannot use the cache directory {}: {e}; the preload library goes \
+                     to a temporary directory for this recording, so its own frames will not be \
+                     symbolized afterwards",
+                    dir.display()
+                ),
+            }
+        }
+        None => eprintln!(
+            "spulse: warning: neither XDG_CACHE_HOME nor HOME is an absolute path; the preload library \
+             goes to a temporary directory for this recording"
+        ),
+    }
+    let tmp = tempfile::Builder::new()
+        .prefix("spulse-preload-")
+        .tempdir()
+        .map_err(|e| CliError::other(format!("cannot create a directory for {LIB_NAME}: {e}")))?;
+    let p = install_verified(tmp.path(), embedded)
+        .map_err(|e| CliError::other(format!("{}: {e}", tmp.path().display())))?;
+    Ok((p, Some(tmp)))
+}
+
+/// `$XDG_CACHE_HOME`, else `$HOME/.cache` (absolute paths only).
+fn cache_base() -> Option<PathBuf> {
+    std::env::var_os("XDG_CACHE_HOME")
+        .filter(|d| Path::new(d).is_absolute())
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").filter(|d| Path::new(d).is_absolute()).map(|h| PathBuf::from(h).join(".cache")))
+}
+
+/// 64-bit FNV-1a over the bytes, 8 at a time: names the cache directory (the
+/// bytes themselves are compared before use, so this only has to spread).
+fn hash(bytes: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut chunks = bytes.chunks_exact(8);
+    for c in &mut chunks {
+        h ^= u64::from_le_bytes(c.try_into().expect("8 bytes"));
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    for &b in chunks.remainder() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h ^ bytes.len() as u64
+}
+
+/// Make `dir` (mode 0700, checked), and `dir/LIB_NAME` holding exactly `bytes`.
+fn install_verified(dir: &Path, bytes: &[u8]) -> std::io::Result<PathBuf> {
+    let bad = |what: String| std::io::Error::other(what);
+    match std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(e),
+    }
+    // SAFETY: geteuid has no preconditions.
+    let uid = unsafe { libc::geteuid() };
+    let m = std::fs::symlink_metadata(dir)?;
+    if !m.is_dir() {
+        return Err(bad("not a directory (a symlink or another file is there)".into()));
+    }
+    if m.uid() != uid {
+        return Err(bad(format!("owned by uid {}, not by this user ({uid})", m.uid())));
+    }
+    if m.mode() & 0o077 != 0 {
+        return Err(bad(format!("mode {:o}: group or others have access (must be 0700)", m.mode() & 0o777)));
+    }
+    let path = dir.join(LIB_NAME);
+    if same_bytes(&path, bytes, uid)? {
+        return Ok(path);
+    }
+    let mut tmp = tempfile::Builder::new().prefix(".lib-").tempfile_in(dir)?;
+    tmp.write_all(bytes)?;
+    tmp.as_file().set_permissions(std::fs::Permissions::from_mode(0o500))?;
+    tmp.as_file().sync_all()?;
+    tmp.persist(&path).map_err(|e| e.error)?;
+    if !same_bytes(&path, bytes, uid)? {
+        return Err(bad(format!("{} does not hold what was just written", path.display())));
+    }
+    Ok(path)
+}
+
+/// Whether `path` is a regular file owned by `uid` holding exactly `bytes`
+/// (`Ok(false)` if it is missing or differs; not followed if it is a symlink).
+fn same_bytes(path: &Path, bytes: &[u8], uid: u32) -> std::io::Result<bool> {
+    let f = match std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC).open(path)
+    {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+        // ELOOP: a symlink; replaced by the rename below.
+        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => return Ok(false),
+        Err(e) => return Err(e),
+    };
+    let m = f.metadata()?;
+    if !m.is_file() || m.uid() != uid || m.len() != bytes.len() as u64 {
+        return Ok(false);
+    }
+    let mut have = Vec::with_capacity(bytes.len());
+    File::take(f, bytes.len() as u64 + 1).read_to_end(&mut have)?;
+    Ok(have == bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cache_copy_is_verified_and_repaired() {
+        let base = tempfile::tempdir().unwrap();
+        let dir = base.path().join("spulse/preload-x");
+        let bytes = b"\x7fELF not really a library".to_vec();
+        let p = install_verified(&dir, &bytes).unwrap();
+        assert_eq!(std::fs::read(&p).unwrap(), bytes);
+        assert_eq!(std::fs::metadata(&dir).unwrap().mode() & 0o777, 0o700);
+        // A changed copy is replaced, not used.
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
+        std::fs::write(&p, b"\x7fELF tampered").unwrap();
+        let p2 = install_verified(&dir, &bytes).unwrap();
+        assert_eq!(std::fs::read(&p2).unwrap(), bytes);
+        // A directory others can write to is refused.
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let e = install_verified(&dir, &bytes).unwrap_err();
+        assert!(e.to_string().contains("mode 777"), "{e}");
+        // So is a symlink in the directory's place.
+        let real = base.path().join("elsewhere");
+        std::fs::create_dir(&real).unwrap();
+        std::fs::set_permissions(&real, std::fs::Permissions::from_mode(0o700)).unwrap();
+        let link = base.path().join("spulse/preload-y");
+        std::os::unix::fs::symlink(&real, &link).unwrap();
+        let e = install_verified(&link, &bytes).unwrap_err();
+        assert!(e.to_string().contains("not a directory"), "{e}");
+    }
+
+    #[test]
+    fn hash_depends_on_every_byte() {
+        let a = vec![7u8; 1001];
+        let mut b = a.clone();
+        b[1000] = 8;
+        let mut c = a.clone();
+        c[3] = 8;
+        assert_ne!(hash(&a), hash(&b));
+        assert_ne!(hash(&a), hash(&c));
+        assert_ne!(hash(&a), hash(&a[..1000]));
+    }
+}
