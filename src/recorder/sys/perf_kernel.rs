@@ -77,13 +77,16 @@ pub(crate) struct KernelConfig {
 }
 
 impl KernelConfig {
-    /// Data pages of a ring that holds twice the samples one CPU can take in
-    /// a drain interval (a power of two, 16 to [`MAX_RING_PAGES`]).
+    /// Data pages of a ring that holds the samples one CPU can take in a
+    /// drain interval if it spends all of it in the kernel (a power of two,
+    /// 8 to [`MAX_RING_PAGES`]): 64 pages (256 KiB) with the defaults. Rings
+    /// are locked kernel memory, one per CPU per recorded process; a CPU that
+    /// overflows its ring loses samples, counted (`LostSamples::ring_full`).
     pub(crate) fn data_pages(&self) -> usize {
         let per_interval = self.drain_interval_ns / self.period_ns.max(1) + 1;
-        let bytes = per_interval.saturating_mul(2).saturating_mul(self.stack_copy as u64 + 256);
+        let bytes = per_interval.saturating_mul(self.stack_copy as u64 + 256);
         let pages = (bytes / page_size() as u64 + 1).min(MAX_RING_PAGES as u64) as usize;
-        pages.next_power_of_two().clamp(16, MAX_RING_PAGES)
+        pages.next_power_of_two().clamp(8, MAX_RING_PAGES)
     }
 }
 
@@ -314,12 +317,12 @@ mod tests {
     }
 
     #[test]
-    fn rings_hold_two_drain_intervals_within_the_page_cap() {
+    fn rings_hold_a_drain_interval_within_the_page_cap() {
         let c = KernelConfig { period_ns: 8_618_000, stack_copy: 16 << 10, drain_interval_ns: 100_000_000 };
         let p = c.data_pages();
-        assert!(p.is_power_of_two() && (16..=MAX_RING_PAGES).contains(&p));
-        // 12 samples an interval, twice, of 16.25 KiB each.
-        assert!(p * page_size() >= 24 * (16 << 10), "{p} pages");
+        assert!(p.is_power_of_two() && (8..=MAX_RING_PAGES).contains(&p));
+        // 12 samples an interval of 16.25 KiB each.
+        assert!(p * page_size() >= 12 * (16 << 10), "{p} pages");
         let long = KernelConfig { drain_interval_ns: 60_000_000_000, ..c };
         assert_eq!(long.data_pages(), MAX_RING_PAGES);
     }
