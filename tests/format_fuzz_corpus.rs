@@ -254,3 +254,67 @@ fn seed_corpus_is_current() {
         }
     }
 }
+
+/// `FORMAT.md`, section 10: what a reader of a packed file of `len` bytes
+/// holding `samples` samples may allocate.
+fn packed_bound(len: usize, samples: usize) -> usize {
+    spulse_testkit::packed::memory_bound(len as u64, samples as u64) as usize
+}
+
+/// Packed files whose blocks are shaped to cost the most memory a byte or a
+/// sample (`spulse_testkit::packed::Hostile`): every reader stays within
+/// the bound `FORMAT.md` states, and the shape the old reader expanded 600
+/// times over (12-bit codes for one frequent value) is refused.
+#[test]
+fn hostile_packed_files_cost_at_most_the_stated_bound() {
+    use spulse_testkit::packed::{hostile, Hostile};
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let cases = [
+        (Hostile::WideCodes, 24_000),
+        (Hostile::OneSampleBlocks, 24_000),
+        (Hostile::FullDictionaries, 40),
+        (Hostile::MaxPerSample, 100),
+        (Hostile::Repetitive, 200),
+    ];
+    for (kind, blocks) in cases {
+        let data = hostile(kind, blocks);
+        let file = temp_file(&data);
+        let samples = match kind {
+            Hostile::WideCodes | Hostile::OneSampleBlocks => blocks,
+            Hostile::MaxPerSample => blocks * 4095,
+            _ => blocks << 16,
+        };
+        // Replay holds one block at a time: its bound has no term per sample.
+        let readers: [(&str, usize, &dyn Fn() -> Result<usize, spulse::Error>); 3] = [
+            ("Snapshot::from_bytes", samples, &|| spulse::Snapshot::from_bytes(&data).map(|s| s.len())),
+            ("Snapshot::open", samples, &|| spulse::Snapshot::open(file.path()).map(|s| s.len())),
+            ("Replay", 0, &|| {
+                let r = spulse::Replay::open(file.path())?;
+                let n = r.samples().count();
+                Ok(n)
+            }),
+        ];
+        for (reader, counted, run) in readers {
+            let bound = packed_bound(data.len(), counted);
+            let base = CURRENT.load(Ordering::Relaxed);
+            PEAK.store(base, Ordering::Relaxed);
+            let got = run();
+            let peak = PEAK.load(Ordering::Relaxed) - base;
+            println!(
+                "{reader} on {kind:?} ({} bytes, {samples} samples): peak {peak} bytes, {:.1} a byte, \
+                 {:.2} a sample, bound {bound}",
+                data.len(),
+                peak as f64 / data.len() as f64,
+                peak as f64 / samples as f64
+            );
+            match kind {
+                Hostile::WideCodes => {
+                    let e = got.expect_err("12-bit codes for one frequent value are refused");
+                    assert!(e.to_string().contains("code width 12 for 1 frequent values"), "{e}");
+                }
+                _ => assert_eq!(got.unwrap(), samples, "{reader} on {kind:?}"),
+            }
+            assert!(peak <= bound, "{reader} on {kind:?}: peak heap {peak} over the bound {bound}");
+        }
+    }
+}

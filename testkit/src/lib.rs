@@ -15,6 +15,7 @@
 
 pub mod emulator;
 pub mod fuzz;
+pub mod packed;
 pub mod profile;
 pub mod spool;
 pub mod symbols;
