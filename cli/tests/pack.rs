@@ -144,3 +144,71 @@ fn a_damaged_packed_file_is_an_error_with_its_offset() {
     assert_eq!(o.status.code(), Some(2));
     assert!(stderr(&o).contains(&format!("at byte offset {}: ", block_at + 12)), "{}", stderr(&o));
 }
+
+/// A packed file is a complete recording: among several inputs, `info`,
+/// `top` and `export` merge it as they merge its spool (they said "nothing
+/// to follow: Tail reads spools only" before).
+#[test]
+fn packed_files_are_accepted_among_several_inputs() {
+    let (p, spool, spk) = packed_fixture();
+    let copy = p.dir.path().join("copy.spool");
+    std::fs::copy(&spool, &copy).unwrap();
+    let spk2 = p.dir.path().join("b.spk");
+    std::fs::copy(&spk, &spk2).unwrap();
+    // The spool with its packed copy reads as the spool with a copy of itself.
+    let want: Value = serde_json::from_str(&ok(&["info", s(&spool), s(&copy), "--json"])).unwrap();
+    assert_eq!(want["samples"], 800);
+    for inputs in [[&spool, &spk], [&spk, &spool], [&spk, &spk2]] {
+        let got: Value = serde_json::from_str(&ok(&["info", s(inputs[0]), s(inputs[1]), "--json"])).unwrap();
+        for key in ["samples", "threads", "modules", "frames", "stacks", "duration_us", "thread_list"] {
+            assert_eq!(got[key], want[key], "{inputs:?}: {key}");
+        }
+        let top = |a: &std::path::Path, b: &std::path::Path| ok(&["top", "--json", s(a), s(b)]);
+        assert_eq!(top(inputs[0], inputs[1]), top(&spool, &copy), "{inputs:?}");
+        let export = |a: &std::path::Path, b: &std::path::Path| {
+            ok(&["export", s(a), s(b), "--format", "collapsed", "-o", "-"])
+        };
+        assert_eq!(export(inputs[0], inputs[1]), export(&spool, &copy), "{inputs:?}");
+    }
+    // A damaged packed file among them is an error naming it.
+    let cut = p.dir.path().join("cut.spk");
+    let bytes = std::fs::read(&spk).unwrap();
+    std::fs::write(&cut, &bytes[..bytes.len() - 5]).unwrap();
+    let o = spulse(&["info", s(&spool), s(&cut)]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("cut.spk") && stderr(&o).contains("offset"), "{}", stderr(&o));
+}
+
+/// What `pack` and `export` write holds the profile: it is created 0600,
+/// like the spool, whatever the umask (it was 0666 less the umask).
+#[test]
+fn outputs_are_private_whatever_the_umask() {
+    use std::os::unix::fs::PermissionsExt;
+    let (p, spool, _spk) = packed_fixture();
+    let bin = env!("CARGO_BIN_EXE_spulse");
+    let cases: [(&str, &[&str]); 3] = [
+        ("out.spk", &["pack"]),
+        ("out.folded", &["export", "--format", "collapsed"]),
+        ("out.jslb", &["export", "--format", "firefox"]),
+    ];
+    for (name, cmd) in cases {
+        let out = p.dir.path().join(name);
+        for existing in [false, true] {
+            if existing {
+                // Replacing an output that was readable by everyone.
+                std::fs::set_permissions(&out, std::fs::Permissions::from_mode(0o644)).unwrap();
+            }
+            let args: Vec<&str> = [cmd, &[s(&spool), "-o", s(&out)]].concat();
+            let o = std::process::Command::new("sh")
+                .arg("-c")
+                .arg("umask 000; exec \"$0\" \"$@\"")
+                .arg(bin)
+                .args(&args)
+                .output()
+                .unwrap();
+            assert!(o.status.success(), "{args:?}: {}", stderr(&o));
+            let mode = std::fs::metadata(&out).unwrap().permissions().mode() & 0o777;
+            assert_eq!(mode, 0o600, "{name} (existing: {existing}): mode {mode:o}");
+        }
+    }
+}
