@@ -205,3 +205,13 @@ pub fn memory_bound(len: u64, samples: u64) -> u64 {
     const FIXED: u64 = 8 << 20;
     PER_SAMPLE * samples.min(2048 * len) + PER_BYTE * len + FIXED
 }
+
+/// The sample count in the footer of `data` if it starts like a packed file
+/// (0 otherwise): what [`memory_bound`] takes.
+pub fn footer_samples(data: &[u8]) -> u64 {
+    if !data.starts_with(&PACKED_MAGIC) || data.len() < 48 {
+        return 0;
+    }
+    let at = data.len() - 16;
+    u64::from_le_bytes(data[at..at + 8].try_into().expect("eight bytes"))
+}
