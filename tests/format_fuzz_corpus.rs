@@ -99,12 +99,7 @@ fn committed_corpus_passes_every_check_with_bounded_allocation() {
             // (FORMAT.md, section 10) counts them, twice for two readers.
             let samples = spulse_testkit::packed::footer_samples(&data) as usize;
             let bound = (PER_BYTE_CHECK * data.len() + FIXED).max(2 * packed_bound(data.len(), samples));
-            assert!(
-                peak <= bound,
-                "{}: peak heap {peak} for {} bytes",
-                path.display(),
-                data.len()
-            );
+            assert!(peak <= bound, "{}: peak heap {peak} for {} bytes", path.display(), data.len());
             n += 1;
         }
         assert!(n >= 8, "fuzz/corpus/{target} has only {n} files");

@@ -142,12 +142,15 @@ impl Reader {
     }
 }
 
-/// Whether the file at `path` starts with the packed magic (an unreadable
-/// one is left to the reader to report).
+/// Whether `path` is a regular file that starts with the packed magic
+/// (anything else, a FIFO included, which opening could block on, is left
+/// to `Tail` to refuse or report).
 fn is_packed(path: &Path) -> bool {
     use std::io::Read;
     let mut head = [0u8; 8];
-    File::open(path).and_then(|mut f| f.read_exact(&mut head)).is_ok() && head == spulse::PACKED_MAGIC
+    std::fs::metadata(path).is_ok_and(|m| m.is_file())
+        && File::open(path).and_then(|mut f| f.read_exact(&mut head)).is_ok()
+        && head == spulse::PACKED_MAGIC
 }
 
 /// One spool being merged.

@@ -26,7 +26,15 @@ fn width_of(v: u64) -> u32 {
 /// A coded column: dictionary `base` then `gaps` (of `gap_width` bits),
 /// code width `k`, a frequent table of dictionary indices `frequent`, the
 /// `codes` and the escapes' dictionary indices `escapes`.
-pub fn column(base: u64, gaps: &[u64], gap_width: u32, k: u32, frequent: &[u64], codes: &[u64], escapes: &[u64]) -> Vec<u8> {
+pub fn column(
+    base: u64,
+    gaps: &[u64],
+    gap_width: u32,
+    k: u32,
+    frequent: &[u64],
+    codes: &[u64],
+    escapes: &[u64],
+) -> Vec<u8> {
     let d = if codes.is_empty() && escapes.is_empty() && gaps.is_empty() && base == 0 && frequent.is_empty() {
         0
     } else {
@@ -165,7 +173,15 @@ pub fn hostile(kind: Hostile, blocks: usize) -> Vec<u8> {
             let frequent: Vec<u64> = (0..4095).collect();
             let escape = vec![4095u64; n];
             // The deltas: 4,094 of them, dictionary entries 2^63 apart.
-            raw.extend(column(0, &vec![1 << 63; n - 2], 64, 12, &frequent[..4094], &escape[..n - 1], &vec![0; n - 1]));
+            raw.extend(column(
+                0,
+                &vec![1 << 63; n - 2],
+                64,
+                12,
+                &frequent[..4094],
+                &escape[..n - 1],
+                &vec![0; n - 1],
+            ));
             for _ in 0..2 {
                 raw.extend(column(0, &vec![0; n - 1], 0, 12, &frequent, &escape, &vec![0; n]));
             }

@@ -175,7 +175,7 @@ pub(crate) fn out_of_memory(n: usize) -> CliError {
 
 /// Make room for one more element, failing cleanly where the allocator
 /// cannot give it.
-pub fn reserve_one<T>(v: &mut Vec<T>) -> Result<(), CliError> {
+fn reserve_one<T>(v: &mut Vec<T>) -> Result<(), CliError> {
     if v.len() == v.capacity() {
         v.try_reserve(v.len().max(1024)).map_err(|_| out_of_memory(v.len()))?;
     }
@@ -277,7 +277,9 @@ impl serde::Serialize for WithSamples<'_> {
         struct Thread<'a>(&'a Value, Option<&'a ThreadSamples>, u64);
         impl serde::Serialize for Thread<'_> {
             fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-                let (Some(obj), Some(samples)) = (self.0.as_object(), self.1) else { return self.0.serialize(s) };
+                let (Some(obj), Some(samples)) = (self.0.as_object(), self.1) else {
+                    return self.0.serialize(s);
+                };
                 let mut m = s.serialize_map(Some(obj.len()))?;
                 for (k, v) in obj {
                     if k == "samples" {
@@ -530,7 +532,8 @@ pub fn profile(job: &Job<'_>, sym: &mut Symbolizer) -> Result<(Value, Samples, u
                 parent.expect("a stack has a frame")
             }
         };
-        per_thread[s.thread.index()].push(stack, s.time_us.saturating_sub(start_us).saturating_mul(NS_PER_US))?;
+        per_thread[s.thread.index()]
+            .push(stack, s.time_us.saturating_sub(start_us).saturating_mul(NS_PER_US))?;
     }
     bar.finish_and_clear();
     // The samples stay out of the library's tables. To learn which index each
@@ -564,8 +567,7 @@ pub fn profile(job: &Job<'_>, sym: &mut Symbolizer) -> Result<(Value, Samples, u
             Some(ts) => std::mem::take(ts),
             None => return Err(CliError::other("serializing the profile: a thread lost its samples")),
         };
-        let index: Vec<u32> =
-            col("stack").iter().skip(1).map(|v| v.as_u64().unwrap_or(0) as u32).collect();
+        let index: Vec<u32> = col("stack").iter().skip(1).map(|v| v.as_u64().unwrap_or(0) as u32).collect();
         for st in &mut ts.stack {
             *st = *index
                 .get(*st as usize)

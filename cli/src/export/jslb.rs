@@ -194,7 +194,8 @@ impl Slabs {
         stack_maps: &[Vec<usize>],
     ) -> Result<(), CliError> {
         let cpu = samples.cpu_delta_us;
-        let threads = doc.get_mut("threads").and_then(Value::as_array_mut).map(Vec::as_mut_slice).unwrap_or(&mut []);
+        let threads =
+            doc.get_mut("threads").and_then(Value::as_array_mut).map(Vec::as_mut_slice).unwrap_or(&mut []);
         for ((th, ts), map) in threads.iter_mut().zip(samples.threads).zip(stack_maps) {
             let n = ts.len();
             let stack = |i: usize| map.get(ts.stack[i] as usize).copied().unwrap_or(0);
