@@ -95,12 +95,11 @@ fn committed_corpus_passes_every_check_with_bounded_allocation() {
             let path = entry.unwrap().path();
             let data = std::fs::read(&path).unwrap();
             let peak = measured(&data, check);
-            assert!(
-                peak <= PER_BYTE_CHECK * data.len() + FIXED,
-                "{}: peak heap {peak} for {} bytes",
-                path.display(),
-                data.len()
-            );
+            // A packed file may hold far more samples than bytes: its bound
+            // (FORMAT.md, section 10) counts them, twice for two readers.
+            let samples = spulse_testkit::packed::footer_samples(&data) as usize;
+            let bound = (PER_BYTE_CHECK * data.len() + FIXED).max(2 * packed_bound(data.len(), samples));
+            assert!(peak <= bound, "{}: peak heap {peak} for {} bytes", path.display(), data.len());
             n += 1;
         }
         assert!(n >= 8, "fuzz/corpus/{target} has only {n} files");
@@ -229,6 +228,16 @@ fn seed_corpus_is_current() {
         flipped[mid] ^= 0x5a;
         packed_seeds.push((format!("corrupt-flip-{n}"), flipped));
     }
+    // Hand-built shapes that cost the most memory a byte or a sample (one of
+    // them refused), and one of 262,144 identical samples in 300 bytes.
+    {
+        use spulse_testkit::packed::{hostile, Hostile};
+        packed_seeds.push(("hostile-wide-codes".into(), hostile(Hostile::WideCodes, 3)));
+        packed_seeds.push(("hostile-one-sample-blocks".into(), hostile(Hostile::OneSampleBlocks, 100)));
+        packed_seeds.push(("hostile-full-dictionaries".into(), hostile(Hostile::FullDictionaries, 1)));
+        packed_seeds.push(("hostile-max-per-sample".into(), hostile(Hostile::MaxPerSample, 2)));
+        packed_seeds.push(("hostile-repetitive".into(), hostile(Hostile::Repetitive, 4)));
+    }
     packed_seeds.push(("magic-only".into(), spulse::PACKED_MAGIC.to_vec()));
     packed_seeds.push(("first-layout-magic".into(), b"SPULSPK1".to_vec()));
     packed_seeds.push(("spool".into(), build(random_ops(5, 50)).0));
@@ -251,6 +260,70 @@ fn seed_corpus_is_current() {
                     .unwrap_or_else(|e| panic!("{}: {e} (run with SPULSE_WRITE_CORPUS=1)", path.display()));
                 assert!(committed == data, "{} is stale: run with SPULSE_WRITE_CORPUS=1", path.display());
             }
+        }
+    }
+}
+
+/// `FORMAT.md`, section 10: what a reader of a packed file of `len` bytes
+/// holding `samples` samples may allocate.
+fn packed_bound(len: usize, samples: usize) -> usize {
+    spulse_testkit::packed::memory_bound(len as u64, samples as u64) as usize
+}
+
+/// Packed files whose blocks are shaped to cost the most memory a byte or a
+/// sample (`spulse_testkit::packed::Hostile`): every reader stays within
+/// the bound `FORMAT.md` states, and the shape the old reader expanded 600
+/// times over (12-bit codes for one frequent value) is refused.
+#[test]
+fn hostile_packed_files_cost_at_most_the_stated_bound() {
+    use spulse_testkit::packed::{hostile, Hostile};
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let cases = [
+        (Hostile::WideCodes, 24_000),
+        (Hostile::OneSampleBlocks, 24_000),
+        (Hostile::FullDictionaries, 40),
+        (Hostile::MaxPerSample, 100),
+        (Hostile::Repetitive, 200),
+    ];
+    for (kind, blocks) in cases {
+        let data = hostile(kind, blocks);
+        let file = temp_file(&data);
+        let samples = match kind {
+            Hostile::WideCodes | Hostile::OneSampleBlocks => blocks,
+            Hostile::MaxPerSample => blocks * 4095,
+            _ => blocks << 16,
+        };
+        // Replay holds one block at a time: its bound has no term per sample.
+        let readers: [(&str, usize, &dyn Fn() -> Result<usize, spulse::Error>); 3] = [
+            ("Snapshot::from_bytes", samples, &|| spulse::Snapshot::from_bytes(&data).map(|s| s.len())),
+            ("Snapshot::open", samples, &|| spulse::Snapshot::open(file.path()).map(|s| s.len())),
+            ("Replay", 0, &|| {
+                let r = spulse::Replay::open(file.path())?;
+                let n = r.samples().count();
+                Ok(n)
+            }),
+        ];
+        for (reader, counted, run) in readers {
+            let bound = packed_bound(data.len(), counted);
+            let base = CURRENT.load(Ordering::Relaxed);
+            PEAK.store(base, Ordering::Relaxed);
+            let got = run();
+            let peak = PEAK.load(Ordering::Relaxed) - base;
+            println!(
+                "{reader} on {kind:?} ({} bytes, {samples} samples): peak {peak} bytes, {:.1} a byte, \
+                 {:.2} a sample, bound {bound}",
+                data.len(),
+                peak as f64 / data.len() as f64,
+                peak as f64 / samples as f64
+            );
+            match kind {
+                Hostile::WideCodes => {
+                    let e = got.expect_err("12-bit codes for one frequent value are refused");
+                    assert!(e.to_string().contains("code width 12 for 1 frequent values"), "{e}");
+                }
+                _ => assert_eq!(got.unwrap(), samples, "{reader} on {kind:?}"),
+            }
+            assert!(peak <= bound, "{reader} on {kind:?}: peak heap {peak} over the bound {bound}");
         }
     }
 }

@@ -42,7 +42,10 @@ use std::collections::{BinaryHeap, HashMap};
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
-use spulse::{Frame, FrameId, Header, ModuleId, NewModule, Sample, SpoolWriter, StackId, Tail, ThreadId};
+use spulse::{
+    Definitions, Frame, FrameId, Header, ModuleId, NewModule, Sample, Snapshot, SpoolWriter, StackId, Tail,
+    ThreadId,
+};
 
 /// A module as its definition describes it (pid, start, size, file offset,
 /// generation, path, build id).
@@ -84,6 +87,72 @@ enum ModState {
     Retired,
 }
 
+/// What a source is read through: a spool, followed with a [`Tail`] as it
+/// grows, or (for [`merge_files`] only) a packed file, a complete recording
+/// that never grows, checked whole by [`Snapshot`] and handed out in batches
+/// as a `Tail` would.
+enum Reader {
+    Spool(Tail),
+    Packed { snap: Box<Snapshot>, next: usize, batch: Vec<Sample> },
+}
+
+impl Reader {
+    /// A spool, or with `packed` also a packed file (told apart by its magic).
+    fn open(path: &Path, packed: bool) -> Result<Reader, spulse::Error> {
+        if packed && is_packed(path) {
+            let snap = Snapshot::open(path)?;
+            return Ok(Reader::Packed { snap: Box::new(snap), next: 0, batch: Vec::new() });
+        }
+        Ok(Reader::Spool(Tail::open(path)?))
+    }
+
+    fn poll(&mut self) -> Result<&[Sample], spulse::Error> {
+        match self {
+            Reader::Spool(t) => t.poll(),
+            Reader::Packed { snap, next, batch } => {
+                let end = snap.len().min(*next + Tail::MAX_BATCH);
+                batch.clear();
+                batch.extend((*next..end).map(|i| snap.sample(i)));
+                *next = end;
+                Ok(batch)
+            }
+        }
+    }
+
+    fn definitions(&self) -> &Definitions {
+        match self {
+            Reader::Spool(t) => t.definitions(),
+            Reader::Packed { snap, .. } => snap.definitions(),
+        }
+    }
+
+    fn has_incomplete_record(&self) -> bool {
+        matches!(self, Reader::Spool(t) if t.has_incomplete_record())
+    }
+
+    fn position(&self) -> u64 {
+        match self {
+            Reader::Spool(t) => t.position(),
+            Reader::Packed { snap, .. } => snap.valid_len(),
+        }
+    }
+
+    fn modules(&self) -> &[spulse::format::Module] {
+        self.definitions().modules()
+    }
+}
+
+/// Whether `path` is a regular file that starts with the packed magic
+/// (anything else, a FIFO included, which opening could block on, is left
+/// to `Tail` to refuse or report).
+fn is_packed(path: &Path) -> bool {
+    use std::io::Read;
+    let mut head = [0u8; 8];
+    std::fs::metadata(path).is_ok_and(|m| m.is_file())
+        && File::open(path).and_then(|mut f| f.read_exact(&mut head)).is_ok()
+        && head == spulse::PACKED_MAGIC
+}
+
 /// One spool being merged.
 pub struct Source {
     /// Its path.
@@ -94,7 +163,7 @@ pub struct Source {
     pub pid: u32,
     /// Whether every record must name `pid`.
     strict: bool,
-    tail: Tail,
+    tail: Reader,
     modules: Vec<ModState>,
     next_module: usize,
     frames: Vec<Option<FrameId>>,
@@ -126,21 +195,27 @@ pub enum MergeError {
 impl Source {
     /// Open the spool of process `pid` at `path` (its header must be complete).
     pub fn open(path: &Path, pid: u32) -> Result<Source, spulse::Error> {
-        Self::open_with(path, pid, true)
+        Self::open_with(path, pid, true, false)
     }
 
     /// Open any spool at `path` (its header must be complete), whatever
     /// processes it holds.
     pub fn open_any(path: &Path) -> Result<Source, spulse::Error> {
-        Self::open_with(path, 0, false)
+        Self::open_with(path, 0, false, false)
     }
 
-    fn open_with(path: &Path, pid: u32, strict: bool) -> Result<Source, spulse::Error> {
+    /// Open a complete recording at `path`: any spool, as
+    /// [`open_any`](Self::open_any), or a packed file ([`merge_files`]).
+    fn open_complete(path: &Path) -> Result<Source, spulse::Error> {
+        Self::open_with(path, 0, false, true)
+    }
+
+    fn open_with(path: &Path, pid: u32, strict: bool, packed: bool) -> Result<Source, spulse::Error> {
         Ok(Source {
             path: path.to_path_buf(),
             pid,
             strict,
-            tail: Tail::open(path)?,
+            tail: Reader::open(path, packed)?,
             modules: Vec::new(),
             next_module: 0,
             frames: Vec::new(),
@@ -570,7 +645,7 @@ pub fn merge_files(paths: &[PathBuf], out: File) -> Result<(SpoolWriter<File>, M
     let mut order = Vec::with_capacity(paths.len());
     let mut header: Option<Header> = None;
     for (i, p) in paths.iter().enumerate() {
-        let h = Source::open_any(p).map_err(|e| MergeError::Source(named(&e, p)))?.header();
+        let h = Source::open_complete(p).map_err(|e| MergeError::Source(named(&e, p)))?.header();
         order.push((h.start_time_us, i));
         header = Some(match header {
             None => h,
@@ -601,7 +676,7 @@ pub fn merge_files(paths: &[PathBuf], out: File) -> Result<(SpoolWriter<File>, M
             }
             waiting.pop_front();
             let p = &paths[i];
-            let mut s = Source::open_any(p).map_err(|e| MergeError::Source(named(&e, p)))?;
+            let mut s = Source::open_complete(p).map_err(|e| MergeError::Source(named(&e, p)))?;
             match s.next_time()? {
                 Some(t) => next.push(Reverse((t, i))),
                 None => ended.push(i),

@@ -165,13 +165,15 @@ pub fn write<T>(
                     std::process::exit(EXIT_INTERRUPTED);
                 });
             }
-            // Mode 0666 less the umask, as a file created by `File::create` gets.
+            // Mode 0600 (less the umask), as the recorder creates the spool:
+            // the output holds the profile (and an output replaced keeps no
+            // wider mode than that).
             let tmp = {
                 let mut guard = pending.lock().unwrap_or_else(|e| e.into_inner());
                 let tmp = tempfile::Builder::new()
                     .prefix(&prefix)
                     .suffix(".tmp")
-                    .permissions(std::fs::Permissions::from_mode(0o666))
+                    .permissions(std::fs::Permissions::from_mode(0o600))
                     .tempfile_in(dir)
                     .map_err(|e| CliError::output(out_name, e))?;
                 *guard = Some(tmp.path().to_path_buf());

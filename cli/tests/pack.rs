@@ -144,3 +144,176 @@ fn a_damaged_packed_file_is_an_error_with_its_offset() {
     assert_eq!(o.status.code(), Some(2));
     assert!(stderr(&o).contains(&format!("at byte offset {}: ", block_at + 12)), "{}", stderr(&o));
 }
+
+/// A packed file is a complete recording: among several inputs, `info`,
+/// `top` and `export` merge it as they merge its spool (they said "nothing
+/// to follow: Tail reads spools only" before).
+#[test]
+fn packed_files_are_accepted_among_several_inputs() {
+    let (p, spool, spk) = packed_fixture();
+    let copy = p.dir.path().join("copy.spool");
+    std::fs::copy(&spool, &copy).unwrap();
+    let spk2 = p.dir.path().join("b.spk");
+    std::fs::copy(&spk, &spk2).unwrap();
+    // The spool with its packed copy reads as the spool with a copy of itself.
+    let want: Value = serde_json::from_str(&ok(&["info", s(&spool), s(&copy), "--json"])).unwrap();
+    assert_eq!(want["samples"], 800);
+    for inputs in [[&spool, &spk], [&spk, &spool], [&spk, &spk2]] {
+        let got: Value = serde_json::from_str(&ok(&["info", s(inputs[0]), s(inputs[1]), "--json"])).unwrap();
+        for key in ["samples", "threads", "modules", "frames", "stacks", "duration_us", "thread_list"] {
+            assert_eq!(got[key], want[key], "{inputs:?}: {key}");
+        }
+        let top = |a: &std::path::Path, b: &std::path::Path| ok(&["top", "--json", s(a), s(b)]);
+        assert_eq!(top(inputs[0], inputs[1]), top(&spool, &copy), "{inputs:?}");
+        let export = |a: &std::path::Path, b: &std::path::Path| {
+            ok(&["export", s(a), s(b), "--format", "collapsed", "-o", "-"])
+        };
+        assert_eq!(export(inputs[0], inputs[1]), export(&spool, &copy), "{inputs:?}");
+    }
+    // A damaged packed file among them is an error naming it.
+    let cut = p.dir.path().join("cut.spk");
+    let bytes = std::fs::read(&spk).unwrap();
+    std::fs::write(&cut, &bytes[..bytes.len() - 5]).unwrap();
+    let o = spulse(&["info", s(&spool), s(&cut)]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("cut.spk") && stderr(&o).contains("offset"), "{}", stderr(&o));
+}
+
+/// What `pack` and `export` write holds the profile: it is created 0600,
+/// like the spool, whatever the umask (it was 0666 less the umask).
+#[test]
+fn outputs_are_private_whatever_the_umask() {
+    use std::os::unix::fs::PermissionsExt;
+    let (p, spool, _spk) = packed_fixture();
+    let bin = env!("CARGO_BIN_EXE_spulse");
+    let cases: [(&str, &[&str]); 3] = [
+        ("out.spk", &["pack"]),
+        ("out.folded", &["export", "--format", "collapsed"]),
+        ("out.jslb", &["export", "--format", "firefox"]),
+    ];
+    for (name, cmd) in cases {
+        let out = p.dir.path().join(name);
+        for existing in [false, true] {
+            if existing {
+                // Replacing an output that was readable by everyone.
+                std::fs::set_permissions(&out, std::fs::Permissions::from_mode(0o644)).unwrap();
+            }
+            let args: Vec<&str> = [cmd, &[s(&spool), "-o", s(&out)]].concat();
+            let o = std::process::Command::new("sh")
+                .arg("-c")
+                .arg("umask 000; exec \"$0\" \"$@\"")
+                .arg(bin)
+                .args(&args)
+                .output()
+                .unwrap();
+            assert!(o.status.success(), "{args:?}: {}", stderr(&o));
+            let mode = std::fs::metadata(&out).unwrap().permissions().mode() & 0o777;
+            assert_eq!(mode, 0o600, "{name} (existing: {existing}): mode {mode:o}");
+        }
+    }
+}
+
+/// A packed file of `blocks` blocks of 65,536 identical samples (thread 0,
+/// stack 0, one interval apart), each LZ4 payload a single literal run
+/// (FORMAT.md, section 10): 125 bytes a block, 524 samples a byte.
+fn repetitive_packed(blocks: u64) -> Vec<u8> {
+    let t0 = START_US;
+    let mut w = spulse::SpoolWriter::new(Vec::new(), spulse::Header { start_time_us: t0, interval_us: 1000 })
+        .unwrap();
+    w.define_thread(7, 7, "main").unwrap();
+    let f = w.define_frame(spulse::Frame::Absolute { address: 0x1010, kernel: false }).unwrap();
+    w.define_stack(None, f).unwrap();
+    let defs = w.into_inner().unwrap();
+    // A coded column of `c` copies of `base`: one dictionary entry, every
+    // field 0 bits wide.
+    let column = |base: u64, c: u32| {
+        let mut v = base.to_le_bytes().to_vec();
+        v.extend_from_slice(&1u32.to_le_bytes());
+        v.extend_from_slice(&[0, 0, 0, 0]);
+        v.extend_from_slice(&c.to_le_bytes());
+        v.extend_from_slice(&0u32.to_le_bytes());
+        v
+    };
+    let n = 1u32 << 16;
+    let mut f = spulse::PACKED_MAGIC.to_vec();
+    f.extend_from_slice(&(defs.len() as u64).to_le_bytes());
+    f.extend_from_slice(&defs);
+    f.extend_from_slice(&0u64.to_le_bytes());
+    let mut index = Vec::new();
+    for b in 0..blocks {
+        let first = t0 + b * n as u64 * 1000;
+        let mut raw = first.to_le_bytes().to_vec();
+        raw.extend(column(1000, n - 1));
+        raw.extend(column(0, n));
+        raw.extend(column(0, n));
+        // One literal run of 80 bytes: token 0xf0, then 80 - 15.
+        let mut lz4 = vec![0xf0, raw.len() as u8 - 15];
+        lz4.extend_from_slice(&raw);
+        index.extend_from_slice(&(f.len() as u64).to_le_bytes());
+        index.extend_from_slice(&first.to_le_bytes());
+        index.extend_from_slice(&(first + (n as u64 - 1) * 1000).to_le_bytes());
+        index.extend_from_slice(&n.to_le_bytes());
+        index.extend_from_slice(&(lz4.len() as u32).to_le_bytes());
+        for v in [raw.len() as u32, lz4.len() as u32, n] {
+            f.extend_from_slice(&v.to_le_bytes());
+        }
+        f.extend_from_slice(&lz4);
+    }
+    let index_at = f.len() as u64;
+    f.extend_from_slice(&index);
+    for v in [index_at, blocks, blocks * n as u64] {
+        f.extend_from_slice(&v.to_le_bytes());
+    }
+    f.extend_from_slice(&spulse::PACKED_MAGIC);
+    f
+}
+
+/// `export --format firefox` of a 17 KB packed file of 9.2 million identical
+/// samples: the samples cost their bytes in the output, not a gigabyte of
+/// per-sample overhead (1.48 GB peak before, 114 MB now), so the export
+/// succeeds within 1 GB of address space; with too little, it is an error
+/// saying so (it aborted, 134, leaving its temporary file), and no
+/// temporary file or output is left.
+#[test]
+fn firefox_export_of_a_repetitive_packed_file_is_bounded_and_fails_cleanly() {
+    let p = program();
+    let spk = p.dir.path().join("rep.spk");
+    std::fs::write(&spk, repetitive_packed(140)).unwrap();
+    assert!(ok(&["info", s(&spk)]).contains("samples:         9175040"), "{}", ok(&["info", s(&spk)]));
+    let bin = env!("CARGO_BIN_EXE_spulse");
+    let run = |limit_kb: u64, out: &std::path::Path| {
+        std::process::Command::new("sh")
+            .arg("-c")
+            .arg(format!("ulimit -v {limit_kb}; exec \"$0\" \"$@\""))
+            .arg(bin)
+            .args(["export", s(&spk), "--format", "firefox", "-o", s(out)])
+            .output()
+            .unwrap()
+    };
+    let leftovers = || -> Vec<String> {
+        std::fs::read_dir(p.dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .filter(|n| n.starts_with('.'))
+            .collect()
+    };
+    for name in ["rep.json", "rep.jslb.gz"] {
+        let out = p.dir.path().join(name);
+        let o = run(1_000_000, &out);
+        assert!(o.status.success(), "{name} within 1 GB: {:?} {}", o.status, stderr(&o));
+        assert!(stderr(&o).contains("9175040 samples written"), "{}", stderr(&o));
+        if name == "rep.json" {
+            // (Parsing 119 MB of JSON here would take more memory than the export.)
+            let json = std::fs::read(&out).unwrap();
+            let table = br#""samples":{"length":9175040,"weightType":"samples","stack":[0,0,0,"#;
+            assert!(json.windows(table.len()).any(|w| w == table), "no samples table of 9175040 samples");
+            assert!(json.windows(14).any(|w| w == br#""timeDeltas":["#));
+        }
+        std::fs::remove_file(&out).unwrap();
+        let o = run(200_000, &out);
+        assert_eq!(o.status.code(), Some(1), "{name} within 200 MB: {:?} {}", o.status, stderr(&o));
+        assert!(stderr(&o).contains("out of memory holding"), "{}", stderr(&o));
+        assert!(!out.exists(), "{name}");
+        assert!(leftovers().is_empty(), "{name}: {:?}", leftovers());
+    }
+}

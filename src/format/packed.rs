@@ -60,14 +60,24 @@ pub(crate) const CHUNK: usize = 1024;
 /// field near the end can be read with one 16-byte load.
 pub(crate) const RAW_PADDING: usize = 16;
 
+/// A bound on the bytes a coded column of `c` values takes (see
+/// [`max_raw_len`]): its 24-byte header, at most `c - 1` gaps of 64 bits (the
+/// dictionary has at most `c` entries), a frequent table of at most
+/// `min(c, 4,095)` entries of at most 16 bits, and `c` codes and at most `c`
+/// escapes of at most 12 and 16 bits.
+pub(crate) fn max_column_len(c: u64) -> u64 {
+    24 + 8 * c + 2 * c.min((1 << MAX_CODE_WIDTH) - 1) + (7 * c).div_ceil(2)
+}
+
 /// A bound on the bytes a valid block of `count` samples decodes to: the
-/// first time, and per column its 24-byte header, at most `count - 1` gaps of
-/// 64 bits, a frequent table of at most 4,095 entries of at most 16 bits, and
-/// `count` codes and escapes of at most 12 and 16 bits: under
-/// `8,216 + 12 × count` bytes a column. Readers refuse a larger
-/// `uncompressed_bytes` before allocating for it (FORMAT.md, section 10).
+/// first time, the time column of `count - 1` deltas and the thread and
+/// stack columns of `count` ids ([`max_column_len`]), so at most 99 bytes
+/// plus 46.5 a sample. Readers refuse a larger `uncompressed_bytes` before
+/// allocating for it (FORMAT.md, section 10), which bounds what a block
+/// kept decoded costs by its samples, however well its payload compresses.
 pub(crate) fn max_raw_len(count: u32) -> u64 {
-    8 + 3 * (8216 + 12 * count as u64)
+    let c = count as u64;
+    8 + max_column_len(c.saturating_sub(1)) + 2 * max_column_len(c)
 }
 
 /// The most output an LZ4 block of `compressed` bytes can decode to. Each
@@ -384,6 +394,15 @@ impl Column {
         let limit = if k == 0 { 0 } else { d.min((1 << k) - 1) };
         if f > limit {
             return bad(format!("{f} frequent values with code width {k} and {d} distinct values"));
+        }
+        // The table of `2^k` code values below is what a block kept coded
+        // holds per column: a code width no wider than its frequent table
+        // needs keeps it within twice the table (FORMAT.md, section 10).
+        if k > 0 && f < 1 << (k - 1) {
+            return bad(format!(
+                "code width {k} for {f} frequent values (at most {} bits are needed)",
+                bit_width(f)
+            ));
         }
         if m > c || (k == 0 && m != c) {
             return bad(format!("{m} escapes for {c} values with code width {k}"));

@@ -11,7 +11,8 @@
 //! Every length read from the file is checked against the file's own length
 //! before anything is allocated for it, and a block costs at most
 //! [`MAX_BLOCK_SAMPLES`] samples of scratch (its decoded bytes are bounded by
-//! `max_raw_len`).
+//! `max_raw_len`, by its samples); FORMAT.md, section 10, "Memory", states
+//! what a whole file may cost.
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;

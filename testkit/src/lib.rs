@@ -13,8 +13,10 @@
 //! - [`symbols`]: a minimal offline symbolizer, a test plugin library and CPU
 //!   time helpers (the examples, the recorder tests and the recorder bench).
 
+pub mod alloc;
 pub mod emulator;
 pub mod fuzz;
+pub mod packed;
 pub mod profile;
 pub mod spool;
 pub mod symbols;

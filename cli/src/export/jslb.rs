@@ -47,6 +47,29 @@ pub const VERSION: u64 = 70;
 /// and a parse call of its own).
 pub const SPLIT_BYTES: usize = 256;
 
+/// Samples tables of at least this many samples are written as slabs
+/// directly ([`Slabs::samples`]); each of their JSON columns takes at least
+/// two bytes a sample, so [`SPLIT_BYTES`] would make slabs of them anyway.
+const LARGE_SAMPLES: usize = SPLIT_BYTES / 2;
+
+/// A `Vec<u8>` writer whose growth fails with an error (`OutOfMemory`)
+/// instead of aborting the process.
+struct TryVec(Vec<u8>);
+
+impl Write for TryVec {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0
+            .try_reserve(buf.len())
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::OutOfMemory, e.to_string()))?;
+        self.0.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
 /// Whether `output` names a JSLB container (`.jslb` or `.jslb.gz`), and if so
 /// whether it is gzipped.
 pub fn container(output: &std::path::Path) -> Option<bool> {
@@ -71,10 +94,11 @@ pub fn export_gz(job: &Job<'_>, sym: &mut Symbolizer, out: &mut dyn Write) -> Re
 }
 
 fn write(job: &Job<'_>, sym: &mut Symbolizer, out: &mut dyn Write, gzip: bool) -> Result<u64, CliError> {
-    let (doc, selected) = firefox::profile(job, sym)?;
-    let mut doc = upgrade(doc)
+    let (doc, samples, selected) = firefox::profile(job, sym)?;
+    let (mut doc, stack_maps) = upgrade_with_stacks(doc)
         .map_err(|e| CliError::other(format!("converting the Firefox profile to format {VERSION}: {e}")))?;
     let mut slabs = Slabs::default();
+    slabs.samples(&mut doc, samples, &stack_maps)?;
     slabs.split(&mut doc);
     let root =
         serde_json::to_vec(&doc).map_err(|e| CliError::other(format!("serializing the profile: {e}")))?;
@@ -156,6 +180,63 @@ impl Slabs {
         }
     }
 
+    /// Write each thread's samples table into `doc` (whose threads' `samples`
+    /// are `null`, in the order of `samples`), its stacks mapped to the
+    /// shared stack table by `stack_maps`. A table of at least
+    /// [`LARGE_SAMPLES`] samples gets its columns as slabs straight from
+    /// `samples` (what [`split`](Self::split) would make of them, without
+    /// the JSON values in between: a sample costs its bytes in the file);
+    /// a smaller one is left as JSON arrays for `split`.
+    fn samples(
+        &mut self,
+        doc: &mut Value,
+        samples: firefox::Samples,
+        stack_maps: &[Vec<usize>],
+    ) -> Result<(), CliError> {
+        let cpu = samples.cpu_delta_us;
+        let threads =
+            doc.get_mut("threads").and_then(Value::as_array_mut).map(Vec::as_mut_slice).unwrap_or(&mut []);
+        for ((th, ts), map) in threads.iter_mut().zip(samples.threads).zip(stack_maps) {
+            let n = ts.len();
+            let stack = |i: usize| map.get(ts.stack[i] as usize).copied().unwrap_or(0);
+            let mut table = Map::new();
+            table.insert("length".into(), Value::from(n));
+            table.insert("weightType".into(), Value::from("samples"));
+            // Every weight is 1, which no weight column means (see `upgrade`).
+            table.insert("weight".into(), Value::Null);
+            if n < LARGE_SAMPLES {
+                table.insert("stack".into(), ts.in_order().map(stack).collect());
+                table.insert("timeDeltas".into(), ts.time_deltas_ms().collect());
+                table.insert("threadCPUDelta".into(), vec![cpu; n].into());
+            } else {
+                let json = |v: &dyn Fn(&mut TryVec) -> serde_json::Result<()>| -> Result<Vec<u8>, CliError> {
+                    let mut out = TryVec(Vec::new());
+                    v(&mut out).map_err(|_| firefox::out_of_memory(n))?;
+                    Ok(out.0)
+                };
+                let st = json(&|w| serde_json::to_writer(w, &firefox::Seq(|| ts.in_order().map(stack))))?;
+                let cd = json(&|w| serde_json::to_writer(w, &firefox::Seq(|| std::iter::repeat_n(cpu, n))))?;
+                let mut deltas: Vec<f64> = Vec::new();
+                deltas.try_reserve_exact(n).map_err(|_| firefox::out_of_memory(n))?;
+                deltas.extend(ts.time_deltas_ms());
+                drop(ts);
+                table.insert("stack".into(), self.add_json(st));
+                table.insert("timeDeltas".into(), self.add_typed(deltas));
+                table.insert("threadCPUDelta".into(), self.add_json(cd));
+            }
+            if let Some(th) = th.as_object_mut() {
+                th.insert("samples".into(), Value::Object(table));
+            }
+        }
+        Ok(())
+    }
+
+    /// A JSON slab of `bytes`.
+    fn add_json(&mut self, bytes: Vec<u8>) -> Value {
+        self.sizes.push((1, bytes.len() as u64));
+        Self::placeholder(self.builder.add_json_slab(bytes))
+    }
+
     /// Put the typed columns in slabs, then every other large column of
     /// scalars in a JSON slab.
     fn split(&mut self, doc: &mut Value) {
@@ -212,8 +293,7 @@ impl Slabs {
             Value::Array(_) => {
                 let bytes = serde_json::to_vec(v).unwrap_or_default();
                 if bytes.len() >= SPLIT_BYTES {
-                    self.sizes.push((1, bytes.len() as u64));
-                    *v = Self::placeholder(self.builder.add_json_slab(bytes));
+                    *v = self.add_json(bytes);
                 }
             }
             _ => {}
@@ -359,7 +439,14 @@ const NATIVE_COLS: &[&str] = &["libIndex", "address", "name", "functionSize"];
 /// upgrader merges them, functions, resources and native symbols
 /// deduplicated, and frames and stacks deduplicated as well (the threads of a
 /// process share most of them).
-pub fn upgrade(mut doc: Value) -> Result<Value, String> {
+pub fn upgrade(doc: Value) -> Result<Value, String> {
+    upgrade_with_stacks(doc).map(|(doc, _)| doc)
+}
+
+/// [`upgrade`], and for each thread the index in the shared stack table of
+/// each of its own stacks (for samples kept out of the document).
+fn upgrade_with_stacks(mut doc: Value) -> Result<(Value, Vec<Vec<usize>>), String> {
+    let mut stack_maps = Vec::new();
     let version = doc.pointer("/meta/preprocessedProfileVersion").and_then(Value::as_u64);
     if version != Some(firefox::PROFILE_VERSION) {
         return Err(format!("the profile is format {version:?}, not {}", firefox::PROFILE_VERSION));
@@ -516,6 +603,7 @@ pub fn upgrade(mut doc: Value) -> Result<Value, String> {
                 samples["weight"] = Value::Null;
             }
         }
+        stack_maps.push(stack_map);
         // spulse writes no marker payloads; the names are string indexes.
         if let Some(names) =
             th.get_mut("markers").and_then(|m| m.get_mut("name")).and_then(Value::as_array_mut)
@@ -568,7 +656,7 @@ pub fn upgrade(mut doc: Value) -> Result<Value, String> {
     });
     doc["shared"] = shared;
     doc["meta"]["preprocessedProfileVersion"] = Value::from(VERSION);
-    Ok(doc)
+    Ok((doc, stack_maps))
 }
 
 #[cfg(test)]
