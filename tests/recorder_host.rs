@@ -253,8 +253,10 @@ fn deep_ring_role() {
     g.finish().unwrap();
     let grew = during.saturating_sub(before);
     // Each slot's first page (2048 x 4 KiB = 8 MiB), unwinder caches and
-    // tables: far below the 64 MiB the whole ring would take.
-    assert!(grew < 24 << 10, "RSS grew by {grew} KiB");
+    // tables: far below the 64 MiB the whole ring would take. Under an
+    // emulator its translation cache grows the process too.
+    let bound = if emulated() { 56 << 10 } else { 24 << 10 };
+    assert!(grew < bound, "RSS grew by {grew} KiB");
     println!("ROLE OK grew {grew} KiB");
 }
 
