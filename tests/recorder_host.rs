@@ -113,7 +113,8 @@ fn low_fd_limit_role() {
     let g = spulse::start(&path).unwrap();
     burn(0.2);
     // The program's own descriptors: at least 150 more files open.
-    let files: Vec<_> = (0..150).map(|_| std::fs::File::open("/dev/null").expect("program's own open()")).collect();
+    let files: Vec<_> =
+        (0..150).map(|_| std::fs::File::open("/dev/null").expect("program's own open()")).collect();
     drop(files);
     stop.store(true, Ordering::Relaxed);
     for h in hs {
@@ -128,7 +129,8 @@ fn low_fd_limit_role() {
         stats.warnings
     );
     assert!(stats.samples_written > 0, "{stats:?}");
-    let beside = std::fs::read_to_string(spulse::warnings_path(&path)).expect("the warnings beside the spool");
+    let beside =
+        std::fs::read_to_string(spulse::warnings_path(&path)).expect("the warnings beside the spool");
     assert!(beside.contains("budget"), "{beside}");
     println!("ROLE OK {:?}", stats.warnings);
 }
@@ -156,13 +158,18 @@ fn late_sigtrap_handler_role() {
         println!("ROLE OK (no perf events here)");
         return;
     }
-    let g = spulse::Recorder::builder().engine(engine).flush_interval(Duration::from_millis(20)).start(&path).unwrap();
+    let g = spulse::Recorder::builder()
+        .engine(engine)
+        .flush_interval(Duration::from_millis(20))
+        .start(&path)
+        .unwrap();
     burn(0.1);
     // The program takes SIGTRAP over with plain sigaction (no interposer).
     // SAFETY: installing a handler that only counts.
     unsafe {
         let mut sa: libc::sigaction = std::mem::zeroed();
-        sa.sa_sigaction = counting_trap as extern "C" fn(i32, *mut libc::siginfo_t, *mut libc::c_void) as usize;
+        sa.sa_sigaction =
+            counting_trap as extern "C" fn(i32, *mut libc::siginfo_t, *mut libc::c_void) as usize;
         sa.sa_flags = libc::SA_SIGINFO;
         libc::sigaction(libc::SIGTRAP, &sa, std::ptr::null_mut());
     }
@@ -179,7 +186,11 @@ fn late_sigtrap_handler_role() {
         }
     }
     let stats = g.finish().unwrap();
-    assert!(settled.is_some(), "our SIGTRAPs kept reaching the program's handler: {}", TRAPS.load(Ordering::SeqCst));
+    assert!(
+        settled.is_some(),
+        "our SIGTRAPs kept reaching the program's handler: {}",
+        TRAPS.load(Ordering::SeqCst)
+    );
     assert!(
         stats.warnings.iter().any(|w| w.contains("SIGTRAP") && w.contains("stopped")),
         "{:?}",

@@ -37,19 +37,21 @@ fn programs(spool: &Path) -> Vec<String> {
 fn programs_that_own_signals_run_as_without_spulse_and_are_sampled() {
     let dir = tempfile::tempdir().unwrap();
     let exe = compile_program(dir.path());
-    for how in
-        ["sigtrap-signal", "sigtrap-sigaction", "sigtrap-oneshot", "sigprof", "sigurg", "sigrt", "sigalrm", "signalfd"]
-    {
+    for how in [
+        "sigtrap-signal",
+        "sigtrap-sigaction",
+        "sigtrap-oneshot",
+        "sigprof",
+        "sigurg",
+        "sigrt",
+        "sigalrm",
+        "signalfd",
+    ] {
         let bare = Command::new(&exe).arg(how).output().unwrap();
         assert!(bare.status.success(), "{how} without spulse: {:?} {}", bare.status, stderr(&bare));
         let spool = dir.path().join(format!("{how}.spool"));
         let o = spulse(&["record", "-o", s(&spool), "--", s(&exe), how]);
-        assert!(
-            o.status.success(),
-            "{how} under spulse record: {:?}\n{}",
-            o.status,
-            stderr(&o)
-        );
+        assert!(o.status.success(), "{how} under spulse record: {:?}\n{}", o.status, stderr(&o));
         let snap = spulse::Snapshot::open(&spool).unwrap();
         let n = snap.samples().count();
         // 0.6 s of CPU at 999 Hz (the SIGALRM case: until five 50 ms alarms,
@@ -74,7 +76,10 @@ fn cargo_build_links_under_record_with_rustc_build_scripts_and_the_linker_in_the
         "[package]\nname = \"app\"\nversion = \"0.1.0\"\nedition = \"2021\"\n\n[dependencies]\nalpha = { path = \"../alpha\" }\nbeta = { path = \"../beta\" }\n",
     );
     w("app/src/main.rs", "fn main() { println!(\"{} {}\", alpha::value(), beta::VALUE); }\n");
-    w("alpha/Cargo.toml", "[package]\nname = \"alpha\"\nversion = \"0.1.0\"\nedition = \"2021\"\nbuild = \"build.rs\"\n");
+    w(
+        "alpha/Cargo.toml",
+        "[package]\nname = \"alpha\"\nversion = \"0.1.0\"\nedition = \"2021\"\nbuild = \"build.rs\"\n",
+    );
     w(
         "alpha/build.rs",
         "fn main() { let n: u64 = (0..2_000_000u64).map(|i| i % 7).sum(); println!(\"cargo:rustc-env=ALPHA={n}\"); }\n",
@@ -94,13 +99,25 @@ fn cargo_build_links_under_record_with_rustc_build_scripts_and_the_linker_in_the
         .unwrap();
     assert!(o.status.success(), "cargo build under spulse record: {:?}\n{}", o.status, stderr(&o));
     let run = Command::new(root.join("target/debug/app")).output().unwrap();
-    assert_eq!(String::from_utf8_lossy(&run.stdout).trim(), "2000000 7".replace("2000000", &(0..2_000_000u64).map(|i| i % 7).sum::<u64>().to_string()));
+    assert_eq!(
+        String::from_utf8_lossy(&run.stdout).trim(),
+        "2000000 7".replace("2000000", &(0..2_000_000u64).map(|i| i % 7).sum::<u64>().to_string())
+    );
     let progs = programs(&spool);
     let has = |f: &dyn Fn(&str) -> bool| progs.iter().any(|p| f(p));
     assert!(has(&|p| p.ends_with("/rustc") || p.contains("librustc_driver")), "no rustc in {progs:?}");
-    assert!(has(&|p| p.contains("build-script-build") || p.contains("build_script_build")), "no build script in {progs:?}");
     assert!(
-        has(&|p| p.ends_with("/rust-lld") || p.ends_with("/ld") || p.contains("ld.bfd") || p.contains("ld.gold") || p.contains("ld.lld") || p.ends_with("/cc") || p.contains("collect2")),
+        has(&|p| p.contains("build-script-build") || p.contains("build_script_build")),
+        "no build script in {progs:?}"
+    );
+    assert!(
+        has(&|p| p.ends_with("/rust-lld")
+            || p.ends_with("/ld")
+            || p.contains("ld.bfd")
+            || p.contains("ld.gold")
+            || p.contains("ld.lld")
+            || p.ends_with("/cc")
+            || p.contains("collect2")),
         "no linker in {progs:?}"
     );
 }

@@ -51,7 +51,11 @@ fn real() -> Option<SigactionFn> {
 /// # Safety
 /// As `sigaction(2)`.
 #[no_mangle]
-pub unsafe extern "C" fn sigaction(sig: c_int, act: *const libc::sigaction, old: *mut libc::sigaction) -> c_int {
+pub unsafe extern "C" fn sigaction(
+    sig: c_int,
+    act: *const libc::sigaction,
+    old: *mut libc::sigaction,
+) -> c_int {
     // SAFETY: the caller's contract, passed on.
     if let Some(rc) = unsafe { spulse::__interpose::sigaction(sig, act, old) } {
         return rc;

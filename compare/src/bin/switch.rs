@@ -21,7 +21,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 fn arg(args: &[String], name: &str, default: &str) -> String {
-    args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).cloned().unwrap_or_else(|| default.to_string())
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .cloned()
+        .unwrap_or_else(|| default.to_string())
 }
 
 fn process_cpu_us() -> f64 {
@@ -35,7 +39,15 @@ fn futex_wait(w: &AtomicU32, v: u32) {
     while w.load(Ordering::Acquire) == v {
         // SAFETY: FUTEX_WAIT on a live AtomicU32; returns at once if it changed.
         unsafe {
-            libc::syscall(libc::SYS_futex, w.as_ptr(), libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG, v, std::ptr::null::<u8>(), 0, 0)
+            libc::syscall(
+                libc::SYS_futex,
+                w.as_ptr(),
+                libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG,
+                v,
+                std::ptr::null::<u8>(),
+                0,
+                0,
+            )
         };
     }
 }
@@ -43,7 +55,9 @@ fn futex_wait(w: &AtomicU32, v: u32) {
 fn futex_set(w: &AtomicU32, v: u32) {
     w.store(v, Ordering::Release);
     // SAFETY: FUTEX_WAKE on a live AtomicU32.
-    unsafe { libc::syscall(libc::SYS_futex, w.as_ptr(), libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG, 1, 0, 0, 0) };
+    unsafe {
+        libc::syscall(libc::SYS_futex, w.as_ptr(), libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG, 1, 0, 0, 0)
+    };
 }
 
 fn pingpong(n: usize) -> String {
@@ -131,16 +145,22 @@ fn main() {
     std::fs::create_dir_all(&dir).unwrap();
     let spool = dir.join("s.spool");
     let guard = (profiler == "spulse").then(|| {
-        spulse::Recorder::builder().frequency_hz(freq).kernel_time(kernel).start(&spool).expect("spulse start")
+        spulse::Recorder::builder()
+            .frequency_hz(freq)
+            .kernel_time(kernel)
+            .start(&spool)
+            .expect("spulse start")
     });
     #[cfg(any(feature = "pprof-default", feature = "pprof-framehop"))]
-    let pguard =
-        (profiler == "pprof").then(|| pprof::ProfilerGuardBuilder::default().frequency(freq as i32).build().unwrap());
+    let pguard = (profiler == "pprof")
+        .then(|| pprof::ProfilerGuardBuilder::default().frequency(freq as i32).build().unwrap());
     #[cfg(not(any(feature = "pprof-default", feature = "pprof-framehop")))]
     assert!(profiler != "pprof", "built without a pprof feature");
     let body = match mode.as_str() {
         "pingpong" => pingpong(arg(&args, "--round-trips", "30000").parse().unwrap()),
-        _ => echo(arg(&args, "--clients", "8").parse().unwrap(), arg(&args, "--seconds", "3").parse().unwrap()),
+        _ => {
+            echo(arg(&args, "--clients", "8").parse().unwrap(), arg(&args, "--seconds", "3").parse().unwrap())
+        }
     };
     let mut extra = String::new();
     if let Some(g) = guard {

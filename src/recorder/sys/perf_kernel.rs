@@ -187,7 +187,13 @@ impl KernelRings {
     }
 
     /// One event per CPU for `tid`; on failure the ones opened for it are closed.
-    fn open_thread(&mut self, tid: u32, cpus: &[i32], cfg: &KernelConfig, data_pages: usize) -> io::Result<()> {
+    fn open_thread(
+        &mut self,
+        tid: u32,
+        cpus: &[i32],
+        cfg: &KernelConfig,
+        data_pages: usize,
+    ) -> io::Result<()> {
         let mut fresh_rings = Vec::new();
         let mut fresh_fds = Vec::new();
         let r = (|| {
@@ -268,7 +274,12 @@ fn redirect(fd: &OwnedFd, to: std::os::fd::RawFd) -> io::Result<()> {
 }
 
 /// Open `tid`'s kernel-mode event on `cpu`; whether it reports its own lost count.
-fn open_kernel_event(tid: u32, cpu: i32, cfg: &KernelConfig, data_pages: usize) -> io::Result<(OwnedFd, bool)> {
+fn open_kernel_event(
+    tid: u32,
+    cpu: i32,
+    cfg: &KernelConfig,
+    data_pages: usize,
+) -> io::Result<(OwnedFd, bool)> {
     let data_bytes = data_pages * page_size();
     let mut attr = PerfEventAttr {
         type_: PERF_TYPE_SOFTWARE,
