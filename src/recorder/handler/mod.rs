@@ -214,7 +214,13 @@ unsafe fn chain(sig: c_int, info: *mut libc::siginfo_t, ctx: *mut c_void) {
     if mask != 0 {
         // SAFETY: rt_sigprocmask with 8-byte sets we own; async-signal-safe.
         unsafe {
-            libc::syscall(libc::SYS_rt_sigprocmask, libc::SIG_BLOCK, &mask as *const u64, &mut saved as *mut u64, 8)
+            libc::syscall(
+                libc::SYS_rt_sigprocmask,
+                libc::SIG_BLOCK,
+                &mask as *const u64,
+                &mut saved as *mut u64,
+                8,
+            )
         };
     }
     if flags & libc::SA_SIGINFO != 0 {
@@ -230,7 +236,13 @@ unsafe fn chain(sig: c_int, info: *mut libc::siginfo_t, ctx: *mut c_void) {
     if mask != 0 {
         // SAFETY: as above: restores the mask saved before the call.
         unsafe {
-            libc::syscall(libc::SYS_rt_sigprocmask, libc::SIG_SETMASK, &saved as *const u64, std::ptr::null_mut::<u64>(), 8)
+            libc::syscall(
+                libc::SYS_rt_sigprocmask,
+                libc::SIG_SETMASK,
+                &saved as *const u64,
+                std::ptr::null_mut::<u64>(),
+                8,
+            )
         };
     }
 }
@@ -419,7 +431,13 @@ fn prime() {
         let _ = *libc::__errno_location();
         libc::syscall(libc::SYS_tgkill, -1, -1, 0);
         sigaction::raw(libc::SIGPROF, std::ptr::null(), std::ptr::null_mut());
-        libc::syscall(libc::SYS_rt_sigprocmask, libc::SIG_BLOCK, std::ptr::null::<u64>(), std::ptr::null_mut::<u64>(), 8);
+        libc::syscall(
+            libc::SYS_rt_sigprocmask,
+            libc::SIG_BLOCK,
+            std::ptr::null::<u64>(),
+            std::ptr::null_mut::<u64>(),
+            8,
+        );
         let mut name = [0u8; 16];
         libc::prctl(libc::PR_GET_NAME, name.as_mut_ptr() as libc::c_ulong, 0, 0, 0);
     }
