@@ -91,16 +91,59 @@ extern "C" fn at_exit() {
         let stats_path = g.path().with_extension("stats");
         // A failure here has nobody to report to but stderr, and the program
         // is exiting with its own status: the spool keeps what was flushed.
+        let collected = std::env::var_os("SPULSE_RECORD_DIR").is_some_and(|d| !d.is_empty());
         match g.finish() {
-            // Under `spulse record`, the collector adds the lost samples to its summary.
-            Ok(stats) if std::env::var_os("SPULSE_RECORD_DIR").is_some_and(|d| !d.is_empty()) => {
-                let _ = std::fs::write(stats_path, format!("{} {}\n", stats.samples_written, stats.lost()));
+            // Under `spulse record`, the collector adds the lost samples to its
+            // summary (and a failure's message to its warnings).
+            Ok(stats) if collected => {
+                write_stats(&stats_path, stats.samples_written, stats.lost(), None);
             }
             Ok(_) => {}
             Err(e) => {
-                let _ = writeln!(std::io::stderr(), "spulse: finishing the recording failed: {e}");
+                if collected {
+                    let (written, lost) = match &e {
+                        spulse::Error::Recorder(spulse::RecorderError::WriteStopped {
+                            samples_written,
+                            samples_lost,
+                            ..
+                        }) => (*samples_written, *samples_lost),
+                        _ => (0, 0),
+                    };
+                    write_stats(&stats_path, written, lost, Some(&e.to_string()));
+                } else {
+                    let _ = writeln!(std::io::stderr(), "spulse: finishing the recording failed: {e}");
+                }
             }
         }
+    }
+}
+
+/// Largest `.stats` file the collector reads (see `spulse record`); a
+/// failure's message is cut to fit.
+const STATS_MAX: usize = 4096;
+
+/// `<pid>.<ns>.stats` for the collector: `written lost` on the first line,
+/// then the failure's message if the recording failed. Created new, never
+/// through a symlink, mode 0600.
+fn write_stats(path: &Path, written: u64, lost: u64, failure: Option<&str>) {
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut text = format!("{written} {lost}\n");
+    if let Some(m) = failure {
+        text.push_str(m);
+        text.push('\n');
+    }
+    let mut end = text.len().min(STATS_MAX);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path);
+    if let Ok(mut f) = f {
+        let _ = f.write_all(&text.as_bytes()[..end]);
     }
 }
 

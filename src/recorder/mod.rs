@@ -69,6 +69,7 @@ mod engine;
 mod handler;
 mod intern;
 mod modules;
+mod own_fd;
 mod stack_sampler;
 mod sys;
 mod writer_thread;
@@ -854,7 +855,8 @@ pub(crate) fn create_spool(path: &Path, mode: u32, overwrite: bool) -> Result<Fi
         let _ = std::fs::remove_file(path);
         return Err(io_err(e));
     }
-    Ok(file)
+    // Out of the way of the program's own descriptors (see `own_fd.rs`).
+    Ok(File::from(own_fd::move_high(file.into())))
 }
 
 /// For `overwrite(true)`: unlink what is at `path` if it is a regular file
@@ -1122,7 +1124,7 @@ fn start_inner(b: &RecorderBuilder, path: &Path) -> Result<Guard, Error> {
     // a header cut short. Every sample is taken later, and sample deltas are
     // signed anyway.
     let start_time_us = sys::now_us();
-    let sink: Box<dyn writer_thread::Sink> = Box::new(file);
+    let sink: Box<dyn writer_thread::Sink> = Box::new(own_fd::SpoolFile::new(file));
     let mut out =
         SpoolWriter::new(sink, Header { start_time_us, interval_us }).map_err(|e| e.with_path(path))?;
 
