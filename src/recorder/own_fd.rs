@@ -173,8 +173,10 @@ impl Write for SpoolFile {
         self.file().write(buf)
     }
 
+    /// Called at every flush of the writer (each tick), so a descriptor
+    /// taken away is found even when there is nothing to write.
     fn flush(&mut self) -> io::Result<()> {
-        Ok(())
+        self.check()
     }
 }
 
