@@ -39,8 +39,9 @@
 //! segment exists (locked) before the previous one is unlocked: a follower that
 //! finds a segment unlocked and no next segment knows the recording ended.
 //! [`RecorderBuilder::retain`] deletes the oldest segments this recorder
-//! created (checked by device and inode, so a file someone put in their place
-//! is left alone) so that at most N remain.
+//! created (checked by device, inode, size and modification time at the
+//! segment's end, since inode numbers are reused: a file someone put in
+//! their place is left alone) so that at most N remain.
 //!
 //! # Followers' lock
 //! The spool's descriptor holds `flock(LOCK_EX)` from creation until the final

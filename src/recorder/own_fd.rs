@@ -198,6 +198,13 @@ impl Sink for SpoolFile {
             sys::unlock(unsafe { BorrowedFd::borrow_raw(self.fd.as_raw_fd()) });
         }
     }
+
+    fn metadata(&self) -> Option<std::fs::Metadata> {
+        if self.taken || !self.fd.is_ours() {
+            return None;
+        }
+        self.file().metadata().ok()
+    }
 }
 
 #[cfg(test)]

@@ -82,6 +82,33 @@ pub(crate) trait Sink: Write + Send {
     fn sync(&self) -> std::io::Result<()>;
     /// Tell readers that nothing more will be written.
     fn release(&self);
+    /// The file's metadata, while the descriptor is still the sink's.
+    fn metadata(&self) -> Option<std::fs::Metadata> {
+        None
+    }
+}
+
+/// A segment this recorder created: where, what file it was created as, and
+/// (once finished) its size and modification time, which retention checks
+/// too before deleting it: file systems reuse inode numbers (ext4 soon after
+/// a file is deleted), so (device, inode) alone may name another file.
+struct KeptSegment {
+    path: PathBuf,
+    dev: u64,
+    ino: u64,
+    /// Size and modification time (s, ns) when it was finished; `None` if
+    /// they could not be read (it is then never deleted).
+    finished: Option<(u64, i64, i64)>,
+}
+
+impl KeptSegment {
+    /// Whether `m` (of the file at the path now) is still this segment.
+    fn is(&self, m: &std::fs::Metadata) -> bool {
+        m.file_type().is_file()
+            && m.dev() == self.dev
+            && m.ino() == self.ino
+            && self.finished == Some((m.size(), m.mtime(), m.mtime_nsec()))
+    }
 }
 
 /// The spool writer over the writer thread's sink.
@@ -190,7 +217,7 @@ pub(crate) struct Rotation {
     due: Instant,
     /// Segments this recorder created and has not deleted, oldest first, with
     /// the device and inode each was created as.
-    kept: VecDeque<(PathBuf, u64, u64)>,
+    kept: VecDeque<KeptSegment>,
     deleted: u64,
     /// Bytes of the segments already finished.
     bytes_done: u64,
@@ -216,7 +243,12 @@ impl Rotation {
             interval_us,
             seq: 0,
             due: Instant::now() + plan.every,
-            kept: VecDeque::from([(first.to_path_buf(), meta.dev(), meta.ino())]),
+            kept: VecDeque::from([KeptSegment {
+                path: first.to_path_buf(),
+                dev: meta.dev(),
+                ino: meta.ino(),
+                finished: None,
+            }]),
             deleted: 0,
             bytes_done: 0,
         }
@@ -1039,10 +1071,10 @@ impl Run {
             }
         };
         rot.seq = seq;
-        rot.kept.push_back((path.clone(), meta.dev(), meta.ino()));
+        rot.kept.push_back(KeptSegment { path: path.clone(), dev: meta.dev(), ino: meta.ino(), finished: None });
         super::set_live_segment(&path);
         let mut old = std::mem::replace(&mut self.st.out, out);
-        let old_path = rot.kept.iter().rev().nth(1).map(|k| k.0.clone());
+        let old_path = rot.kept.iter().rev().nth(1).map(|k| k.path.clone());
         // The new segment's definitions: the modules still active, in table
         // order (the order they were defined in, so spans never overlap).
         let r = self.define_active_modules(&path);
@@ -1060,7 +1092,11 @@ impl Run {
         // followers (the next segment already exists).
         let r = old.flush().and_then(|()| old.get_ref().sync().map_err(Error::from));
         old.get_ref().release();
+        let finished = old.get_ref().metadata().map(|m| (m.size(), m.mtime(), m.mtime_nsec()));
         let Some(rot) = self.st.rotation.as_mut() else { return };
+        if let Some(k) = rot.kept.iter_mut().rev().nth(1) {
+            k.finished = finished;
+        }
         rot.bytes_done += old.len();
         drop(old);
         if let Err(e) = r {
@@ -1095,23 +1131,25 @@ impl Run {
     }
 
     /// Delete the oldest segments beyond the number to retain, each only if
-    /// its path still names the file this recorder created.
+    /// its path still names the file this recorder created and finished
+    /// (device, inode, size and modification time: see [`KeptSegment`]).
     fn apply_retention(&mut self) {
         let Some(rot) = self.st.rotation.as_mut() else { return };
         let Some(retain) = rot.retain else { return };
         let mut failure = None;
         while rot.kept.len() > retain {
-            let Some((path, dev, ino)) = rot.kept.pop_front() else { break };
-            match std::fs::symlink_metadata(&path) {
-                Ok(m) if m.dev() == dev && m.ino() == ino => match std::fs::remove_file(&path) {
+            let Some(k) = rot.kept.pop_front() else { break };
+            let path = &k.path;
+            match std::fs::symlink_metadata(path) {
+                Ok(m) if k.is(&m) => match std::fs::remove_file(path) {
                     Ok(()) => rot.deleted += 1,
                     Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                    Err(e) => failure = failure.or(Some(Error::io(Some(&path), e))),
+                    Err(e) => failure = failure.or(Some(Error::io(Some(path), e))),
                 },
                 // Gone already, or another file took its place: not ours to delete.
                 Ok(_) => {}
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => failure = failure.or(Some(Error::io(Some(&path), e))),
+                Err(e) => failure = failure.or(Some(Error::io(Some(path), e))),
             }
         }
         if let Some(e) = failure {
