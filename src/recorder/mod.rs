@@ -966,6 +966,12 @@ impl Guard {
     }
 
     /// Stop, drain, write and sync; report what was recorded.
+    ///
+    /// If the spool stopped being writable while recording (a full disk, or
+    /// the program closed the spool's descriptor or reused its number: the
+    /// recorder then writes nothing more through it), the error is
+    /// [`RecorderError::WriteStopped`] with the samples written before and
+    /// those lost.
     pub fn finish(mut self) -> Result<Stats, Error> {
         self.stop()
     }
