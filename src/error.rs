@@ -241,6 +241,20 @@ pub enum RecorderError {
     /// A profile window (`spulse::http`) is already being collected in this
     /// process; one is collected at a time.
     ProfileInProgress,
+    /// The recording stopped writing before the end: the spool could not be
+    /// written (`source`: the disk filled, or the program closed the spool's
+    /// descriptor or reused its number for a file of its own, see
+    /// `src/recorder/own_fd.rs`). What was written before stays a valid spool;
+    /// the samples taken afterwards were counted and dropped.
+    WriteStopped {
+        /// What stopped it.
+        source: Box<Error>,
+        /// Samples in the spool (written before the failure).
+        samples_written: u64,
+        /// Samples taken but not in the spool: those still buffered at the
+        /// failure and every one taken afterwards.
+        samples_lost: u64,
+    },
 }
 
 impl fmt::Display for RecorderError {
@@ -285,6 +299,11 @@ impl fmt::Display for RecorderError {
                 f,
                 "a profile is already being collected in this process (one at a time); retry when it ends"
             ),
+            WriteStopped { source, samples_written, samples_lost } => write!(
+                f,
+                "the recording stopped writing early: {source}; the spool holds the {samples_written} samples \
+                 written before, {samples_lost} taken afterwards were lost"
+            ),
         }
     }
 }
@@ -301,6 +320,7 @@ impl std::error::Error for RecorderError {
             RecorderError::EngineRefused { source, .. } => Some(source),
             RecorderError::WriterFailed { source: Some(e), .. } => Some(e),
             RecorderError::NoEngine(errors) => errors.last().map(|e| e as _),
+            RecorderError::WriteStopped { source, .. } => Some(&**source),
             _ => None,
         }
     }
@@ -348,6 +368,13 @@ impl Error {
             Error::Io { path: None, source } => Error::Io { path: Some(path.to_path_buf()), source },
             Error::Format { path: None, offset, kind } => {
                 Error::Format { path: Some(path.to_path_buf()), offset, kind }
+            }
+            Error::Recorder(RecorderError::WriteStopped { source, samples_written, samples_lost }) => {
+                Error::Recorder(RecorderError::WriteStopped {
+                    source: Box::new(source.with_path(path)),
+                    samples_written,
+                    samples_lost,
+                })
             }
             other => other,
         }

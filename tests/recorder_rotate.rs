@@ -145,6 +145,46 @@ fn retention_keeps_exactly_the_newest_n_and_only_its_own_files() {
     Snapshot::open(dir.path().join("moved.spool")).unwrap();
 }
 
+/// A finished segment whose inode now holds another file (file systems reuse
+/// inode numbers: ext4 soon after a delete; here the same inode rewritten in
+/// place stands for it): retention matches more than (device, inode) and
+/// leaves it alone.
+#[test]
+fn retention_leaves_a_file_that_reuses_a_segments_inode() {
+    let _serial = serial();
+    let (dir, _) = spool_path("unused");
+    let g = spulse::Recorder::builder()
+        .flush_interval(Duration::from_millis(5))
+        .rotate(Duration::from_millis(250))
+        .retain(2)
+        .start(dir.path().join("i-{seq}.spool"))
+        .unwrap();
+    let seg0 = dir.path().join("i-000000.spool");
+    let t = Instant::now();
+    while !dir.path().join("i-000001.spool").exists() {
+        assert!(t.elapsed() < Duration::from_secs(20), "no second segment");
+        busy_for(Duration::from_millis(5));
+    }
+    use std::os::unix::fs::MetadataExt;
+    let ino = std::fs::metadata(&seg0).unwrap().ino();
+    // Same inode, other content (truncated and rewritten through a new open).
+    std::fs::OpenOptions::new()
+        .write(true)
+        .truncate(true)
+        .open(&seg0)
+        .and_then(|mut f| std::io::Write::write_all(&mut f, b"another file on a reused inode"))
+        .unwrap();
+    assert_eq!(std::fs::metadata(&seg0).unwrap().ino(), ino);
+    busy_for(Duration::from_millis(1200));
+    let stats = g.finish().unwrap();
+    assert!(stats.segments_written >= 5, "{} segments", stats.segments_written);
+    assert_eq!(std::fs::read(&seg0).unwrap(), b"another file on a reused inode", "not deleted");
+    let n = stats.segments_written;
+    let nums: Vec<u64> = segments(dir.path(), "i-").iter().map(|s| s.0).collect();
+    assert_eq!(nums, vec![0, n - 2, n - 1]);
+    assert_eq!(stats.segments_deleted, n - 3);
+}
+
 #[test]
 fn a_python_runtime_mark_is_repeated_in_each_new_segment() {
     let _serial = serial();
@@ -272,10 +312,14 @@ fn each_segment_follows_the_overwrite_and_lock_rules() {
     let g = builder().start(dir.path().join("o-{seq}.spool")).unwrap();
     busy_for(Duration::from_millis(200));
     match g.finish() {
-        Err(Error::Io { path: Some(p), source }) => {
-            assert_eq!(p, taken);
-            assert_eq!(source.kind(), std::io::ErrorKind::AlreadyExists);
-        }
+        Err(Error::Recorder(RecorderError::WriteStopped { source, samples_lost, .. })) => match *source {
+            Error::Io { path: Some(p), source } => {
+                assert_eq!(p, taken);
+                assert_eq!(source.kind(), std::io::ErrorKind::AlreadyExists);
+                assert!(samples_lost > 0, "the samples after it are counted as lost");
+            }
+            other => panic!("expected the taken segment path as the error, got {other:?}"),
+        },
         other => panic!("expected the taken segment path as the error, got {other:?}"),
     }
     assert_eq!(std::fs::read(&taken).unwrap(), b"not a segment");

@@ -94,22 +94,64 @@ extern "C" fn at_exit() {
         let stats_path = g.path().with_extension("stats");
         // A failure here has nobody to report to but stderr, and the program
         // is exiting with its own status: the spool keeps what was flushed.
+        let collected = std::env::var_os("SPULSE_RECORD_DIR").is_some_and(|d| !d.is_empty());
         match g.finish() {
-            // Under `spulse record`, the collector adds the lost samples to its summary.
-            Ok(stats) if std::env::var_os("SPULSE_RECORD_DIR").is_some_and(|d| !d.is_empty()) => {
-                // First line: samples and lost; then one line per warning.
-                let mut text = format!("{} {}\n", stats.samples_written, stats.lost());
-                for w in &stats.warnings {
-                    text.push_str(&w.replace('\n', " "));
-                    text.push('\n');
-                }
-                let _ = std::fs::write(stats_path, text);
+            // Under `spulse record`, the collector adds the lost samples to its
+            // summary (and a failure's message to its warnings).
+            Ok(stats) if collected => {
+                write_stats(&stats_path, stats.samples_written, stats.lost(), None, &stats.warnings);
             }
             Ok(_) => {}
             Err(e) => {
-                let _ = writeln!(std::io::stderr(), "spulse: finishing the recording failed: {e}");
+                if collected {
+                    let (written, lost) = match &e {
+                        spulse::Error::Recorder(spulse::RecorderError::WriteStopped {
+                            samples_written,
+                            samples_lost,
+                            ..
+                        }) => (*samples_written, *samples_lost),
+                        _ => (0, 0),
+                    };
+                    write_stats(&stats_path, written, lost, Some(&e.to_string()), &[]);
+                } else {
+                    let _ = writeln!(std::io::stderr(), "spulse: finishing the recording failed: {e}");
+                }
             }
         }
+    }
+}
+
+/// Largest `.stats` file the collector reads (see `spulse record`); a
+/// failure's message is cut to fit.
+const STATS_MAX: usize = 4096;
+
+/// `<pid>.<ns>.stats` for the collector: `written lost` on the first line,
+/// then the failure's message if the recording failed. Created new, never
+/// through a symlink, mode 0600.
+fn write_stats(path: &Path, written: u64, lost: u64, failure: Option<&str>, warnings: &[String]) {
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut text = format!("{written} {lost}\n");
+    if let Some(m) = failure {
+        text.push_str(&m.replace('\n', " "));
+        text.push('\n');
+    }
+    // The recorder's `Stats::warnings`, one a line.
+    for w in warnings {
+        text.push_str(&w.replace('\n', " "));
+        text.push('\n');
+    }
+    let mut end = text.len().min(STATS_MAX);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path);
+    if let Ok(mut f) = f {
+        let _ = f.write_all(&text.as_bytes()[..end]);
     }
 }
 
@@ -132,15 +174,26 @@ fn start_here() {
     // SAFETY: getpid has no preconditions.
     let pid = unsafe { libc::getpid() } as u32;
     let dir = std::env::var_os("SPULSE_RECORD_DIR").filter(|d| !d.is_empty()).map(PathBuf::from);
+    if let Some(dir) = &dir {
+        if let Err(why) = collector_alive(dir) {
+            let _ = writeln!(std::io::stderr(), "spulse: not recording process {pid}: {why}");
+            return;
+        }
+    }
     let (path, error_path) = match &dir {
         Some(dir) => {
             let ns = monotonic_ns();
-            // The recorder expands `{`/`}` templates: double any brace in the directory.
-            let escaped = dir.to_string_lossy().replace('{', "{{").replace('}', "}}");
-            (
-                PathBuf::from(format!("{escaped}/{pid}.{ns}.spool")),
-                Some(dir.join(format!("{pid}.{ns}.error"))),
-            )
+            // The recorder expands `{`/`}` templates: double any brace in the
+            // directory (bytes, not text: the path need not be UTF-8).
+            let mut escaped = Vec::new();
+            for &b in dir.as_os_str().as_bytes() {
+                escaped.push(b);
+                if b == b'{' || b == b'}' {
+                    escaped.push(b);
+                }
+            }
+            escaped.extend_from_slice(format!("/{pid}.{ns}.spool").as_bytes());
+            (PathBuf::from(OsStr::from_bytes(&escaped)), Some(dir.join(format!("{pid}.{ns}.error"))))
         }
         None => (PathBuf::from("spulse-{pid}.spool"), None),
     };
@@ -153,15 +206,56 @@ fn start_here() {
             }
             spulse_preload_recorded_pid.store(pid, Ordering::SeqCst);
         }
-        Err(e) => match error_path {
-            Some(p) => {
-                let _ = std::fs::write(p, e.to_string());
-            }
-            None => {
+        Err(e) => {
+            // Under `spulse record` the reason goes to the collector, in one
+            // write; when even that fails (a full file system, a process that
+            // switched to a user who cannot write the directory), to stderr.
+            let told = error_path.is_some_and(|p| {
+                use std::os::unix::fs::OpenOptionsExt;
+                std::fs::OpenOptions::new()
+                    .write(true)
+                    .create_new(true)
+                    .mode(0o600)
+                    .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+                    .open(&p)
+                    .and_then(|mut f| f.write_all(e.to_string().as_bytes()))
+                    .is_ok()
+            });
+            if !told {
                 let _ = writeln!(std::io::stderr(), "spulse: not recording process {pid}: {e}");
             }
-        },
+        }
     }
+}
+
+/// Under `spulse record`: `Ok` while the collector that made `dir` runs (it
+/// holds `flock(LOCK_EX)` on the directory); otherwise why this process is not
+/// recorded (the collector was killed, or this process cannot use the
+/// directory, say after switching to another user).
+fn collector_alive(dir: &Path) -> Result<(), String> {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::OpenOptionsExt;
+    let d = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(dir)
+        .map_err(|e| {
+            format!(
+                "cannot use the directory of `spulse record`, {}: {e} (a process that switched to another user \
+                 cannot write it; one whose collector is gone finds it removed)",
+                dir.display()
+            )
+        })?;
+    // SAFETY: flock on the descriptor `d` keeps open for the call.
+    let r = unsafe { libc::flock(d.as_raw_fd(), libc::LOCK_SH | libc::LOCK_NB) };
+    if r == 0 {
+        return Err(format!(
+            "the `spulse record` that made {} is gone (the directory is no longer locked); the next \
+             `spulse record` removes it",
+            dir.display()
+        ));
+    }
+    Ok(())
 }
 
 /// `/etc/ld.so.preload`, read up to this many bytes (the loader's own list is

@@ -39,8 +39,9 @@
 //! segment exists (locked) before the previous one is unlocked: a follower that
 //! finds a segment unlocked and no next segment knows the recording ended.
 //! [`RecorderBuilder::retain`] deletes the oldest segments this recorder
-//! created (checked by device and inode, so a file someone put in their place
-//! is left alone) so that at most N remain.
+//! created (checked by device, inode, size and modification time at the
+//! segment's end, since inode numbers are reused: a file someone put in
+//! their place is left alone) so that at most N remain.
 //!
 //! # Followers' lock
 //! The spool's descriptor holds `flock(LOCK_EX)` from creation until the final
@@ -69,6 +70,7 @@ mod engine;
 mod handler;
 mod intern;
 mod modules;
+mod own_fd;
 mod stack_sampler;
 mod sys;
 mod writer_thread;
@@ -872,7 +874,8 @@ pub(crate) fn create_spool(path: &Path, mode: u32, overwrite: bool) -> Result<Fi
         let _ = std::fs::remove_file(path);
         return Err(io_err(e));
     }
-    Ok(file)
+    // Out of the way of the program's own descriptors (see `own_fd.rs`).
+    Ok(File::from(own_fd::move_high(file.into())))
 }
 
 /// For `overwrite(true)`: unlink what is at `path` if it is a regular file
@@ -981,6 +984,12 @@ impl Guard {
     }
 
     /// Stop, drain, write and sync; report what was recorded.
+    ///
+    /// If the spool stopped being writable while recording (a full disk, or
+    /// the program closed the spool's descriptor or reused its number: the
+    /// recorder then writes nothing more through it), the error is
+    /// [`RecorderError::WriteStopped`] with the samples written before and
+    /// those lost.
     pub fn finish(mut self) -> Result<Stats, Error> {
         self.stop()
     }
@@ -1171,7 +1180,7 @@ fn start_inner(b: &RecorderBuilder, path: &Path) -> Result<Guard, Error> {
     // a header cut short. Every sample is taken later, and sample deltas are
     // signed anyway.
     let start_time_us = sys::now_us();
-    let sink: Box<dyn writer_thread::Sink> = Box::new(file);
+    let sink: Box<dyn writer_thread::Sink> = Box::new(own_fd::SpoolFile::new(file));
     let mut out =
         SpoolWriter::new(sink, Header { start_time_us, interval_us }).map_err(|e| e.with_path(path))?;
 

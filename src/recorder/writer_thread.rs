@@ -54,9 +54,7 @@
 //! check is an *unseen window*: no module is certain for a sample taken inside
 //! it, whatever its generation, so its frames are written as absolute addresses.
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::fs::File;
 use std::io::Write;
-use std::os::fd::AsFd;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -70,6 +68,7 @@ use super::handler::ring::{Consumer, RawSample};
 use super::handler::{self, Retired, Shared};
 use super::intern::Interner;
 use super::modules::{self, LoadedObject, ModuleEntry, ModuleTable};
+use super::own_fd::{OwnFd, SpoolFile};
 use super::stack_sampler::StackSampler;
 use super::sys;
 use super::sys::perf_stack::Woken;
@@ -83,18 +82,32 @@ pub(crate) trait Sink: Write + Send {
     fn sync(&self) -> std::io::Result<()>;
     /// Tell readers that nothing more will be written.
     fn release(&self);
+    /// The file's metadata, while the descriptor is still the sink's.
+    fn metadata(&self) -> Option<std::fs::Metadata> {
+        None
+    }
 }
 
-impl Sink for File {
-    fn sync(&self) -> std::io::Result<()> {
-        self.sync_all()
-    }
+/// A segment this recorder created: where, what file it was created as, and
+/// (once finished) its size and modification time, which retention checks
+/// too before deleting it: file systems reuse inode numbers (ext4 soon after
+/// a file is deleted), so (device, inode) alone may name another file.
+struct KeptSegment {
+    path: PathBuf,
+    dev: u64,
+    ino: u64,
+    /// Size and modification time (s, ns) when it was finished; `None` if
+    /// they could not be read (it is then never deleted).
+    finished: Option<(u64, i64, i64)>,
+}
 
-    /// Drops the followers' lock (`flock(LOCK_EX)`, taken at creation) now
-    /// rather than at close, which a forked child holding a copy of the
-    /// descriptor would delay.
-    fn release(&self) {
-        sys::unlock(self.as_fd());
+impl KeptSegment {
+    /// Whether `m` (of the file at the path now) is still this segment.
+    fn is(&self, m: &std::fs::Metadata) -> bool {
+        m.file_type().is_file()
+            && m.dev() == self.dev
+            && m.ino() == self.ino
+            && self.finished == Some((m.size(), m.mtime(), m.mtime_nsec()))
     }
 }
 
@@ -122,7 +135,7 @@ pub(crate) enum Control {
 #[derive(Debug, Clone)]
 pub(crate) struct ControlSender {
     tx: Sender<Control>,
-    wake: Option<Arc<OwnedFd>>,
+    wake: Option<Arc<OwnFd>>,
 }
 
 impl ControlSender {
@@ -130,7 +143,8 @@ impl ControlSender {
     /// thread is gone.
     pub(crate) fn send(&self, c: Control) -> Result<(), ()> {
         self.tx.send(c).map_err(|_| ())?;
-        if let Some(w) = &self.wake {
+        // Never into a descriptor the program closed and reused.
+        if let Some(w) = self.wake.as_ref().filter(|w| w.is_ours()) {
             let one = 1u64;
             // SAFETY: writes 8 bytes from our u64 to an eventfd we keep open.
             unsafe { libc::write(w.as_raw_fd(), &one as *const u64 as *const libc::c_void, 8) };
@@ -143,7 +157,7 @@ impl ControlSender {
 /// wakes it (see [`ControlSender`]).
 pub(crate) fn channel(
     wake: bool,
-) -> std::io::Result<(ControlSender, Receiver<Control>, Option<Arc<OwnedFd>>)> {
+) -> std::io::Result<(ControlSender, Receiver<Control>, Option<Arc<OwnFd>>)> {
     let wake = if wake {
         // SAFETY: eventfd returns a new descriptor or -1.
         let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
@@ -151,7 +165,7 @@ pub(crate) fn channel(
             return Err(std::io::Error::last_os_error());
         }
         // SAFETY: a fresh descriptor we own.
-        Some(Arc::new(unsafe { OwnedFd::from_raw_fd(fd) }))
+        Some(Arc::new(OwnFd::new(unsafe { OwnedFd::from_raw_fd(fd) })))
     } else {
         None
     };
@@ -211,7 +225,7 @@ pub(crate) struct Rotation {
     due: Instant,
     /// Segments this recorder created and has not deleted, oldest first, with
     /// the device and inode each was created as.
-    kept: VecDeque<(PathBuf, u64, u64)>,
+    kept: VecDeque<KeptSegment>,
     deleted: u64,
     /// Bytes of the segments already finished.
     bytes_done: u64,
@@ -237,7 +251,12 @@ impl Rotation {
             interval_us,
             seq: 0,
             due: Instant::now() + plan.every,
-            kept: VecDeque::from([(first.to_path_buf(), meta.dev(), meta.ino())]),
+            kept: VecDeque::from([KeptSegment {
+                path: first.to_path_buf(),
+                dev: meta.dev(),
+                ino: meta.ino(),
+                finished: None,
+            }]),
             deleted: 0,
             bytes_done: 0,
         }
@@ -294,7 +313,12 @@ struct Run {
     /// The perf-stack engine's unwinding, taken out of the state.
     stack_sampler: Option<StackSampler>,
     /// The control channel's eventfd (perf-stack engine only).
-    wake: Option<Arc<OwnedFd>>,
+    wake: Option<Arc<OwnFd>>,
+    /// Samples known to be in the spool (all written up to the last flush
+    /// that succeeded).
+    confirmed: u64,
+    /// Samples dropped because the spool could no longer be written.
+    dropped: u64,
     /// The program took the engine's signal over (see `check_signal`).
     signal_lost: bool,
 }
@@ -438,7 +462,7 @@ pub(crate) fn define_objects(
 
 /// The thread body: wait for `Start`, then run until `Stop`. `wake` is the
 /// control channel's eventfd, when it has one.
-pub(crate) fn main(rx: Receiver<Control>, wake: Option<Arc<OwnedFd>>) -> Result<Stats, Error> {
+pub(crate) fn main(rx: Receiver<Control>, wake: Option<Arc<OwnFd>>) -> Result<Stats, Error> {
     let mut st = loop {
         match rx.recv() {
             Ok(Control::Start(st)) => break *st,
@@ -479,6 +503,8 @@ pub(crate) fn main(rx: Receiver<Control>, wake: Option<Arc<OwnedFd>>) -> Result<
         lost_before: 0,
         stack_sampler,
         wake,
+        confirmed: 0,
+        dropped: 0,
         signal_lost: false,
     };
     // The initial scan was taken before the engine started: every sample is later,
@@ -530,7 +556,7 @@ impl Run {
         match events.wait(wait) {
             Woken::Rings => Event::Rings,
             Woken::Other => {
-                if let Some(w) = &self.wake {
+                if let Some(w) = self.wake.as_ref().filter(|w| w.is_ours()) {
                     let mut n = 0u64;
                     // SAFETY: reads 8 bytes into our u64 from a non-blocking
                     // eventfd we keep open (resets its count).
@@ -690,9 +716,16 @@ impl Run {
             self.st.engine.tick(tids);
         }
         handler::reclaim(&mut self.retired);
+        self.flush_out();
+    }
+
+    /// Flush the spool; on success every sample so far is in it.
+    fn flush_out(&mut self) {
         if self.error.is_none() {
             let r = self.st.out.flush();
-            self.note(r);
+            if self.note(r).is_some() {
+                self.confirmed = self.samples_written;
+            }
         }
     }
 
@@ -972,7 +1005,12 @@ impl Run {
 
     fn write_sample(&mut self, s: &RawSample<'_>) {
         self.threads.entry(s.tid).or_default().sampled = true;
-        if self.error.is_some() || s.addrs.is_empty() {
+        if s.addrs.is_empty() {
+            return;
+        }
+        if self.error.is_some() {
+            // The spool can no longer be written: counted, not written.
+            self.dropped += u64::from(s.weight.max(1));
             return;
         }
         let r = self.sample_inner(s);
@@ -1033,6 +1071,10 @@ impl Run {
             self.st.out.sample(s.time_us, thread, leaf)?;
             self.samples_written += 1;
         }
+        if self.st.out.buffered() == 0 {
+            // An automatic flush just wrote everything.
+            self.confirmed = self.samples_written;
+        }
         Ok(())
     }
 
@@ -1061,7 +1103,7 @@ impl Run {
         let header = Header { start_time_us: sys::now_us(), interval_us: rot.interval_us };
         let created = super::create_spool(&path, rot.mode, rot.overwrite).and_then(|file| {
             let meta = file.metadata().map_err(|e| Error::io(Some(&path), e))?;
-            let sink: Box<dyn Sink> = Box::new(file);
+            let sink: Box<dyn Sink> = Box::new(SpoolFile::new(file));
             let out = SpoolWriter::new(sink, header).map_err(|e| e.with_path(&path))?;
             Ok((out, meta))
         });
@@ -1073,10 +1115,10 @@ impl Run {
             }
         };
         rot.seq = seq;
-        rot.kept.push_back((path.clone(), meta.dev(), meta.ino()));
+        rot.kept.push_back(KeptSegment { path: path.clone(), dev: meta.dev(), ino: meta.ino(), finished: None });
         super::set_live_segment(&path);
         let mut old = std::mem::replace(&mut self.st.out, out);
-        let old_path = rot.kept.iter().rev().nth(1).map(|k| k.0.clone());
+        let old_path = rot.kept.iter().rev().nth(1).map(|k| k.path.clone());
         // The new segment's definitions: the modules still active, in table
         // order (the order they were defined in, so spans never overlap).
         let r = self.define_active_modules(&path);
@@ -1094,7 +1136,11 @@ impl Run {
         // followers (the next segment already exists).
         let r = old.flush().and_then(|()| old.get_ref().sync().map_err(Error::from));
         old.get_ref().release();
+        let finished = old.get_ref().metadata().map(|m| (m.size(), m.mtime(), m.mtime_nsec()));
         let Some(rot) = self.st.rotation.as_mut() else { return };
+        if let Some(k) = rot.kept.iter_mut().rev().nth(1) {
+            k.finished = finished;
+        }
         rot.bytes_done += old.len();
         drop(old);
         if let Err(e) = r {
@@ -1129,23 +1175,25 @@ impl Run {
     }
 
     /// Delete the oldest segments beyond the number to retain, each only if
-    /// its path still names the file this recorder created.
+    /// its path still names the file this recorder created and finished
+    /// (device, inode, size and modification time: see [`KeptSegment`]).
     fn apply_retention(&mut self) {
         let Some(rot) = self.st.rotation.as_mut() else { return };
         let Some(retain) = rot.retain else { return };
         let mut failure = None;
         while rot.kept.len() > retain {
-            let Some((path, dev, ino)) = rot.kept.pop_front() else { break };
-            match std::fs::symlink_metadata(&path) {
-                Ok(m) if m.dev() == dev && m.ino() == ino => match std::fs::remove_file(&path) {
+            let Some(k) = rot.kept.pop_front() else { break };
+            let path = &k.path;
+            match std::fs::symlink_metadata(path) {
+                Ok(m) if k.is(&m) => match std::fs::remove_file(path) {
                     Ok(()) => rot.deleted += 1,
                     Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                    Err(e) => failure = failure.or(Some(Error::io(Some(&path), e))),
+                    Err(e) => failure = failure.or(Some(Error::io(Some(path), e))),
                 },
                 // Gone already, or another file took its place: not ours to delete.
                 Ok(_) => {}
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => failure = failure.or(Some(Error::io(Some(&path), e))),
+                Err(e) => failure = failure.or(Some(Error::io(Some(path), e))),
             }
         }
         if let Some(e) = failure {
@@ -1178,10 +1226,7 @@ impl Run {
             self.retire(idx);
         }
         handler::reclaim(&mut self.retired);
-        if self.error.is_none() {
-            let r = self.st.out.flush();
-            self.note(r);
-        }
+        self.flush_out();
         if self.error.is_none() && self.st.sync_at_finish {
             let r = self.st.out.get_ref().sync().map_err(Error::from);
             self.note(r);
@@ -1189,7 +1234,15 @@ impl Run {
         // The recording is complete on disk: readers may know it now.
         self.st.out.get_ref().release();
         if let Some(e) = self.error.take() {
-            return Err(e);
+            // Samples written after the last flush that succeeded went with
+            // the failed write (or into a descriptor no longer the spool's,
+            // which the sink refused): lost, as are those taken afterwards.
+            let unflushed = self.samples_written - self.confirmed;
+            return Err(Error::Recorder(RecorderError::WriteStopped {
+                source: Box::new(e),
+                samples_written: self.confirmed,
+                samples_lost: unflushed + self.dropped,
+            }));
         }
         let c = &self.st.shared.counters;
         Ok(Stats {

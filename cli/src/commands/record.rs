@@ -84,22 +84,14 @@ pub fn run(args: &RecordArgs, embedded_lib: &[u8]) -> Result<i32, CliError> {
         }
         None => None,
     };
-    let dir = tempfile::Builder::new()
-        .prefix("spulse-record-")
-        .tempdir()
-        .map_err(|e| CliError::other(format!("cannot create the private directory: {e}")))?;
+    let dir = HandoffDir::create()?;
 
     // SAFETY: prctl(PR_SET_CHILD_SUBREAPER, 1) only changes who adopts this
     // process's orphaned descendants.
     unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
-    let interrupted = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    {
-        // Ctrl-C reaches the whole foreground process group: the tree ends by
-        // itself and the collector keeps merging until it has. (The handler is
-        // reset in CMD by exec.)
-        let flag = interrupted.clone();
-        let _ = ctrlc::set_handler(move || flag.store(true, std::sync::atomic::Ordering::SeqCst));
-    }
+    // SIGINT, SIGTERM and SIGHUP are forwarded to the tree, which ends by
+    // itself; the collector keeps merging until it has (see `forward_signal`).
+    install_signal_handlers();
 
     let start_time_us = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -116,7 +108,7 @@ pub fn run(args: &RecordArgs, embedded_lib: &[u8]) -> Result<i32, CliError> {
     let child = cmd
         .args(&args.command[1..])
         .env("LD_PRELOAD", &preload)
-        .env("SPULSE_RECORD_DIR", dir.path())
+        .env("SPULSE_RECORD_DIR", &dir.path)
         .env("SPULSE_FREQUENCY", hz.to_string())
         .env_remove("SPULSE_OUTPUT")
         // The collector reads one spool per process: no segments.
@@ -138,42 +130,77 @@ pub fn run(args: &RecordArgs, embedded_lib: &[u8]) -> Result<i32, CliError> {
             }
         },
     };
+    let out_shown = out_path.display().to_string();
+    let shown = crate::display::escape(&out_shown);
+    // Every failure to write the output names it, and exits 1 (README).
+    let out_err = |e: &dyn std::fmt::Display| format!("{out_shown}: {e}");
     let lock_err = |e: std::io::Error| CliError::other(format!("{}: cannot lock: {e}", out_path.display()));
     rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive)
         .map_err(|e| lock_err(e.into()))?;
     let interval_us = (1_000_000 + hz as u64 / 2) / hz as u64;
-    let mut out = SpoolWriter::new(file, Header { start_time_us, interval_us })?;
-    out.flush()?;
+    let mut out = SpoolWriter::new(file, Header { start_time_us, interval_us })
+        .and_then(|mut o| o.flush().map(|()| o))
+        .map_err(|e| {
+            // SAFETY: kill on the pid of our own unreaped child.
+            unsafe { libc::kill(cmd_pid as i32, libc::SIGKILL) };
+            CliError::other(out_err(&e))
+        })?;
 
     let mut collector = Collector {
-        dir: dir.path().to_path_buf(),
+        dir: dir.path.clone(),
         entries: BTreeMap::new(),
         done: Vec::new(),
         seen: HashSet::new(),
     };
     let pidfd = pidfd_open(cmd_pid);
     let mut cmd_status: Option<i32> = None;
+    // Set once writing the output failed: merging stops, the tree stays
+    // supervised (reaped, signals forwarded) until it exits.
+    let mut out_failed: Option<String> = None;
     loop {
+        if let Some(sig) = take_signal() {
+            forward_signal(sig);
+        }
         reap(cmd_pid, &mut cmd_status);
         let tree_gone = cmd_status.is_some() && !have_children();
         collector.scan();
-        collector.tick(&mut out)?;
-        out.flush()?;
+        let mut step = |collector: &mut Collector, out_failed: &mut Option<String>| {
+            if out_failed.is_none() {
+                if let Err(e) = collector.tick(Some(&mut out)).and_then(|()| out.flush()) {
+                    let msg = out_err(&e);
+                    let _ = writeln!(
+                        std::io::stderr(),
+                        "spulse: error: {}; recording stops here, waiting for the command to exit",
+                        crate::display::escape(&msg)
+                    );
+                    *out_failed = Some(msg);
+                }
+            }
+            if out_failed.is_some() {
+                let _ = collector.tick(None);
+            }
+        };
+        step(&mut collector, &mut out_failed);
         if tree_gone && collector.all_done() {
             // One more look: a process may have created its spool just before exiting.
             collector.scan();
-            collector.tick(&mut out)?;
+            step(&mut collector, &mut out_failed);
             if collector.all_done() {
                 break;
             }
         }
         wait_tick(pidfd.as_ref(), cmd_status.is_none());
     }
-    let _ = interrupted;
-    out.flush()?;
-    let file = out.into_inner()?;
-    file.sync_all().map_err(|e| CliError::other(format!("{}: {e}", out_path.display())))?;
-    let _ = rustix::fs::flock(&file, rustix::fs::FlockOperation::Unlock);
+    let finished = match out_failed {
+        Some(m) => Err(m),
+        None => out
+            .into_inner()
+            .map_err(|e| out_err(&e))
+            .and_then(|file| file.sync_all().map(|()| file).map_err(|e| out_err(&e))),
+    };
+    if let Ok(file) = &finished {
+        let _ = rustix::fs::flock(file, rustix::fs::FlockOperation::Unlock);
+    }
 
     let summary = collector.summary();
     let mut err = std::io::stderr().lock();
@@ -195,8 +222,6 @@ pub fn run(args: &RecordArgs, embedded_lib: &[u8]) -> Result<i32, CliError> {
             let _ = f.write_all(text.as_bytes());
         }
     }
-    let out_shown = out_path.display().to_string();
-    let shown = crate::display::escape(&out_shown);
     let _ = writeln!(
         err,
         "spulse: recorded {} process{}, {} samples ({} lost) into {shown}\nspulse: next: spulse top {shown}   (or: spulse info {shown})",
@@ -205,6 +230,21 @@ pub fn run(args: &RecordArgs, embedded_lib: &[u8]) -> Result<i32, CliError> {
         summary.samples,
         summary.lost,
     );
+    if let Err(m) = finished {
+        return Err(CliError::other(format!(
+            "writing the output failed: {m} (it holds what was merged before; the command exited with status {})",
+            cmd_status.unwrap_or(1)
+        )));
+    }
+    if summary.processes == 0 && summary.unrecorded > 0 {
+        return Err(CliError::other(format!(
+            "nothing was recorded: {} process{} could not record (see the warnings above); the command exited \
+             with status {}",
+            summary.unrecorded,
+            if summary.unrecorded == 1 { "" } else { "es" },
+            cmd_status.unwrap_or(1)
+        )));
+    }
     Ok(cmd_status.unwrap_or(1))
 }
 
@@ -223,6 +263,8 @@ struct Done {
     samples: u64,
     dropped: u64,
     error: Option<String>,
+    /// Not merged: writing the output had failed.
+    discarded: bool,
 }
 
 struct Entry {
@@ -245,6 +287,8 @@ struct Summary {
     samples: u64,
     lost: u64,
     warnings: Vec<String>,
+    /// Processes that left an `.error` file (could not record).
+    unrecorded: usize,
 }
 
 impl Collector {
@@ -259,6 +303,19 @@ impl Collector {
             let Some((pid, ns)) = parse_name(&name, "spool") else { continue };
             self.seen.insert(name);
             let path = e.path();
+            // The directory is private (0700), but the recorded program is
+            // untrusted: only a regular file of ours is read.
+            if let Err(why) = check_entry(&path) {
+                self.done.push(Done {
+                    pid,
+                    path,
+                    samples: 0,
+                    dropped: 0,
+                    error: Some(format!("process {pid}: its spool was not read: {why}")),
+                    discarded: false,
+                });
+                continue;
+            }
             self.entries.insert(
                 (pid, ns),
                 Entry { path, starttime: proc_starttime(pid), state: EntryState::Waiting },
@@ -270,8 +327,17 @@ impl Collector {
         self.entries.is_empty()
     }
 
-    /// Merge what every current spool gained; finish the spools whose process ended.
-    fn tick(&mut self, out: &mut SpoolWriter<File>) -> Result<(), CliError> {
+    /// Merge what every current spool gained into `out`; finish the spools
+    /// whose process ended. Without `out` (writing it failed), drop every spool.
+    fn tick(&mut self, out: Option<&mut SpoolWriter<File>>) -> Result<(), spulse::Error> {
+        let Some(out) = out else {
+            for ((pid, _), entry) in std::mem::take(&mut self.entries) {
+                let _ = std::fs::remove_file(&entry.path);
+                let path = entry.path;
+                self.done.push(Done { pid, path, samples: 0, dropped: 0, error: None, discarded: true });
+            }
+            return Ok(());
+        };
         let keys: Vec<(u32, u64)> = self.entries.keys().copied().collect();
         for (i, &(pid, ns)) in keys.iter().enumerate() {
             // Finished spools leave the map, and keys sort by (pid, ns): only
@@ -297,6 +363,7 @@ impl Collector {
                             samples: 0,
                             dropped: 0,
                             error: Some(format!("process {pid} left no readable spool: {e}")),
+                            discarded: false,
                         });
                         continue;
                     }
@@ -307,7 +374,7 @@ impl Collector {
             let failed = match src.pump(out) {
                 Ok(()) => None,
                 Err(MergeError::Source(msg)) => Some(msg),
-                Err(MergeError::Output(e)) => return Err(e.into()),
+                Err(MergeError::Output(e)) => return Err(e),
             };
             if failed.is_some() || ended {
                 src.retire_all(out)?;
@@ -317,6 +384,7 @@ impl Collector {
                     samples: src.samples,
                     dropped: src.dropped,
                     error: failed.map(|m| format!("process {pid}: stopped reading its spool: {m}")),
+                    discarded: false,
                 };
                 // Its content is in the output now: free the disk space at once
                 // (a long build runs through thousands of processes).
@@ -333,29 +401,39 @@ impl Collector {
         let mut samples = 0;
         let mut lost = 0;
         let mut warnings = Vec::new();
-        // What processes' recorders reported (`Stats::warnings`), with how many said it.
+        // What processes' recorders reported (`Stats::warnings`, a write
+        // failure), grouped by message, with the pids that said it.
         let mut reported: Vec<(String, Vec<u32>)> = Vec::new();
+        let mut discarded = 0u64;
         for d in &self.done {
+            if d.discarded {
+                discarded += 1;
+                continue;
+            }
             pids.insert(d.pid);
             samples += d.samples;
             lost += d.dropped;
             if let Some(m) = &d.error {
                 warnings.push(m.clone());
             }
-            // Samples the process's own recorder lost (written at its exit).
-            if let Ok(text) = std::fs::read_to_string(d.path.with_extension("stats")) {
-                let mut lines = text.lines();
-                let first = lines.next().unwrap_or("");
-                if let Some(l) = first.split_whitespace().nth(1).and_then(|v| v.parse::<u64>().ok()) {
-                    lost += l;
-                }
-                for w in lines.filter(|l| !l.trim().is_empty()).take(16) {
-                    let w: String = w.chars().filter(|c| !c.is_control()).take(400).collect();
-                    match reported.iter_mut().find(|(m, _)| *m == w) {
-                        Some((_, pids)) => pids.push(d.pid),
-                        None => reported.push((w, vec![d.pid])),
+            // Samples the process's own recorder lost (written at its exit),
+            // and why it stopped writing, if it did.
+            match read_small(&d.path.with_extension("stats")) {
+                Ok(text) => {
+                    let (first, rest) = text.split_once('\n').unwrap_or((&text, ""));
+                    if let Some(l) = first.split_whitespace().nth(1).and_then(|v| v.parse::<u64>().ok()) {
+                        lost += l;
+                    }
+                    for w in rest.lines().filter(|l| !l.trim().is_empty()).take(16) {
+                        let w: String = w.chars().filter(|c| !c.is_control()).take(400).collect();
+                        match reported.iter_mut().find(|(m, _)| *m == w) {
+                            Some((_, pids)) => pids.push(d.pid),
+                            None => reported.push((w, vec![d.pid])),
+                        }
                     }
                 }
+                Err(None) => {}
+                Err(Some(why)) => warnings.push(format!("process {}: its stats file was not read: {why}", d.pid)),
             }
         }
         for (w, pids) in reported {
@@ -364,15 +442,44 @@ impl Collector {
                 many => format!("{} processes (first {}): {w}", many.len(), many[0]),
             });
         }
+        if discarded > 0 {
+            warnings.push(format!(
+                "{discarded} process spool{} not merged (writing the output had failed)",
+                if discarded == 1 { " was" } else { "s were" }
+            ));
+        }
+        // Processes that could not record, grouped by reason: a full
+        // directory gives the same reason for every process of a big tree.
+        let mut unrecorded: BTreeMap<String, Vec<u32>> = BTreeMap::new();
         if let Ok(rd) = std::fs::read_dir(&self.dir) {
             for e in rd.flatten() {
                 if let Some((pid, _)) = parse_name(&e.file_name(), "error") {
-                    let why = std::fs::read_to_string(e.path()).unwrap_or_default();
-                    warnings.push(format!("process {pid} was not recorded: {}", why.trim()));
+                    let why = match read_small(&e.path()) {
+                        Ok(text) if !text.trim().is_empty() => text.trim().to_string(),
+                        Ok(_) | Err(None) => empty_reason(&self.dir),
+                        Err(Some(why)) => format!("its error file was not read: {why}"),
+                    };
+                    unrecorded.entry(why).or_default().push(pid);
                 }
             }
         }
-        Summary { processes: pids.len(), samples, lost, warnings }
+        let mut count = 0;
+        for (why, mut who) in unrecorded {
+            count += who.len();
+            who.sort_unstable();
+            if let [pid] = who[..] {
+                warnings.push(format!("process {pid} was not recorded: {why}"));
+            } else {
+                let shown: Vec<String> = who.iter().take(10).map(u32::to_string).collect();
+                let more = if who.len() > 10 { ", ..." } else { "" };
+                warnings.push(format!(
+                    "{} processes were not recorded (pids {}{more}): {why}",
+                    who.len(),
+                    shown.join(", ")
+                ));
+            }
+        }
+        Summary { processes: pids.len(), samples, lost, warnings, unrecorded: count }
     }
 }
 
@@ -549,13 +656,14 @@ fn check_dynamic(program: &Path) -> Result<(), CliError> {
     }
 }
 
-/// Create `path`, failing if anything exists there (never overwrite, never follow a symlink).
+/// Create `path` with mode 0600 (like an embedded recorder's spool), failing
+/// if anything exists there (never overwrite, never follow a symlink).
 fn create_new(path: &Path) -> std::io::Result<File> {
     std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
-        .mode(0o644)
-        .custom_flags(libc::O_CLOEXEC)
+        .mode(0o600)
+        .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW)
         .open(path)
 }
 
@@ -574,4 +682,237 @@ fn default_output(cmd: &OsString, pid: u32) -> Result<(File, PathBuf), CliError>
         }
     }
     Err(CliError::other(format!("no free output name for {program}-{pid}.spool in the current directory")))
+}
+
+/// Prefix of the collector's private directories in `TMPDIR` (a new name:
+/// directories of this prefix are locked while their collector runs, which
+/// is what makes the clean-up of stale ones safe).
+const HANDOFF_PREFIX: &str = "spulse-rec-";
+
+/// A stale directory is removed only once it has not changed for this long
+/// (a collector locks its directory microseconds after creating it).
+const STALE_AFTER: Duration = Duration::from_secs(5);
+
+/// The collector's private directory: mode 0700 whatever the umask, locked
+/// (`flock(LOCK_EX)` on a close-on-exec descriptor of the directory) while
+/// the collector runs, removed when it ends. A collector that is SIGKILLed
+/// leaves it unlocked: the recorded processes started after that see the lock
+/// gone and do not record (the preloaded library checks it at start), and the
+/// next `spulse record` of the same user removes it (`clean_stale_dirs`).
+struct HandoffDir {
+    path: PathBuf,
+    /// Holds the lock.
+    _lock: File,
+}
+
+impl HandoffDir {
+    fn create() -> Result<HandoffDir, CliError> {
+        let tmp = std::env::temp_dir();
+        clean_stale_dirs(&tmp);
+        let fail = |e: std::io::Error| {
+            CliError::other(format!("cannot create the private directory in {}: {e}", tmp.display()))
+        };
+        let dir = tempfile::Builder::new().prefix(HANDOFF_PREFIX).tempdir_in(&tmp).map_err(fail)?;
+        let path = dir.keep();
+        let made = (|| {
+            use std::os::unix::fs::PermissionsExt;
+            // The umask may have taken bits from (or, with tempfile's mode,
+            // left bits in) the mode: set it outright.
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o700))?;
+            let lock = open_dir(&path)?;
+            rustix::fs::flock(&lock, rustix::fs::FlockOperation::NonBlockingLockExclusive)?;
+            Ok(lock)
+        })();
+        match made {
+            Ok(lock) => Ok(HandoffDir { path, _lock: lock }),
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(&path);
+                Err(fail(e))
+            }
+        }
+    }
+}
+
+impl Drop for HandoffDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.path);
+    }
+}
+
+/// A directory, opened to lock it (never through a symlink, close-on-exec so
+/// the recorded tree does not inherit the lock).
+fn open_dir(path: &Path) -> std::io::Result<File> {
+    std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)
+}
+
+/// Remove the private directories that collectors of this user left in `tmp`
+/// when they were killed: a directory of ours, named with our prefix, that
+/// no collector holds locked and that has not changed for [`STALE_AFTER`].
+fn clean_stale_dirs(tmp: &Path) {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(rd) = std::fs::read_dir(tmp) else { return };
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    let now = std::time::SystemTime::now();
+    for e in rd.flatten() {
+        if !e.file_name().as_encoded_bytes().starts_with(HANDOFF_PREFIX.as_bytes()) {
+            continue;
+        }
+        let path = e.path();
+        let Ok(m) = std::fs::symlink_metadata(&path) else { continue };
+        let changed = std::time::UNIX_EPOCH + Duration::from_secs(m.ctime().max(0) as u64);
+        let quiet = now.duration_since(changed).is_ok_and(|d| d >= STALE_AFTER);
+        if !m.is_dir() || m.uid() != me || !quiet {
+            continue;
+        }
+        let Ok(dir) = open_dir(&path) else { continue };
+        let same = dir.metadata().is_ok_and(|d| d.dev() == m.dev() && d.ino() == m.ino());
+        if same && rustix::fs::flock(&dir, rustix::fs::FlockOperation::NonBlockingLockExclusive).is_ok() {
+            // remove_dir_all never follows symlinks inside.
+            let _ = std::fs::remove_dir_all(&path);
+        }
+    }
+}
+
+/// Largest `.error` or `.stats` file read from the private directory.
+const SMALL_FILE_MAX: u64 = 4096;
+
+/// Whether `path` (in the private directory) is a regular file of ours;
+/// otherwise what it is.
+fn check_entry(path: &Path) -> Result<(), String> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::symlink_metadata(path).map_err(|e| e.to_string())?;
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    let t = m.file_type();
+    if !t.is_file() {
+        let what = if t.is_symlink() {
+            "a symbolic link"
+        } else if t.is_fifo() {
+            "a FIFO"
+        } else if t.is_dir() {
+            "a directory"
+        } else {
+            "a device or socket"
+        };
+        return Err(format!("it is {what}, not a regular file"));
+    }
+    if m.uid() != me {
+        return Err(format!("it belongs to user {}, not to this user", m.uid()));
+    }
+    Ok(())
+}
+
+use std::os::unix::fs::FileTypeExt;
+
+/// Read a small file from the private directory: opened without following
+/// a symlink or waiting on a FIFO, accepted only as a regular file of ours,
+/// read up to [`SMALL_FILE_MAX`] bytes (the rest is cut, and said so).
+/// `Err(None)` when there is no such file, `Err(Some(why))` when it was refused.
+fn read_small(path: &Path) -> Result<String, Option<String>> {
+    use std::io::Read;
+    use std::os::unix::fs::MetadataExt;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY | libc::O_CLOEXEC)
+        .open(path);
+    let f = match f {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(None),
+        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
+            return Err(Some("it is a symbolic link, not a regular file".into()))
+        }
+        Err(e) => return Err(Some(e.to_string())),
+    };
+    let m = f.metadata().map_err(|e| Some(e.to_string()))?;
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    if !m.file_type().is_file() {
+        let what = if m.file_type().is_fifo() { "a FIFO" } else { "not a regular file" };
+        return Err(Some(format!("it is {what}")));
+    }
+    if m.uid() != me {
+        return Err(Some(format!("it belongs to user {}, not to this user", m.uid())));
+    }
+    let mut buf = Vec::new();
+    f.take(SMALL_FILE_MAX + 1).read_to_end(&mut buf).map_err(|e| Some(e.to_string()))?;
+    let cut = buf.len() as u64 > SMALL_FILE_MAX;
+    buf.truncate(SMALL_FILE_MAX as usize);
+    let mut text = String::from_utf8_lossy(&buf).into_owned();
+    if cut {
+        text.push_str(&format!(" [cut at {SMALL_FILE_MAX} bytes of {}]", m.len()));
+    }
+    Ok(text)
+}
+
+/// What to say for an empty `.error` file: the library writes the reason in
+/// one write, so an empty file means that write failed, most likely because
+/// the directory's file system is full.
+fn empty_reason(dir: &Path) -> String {
+    use std::os::unix::ffi::OsStrExt;
+    let full = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok().and_then(|c| {
+        // SAFETY: all-zero bytes are a valid statvfs (plain integers) to overwrite.
+        let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+        // SAFETY: a NUL-terminated path and a valid struct to fill.
+        (unsafe { libc::statvfs(c.as_ptr(), &mut st) } == 0).then_some(st.f_bavail == 0)
+    });
+    match full {
+        Some(true) => format!(
+            "no reason could be written: the file system of {} (TMPDIR) is full",
+            dir.parent().unwrap_or(dir).display()
+        ),
+        _ => "no reason was written (its error file is empty; was the file system of TMPDIR full?)".into(),
+    }
+}
+
+/// The last of SIGINT, SIGTERM, SIGHUP received (0: none), for the main loop.
+static SIGNAL: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+
+extern "C" fn on_signal(sig: libc::c_int) {
+    SIGNAL.store(sig, std::sync::atomic::Ordering::SeqCst);
+}
+
+/// Catch SIGINT, SIGTERM and SIGHUP (the recorded command gets the default
+/// dispositions back at exec).
+fn install_signal_handlers() {
+    for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+        // SAFETY: all-zero bytes are a valid sigaction to fill in.
+        let mut sa: libc::sigaction = unsafe { std::mem::zeroed() };
+        sa.sa_sigaction = on_signal as extern "C" fn(libc::c_int) as usize;
+        sa.sa_flags = libc::SA_RESTART;
+        // SAFETY: installs an async-signal-safe handler (one atomic store);
+        // the old action is not needed.
+        unsafe { libc::sigaction(sig, &sa, std::ptr::null_mut()) };
+    }
+}
+
+fn take_signal() -> Option<i32> {
+    let sig = SIGNAL.swap(0, std::sync::atomic::Ordering::SeqCst);
+    (sig != 0).then_some(sig)
+}
+
+/// Pass `sig` on to the collector's children (CMD and the orphans it
+/// adopted), which end the tree as they would have ended it unrecorded; the
+/// collector keeps merging until they have exited. A SIGINT that the
+/// terminal sent to the whole foreground process group (the collector's
+/// group is the terminal's) already reached them and is not sent again.
+fn forward_signal(sig: i32) {
+    if sig == libc::SIGINT {
+        // SAFETY: tcgetpgrp and getpgrp only read process state.
+        let foreground = unsafe { libc::tcgetpgrp(libc::STDIN_FILENO) == libc::getpgrp() };
+        if foreground {
+            return;
+        }
+    }
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else { return };
+    for t in tasks.flatten() {
+        let Ok(list) = std::fs::read_to_string(t.path().join("children")) else { continue };
+        for pid in list.split_whitespace().filter_map(|p| p.parse::<i32>().ok()) {
+            // SAFETY: kill on a child of ours (unreaped, so its pid is not reused).
+            unsafe { libc::kill(pid, sig) };
+        }
+    }
 }

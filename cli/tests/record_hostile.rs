@@ -1,0 +1,448 @@
+//! Hostile programs and handoff directories under `LD_PRELOAD` and `spulse
+//! record`: a program that closes every descriptor above 2 and opens files of
+//! its own, entries of the private directory that are FIFOs, symlinks or huge
+//! files, a full file system, signals, a killed collector, a process that
+//! switches user, a `TMPDIR` that is not UTF-8.
+
+mod common;
+
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+
+/// The library as `spulse record` finds it (built with the tool).
+fn lib() -> PathBuf {
+    let lib = Path::new(env!("CARGO_BIN_EXE_spulse")).parent().unwrap().join("deps/libspulse_preload.so");
+    assert!(lib.is_file(), "{} is built with the tool", lib.display());
+    lib
+}
+
+/// Run `cmd`, failing the test if it has not exited within `limit`.
+fn run_bounded(mut cmd: Command, limit: Duration) -> Output {
+    let mut child = cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("start the command");
+    let start = Instant::now();
+    loop {
+        if child.try_wait().unwrap().is_some() {
+            return child.wait_with_output().unwrap();
+        }
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            let o = child.wait_with_output().unwrap();
+            panic!("{cmd:?} still running after {limit:?}; stderr: {}", stderr(&o));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The victim: burns CPU (so samples are taken), then closes every
+/// descriptor from 3 up (`loop`: 3..1023 one by one; `range`:
+/// `close_range(3, ~0U, 0)`), opens out0.txt..out2.txt and writes known
+/// lines into them while burning more CPU. `burn SECS` only burns.
+const VICTIM: &str = r#"
+#define _GNU_SOURCE
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include <sys/syscall.h>
+static volatile unsigned long sink;
+static void burn(double secs) {
+  struct timespec a, b; clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &a);
+  for (;;) { for (int i = 0; i < 100000; i++) sink += i * i;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &b);
+    if ((b.tv_sec - a.tv_sec) + (b.tv_nsec - a.tv_nsec) / 1e9 > secs) break; }
+}
+int main(int argc, char **argv) {
+  if (argc > 2 && strcmp(argv[1], "burn") == 0) { burn(atof(argv[2])); return 0; }
+  burn(0.3);
+  if (argc > 1 && strcmp(argv[1], "range") == 0) syscall(SYS_close_range, 3, ~0U, 0);
+  else for (int fd = 3; fd < 1024; fd++) close(fd);
+  FILE *f[3]; char name[32];
+  for (int i = 0; i < 3; i++) {
+    snprintf(name, sizeof name, "out%d.txt", i);
+    f[i] = fopen(name, "w");
+    if (!f[i]) return 2;
+  }
+  for (int k = 0; k < 10; k++) {
+    burn(0.03);
+    for (int i = 0; i < 3; i++) { fprintf(f[i], "file %d line %d\n", i, k); fflush(f[i]); }
+  }
+  for (int i = 0; i < 3; i++) fclose(f[i]);
+  return 0;
+}
+"#;
+
+fn victim(dir: &Path) -> PathBuf {
+    let src = dir.join("victim.c");
+    std::fs::write(&src, VICTIM).unwrap();
+    let exe = dir.join("victim");
+    let o = Command::new("cc").args(["-O1", "-o"]).arg(&exe).arg(&src).output().expect("run cc");
+    assert!(o.status.success(), "cc: {}", stderr(&o));
+    exe
+}
+
+/// What the victim writes into out<i>.txt.
+fn expected(i: usize) -> String {
+    (0..10).map(|k| format!("file {i} line {k}\n")).collect()
+}
+
+fn check_victim_files(dir: &Path, what: &str) {
+    for i in 0..3 {
+        let got = std::fs::read(dir.join(format!("out{i}.txt"))).unwrap();
+        assert_eq!(
+            String::from_utf8_lossy(&got),
+            expected(i),
+            "{what}: out{i}.txt must hold exactly the program's bytes"
+        );
+    }
+}
+
+/// The command, with a soft descriptor limit of 1024 (as most systems set
+/// it, so the recorder's high descriptor is among those the loop closes).
+fn limited(exe: &Path, arg: &str) -> Command {
+    let mut c = Command::new(exe);
+    c.arg(arg);
+    // SAFETY: setrlimit is async-signal-safe; it lowers this child's own soft limit.
+    unsafe {
+        c.pre_exec(|| {
+            let mut rl = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+            libc::getrlimit(libc::RLIMIT_NOFILE, &mut rl);
+            rl.rlim_cur = rl.rlim_cur.min(1024);
+            libc::setrlimit(libc::RLIMIT_NOFILE, &rl);
+            Ok(())
+        });
+    }
+    c
+}
+
+/// Under `LD_PRELOAD`: the program's files hold exactly its bytes, the spool
+/// stays a valid spool, and the loss is reported on stderr.
+#[test]
+fn a_program_closing_every_descriptor_keeps_its_files_under_ld_preload() {
+    let tmp = tempfile::tempdir().unwrap();
+    let exe = victim(tmp.path());
+    for mode in ["loop", "range"] {
+        let dir = tmp.path().join(mode);
+        std::fs::create_dir(&dir).unwrap();
+        let spool = dir.join("v.spool");
+        let mut c = limited(&exe, mode);
+        c.current_dir(&dir)
+            .env("LD_PRELOAD", lib())
+            .env_remove("SPULSE_RECORD_DIR")
+            .env("SPULSE_OUTPUT", &spool);
+        let o = run_bounded(c, Duration::from_secs(60));
+        assert!(o.status.success(), "{mode}: {:?} {}", o.status, stderr(&o));
+        check_victim_files(&dir, mode);
+        let err = stderr(&o);
+        assert!(
+            err.contains("closed or reused by the program") && err.contains("were lost"),
+            "{mode}: the loss is reported: {err}"
+        );
+        let s = spulse::Snapshot::open(&spool).expect("the spool stays valid");
+        assert!(s.samples().count() > 0, "{mode}: samples before the close are kept");
+    }
+}
+
+/// Under `spulse record`: the same, and the summary says what happened.
+#[test]
+fn a_program_closing_every_descriptor_keeps_its_files_under_record() {
+    let tmp = tempfile::tempdir().unwrap();
+    let exe = victim(tmp.path());
+    for mode in ["loop", "range"] {
+        let dir = tmp.path().join(mode);
+        std::fs::create_dir(&dir).unwrap();
+        let out = dir.join("r.spool");
+        let mut c = limited(Path::new(env!("CARGO_BIN_EXE_spulse")), "record");
+        c.current_dir(&dir).arg("-o").arg(&out).arg("--").arg(&exe).arg(mode);
+        let o = run_bounded(c, Duration::from_secs(60));
+        assert!(o.status.success(), "{mode}: {:?} {}", o.status, stderr(&o));
+        check_victim_files(&dir, mode);
+        let err = stderr(&o);
+        assert!(
+            err.contains("warning: process") && err.contains("closed or reused by the program"),
+            "{mode}: the summary reports the taken spool: {err}"
+        );
+        spulse::Snapshot::open(&out).expect("the output is a valid spool");
+    }
+}
+
+/// `spulse record` with `TMPDIR` set to `tmpdir`, in `cwd`.
+fn record(cwd: &Path, tmpdir: &Path, args: &[&OsStr]) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_spulse"));
+    c.current_dir(cwd).env("TMPDIR", tmpdir).arg("record").args(args);
+    c
+}
+
+fn handoff_dirs(tmpdir: &Path) -> Vec<PathBuf> {
+    std::fs::read_dir(tmpdir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.file_name().unwrap().as_bytes().starts_with(b"spulse-rec"))
+        .collect()
+}
+
+/// Under `umask 000` the private directory is 0700 and the output 0600.
+#[test]
+fn the_private_directory_is_0700_and_the_output_0600_whatever_the_umask() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("o.spool");
+    let script = "stat -c %a \"$SPULSE_RECORD_DIR\"";
+    let mut c = record(tmp.path(), tmp.path(), &["-o".as_ref(), out.as_os_str(), "--".as_ref()]);
+    c.args(["sh", "-c", script]);
+    // SAFETY: umask is async-signal-safe and only changes this child's mask.
+    unsafe {
+        c.pre_exec(|| {
+            libc::umask(0);
+            Ok(())
+        });
+    }
+    let o = run_bounded(c, Duration::from_secs(60));
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(stdout(&o).trim(), "700");
+    assert_eq!(std::fs::metadata(&out).unwrap().permissions().mode() & 0o777, 0o600);
+    assert!(handoff_dirs(tmp.path()).is_empty(), "removed at the end");
+}
+
+/// Entries the recorded program (or anyone who could write the directory)
+/// puts there: a FIFO named as an error file and as a spool, a symlink to
+/// `/dev/zero`, a 100 MB sparse error file. No hang, a bounded warning each.
+#[test]
+fn hostile_entries_in_the_private_directory_give_short_warnings() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("o.spool");
+    let script = "d=\"$SPULSE_RECORD_DIR\"; mkfifo \"$d/7777.1.error\"; mkfifo \"$d/7780.1.spool\"; \
+                  ln -s /dev/zero \"$d/7778.1.error\"; truncate -s 100M \"$d/7779.1.error\"";
+    let mut c = record(tmp.path(), tmp.path(), &["-o".as_ref(), out.as_os_str(), "--".as_ref()]);
+    c.args(["sh", "-c", script]);
+    let o = run_bounded(c, Duration::from_secs(60));
+    let err = stderr(&o);
+    assert!(o.status.success(), "{:?} {err}", o.status);
+    assert!(err.len() < 20_000, "warnings are bounded ({} bytes)", err.len());
+    for (pid, what) in [("7777", "FIFO"), ("7778", "symbolic link"), ("7780", "FIFO")] {
+        assert!(
+            err.lines().any(|l| l.contains(&format!("process {pid}")) && l.contains(what)),
+            "process {pid} named as {what}: {err}"
+        );
+    }
+    assert!(err.lines().any(|l| l.contains("process 7779") && l.contains("cut at 4096 bytes")), "{err}");
+}
+
+/// SIGTERM to `spulse record` reaches the command, which ends; the collector
+/// finishes the output, removes its directory and exits with the command's
+/// status (killed by SIGTERM: 143).
+#[test]
+fn sigterm_is_forwarded_and_the_directory_removed() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("o.spool");
+    let mut c = record(tmp.path(), tmp.path(), &["-o".as_ref(), out.as_os_str(), "--".as_ref()]);
+    c.args(["sleep", "60"]).stdout(Stdio::null()).stderr(Stdio::piped());
+    // Its own process group, as when started by a service manager: the
+    // signal reaches the collector alone.
+    c.process_group(0);
+    let mut child = c.spawn().unwrap();
+    let t = Instant::now();
+    while handoff_dirs(tmp.path()).is_empty()
+        || std::fs::read_dir(&handoff_dirs(tmp.path())[0]).map_or(0, |d| d.count()) == 0
+    {
+        assert!(t.elapsed() < Duration::from_secs(30), "sleep started recording");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // SAFETY: kill on our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let t = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(t.elapsed() < Duration::from_secs(20), "spulse record ignored SIGTERM");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(status.code(), Some(128 + libc::SIGTERM), "the command's status");
+    assert!(handoff_dirs(tmp.path()).is_empty(), "directory removed");
+    spulse::Snapshot::open(&out).expect("a complete output");
+}
+
+/// A tmpfs of `size` at a new directory, or `None` (SKIPPED) when mounting is
+/// not allowed here.
+struct Tmpfs(tempfile::TempDir);
+
+impl Tmpfs {
+    fn mount(size: &str) -> Option<Tmpfs> {
+        let d = tempfile::tempdir().unwrap();
+        let ok = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size},mode=0777"), "tmpfs"])
+            .arg(d.path())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        if !ok {
+            let why = "mounting a tmpfs (needs root)";
+            assert!(!in_ci(), "{why} failed in CI");
+            eprintln!("SKIPPED: a full file system: {why} is not allowed here");
+            return None;
+        }
+        Some(Tmpfs(d))
+    }
+
+    fn path(&self) -> &Path {
+        self.0.path()
+    }
+
+    /// Fill it up, leaving about `leave` bytes.
+    fn fill(&self, leave: u64) {
+        // SAFETY: all-zero bytes are a valid statvfs for statvfs to fill.
+        let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+        let c = std::ffi::CString::new(self.path().as_os_str().as_bytes()).unwrap();
+        // SAFETY: a NUL-terminated path and a valid struct.
+        assert_eq!(unsafe { libc::statvfs(c.as_ptr(), &mut st) }, 0);
+        let free = st.f_bavail * st.f_frsize;
+        let n = free.saturating_sub(leave) as usize;
+        let _ = std::fs::write(self.path().join("filler"), vec![1u8; n]);
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(self.0.path()).status();
+    }
+}
+
+/// The output's file system fills while the command runs: the error names the
+/// output, exit code 1, and the collector still waits for the command (which
+/// finishes its work: its marker file exists when `spulse record` exits).
+#[test]
+fn a_full_output_disk_exits_1_naming_the_file_after_the_tree_ended() {
+    let Some(fs) = Tmpfs::mount("1m") else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let exe = victim(tmp.path());
+    fs.fill(4096);
+    let out = fs.path().join("o.spool");
+    let mark = tmp.path().join("mark");
+    let script = format!("{} burn 2.5; echo done > {}", exe.display(), mark.display());
+    let mut c = record(tmp.path(), tmp.path(), &["-o".as_ref(), out.as_os_str(), "--".as_ref()]);
+    c.args(["sh", "-c", &script]);
+    let o = run_bounded(c, Duration::from_secs(120));
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(err.contains(&out.display().to_string()) && err.contains("No space left"), "{err}");
+    assert!(mark.exists(), "the collector waited for the command to finish");
+    assert!(handoff_dirs(tmp.path()).is_empty(), "directory removed");
+}
+
+/// A full `TMPDIR`: no process can record; one grouped warning with a reason
+/// and exit code 1, not one empty warning per process and 0.
+#[test]
+fn a_full_tmpdir_gives_one_warning_with_a_reason_and_exit_1() {
+    let Some(fs) = Tmpfs::mount("256k") else { return };
+    fs.fill(0);
+    let cwd = tempfile::tempdir().unwrap();
+    let out = cwd.path().join("o.spool");
+    let mut c = record(cwd.path(), fs.path(), &["-o".as_ref(), out.as_os_str(), "--".as_ref()]);
+    c.args(["sh", "-c", "for i in 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20; do /bin/true; done"]);
+    let o = run_bounded(c, Duration::from_secs(120));
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    let warnings: Vec<&str> = err.lines().filter(|l| l.contains("not recorded")).collect();
+    assert_eq!(warnings.len(), 1, "one grouped warning: {err}");
+    assert!(warnings[0].contains("21 processes") && warnings[0].contains("full"), "{err}");
+    assert!(err.contains("nothing was recorded"), "{err}");
+}
+
+/// A process that switches to another user cannot write the private
+/// directory: it says so on stderr rather than going silently unrecorded.
+#[test]
+fn a_process_that_switches_user_says_why_it_is_not_recorded() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("SKIPPED: switching user needs root");
+        return;
+    }
+    if !oracle("python3", &["python3", "-c", "import os"], "python3") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let exe = victim(tmp.path());
+    std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let out = tmp.path().join("o.spool");
+    let mut c = record(tmp.path(), tmp.path(), &["-o".as_ref(), out.as_os_str(), "--".as_ref()]);
+    // Groups, then group, then user, as a daemon drops root (setpriv sets the
+    // user first and keeps its capabilities for the calling thread only: with
+    // the recorder's thread in the process, glibc aborts on the group change;
+    // see the report of issue 26).
+    let switch = "import os, sys; os.setgroups([]); os.setgid(65534); os.setuid(65534); \
+                  os.execv(sys.argv[1], sys.argv[1:])";
+    c.args(["python3", "-c", switch]).arg(&exe).args(["burn", "0.2"]);
+    let o = run_bounded(c, Duration::from_secs(60));
+    let err = stderr(&o);
+    assert!(o.status.success(), "{err}");
+    assert!(
+        err.contains("not recording process") && err.contains("switched to another user"),
+        "the switched process says why: {err}"
+    );
+}
+
+/// A `TMPDIR` whose name is not UTF-8 still records.
+#[test]
+fn a_non_utf8_tmpdir_still_records() {
+    let tmp = tempfile::tempdir().unwrap();
+    let exe = victim(tmp.path());
+    let odd = tmp.path().join(OsStr::from_bytes(b"t\xffmp{x}"));
+    std::fs::create_dir(&odd).unwrap();
+    let out = tmp.path().join("o.spool");
+    let mut c = record(tmp.path(), &odd, &["-o".as_ref(), out.as_os_str(), "--".as_ref()]);
+    c.arg(&exe).args(["burn", "0.3"]);
+    let o = run_bounded(c, Duration::from_secs(60));
+    let err = stderr(&o);
+    assert!(o.status.success(), "{err}");
+    assert!(err.contains("recorded 1 process,"), "{err}");
+    let s = spulse::Snapshot::open(&out).unwrap();
+    assert!(s.samples().count() > 50, "{} samples", s.samples().count());
+}
+
+/// A SIGKILLed `spulse record` leaves its directory: processes the orphaned
+/// tree starts afterwards do not record into it (it stops growing), and the
+/// next `spulse record` removes it.
+#[test]
+fn a_killed_collector_leaves_a_directory_the_next_run_removes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let pidfile = tmp.path().join("loop.pid");
+    let script = format!("echo $$ > {}; while :; do /bin/true 2>/dev/null; done", pidfile.display());
+    let out = tmp.path().join("o.spool");
+    let mut c = record(tmp.path(), tmp.path(), &["-o".as_ref(), out.as_os_str(), "--".as_ref()]);
+    c.args(["sh", "-c", &script]).stdout(Stdio::null()).stderr(Stdio::null());
+    let mut child = c.spawn().unwrap();
+    let t = Instant::now();
+    while !pidfile.exists() || std::fs::read_to_string(&pidfile).unwrap().trim().is_empty() {
+        assert!(t.elapsed() < Duration::from_secs(30));
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let loop_pid: i32 = std::fs::read_to_string(&pidfile).unwrap().trim().parse().unwrap();
+    let dirs = handoff_dirs(tmp.path());
+    assert_eq!(dirs.len(), 1, "the killed collector's directory is left");
+    let count = || std::fs::read_dir(&dirs[0]).map_or(0, |d| d.count());
+    std::thread::sleep(Duration::from_millis(300));
+    let before = count();
+    std::thread::sleep(Duration::from_millis(1000));
+    let after = count();
+    // SAFETY: kill the orphaned loop we started.
+    unsafe { libc::kill(loop_pid, libc::SIGKILL) };
+    assert!(after <= before, "the orphaned tree stopped recording into it: {before} -> {after} entries");
+    // Left alone while it may still change; removed once quiet.
+    std::thread::sleep(Duration::from_millis(5500));
+    let out2 = tmp.path().join("o2.spool");
+    let c = record(tmp.path(), tmp.path(), &["-o".as_ref(), out2.as_os_str(), "--".as_ref(), "true".as_ref()]);
+    let o = run_bounded(c, Duration::from_secs(60));
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(!dirs[0].exists(), "the next run removed the stale directory");
+    let _ = std::fs::metadata(tmp.path()).map(|m| m.uid());
+}
