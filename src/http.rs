@@ -255,11 +255,18 @@ struct Job {
 pub fn serve(addr: impl ToSocketAddrs) -> Result<Server, Error> {
     let addrs: Vec<SocketAddr> = addr.to_socket_addrs().map_err(|e| Error::io(None, e))?.collect();
     let listener = TcpListener::bind(&addrs[..]).map_err(|e| {
-        Error::io(None, io::Error::new(e.kind(), format!("spulse::http::serve: cannot listen on {addrs:?}: {e}")))
+        Error::io(
+            None,
+            io::Error::new(e.kind(), format!("spulse::http::serve: cannot listen on {addrs:?}: {e}")),
+        )
     })?;
     let bound = listener.local_addr().map_err(|e| Error::io(None, e))?;
     listener.set_nonblocking(true).map_err(|e| Error::io(None, e))?;
-    let shared = Arc::new(Shared { stop: AtomicBool::new(false), open: AtomicUsize::new(0), working: AtomicUsize::new(0) });
+    let shared = Arc::new(Shared {
+        stop: AtomicBool::new(false),
+        open: AtomicUsize::new(0),
+        working: AtomicUsize::new(0),
+    });
     let (jobs_tx, jobs_rx) = mpsc::channel::<Job>();
     let windows = {
         let shared = shared.clone();
@@ -599,7 +606,10 @@ fn read_head(s: &mut TcpStream, accepted: Instant, stop: &AtomicBool) -> Result<
         if left.is_zero() {
             return Err(Some(refuse(
                 408,
-                format!("the request's line and headers did not arrive within {} s\n", HEAD_TIMEOUT.as_secs()),
+                format!(
+                    "the request's line and headers did not arrive within {} s\n",
+                    HEAD_TIMEOUT.as_secs()
+                ),
             )));
         }
         if s.set_read_timeout(Some(left.min(POLL))).is_err() {
@@ -668,13 +678,23 @@ fn accept(listener: &TcpListener, shared: &Arc<Shared>, jobs: Sender<Job>) -> Ve
     workers
 }
 
-/// `503` without reading anything or waiting: one non-blocking write of a
-/// short answer into an empty socket buffer, then close.
+/// `503` without waiting: one non-blocking write of a short answer into an
+/// empty socket buffer, then close, after discarding what the request sent
+/// already (at most 16 KiB, without waiting for more), so that the close
+/// is less likely to reset the connection before the answer is read.
 fn refuse_busy(mut s: TcpStream) {
     let r = refuse(503, format!("{MAX_CONNECTIONS} connections are being served; retry in a moment\n"));
     let r = Refusal { header: Some(("Retry-After", "1".into())), ..r };
-    if s.set_nonblocking(true).is_ok() {
-        let _ = s.write(&text_answer(&r, false));
+    if s.set_nonblocking(true).is_err() {
+        return;
+    }
+    let _ = s.write(&text_answer(&r, false));
+    let _ = s.shutdown(Shutdown::Write);
+    let mut sink = [0u8; 4096];
+    for _ in 0..4 {
+        if !matches!(s.read(&mut sink), Ok(n) if n > 0) {
+            break;
+        }
     }
 }
 
@@ -722,6 +742,9 @@ fn windows(jobs: &Receiver<Job>, shared: &Shared) {
     let mut sym = Symbolizer::new(Options::default());
     let stop = &shared.stop;
     while let Ok(Job { stream, _slot, collecting, seconds }) = jobs.recv() {
+        if stop.load(Ordering::SeqCst) {
+            continue;
+        }
         let mut abandoned = false;
         let made = collect(Duration::from_secs(seconds), &mut || {
             if client_gone(&stream, POLL) {
@@ -866,7 +889,10 @@ impl Collected {
 /// spool, the preload library's, or a temporary recording. `wait` is called
 /// between polls of the spool (it waits about [`POLL`]); when it returns an
 /// error (why) the window is abandoned.
-fn collect(duration: Duration, wait: &mut dyn FnMut() -> Result<(), &'static str>) -> Result<Collected, Error> {
+fn collect(
+    duration: Duration,
+    wait: &mut dyn FnMut() -> Result<(), &'static str>,
+) -> Result<Collected, Error> {
     let abandoned = |why: &str| {
         Error::io(None, io::Error::new(io::ErrorKind::Interrupted, format!("profile abandoned: {why}")))
     };
@@ -961,7 +987,9 @@ mod tests {
         assert_eq!(seconds("/debug/pprof/profile?debug=0&seconds=300"), 300);
         assert_eq!(seconds("/debug/pprof/profile?seconds=1"), 1);
         assert_eq!(seconds("/debug/pprof/profile?seconds=007"), 7);
-        for bad in ["0", "301", "-1", "+1", " 1", "1 ", "", "abc", "3.5", "1e1", "%31", "99999999999999999999999"] {
+        for bad in
+            ["0", "301", "-1", "+1", " 1", "1 ", "", "abc", "3.5", "1e1", "%31", "99999999999999999999999"]
+        {
             let (status, text) = refused(&format!("/debug/pprof/profile?seconds={bad}"));
             assert_eq!(status, 400, "seconds={bad}");
             assert!(text.contains("seconds") && text.contains("1..=300"), "{text}");

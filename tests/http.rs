@@ -514,7 +514,9 @@ fn u64_max_content_length_is_never_read() {
 fn slow_clients_do_not_hold_up_others() {
     let mut c = ChildServer::start("plain", &[]);
     let mut slow_body = TcpStream::connect(c.addr).unwrap();
-    slow_body.write_all(b"POST /x HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: 100000\r\n\r\n").unwrap();
+    slow_body
+        .write_all(b"POST /x HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: 100000\r\n\r\n")
+        .unwrap();
     let mut slow_head = TcpStream::connect(c.addr).unwrap();
     slow_head.write_all(b"GET /debug/pprof/profile HTTP/1.1\r\nHost: x\r\nConnection: close\r\n").unwrap();
     let t = Instant::now();
@@ -588,6 +590,46 @@ fn endless_header_line_is_cut_off() {
     c.assert_serving("a 200 MiB header line", Duration::from_secs(10));
 }
 
+/// More connections than the server serves at once: the next one is
+/// answered `503` with `Retry-After` at once (by the accepting thread, which
+/// reads nothing), and once the others close, requests are served again.
+#[test]
+fn connections_over_the_cap_get_503_at_once() {
+    let mut c = ChildServer::start("plain", &[]);
+    // They send nothing: each holds a connection thread until it closes (or
+    // the head timeout). The backlog is accepted in order, so the next
+    // connection is over the cap.
+    let held: Vec<TcpStream> =
+        (0..spulse::http::MAX_CONNECTIONS).map(|_| TcpStream::connect(c.addr).unwrap()).collect();
+    let t = Instant::now();
+    let mut over = TcpStream::connect(c.addr).unwrap();
+    over.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let mut raw = Vec::new();
+    over.read_to_end(&mut raw).expect("the connection over the cap is answered and closed");
+    let a = parse_answer(&raw);
+    assert_eq!(a.status, 503, "{a:?}");
+    assert_eq!(a.header("retry-after"), Some("1"), "{a:?}");
+    assert!(t.elapsed() < Duration::from_secs(5), "503 after {:?}", t.elapsed());
+    drop(held);
+    // The held connections' threads see them close and take new ones. Until
+    // then: 503, or a reset when the request arrived after that answer's close.
+    let t = Instant::now();
+    loop {
+        match exchange(
+            c.addr,
+            b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+            Duration::from_secs(30),
+        ) {
+            Ok(a) if a.status == 404 => break,
+            Ok(a) => assert_eq!(a.status, 503, "{a:?}"),
+            Err(e) => assert_eq!(e.kind(), std::io::ErrorKind::ConnectionReset, "{e}"),
+        }
+        assert!(t.elapsed() < Duration::from_secs(5), "still 503 {:?} after the others closed", t.elapsed());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    c.assert_serving("connections over the cap", Duration::from_secs(10));
+}
+
 /// `SPULSE_OUTPUT` (and `SPULSE_ROTATE`) set for the process: the endpoint's
 /// own window still goes to a temporary spool (it answered 500 to every
 /// request: the window went to that path), and the path is left alone.
@@ -595,16 +637,12 @@ fn endless_header_line_is_cut_off() {
 fn spulse_output_in_the_environment_is_not_the_window() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("out.spool");
+    let missing = dir.path().join("missing/out.spool");
+    let one = std::ffi::OsStr::new("1");
     for (env, why) in [
         (vec![("SPULSE_OUTPUT", out.as_os_str())], "SPULSE_OUTPUT"),
-        (
-            vec![("SPULSE_OUTPUT", dir.path().join("missing/out.spool").into_os_string().leak() as &_)],
-            "SPULSE_OUTPUT in a missing directory",
-        ),
-        (
-            vec![("SPULSE_OUTPUT", out.as_os_str()), ("SPULSE_ROTATE", std::ffi::OsStr::new("1"))],
-            "SPULSE_OUTPUT and SPULSE_ROTATE",
-        ),
+        (vec![("SPULSE_OUTPUT", missing.as_os_str())], "SPULSE_OUTPUT in a missing directory"),
+        (vec![("SPULSE_OUTPUT", out.as_os_str()), ("SPULSE_ROTATE", one)], "SPULSE_OUTPUT and SPULSE_ROTATE"),
     ] {
         let mut c = ChildServer::start("plain", &env);
         // Twice: the second window must not find the first one's file.
@@ -669,7 +707,8 @@ fn preloaded_recording_serves_the_window() {
 fn client_disconnect_cancels_the_window() {
     let mut c = ChildServer::start("plain", &[]);
     let mut s = TcpStream::connect(c.addr).unwrap();
-    s.write_all(b"GET /debug/pprof/profile?seconds=60 HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").unwrap();
+    s.write_all(b"GET /debug/pprof/profile?seconds=60 HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .unwrap();
     let t = Instant::now();
     while c.temp_spools().is_empty() {
         assert!(t.elapsed() < Duration::from_secs(60), "the window never started");
