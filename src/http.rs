@@ -176,8 +176,8 @@ fn retry_after() -> u64 {
 /// A running pprof endpoint. Dropping it stops the server: the listening
 /// socket is closed, connections being read or answered are dropped, a
 /// window being collected is abandoned (its temporary spool removed), and
-/// `drop` returns when every server thread has ended (within about
-/// [`POLL`]'s 50 ms of their next check).
+/// `drop` returns when every server thread has ended (each checks every
+/// 50 ms or so; an answer being written to a client is given up).
 #[derive(Debug)]
 pub struct Server {
     addr: SocketAddr,

@@ -324,26 +324,19 @@ fn endpoint_serves_go_tool_pprof_and_refuses_clearly() {
         .collect();
     assert!(threads.contains(&"worker-1") && threads.contains(&"worker-2"), "thread labels: {threads:?}");
 
-    // Dropping the server stops it: its thread has ended when `drop`
-    // returns, and the port closes (tiny_http's accept thread closes it on
-    // its own, moments later).
+    // Dropping the server stops it: its threads (the acceptor, the
+    // connection threads, the window thread) have ended and the listening
+    // socket is closed when `drop` returns.
     drop(srv);
     let names: Vec<String> = std::fs::read_dir("/proc/self/task")
         .unwrap()
         .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
         .collect();
     assert!(
-        !names.iter().any(|n| n.trim_end() == "spulse-http"),
-        "the server thread outlived drop: {names:?}"
+        !names.iter().any(|n| n.starts_with("spulse-http")),
+        "a server thread outlived drop: {names:?}"
     );
-    let t = std::time::Instant::now();
-    while TcpStream::connect(addr).is_ok() {
-        assert!(
-            t.elapsed() < Duration::from_secs(10),
-            "{addr} still accepts 10 s after the server was dropped"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    assert!(TcpStream::connect(addr).is_err(), "{addr} still accepts after the server was dropped");
     stop.store(true, Ordering::Relaxed);
     for w in workers {
         assert!(w.join().unwrap() > 0);
