@@ -1,7 +1,8 @@
 //! The cost of serving a pprof profile over HTTP (`spulse::http`, cargo
-//! feature `http`) on the server thread: its CPU time (from
-//! `/proc/self/task/TID/schedstat`) and its peak heap (a counting allocator
-//! that counts the `spulse-http` thread's allocations only), while
+//! feature `http`) on the server's threads (`spulse-http`, the acceptor;
+//! `spulse-http-c`, connections; `spulse-http-w`, windows): their CPU time
+//! (from `/proc/self/task/TID/schedstat`, summed) and their peak heap (a
+//! counting allocator that counts those threads' allocations only), while
 //! `examples/server.rs`'s two workers keep both cores busy.
 //!
 //! `cargo bench --bench http`: 30-second windows, for a process with no
@@ -14,6 +15,7 @@
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
+use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
@@ -26,7 +28,7 @@ use prost::Message;
 #[path = "../examples/server.rs"]
 mod server;
 
-/// Counts the heap of the thread named `spulse-http`.
+/// Counts the heap of the threads named `spulse-http*`.
 struct ServerThreadHeap;
 
 static LIVE: AtomicI64 = AtomicI64::new(0);
@@ -35,7 +37,7 @@ static PEAK: AtomicI64 = AtomicI64::new(0);
 static PROCESS_LIVE: AtomicI64 = AtomicI64::new(0);
 
 thread_local! {
-    /// Whether this thread is the server thread (checked by name until it is).
+    /// Whether this thread is a server thread (checked by name until it is).
     static IS_SERVER: Cell<bool> = const { Cell::new(false) };
 }
 
@@ -46,7 +48,7 @@ fn on_server_thread() -> bool {
     let mut name = [0u8; 16];
     // SAFETY: PR_GET_NAME writes at most 16 bytes (NUL included) into `name`.
     let ok = unsafe { libc::prctl(libc::PR_GET_NAME, name.as_mut_ptr()) } == 0;
-    let is = ok && name.starts_with(b"spulse-http\0");
+    let is = ok && name.starts_with(b"spulse-http");
     if is {
         IS_SERVER.with(|c| c.set(true));
     }
@@ -85,26 +87,23 @@ unsafe impl GlobalAlloc for ServerThreadHeap {
 #[global_allocator]
 static ALLOC: ServerThreadHeap = ServerThreadHeap;
 
-/// The server thread's tid (the task named `spulse-http`; the new thread
-/// names itself, so it may take a moment).
-fn server_tid() -> u32 {
-    for _ in 0..1000 {
-        for e in std::fs::read_dir("/proc/self/task").unwrap() {
-            let e = e.unwrap();
-            let comm = std::fs::read_to_string(e.path().join("comm")).unwrap_or_default();
-            if comm.trim_end() == "spulse-http" {
-                return e.file_name().to_str().unwrap().parse().unwrap();
-            }
+/// Nanoseconds each server thread (a task named `spulse-http*`) has run on
+/// a CPU, by tid. Connection threads start on demand and stay, so a thread
+/// missing from an earlier reading had run for 0 ns then.
+fn server_cpu_ns() -> HashMap<u32, u64> {
+    let mut out = HashMap::new();
+    for e in std::fs::read_dir("/proc/self/task").unwrap() {
+        let e = e.unwrap();
+        let comm = std::fs::read_to_string(e.path().join("comm")).unwrap_or_default();
+        if !comm.starts_with("spulse-http") {
+            continue;
         }
-        std::thread::sleep(Duration::from_millis(10));
+        let tid: u32 = e.file_name().to_str().unwrap().parse().unwrap();
+        if let Ok(s) = std::fs::read_to_string(e.path().join("schedstat")) {
+            out.insert(tid, s.split_whitespace().next().unwrap().parse().unwrap());
+        }
     }
-    panic!("no spulse-http thread");
-}
-
-/// Nanoseconds the thread has run on a CPU.
-fn cpu_ns(tid: u32) -> u64 {
-    let s = std::fs::read_to_string(format!("/proc/self/task/{tid}/schedstat")).unwrap();
-    s.split_whitespace().next().unwrap().parse().unwrap()
+    out
 }
 
 fn get(addr: SocketAddr, path: &str) -> Vec<u8> {
@@ -125,15 +124,17 @@ struct Measured {
     body: Vec<u8>,
 }
 
-fn serve_one(addr: SocketAddr, tid: u32, seconds: u64) -> Measured {
-    let before_cpu = cpu_ns(tid);
+fn serve_one(addr: SocketAddr, seconds: u64) -> Measured {
+    let before_cpu = server_cpu_ns();
     let base = LIVE.load(Ordering::Relaxed);
     PEAK.store(base, Ordering::Relaxed);
     let t = Instant::now();
     let body = get(addr, &format!("/debug/pprof/profile?seconds={seconds}"));
     let wall = t.elapsed();
     Measured {
-        cpu: Duration::from_nanos(cpu_ns(tid) - before_cpu),
+        cpu: Duration::from_nanos(
+            server_cpu_ns().iter().map(|(tid, ns)| ns - before_cpu.get(tid).copied().unwrap_or(0)).sum(),
+        ),
         peak_heap: PEAK.load(Ordering::Relaxed) - base,
         wall,
         body,
@@ -158,7 +159,6 @@ fn main() {
     let stop = Arc::new(AtomicBool::new(false));
     let workers = server::spawn_workers(&stop);
     let srv = spulse::http::serve("127.0.0.1:0").unwrap();
-    let tid = server_tid();
     let dir = tempfile::tempdir().unwrap();
     let mut guard = None;
     for case in ["no recorder", "live recorder"] {
@@ -168,11 +168,11 @@ fn main() {
             std::thread::sleep(Duration::from_secs(if bench { 10 } else { 1 }));
         }
         for run in 0..=warm_runs {
-            let m = serve_one(srv.local_addr(), tid, seconds);
+            let m = serve_one(srv.local_addr(), seconds);
             let samples = check(&m.body);
             let when = if case == "no recorder" && run == 0 { "cold" } else { "warm" };
             println!(
-                "http/{seconds}s/{case}/{when}: server thread CPU {:.1} ms, peak heap {:.2} MiB, \
+                "http/{seconds}s/{case}/{when}: server threads' CPU {:.1} ms, peak heap {:.2} MiB, \
                  process heap after {:.2} MiB, wall {:.2} s, body {} KiB, {samples} pprof samples",
                 m.cpu.as_secs_f64() * 1e3,
                 m.peak_heap as f64 / (1 << 20) as f64,

@@ -9,8 +9,13 @@
 //! go tool pprof -top http://127.0.0.1:6060/debug/pprof/profile?seconds=10
 //! ```
 //!
-//! `tests/http.rs` runs this file's workers and endpoint and fetches the
-//! profile with `go tool pprof`.
+//! It listens on 127.0.0.1 unless told otherwise: the endpoint has no
+//! authentication (see `spulse::http`'s "The server, and exposing it" for
+//! what it limits and how to put it behind a proxy).
+//!
+//! `tests/http.rs` runs this file's workers and endpoint, fetches the
+//! profile with `go tool pprof`, and runs them in a child process against
+//! hostile clients.
 
 use std::hint::black_box;
 use std::sync::atomic::{AtomicBool, Ordering};

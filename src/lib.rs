@@ -30,6 +30,10 @@ pub use write::{pack, NewModule, PackSummary, SpoolWriter};
 
 #[doc(hidden)]
 pub use recorder::interpose as __interpose;
+/// For `libspulse_preload.so` only, not part of the API: the spool this copy
+/// of spulse records to now (see `src/preloaded.rs`).
+#[doc(hidden)]
+pub use preloaded::live_spool_of_this_copy as __preload_live_spool;
 
 /// Hooks for spulse's own tests and benchmarks, compiled only with the
 /// `testing` cargo feature (off by default). **Unstable**: not part of the

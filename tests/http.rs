@@ -11,16 +11,20 @@
 //! loudly on stderr that the `go tool pprof` check was skipped and fetches the
 //! same window with the plain HTTP client instead.
 //!
-//! One test function: a process has one recorder and one profile window at
-//! a time, so the scenarios run in order.
+//! The in-process scenarios are one test function: a process has one
+//! recorder and one profile window at a time, so they run in order. The
+//! hostile-client cases each run the server in a child process (this test
+//! binary again, as `child_server_process`), so that a server that aborts,
+//! panics or hoards memory fails its test instead of taking the harness with
+//! it; each ends by checking that the child still answers a profile request.
 
-use std::io::{Read, Write};
+use std::io::{BufRead, Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::path::Path;
-use std::process::Command;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use prost::Message;
 use spulse::pprof::Profile;
@@ -30,18 +34,71 @@ use spulse::{Error, RecorderError};
 #[path = "../examples/server.rs"]
 mod server;
 
+/// An HTTP answer.
+#[derive(Debug)]
+struct Answer {
+    status: u16,
+    /// Header names lowercased.
+    headers: Vec<(String, String)>,
+    body: Vec<u8>,
+}
+
+impl Answer {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
+    }
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+}
+
+/// Parse a whole answer read until the server closed the connection.
+fn parse_answer(raw: &[u8]) -> Answer {
+    let split = raw
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .unwrap_or_else(|| panic!("no complete HTTP head in {:?}", String::from_utf8_lossy(raw)));
+    let head = String::from_utf8_lossy(&raw[..split]).into_owned();
+    let mut lines = head.split("\r\n");
+    let status_line = lines.next().unwrap_or_default();
+    let status = status_line
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("status in {head}"));
+    let headers = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string()))
+        .collect();
+    Answer { status, headers, body: raw[split + 4..].to_vec() }
+}
+
+/// Send `request` on a new connection and read the answer to the end (the
+/// server closes every connection after one answer), waiting at most
+/// `timeout` for each read.
+fn exchange(addr: SocketAddr, request: &[u8], timeout: Duration) -> std::io::Result<Answer> {
+    let mut s = TcpStream::connect(addr)?;
+    s.set_read_timeout(Some(timeout))?;
+    s.write_all(request)?;
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw)?;
+    Ok(parse_answer(&raw))
+}
+
+/// One HTTP/1.1 GET.
+fn get_answer(addr: SocketAddr, path: &str) -> Answer {
+    exchange(
+        addr,
+        format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes(),
+        Duration::from_secs(120),
+    )
+    .unwrap_or_else(|e| panic!("GET {path} from {addr}: {e}"))
+}
+
 /// One HTTP/1.1 GET: (status, body).
 fn get(addr: SocketAddr, path: &str) -> (u16, Vec<u8>) {
-    let mut s = TcpStream::connect(addr).expect("connect to the endpoint");
-    s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
-    write!(s, "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").unwrap();
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw).expect("read the answer");
-    let split = raw.windows(4).position(|w| w == b"\r\n\r\n").expect("a complete HTTP head");
-    let head = String::from_utf8_lossy(&raw[..split]).into_owned();
-    let status =
-        head.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or_else(|| panic!("status in {head}"));
-    (status, raw[split + 4..].to_vec())
+    let a = get_answer(addr, path);
+    (a.status, a.body)
 }
 
 /// `go tool pprof -top URL` with its home and cache in `tmp`: its output.
@@ -146,6 +203,8 @@ fn endpoint_serves_go_tool_pprof_and_refuses_clearly() {
         ("/debug/pprof/profile?seconds=301", 400, "1..=300"),
         ("/debug/pprof/profile?seconds=abc", 400, "bad seconds=\"abc\""),
         ("/debug/pprof/profile?seconds=", 400, "bad seconds"),
+        ("/debug/pprof/profile?seconds=+1", 400, "bad seconds=\"+1\""),
+        ("/debug/pprof/profile?seconds=%31", 400, "bad seconds"),
         ("/debug/pprof/heap", 404, "not found: /debug/pprof/heap"),
         ("/", 404, "not found"),
     ] {
@@ -153,6 +212,19 @@ fn endpoint_serves_go_tool_pprof_and_refuses_clearly() {
         let body = String::from_utf8_lossy(&body);
         assert_eq!(got, status, "{path}: {body}");
         assert!(body.contains(says), "{path}: {body:?} should say {says:?}");
+    }
+    // Another method on the profile path: 405 saying which method is allowed
+    // (the declared body is never read: the answer comes at once).
+    for method in ["POST", "PUT", "DELETE", "HEAD"] {
+        let a = exchange(
+            addr,
+            format!("{method} /debug/pprof/profile HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: 99999999999\r\n\r\n")
+                .as_bytes(),
+            Duration::from_secs(60),
+        )
+        .unwrap_or_else(|e| panic!("{method}: {e}"));
+        assert_eq!(a.status, 405, "{method}: {a:?}");
+        assert_eq!(a.header("allow"), Some("GET"), "{method}: 405 names the allowed method: {a:?}");
     }
     assert!(temp_spools().is_empty(), "a refused request recorded: {:?}", temp_spools());
 
@@ -176,9 +248,17 @@ fn endpoint_serves_go_tool_pprof_and_refuses_clearly() {
             assert!(!fetch.is_finished(), "the profile request ended before a window started");
             std::thread::sleep(Duration::from_millis(10));
         }
-        let (status, body) = get(addr, "/debug/pprof/profile?seconds=1");
-        assert_eq!(status, 409, "{}", String::from_utf8_lossy(&body));
-        assert!(String::from_utf8_lossy(&body).contains("already being collected"));
+        let a = get_answer(addr, "/debug/pprof/profile?seconds=1");
+        assert_eq!(a.status, 409, "{}", a.text());
+        assert!(a.text().contains("already being collected"));
+        // Retry-After: the rest of the 3-second window (and a second for
+        // the answer), in whole seconds.
+        let retry: u64 = a
+            .header("retry-after")
+            .unwrap_or_else(|| panic!("409 without Retry-After: {a:?}"))
+            .parse()
+            .unwrap_or_else(|e| panic!("Retry-After is not whole seconds ({e}): {a:?}"));
+        assert!((1..=4).contains(&retry), "Retry-After {retry} for the rest of a 3-second window");
         match spulse::http::profile(Duration::from_secs(1)) {
             Err(Error::Recorder(RecorderError::ProfileInProgress)) => {}
             other => panic!("profile() during a window: {:?}", other.map(|b| b.len())),
@@ -244,28 +324,416 @@ fn endpoint_serves_go_tool_pprof_and_refuses_clearly() {
         .collect();
     assert!(threads.contains(&"worker-1") && threads.contains(&"worker-2"), "thread labels: {threads:?}");
 
-    // Dropping the server stops it: its thread has ended when `drop`
-    // returns, and the port closes (tiny_http's accept thread closes it on
-    // its own, moments later).
+    // Dropping the server stops it: its threads (the acceptor, the
+    // connection threads, the window thread) have ended and the listening
+    // socket is closed when `drop` returns.
     drop(srv);
     let names: Vec<String> = std::fs::read_dir("/proc/self/task")
         .unwrap()
         .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
         .collect();
     assert!(
-        !names.iter().any(|n| n.trim_end() == "spulse-http"),
-        "the server thread outlived drop: {names:?}"
+        !names.iter().any(|n| n.starts_with("spulse-http")),
+        "a server thread outlived drop: {names:?}"
     );
-    let t = std::time::Instant::now();
-    while TcpStream::connect(addr).is_ok() {
-        assert!(
-            t.elapsed() < Duration::from_secs(10),
-            "{addr} still accepts 10 s after the server was dropped"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    assert!(TcpStream::connect(addr).is_err(), "{addr} still accepts after the server was dropped");
     stop.store(true, Ordering::Relaxed);
     for w in workers {
         assert!(w.join().unwrap() > 0);
     }
+}
+
+// ---------------------------------------------------------------------------
+// Hostile clients, each against a server in a child process.
+
+/// Set in the environment of a child server: `plain` (the endpoint only) or
+/// `workers` (the endpoint and `examples/server.rs`'s two workers).
+const CHILD_ENV: &str = "SPULSE_HTTP_TEST_CHILD";
+
+/// Not a check of its own: run with [`CHILD_ENV`] set (by [`ChildServer`]),
+/// this is the child server process; it prints `LISTENING <addr>` and serves
+/// until its standard input closes. Without it, it returns at once.
+#[test]
+fn child_server_process() {
+    let Ok(mode) = std::env::var(CHILD_ENV) else { return };
+    let stop = Arc::new(AtomicBool::new(false));
+    let _workers = if mode == "workers" { server::spawn_workers(&stop) } else { Vec::new() };
+    let srv = spulse::http::serve("127.0.0.1:0").expect("the child serves");
+    println!("\nLISTENING {}", srv.local_addr());
+    std::io::stdout().flush().unwrap();
+    let _ = std::io::stdin().read_to_end(&mut Vec::new());
+    std::process::exit(0);
+}
+
+/// A server in a child process (this test binary, running
+/// `child_server_process`); killed on drop.
+struct ChildServer {
+    child: Child,
+    addr: SocketAddr,
+    /// Its TMPDIR, where the endpoint's temporary spools go.
+    tmp: tempfile::TempDir,
+}
+
+impl ChildServer {
+    fn start(mode: &str, env: &[(&str, &std::ffi::OsStr)]) -> ChildServer {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut cmd = Command::new(std::env::current_exe().unwrap());
+        cmd.args(["--exact", "child_server_process", "--nocapture", "--test-threads", "1"])
+            .env(CHILD_ENV, mode)
+            .env("TMPDIR", tmp.path())
+            .env_remove("SPULSE_OUTPUT")
+            .env_remove("LD_PRELOAD")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().expect("start the child server");
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                // libtest's "test child_server_process ... " may precede it.
+                if let Some((_, a)) = line.split_once("LISTENING ") {
+                    let _ = tx.send(a.trim().parse::<SocketAddr>().unwrap());
+                }
+            }
+        });
+        let addr = match rx.recv_timeout(Duration::from_secs(120)) {
+            Ok(a) => a,
+            Err(_) => {
+                let _ = child.kill();
+                panic!("the child server did not start listening: {:?}", child.wait());
+            }
+        };
+        ChildServer { child, addr, tmp }
+    }
+
+    /// Panics if the child has exited (it aborted, say).
+    fn assert_alive(&mut self, after: &str) {
+        if let Some(status) = self.child.try_wait().unwrap() {
+            panic!("the server process is gone after {after}: {status}");
+        }
+    }
+
+    /// Peak resident memory so far (VmHWM), in bytes.
+    fn peak_rss(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap();
+        let kb: u64 = status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmHWM:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .expect("VmHWM in /proc/PID/status");
+        kb * 1024
+    }
+
+    /// The endpoint's temporary spools in the child's TMPDIR.
+    fn temp_spools(&self) -> Vec<PathBuf> {
+        std::fs::read_dir(self.tmp.path())
+            .unwrap()
+            .filter_map(|e| e.ok())
+            .filter(|e| e.file_name().to_string_lossy().starts_with("spulse-http-"))
+            .map(|e| e.path())
+            .collect()
+    }
+
+    /// After a hostile client: the process lives, a plain request is
+    /// answered within `prompt`, and a 1-second profile is served.
+    fn assert_serving(&mut self, after: &str, prompt: Duration) {
+        self.assert_alive(after);
+        let t = Instant::now();
+        let a = exchange(self.addr, b"GET /nothing HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", prompt)
+            .unwrap_or_else(|e| panic!("after {after}: a plain request failed after {:?}: {e}", t.elapsed()));
+        assert_eq!(a.status, 404, "after {after}: {a:?}");
+        assert!(t.elapsed() <= prompt, "after {after}: answered in {:?}", t.elapsed());
+        let a = exchange(
+            self.addr,
+            b"GET /debug/pprof/profile?seconds=1 HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+            Duration::from_secs(60),
+        )
+        .unwrap_or_else(|e| panic!("after {after}: the profile request failed: {e}"));
+        assert_eq!(a.status, 200, "after {after}: {}", a.text());
+        decode(&a.body);
+        self.assert_alive(after);
+    }
+}
+
+impl Drop for ChildServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A POST whose declared body never comes, to a path that takes none: the
+/// answer comes at once, the body is never read (tiny_http allocated it
+/// whole: 99999999999 bytes aborted the process).
+#[test]
+fn huge_content_length_is_never_read() {
+    let mut c = ChildServer::start("plain", &[]);
+    let a = exchange(
+        c.addr,
+        b"POST /anything HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: 99999999999\r\n\r\n",
+        Duration::from_secs(30),
+    )
+    .expect("an answer to the POST");
+    assert_eq!(a.status, 404, "{a:?}");
+    c.assert_serving("Content-Length: 99999999999", Duration::from_secs(10));
+    assert_eq!(a.header("connection"), Some("close"), "{a:?}");
+}
+
+/// `Content-Length: u64::MAX` (tiny_http panicked with "capacity overflow"
+/// and closed the listener).
+#[test]
+fn u64_max_content_length_is_never_read() {
+    let mut c = ChildServer::start("plain", &[]);
+    let a = exchange(
+        c.addr,
+        b"POST /debug/pprof/profile HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: 18446744073709551615\r\n\r\n",
+        Duration::from_secs(30),
+    )
+    .expect("an answer to the POST");
+    assert_eq!(a.status, 405, "{a:?}");
+    assert_eq!(a.header("allow"), Some("GET"), "{a:?}");
+    c.assert_serving("Content-Length: 18446744073709551615", Duration::from_secs(10));
+}
+
+/// A client that declares a body and never sends it, and one that never
+/// finishes its head: neither holds up anyone else, the first gets its
+/// answer at once and the second is dropped after the head timeout.
+#[test]
+fn slow_clients_do_not_hold_up_others() {
+    let mut c = ChildServer::start("plain", &[]);
+    let mut slow_body = TcpStream::connect(c.addr).unwrap();
+    slow_body
+        .write_all(b"POST /x HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: 100000\r\n\r\n")
+        .unwrap();
+    let mut slow_head = TcpStream::connect(c.addr).unwrap();
+    slow_head.write_all(b"GET /debug/pprof/profile HTTP/1.1\r\nHost: x\r\nConnection: close\r\n").unwrap();
+    let t = Instant::now();
+    // Others are served while both hold their connections.
+    c.assert_serving("a client holding back its body and one holding back its head", Duration::from_secs(5));
+    // The POST was answered (404) without its body, and closed.
+    slow_body.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut raw = Vec::new();
+    slow_body.read_to_end(&mut raw).expect("the server answers and closes the body-less POST");
+    assert_eq!(parse_answer(&raw).status, 404);
+    // The unfinished head is answered 408 and closed once the head timeout
+    // (10 s from the connection) has passed, not before.
+    slow_head.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    let mut raw = Vec::new();
+    slow_head.read_to_end(&mut raw).expect("the server closes an unfinished head");
+    let waited = t.elapsed();
+    assert_eq!(parse_answer(&raw).status, 408, "{}", String::from_utf8_lossy(&raw));
+    assert!(waited >= Duration::from_secs(9), "closed after {waited:?}, before the head timeout");
+    assert!(waited < Duration::from_secs(40), "closed after {waited:?}");
+    c.assert_alive("slow clients");
+}
+
+/// 60,000 pipelined requests from a client that reads nothing: one answer,
+/// the connection closed, and everyone else served meanwhile.
+#[test]
+fn pipelined_flood_without_reading_does_not_hold_up_others() {
+    let mut c = ChildServer::start("plain", &[]);
+    let flood: Vec<u8> = b"GET / HTTP/1.1\r\nHost: x\r\n\r\n".repeat(60_000);
+    let mut s = TcpStream::connect(c.addr).unwrap();
+    s.set_write_timeout(Some(Duration::from_secs(60))).unwrap();
+    let flooder = std::thread::spawn(move || {
+        let r = s.write_all(&flood);
+        (s, r)
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    c.assert_serving("a pipelined flood", Duration::from_secs(5));
+    let (_s, written) = flooder.join().unwrap();
+    // The server closed the flood's connection after one answer: the
+    // flooder's writes fail (or, had they all fit in the socket buffers,
+    // went unread).
+    let _ = written;
+}
+
+/// A header line of 200 MiB without CRLF: the connection is closed once the
+/// head passes its cap, and the server's memory stays small (tiny_http
+/// buffered the whole line: 213 MB peak).
+#[test]
+fn endless_header_line_is_cut_off() {
+    let mut c = ChildServer::start("plain", &[]);
+    std::thread::sleep(Duration::from_millis(200));
+    let before = c.peak_rss();
+    let mut s = TcpStream::connect(c.addr).unwrap();
+    s.set_write_timeout(Some(Duration::from_secs(60))).unwrap();
+    s.write_all(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\nX-Long: ").unwrap();
+    let chunk = vec![b'a'; 1 << 20];
+    let mut sent = 0usize;
+    let mut refused = None;
+    while sent < 200 << 20 {
+        match s.write(&chunk) {
+            Ok(n) => sent += n,
+            Err(e) => {
+                refused = Some(e);
+                break;
+            }
+        }
+    }
+    let grew = c.peak_rss().saturating_sub(before);
+    assert!(refused.is_some(), "the server took all {sent} bytes of one header line");
+    assert!(sent < 64 << 20, "the server read {sent} bytes of one header line before closing");
+    assert!(grew < 32 << 20, "the server's peak RSS grew by {grew} bytes over a 200 MiB header line");
+    c.assert_serving("a 200 MiB header line", Duration::from_secs(10));
+}
+
+/// More connections than the server serves at once: the next one is
+/// answered `503` with `Retry-After` at once (by the accepting thread, which
+/// reads nothing), and once the others close, requests are served again.
+#[test]
+fn connections_over_the_cap_get_503_at_once() {
+    let mut c = ChildServer::start("plain", &[]);
+    // They send nothing: each holds a connection thread until it closes (or
+    // the head timeout). The backlog is accepted in order, so the next
+    // connection is over the cap.
+    let held: Vec<TcpStream> =
+        (0..spulse::http::MAX_CONNECTIONS).map(|_| TcpStream::connect(c.addr).unwrap()).collect();
+    let t = Instant::now();
+    let mut over = TcpStream::connect(c.addr).unwrap();
+    over.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let mut raw = Vec::new();
+    over.read_to_end(&mut raw).expect("the connection over the cap is answered and closed");
+    let a = parse_answer(&raw);
+    assert_eq!(a.status, 503, "{a:?}");
+    assert_eq!(a.header("retry-after"), Some("1"), "{a:?}");
+    assert!(t.elapsed() < Duration::from_secs(5), "503 after {:?}", t.elapsed());
+    drop(held);
+    // The held connections' threads see them close and take new ones. Until
+    // then: 503, or a reset when the request arrived after that answer's close.
+    let t = Instant::now();
+    loop {
+        match exchange(
+            c.addr,
+            b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+            Duration::from_secs(30),
+        ) {
+            Ok(a) if a.status == 404 => break,
+            Ok(a) => assert_eq!(a.status, 503, "{a:?}"),
+            Err(e) => assert_eq!(e.kind(), std::io::ErrorKind::ConnectionReset, "{e}"),
+        }
+        assert!(t.elapsed() < Duration::from_secs(5), "still 503 {:?} after the others closed", t.elapsed());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    c.assert_serving("connections over the cap", Duration::from_secs(10));
+}
+
+/// `SPULSE_OUTPUT` (and `SPULSE_ROTATE`) set for the process: the endpoint's
+/// own window still goes to a temporary spool (it answered 500 to every
+/// request: the window went to that path), and the path is left alone.
+#[test]
+fn spulse_output_in_the_environment_is_not_the_window() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out.spool");
+    let missing = dir.path().join("missing/out.spool");
+    let one = std::ffi::OsStr::new("1");
+    for (env, why) in [
+        (vec![("SPULSE_OUTPUT", out.as_os_str())], "SPULSE_OUTPUT"),
+        (vec![("SPULSE_OUTPUT", missing.as_os_str())], "SPULSE_OUTPUT in a missing directory"),
+        (vec![("SPULSE_OUTPUT", out.as_os_str()), ("SPULSE_ROTATE", one)], "SPULSE_OUTPUT and SPULSE_ROTATE"),
+    ] {
+        let mut c = ChildServer::start("plain", &env);
+        // Twice: the second window must not find the first one's file.
+        c.assert_serving(why, Duration::from_secs(10));
+        c.assert_serving(why, Duration::from_secs(10));
+        assert!(!out.exists(), "{why}: the endpoint's window went to {}", out.display());
+        assert!(c.temp_spools().is_empty(), "{why}: temporary spools left: {:?}", c.temp_spools());
+    }
+}
+
+/// The program is recorded by `libspulse_preload.so` (LD_PRELOAD, as under
+/// `spulse record`): the window is cut from that recording (the endpoint
+/// answered 500, "already recorded by libspulse_preload.so").
+#[test]
+fn preloaded_recording_serves_the_window() {
+    let lib = std::env::current_exe().unwrap().parent().unwrap().join("libspulse_preload.so");
+    if !lib.exists() {
+        let why = format!("{} is not built", lib.display());
+        if std::env::var("CI").is_ok_and(|v| v == "true") {
+            panic!("{why}: the workspace's test build builds it (cargo test --workspace)");
+        }
+        let _ = writeln!(
+            std::io::stderr(),
+            "SKIPPED in tests/http.rs: the preloaded-recording case ({why}; `cargo build --release -p \
+             spulse-preload` builds it; with CI=true this fails)"
+        );
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let template = dir.path().join("pre-{pid}.spool");
+    let mut c = ChildServer::start(
+        "workers",
+        &[("LD_PRELOAD", lib.as_os_str()), ("SPULSE_OUTPUT", template.as_os_str())],
+    );
+    let spool = dir.path().join(format!("pre-{}.spool", c.child.id()));
+    assert!(spool.exists(), "the preloaded library records the child into {}", spool.display());
+    let url = "/debug/pprof/profile?seconds=3";
+    let a = std::thread::scope(|s| {
+        let fetch = s.spawn(|| get_answer(c.addr, url));
+        // No second recorder: no temporary spool while the window runs.
+        while !fetch.is_finished() {
+            assert!(c.temp_spools().is_empty(), "a temporary spool beside the preloaded recording");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        fetch.join().unwrap()
+    });
+    assert_eq!(a.status, 200, "{}", a.text());
+    let p = decode(&a.body);
+    assert_eq!(p.duration_nanos, 3_000_000_000);
+    assert_parse_share(
+        weight_of(&p, "parse_requests") as f64,
+        weight_of(&p, "render_responses") as f64,
+        "a window cut from the preloaded recording",
+    );
+    c.assert_alive("a profile under LD_PRELOAD");
+}
+
+/// A client that gives up on its profile: the window is cancelled (and its
+/// temporary spool removed) at once, not left to run its 60 seconds with
+/// every other profile request refused 409.
+#[test]
+fn client_disconnect_cancels_the_window() {
+    let mut c = ChildServer::start("plain", &[]);
+    let mut s = TcpStream::connect(c.addr).unwrap();
+    s.write_all(b"GET /debug/pprof/profile?seconds=60 HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let t = Instant::now();
+    while c.temp_spools().is_empty() {
+        assert!(t.elapsed() < Duration::from_secs(60), "the window never started");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let a = exchange(
+        c.addr,
+        b"GET /debug/pprof/profile?seconds=1 HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+        Duration::from_secs(30),
+    )
+    .unwrap();
+    assert_eq!(a.status, 409, "a second window while the first runs: {a:?}");
+    drop(s);
+    let gone = Instant::now();
+    loop {
+        let a = exchange(
+            c.addr,
+            b"GET /debug/pprof/profile?seconds=1 HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+            Duration::from_secs(60),
+        )
+        .unwrap();
+        if a.status == 200 {
+            break;
+        }
+        assert_eq!(a.status, 409, "{a:?}");
+        assert!(
+            gone.elapsed() < Duration::from_secs(15),
+            "the abandoned 60-second window still runs {:?} after its client left",
+            gone.elapsed()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(c.temp_spools().is_empty(), "temporary spools left: {:?}", c.temp_spools());
+    c.assert_alive("a client that gave up");
 }

@@ -24,6 +24,8 @@
 //!   finds it with `dlsym` and refuses to start a second recorder, so an
 //!   embedded `spulse::start` returns an `Err` saying the process is already
 //!   recorded, and the program keeps running.
+//!   Its `http` endpoint (`spulse::http`) finds the recording's current spool
+//!   through `spulse_preload_live_spool` and cuts its profile windows from it.
 //!
 //! It records only when it was preloaded: its constructor also runs when a
 //! program loads it with `dlopen` (Python's `ctypes.CDLL(path)`, a plugin
@@ -60,6 +62,35 @@ use std::sync::Mutex;
 #[no_mangle]
 #[allow(non_upper_case_globals)]
 pub static spulse_preload_recorded_pid: AtomicU32 = AtomicU32::new(0);
+
+/// Where the recording of this process is written now, for the `http`
+/// endpoint of a spulse copy linked into the program (found with `dlsym`, see
+/// spulse's `src/preloaded.rs`), which cuts its profile windows from it.
+/// Writes the spool path's bytes into `buf` when they fit in `cap` bytes and
+/// the recorder's flush interval in microseconds into `*flush_us`; returns
+/// the path's length, 0 when nothing is being recorded.
+///
+/// # Safety
+///
+/// `buf` must be valid for `cap` writable bytes and `flush_us` for one
+/// writable `u64`.
+#[no_mangle]
+pub unsafe extern "C" fn spulse_preload_live_spool(buf: *mut u8, cap: usize, flush_us: *mut u64) -> usize {
+    // Nothing below is expected to panic; a panic must not unwind into C.
+    let live = std::panic::catch_unwind(spulse::__preload_live_spool).ok().flatten();
+    let Some((path, flush)) = live else { return 0 };
+    let bytes = path.as_os_str().as_bytes();
+    if bytes.len() <= cap && !buf.is_null() {
+        // SAFETY: the caller gives `cap` writable bytes at `buf`, and
+        // `bytes.len() <= cap`; a Rust path never overlaps its buffer.
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), buf, bytes.len()) };
+    }
+    if !flush_us.is_null() {
+        // SAFETY: the caller gives one writable u64 at `flush_us`.
+        unsafe { *flush_us = u64::try_from(flush.as_micros()).unwrap_or(u64::MAX) };
+    }
+    bytes.len()
+}
 
 /// The running recording of this process.
 static GUARD: Mutex<Option<spulse::Guard>> = Mutex::new(None);

@@ -307,6 +307,9 @@ pub struct RecorderBuilder {
     user_stack_copy: u32,
     perf_stack_ring_pages: usize,
     perf_stack_watermark: bool,
+    /// Whether the `SPULSE_*` environment variables apply (false for the
+    /// `http` endpoint's own temporary windows).
+    environment: bool,
 }
 
 impl Default for RecorderBuilder {
@@ -326,6 +329,7 @@ impl Default for RecorderBuilder {
             user_stack_copy: DEFAULT_USER_STACK_COPY,
             perf_stack_ring_pages: DEFAULT_PERF_STACK_RING_PAGES,
             perf_stack_watermark: true,
+            environment: true,
         }
     }
 }
@@ -573,21 +577,41 @@ pub(crate) fn segment_path(pieces: &[Vec<u8>], seq: u64) -> PathBuf {
 }
 
 impl RecorderBuilder {
+    /// Ignore the `SPULSE_*` environment variables (`SPULSE_OUTPUT`,
+    /// `SPULSE_FREQUENCY`, `SPULSE_ROTATE`, `SPULSE_RETAIN`,
+    /// `SPULSE_KERNEL_TIME`): the `http` endpoint's temporary window records
+    /// with the defaults into its own file, whatever the process was told.
+    #[cfg_attr(not(feature = "http"), allow(dead_code))]
+    pub(crate) fn without_environment(mut self) -> Self {
+        self.environment = false;
+        self
+    }
+
+    /// The environment variable `name`, unless the environment is ignored.
+    fn env_var(&self, name: &str) -> Option<std::ffi::OsString> {
+        if self.environment {
+            std::env::var_os(name)
+        } else {
+            None
+        }
+    }
+
     /// Check every setting; resolve the frequency and the output path.
     fn check(&self, path: &Path) -> Result<Checked, Error> {
         let hz = frequency(self)?;
         let kernel_time = match self.kernel_time {
             Some(on) => on,
-            None => match std::env::var("SPULSE_KERNEL_TIME") {
-                Ok(v) if v.trim() == "0" => false,
-                Ok(v) if v.trim() == "1" => true,
-                Ok(v) => {
+            None => match self.env_var("SPULSE_KERNEL_TIME").map(|v| v.into_string()) {
+                Some(Ok(v)) if v.trim() == "0" => false,
+                Some(Ok(v)) if v.trim() == "1" => true,
+                Some(Ok(v)) => {
                     return Err(invalid(
                         "SPULSE_KERNEL_TIME",
                         format!("SPULSE_KERNEL_TIME={v:?} is neither 0 (user time only) nor 1"),
                     ))
                 }
-                Err(_) => true,
+                // As `std::env::var` had it: not Unicode is as good as unset.
+                Some(Err(_)) | None => true,
             },
         };
         let depth = self.max_stack_depth;
@@ -660,7 +684,7 @@ impl RecorderBuilder {
                 format!("mode {mode:#o} must give the owner read and write (0o600)"),
             ));
         }
-        let (template, from_env) = match std::env::var_os("SPULSE_OUTPUT") {
+        let (template, from_env) = match self.env_var("SPULSE_OUTPUT") {
             Some(v) if !v.is_empty() => (PathBuf::from(v), true),
             _ => (path.to_path_buf(), false),
         };
@@ -708,7 +732,9 @@ impl RecorderBuilder {
     /// The rotation interval and retention (builder values, else
     /// `SPULSE_ROTATE` and `SPULSE_RETAIN`), checked.
     fn rotation_settings(&self) -> Result<Option<(Duration, Option<usize>)>, Error> {
-        let env = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
+        let env = |name: &str| {
+            self.env_var(name).and_then(|v| v.into_string().ok()).filter(|v| !v.trim().is_empty())
+        };
         let (every, every_setting) = match self.rotate {
             Some(d) => (Some(d), "rotate"),
             None => match env("SPULSE_ROTATE") {
@@ -961,7 +987,6 @@ pub(crate) fn set_live_segment(path: &Path) {
 
 /// The spool path and flush interval of the recorder running in this process,
 /// if any. A forked child sees none (the recording belongs to the parent).
-#[cfg_attr(not(feature = "http"), allow(dead_code))]
 pub(crate) fn live_spool() -> Option<(PathBuf, Duration)> {
     let live = LIVE_SPOOL.lock().unwrap_or_else(|e| e.into_inner());
     match &*live {
@@ -1130,14 +1155,14 @@ fn python_mark(entering: bool) -> Result<(), Error> {
 fn frequency(b: &RecorderBuilder) -> Result<u32, Error> {
     let hz = match b.frequency_hz {
         Some(hz) => hz,
-        None => match std::env::var("SPULSE_FREQUENCY") {
-            Ok(v) => v.trim().parse::<u32>().map_err(|_| {
+        None => match b.env_var("SPULSE_FREQUENCY").map(|v| v.into_string()) {
+            Some(Ok(v)) => v.trim().parse::<u32>().map_err(|_| {
                 invalid(
                     "SPULSE_FREQUENCY",
                     format!("SPULSE_FREQUENCY={v:?} is not a whole number of samples per second"),
                 )
             })?,
-            Err(_) => DEFAULT_FREQUENCY_HZ,
+            Some(Err(_)) | None => DEFAULT_FREQUENCY_HZ,
         },
     };
     if !(1..=MAX_FREQUENCY_HZ).contains(&hz) {
