@@ -259,12 +259,22 @@ fn numeric_arguments_are_range_checked() {
         &["follow", sp, "--wait", "--wait-timeout", "1e20"],
         &["follow", sp, "-n", "-3"],
         &["top", sp, "-n", "99999999999999999999999"],
-        &["top", sp, "--thread", "4294967296"],
         &["top", sp, "--from", "-1"],
         &["top", sp, "--to", "18446744073709551616"],
         &["export", sp, "--format", "collapsed", "-o", "-", "--from", "x"],
-        &["export", sp, "--format", "collapsed", "-o", "-", "--thread", "-5"],
     ];
+    // `--thread` takes a tid or a name: a number out of a tid's range is a name
+    // no thread has, an error that says so (not a panic).
+    for args in [
+        &["top", sp, "--thread", "4294967296"][..],
+        &["export", sp, "--format", "collapsed", "-o", "-", "--thread", "-5"][..],
+    ] {
+        let o = spulse(args);
+        let err = stderr(&o);
+        assert!(!o.status.success(), "{args:?}: {err}");
+        assert!(!err.contains("panicked") && !err.contains("internal error"), "{args:?}: {err}");
+        assert!(err.contains("no thread named"), "{args:?}: {err}");
+    }
     for args in cases {
         let o = spulse(args);
         let err = stderr(&o);
