@@ -23,7 +23,7 @@ pub use format::{
 pub use read::{PackedStats, Replay, ReplayOptions, ReplaySamples, Snapshot, SnapshotSamples, Tail};
 pub use recorder::{
     python_runtime_enter, python_runtime_leave, start, EngineChoice, Guard, KernelTime, LostSamples,
-    Recorder, RecorderBuilder, Stats, warnings_path, DEFAULT_FREQUENCY_HZ, DEFAULT_PERF_STACK_RING_PAGES,
+    Recorder, RecorderBuilder, Stats, warnings_path, write_warnings, DEFAULT_FREQUENCY_HZ, DEFAULT_PERF_STACK_RING_PAGES,
     DEFAULT_USER_STACK_COPY, MAX_RING_BYTES,
 };
 pub use write::{pack, NewModule, PackSummary, SpoolWriter};

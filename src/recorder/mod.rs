@@ -1039,7 +1039,8 @@ impl Guard {
         RUNNING.store(false, Ordering::SeqCst);
         if let Ok(stats) = &res {
             if !stats.warnings.is_empty() {
-                write_warnings(&run.path, &stats.warnings);
+                // A failure is not the recording's: `Stats` has the warnings.
+                let _ = write_warnings(&run.path, &stats.warnings);
             }
         }
         res.map_err(|e| e.with_path(&run.path))
@@ -1443,26 +1444,20 @@ pub fn warnings_path(spool: &Path) -> PathBuf {
     PathBuf::from(p)
 }
 
-/// Write `warnings` beside `spool` (mode 0600, never through a symlink); a
-/// failure is not the recording's: it is ignored (`Stats` has them).
-fn write_warnings(spool: &Path, warnings: &[String]) {
+/// Write `warnings` beside `spool`, one a line, at [`warnings_path`] (mode
+/// 0600, never through a symlink), replacing an earlier such file.
+pub fn write_warnings(spool: &Path, warnings: &[String]) -> std::io::Result<()> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
-    let mut text = String::new();
-    for w in warnings {
-        text.push_str(&w.replace('\n', " "));
-        text.push('\n');
-    }
-    let f = std::fs::OpenOptions::new()
+    let text: String = warnings.iter().map(|w| w.replace('\n', " ") + "\n").collect();
+    let mut f = std::fs::OpenOptions::new()
         .write(true)
         .create(true)
         .truncate(true)
         .mode(0o600)
         .custom_flags(libc::O_NOFOLLOW)
-        .open(warnings_path(spool));
-    if let Ok(mut f) = f {
-        let _ = f.write_all(text.as_bytes());
-    }
+        .open(warnings_path(spool))?;
+    f.write_all(text.as_bytes())
 }
 
 /// Add the kernel-time rings to a perf engine when asked and allowed; what

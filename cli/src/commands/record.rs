@@ -209,18 +209,7 @@ pub fn run(args: &RecordArgs, embedded_lib: &[u8]) -> Result<i32, CliError> {
     }
     if !summary.warnings.is_empty() {
         // Beside the output, for `spulse info` (the spool has no place for them).
-        use std::os::unix::fs::OpenOptionsExt;
-        let text: String = summary.warnings.iter().map(|w| w.replace('\n', " ") + "\n").collect();
-        let f = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .custom_flags(libc::O_NOFOLLOW)
-            .open(spulse::warnings_path(&out_path));
-        if let Ok(mut f) = f {
-            let _ = f.write_all(text.as_bytes());
-        }
+        let _ = spulse::write_warnings(&out_path, &summary.warnings);
     }
     let _ = writeln!(
         err,
