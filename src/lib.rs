@@ -22,18 +22,18 @@ pub use format::{
 };
 pub use read::{PackedStats, Replay, ReplayOptions, ReplaySamples, Snapshot, SnapshotSamples, Tail};
 pub use recorder::{
-    python_runtime_enter, python_runtime_leave, start, EngineChoice, Guard, KernelTime, LostSamples,
-    Recorder, RecorderBuilder, Stats, warnings_path, write_warnings, DEFAULT_FREQUENCY_HZ, DEFAULT_PERF_STACK_RING_PAGES,
-    DEFAULT_USER_STACK_COPY, MAX_RING_BYTES,
+    python_runtime_enter, python_runtime_leave, start, warnings_path, write_warnings, EngineChoice, Guard,
+    KernelTime, LostSamples, Recorder, RecorderBuilder, Stats, DEFAULT_FREQUENCY_HZ,
+    DEFAULT_PERF_STACK_RING_PAGES, DEFAULT_USER_STACK_COPY, MAX_RING_BYTES,
 };
 pub use write::{pack, NewModule, PackSummary, SpoolWriter};
 
-#[doc(hidden)]
-pub use recorder::interpose as __interpose;
 /// For `libspulse_preload.so` only, not part of the API: the spool this copy
 /// of spulse records to now (see `src/preloaded.rs`).
 #[doc(hidden)]
 pub use preloaded::live_spool_of_this_copy as __preload_live_spool;
+#[doc(hidden)]
+pub use recorder::interpose as __interpose;
 
 /// Hooks for spulse's own tests and benchmarks, compiled only with the
 /// `testing` cargo feature (off by default). **Unstable**: not part of the

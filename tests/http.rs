@@ -332,10 +332,7 @@ fn endpoint_serves_go_tool_pprof_and_refuses_clearly() {
         .unwrap()
         .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
         .collect();
-    assert!(
-        !names.iter().any(|n| n.starts_with("spulse-http")),
-        "a server thread outlived drop: {names:?}"
-    );
+    assert!(!names.iter().any(|n| n.starts_with("spulse-http")), "a server thread outlived drop: {names:?}");
     assert!(TcpStream::connect(addr).is_err(), "{addr} still accepts after the server was dropped");
     stop.store(true, Ordering::Relaxed);
     for w in workers {

@@ -37,14 +37,22 @@ fn start_failures_and_single_recorder() {
     let trap_before = disposition(libc::SIGTRAP);
     let g = spulse::Recorder::builder().engine(EngineChoice::ThreadCpuTimer).start(&path).unwrap();
     burn(0.3);
-    assert_eq!(FOREIGN_CALLS.load(std::sync::atomic::Ordering::SeqCst), 0, "our signals reached the program's handler");
+    assert_eq!(
+        FOREIGN_CALLS.load(std::sync::atomic::Ordering::SeqCst),
+        0,
+        "our signals reached the program's handler"
+    );
     // SAFETY: raising SIGPROF in this process: a foreign signal, chained.
     unsafe {
         libc::raise(libc::SIGPROF);
         libc::raise(libc::SIGPROF);
     }
     let stats = g.finish().unwrap();
-    assert_eq!(FOREIGN_CALLS.load(std::sync::atomic::Ordering::SeqCst), 2, "the program's own signals must reach it");
+    assert_eq!(
+        FOREIGN_CALLS.load(std::sync::atomic::Ordering::SeqCst),
+        2,
+        "the program's own signals must reach it"
+    );
     assert!(stats.samples_written > 0 && stats.warnings.is_empty(), "{stats:?}");
     assert_eq!(disposition(libc::SIGTRAP), trap_before, "the timer engine installs nothing for SIGTRAP");
     std::fs::remove_file(&path).unwrap();

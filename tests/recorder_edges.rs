@@ -313,7 +313,8 @@ fn stats_count_threads_that_block_the_profiling_signal() {
     // kernel allows it: the kernel-time events send no signal. Its user time
     // cannot be.
     let kernel = kernel_leaves(&snap);
-    let user_of_blocked = per.get(&blocked).copied().unwrap_or(0) - kernel.get(&blocked).copied().unwrap_or(0);
+    let user_of_blocked =
+        per.get(&blocked).copied().unwrap_or(0) - kernel.get(&blocked).copied().unwrap_or(0);
     assert_eq!(user_of_blocked, 0, "a thread blocking the signal cannot be sampled in user mode");
     if emulated() {
         // qemu-user's own threads (its RCU thread blocks every signal) are in

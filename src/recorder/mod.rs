@@ -1105,7 +1105,11 @@ pub mod interpose {
     ///
     /// # Safety
     /// As `sigaction(2)`: `act` null or valid, `old` null or writable.
-    pub unsafe fn sigaction(sig: c_int, act: *const libc::sigaction, old: *mut libc::sigaction) -> Option<c_int> {
+    pub unsafe fn sigaction(
+        sig: c_int,
+        act: *const libc::sigaction,
+        old: *mut libc::sigaction,
+    ) -> Option<c_int> {
         // SAFETY: the caller's contract.
         unsafe { super::handler::virtual_action(sig, act, old) }
     }
@@ -1376,8 +1380,8 @@ fn start_inner(b: &RecorderBuilder, path: &Path) -> Result<Guard, Error> {
     // Refused where the default only asks "where allowed" is the normal
     // unprivileged case (`Stats::kernel_time` says it); asked for by name
     // (builder or SPULSE_KERNEL_TIME=1), it is a deviation worth a warning.
-    let asked = b.kernel_time == Some(true)
-        || std::env::var("SPULSE_KERNEL_TIME").is_ok_and(|v| v.trim() == "1");
+    let asked =
+        b.kernel_time == Some(true) || std::env::var("SPULSE_KERNEL_TIME").is_ok_and(|v| v.trim() == "1");
     if let KernelTime::Refused(why) = &kernel_status {
         if kernel_time && asked && kind == Engine::PerfEvent {
             warnings.push(format!("kernel time not sampled: {why}"));
@@ -1499,11 +1503,7 @@ fn start_kernel_time(
 fn fd_budget() -> usize {
     let mut rl = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
     // SAFETY: getrlimit writes the struct we pass.
-    let soft = if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut rl) } == 0 {
-        rl.rlim_cur
-    } else {
-        1024
-    };
+    let soft = if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut rl) } == 0 { rl.rlim_cur } else { 1024 };
     (soft.min(1 << 20) / 8) as usize
 }
 

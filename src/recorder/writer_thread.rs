@@ -155,9 +155,7 @@ impl ControlSender {
 
 /// The writer thread's control channel; with `wake`, also the eventfd that
 /// wakes it (see [`ControlSender`]).
-pub(crate) fn channel(
-    wake: bool,
-) -> std::io::Result<(ControlSender, Receiver<Control>, Option<Arc<OwnFd>>)> {
+pub(crate) fn channel(wake: bool) -> std::io::Result<(ControlSender, Receiver<Control>, Option<Arc<OwnFd>>)> {
     let wake = if wake {
         // SAFETY: eventfd returns a new descriptor or -1.
         let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
@@ -1115,7 +1113,12 @@ impl Run {
             }
         };
         rot.seq = seq;
-        rot.kept.push_back(KeptSegment { path: path.clone(), dev: meta.dev(), ino: meta.ino(), finished: None });
+        rot.kept.push_back(KeptSegment {
+            path: path.clone(),
+            dev: meta.dev(),
+            ino: meta.ino(),
+            finished: None,
+        });
         super::set_live_segment(&path);
         let mut old = std::mem::replace(&mut self.st.out, out);
         let old_path = rot.kept.iter().rev().nth(1).map(|k| k.path.clone());
