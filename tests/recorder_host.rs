@@ -289,3 +289,38 @@ fn function_names(snap: &spulse::Snapshot) -> std::collections::HashSet<String> 
     }
     names
 }
+
+#[test]
+fn a_program_closing_every_descriptor_keeps_the_files_it_opens_after() {
+    let (_dir, path) = spool_path("closer.spool");
+    let out = run_role("closer_role", "SPULSE_HOST_TEST_OUT", &path);
+    let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("ROLE OK"), "{text}");
+}
+
+/// The program closes every descriptor above 2 (as daemons do), opens files
+/// that take those numbers, and the recorder stops without closing them.
+#[test]
+fn closer_role() {
+    let Some(path) = out_var() else { return };
+    let g = spulse::start(&path).unwrap();
+    burn(0.1);
+    // SAFETY: closing every descriptor from 3 up, as the program under test would.
+    unsafe { libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32) };
+    let dir = path.parent().unwrap();
+    let files: Vec<std::fs::File> =
+        (0..40).map(|i| std::fs::File::create(dir.join(format!("mine{i}.txt"))).unwrap()).collect();
+    burn(0.3);
+    let r = g.finish();
+    // Every file the program opened is still open (the recorder closed none of
+    // them) and holds only what the program writes.
+    for (i, mut f) in files.into_iter().enumerate() {
+        use std::io::Write;
+        f.write_all(format!("line {i}\n").as_bytes()).expect("the program's file was closed under it");
+        drop(f);
+        let got = std::fs::read_to_string(dir.join(format!("mine{i}.txt"))).unwrap();
+        assert_eq!(got, format!("line {i}\n"), "file {i}");
+    }
+    println!("ROLE OK finish: {:?}", r.map(|s| s.warnings));
+}

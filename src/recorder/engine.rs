@@ -102,6 +102,15 @@ impl Engine {
         }
     }
 
+    /// Whether the program closed the perf events' descriptors (sampling
+    /// has stopped).
+    pub(crate) fn closed_by_program(&self) -> bool {
+        match self {
+            Engine::Perf(p, k) => p.closed_by_program() || k.as_ref().is_some_and(|k| k.closed_by_program()),
+            _ => false,
+        }
+    }
+
     /// Stop sending signals.
     pub(crate) fn stop(&mut self) {
         match self {

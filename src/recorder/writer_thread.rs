@@ -735,6 +735,15 @@ impl Run {
         if self.signal_lost {
             return;
         }
+        if self.st.engine.closed_by_program() {
+            self.signal_lost = true;
+            self.st.warnings.push(format!(
+                "the program closed the recorder's perf-event descriptors {:.1} s into the recording: \
+                 sampling stopped there",
+                self.st.started.elapsed().as_secs_f64()
+            ));
+            return;
+        }
         let Some(sig) = self.st.engine.signal() else { return };
         if handler::holds(sig) {
             return;

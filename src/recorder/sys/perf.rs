@@ -152,7 +152,28 @@ pub(super) fn open_attr_on(tid: u32, cpu: i32, attr: &PerfEventAttr) -> io::Resu
         return Err(io::Error::last_os_error());
     }
     // SAFETY: a fresh fd we own.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+    let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+    // Out of the way of a program that closes its low descriptors and opens
+    // files that would get these numbers (see `own_fd.rs`).
+    Ok(crate::recorder::own_fd::move_high(fd))
+}
+
+/// Whether `fd` is still a perf event (`anon_inode:[perf_event]`): a program
+/// that closes every descriptor closes ours too, and may have opened a file
+/// of its own at the number since.
+pub(crate) fn is_perf_event(fd: std::os::fd::RawFd) -> bool {
+    std::fs::read_link(format!("/proc/self/fd/{fd}"))
+        .is_ok_and(|l| l.as_os_str().as_encoded_bytes() == b"anon_inode:[perf_event]")
+}
+
+/// Close `fd` if it is still our perf event; a number the program has taken
+/// over is left alone (never closed: it is not ours any more).
+pub(crate) fn close_if_ours(fd: OwnedFd) {
+    if is_perf_event(fd.as_raw_fd()) {
+        drop(fd);
+    } else {
+        std::mem::forget(fd);
+    }
 }
 
 /// Most listings of `/proc/self/task` before the start gives up waiting for a
@@ -212,13 +233,22 @@ impl PerfEngine {
         self.fds.len()
     }
 
-    /// Disable every event (and its inherited clones) and close them.
+    /// Whether the program closed our events (the first one is checked:
+    /// programs that close descriptors close them all).
+    pub(crate) fn closed_by_program(&self) -> bool {
+        self.fds.first().is_some_and(|fd| !is_perf_event(fd.as_raw_fd()))
+    }
+
+    /// Disable every event (and its inherited clones) and close them; a
+    /// descriptor the program closed (and may have reused) is left alone.
     pub(crate) fn stop(&mut self) {
-        for fd in &self.fds {
-            // SAFETY: an ioctl on an fd we own; DISABLE takes no argument.
-            unsafe { libc::ioctl(fd.as_raw_fd(), PERF_EVENT_IOC_DISABLE as _, 0) };
+        for fd in self.fds.drain(..) {
+            if is_perf_event(fd.as_raw_fd()) {
+                // SAFETY: an ioctl on an fd we own; DISABLE takes no argument.
+                unsafe { libc::ioctl(fd.as_raw_fd(), PERF_EVENT_IOC_DISABLE as _, 0) };
+            }
+            close_if_ours(fd);
         }
-        self.fds.clear();
     }
 }
 

@@ -250,9 +250,23 @@ impl KernelRings {
         lost
     }
 
+    /// Whether the program closed our events (checked on one ring's).
+    pub(crate) fn closed_by_program(&self) -> bool {
+        self.rings.values().next().is_some_and(|r| !super::perf::is_perf_event(r.raw_fd()))
+    }
+
     /// Samples lost and never reported in a lost record (read at the end).
     pub(crate) fn lost_unreported(&self) -> u64 {
         self.rings.values().map(|r| r.lost_unreported()).sum()
+    }
+}
+
+impl Drop for KernelRings {
+    fn drop(&mut self) {
+        // Only descriptors still ours are closed (the rings see to their own).
+        for fd in self.redirected.drain(..) {
+            super::perf::close_if_ours(fd);
+        }
     }
 }
 

@@ -123,7 +123,8 @@ pub(crate) struct StackSample<'a> {
 
 /// One thread's event and its mapped ring.
 pub(crate) struct StackRing {
-    fd: OwnedFd,
+    /// Closed by `Drop` only if still ours.
+    fd: std::mem::ManuallyDrop<OwnedFd>,
     base: *mut u8,
     map_len: usize,
     data_offset: usize,
@@ -142,6 +143,10 @@ impl Drop for StackRing {
     fn drop(&mut self) {
         // SAFETY: `base`/`map_len` are the mapping made in `open`, unmapped once.
         unsafe { libc::munmap(self.base as *mut libc::c_void, self.map_len) };
+        // The descriptor only if it is still ours (see `perf::close_if_ours`).
+        // SAFETY: taken once, here, as the value is dropped; never used after.
+        let fd = unsafe { std::mem::ManuallyDrop::take(&mut self.fd) };
+        super::perf::close_if_ours(fd);
     }
 }
 
@@ -211,7 +216,7 @@ impl StackRing {
             return Err(io::Error::last_os_error());
         }
         let mut ring = StackRing {
-            fd,
+            fd: std::mem::ManuallyDrop::new(fd),
             base: base as *mut u8,
             map_len,
             data_offset: page_size(),
