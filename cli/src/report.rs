@@ -108,8 +108,8 @@ pub struct Shape {
     /// (`module+0xADDR`). By default the unsymbolized code of one module is one
     /// function, `[unknown]` of that module (`[unknown] (module)` in the
     /// text views), as `perf report` shows it, and consecutive frames of it
-    /// are one frame; the same for code outside any module (JIT code without
-    /// a perf map).
+    /// are one frame. Code outside any module (JIT code without a perf map)
+    /// stays `[unknown] 0xADDR`, one function per address.
     pub split_unknown: bool,
     /// A root frame per process, `program (pid N)`.
     pub process_root: bool,
@@ -126,7 +126,7 @@ impl Shape {
     }
 }
 
-/// Module name of the frames [`Shape::split_unknown`] groups.
+/// Name of the function [`Shape::split_unknown`] groups a module's unsymbolized code into.
 const UNKNOWN: &str = "[unknown]";
 
 /// Module name of the root frames of [`Shape::thread_root`] and [`Shape::process_root`].
@@ -209,14 +209,14 @@ impl CallTree {
                 let r = sym.resolve(defs, frame, &ctx);
                 let groupable = !shape.split_unknown
                     && !r.named
-                    && matches!(defs.frame(frame), Frame::Module { .. } | Frame::Absolute { kernel: false, .. });
+                    && matches!(defs.frame(frame), Frame::Module { .. });
                 if groupable {
                     let f = r.outer().func;
                     let g = match unknown_of.get(&f) {
                         Some(&g) => g,
                         None => {
                             let module = sym.function(f).module.clone();
-                            let name = if shape.by_name && module != UNKNOWN {
+                            let name = if shape.by_name {
                                 format!("{UNKNOWN} ({module})")
                             } else {
                                 UNKNOWN.to_string()
