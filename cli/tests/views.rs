@@ -122,7 +122,9 @@ fn stripped_binary_is_one_unknown_row_per_module() {
     assert!(own_self <= own_total && own_total <= total, "self {own_self}, total {own_total} of {total}");
     assert!(rows.iter().all(|r| !r["function"].as_str().unwrap().starts_with("stripprog+0x")));
     // Other modules keep their names (libc has symbols).
-    assert!(rows.iter().any(|r| r["module"] == "libc.so.6" && !r["function"].as_str().unwrap().starts_with('[')));
+    assert!(rows
+        .iter()
+        .any(|r| r["module"] == "libc.so.6" && !r["function"].as_str().unwrap().starts_with('[')));
     let self_sum: u64 = rows.iter().map(|r| r["self"].as_u64().unwrap()).sum();
     assert_eq!(self_sum, total);
 
