@@ -2,6 +2,8 @@
 #![deny(missing_docs)]
 
 mod error;
+#[cfg(feature = "flamegraph")]
+pub mod flamegraph;
 pub mod format;
 #[cfg(feature = "http")]
 pub mod http;

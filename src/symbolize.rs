@@ -823,6 +823,13 @@ impl Symbolizer {
         self.parsed.len()
     }
 
+    /// The id of the function with this name and module, added if new: for
+    /// frames a view makes up itself (a thread's root frame, the one row of a
+    /// module's unsymbolized code), shown and counted like any other function.
+    pub fn function_id(&mut self, name: String, module: String) -> u32 {
+        self.intern(Function { name, module })
+    }
+
     fn intern(&mut self, f: Function) -> u32 {
         if let Some(&id) = self.function_ids.get(&f) {
             return id;

@@ -21,7 +21,7 @@ use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
 use std::io::Write;
 
-use spulse::{Definitions, StackId};
+use spulse::{Definitions, Frame, StackId};
 
 use crate::aggregate::Aggregate;
 use crate::input::progress;
@@ -95,33 +95,65 @@ pub struct CallTree {
     self_count: Vec<u64>,
 }
 
+/// What a [`CallTree`]'s nodes are.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Shape {
+    /// Inlined functions are nodes of their own (under their caller); without,
+    /// each frame is the function that contains its code.
+    pub inlines: bool,
+    /// Functions with the same name (in different modules) are one node: the
+    /// text views (folded stacks, flame graphs) show names only.
+    pub by_name: bool,
+    /// Each unsymbolized address of a module is a function of its own
+    /// (`module+0xADDR`). By default the unsymbolized code of one module is one
+    /// function, `[unknown]` of that module (`[unknown] (module)` in the
+    /// text views), as `perf report` shows it, and consecutive frames of it
+    /// are one frame. Code outside any module (JIT code without a perf map)
+    /// stays `[unknown] 0xADDR`, one function per address.
+    pub split_unknown: bool,
+    /// A root frame per process, `program (pid N)`.
+    pub process_root: bool,
+    /// A root frame per thread, `name (tid N)` (under the process root, if
+    /// any). The aggregation must be per thread.
+    pub thread_root: bool,
+}
+
+impl Shape {
+    /// The shape of the folded and flame graph views: inlined functions
+    /// expanded, one node per name.
+    pub fn text() -> Shape {
+        Shape { inlines: true, by_name: true, ..Shape::default() }
+    }
+}
+
+/// Name of the function [`Shape::split_unknown`] groups a module's unsymbolized code into.
+const UNKNOWN: &str = "[unknown]";
+
+/// Module name of the root frames of [`Shape::thread_root`] and [`Shape::process_root`].
+const ROOT_MODULE: &str = "[root]";
+
 impl CallTree {
     /// Build the tree of an aggregation. With `inlines`, inlined functions are
     /// nodes of their own (under their caller); without, each frame is the
     /// function that contains its code.
     pub fn build(defs: &Definitions, agg: &Aggregate, sym: &mut Symbolizer, inlines: bool) -> CallTree {
-        Self::build_with(defs, agg, sym, inlines, false)
+        Self::build_shaped(defs, agg, sym, Shape { inlines, ..Shape::default() })
     }
 
     /// [`CallTree::build`] for the text views (folded stacks, flame graphs),
     /// which show names only: functions with the same name (in different
     /// modules) are one node.
     pub fn build_by_name(defs: &Definitions, agg: &Aggregate, sym: &mut Symbolizer) -> CallTree {
-        Self::build_with(defs, agg, sym, true, true)
+        Self::build_shaped(defs, agg, sym, Shape::text())
     }
 
-    fn build_with(
-        defs: &Definitions,
-        agg: &Aggregate,
-        sym: &mut Symbolizer,
-        inlines: bool,
-        by_name: bool,
-    ) -> CallTree {
+    /// The tree of an aggregation, shaped as `shape` says.
+    pub fn build_shaped(defs: &Definitions, agg: &Aggregate, sym: &mut Symbolizer, shape: Shape) -> CallTree {
         let mut t = CallTree { nodes: Vec::new(), index: HashMap::new(), self_count: Vec::new() };
         // With `by_name`: the first function seen with each name stands for all.
         let mut canonical: HashMap<String, u32> = HashMap::new();
         let mut canon = |sym: &Symbolizer, f: u32| -> u32 {
-            if !by_name {
+            if !shape.by_name {
                 return f;
             }
             let name = &sym.function(f).name;
@@ -133,6 +165,10 @@ impl CallTree {
                 }
             }
         };
+        // Per unsymbolized function: the `[unknown]` function of its module.
+        let mut unknown_of: HashMap<u32, u32> = HashMap::new();
+        // Root node per context (with root frames).
+        let mut roots: HashMap<usize, u32> = HashMap::new();
         // Tree node of each (context, spool stack) placed so far.
         let mut placed: HashMap<(usize, StackId), u32> = HashMap::new();
         let mut path: Vec<StackId> = Vec::new();
@@ -149,9 +185,53 @@ impl CallTree {
                 path.push(id);
                 cur = defs.stack(id).parent;
             }
+            if node == NO_NODE && (shape.process_root || shape.thread_root) {
+                node = match roots.get(&c) {
+                    Some(&n) => n,
+                    None => {
+                        let mut n = NO_NODE;
+                        if shape.process_root {
+                            let f = sym.function_id(process_root_name(defs, ctx.pid), ROOT_MODULE.into());
+                            n = t.child(n, f);
+                        }
+                        if let Some(thread) = ctx.thread.filter(|_| shape.thread_root) {
+                            let th = defs.thread(thread);
+                            let f = sym.function_id(format!("{} (tid {})", th.name, th.tid), ROOT_MODULE.into());
+                            n = t.child(n, f);
+                        }
+                        roots.insert(c, n);
+                        n
+                    }
+                };
+            }
             for &id in path.iter().rev() {
-                let r = sym.resolve(defs, defs.stack(id).frame, &ctx);
-                if inlines {
+                let frame = defs.stack(id).frame;
+                let r = sym.resolve(defs, frame, &ctx);
+                let groupable = !shape.split_unknown
+                    && !r.named
+                    && matches!(defs.frame(frame), Frame::Module { .. });
+                if groupable {
+                    let f = r.outer().func;
+                    let g = match unknown_of.get(&f) {
+                        Some(&g) => g,
+                        None => {
+                            let module = sym.function(f).module.clone();
+                            let name = if shape.by_name {
+                                format!("{UNKNOWN} ({module})")
+                            } else {
+                                UNKNOWN.to_string()
+                            };
+                            let id = sym.function_id(name, module);
+                            let g = canon(sym, id);
+                            unknown_of.insert(f, g);
+                            g
+                        }
+                    };
+                    // Consecutive frames of one module's unknown code are one frame.
+                    if node == NO_NODE || t.nodes[node as usize].1 != g {
+                        node = t.child(node, g);
+                    }
+                } else if shape.inlines {
                     for f in r.frames.iter().rev() {
                         node = t.child(node, canon(sym, f.func));
                     }
@@ -422,20 +502,38 @@ impl CallTree {
     }
 }
 
-/// Self and total counts per function, hottest (by self, then total) first,
-/// with inlined functions folded into their callers.
-pub fn top(defs: &Definitions, agg: &Aggregate, sym: &mut Symbolizer) -> Vec<FunctionStats> {
-    top_with(defs, agg, sym, false)
+/// The root frame of a process: `program (pid N)`, the program being the file
+/// name of its executable (see [`crate::processes::program_module`]), else
+/// its main thread's name.
+fn process_root_name(defs: &Definitions, pid: u32) -> String {
+    let program = match crate::processes::program_module(defs, pid) {
+        Some(m) => m.path().file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(),
+        None => defs
+            .threads()
+            .iter()
+            .rev()
+            .find(|t| t.pid == pid && t.tid == pid)
+            .map(|t| t.name.clone())
+            .unwrap_or_default(),
+    };
+    if program.is_empty() {
+        format!("[process] (pid {pid})")
+    } else {
+        format!("{program} (pid {pid})")
+    }
 }
 
-/// [`top`], listing inlined functions as functions of their own when `inlines`.
-pub fn top_with(
-    defs: &Definitions,
-    agg: &Aggregate,
-    sym: &mut Symbolizer,
-    inlines: bool,
-) -> Vec<FunctionStats> {
-    CallTree::build(defs, agg, sym, inlines).function_stats(sym)
+/// Self and total counts per function, hottest (by self, then total) first,
+/// with inlined functions folded into their callers and the unsymbolized code
+/// of each module one function.
+pub fn top(defs: &Definitions, agg: &Aggregate, sym: &mut Symbolizer) -> Vec<FunctionStats> {
+    top_with(defs, agg, sym, Shape::default())
+}
+
+/// [`top`] with the functions `shape` says (inlined functions as functions of
+/// their own, unsymbolized addresses split).
+pub fn top_with(defs: &Definitions, agg: &Aggregate, sym: &mut Symbolizer, shape: Shape) -> Vec<FunctionStats> {
+    CallTree::build_shaped(defs, agg, sym, Shape { by_name: false, ..shape }).function_stats(sym)
 }
 
 /// Make a function name safe for one field of a folded line.
@@ -447,13 +545,15 @@ fn folded_name(name: &str) -> Cow<'_, str> {
     }
 }
 
-/// Write folded stacks (inlined functions expanded): one `root;...;leaf
-/// count` line per distinct symbolized stack, depth-first in name order.
+/// Write folded stacks (inlined functions expanded, root frames and
+/// unsymbolized code as `shape` says): one `root;...;leaf count` line per
+/// distinct symbolized stack, depth-first in name order.
 pub fn write_folded(
     defs: &Definitions,
     agg: &Aggregate,
     sym: &mut Symbolizer,
+    shape: Shape,
     out: &mut dyn Write,
 ) -> std::io::Result<()> {
-    CallTree::build_by_name(defs, agg, sym).write_folded(sym, out)
+    CallTree::build_shaped(defs, agg, sym, Shape { inlines: true, by_name: true, ..shape }).write_folded(sym, out)
 }

@@ -109,7 +109,14 @@ fn missing_module_file_shows_offsets() {
             b_t1: 1,
         },
     );
+    // By default the module's unnamed code is one row: main;hot_a and
+    // main;hot_b are 4 samples in it, each counted once in its total.
     let rows = top_json(&["top", s(&spool), "--json"]);
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    let u = find(&rows, "[unknown]");
+    assert_eq!((&u["module"], &u["self"], &u["total"]), (&"libgone.so".into(), &4.into(), &4.into()));
+    // `--split-unknown`: one row per address.
+    let rows = top_json(&["top", s(&spool), "--json", "--split-unknown"]);
     let a = find(&rows, &format!("libgone.so+{:#x}", p.hot_a));
     assert_eq!(a["self"], 3);
     assert_eq!(a["module"], "libgone.so");
@@ -126,7 +133,7 @@ fn wrong_build_id_is_never_named() {
         &p,
         &Spec { path: &spool, module_path: &module_path, build_id: &wrong, a_t1: 3, a_t2: 0, b_t1: 1 },
     );
-    let rows = top_json(&["top", s(&spool), "--json"]);
+    let rows = top_json(&["top", s(&spool), "--json", "--split-unknown"]);
     find(&rows, &format!("hotprog+{:#x}", p.hot_a));
     find(&rows, &format!("hotprog+{:#x}", p.hot_b));
     assert!(rows.iter().all(|r| !r["function"].as_str().unwrap().starts_with("hot_")), "{rows:?}");

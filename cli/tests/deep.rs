@@ -11,7 +11,7 @@ use std::process::{Command, Stdio};
 
 use spulse::{Frame, Header, NewModule, SpoolWriter};
 use spulse_cli::aggregate::aggregate;
-use spulse_cli::report::CallTree;
+use spulse_cli::report::{CallTree, Shape};
 use spulse_cli::select::Filter;
 use spulse_cli::symbolize::{Options, Symbolizer};
 
@@ -112,16 +112,25 @@ fn deep_chains_stay_bounded() {
     assert!(std::fs::metadata(&big).unwrap().len() < 1 << 20);
 
     // The real binary agrees, and stays small.
-    let (bytes, lines, rss) = run_measured(&["top", big.to_str().unwrap(), "-n", "5"]);
+    // The frames are in a module whose file is gone: `--split-unknown` keeps
+    // each a function of its own (by default they are one `[unknown]`).
+    let (bytes, lines, rss) = run_measured(&["top", big.to_str().unwrap(), "-n", "5", "--split-unknown"]);
     assert_eq!(lines, 1 + 1 + 5, "total line, header, 5 rows ({bytes} bytes)");
     assert!(rss < 64 * 1024, "top peak RSS {rss} KB");
+    // By default the module's code is one row: every sample once in its
+    // total, however deep the chain (consecutive frames of it are one).
+    let o = Command::new(env!("CARGO_BIN_EXE_spulse")).args(["top", big.to_str().unwrap(), "--json"]).output().unwrap();
+    assert!(o.status.success());
+    let rows: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(rows.as_array().unwrap().len(), 1, "{rows}");
+    assert_eq!((&rows[0]["function"], &rows[0]["self"], &rows[0]["total"]), (&"[unknown]".into(), &40_960.into(), &40_960.into()));
 
     let b = big.to_str().unwrap();
     // Spelling 10 x 4096 stacks in full would take gigabytes; these formats
     // share prefixes (pprof's locations, Firefox's stack table) or draw only
     // what is wide enough (SVG), so memory stays far below that.
     for (format, max_kb) in [("pprof", 96 * 1024), ("svg", 256 * 1024), ("firefox", 192 * 1024)] {
-        let (bytes, _, rss) = run_measured(&["export", b, "--format", format, "-o", "-"]);
+        let (bytes, _, rss) = run_measured(&["export", b, "--format", format, "-o", "-", "--split-unknown"]);
         eprintln!("{format}: {bytes} bytes, peak RSS {rss} KB");
         assert!(bytes > 0);
         assert!(rss < max_kb, "{format}: peak RSS {rss} KB");
@@ -133,7 +142,7 @@ fn deep_chains_stay_bounded() {
     deep_spool(&small, 10, 512);
     let sm = small.to_str().unwrap();
     let want = expected_folded_bytes(10, 512);
-    let (bytes, lines, rss) = run_measured(&["export", sm, "--format", "collapsed", "-o", "-"]);
+    let (bytes, lines, rss) = run_measured(&["export", sm, "--format", "collapsed", "-o", "-", "--split-unknown"]);
     eprintln!("collapsed: {bytes} bytes, peak RSS {rss} KB");
     assert_eq!((bytes, lines), (want, 5120));
     assert!(rss * 1024 < want as i64 / 4, "collapsed: peak RSS {rss} KB for {want} bytes of output");
@@ -145,7 +154,7 @@ fn deep_chains_stay_bounded() {
     let replay = spulse_cli::input::open_replay(&big).unwrap();
     let agg = aggregate(&replay, &Filter::default(), false).unwrap();
     let mut sym = Symbolizer::new(Options::default());
-    let tree = CallTree::build(&replay, &agg, &mut sym, false);
+    let tree = CallTree::build_shaped(&replay, &agg, &mut sym, Shape { split_unknown: true, ..Shape::default() });
     assert_eq!(tree.len(), 40_960);
     let stats = tree.function_stats(&sym);
     // One lookup per spool stack record, not one per frame of every stack

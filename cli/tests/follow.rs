@@ -323,7 +323,8 @@ fn follow_on_an_80x24_terminal_fits_and_restores_the_screen() {
 
     let (master, slave) = pty(80, 24);
     let mut child = Command::new(env!("CARGO_BIN_EXE_spulse"))
-        .args(["follow", s(&spool), "--interval", "0.1", "-n", "50"])
+        // One row per address (by default the module's are one `[unknown]` row).
+        .args(["follow", s(&spool), "--interval", "0.1", "-n", "50", "--split-unknown"])
         .stdin(std::process::Stdio::null())
         .stdout(slave.try_clone().unwrap())
         .stderr(std::process::Stdio::piped())

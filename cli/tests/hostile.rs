@@ -60,7 +60,7 @@ fn fifo_module_file_is_left_unsymbolized() {
     // With and without a build id (without one only the named file is tried).
     for bid in [&p.build_id[..], &[][..]] {
         write_spool(&p, &Spec { path: &spool, module_path: &mp, build_id: bid, a_t1: 3, a_t2: 0, b_t1: 1 });
-        let rows = top_functions(&spool, &[]);
+        let rows = top_functions(&spool, &["--split-unknown"]);
         assert!(!rows.is_empty());
         assert!(rows.iter().all(|(f, _)| f.starts_with("fifo-module+0x")), "{rows:?}");
     }

@@ -85,6 +85,9 @@ fn a_vdso_of_another_build_is_not_named() {
     let th = w.define_thread(PID, PID, "main").unwrap();
     w.sample(START_US + 1, th, st).unwrap();
     w.into_inner().unwrap();
-    let rows: Value = serde_json::from_str(&ok(&["top", s(&path), "--json"])).unwrap();
+    let rows: Value = serde_json::from_str(&ok(&["top", s(&path), "--json", "--split-unknown"])).unwrap();
     assert_eq!(rows[0]["function"], "linux-vdso.so.1+0x800", "{rows}");
+    // By default: the module's one unknown row.
+    let rows: Value = serde_json::from_str(&ok(&["top", s(&path), "--json"])).unwrap();
+    assert_eq!((&rows[0]["function"], &rows[0]["module"]), (&"[unknown]".into(), &"linux-vdso.so.1".into()));
 }

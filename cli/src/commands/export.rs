@@ -10,6 +10,7 @@ use crate::display::escape;
 use crate::export::{self, Exporter, Job};
 use crate::input::open_inputs;
 use crate::output;
+use crate::report::Shape;
 use crate::symbolize::Symbolizer;
 use crate::CliError;
 use spulse::Replay;
@@ -34,7 +35,7 @@ pub enum Format {
 /// Arguments of `spulse export`.
 #[derive(Debug, Args)]
 #[command(
-    after_help = "Examples:\n  spulse export app.spool -o flame.svg    (the format from the name)\n  spulse export app.spool --format pprof -o app.pb.gz && go tool pprof -top app.pb.gz\n  spulse export app.spool --format firefox -o app.json\n  spulse export app.spool --format firefox -o app.jslb.gz\n  spulse export app.spool --format collapsed -o app.folded\n  spulse export app.spool --format svg -o app.svg --symbols /usr/lib/debug\n  spulse export app.spool --format speedscope -o app.speedscope.json --thread 4242\n  spulse export app.spool --format pprof -o app.pb.gz --pid 4200 --from 1000000"
+    after_help = "Examples:\n  spulse export app.spool -o flame.svg    (the format from the name)\n  spulse export app.spool --format pprof -o app.pb.gz && go tool pprof -top app.pb.gz\n  spulse export app.spool --format firefox -o app.json\n  spulse export app.spool --format firefox -o app.jslb.gz\n  spulse export app.spool --format collapsed -o app.folded\n  spulse export app.spool -o threads.svg --per-thread\n  spulse export app.spool --format svg -o app.svg --symbols /usr/lib/debug\n  spulse export app.spool --format speedscope -o app.speedscope.json --thread 4242\n  spulse export app.spool --format pprof -o app.pb.gz --pid 4200 --from 1000000"
 )]
 pub struct ExportArgs {
     /// The spool (or packed) file. Several (such as the segments of a rotating recording)
@@ -50,6 +51,14 @@ pub struct ExportArgs {
     /// `.jslb` or `.jslb.gz` selects the JsonSlabs container.
     #[arg(short, long, value_name = "OUT")]
     pub output: PathBuf,
+    /// Collapsed and svg: a root frame per thread, `name (tid N)`, above its
+    /// stacks (under the process's root frame with `--per-process`).
+    #[arg(long)]
+    pub per_thread: bool,
+    /// Collapsed and svg: a root frame per process, `program (pid N)`, above
+    /// its stacks.
+    #[arg(long)]
+    pub per_process: bool,
     #[command(flatten)]
     pub filter: FilterArgs,
     #[command(flatten)]
@@ -59,7 +68,15 @@ pub struct ExportArgs {
 /// Run `spulse export`.
 pub fn run(args: &ExportArgs) -> Result<(), CliError> {
     args.filter.filter().check_window()?;
-    args.format()?.exporter(&args.output)?;
+    let format = args.format()?;
+    format.exporter(&args.output)?;
+    if (args.per_thread || args.per_process) && !matches!(format, Format::Collapsed | Format::Svg) {
+        return Err(CliError::input(format!(
+            "--{} adds root frames to the collapsed and svg exports only (pprof, Firefox and \
+             speedscope keep threads apart by themselves)",
+            if args.per_thread { "per-thread" } else { "per-process" }
+        )));
+    }
     // The output may be none of the inputs.
     let mut target_of = None;
     for f in &args.files {
@@ -87,7 +104,7 @@ impl ExportArgs {
         }
         Format::from_file_name(&self.output).ok_or_else(|| {
             CliError::input(format!(
-                "{}: cannot tell the export format from this name; give --format                  (pprof, firefox, collapsed, svg or speedscope)",
+                "{}: cannot tell the export format from this name; give --format (pprof, firefox, collapsed, svg or speedscope)",
                 escape(&self.output.display().to_string())
             ))
         })
@@ -149,6 +166,7 @@ fn write_export(
     let mut sym = Symbolizer::new(args.symbols.options());
     let title = format!("spulse {}", name.display());
     let output = escape(&args.output.display().to_string()).into_owned();
-    let job = Job { replay, filter: &args.filter.filter(), title: &title, output: &output };
+    let shape = Shape { process_root: args.per_process, thread_root: args.per_thread, ..args.symbols.shape() };
+    let job = Job { replay, filter: &args.filter.filter(), title: &title, output: &output, shape };
     (args.format()?.exporter(&args.output)?)(&job, &mut sym, out)
 }

@@ -54,7 +54,7 @@ use crate::aggregate::Aggregate;
 use crate::display::{escape, fit};
 use crate::input::warn_truncated;
 use crate::merge::{MergeError, Shared, Source};
-use crate::report::top;
+use crate::report::top_with;
 use crate::select::{Contexts, Filter, Selector};
 use crate::symbolize::Symbolizer;
 use crate::CliError;
@@ -724,7 +724,7 @@ fn print_table(
     new: u64,
 ) -> Result<(), CliError> {
     let agg = live.aggregate();
-    let stats = top(tail, &agg, sym);
+    let stats = top_with(tail, &agg, sym, args.symbols.shape());
     let header = format!(
         "--- {} at {:.1} s: {} samples (+{new}), {} threads ---",
         escape(&args.file.display().to_string()),

@@ -12,6 +12,7 @@ use std::path::PathBuf;
 
 use clap::Args;
 
+use crate::report::Shape;
 use crate::select::Filter;
 use crate::symbolize;
 use crate::CliError;
@@ -68,12 +69,25 @@ pub struct SymbolArgs {
     /// offset in the file, when the file is missing or is not the recorded build.
     #[arg(long)]
     pub no_symbolize: bool,
+    /// Show each unsymbolized address as a function of its own
+    /// (`module+0xADDR`). By default the code of a module that has no symbol
+    /// for it (a stripped binary) is one function, `[unknown]` of that module,
+    /// as `perf report` shows it, and consecutive frames of it are one frame.
+    /// Applies to `top`, `follow` and the collapsed and svg exports (pprof,
+    /// Firefox and speedscope keep each address); implied by `--no-symbolize`.
+    #[arg(long)]
+    pub split_unknown: bool,
 }
 
 impl SymbolArgs {
     /// The symbolizer options.
     pub fn options(&self) -> symbolize::Options {
         symbolize::Options { dirs: self.symbols.clone(), disabled: self.no_symbolize }
+    }
+
+    /// The report shape these options ask for (unsymbolized addresses split or not).
+    pub fn shape(&self) -> Shape {
+        Shape { split_unknown: self.split_unknown || self.no_symbolize, ..Shape::default() }
     }
 }
 

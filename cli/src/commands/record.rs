@@ -35,12 +35,17 @@ use std::time::Duration;
 use clap::Args;
 use spulse::{Header, SpoolWriter};
 
+use super::export::{ExportArgs, Format};
+use super::{FilterArgs, SymbolArgs};
 use crate::merge::{MergeError, Source};
 use crate::CliError;
 
 /// Arguments of `spulse record`.
 #[derive(Debug, Args)]
-#[command(trailing_var_arg = true)]
+#[command(
+    trailing_var_arg = true,
+    after_help = "Examples:\n  spulse record -- make -j2\n  spulse record -o gz.spool --svg gz.svg -- gzip -k big.tar\n  spulse record -F 4999 --pprof app.pb.gz -- ./app --flag"
+)]
 pub struct RecordArgs {
     /// Samples per second of CPU time, per thread (1 to 100000; default
     /// `SPULSE_FREQUENCY` or 999).
@@ -50,6 +55,15 @@ pub struct RecordArgs {
     /// in the current directory, with a suffix if that exists.
     #[arg(short = 'o', long = "output", value_name = "PATH")]
     pub output: Option<PathBuf>,
+    /// Also write an SVG flame graph of the recording to OUT when the
+    /// command ends (as `spulse export SPOOL -o OUT` would; the spool is
+    /// written as well).
+    #[arg(long, value_name = "OUT")]
+    pub svg: Option<PathBuf>,
+    /// Also write a gzipped pprof profile of the recording to OUT when the
+    /// command ends (as `spulse export SPOOL --format pprof -o OUT` would).
+    #[arg(long, value_name = "OUT")]
+    pub pprof: Option<PathBuf>,
     /// The command to record, and its arguments.
     #[arg(required = true, value_name = "CMD", allow_hyphen_values = true)]
     pub command: Vec<OsString>,
@@ -62,6 +76,7 @@ const TICK: Duration = Duration::from_millis(20);
 /// preload library the binary carries (empty if none; see
 /// [`crate::preload_lib`]).
 pub fn run(args: &RecordArgs, embedded_lib: &[u8]) -> Result<i32, CliError> {
+    check_exports(args)?;
     let program = resolve_program(&args.command[0])?;
     check_dynamic(&program)?;
     // `_lib_dir`: a temporary directory holding the library, if it had to go to one.
@@ -234,7 +249,65 @@ pub fn run(args: &RecordArgs, embedded_lib: &[u8]) -> Result<i32, CliError> {
             cmd_status.unwrap_or(1)
         )));
     }
-    Ok(cmd_status.unwrap_or(1))
+    drop(err);
+    let status = cmd_status.unwrap_or(1);
+    let failed = write_exports(args, &out_path);
+    // A failed export is reported; the exit status stays the command's own
+    // unless that was success.
+    Ok(match failed {
+        Some(code) if status == 0 => code,
+        _ => status,
+    })
+}
+
+/// The exports `--svg` and `--pprof` ask for.
+fn exports(args: &RecordArgs) -> impl Iterator<Item = (Format, &PathBuf)> {
+    [(Format::Svg, &args.svg), (Format::Pprof, &args.pprof)].into_iter().filter_map(|(f, p)| Some((f, p.as_ref()?)))
+}
+
+/// Refuse, before the command starts, an export that could not be written:
+/// into a directory that does not exist, onto the spool, or two exports onto
+/// one file.
+fn check_exports(args: &RecordArgs) -> Result<(), CliError> {
+    let mut seen: Vec<&PathBuf> = Vec::new();
+    for (format, path) in exports(args) {
+        let shown = || crate::display::escape(&path.display().to_string()).into_owned();
+        let flag = if format == Format::Svg { "--svg" } else { "--pprof" };
+        if args.output.as_ref() == Some(path) || seen.contains(&path) {
+            return Err(CliError::input(format!("{flag} {}: the same file as another output", shown())));
+        }
+        let dir = match path.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d,
+            _ => Path::new("."),
+        };
+        if !dir.is_dir() {
+            return Err(CliError::input(format!("{flag} {}: no such directory {}", shown(), dir.display())));
+        }
+        seen.push(path);
+    }
+    Ok(())
+}
+
+/// Write the `--svg` and `--pprof` exports of the finished spool; returns
+/// the exit code of the first that failed (each failure is reported).
+fn write_exports(args: &RecordArgs, spool: &Path) -> Option<i32> {
+    let mut failed = None;
+    for (format, path) in exports(args) {
+        let export = ExportArgs {
+            files: vec![spool.to_path_buf()],
+            format: Some(format),
+            output: path.clone(),
+            per_thread: false,
+            per_process: false,
+            filter: FilterArgs { thread: None, pid: None, from: None, to: None },
+            symbols: SymbolArgs { symbols: Vec::new(), no_symbolize: false, split_unknown: false },
+        };
+        if let Err(e) = super::export::run(&export) {
+            eprintln!("spulse: error: {}", crate::display::escape(&e.message));
+            failed.get_or_insert(e.code);
+        }
+    }
+    failed
 }
 
 /// One per-process spool file and how far it got.

@@ -1,6 +1,6 @@
 //! `spulse top`: the hottest functions by self and total samples.
 
-use std::io::Write;
+use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 
 use clap::{Args, ValueEnum};
@@ -11,7 +11,7 @@ use crate::aggregate::aggregate;
 use crate::display::{escape, fit};
 use crate::input::open_inputs;
 use crate::processes::processes;
-use crate::report::{symbolize_all, top_with, FunctionStats};
+use crate::report::{symbolize_all, top_with, FunctionStats, Shape};
 use crate::select::Filter;
 use crate::symbolize::Symbolizer;
 use crate::CliError;
@@ -29,7 +29,7 @@ pub enum SortBy {
 /// Arguments of `spulse top`.
 #[derive(Debug, Args)]
 #[command(
-    after_help = "Examples:\n  spulse top app.spool\n  spulse top app.spool -n 10 --thread 4242 --from 1000000 --to 3000000\n  spulse top app.spool --pid 4200\n  spulse top app.spool --json --symbols /usr/lib/debug\n  spulse top app.spool --inlines\n  spulse top tree.spool --per-process -n 5"
+    after_help = "Examples:\n  spulse top app.spool\n  spulse top app.spool -n 10 --thread 4242 --from 1000000 --to 3000000\n  spulse top app.spool --pid 4200\n  spulse top app.spool --json --symbols /usr/lib/debug\n  spulse top app.spool --inlines\n  spulse top tree.spool --per-process -n 5\n  spulse top app.spool --wide            (full C++ names on a terminal)\n  spulse top stripped.spool --split-unknown   (one row per unsymbolized address)"
 )]
 pub struct TopArgs {
     /// The spool (or packed) file. Several (such as the segments of a rotating recording)
@@ -59,6 +59,15 @@ pub struct TopArgs {
     /// One table per process (pid, program), each with its own percentages.
     #[arg(long)]
     pub per_process: bool,
+    /// Never shorten a line: show every function name in full. By default, on
+    /// a terminal, a name too long for the terminal's width is cut with `…`
+    /// (the module after it stays); into a pipe or file names are in full.
+    #[arg(long, conflicts_with = "width")]
+    pub wide: bool,
+    /// Fit each line to COLS columns (a long function name is cut with `…`,
+    /// its module kept), whether or not the output is a terminal.
+    #[arg(long, value_name = "COLS", value_parser = parse_width)]
+    pub width: Option<usize>,
     #[command(flatten)]
     pub filter: FilterArgs,
     #[command(flatten)]
@@ -80,8 +89,13 @@ fn pct(n: u64, total: u64) -> f64 {
     }
 }
 
+/// Narrowest column a function name is cut to before the whole line is cut instead.
+const MIN_NAME_COLUMNS: usize = 12;
+
 /// Write a top table (shared with `follow`): at most `limit` rows (0: all),
-/// each line cut to `width` columns when given. Names are escaped for display.
+/// each line fitted to `width` columns when given: a function name too long
+/// is cut with `…` so that its module still shows, and only when even a short
+/// name leaves no room is the line itself cut. Names are escaped for display.
 pub fn write_table(
     out: &mut dyn Write,
     stats: &[FunctionStats],
@@ -90,25 +104,72 @@ pub fn write_table(
     limit: usize,
     width: Option<usize>,
 ) -> std::io::Result<()> {
-    let mut line = |text: String| match width {
-        Some(w) => writeln!(out, "{}", fit(&text, w)),
+    let mut line = |text: &str| match width {
+        Some(w) => writeln!(out, "{}", fit(text, w)),
         None => writeln!(out, "{text}"),
     };
-    line(format!("{:>10} {:>7} {:>10} {:>7}  FUNCTION (MODULE)", "SELF", "SELF%", "TOTAL", "TOTAL%"))?;
+    line(&format!("{:>10} {:>7} {:>10} {:>7}  FUNCTION (MODULE)", "SELF", "SELF%", "TOTAL", "TOTAL%"))?;
     let shown = if limit == 0 { stats.len() } else { limit.min(stats.len()) };
     for s in &stats[..shown] {
         let f = sym.function(s.func);
-        line(format!(
-            "{:>10} {:>6.2}% {:>10} {:>6.2}%  {} ({})",
+        let numbers = format!(
+            "{:>10} {:>6.2}% {:>10} {:>6.2}%  ",
             s.self_samples,
             pct(s.self_samples, total),
             s.total_samples,
             pct(s.total_samples, total),
-            escape(&f.name),
-            escape(&f.module)
-        ))?;
+        );
+        let module = format!(" ({})", escape(&f.module));
+        let name = escape(&f.name);
+        let name = match width {
+            Some(w) => {
+                let room = w.saturating_sub(columns(&numbers) + columns(&module));
+                if room >= MIN_NAME_COLUMNS {
+                    fit(&name, room).into_owned().into()
+                } else {
+                    name
+                }
+            }
+            None => name,
+        };
+        line(&format!("{numbers}{name}{module}"))?;
     }
     Ok(())
+}
+
+/// Width of `s` in terminal columns.
+fn columns(s: &str) -> usize {
+    unicode_width::UnicodeWidthStr::width(s)
+}
+
+/// Parse `--width`: a number of columns from 20 up.
+fn parse_width(s: &str) -> Result<usize, String> {
+    match s.trim().parse::<usize>() {
+        Ok(w) if w >= 20 => Ok(w),
+        _ => Err(format!("`{s}` is not a number of columns from 20 to {}", usize::MAX)),
+    }
+}
+
+impl TopArgs {
+    /// The width lines are fitted to: `--width`, else the terminal's when
+    /// stdout is one (and not `--wide`), else none.
+    fn fit_width(&self) -> Option<usize> {
+        if self.wide {
+            return None;
+        }
+        if self.width.is_some() {
+            return self.width;
+        }
+        if !std::io::stdout().is_terminal() {
+            return None;
+        }
+        terminal_size::terminal_size().map(|(w, _)| (w.0 as usize).max(20))
+    }
+
+    /// The report shape: inlined functions and unsymbolized addresses as asked.
+    fn shape(&self) -> Shape {
+        Shape { inlines: self.inlines, ..self.symbols.shape() }
+    }
 }
 
 /// Run `spulse top`.
@@ -119,6 +180,7 @@ pub fn run(args: &TopArgs) -> Result<(), CliError> {
     let replay = &inputs.replay;
     filter.validate(replay, &inputs.name)?;
     let mut sym = Symbolizer::new(args.symbols.options());
+    let width = args.fit_width();
     if !args.per_process {
         let (stats, total) = table(replay, &filter, args, &mut sym)?;
         return with_stdout(|out| {
@@ -130,7 +192,7 @@ pub fn run(args: &TopArgs) -> Result<(), CliError> {
                 )
             } else {
                 writeln!(out, "{total} samples")?;
-                write_table(out, &stats, &sym, total, args.n, None)
+                write_table(out, &stats, &sym, total, args.n, width)
             }
         });
     }
@@ -163,7 +225,7 @@ pub fn run(args: &TopArgs) -> Result<(), CliError> {
                 writeln!(out)?;
             }
             writeln!(out, "process {} ({}): {total} samples", p.pid, escape(&p.program))?;
-            write_table(out, stats, &sym, *total, args.n, None)?;
+            write_table(out, stats, &sym, *total, args.n, width)?;
         }
         Ok(())
     })
@@ -178,7 +240,7 @@ fn table(
 ) -> Result<(Vec<FunctionStats>, u64), CliError> {
     let agg = aggregate(replay, filter, false)?;
     symbolize_all(replay, &agg, sym);
-    let mut stats = top_with(replay, &agg, sym, args.inlines);
+    let mut stats = top_with(replay, &agg, sym, args.shape());
     sort_stats(&mut stats, args.sort);
     Ok((stats, agg.total))
 }

@@ -17,7 +17,7 @@ use std::io::Write;
 use spulse::Replay;
 
 use crate::aggregate::{aggregate, Aggregate};
-use crate::report::symbolize_all;
+use crate::report::{symbolize_all, Shape};
 use crate::select::Filter;
 use crate::symbolize::Symbolizer;
 use crate::CliError;
@@ -33,6 +33,9 @@ pub struct Job<'a> {
     pub title: &'a str,
     /// The output as shown in error messages (already escaped).
     pub output: &'a str,
+    /// For the collapsed and svg exports: root frames per process or thread,
+    /// unsymbolized addresses split (`inlines` and `by_name` are theirs).
+    pub shape: Shape,
 }
 
 /// The signature every format shares: write `job` to `out`, returning the

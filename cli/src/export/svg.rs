@@ -12,7 +12,7 @@ use spulse::Definitions;
 use super::Job;
 use crate::aggregate::Aggregate;
 use crate::display::xml_text;
-use crate::report::CallTree;
+use crate::report::{CallTree, Shape};
 use crate::symbolize::Symbolizer;
 use crate::CliError;
 
@@ -25,8 +25,8 @@ pub const TEXT_BUDGET: usize = 64 << 20;
 
 /// Write an SVG flame graph of the selected samples.
 pub fn export(job: &Job<'_>, sym: &mut Symbolizer, out: &mut dyn Write) -> Result<u64, CliError> {
-    let agg = job.aggregate(sym, false)?;
-    write(job.replay, &agg, sym, job.title, out).map_err(|e| job.write_error(e))?;
+    let agg = job.aggregate(sym, job.shape.thread_root)?;
+    write(job.replay, &agg, sym, job.shape, job.title, out).map_err(|e| job.write_error(e))?;
     Ok(agg.total)
 }
 
@@ -35,10 +35,11 @@ fn write(
     defs: &Definitions,
     agg: &Aggregate,
     sym: &mut Symbolizer,
+    shape: Shape,
     title: &str,
     out: &mut dyn Write,
 ) -> std::io::Result<()> {
-    let tree = CallTree::build_by_name(defs, agg, sym);
+    let tree = CallTree::build_shaped(defs, agg, sym, Shape { inlines: true, by_name: true, ..shape });
     let lines: Vec<String> = tree
         .folded_lines_within(sym, MIN_FRACTION, TEXT_BUDGET)
         .into_iter()
