@@ -64,7 +64,11 @@ fn threads_created_after_start_take_no_descriptors() {
         "descriptors {} for {cpus} CPUs",
         stats.descriptors
     );
-    assert_eq!(during_start - fds_before, stats.descriptors as usize, "{during_start} {fds_before} {stats:?}");
+    assert_eq!(
+        during_start - fds_before,
+        stats.descriptors as usize,
+        "{during_start} {fds_before} {stats:?}"
+    );
     assert!(stats.warnings.is_empty(), "{:?}", stats.warnings);
 }
 
@@ -75,7 +79,8 @@ fn open_fds() -> usize {
         .unwrap()
         .flatten()
         .filter(|e| {
-            std::fs::read_link(e.path()).is_ok_and(|l| l.as_os_str().as_encoded_bytes() == b"anon_inode:[perf_event]")
+            std::fs::read_link(e.path())
+                .is_ok_and(|l| l.as_os_str().as_encoded_bytes() == b"anon_inode:[perf_event]")
         })
         .count()
 }

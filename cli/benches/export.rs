@@ -95,7 +95,13 @@ impl std::io::Write for Sink {
 
 fn export_once(path: &Path, pprof: bool) {
     let replay = Replay::open(path).unwrap();
-    let job = Job { replay: &replay, filter: &Filter::default(), title: "bench", output: "sink", shape: Default::default() };
+    let job = Job {
+        replay: &replay,
+        filter: &Filter::default(),
+        title: "bench",
+        output: "sink",
+        shape: Default::default(),
+    };
     let mut sym = Symbolizer::new(Options { dirs: Vec::new(), disabled: true });
     // As `spulse export` does: select, aggregate, symbolize, write.
     let exporter = if pprof { export::pprof::export } else { export::collapsed::export };
@@ -186,7 +192,13 @@ fn bench_firefox_load(c: &mut Criterion) {
     let path = dir.path().join("ff.spool");
     synthetic(&path, samples);
     let replay = Replay::open(&path).unwrap();
-    let job = Job { replay: &replay, filter: &Filter::default(), title: "bench", output: "memory", shape: Default::default() };
+    let job = Job {
+        replay: &replay,
+        filter: &Filter::default(),
+        title: "bench",
+        output: "memory",
+        shape: Default::default(),
+    };
     let export_to = |exporter: export::Exporter| {
         let mut sym = Symbolizer::new(Options { dirs: Vec::new(), disabled: true });
         let mut out = Vec::new();

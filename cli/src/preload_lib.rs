@@ -86,10 +86,13 @@ pub fn locate(embedded: &[u8]) -> Result<(PathBuf, Option<tempfile::TempDir>), C
 
 /// `$XDG_CACHE_HOME`, else `$HOME/.cache` (absolute paths only).
 fn cache_base() -> Option<PathBuf> {
-    std::env::var_os("XDG_CACHE_HOME")
-        .filter(|d| Path::new(d).is_absolute())
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").filter(|d| Path::new(d).is_absolute()).map(|h| PathBuf::from(h).join(".cache")))
+    std::env::var_os("XDG_CACHE_HOME").filter(|d| Path::new(d).is_absolute()).map(PathBuf::from).or_else(
+        || {
+            std::env::var_os("HOME")
+                .filter(|d| Path::new(d).is_absolute())
+                .map(|h| PathBuf::from(h).join(".cache"))
+        },
+    )
 }
 
 /// 64-bit FNV-1a over the bytes, 8 at a time: names the cache directory (the
@@ -146,7 +149,10 @@ fn install_verified(dir: &Path, bytes: &[u8]) -> std::io::Result<PathBuf> {
 /// Whether `path` is a regular file owned by `uid` holding exactly `bytes`
 /// (`Ok(false)` if it is missing or differs; not followed if it is a symlink).
 fn same_bytes(path: &Path, bytes: &[u8], uid: u32) -> std::io::Result<bool> {
-    let f = match std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC).open(path)
+    let f = match std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)
     {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),

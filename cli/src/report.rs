@@ -196,7 +196,8 @@ impl CallTree {
                         }
                         if let Some(thread) = ctx.thread.filter(|_| shape.thread_root) {
                             let th = defs.thread(thread);
-                            let f = sym.function_id(format!("{} (tid {})", th.name, th.tid), ROOT_MODULE.into());
+                            let f =
+                                sym.function_id(format!("{} (tid {})", th.name, th.tid), ROOT_MODULE.into());
                             n = t.child(n, f);
                         }
                         roots.insert(c, n);
@@ -207,9 +208,8 @@ impl CallTree {
             for &id in path.iter().rev() {
                 let frame = defs.stack(id).frame;
                 let r = sym.resolve(defs, frame, &ctx);
-                let groupable = !shape.split_unknown
-                    && !r.named
-                    && matches!(defs.frame(frame), Frame::Module { .. });
+                let groupable =
+                    !shape.split_unknown && !r.named && matches!(defs.frame(frame), Frame::Module { .. });
                 if groupable {
                     let f = r.outer().func;
                     let g = match unknown_of.get(&f) {
@@ -532,7 +532,12 @@ pub fn top(defs: &Definitions, agg: &Aggregate, sym: &mut Symbolizer) -> Vec<Fun
 
 /// [`top`] with the functions `shape` says (inlined functions as functions of
 /// their own, unsymbolized addresses split).
-pub fn top_with(defs: &Definitions, agg: &Aggregate, sym: &mut Symbolizer, shape: Shape) -> Vec<FunctionStats> {
+pub fn top_with(
+    defs: &Definitions,
+    agg: &Aggregate,
+    sym: &mut Symbolizer,
+    shape: Shape,
+) -> Vec<FunctionStats> {
     CallTree::build_shaped(defs, agg, sym, Shape { by_name: false, ..shape }).function_stats(sym)
 }
 
@@ -555,5 +560,6 @@ pub fn write_folded(
     shape: Shape,
     out: &mut dyn Write,
 ) -> std::io::Result<()> {
-    CallTree::build_shaped(defs, agg, sym, Shape { inlines: true, by_name: true, ..shape }).write_folded(sym, out)
+    CallTree::build_shaped(defs, agg, sym, Shape { inlines: true, by_name: true, ..shape })
+        .write_folded(sym, out)
 }

@@ -74,7 +74,11 @@ impl Filter {
             }
         }
         if let Some(want) = self.thread_name {
-            if !defs.threads().iter().any(|t| self.name_matches(&t.name) && self.pid.is_none_or(|p| p == t.pid)) {
+            if !defs
+                .threads()
+                .iter()
+                .any(|t| self.name_matches(&t.name) && self.pid.is_none_or(|p| p == t.pid))
+            {
                 let mut names: Vec<&str> = defs.threads().iter().map(|t| t.name.as_str()).collect();
                 names.sort_unstable();
                 names.dedup();

@@ -119,11 +119,17 @@ fn deep_chains_stay_bounded() {
     assert!(rss < 64 * 1024, "top peak RSS {rss} KB");
     // By default the module's code is one row: every sample once in its
     // total, however deep the chain (consecutive frames of it are one).
-    let o = Command::new(env!("CARGO_BIN_EXE_spulse")).args(["top", big.to_str().unwrap(), "--json"]).output().unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_spulse"))
+        .args(["top", big.to_str().unwrap(), "--json"])
+        .output()
+        .unwrap();
     assert!(o.status.success());
     let rows: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(rows.as_array().unwrap().len(), 1, "{rows}");
-    assert_eq!((&rows[0]["function"], &rows[0]["self"], &rows[0]["total"]), (&"[unknown]".into(), &40_960.into(), &40_960.into()));
+    assert_eq!(
+        (&rows[0]["function"], &rows[0]["self"], &rows[0]["total"]),
+        (&"[unknown]".into(), &40_960.into(), &40_960.into())
+    );
 
     let b = big.to_str().unwrap();
     // Spelling 10 x 4096 stacks in full would take gigabytes; these formats
@@ -142,7 +148,8 @@ fn deep_chains_stay_bounded() {
     deep_spool(&small, 10, 512);
     let sm = small.to_str().unwrap();
     let want = expected_folded_bytes(10, 512);
-    let (bytes, lines, rss) = run_measured(&["export", sm, "--format", "collapsed", "-o", "-", "--split-unknown"]);
+    let (bytes, lines, rss) =
+        run_measured(&["export", sm, "--format", "collapsed", "-o", "-", "--split-unknown"]);
     eprintln!("collapsed: {bytes} bytes, peak RSS {rss} KB");
     assert_eq!((bytes, lines), (want, 5120));
     assert!(rss * 1024 < want as i64 / 4, "collapsed: peak RSS {rss} KB for {want} bytes of output");
@@ -154,7 +161,8 @@ fn deep_chains_stay_bounded() {
     let replay = spulse_cli::input::open_replay(&big).unwrap();
     let agg = aggregate(&replay, &Filter::default(), false).unwrap();
     let mut sym = Symbolizer::new(Options::default());
-    let tree = CallTree::build_shaped(&replay, &agg, &mut sym, Shape { split_unknown: true, ..Shape::default() });
+    let tree =
+        CallTree::build_shaped(&replay, &agg, &mut sym, Shape { split_unknown: true, ..Shape::default() });
     assert_eq!(tree.len(), 40_960);
     let stats = tree.function_stats(&sym);
     // One lookup per spool stack record, not one per frame of every stack

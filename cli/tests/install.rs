@@ -34,7 +34,8 @@ fn installed_spulse_records_with_nothing_beside_it() {
         .expect("run cargo install");
     assert!(o.status.success(), "cargo install failed: {}", stderr(&o));
     let bin = root.join("bin/spulse");
-    let beside: Vec<_> = std::fs::read_dir(root.join("bin")).unwrap().map(|e| e.unwrap().file_name()).collect();
+    let beside: Vec<_> =
+        std::fs::read_dir(root.join("bin")).unwrap().map(|e| e.unwrap().file_name()).collect();
     assert_eq!(beside, ["spulse"], "the install puts only the binary in bin/");
     assert!(!root.join("lib").exists());
 
@@ -55,7 +56,8 @@ fn installed_spulse_records_with_nothing_beside_it() {
     // The library went to $XDG_CACHE_HOME/spulse/preload-<hash>/, mode 0700.
     let dirs: Vec<PathBuf> =
         std::fs::read_dir(cache.join("spulse")).unwrap().map(|e| e.unwrap().path()).collect();
-    let lib_dir = dirs.iter().find(|d| d.file_name().unwrap().to_string_lossy().starts_with("preload-")).unwrap();
+    let lib_dir =
+        dirs.iter().find(|d| d.file_name().unwrap().to_string_lossy().starts_with("preload-")).unwrap();
     let m = std::fs::symlink_metadata(lib_dir).unwrap();
     assert!(m.is_dir() && m.mode() & 0o777 == 0o700, "mode {:o}", m.mode());
     let lib = lib_dir.join("libspulse_preload.so");

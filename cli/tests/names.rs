@@ -36,8 +36,11 @@ fn programs_are_the_executables_they_ran_last() {
     }
     std::fs::copy(gzip, dir.path().join("li")).unwrap();
     let big = dir.path().join("big");
-    std::fs::write(&big, (0..4_000_000u32).map(|i| (i.wrapping_mul(2654435761) >> 13) as u8).collect::<Vec<_>>())
-        .unwrap();
+    std::fs::write(
+        &big,
+        (0..4_000_000u32).map(|i| (i.wrapping_mul(2654435761) >> 13) as u8).collect::<Vec<_>>(),
+    )
+    .unwrap();
     let li = std::fs::canonicalize(dir.path().join("li")).unwrap();
     let script = format!(
         "bash -c '(i=0; while [ $i -lt 40000 ]; do i=$((i+1)); done; exec {li} -c {big} > /dev/null)'; \
@@ -91,7 +94,8 @@ fn programs_are_the_executables_they_ran_last() {
 fn thread_by_name() {
     let (_p, spool) = fixture();
     let by_tid: Value = serde_json::from_str(&ok(&["top", s(&spool), "--thread", "1002", "--json"])).unwrap();
-    let by_name: Value = serde_json::from_str(&ok(&["top", s(&spool), "--thread", "worker", "--json"])).unwrap();
+    let by_name: Value =
+        serde_json::from_str(&ok(&["top", s(&spool), "--thread", "worker", "--json"])).unwrap();
     assert_eq!(by_tid, by_name);
     let all: Value = serde_json::from_str(&ok(&["top", s(&spool), "--json"])).unwrap();
     assert_ne!(all, by_name);

@@ -440,7 +440,8 @@ fn a_killed_collector_leaves_a_directory_the_next_run_removes() {
     // Left alone while it may still change; removed once quiet.
     std::thread::sleep(Duration::from_millis(5500));
     let out2 = tmp.path().join("o2.spool");
-    let c = record(tmp.path(), tmp.path(), &["-o".as_ref(), out2.as_os_str(), "--".as_ref(), "true".as_ref()]);
+    let c =
+        record(tmp.path(), tmp.path(), &["-o".as_ref(), out2.as_os_str(), "--".as_ref(), "true".as_ref()]);
     let o = run_bounded(c, Duration::from_secs(60));
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(!dirs[0].exists(), "the next run removed the stale directory");

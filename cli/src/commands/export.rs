@@ -166,7 +166,8 @@ fn write_export(
     let mut sym = Symbolizer::new(args.symbols.options());
     let title = format!("spulse {}", name.display());
     let output = escape(&args.output.display().to_string()).into_owned();
-    let shape = Shape { process_root: args.per_process, thread_root: args.per_thread, ..args.symbols.shape() };
+    let shape =
+        Shape { process_root: args.per_process, thread_root: args.per_thread, ..args.symbols.shape() };
     let job = Job { replay, filter: &args.filter.filter(), title: &title, output: &output, shape };
     (args.format()?.exporter(&args.output)?)(&job, &mut sym, out)
 }

@@ -46,7 +46,8 @@ pub fn run(args: &InfoArgs) -> Result<(), CliError> {
     let mut recorder_warnings: Vec<String> = Vec::new();
     for f in &args.files {
         if let Some(text) = read_warnings(&spulse::warnings_path(f)) {
-            recorder_warnings.extend(text.lines().filter(|l| !l.trim().is_empty()).take(64).map(str::to_string));
+            recorder_warnings
+                .extend(text.lines().filter(|l| !l.trim().is_empty()).take(64).map(str::to_string));
         }
     }
 

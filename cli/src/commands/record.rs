@@ -161,12 +161,8 @@ pub fn run(args: &RecordArgs, embedded_lib: &[u8]) -> Result<i32, CliError> {
             CliError::other(out_err(&e))
         })?;
 
-    let mut collector = Collector {
-        dir: dir.path.clone(),
-        entries: BTreeMap::new(),
-        done: Vec::new(),
-        seen: HashSet::new(),
-    };
+    let mut collector =
+        Collector { dir: dir.path.clone(), entries: BTreeMap::new(), done: Vec::new(), seen: HashSet::new() };
     let pidfd = pidfd_open(cmd_pid);
     let mut cmd_status: Option<i32> = None;
     // Set once writing the output failed: merging stops, the tree stays
@@ -262,7 +258,9 @@ pub fn run(args: &RecordArgs, embedded_lib: &[u8]) -> Result<i32, CliError> {
 
 /// The exports `--svg` and `--pprof` ask for.
 fn exports(args: &RecordArgs) -> impl Iterator<Item = (Format, &PathBuf)> {
-    [(Format::Svg, &args.svg), (Format::Pprof, &args.pprof)].into_iter().filter_map(|(f, p)| Some((f, p.as_ref()?)))
+    [(Format::Svg, &args.svg), (Format::Pprof, &args.pprof)]
+        .into_iter()
+        .filter_map(|(f, p)| Some((f, p.as_ref()?)))
 }
 
 /// Refuse, before the command starts, an export that could not be written:
@@ -495,7 +493,9 @@ impl Collector {
                     }
                 }
                 Err(None) => {}
-                Err(Some(why)) => warnings.push(format!("process {}: its stats file was not read: {why}", d.pid)),
+                Err(Some(why)) => {
+                    warnings.push(format!("process {}: its stats file was not read: {why}", d.pid))
+                }
             }
         }
         for (w, pids) in reported {
