@@ -151,13 +151,11 @@ impl Ring {
             // madvise wants a page-aligned start.
             let start = off & !(page - 1);
             let len = len + (off - start);
+            let end = (start + len).min(self.words.len * 8);
             // POPULATE_WRITE only makes pages present and writable.
-            // SAFETY: `[start, start + len)` lies in our own mapping
-            // (`ZeroedWords`: `len * 8` bytes from a page-aligned `ptr`; the
-            // slot starts inside it and the call is cut at its end), and the
-            // call changes no byte of it.
+            // SAFETY: `[start, end)` lies in our own mapping (`ZeroedWords`:
+            // `len * 8` bytes from a page-aligned `ptr`), and the call changes no byte.
             unsafe {
-                let end = (start + len).min(self.words.len * 8);
                 libc::madvise(
                     (self.words.ptr as *mut u8).add(start) as *mut libc::c_void,
                     end.saturating_sub(start).max(1),
