@@ -142,9 +142,9 @@ fn low_fd_limit_role() {
         stats.warnings
     );
     assert!(stats.samples_written > 0, "{stats:?}");
-    let beside =
-        std::fs::read_to_string(spulse::warnings_path(&path)).expect("the warnings beside the spool");
-    assert!(beside.contains("budget"), "{beside}");
+    // An embedded recorder makes no file but its spool (the program may
+    // write the warnings beside it with `spulse::write_warnings`).
+    assert!(!spulse::warnings_path(&path).exists());
     println!("ROLE OK {:?}", stats.warnings);
 }
 

@@ -1037,12 +1037,6 @@ impl Guard {
         };
         PYTHON_INSIDE.store(false, Ordering::SeqCst);
         RUNNING.store(false, Ordering::SeqCst);
-        if let Ok(stats) = &res {
-            if !stats.warnings.is_empty() {
-                // A failure is not the recording's: `Stats` has the warnings.
-                let _ = write_warnings(&run.path, &stats.warnings);
-            }
-        }
         res.map_err(|e| e.with_path(&run.path))
     }
 }
@@ -1438,10 +1432,12 @@ fn start_inner(b: &RecorderBuilder, path: &Path) -> Result<Guard, Error> {
     Ok(Guard { inner: Some(Running { tx, join, pid, path: path.to_path_buf(), engine: kind }) })
 }
 
-/// The name of the file beside a spool that holds its recorder's
+/// The name of the file beside a spool that holds its recorders'
 /// [`Stats::warnings`] (`<spool>.warnings`, one per line), read by `spulse
 /// info`: the spool itself keeps to the seed format, which has no place for
-/// them. Written only when there are warnings.
+/// them. `spulse record` writes it beside its output when there are
+/// warnings; an embedded recorder leaves it to the program ([`write_warnings`]
+/// with `Guard::finish`'s `Stats`), so a recording makes no file but its spool.
 pub fn warnings_path(spool: &Path) -> PathBuf {
     let mut p = spool.as_os_str().to_owned();
     p.push(".warnings");
