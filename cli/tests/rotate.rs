@@ -248,7 +248,12 @@ fn follow_follows_a_rotating_recording_across_segments() {
         .rotate(Duration::from_millis(150))
         .start(&pattern)
         .unwrap();
-    black_box(rotate_hot_loop(Instant::now() + Duration::from_millis(1200)));
+    // Burn until the recording is in at least 4 segments (about 0.6 s; on a
+    // loaded machine the writer's ticks, and so its rotations, come later).
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while segment_files(dir.path(), "live-").len() < 5 && Instant::now() < deadline {
+        black_box(rotate_hot_loop(Instant::now() + Duration::from_millis(100)));
+    }
     let stats = g.finish().unwrap();
     assert!(stats.segments_written >= 4, "{} segments", stats.segments_written);
     for (what, child) in [("pattern", by_pattern), ("first segment", by_first)] {
