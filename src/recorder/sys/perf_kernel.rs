@@ -51,12 +51,12 @@ use std::os::fd::OwnedFd;
 
 use super::list_tids;
 use super::perf::{
-    open_attr_on, PerfEventAttr, FLAG_EXCLUDE_HV, FLAG_EXCLUDE_USER, FLAG_INHERIT, FLAG_INHERIT_THREAD,
+    PerfEventAttr, FLAG_EXCLUDE_HV, FLAG_EXCLUDE_USER, FLAG_INHERIT, FLAG_INHERIT_THREAD,
     FLAG_REMOVE_ON_EXEC, PERF_COUNT_SW_TASK_CLOCK, PERF_TYPE_SOFTWARE,
 };
 use super::perf_stack::{
-    page_size, StackRing, StackSample, FLAG_USE_CLOCKID, FLAG_WATERMARK, FORMAT_LOST, MAX_RING_PAGES,
-    REGS_MASK, SAMPLE_IP, SAMPLE_REGS_USER, SAMPLE_STACK_USER, SAMPLE_TID, SAMPLE_TIME,
+    open_counting_lost, page_size, StackRing, StackSample, FLAG_USE_CLOCKID, FLAG_WATERMARK, FORMAT_LOST,
+    MAX_RING_PAGES, REGS_MASK, SAMPLE_IP, SAMPLE_REGS_USER, SAMPLE_STACK_USER, SAMPLE_TID, SAMPLE_TIME,
 };
 
 /// `PERF_EVENT_IOC_SET_OUTPUT`.
@@ -316,15 +316,7 @@ fn open_kernel_event(
         clockid: libc::CLOCK_REALTIME,
         ..Default::default()
     };
-    match open_attr_on(tid, cpu, &attr) {
-        Ok(fd) => Ok((fd, true)),
-        // A kernel before 6.0 does not know FORMAT_LOST.
-        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
-            attr.read_format = 0;
-            Ok((open_attr_on(tid, cpu, &attr)?, false))
-        }
-        Err(e) => Err(e),
-    }
+    open_counting_lost(tid, cpu, &mut attr)
 }
 
 #[cfg(test)]

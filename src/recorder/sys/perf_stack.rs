@@ -45,8 +45,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use super::perf::{
-    open_attr, PerThreadEvents, PerfEventAttr, FLAG_EXCLUDE_HV, FLAG_EXCLUDE_KERNEL,
-    PERF_COUNT_SW_TASK_CLOCK, PERF_EVENT_IOC_DISABLE, PERF_TYPE_SOFTWARE,
+    PerThreadEvents, PerfEventAttr, FLAG_EXCLUDE_HV, FLAG_EXCLUDE_KERNEL, PERF_COUNT_SW_TASK_CLOCK,
+    PERF_EVENT_IOC_DISABLE, PERF_TYPE_SOFTWARE,
 };
 
 /// Most bytes of rings mapped at once, over all threads.
@@ -183,16 +183,7 @@ impl StackRing {
             clockid: libc::CLOCK_REALTIME,
             ..Default::default()
         };
-        let (fd, lost_readable) = match open_attr(tid, &attr) {
-            Ok(fd) => (fd, true),
-            // A kernel before 6.0 does not know FORMAT_LOST: the lost records
-            // alone then count what the ring dropped.
-            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
-                attr.read_format = 0;
-                (open_attr(tid, &attr)?, false)
-            }
-            Err(e) => return Err(e),
-        };
+        let (fd, lost_readable) = open_counting_lost(tid, -1, &mut attr)?;
         StackRing::map(fd, cfg.data_pages, lost_readable)
     }
 
@@ -341,6 +332,26 @@ impl StackRing {
         }
         // Everything up to `tail` is read: the kernel may reuse it.
         self.header_atomic(PAGE_DATA_TAIL).store(tail, Ordering::Release);
+    }
+}
+
+/// Open a sampling event asking for its own lost count (`FORMAT_LOST`);
+/// whether the kernel gave it. A kernel before 6.0 does not know
+/// `FORMAT_LOST` (EINVAL): the event is opened without it, and the lost
+/// records alone then count what its ring dropped.
+pub(super) fn open_counting_lost(
+    tid: u32,
+    cpu: i32,
+    attr: &mut PerfEventAttr,
+) -> io::Result<(OwnedFd, bool)> {
+    attr.read_format = FORMAT_LOST;
+    match super::perf::open_attr_on(tid, cpu, attr) {
+        Ok(fd) => Ok((fd, true)),
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+            attr.read_format = 0;
+            Ok((super::perf::open_attr_on(tid, cpu, attr)?, false))
+        }
+        Err(e) => Err(e),
     }
 }
 
