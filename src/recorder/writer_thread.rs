@@ -1092,8 +1092,9 @@ impl Run {
     /// definitions of every module not yet retired (under new ids, which the
     /// module table takes over) and, in Python-runtime mode, an entry mark;
     /// frames, stacks and threads are defined again when its samples need
-    /// them (the interner starts empty). Only then is the old segment synced
-    /// and unlocked, so a follower that finds it unlocked finds the next one
+    /// them (the interner starts empty). The old segment is synced (and its
+    /// size and time noted for retention) before the next one is created, and
+    /// unlocked only after, so a follower that finds it unlocked finds the next one
     /// already there. Retention then deletes the oldest segments.
     fn rotate(&mut self) {
         let Some(rot) = self.st.rotation.as_mut() else { return };
@@ -1107,6 +1108,13 @@ impl Run {
         }
         let seq = rot.seq + 1;
         let path = super::segment_path(&rot.pieces, seq);
+        // The segment being left is complete (the tick's flush wrote it):
+        // make it durable and note its size and modification time now,
+        // before the next segment exists, so that what retention later
+        // matches is the segment as this recorder finished it, not a file
+        // someone wrote there after seeing the next segment appear.
+        let old_done = self.st.out.flush().and_then(|()| self.st.out.get_ref().sync().map_err(Error::from));
+        let finished = self.st.out.get_ref().metadata().map(|m| (m.size(), m.mtime(), m.mtime_nsec()));
         let header = Header { start_time_us: sys::now_us(), interval_us: rot.interval_us };
         let created = super::create_spool(&path, rot.mode, rot.overwrite).and_then(|file| {
             let meta = file.metadata().map_err(|e| Error::io(Some(&path), e))?;
@@ -1129,7 +1137,7 @@ impl Run {
             finished: None,
         });
         super::set_live_segment(&path);
-        let mut old = std::mem::replace(&mut self.st.out, out);
+        let old = std::mem::replace(&mut self.st.out, out);
         let old_path = rot.kept.iter().rev().nth(1).map(|k| k.path.clone());
         // The new segment's definitions: the modules still active, in table
         // order (the order they were defined in, so spans never overlap).
@@ -1144,11 +1152,10 @@ impl Run {
             let r = self.st.out.flush().map_err(|e| e.with_path(&path));
             self.note(r);
         }
-        // The segment left behind is complete: make it durable, then tell
-        // followers (the next segment already exists).
-        let r = old.flush().and_then(|()| old.get_ref().sync().map_err(Error::from));
+        // The segment left behind was made durable above: tell followers
+        // (the next segment already exists).
+        let r = old_done;
         old.get_ref().release();
-        let finished = old.get_ref().metadata().map(|m| (m.size(), m.mtime(), m.mtime_nsec()));
         let Some(rot) = self.st.rotation.as_mut() else { return };
         if let Some(k) = rot.kept.iter_mut().rev().nth(1) {
             k.finished = finished;
