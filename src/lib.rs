@@ -19,7 +19,8 @@ pub mod write;
 pub use error::{Error, FormatErrorKind, RecorderError};
 pub use format::defs::{Definitions, StackFrames};
 pub use format::{
-    Deactivation, Engine, Frame, FrameId, Header, Module, ModuleId, PythonRuntimeEvent, Sample, StackId,
+    Deactivation, Engine, Frame, FrameId, Header, LabelId, Module, ModuleId, OffCpuInterval, OffCpuState,
+    PythonRuntimeEvent, Sample, StackId,
     StackNode, Thread, ThreadId, PACKED_MAGIC,
 };
 pub use read::{PackedStats, Replay, ReplayOptions, ReplaySamples, Snapshot, SnapshotSamples, Tail};

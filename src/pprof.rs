@@ -202,7 +202,7 @@ type LocationKey = (FrameId, u32, bool);
 fn location_key(defs: &Definitions, frame: FrameId, ctx: &Context) -> LocationKey {
     match defs.frame(frame) {
         Frame::Absolute { .. } => (frame, ctx.pid, ctx.perf_map_allowed),
-        Frame::Module { .. } | Frame::Truncated => (frame, 0, false),
+        Frame::Module { .. } | Frame::Truncated | Frame::Label(_) => (frame, 0, false),
     }
 }
 
@@ -238,7 +238,7 @@ impl Tables {
                 (i as u64 + 1, defs.module(module).absolute(file_relative).unwrap_or(0))
             }
             Frame::Absolute { address, .. } => (0, address),
-            Frame::Truncated => (0, 0),
+            Frame::Truncated | Frame::Label(_) => (0, 0),
         };
         // Frames of unsymbolized modules stay bare so pprof tools can
         // symbolize them later through the mapping and its build id.
