@@ -8,10 +8,12 @@
 //! [`sigaction::previous_of`]) are async-signal-safe: a system call or a vDSO
 //! clock read, or atomics.
 
+pub(crate) mod blocked;
 pub(crate) mod maps;
 pub(crate) mod perf;
 pub(crate) mod perf_kernel;
 pub(crate) mod perf_stack;
+pub(crate) mod perf_switch;
 pub(crate) mod sigaction;
 pub(crate) mod tcb;
 pub(crate) mod timer;
