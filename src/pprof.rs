@@ -286,6 +286,13 @@ pub trait Counts {
     /// Every (context index, stack, count), in the order the samples are
     /// written (called twice; both calls must give the same sequence).
     fn iter(&self) -> impl Iterator<Item = (usize, StackId, u64)> + '_;
+    /// Every (context index, stack, off-CPU microseconds) (FORMAT.md, tag 9),
+    /// in a stable order; when there is any, the profile has a third sample
+    /// type, `off-cpu` in nanoseconds (CPU samples carry 0 there, off-CPU
+    /// samples 0 in the first two).
+    fn off_cpu(&self) -> impl Iterator<Item = (usize, StackId, u64)> + '_ {
+        std::iter::empty()
+    }
 }
 
 /// Write the gzipped profile of `counts` (stacks of `defs`) covering
@@ -302,11 +309,16 @@ pub fn write(
 ) -> std::io::Result<()> {
     let contexts = counts.contexts();
     let mut strings = Strings::new();
+    let has_off_cpu = counts.off_cpu().next().is_some();
+    let mut sample_type = vec![
+        ValueType { r#type: strings.get("samples"), unit: strings.get("count") },
+        ValueType { r#type: strings.get("cpu"), unit: strings.get("nanoseconds") },
+    ];
+    if has_off_cpu {
+        sample_type.push(ValueType { r#type: strings.get("off-cpu"), unit: strings.get("nanoseconds") });
+    }
     let mut p = Profile {
-        sample_type: vec![
-            ValueType { r#type: strings.get("samples"), unit: strings.get("count") },
-            ValueType { r#type: strings.get("cpu"), unit: strings.get("nanoseconds") },
-        ],
+        sample_type,
         period_type: Some(ValueType { r#type: strings.get("cpu"), unit: strings.get("nanoseconds") }),
         period: (defs.interval_us() as i64).saturating_mul(NS_PER_US),
         time_nanos: (window.start_us as i64).saturating_mul(NS_PER_US),
@@ -328,7 +340,7 @@ pub fn write(
     // Pass 1: every location of every stack. A stack prefix already seen with
     // the same location keys is not walked again.
     let mut seen: HashSet<(StackId, u32, bool)> = HashSet::new();
-    for (c, stack, _) in counts.iter() {
+    for (c, stack, _) in counts.iter().chain(counts.off_cpu()) {
         let ctx = contexts[c];
         let mut cur = Some(stack);
         while let Some(id) = cur {
@@ -375,7 +387,9 @@ pub fn write(
     let period = p.period;
     let mut buf = Vec::new();
     let mut ids = Vec::new();
-    for (c, stack, count) in counts.iter() {
+    let cpu = counts.iter().map(|(c, s, n)| (c, s, n, false));
+    let off = counts.off_cpu().map(|(c, s, n)| (c, s, n, true));
+    for (c, stack, count, is_off) in cpu.chain(off) {
         let ctx = contexts[c];
         ids.clear();
         ids.extend(defs.stack_frames(stack).map(|f| locations[&location_key(defs, f, &ctx)]));
@@ -389,8 +403,12 @@ pub fn write(
                 label.push(Label { key: str_id("thread"), str: str_id(&t.name), ..Default::default() });
             }
         }
-        let sample =
-            Sample { location_id: std::mem::take(&mut ids), value: vec![n, n.saturating_mul(period)], label };
+        let value = match (is_off, has_off_cpu) {
+            (false, false) => vec![n, n.saturating_mul(period)],
+            (false, true) => vec![n, n.saturating_mul(period), 0],
+            (true, _) => vec![0, 0, n.saturating_mul(NS_PER_US)],
+        };
+        let sample = Sample { location_id: std::mem::take(&mut ids), value, label };
         buf.clear();
         prost::encoding::message::encode(2, &sample, &mut buf);
         gz.write_all(&buf)?;

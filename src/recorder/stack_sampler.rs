@@ -19,7 +19,9 @@ use std::sync::atomic::Ordering;
 use super::handler::unwind::{unwind_into, Regs};
 use super::handler::Counters;
 use super::modules::{NativeCache, UnwindSnapshot};
+use super::sys::blocked::{self, Missed};
 use super::sys::perf_kernel::KernelRings;
+use super::sys::perf_switch::Capture;
 use super::sys::perf_stack::{StackEvents, StackSample};
 
 /// One unwound sample waiting to be written; its addresses are
@@ -156,6 +158,28 @@ impl StackSampler {
         if lost > 0 {
             counters.lost_ring_full.fetch_add(lost, Ordering::Relaxed);
         }
+    }
+}
+
+impl StackSampler {
+    /// Capture blocked thread `tid` for the off-CPU mode (`sys/blocked.rs`:
+    /// no signal, the thread not woken) and unwind its stack copy with
+    /// `snap`: the leaf is the pc its system call returns to. `copy` is the
+    /// buffer for the stack bytes (its length is how much is copied), `buf`
+    /// for the `/proc` reads.
+    pub(crate) fn capture_blocked(
+        &mut self,
+        tid: u32,
+        snap: &UnwindSnapshot,
+        copy: &mut [u8],
+        buf: &mut Vec<u8>,
+    ) -> Result<Capture, Missed> {
+        let at_ns = super::sys::now_ns();
+        let (b, n) = blocked::capture(tid, copy, buf)?;
+        let regs = Regs { pc: b.pc, sp: b.sp, fp: 0, lr: 0 };
+        let (len, truncated) = unwind_copy(&regs, &copy[..n], snap, &mut self.cache, &mut self.out);
+        let addrs = if len == 0 { vec![b.pc] } else { self.out[..len].to_vec() };
+        Ok(Capture { at_ns, syscall: b.nr, generation: snap.generation, truncated: truncated || len == 0, addrs })
     }
 }
 

@@ -56,6 +56,14 @@ pub(crate) fn now_us() -> u64 {
     (ts.tv_sec as u64).wrapping_mul(1_000_000).wrapping_add(ts.tv_nsec as u64 / 1000)
 }
 
+/// Unix time in nanoseconds (the clock of the perf records, `CLOCK_REALTIME`).
+pub(crate) fn now_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime writes the timespec we pass.
+    unsafe { libc::clock_gettime(libc::CLOCK_REALTIME, &mut ts) };
+    (ts.tv_sec as u64).wrapping_mul(1_000_000_000).wrapping_add(ts.tv_nsec as u64)
+}
+
 use std::io;
 
 /// CPU time the calling thread has used.
