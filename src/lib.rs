@@ -1,6 +1,8 @@
 #![doc = include_str!("../README.md")]
 #![deny(missing_docs)]
 
+#[cfg(feature = "criterion")]
+pub mod criterion;
 mod error;
 #[cfg(feature = "flamegraph")]
 pub mod flamegraph;
