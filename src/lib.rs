@@ -1,6 +1,8 @@
 #![doc = include_str!("../README.md")]
 #![deny(missing_docs)]
 
+#[cfg(feature = "criterion")]
+pub mod criterion;
 mod error;
 #[cfg(feature = "flamegraph")]
 pub mod flamegraph;
@@ -9,7 +11,6 @@ pub mod format;
 pub mod http;
 #[cfg(feature = "pprof")]
 pub mod pprof;
-mod preloaded;
 pub mod read;
 mod recorder;
 #[cfg(feature = "pprof")]
@@ -32,9 +33,9 @@ pub use recorder::{
 pub use write::{pack, NewModule, PackSummary, SpoolWriter};
 
 /// For `libspulse_preload.so` only, not part of the API: the spool this copy
-/// of spulse records to now (see `src/preloaded.rs`).
+/// of spulse records to now (see `src/recorder/sys/preloaded.rs`).
 #[doc(hidden)]
-pub use preloaded::live_spool_of_this_copy as __preload_live_spool;
+pub use recorder::live_spool_of_this_copy as __preload_live_spool;
 #[doc(hidden)]
 pub use recorder::interpose as __interpose;
 

@@ -310,7 +310,8 @@ fn each_segment_follows_the_overwrite_and_lock_rules() {
     let taken = dir.path().join("o-000001.spool");
     std::fs::write(&taken, b"not a segment").unwrap();
     let g = builder().start(dir.path().join("o-{seq}.spool")).unwrap();
-    busy_for(Duration::from_millis(200));
+    // 30 ms rotations: a second is many of them, even on a loaded machine.
+    busy_for(Duration::from_millis(1000));
     match g.finish() {
         Err(Error::Recorder(RecorderError::WriteStopped { source, samples_lost, .. })) => match *source {
             Error::Io { path: Some(p), source } => {
@@ -326,7 +327,11 @@ fn each_segment_follows_the_overwrite_and_lock_rules() {
     Snapshot::open(dir.path().join("o-000000.spool")).unwrap();
     // With overwrite, it is replaced by the segment.
     let g = builder().overwrite(true).start(dir.path().join("o-{seq}.spool")).unwrap();
-    busy_for(Duration::from_millis(200));
+    let t = Instant::now();
+    while !dir.path().join("o-000002.spool").exists() {
+        assert!(t.elapsed() < Duration::from_secs(20), "no third segment");
+        busy_for(Duration::from_millis(5));
+    }
     let stats = g.finish().unwrap();
     assert!(stats.segments_written >= 3, "{} segments", stats.segments_written);
     assert!(!Snapshot::open(&taken).unwrap().modules().is_empty());

@@ -65,7 +65,7 @@ pub static spulse_preload_recorded_pid: AtomicU32 = AtomicU32::new(0);
 
 /// Where the recording of this process is written now, for the `http`
 /// endpoint of a spulse copy linked into the program (found with `dlsym`, see
-/// spulse's `src/preloaded.rs`), which cuts its profile windows from it.
+/// spulse's `src/recorder/sys/preloaded.rs`), which cuts its profile windows from it.
 /// Writes the spool path's bytes into `buf` when they fit in `cap` bytes and
 /// the recorder's flush interval in microseconds into `*flush_us`; returns
 /// the path's length, 0 when nothing is being recorded.

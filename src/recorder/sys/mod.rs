@@ -3,7 +3,10 @@
 //! signal dispositions; `perf.rs` opens the per-thread perf events;
 //! `perf_stack.rs` the perf-stack engine's events and their mapped rings; `timer.rs`
 //! arms the per-thread POSIX CPU timers and the process itimer; `tcb.rs` probes
-//! glibc's thread control block; `maps.rs` finds the main thread's stack. The
+//! glibc's thread control block; `maps.rs` finds the main thread's stack;
+//! `perf_switch.rs` (the off-CPU mode's context-switch records) and
+//! `blocked.rs` (a blocked thread's system call and stack, read without a
+//! signal). The
 //! functions here that the signal handler calls ([`gettid`], [`now_us`] and
 //! [`sigaction::previous_of`]) are async-signal-safe: a system call or a vDSO
 //! clock read, or atomics.
@@ -14,6 +17,7 @@ pub(crate) mod perf;
 pub(crate) mod perf_kernel;
 pub(crate) mod perf_stack;
 pub(crate) mod perf_switch;
+pub(crate) mod preloaded;
 pub(crate) mod sigaction;
 pub(crate) mod tcb;
 pub(crate) mod timer;
