@@ -27,7 +27,7 @@ pub use format::{
 pub use read::{PackedStats, Replay, ReplayOptions, ReplaySamples, Snapshot, SnapshotSamples, Tail};
 pub use recorder::{
     python_runtime_enter, python_runtime_leave, start, warnings_path, write_warnings, EngineChoice, Guard,
-    KernelTime, LostSamples, Recorder, RecorderBuilder, Stats, DEFAULT_FREQUENCY_HZ,
+    KernelTime, LostSamples, OffCpuStats, Recorder, RecorderBuilder, Stats, DEFAULT_FREQUENCY_HZ,
     DEFAULT_PERF_STACK_RING_PAGES, DEFAULT_USER_STACK_COPY, MAX_RING_BYTES,
 };
 pub use write::{pack, NewModule, PackSummary, SpoolWriter};

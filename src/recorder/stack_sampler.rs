@@ -179,7 +179,7 @@ impl StackSampler {
         let regs = Regs { pc: b.pc, sp: b.sp, fp: 0, lr: 0 };
         let (len, truncated) = unwind_copy(&regs, &copy[..n], snap, &mut self.cache, &mut self.out);
         let addrs = if len == 0 { vec![b.pc] } else { self.out[..len].to_vec() };
-        Ok(Capture { at_ns, syscall: b.nr, generation: snap.generation, truncated: truncated || len == 0, addrs })
+        Ok(Capture { at_ns, syscall: b.nr, generation: snap.generation, truncated: truncated || len == 0, addrs, stack: None })
     }
 }
 

@@ -67,6 +67,8 @@ pub(crate) struct Capture {
     pub truncated: bool,
     /// Leaf first; the leaf is the pc the system call returns to.
     pub addrs: Vec<u64>,
+    /// The stack as the writer defined it in the spool (label leaf included).
+    pub stack: Option<crate::StackId>,
 }
 
 /// One off-CPU interval of one thread.
