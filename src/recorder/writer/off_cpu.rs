@@ -124,7 +124,11 @@ impl Run {
         let shared = self.st.shared.clone();
         for &tid in &tids {
             let (copy, buf) = (&mut o.copy, &mut o.buf);
-            let c = shared.snapshot.with_current(|snap| sampler.capture_blocked(tid, snap, copy, buf));
+            let table = &self.st.table;
+            let c = shared.snapshot.with_current(|snap| {
+                let is_code = |a: u64| table.resolve(a, snap.generation).is_some();
+                sampler.capture_blocked(tid, snap, copy, buf, &is_code)
+            });
             let c = match c {
                 Ok(mut c) => match self.capture_stack(&c) {
                     Ok(stack) => {
