@@ -76,10 +76,19 @@ fn top_off_cpu_wall_and_cpu() {
     assert!(table.starts_with("850.0 ms off-CPU"), "{table}");
     let line = table.lines().find(|l| l.contains("[blocked: futex]")).expect(&table);
     assert!(line.trim_start().starts_with("600.0"), "{line}");
+    // info says the mode was on and what the intervals add up to.
+    let info: Value = serde_json::from_str(&ok(&["info", f, "--json"])).unwrap();
+    assert_eq!(info["off_cpu"], true);
+    assert_eq!(info["off_cpu_intervals"], 12 + 5);
+    assert_eq!(info["off_cpu_blocked_us"], 600_000);
+    assert_eq!(info["off_cpu_blocked_with_stack_us"], 600_000);
+    assert_eq!(info["off_cpu_waiting_for_cpu_us"], 250_000);
+    assert!(ok(&["info", f]).contains("off-CPU:         on: 17 interval(s)"));
     // A CPU-only spool says it has no intervals.
-    let (_, plain) = fixture();
+    let (_plain_dir, plain) = fixture();
     let o = spulse(&["top", s(&plain), "--off-cpu"]);
     assert!(stderr(&o).contains("no off-CPU intervals"), "{}", stderr(&o));
+    assert!(ok(&["info", s(&plain)]).contains("off-CPU:         not recorded"));
 }
 
 #[test]
