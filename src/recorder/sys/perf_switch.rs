@@ -234,14 +234,16 @@ impl SwitchTracker {
     }
 
     /// Close the intervals of threads still out at `end_ns` (the recording
-    /// stops), but for threads that no longer exist.
+    /// stops), but for threads that no longer exist or are running.
     pub(crate) fn finish(&mut self, end_ns: u64) {
         let mut tids: Vec<u32> = self.pending.keys().copied().collect();
         tids.sort_unstable();
         for tid in tids {
-            let alive = std::path::Path::new(&format!("/proc/self/task/{tid}")).exists();
+            // Only a thread that is off the CPU now: one whose switch-in
+            // record was lost (ring full) and that runs is not closed.
+            let off_now = thread_state(tid).is_some_and(|c| c != 'R');
             let o = self.pending.remove(&tid).expect("listed");
-            if alive && end_ns > o.time_ns {
+            if off_now && end_ns > o.time_ns {
                 self.done.push(Interval {
                     tid,
                     start_ns: o.time_ns,
@@ -252,6 +254,13 @@ impl SwitchTracker {
             }
         }
     }
+}
+
+/// The scheduler state letter of thread `tid` (`/proc/self/task/<tid>/stat`,
+/// after the command name's closing parenthesis); `None` if it is gone.
+fn thread_state(tid: u32) -> Option<char> {
+    let s = std::fs::read_to_string(format!("/proc/self/task/{tid}/stat")).ok()?;
+    s.rsplit_once(')')?.1.trim_start().chars().next()
 }
 
 /// One record as (time, tid, kind), for the records this event writes.
