@@ -873,8 +873,8 @@ impl Counts for Collected {
 
 impl Collected {
     fn count(&mut self, samples: &[Sample]) {
-        let end_us = self.window.start_us + self.window.duration_us;
-        for s in samples.iter().filter(|s| s.time_us >= self.window.start_us && s.time_us < end_us) {
+        let (start_us, end_us) = (self.window.start_us, self.window.start_us + self.window.duration_us);
+        for s in samples.iter().filter(|s| s.time_us >= start_us && s.time_us < end_us) {
             let c = self.context(s.thread);
             *self.counts.entry((c, s.stack)).or_insert(0) += 1;
         }

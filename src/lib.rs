@@ -21,8 +21,7 @@ pub use error::{Error, FormatErrorKind, RecorderError};
 pub use format::defs::{Definitions, StackFrames};
 pub use format::{
     Deactivation, Engine, Frame, FrameId, Header, LabelId, Module, ModuleId, OffCpuInterval, OffCpuState,
-    PythonRuntimeEvent, Sample, StackId,
-    StackNode, Thread, ThreadId, PACKED_MAGIC,
+    PythonRuntimeEvent, Sample, StackId, StackNode, Thread, ThreadId, PACKED_MAGIC,
 };
 pub use read::{PackedStats, Replay, ReplayOptions, ReplaySamples, Snapshot, SnapshotSamples, Tail};
 pub use recorder::{
@@ -32,12 +31,12 @@ pub use recorder::{
 };
 pub use write::{pack, NewModule, PackSummary, SpoolWriter};
 
+#[doc(hidden)]
+pub use recorder::interpose as __interpose;
 /// For `libspulse_preload.so` only, not part of the API: the spool this copy
 /// of spulse records to now (see `src/recorder/sys/preloaded.rs`).
 #[doc(hidden)]
 pub use recorder::live_spool_of_this_copy as __preload_live_spool;
-#[doc(hidden)]
-pub use recorder::interpose as __interpose;
 
 /// Hooks for spulse's own tests and benchmarks, compiled only with the
 /// `testing` cargo feature (off by default). **Unstable**: not part of the

@@ -762,7 +762,9 @@ fn wall_endpoint_has_off_cpu_time() {
         .iter()
         .filter(|smp| {
             let loc = &p.location[smp.location_id[0] as usize - 1];
-            loc.line.iter().any(|l| s(p.function[l.function_id as usize - 1].name).starts_with("[blocked: clock_nanosleep"))
+            loc.line.iter().any(|l| {
+                s(p.function[l.function_id as usize - 1].name).starts_with("[blocked: clock_nanosleep")
+            })
         })
         .map(|smp| smp.value[2])
         .sum();

@@ -80,7 +80,8 @@ fn off_cpu_in(snap: &Snapshot, m: &Measured, func: &str, label: &str) -> (u64, u
                 if std::env::var_os("SHOW").is_some() {
                     eprintln!("  {} us: {}", o.duration_us, names.join(" <- "));
                 }
-                if names.first().map(String::as_str) == Some(label) && names.iter().any(|n| n.contains(func)) {
+                if names.first().map(String::as_str) == Some(label) && names.iter().any(|n| n.contains(func))
+                {
                     charged += o.duration_us;
                 }
             }

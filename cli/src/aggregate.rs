@@ -82,7 +82,13 @@ impl Aggregate {
     pub fn from_counts(contexts: Vec<Context>, counts: HashMap<(u32, StackId), u64>) -> Aggregate {
         let total = counts.values().sum();
         let counts = counts.into_iter().collect();
-        Aggregate { contexts, counts: Counts::Sparse(counts), total, time_range: None, off_cpu: IdMap::default() }
+        Aggregate {
+            contexts,
+            counts: Counts::Sparse(counts),
+            total,
+            time_range: None,
+            off_cpu: IdMap::default(),
+        }
     }
 
     /// Every (context id, stack, off-CPU microseconds), sorted as [`Aggregate::iter`].

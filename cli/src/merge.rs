@@ -43,8 +43,8 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 
 use spulse::{
-    Definitions, Frame, FrameId, Header, ModuleId, NewModule, Sample, Snapshot, SpoolWriter, StackId, Tail,
-    ThreadId, OffCpuInterval, OffCpuState,
+    Definitions, Frame, FrameId, Header, ModuleId, NewModule, OffCpuInterval, OffCpuState, Sample, Snapshot,
+    SpoolWriter, StackId, Tail, ThreadId,
 };
 
 /// A module as its definition describes it (pid, start, size, file offset,
@@ -132,7 +132,9 @@ impl Reader {
     fn off_cpu(&self) -> &[OffCpuInterval] {
         match self {
             Reader::Spool(t) => t.off_cpu(),
-            Reader::Packed { snap, off_cpu: (lo, hi), .. } => &snap.definitions().off_cpu_intervals()[*lo..*hi],
+            Reader::Packed { snap, off_cpu: (lo, hi), .. } => {
+                &snap.definitions().off_cpu_intervals()[*lo..*hi]
+            }
         }
     }
 

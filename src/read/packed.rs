@@ -229,7 +229,10 @@ fn load_definitions(
         if t == tag::SAMPLE {
             return Err(corrupt(at, "a sample record in the definitions".into()));
         }
-        if matches!(t, tag::PYTHON_RUNTIME | tag::PROCESS_MODULE_DEACTIVATION | tag::MODULE_DEACTIVATION | tag::OFF_CPU) {
+        if matches!(
+            t,
+            tag::PYTHON_RUNTIME | tag::PROCESS_MODULE_DEACTIVATION | tag::MODULE_DEACTIVATION | tag::OFF_CPU
+        ) {
             let Some(&mark) = marks.get(k) else {
                 return Err(corrupt(at, format!("more events than the {} positions given", marks.len())));
             };

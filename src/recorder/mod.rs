@@ -530,7 +530,8 @@ fn start_inner(b: &RecorderBuilder, path: &Path) -> Result<Guard, Error> {
     }
     // The off-CPU mode's switch events, within what the engine left of the budget.
     let switches = if off_cpu {
-        match sys::perf_switch::SwitchTracker::start(writer_tid, budget.saturating_sub(engine.descriptors())) {
+        match sys::perf_switch::SwitchTracker::start(writer_tid, budget.saturating_sub(engine.descriptors()))
+        {
             Ok(t) => {
                 if t.missed_threads() > 0 {
                     warnings.push(format!(
@@ -541,7 +542,8 @@ fn start_inner(b: &RecorderBuilder, path: &Path) -> Result<Guard, Error> {
                 Some(t)
             }
             Err(e) => {
-                warnings.push(format!("off-CPU time not recorded: the context-switch events were refused: {e}"));
+                warnings
+                    .push(format!("off-CPU time not recorded: the context-switch events were refused: {e}"));
                 None
             }
         }

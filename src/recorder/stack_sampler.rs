@@ -21,8 +21,8 @@ use super::handler::Counters;
 use super::modules::{NativeCache, UnwindSnapshot};
 use super::sys::blocked::{self, Missed};
 use super::sys::perf_kernel::KernelRings;
-use super::sys::perf_switch::Capture;
 use super::sys::perf_stack::{StackEvents, StackSample};
+use super::sys::perf_switch::Capture;
 
 /// One unwound sample waiting to be written; its addresses are
 /// `addrs[start..start + len]` of the batch.
@@ -203,7 +203,14 @@ impl StackSampler {
             (len, truncated) = unwind_copy(&r, bytes, snap, &mut self.cache, &mut self.out);
         }
         let addrs = if len == 0 { vec![b.pc] } else { self.out[..len].to_vec() };
-        Ok(Capture { at_ns, syscall: b.nr, generation: snap.generation, truncated: truncated || len == 0, addrs, stack: None })
+        Ok(Capture {
+            at_ns,
+            syscall: b.nr,
+            generation: snap.generation,
+            truncated: truncated || len == 0,
+            addrs,
+            stack: None,
+        })
     }
 }
 

@@ -4,7 +4,7 @@
 //! valid prefix, and each rule rejected at the offset FORMAT.md names.
 
 use spulse::{
-    Frame, FormatErrorKind, Header, OffCpuInterval, OffCpuState, Replay, Snapshot, SpoolWriter, Tail,
+    FormatErrorKind, Frame, Header, OffCpuInterval, OffCpuState, Replay, Snapshot, SpoolWriter, Tail,
 };
 use spulse_testkit::spool::{pack_bytes, tail_drain, temp_file};
 

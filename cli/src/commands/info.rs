@@ -343,7 +343,9 @@ impl OffCpuSummary {
         for o in defs.off_cpu_intervals() {
             s.intervals += 1;
             match o.state {
-                spulse::OffCpuState::Preempted => s.preempted_us = s.preempted_us.saturating_add(o.duration_us),
+                spulse::OffCpuState::Preempted => {
+                    s.preempted_us = s.preempted_us.saturating_add(o.duration_us)
+                }
                 spulse::OffCpuState::Blocked => {
                     s.blocked_us = s.blocked_us.saturating_add(o.duration_us);
                     if defs.stack(o.stack).parent.is_some() {

@@ -223,13 +223,16 @@ pub fn run(args: &TopArgs) -> Result<(), CliError> {
                 writeln!(
                     out,
                     "{}",
-                    serde_json::to_string_pretty(&json_rows(&stats, &sym, total, args.n, us_per)).expect("json")
+                    serde_json::to_string_pretty(&json_rows(&stats, &sym, total, args.n, us_per))
+                        .expect("json")
                 )
             } else {
                 match filter.time {
                     crate::select::TimeMode::Cpu => writeln!(out, "{total} samples")?,
                     crate::select::TimeMode::OffCpu => writeln!(out, "{} ms off-CPU", ms(total))?,
-                    crate::select::TimeMode::Wall => writeln!(out, "{} ms wall-clock (CPU and off-CPU)", ms(total))?,
+                    crate::select::TimeMode::Wall => {
+                        writeln!(out, "{} ms wall-clock (CPU and off-CPU)", ms(total))?
+                    }
                 }
                 write_table_in(out, &stats, &sym, total, args.n, width, time)
             }

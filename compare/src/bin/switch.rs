@@ -155,7 +155,15 @@ fn idle(n: usize, seconds: f64) -> String {
     word.store(1, Ordering::Release);
     // SAFETY: FUTEX_WAKE on a live AtomicU32, waking every waiter.
     unsafe {
-        libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG, i32::MAX, 0, 0, 0)
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG,
+            i32::MAX,
+            0,
+            0,
+            0,
+        )
     };
     for h in hs {
         h.join().unwrap();
@@ -188,7 +196,10 @@ fn main() {
     assert!(profiler != "pprof", "built without a pprof feature");
     let body = match mode.as_str() {
         "pingpong" => pingpong(arg(&args, "--round-trips", "30000").parse().unwrap()),
-        "idle" => idle(arg(&args, "--threads", "1000").parse().unwrap(), arg(&args, "--seconds", "3").parse().unwrap()),
+        "idle" => idle(
+            arg(&args, "--threads", "1000").parse().unwrap(),
+            arg(&args, "--seconds", "3").parse().unwrap(),
+        ),
         _ => {
             echo(arg(&args, "--clients", "8").parse().unwrap(), arg(&args, "--seconds", "3").parse().unwrap())
         }

@@ -36,7 +36,9 @@ use std::os::fd::OwnedFd;
 use super::perf::{PerfEventAttr, FLAG_EXCLUDE_HV, FLAG_EXCLUDE_KERNEL, FLAG_INHERIT, FLAG_INHERIT_THREAD};
 use super::perf::{FLAG_REMOVE_ON_EXEC, PERF_TYPE_SOFTWARE};
 use super::perf_kernel::KernelRings;
-use super::perf_stack::{open_counting_lost, word, FLAG_USE_CLOCKID, FLAG_WATERMARK, SAMPLE_TID, SAMPLE_TIME};
+use super::perf_stack::{
+    open_counting_lost, word, FLAG_USE_CLOCKID, FLAG_WATERMARK, SAMPLE_TID, SAMPLE_TIME,
+};
 
 const PERF_COUNT_SW_DUMMY: u64 = 9;
 const FLAG_TASK: u64 = 1 << 13;

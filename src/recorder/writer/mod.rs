@@ -56,8 +56,8 @@
 
 mod control;
 mod intern;
-mod rotation;
 mod off_cpu;
+mod rotation;
 mod timeline;
 
 use std::collections::{HashMap, HashSet};
