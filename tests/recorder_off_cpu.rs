@@ -260,3 +260,51 @@ fn an_epoll_loop_is_not_woken() {
     // was seen; here only its capture matters: none was refused.
     assert_eq!(stats.off_cpu.unwrap().captures_refused, 0);
 }
+
+/// An idle pool costs nothing per second while it stays blocked: 200
+/// threads blocked for 2 s write intervals only for their start and their
+/// wake-up (a few each), not one per sampling or flush interval.
+#[test]
+fn an_idle_pool_writes_per_blocking_not_per_second() {
+    let _g = serial();
+    if !perf_event_open_implemented() {
+        eprintln!("SKIPPED: no perf_event_open here");
+        return;
+    }
+    let (_dir, path) = spool_path("idle.spool");
+    let guard = spulse::Recorder::builder().off_cpu(true).start(&path).unwrap();
+    let pair = Arc::new((Mutex::new(false), std::sync::Condvar::new()));
+    let hs: Vec<_> = (0..200)
+        .map(|_| {
+            let pair = pair.clone();
+            std::thread::spawn(move || {
+                let (m, cv) = &*pair;
+                let mut go = m.lock().unwrap();
+                while !*go {
+                    go = cv.wait(go).unwrap();
+                }
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_secs(2));
+    *pair.0.lock().unwrap() = true;
+    pair.1.notify_all();
+    for h in hs {
+        h.join().unwrap();
+    }
+    let stats = guard.finish().unwrap();
+    let oc = stats.off_cpu.expect("the off-CPU mode ran");
+    let snap = Snapshot::open(&path).unwrap();
+    let n = snap.definitions().off_cpu_intervals().len() as u64;
+    assert_eq!(n, oc.intervals);
+    // 2 s is 20 flush intervals and about 2,000 sampling intervals per thread.
+    assert!(n <= 200 * 8, "{n} intervals for 200 threads blocked for 2 s");
+    // The long wait of each thread is there, with its stack.
+    let long = snap
+        .definitions()
+        .off_cpu_intervals()
+        .iter()
+        .filter(|o| o.duration_us >= 1_500_000 && snap.stack(o.stack).parent.is_some())
+        .count();
+    assert!(long >= 190, "only {long} of 200 threads have their 2 s wait with a stack");
+}
