@@ -13,7 +13,8 @@
 //! argument), `sys/` (the OS layer: `sigaction`, `perf_event_open`, timers,
 //! thread-control-block probing, `/proc/self/maps`), `engine.rs` (the running
 //! engine: who sends the signal), `stack_sampler.rs` (the perf-stack engine's
-//! unwinding), `modules/` (loaded objects, generations, unwinder snapshots;
+//! unwinding), `modules/` (loaded objects: `scan.rs`, `table.rs` and the
+//! handler's unwinder snapshots in `snapshot.rs`;
 //! `cfi_check.rs` decides which unwind tables the handler may be handed and
 //! `cfi_cache.rs` keeps its verdicts per library build), `writer/` (the spool
 //! side: the run loop, control messages, the timeline that decides which
