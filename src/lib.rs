@@ -7,6 +7,7 @@ pub mod flamegraph;
 pub mod format;
 #[cfg(feature = "http")]
 pub mod http;
+mod pack;
 #[cfg(feature = "pprof")]
 pub mod pprof;
 pub mod read;
@@ -27,7 +28,8 @@ pub use recorder::{
     KernelTime, LostSamples, Recorder, RecorderBuilder, Stats, DEFAULT_FREQUENCY_HZ,
     DEFAULT_PERF_STACK_RING_PAGES, DEFAULT_USER_STACK_COPY, MAX_RING_BYTES,
 };
-pub use write::{pack, NewModule, PackSummary, SpoolWriter};
+pub use pack::{pack, PackSummary};
+pub use write::{NewModule, SpoolWriter};
 
 /// For `libspulse_preload.so` only, not part of the API: the spool this copy
 /// of spulse records to now (see `src/recorder/sys/preloaded.rs`).

@@ -1,6 +1,6 @@
 //! The packed container (`spulse pack`): constants, the fixed-width fields of
 //! its frame, and the codec of one block of samples. `FORMAT.md`, section 10,
-//! specifies every byte; the writer is `crate::write::pack`, the readers
+//! specifies every byte; the writer is `crate::pack`, the readers
 //! `crate::read::packed`.
 //!
 //! A block holds up to [`MAX_BLOCK_SAMPLES`] samples as three *coded
@@ -21,6 +21,12 @@ pub const PACKED_MAGIC: [u8; 8] = *b"SPULSPK2";
 /// The magic of the first packed layout (byte-plane columns), which readers
 /// recognise in order to refuse it with a clear message.
 pub(crate) const PACKED_MAGIC_V1: [u8; 8] = *b"SPULSPK1";
+
+/// Whether `head` (the first bytes of a file) starts with the packed magic
+/// (or that of the first packed layout, which the readers refuse by name).
+pub(crate) fn is_packed(head: &[u8]) -> bool {
+    head.starts_with(&PACKED_MAGIC) || head.starts_with(&PACKED_MAGIC_V1)
+}
 
 /// Most samples in one block. Readers decode one block at a time into a
 /// buffer bounded by this (see [`max_raw_len`]).

@@ -5,6 +5,7 @@
 
 mod coded;
 mod columns;
+mod memory;
 mod open;
 pub(crate) mod packed;
 pub(crate) mod parallel;
