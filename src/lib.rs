@@ -22,21 +22,24 @@ pub use format::{
     Deactivation, Engine, Frame, FrameId, Header, Module, ModuleId, PythonRuntimeEvent, Sample, StackId,
     StackNode, Thread, ThreadId, PACKED_MAGIC,
 };
-pub use read::{PackedStats, Replay, ReplayOptions, ReplaySamples, Snapshot, SnapshotSamples, Tail};
+pub use pack::{pack, PackSummary};
+pub use read::{
+    recording_running, segment_number, PackedStats, Replay, ReplayOptions, ReplaySamples, Snapshot,
+    SnapshotSamples, Tail, SEGMENT_NUMBER_DIGITS,
+};
 pub use recorder::{
     python_runtime_enter, python_runtime_leave, start, warnings_path, write_warnings, EngineChoice, Guard,
     KernelTime, LostSamples, Recorder, RecorderBuilder, Stats, DEFAULT_FREQUENCY_HZ,
     DEFAULT_PERF_STACK_RING_PAGES, DEFAULT_USER_STACK_COPY, MAX_RING_BYTES,
 };
-pub use pack::{pack, PackSummary};
 pub use write::{NewModule, SpoolWriter};
 
+#[doc(hidden)]
+pub use recorder::interpose as __interpose;
 /// For `libspulse_preload.so` only, not part of the API: the spool this copy
 /// of spulse records to now (see `src/recorder/sys/preloaded.rs`).
 #[doc(hidden)]
 pub use recorder::live_spool_of_this_copy as __preload_live_spool;
-#[doc(hidden)]
-pub use recorder::interpose as __interpose;
 
 /// Hooks for spulse's own tests and benchmarks, compiled only with the
 /// `testing` cargo feature (off by default). **Unstable**: not part of the

@@ -169,21 +169,12 @@ impl Live {
 /// Whether a recorder still holds its exclusive lock on the spool (`lock` is
 /// the follower's own descriptor of it).
 fn recording_running(lock: &File, path: &Path) -> Result<bool, CliError> {
-    use rustix::fs::{flock, FlockOperation};
-    match flock(lock, FlockOperation::NonBlockingLockShared) {
-        Ok(()) => {
-            // Got it: nobody records. Release it at once, so that a new
-            // recording into the same file is never held up by us.
-            let _ = flock(lock, FlockOperation::Unlock);
-            Ok(false)
-        }
-        Err(e) if e == rustix::io::Errno::WOULDBLOCK => Ok(true),
-        Err(e) => Err(CliError::other(format!(
-            "{}: cannot check whether the recording is running (flock): {}",
-            path.display(),
-            std::io::Error::from(e)
-        ))),
-    }
+    spulse::recording_running(lock).map_err(|e| {
+        CliError::other(format!(
+            "{}: cannot check whether the recording is running (flock): {e}",
+            path.display()
+        ))
+    })
 }
 
 /// Whether opening failed only because the spool is not there yet, or its
@@ -483,8 +474,8 @@ struct Segments {
     suffix: String,
 }
 
-/// Fewest digits of a segment number in a file name (the recorder pads to six).
-const SEQ_DIGITS: usize = 6;
+/// Fewest digits of a segment number in a file name (the recorder's rule).
+const SEQ_DIGITS: usize = spulse::SEGMENT_NUMBER_DIGITS;
 
 impl Segments {
     /// The segments `path` names: a pattern with `{seq}` (start at the oldest
@@ -552,7 +543,7 @@ impl Segments {
 
     /// The path of segment `n`.
     fn path(&self, n: u64) -> PathBuf {
-        self.dir.join(format!("{}{n:0width$}{}", self.prefix, self.suffix, width = SEQ_DIGITS))
+        self.dir.join(format!("{}{}{}", self.prefix, spulse::segment_number(n), self.suffix))
     }
 
     /// The lowest-numbered segment there is after `after` (or the lowest of all).
