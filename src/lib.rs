@@ -31,12 +31,12 @@ pub use recorder::{
 };
 pub use write::{pack, NewModule, PackSummary, SpoolWriter};
 
+#[doc(hidden)]
+pub use recorder::interpose as __interpose;
 /// For `libspulse_preload.so` only, not part of the API: the spool this copy
 /// of spulse records to now (see `src/recorder/sys/preloaded.rs`).
 #[doc(hidden)]
 pub use recorder::live_spool_of_this_copy as __preload_live_spool;
-#[doc(hidden)]
-pub use recorder::interpose as __interpose;
 
 /// Hooks for spulse's own tests and benchmarks, compiled only with the
 /// `testing` cargo feature (off by default). **Unstable**: not part of the
