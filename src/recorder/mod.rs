@@ -69,7 +69,7 @@ mod cfi_check;
 mod engine;
 mod handler;
 mod intern;
-mod modules;
+pub(crate) mod modules;
 mod own_fd;
 mod stack_sampler;
 mod sys;
