@@ -36,14 +36,16 @@
 //! Memory is fixed and static (touched page by page): 2 MiB for up to
 //! 65,536 live sampled blocks ([`LIVE_CAPACITY`]), 128 KiB of filter,
 //! 2.2 MiB for 4,096 distinct stacks of up to 64 frames ([`STACK_CAPACITY`]),
-//! plus, once the first sample is taken, the unwinder: four framehop caches
+//! plus, once the first sample is taken, the unwinder: eight framehop caches
 //! (about 33 KB each) and a copy of the loaded libraries' unwind tables (as
 //! the CPU recorder keeps). Beyond the capacities samples are still counted
 //! but lose their stack or their in-use tracking ([`stats`] says how many).
 //!
 //! Safe with the CPU recorder (its signal handler never allocates; the two
-//! share no lock), with `fork` (no lock anywhere: a child forked in the
-//! middle of a sample loses at most that sample's slots), at thread exit and
+//! share no lock), with `fork` (no lock of its own anywhere: a child forked
+//! in the middle of a sample loses at most that sample's slots; the loader's
+//! lock is taken only to build the unwinder, once, and a child forked during
+//! that build does not redo it: its samples then have no stack), at thread exit and
 //! in thread-local destructors (the sampler's thread-locals are `const` and
 //! have no destructor). Nothing in the sampler ever waits for another thread.
 

@@ -5,8 +5,10 @@
 //!
 //! The unwinder is built on the first sampled allocation of the process (with
 //! the re-entrancy guard set, so the allocations of the scan itself pass
-//! through unsampled), and rebuilt when the loader's counters say objects
-//! were loaded or unloaded. It is published through an `AtomicPtr`; a
+//! through unsampled), and rebuilt when a walk ends in code outside every
+//! object it knows and the loader's counters say objects were loaded or
+//! unloaded since (checked at most once per [`RECHECK_NS`]: the loader is
+//! never called on the ordinary sample path, see [`refresh`]). It is published through an `AtomicPtr`; a
 //! replaced one is freed only when no unwind is running (a reader count),
 //! otherwise leaked. Nothing here blocks: a thread that finds the unwinder
 //! being built, or all [`CACHES`] unwinder caches in use, records the
@@ -26,7 +28,7 @@ use crate::recorder::modules::{self, ExecSegment, NativeCache, NativeUnwinder};
 
 /// framehop caches (about 33 KB each), allocated with the unwinder: at most
 /// this many threads unwind at once.
-pub const CACHES: usize = 4;
+pub const CACHES: usize = 8;
 
 /// One loaded object, for the profile's mappings.
 pub(crate) struct Object {
@@ -41,6 +43,15 @@ pub(crate) struct State {
     /// The loader's (adds, subs) when this state was built.
     dl: (u64, u64),
     pub objects: Vec<Object>,
+    /// Every object's executable segments, (start, end), sorted.
+    code: Vec<(u64, u64)>,
+}
+
+impl State {
+    fn knows(&self, addr: u64) -> bool {
+        let i = self.code.partition_point(|r| r.0 <= addr);
+        i > 0 && addr < self.code[i - 1].1
+    }
 }
 
 // SAFETY: the unwinder and objects are immutable once published; a cache is
@@ -54,9 +65,7 @@ const NONE: u64 = 0;
 const BUILDING: u64 = 1;
 const READY: u64 = 2;
 
-/// The phase (low 8 bits: NONE, BUILDING, READY) and, while BUILDING, the
-/// builder's process id above them: a child forked in the middle of a build
-/// sees its parent's id and takes the build over.
+/// NONE, BUILDING or READY.
 static PHASE: AtomicU64 = AtomicU64::new(NONE);
 static STATE: AtomicPtr<State> = AtomicPtr::new(std::ptr::null_mut());
 static READERS: AtomicUsize = AtomicUsize::new(0);
@@ -76,24 +85,49 @@ fn build() -> State {
     let dl = modules::dl_counters();
     let scanned = modules::scan(&exe, &|_| false, false);
     let snap = modules::initial_snapshot(&scanned, 0);
-    let objects = scanned
+    let objects: Vec<Object> = scanned
         .into_iter()
         .map(|o| Object { path: o.key.path, build_id: o.build_id, segments: o.segments })
         .collect();
+    let mut code: Vec<(u64, u64)> =
+        objects.iter().flat_map(|o| &o.segments).map(|s| (s.avma, s.avma.saturating_add(s.size))).collect();
+    code.sort_unstable();
     let caches = (0..CACHES)
         .map(|_| (AtomicBool::new(false), std::cell::UnsafeCell::new(NativeCache::new_in())))
         .collect();
-    State { unwinder: snap.unwinder, caches, dl, objects }
+    State { unwinder: snap.unwinder, caches, dl, objects, code }
 }
 
-/// Build the state if none is published or the loaded objects changed since.
-/// Call with the re-entrancy guard set (this allocates). Never waits.
-fn refresh() {
+/// Build the state if none is published, or rebuild it if `recheck` (a walk
+/// met code outside every known object) and the loader's counters changed
+/// since it was built (checked at most once per [`RECHECK_NS`]). Call with
+/// the re-entrancy guard set (this allocates). Never waits.
+///
+/// The loader is called (`dl_iterate_phdr`, which takes its lock) only here:
+/// for the first build, and for those rate-limited rechecks. A forked child
+/// never rebuilds what its parent built, and does not take over a build the
+/// parent had under way at the fork (the parent's threads may have held the
+/// loader's lock then, which the child would wait for forever): in the first
+/// case it keeps the parent's tables, in the second its samples go without
+/// stacks.
+fn refresh(recheck: bool) {
     let phase = PHASE.load(Ordering::Acquire);
-    // SAFETY: getpid has no preconditions.
-    let pid = unsafe { libc::getpid() } as u64;
     match phase & 0xff {
+        READY if !recheck => return,
         READY => {
+            // SAFETY: getpid has no preconditions.
+            if unsafe { libc::getpid() } as u64 != BUILT_BY.load(Ordering::Relaxed) {
+                // A forked child: another thread of the parent may have held
+                // the loader's lock at the fork. It keeps the parent's tables.
+                return;
+            }
+            let now = coarse_ns();
+            let last = LAST_CHECK.load(Ordering::Relaxed);
+            if now.wrapping_sub(last) < RECHECK_NS
+                || LAST_CHECK.compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed).is_err()
+            {
+                return;
+            }
             READERS.fetch_add(1, Ordering::SeqCst);
             let current = STATE.load(Ordering::SeqCst);
             // SAFETY: counted in READERS before the load: a replaced state is
@@ -104,13 +138,14 @@ fn refresh() {
                 return;
             }
         }
-        // Another thread of this process is building: do not wait for it.
-        BUILDING if phase >> 8 == pid => return,
+        BUILDING => return,
         _ => {}
     }
-    if PHASE.compare_exchange(phase, pid << 8 | BUILDING, Ordering::AcqRel, Ordering::Relaxed).is_err() {
+    if PHASE.compare_exchange(phase, BUILDING, Ordering::AcqRel, Ordering::Relaxed).is_err() {
         return;
     }
+    // SAFETY: getpid has no preconditions.
+    BUILT_BY.store(unsafe { libc::getpid() } as u64, Ordering::Relaxed);
     let next = Box::into_raw(Box::new(build()));
     let old = STATE.swap(next, Ordering::SeqCst);
     if !old.is_null() {
@@ -124,6 +159,19 @@ fn refresh() {
         }
     }
     PHASE.store(READY, Ordering::Release);
+}
+
+/// Least time between two checks of the loader's counters.
+pub const RECHECK_NS: u64 = 1_000_000_000;
+static LAST_CHECK: AtomicU64 = AtomicU64::new(0);
+/// The process that built the published state.
+static BUILT_BY: AtomicU64 = AtomicU64::new(0);
+
+fn coarse_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: writes the timespec we pass (a vDSO call: no system call, no lock).
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) };
+    (ts.tv_sec as u64).wrapping_mul(1_000_000_000).wrapping_add(ts.tv_nsec as u64)
 }
 
 /// The top of the calling thread's stack (0 if unknown).
@@ -175,22 +223,29 @@ struct Regs {
 /// builds the unwinder, which allocates). Never waits for another thread.
 #[inline(never)]
 pub(crate) fn capture(out: &mut [u64]) -> usize {
-    refresh();
-    if PHASE.load(Ordering::Acquire) & 0xff != READY {
+    refresh(false);
+    if PHASE.load(Ordering::Acquire) != READY {
         NO_STACK.fetch_add(1, Ordering::Relaxed);
         return 0;
     }
     let top = stack_top();
     READERS.fetch_add(1, Ordering::SeqCst);
     let state = STATE.load(Ordering::SeqCst);
-    let n = if state.is_null() || top == 0 {
-        0
+    let (n, unknown) = if state.is_null() || top == 0 {
+        (0, false)
     } else {
         // SAFETY: counted in READERS before the load: the state is not freed
         // while we hold it (see `refresh`).
-        walk(unsafe { &*state }, top, out)
+        let state = unsafe { &*state };
+        let n = walk(state, top, out);
+        // The walk ended in code no object of the state holds: maybe a
+        // library loaded since.
+        (n, n > 0 && !state.knows(out[n - 1]))
     };
     READERS.fetch_sub(1, Ordering::SeqCst);
+    if unknown {
+        refresh(true);
+    }
     if n == 0 {
         NO_STACK.fetch_add(1, Ordering::Relaxed);
     }
@@ -316,7 +371,7 @@ fn regs() -> Option<Regs> {
 /// Run `f` on the published state (building it first if needed: call with
 /// the re-entrancy guard set or from outside the allocator).
 pub(crate) fn with_state<R>(f: impl FnOnce(Option<&State>) -> R) -> R {
-    refresh();
+    refresh(false);
     READERS.fetch_add(1, Ordering::SeqCst);
     let state = STATE.load(Ordering::SeqCst);
     // SAFETY: counted in READERS before the load (see `refresh`).
