@@ -394,3 +394,59 @@ fn thread_exit_and_allocation_in_tls_destructors() {
     // 64 Ki allocations of 1 KiB at 4 KiB: a 0.8 % standard error.
     assert!(err.abs() < 0.05, "allocated in TLS destructors: {} of {bytes} ({err:+.3})", after - before);
 }
+
+#[inline(never)]
+fn kept_for_finish() -> Vec<Vec<u8>> {
+    black_box(4u32);
+    black_box((0..128).map(|_| Vec::<u8>::with_capacity(64 * 1024)).collect())
+}
+
+/// `RecorderBuilder::heap_profile`: the guard's finish writes the profile.
+#[test]
+fn finish_writes_the_heap_profile() {
+    // One recorder at a time in the process (the other test starts one).
+    let _one = RATE.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("heap.pb.gz");
+    let guard = spulse::Recorder::builder().heap_profile(&file).start(dir.path().join("cpu.spool")).unwrap();
+    // 8 MiB in 64 KiB blocks: some 15 samples expected at 512 KiB; none at
+    // all has a probability of 1e-7.
+    let kept = kept_for_finish();
+    guard.finish().unwrap();
+    let p = decode(&std::fs::read(&file).expect("the heap profile was written"));
+    drop(kept);
+    let v = cum(&p, "kept_for_finish");
+    assert!(v[3] > 0 && v[3] == v[1], "{v:?}");
+}
+
+/// `GET /debug/pprof/heap` answers the profile (and `go tool pprof` reads it
+/// from the URL).
+#[cfg(feature = "http")]
+#[test]
+fn the_endpoint_serves_the_heap_profile() {
+    let server = spulse::http::serve("127.0.0.1:0").unwrap();
+    let addr = server.local_addr();
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    s.write_all(b"GET /debug/pprof/heap?gc=1 HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).unwrap();
+    let at = raw.windows(4).position(|w| w == b"\r\n\r\n").expect("an answer head");
+    let head = String::from_utf8_lossy(&raw[..at]);
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    let p = decode(&raw[at + 4..]);
+    let types: Vec<&str> = p.sample_type.iter().map(|t| p.string_table[t.r#type as usize].as_str()).collect();
+    assert_eq!(types, ["alloc_objects", "alloc_space", "inuse_objects", "inuse_space"]);
+    if go_available() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = Command::new("go")
+            .args(["tool", "pprof", "-sample_index=alloc_space", "-top"])
+            .arg(format!("http://{addr}/debug/pprof/heap"))
+            .env("HOME", dir.path())
+            .env("PPROF_TMPDIR", dir.path())
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success() && text.contains("Type: alloc_space"), "{text}\n{}", String::from_utf8_lossy(&out.stderr));
+    }
+}

@@ -310,6 +310,9 @@ pub struct RecorderBuilder {
     /// Whether the `SPULSE_*` environment variables apply (false for the
     /// `http` endpoint's own temporary windows).
     environment: bool,
+    /// Where `finish` writes the heap profile (`spulse::heap`).
+    #[cfg(all(feature = "heap", feature = "pprof"))]
+    heap_profile: Option<PathBuf>,
 }
 
 impl Default for RecorderBuilder {
@@ -330,6 +333,8 @@ impl Default for RecorderBuilder {
             perf_stack_ring_pages: DEFAULT_PERF_STACK_RING_PAGES,
             perf_stack_watermark: true,
             environment: true,
+            #[cfg(all(feature = "heap", feature = "pprof"))]
+            heap_profile: None,
         }
     }
 }
@@ -531,6 +536,16 @@ impl RecorderBuilder {
     /// runs on, recorded once (see `src/preloaded.rs`).
     pub fn start(&self, path: impl AsRef<Path>) -> Result<Guard, Error> {
         start_with(self, path.as_ref())
+    }
+
+    /// When the recording finishes ([`Guard::finish`] or drop), also write
+    /// the heap profile ([`crate::heap::write_profile`]) to `path` (features
+    /// `heap` and `pprof`; the program's global allocator must be
+    /// [`crate::heap::Sampled`] for it to hold samples).
+    #[cfg(all(feature = "heap", feature = "pprof"))]
+    pub fn heap_profile(mut self, path: impl Into<PathBuf>) -> Self {
+        self.heap_profile = Some(path.into());
+        self
     }
 }
 
@@ -964,6 +979,8 @@ struct Running {
     pid: u32,
     path: PathBuf,
     engine: Engine,
+    #[cfg(all(feature = "heap", feature = "pprof"))]
+    heap_profile: Option<PathBuf>,
 }
 
 static RUNNING: AtomicBool = AtomicBool::new(false);
@@ -1037,7 +1054,13 @@ impl Guard {
         };
         PYTHON_INSIDE.store(false, Ordering::SeqCst);
         RUNNING.store(false, Ordering::SeqCst);
-        res.map_err(|e| e.with_path(&run.path))
+        let res = res.map_err(|e| e.with_path(&run.path));
+        #[cfg(all(feature = "heap", feature = "pprof"))]
+        if let Some(heap) = &run.heap_profile {
+            let written = crate::heap::write_profile(heap);
+            return res.and_then(|stats| written.map(|()| stats));
+        }
+        res
     }
 }
 
@@ -1429,7 +1452,17 @@ fn start_inner(b: &RecorderBuilder, path: &Path) -> Result<Guard, Error> {
     *PYTHON_TX.lock().unwrap_or_else(|e| e.into_inner()) = Some(tx.clone());
     PYTHON_INSIDE.store(false, Ordering::SeqCst);
     *LIVE_SPOOL.lock().unwrap_or_else(|e| e.into_inner()) = Some((pid, path.to_path_buf(), flush));
-    Ok(Guard { inner: Some(Running { tx, join, pid, path: path.to_path_buf(), engine: kind }) })
+    Ok(Guard {
+        inner: Some(Running {
+            tx,
+            join,
+            pid,
+            path: path.to_path_buf(),
+            engine: kind,
+            #[cfg(all(feature = "heap", feature = "pprof"))]
+            heap_profile: b.heap_profile.clone(),
+        }),
+    })
 }
 
 /// The name of the file beside a spool that holds its recorders'
