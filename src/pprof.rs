@@ -217,6 +217,8 @@ struct Tables {
     mapping_named: Vec<bool>,
     mapping_lines: Vec<bool>,
     mapping_inline: Vec<bool>,
+    /// See [`Head::trim_inlined`].
+    trim_inlined: Option<fn(&str) -> bool>,
 }
 
 impl Tables {
@@ -245,7 +247,15 @@ impl Tables {
         let is_bare_module = matches!(defs.frame(frame), Frame::Module { .. }) && !r.named;
         let mut line = Vec::new();
         if !is_bare_module {
-            for f in &r.frames {
+            // Inlined frames first: trim the innermost the head asks to drop,
+            // keeping at least the containing function.
+            let mut skip = 0;
+            if let Some(trim) = self.trim_inlined {
+                while skip + 1 < r.frames.len() && trim(&sym.function(r.frames[skip].func).name) {
+                    skip += 1;
+                }
+            }
+            for f in &r.frames[skip..] {
                 let fnext = self.p.function.len() as u64 + 1;
                 let fid = *self.functions.entry((f.func, f.linkage.clone())).or_insert_with(|| {
                     let func = sym.function(f.func);
@@ -305,6 +315,7 @@ pub fn write(
         sample_types: &[("samples", "count"), ("cpu", "nanoseconds")],
         period_type: ("cpu", "nanoseconds"),
         period,
+        trim_inlined: None,
     };
     let values = |n: u64| {
         let n = n as i64;
@@ -318,6 +329,9 @@ pub(crate) struct Head<'a> {
     pub sample_types: &'a [(&'a str, &'a str)],
     pub period_type: (&'a str, &'a str),
     pub period: i64,
+    /// Inlined functions to leave out of a location's lines when they are
+    /// its innermost (the containing function always stays).
+    pub trim_inlined: Option<fn(&str) -> bool>,
 }
 
 /// [`write`] with other sample types: a sample's values are `values(count)`
@@ -355,6 +369,7 @@ pub(crate) fn write_with(
         mapping_named: vec![false; n],
         mapping_lines: vec![false; n],
         mapping_inline: vec![false; n],
+        trim_inlined: head.trim_inlined,
     };
 
     // Pass 1: every location of every stack. A stack prefix already seen with

@@ -10,8 +10,9 @@
 //! sampler's unwinder knows (an object unloaded since its stacks were sampled
 //! leaves their frames as bare addresses). The frames of the allocation path
 //! itself (this sampler, `__rust_alloc` and `alloc::alloc`) are cut from each
-//! stack's leaf end, so the leaf is the code that asked for the memory (a
-//! `Vec`'s or `Box`'s allocating function, say).
+//! stack's leaf end, and left out of the inlined functions of the first frame
+//! kept, so the leaf is the code that asked for the memory (a `Vec`'s or
+//! `Box`'s allocating function, say).
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -225,6 +226,7 @@ fn build(sym: &mut Symbolizer) -> Result<Vec<u8>, Error> {
         ],
         period_type: ("space", "bytes"),
         period: rate,
+        trim_inlined: Some(is_allocator_frame),
     };
     let values = |i: u64| {
         let t = &rows.rows[i as usize - 1].1;
