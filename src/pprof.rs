@@ -349,11 +349,17 @@ pub(crate) fn write_with(
 ) -> std::io::Result<()> {
     let contexts = counts.contexts();
     let mut strings = Strings::new();
-    let sample_type =
-        head.sample_types.iter().map(|(t, u)| ValueType { r#type: strings.get(t), unit: strings.get(u) }).collect();
+    let sample_type = head
+        .sample_types
+        .iter()
+        .map(|(t, u)| ValueType { r#type: strings.get(t), unit: strings.get(u) })
+        .collect();
     let mut p = Profile {
         sample_type,
-        period_type: Some(ValueType { r#type: strings.get(head.period_type.0), unit: strings.get(head.period_type.1) }),
+        period_type: Some(ValueType {
+            r#type: strings.get(head.period_type.0),
+            unit: strings.get(head.period_type.1),
+        }),
         period: head.period,
         time_nanos: (window.start_us as i64).saturating_mul(NS_PER_US),
         duration_nanos: (window.duration_us as i64).saturating_mul(NS_PER_US),
@@ -434,8 +440,7 @@ pub(crate) fn write_with(
                 label.push(Label { key: str_id("thread"), str: str_id(&t.name), ..Default::default() });
             }
         }
-        let sample =
-            Sample { location_id: std::mem::take(&mut ids), value: values(count), label };
+        let sample = Sample { location_id: std::mem::take(&mut ids), value: values(count), label };
         buf.clear();
         prost::encoding::message::encode(2, &sample, &mut buf);
         gz.write_all(&buf)?;

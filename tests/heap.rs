@@ -112,7 +112,16 @@ fn run(small: fn(), large: fn(), live: fn(&mut Vec<Vec<u8>>)) -> Profile {
     if std::env::var_os("HEAP_DEBUG").is_some() {
         let s = |i: i64| p.string_table[i as usize].as_str();
         for smp in &p.sample {
-            let names: Vec<&str> = smp.location_id.iter().map(|&l| p.location[l as usize - 1].line.last().map_or("?", |line| s(p.function[line.function_id as usize - 1].name))).collect();
+            let names: Vec<&str> = smp
+                .location_id
+                .iter()
+                .map(|&l| {
+                    p.location[l as usize - 1]
+                        .line
+                        .last()
+                        .map_or("?", |line| s(p.function[line.function_id as usize - 1].name))
+                })
+                .collect();
             eprintln!("{:?} {:?}", smp.value, names);
         }
     }
@@ -217,7 +226,15 @@ fn go_pprof_reads(p: &Profile) {
     std::fs::write(&file, gz.finish().unwrap()).unwrap();
     for (index, name) in [("inuse_space", "live_default"), ("alloc_space", "large_default")] {
         let out = Command::new("go")
-            .args(["tool", "pprof", &format!("-sample_index={index}"), "-top", "-cum", "-nodefraction=0", "-nodecount=100000"])
+            .args([
+                "tool",
+                "pprof",
+                &format!("-sample_index={index}"),
+                "-top",
+                "-cum",
+                "-nodefraction=0",
+                "-nodecount=100000",
+            ])
             .arg(&file)
             .env("HOME", dir.path())
             .env("PPROF_TMPDIR", dir.path())
@@ -447,6 +464,10 @@ fn the_endpoint_serves_the_heap_profile() {
             .output()
             .unwrap();
         let text = String::from_utf8_lossy(&out.stdout);
-        assert!(out.status.success() && text.contains("Type: alloc_space"), "{text}\n{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success() && text.contains("Type: alloc_space"),
+            "{text}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
 }

@@ -54,8 +54,12 @@ struct Slot {
 }
 
 #[allow(clippy::declare_interior_mutable_const)]
-const SLOT: Slot =
-    Slot { addr: AtomicU64::new(EMPTY), size: AtomicU64::new(0), objects: AtomicU64::new(0), stack: AtomicU32::new(0) };
+const SLOT: Slot = Slot {
+    addr: AtomicU64::new(EMPTY),
+    size: AtomicU64::new(0),
+    objects: AtomicU64::new(0),
+    stack: AtomicU32::new(0),
+};
 #[allow(clippy::declare_interior_mutable_const)]
 const ZERO: AtomicU32 = AtomicU32::new(0);
 

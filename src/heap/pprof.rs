@@ -94,7 +94,9 @@ pub fn profile() -> Result<Vec<u8>, Error> {
             build(sym)
         })
     })
-    .unwrap_or_else(|| Err(Error::io(None, std::io::Error::other("heap::profile called from inside the sampler"))))
+    .unwrap_or_else(|| {
+        Err(Error::io(None, std::io::Error::other("heap::profile called from inside the sampler")))
+    })
 }
 
 /// Write [`profile`] to `path` (created or truncated).

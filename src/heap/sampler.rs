@@ -175,7 +175,7 @@ mod tests {
 
     #[test]
     fn intervals_are_exponential_with_the_mean_rate() {
-        guarded(|| seed()).unwrap();
+        guarded(seed).unwrap();
         let n = 200_000;
         let rate = 512 * 1024;
         let xs: Vec<f64> = (0..n).map(|_| draw(rate) as f64).collect();

@@ -125,6 +125,7 @@ pub(crate) fn add_free(stack: u32, objects: u64, bytes: u64) {
 }
 
 /// One stack's estimates, in fixed point.
+#[cfg(feature = "pprof")]
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct Totals {
     pub alloc_objects: u64,
@@ -136,6 +137,7 @@ pub(crate) struct Totals {
 /// Every stack with its totals (slot 0, the overflow entry, with no
 /// addresses). Allocates: call with the re-entrancy guard set or from outside
 /// the allocator.
+#[cfg(feature = "pprof")]
 pub(crate) fn snapshot() -> Vec<(Vec<u64>, Totals)> {
     let mut out = Vec::new();
     for (i, e) in TABLE.iter().enumerate() {
@@ -161,7 +163,7 @@ pub(crate) fn snapshot() -> Vec<(Vec<u64>, Totals)> {
     out
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "pprof"))]
 mod tests {
     use super::*;
 
@@ -177,6 +179,9 @@ mod tests {
         add_free(i, FIXED, 100);
         let snap = snapshot();
         let (_, t) = snap.iter().find(|(s, _)| s[..] == a[..]).unwrap();
-        assert_eq!((t.alloc_objects, t.alloc_bytes, t.free_objects, t.free_bytes), (3 * FIXED, 300, FIXED, 100));
+        assert_eq!(
+            (t.alloc_objects, t.alloc_bytes, t.free_objects, t.free_bytes),
+            (3 * FIXED, 300, FIXED, 100)
+        );
     }
 }

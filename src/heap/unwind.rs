@@ -31,6 +31,7 @@ use crate::recorder::modules::{self, ExecSegment, NativeCache, NativeUnwinder};
 pub const CACHES: usize = 8;
 
 /// One loaded object, for the profile's mappings.
+#[cfg_attr(not(feature = "pprof"), allow(dead_code))]
 pub(crate) struct Object {
     pub path: Vec<u8>,
     pub build_id: Vec<u8>,
@@ -42,6 +43,7 @@ pub(crate) struct State {
     caches: Box<[(AtomicBool, std::cell::UnsafeCell<NativeCache>)]>,
     /// The loader's (adds, subs) when this state was built.
     dl: (u64, u64),
+    #[cfg_attr(not(feature = "pprof"), allow(dead_code))]
     pub objects: Vec<Object>,
     /// Every object's executable segments, (start, end), sorted.
     code: Vec<(u64, u64)>,
@@ -81,7 +83,9 @@ thread_local! {
 }
 
 fn build() -> State {
-    let exe = std::fs::read_link("/proc/self/exe").map(|p| p.into_os_string().into_encoded_bytes()).unwrap_or_default();
+    let exe = std::fs::read_link("/proc/self/exe")
+        .map(|p| p.into_os_string().into_encoded_bytes())
+        .unwrap_or_default();
     let dl = modules::dl_counters();
     let scanned = modules::scan(&exe, &|_| false, false);
     let snap = modules::initial_snapshot(&scanned, 0);
@@ -115,17 +119,17 @@ fn refresh(recheck: bool) {
     match phase & 0xff {
         READY if !recheck => return,
         READY => {
-            // SAFETY: getpid has no preconditions.
-            if unsafe { libc::getpid() } as u64 != BUILT_BY.load(Ordering::Relaxed) {
-                // A forked child: another thread of the parent may have held
-                // the loader's lock at the fork. It keeps the parent's tables.
-                return;
-            }
             let now = coarse_ns();
             let last = LAST_CHECK.load(Ordering::Relaxed);
             if now.wrapping_sub(last) < RECHECK_NS
                 || LAST_CHECK.compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed).is_err()
             {
+                return;
+            }
+            // SAFETY: getpid has no preconditions.
+            if unsafe { libc::getpid() } as u64 != BUILT_BY.load(Ordering::Relaxed) {
+                // A forked child: another thread of the parent may have held
+                // the loader's lock at the fork. It keeps the parent's tables.
                 return;
             }
             READERS.fetch_add(1, Ordering::SeqCst);
@@ -370,6 +374,7 @@ fn regs() -> Option<Regs> {
 
 /// Run `f` on the published state (building it first if needed: call with
 /// the re-entrancy guard set or from outside the allocator).
+#[cfg(feature = "pprof")]
 pub(crate) fn with_state<R>(f: impl FnOnce(Option<&State>) -> R) -> R {
     refresh(false);
     READERS.fetch_add(1, Ordering::SeqCst);
