@@ -34,7 +34,7 @@
 //! blocks gives some 200 samples at 512 KiB, about 7 %.
 //!
 //! Memory is fixed and static (touched page by page): 2 MiB for up to
-//! 65,536 live sampled blocks ([`LIVE_CAPACITY`]), 128 KiB of filter,
+//! 65,536 live sampled blocks ([`LIVE_CAPACITY`]), 16 KiB of filter,
 //! 2.2 MiB for 4,096 distinct stacks of up to 64 frames ([`STACK_CAPACITY`]),
 //! plus, once the first sample is taken, the unwinder: eight framehop caches
 //! (about 33 KB each) and a copy of the loaded libraries' unwind tables (as
@@ -140,7 +140,9 @@ pub fn stats() -> Stats {
 fn record(p: *mut u8, size: usize, own_rate: usize) {
     sampler::guarded(|| {
         let rate = sampler::rate(own_rate);
-        LAST_RATE.store(rate, Ordering::Relaxed);
+        if LAST_RATE.load(Ordering::Relaxed) != rate {
+            LAST_RATE.store(rate, Ordering::Relaxed);
+        }
         let w = sampler::weight(size, rate);
         let mut addrs = [0u64; stacks::MAX_DEPTH];
         let n = unwind::capture(&mut addrs);
