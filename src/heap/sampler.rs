@@ -15,6 +15,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// Go's default `MemProfileRate`: one sample every 512 KiB on average.
 pub const DEFAULT_RATE: usize = 512 * 1024;
 
+/// Bytes between two looks at the rate while sampling is off.
+const OFF_PARK: i64 = 64 << 20;
+
 /// A rate set at run time by [`super::set_sample_rate`] (`u64::MAX`: none;
 /// the allocator's own rate applies).
 static RATE_OVERRIDE: AtomicU64 = AtomicU64::new(u64::MAX);
@@ -67,8 +70,9 @@ fn slow(left: &Cell<i64>, size: usize, own_rate: usize) -> bool {
     let rate = rate(own_rate);
     if BUSY.with(Cell::get) || rate == 0 {
         // Not counted: an allocation of the sampler itself, or sampling off
-        // (then the counter is parked far away).
-        left.set(if rate == 0 { i64::MAX / 2 } else { left.get().wrapping_add(size as i64) });
+        // (then the counter is parked 64 MiB away, so that a rate set again
+        // later is seen within that many bytes).
+        left.set(if rate == 0 { OFF_PARK } else { left.get().wrapping_add(size as i64) });
         return false;
     }
     if RNG.with(Cell::get) == 0 {
@@ -185,6 +189,23 @@ mod tests {
         // An exponential's P(X > mean) = 1/e.
         let above = xs.iter().filter(|&&x| x > rate as f64).count() as f64 / n as f64;
         assert!((above - (-1f64).exp()).abs() < 0.006, "{above}");
+    }
+
+    #[test]
+    fn sampling_off_parks_the_counter_and_comes_back() {
+        // On a thread of its own: the counters are per thread.
+        std::thread::spawn(|| {
+            assert!(!take(1 << 30, 0), "rate 0: never sampled");
+            assert_eq!(BYTES_LEFT.with(Cell::get), OFF_PARK);
+            // Back at rate 1: sampled once the parked bytes are spent.
+            let mut sampled = false;
+            for _ in 0..=(OFF_PARK >> 20) {
+                sampled |= take(1 << 20, 1);
+            }
+            assert!(sampled);
+        })
+        .join()
+        .unwrap();
     }
 
     #[test]

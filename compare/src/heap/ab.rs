@@ -26,24 +26,30 @@ unsafe impl GlobalAlloc for Switch {
     #[inline]
     unsafe fn alloc(&self, l: Layout) -> *mut u8 {
         if SAMPLED.load(Ordering::Relaxed) {
+            // SAFETY: our caller's contract, passed on unchanged.
             unsafe { INNER.alloc(l) }
         } else {
+            // SAFETY: our caller's contract, passed on unchanged.
             unsafe { System.alloc(l) }
         }
     }
     #[inline]
     unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
         if SAMPLED.load(Ordering::Relaxed) {
+            // SAFETY: our caller's contract, passed on unchanged.
             unsafe { INNER.dealloc(p, l) }
         } else {
+            // SAFETY: our caller's contract, passed on unchanged.
             unsafe { System.dealloc(p, l) }
         }
     }
     #[inline]
     unsafe fn realloc(&self, p: *mut u8, l: Layout, n: usize) -> *mut u8 {
         if SAMPLED.load(Ordering::Relaxed) {
+            // SAFETY: our caller's contract, passed on unchanged.
             unsafe { INNER.realloc(p, l, n) }
         } else {
+            // SAFETY: our caller's contract, passed on unchanged.
             unsafe { System.realloc(p, l, n) }
         }
     }
