@@ -944,7 +944,7 @@ fn collect(
     };
     let (path, flush, mut temp) = match crate::recorder::live_spool() {
         Some((path, flush)) => (path, flush, None),
-        None => match crate::preloaded::preload_live_spool() {
+        None => match crate::recorder::preload_live_spool() {
             Some(Ok((path, flush))) => (path, flush, None),
             Some(Err(why)) => return Err(Error::io(None, io::Error::other(why))),
             None => {

@@ -1,6 +1,8 @@
 #![doc = include_str!("../README.md")]
 #![deny(missing_docs)]
 
+#[cfg(feature = "criterion")]
+pub mod criterion;
 mod error;
 #[cfg(feature = "flamegraph")]
 pub mod flamegraph;
@@ -11,7 +13,6 @@ pub mod heap;
 pub mod http;
 #[cfg(feature = "pprof")]
 pub mod pprof;
-mod preloaded;
 pub mod read;
 mod recorder;
 #[cfg(feature = "pprof")]
@@ -32,12 +33,12 @@ pub use recorder::{
 };
 pub use write::{pack, NewModule, PackSummary, SpoolWriter};
 
-/// For `libspulse_preload.so` only, not part of the API: the spool this copy
-/// of spulse records to now (see `src/preloaded.rs`).
-#[doc(hidden)]
-pub use preloaded::live_spool_of_this_copy as __preload_live_spool;
 #[doc(hidden)]
 pub use recorder::interpose as __interpose;
+/// For `libspulse_preload.so` only, not part of the API: the spool this copy
+/// of spulse records to now (see `src/recorder/sys/preloaded.rs`).
+#[doc(hidden)]
+pub use recorder::live_spool_of_this_copy as __preload_live_spool;
 
 /// Hooks for spulse's own tests and benchmarks, compiled only with the
 /// `testing` cargo feature (off by default). **Unstable**: not part of the

@@ -28,7 +28,7 @@ use std::mem::ManuallyDrop;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, IntoRawFd, OwnedFd, RawFd};
 
 use super::sys;
-use super::writer_thread::Sink;
+use super::writer::Sink;
 
 /// Highest number [`move_high`] aims for: a larger soft limit is not used in
 /// full, since the kernel sizes the descriptor table to the highest number in

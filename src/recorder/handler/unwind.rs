@@ -181,7 +181,7 @@ mod tests {
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn an_fde_on_the_unchecked_path_is_never_handed_to_the_unwinder() {
-        use crate::recorder::cfi_check::synth::{cie, fde, hdr};
+        use crate::recorder::modules::cfi_check::synth::{cie, fde, hdr};
         let (hdr_svma, eh_svma, text, avma) = (0x1000u64, 0x2000u64, 0x10000u64, 0x5000_0000u64);
         let mut eh = Vec::new();
         let c = cie(&mut eh, &[0x0c, 7, 8, 0x90, 1]);
@@ -221,7 +221,7 @@ mod tests {
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn borrowed_tables_leave_out_the_code_of_dropped_fdes() {
-        use crate::recorder::cfi_check::synth::{cie, fde, hdr};
+        use crate::recorder::modules::cfi_check::synth::{cie, fde, hdr};
         let (hdr_svma, eh_svma, text, avma) = (0x1000u64, 0x2000u64, 0x10000u64, 0x5000_0000u64);
         let mut eh = Vec::new();
         let c = cie(&mut eh, &[0x0c, 7, 8, 0x90, 1]);

@@ -12,6 +12,7 @@ pub(crate) mod maps;
 pub(crate) mod perf;
 pub(crate) mod perf_kernel;
 pub(crate) mod perf_stack;
+pub(crate) mod preloaded;
 pub(crate) mod sigaction;
 pub(crate) mod tcb;
 pub(crate) mod timer;

@@ -53,27 +53,34 @@
 //! the time between the last check that found the counters unchanged and this
 //! check is an *unseen window*: no module is certain for a sample taken inside
 //! it, whatever its generation, so its frames are written as absolute addresses.
-use std::collections::{HashMap, HashSet, VecDeque};
+
+mod control;
+mod intern;
+mod rotation;
+mod timeline;
+
+use std::collections::{HashMap, HashSet};
 use std::io::Write;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::os::unix::fs::MetadataExt;
-use std::path::{Path, PathBuf};
+use std::os::fd::AsRawFd;
 use std::sync::atomic::Ordering;
-use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, TryRecvError};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::engine::Engine;
 use super::handler::ring::{Consumer, RawSample};
 use super::handler::{self, Retired, Shared};
-use super::intern::Interner;
 use super::modules::{self, LoadedObject, ModuleEntry, ModuleTable};
-use super::own_fd::{OwnFd, SpoolFile};
+use super::own_fd::OwnFd;
 use super::stack_sampler::StackSampler;
+use super::stats::{LostSamples, Stats};
 use super::sys;
 use super::sys::perf_stack::Woken;
-use super::{LostSamples, Stats};
-use crate::{Error, Frame, Header, NewModule, RecorderError, SpoolWriter};
+use crate::{Error, Frame, NewModule, RecorderError, SpoolWriter};
+pub(crate) use control::{channel, Control, ControlSender};
+use intern::Interner;
+pub(crate) use rotation::Rotation;
+use timeline::{HeldSample, Timeline};
 
 /// Where the spool's bytes go. The writer thread appends to it, and at the end
 /// makes it durable and lets readers know the recording is over.
@@ -88,88 +95,8 @@ pub(crate) trait Sink: Write + Send {
     }
 }
 
-/// A segment this recorder created: where, what file it was created as, and
-/// (once finished) its size and modification time, which retention checks
-/// too before deleting it: file systems reuse inode numbers (ext4 soon after
-/// a file is deleted), so (device, inode) alone may name another file.
-struct KeptSegment {
-    path: PathBuf,
-    dev: u64,
-    ino: u64,
-    /// Size and modification time (s, ns) when it was finished; `None` if
-    /// they could not be read (it is then never deleted).
-    finished: Option<(u64, i64, i64)>,
-}
-
-impl KeptSegment {
-    /// Whether `m` (of the file at the path now) is still this segment.
-    fn is(&self, m: &std::fs::Metadata) -> bool {
-        m.file_type().is_file()
-            && m.dev() == self.dev
-            && m.ino() == self.ino
-            && self.finished == Some((m.size(), m.mtime(), m.mtime_nsec()))
-    }
-}
-
 /// The spool writer over the writer thread's sink.
 pub(crate) type Out = SpoolWriter<Box<dyn Sink>>;
-
-/// Messages to the writer thread.
-pub(crate) enum Control {
-    /// Everything is set up: run.
-    Start(Box<WriterState>),
-    /// Start failed: exit.
-    Abort,
-    /// Stop, drain, flush, sync and report.
-    Stop,
-    /// A Python-runtime transition: drain, write the record stamped now, and
-    /// acknowledge (the caller waits, so nothing it does afterwards can precede
-    /// the record in the stream).
-    Python { entering: bool, ack: std::sync::mpsc::SyncSender<Result<(), Error>> },
-}
-
-/// The sending side of the writer thread's control channel. With the
-/// perf-stack engine the writer waits in `epoll_wait` on the sample rings
-/// rather than on the channel, so every message also writes an eventfd in that
-/// epoll set to wake it.
-#[derive(Debug, Clone)]
-pub(crate) struct ControlSender {
-    tx: Sender<Control>,
-    wake: Option<Arc<OwnFd>>,
-}
-
-impl ControlSender {
-    /// Send `c` (and wake a writer waiting on the rings); `Err` when the writer
-    /// thread is gone.
-    pub(crate) fn send(&self, c: Control) -> Result<(), ()> {
-        self.tx.send(c).map_err(|_| ())?;
-        // Never into a descriptor the program closed and reused.
-        if let Some(w) = self.wake.as_ref().filter(|w| w.is_ours()) {
-            let one = 1u64;
-            // SAFETY: writes 8 bytes from our u64 to an eventfd we keep open.
-            unsafe { libc::write(w.as_raw_fd(), &one as *const u64 as *const libc::c_void, 8) };
-        }
-        Ok(())
-    }
-}
-
-/// The writer thread's control channel; with `wake`, also the eventfd that
-/// wakes it (see [`ControlSender`]).
-pub(crate) fn channel(wake: bool) -> std::io::Result<(ControlSender, Receiver<Control>, Option<Arc<OwnFd>>)> {
-    let wake = if wake {
-        // SAFETY: eventfd returns a new descriptor or -1.
-        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
-        if fd < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        // SAFETY: a fresh descriptor we own.
-        Some(Arc::new(OwnFd::new(unsafe { OwnedFd::from_raw_fd(fd) })))
-    } else {
-        None
-    };
-    let (tx, rx) = std::sync::mpsc::channel();
-    Ok((ControlSender { tx, wake: wake.clone() }, rx, wake))
-}
 
 /// What the writer thread owns.
 pub(crate) struct WriterState {
@@ -207,58 +134,6 @@ pub(crate) struct WriterState {
     /// The executable's unwind tables when their check was left until after
     /// start; the writer runs it first, between its ticks.
     pub deferred: Option<modules::DeferredTables>,
-}
-
-/// The state of a rotating recording.
-pub(crate) struct Rotation {
-    pieces: Vec<Vec<u8>>,
-    every: Duration,
-    retain: Option<usize>,
-    mode: u32,
-    overwrite: bool,
-    interval_us: u64,
-    /// Number of the current segment.
-    seq: u64,
-    /// When the next segment is due.
-    due: Instant,
-    /// Segments this recorder created and has not deleted, oldest first, with
-    /// the device and inode each was created as.
-    kept: VecDeque<KeptSegment>,
-    deleted: u64,
-    /// Bytes of the segments already finished.
-    bytes_done: u64,
-}
-
-impl Rotation {
-    /// Rotation state for a recording whose first segment, `first`, was just
-    /// created (`meta` is its metadata).
-    pub(crate) fn new(
-        plan: super::RotationPlan,
-        first: &Path,
-        meta: &std::fs::Metadata,
-        mode: u32,
-        overwrite: bool,
-        interval_us: u64,
-    ) -> Rotation {
-        Rotation {
-            pieces: plan.pieces,
-            every: plan.every,
-            retain: plan.retain,
-            mode,
-            overwrite,
-            interval_us,
-            seq: 0,
-            due: Instant::now() + plan.every,
-            kept: VecDeque::from([KeptSegment {
-                path: first.to_path_buf(),
-                dev: meta.dev(),
-                ino: meta.ino(),
-                finished: None,
-            }]),
-            deleted: 0,
-            bytes_done: 0,
-        }
-    }
 }
 
 /// A module change found by a rescan, applied around the drain.
@@ -339,89 +214,6 @@ enum Event {
 struct ThreadSeen {
     sampled: bool,
     blocking: bool,
-}
-
-/// What the writer knows of the loader state over time (see the module doc).
-#[derive(Default)]
-struct Timeline {
-    /// Per generation: latest time (unix us) the loader state was known to equal it.
-    verified: Vec<u64>,
-    /// Per generation: whether the change into it was exact (no unseen object).
-    exact: Vec<bool>,
-    /// `(after, until]`: times in which some object may have come and gone
-    /// unseen, in order.
-    unseen: Vec<(u64, u64)>,
-}
-
-impl Timeline {
-    /// Record that the loader changed unseen since generation `gen` was last
-    /// verified, and before `now`.
-    fn unseen_window(&mut self, gen: usize, now: u64) {
-        let after = self.verified.get(gen).copied().unwrap_or(0);
-        match self.unseen.last_mut() {
-            // Consecutive windows (no check found the state unchanged in
-            // between) merge, so the list grows only with separate episodes.
-            Some(last) if after <= last.1 => last.1 = last.1.max(now),
-            _ => self.unseen.push((after, now)),
-        }
-    }
-
-    /// Whether `t` lies in an unseen window.
-    fn in_unseen_window(&self, t: u64) -> bool {
-        // Recent windows first: samples are recent.
-        self.unseen.iter().rev().any(|&(after, until)| after < t && t <= until)
-    }
-
-    /// Whether a sample of generation `gen` taken at `t` ran while the address
-    /// space was exactly that generation's.
-    fn exact_state(&self, gen: u64, t: u64) -> bool {
-        self.verified.get(gen as usize).is_some_and(|&v| t <= v) && !self.in_unseen_window(t)
-    }
-
-    /// Whether module entry `e`, found for a sample of generation `gen` taken at
-    /// `t`, was certainly the object mapped there at `t`.
-    fn certainly_mapped(&self, e: &ModuleEntry, gen: u64, t: u64) -> bool {
-        if self.in_unseen_window(t) {
-            return false;
-        }
-        if e.gen_added > gen {
-            // Appeared after the handler's snapshot: only if no object came and
-            // went unseen in between.
-            let exact = (gen + 1..=e.gen_added).all(|g| self.exact.get(g as usize).copied().unwrap_or(false));
-            if !exact {
-                return false;
-            }
-        }
-        match e.gen_removed {
-            None => true,
-            Some(r) => r >= 1 && self.verified.get(r as usize - 1).is_some_and(|&v| t <= v),
-        }
-    }
-}
-
-/// A sample held back to the next tick (owned copy of a ring slot).
-struct HeldSample {
-    time_us: u64,
-    tid: u32,
-    weight: u32,
-    generation: u64,
-    truncated: bool,
-    kernel: bool,
-    addrs: Vec<u64>,
-}
-
-impl HeldSample {
-    fn view(&self) -> RawSample<'_> {
-        RawSample {
-            time_us: self.time_us,
-            tid: self.tid,
-            weight: self.weight,
-            generation: self.generation,
-            truncated: self.truncated,
-            kernel: self.kernel,
-            addrs: &self.addrs,
-        }
-    }
 }
 
 /// Define module records for a scan's objects (generation `gen`) and add them
@@ -903,11 +695,7 @@ impl Run {
     fn drain(&mut self, all: bool) {
         let held = std::mem::take(&mut self.held);
         for h in &held {
-            if !all && h.time_us > self.horizon {
-                self.held.push(HeldSample { addrs: h.addrs.clone(), ..*h });
-            } else {
-                self.write_sample(&h.view());
-            }
+            self.write_or_hold(&h.view(), all);
         }
         let shared = self.st.shared.clone();
         // Out of `self` for the loop, whose closure borrows `self` mutably.
@@ -916,23 +704,21 @@ impl Run {
         while let Some(()) = consumer.pop(&shared.ring, |s| {
             self.drained += 1;
             if let Some(s) = s {
-                if !all && s.time_us > self.horizon {
-                    self.held.push(HeldSample {
-                        time_us: s.time_us,
-                        tid: s.tid,
-                        weight: s.weight,
-                        generation: s.generation,
-                        truncated: s.truncated,
-                        kernel: s.kernel,
-                        addrs: s.addrs.to_vec(),
-                    });
-                } else {
-                    self.write_sample(&s);
-                }
+                self.write_or_hold(&s, all);
             }
         }) {}
         self.st.consumer = Some(consumer);
         self.drain_stacks(all);
+    }
+
+    /// Write `s`, or (unless `all`) hold a copy of it for the next tick if it
+    /// was taken after this tick's loader check.
+    fn write_or_hold(&mut self, s: &RawSample<'_>, all: bool) {
+        if !all && s.time_us > self.horizon {
+            self.held.push(HeldSample::of(s));
+        } else {
+            self.write_sample(s);
+        }
     }
 
     /// The perf-stack engine's rings and the kernel-time rings: drain them,
@@ -961,19 +747,7 @@ impl Run {
                 kernel: u.kernel,
                 addrs: &sampler.addrs[u.start..u.start + u.len],
             };
-            if !all && s.time_us > self.horizon {
-                self.held.push(HeldSample {
-                    time_us: s.time_us,
-                    tid: s.tid,
-                    weight: s.weight,
-                    generation: s.generation,
-                    truncated: s.truncated,
-                    kernel: s.kernel,
-                    addrs: s.addrs.to_vec(),
-                });
-            } else {
-                self.write_sample(&s);
-            }
+            self.write_or_hold(&s, all);
         }
         self.stack_sampler = Some(sampler);
     }
@@ -1083,141 +857,6 @@ impl Run {
             self.confirmed = self.samples_written;
         }
         Ok(())
-    }
-
-    /// Start the next segment (called after a tick's flush, so every sample
-    /// drained so far is in the segment left behind).
-    ///
-    /// The next segment is created, locked, and given its header, the
-    /// definitions of every module not yet retired (under new ids, which the
-    /// module table takes over) and, in Python-runtime mode, an entry mark;
-    /// frames, stacks and threads are defined again when its samples need
-    /// them (the interner starts empty). The old segment is synced (and its
-    /// size and time noted for retention) before the next one is created, and
-    /// unlocked only after, so a follower that finds it unlocked finds the next one
-    /// already there. Retention then deletes the oldest segments.
-    fn rotate(&mut self) {
-        let Some(rot) = self.st.rotation.as_mut() else { return };
-        let now = Instant::now();
-        rot.due += rot.every;
-        if rot.due <= now {
-            rot.due = now + rot.every;
-        }
-        if self.error.is_some() {
-            return;
-        }
-        let seq = rot.seq + 1;
-        let path = super::segment_path(&rot.pieces, seq);
-        // The segment being left is complete (the tick's flush wrote it):
-        // make it durable and note its size and modification time now,
-        // before the next segment exists, so that what retention later
-        // matches is the segment as this recorder finished it, not a file
-        // someone wrote there after seeing the next segment appear.
-        let old_done = self.st.out.flush().and_then(|()| self.st.out.get_ref().sync().map_err(Error::from));
-        let finished = self.st.out.get_ref().metadata().map(|m| (m.size(), m.mtime(), m.mtime_nsec()));
-        let header = Header { start_time_us: sys::now_us(), interval_us: rot.interval_us };
-        let created = super::create_spool(&path, rot.mode, rot.overwrite).and_then(|file| {
-            let meta = file.metadata().map_err(|e| Error::io(Some(&path), e))?;
-            let sink: Box<dyn Sink> = Box::new(SpoolFile::new(file));
-            let out = SpoolWriter::new(sink, header).map_err(|e| e.with_path(&path))?;
-            Ok((out, meta))
-        });
-        let (out, meta) = match created {
-            Ok(c) => c,
-            Err(e) => {
-                self.note(Err::<(), _>(e));
-                return;
-            }
-        };
-        rot.seq = seq;
-        rot.kept.push_back(KeptSegment {
-            path: path.clone(),
-            dev: meta.dev(),
-            ino: meta.ino(),
-            finished: None,
-        });
-        super::set_live_segment(&path);
-        let old = std::mem::replace(&mut self.st.out, out);
-        let old_path = rot.kept.iter().rev().nth(1).map(|k| k.path.clone());
-        // The new segment's definitions: the modules still active, in table
-        // order (the order they were defined in, so spans never overlap).
-        let r = self.define_active_modules(&path);
-        self.note(r);
-        self.interner = Interner::default();
-        if self.python_inside && self.error.is_none() {
-            let r = self.st.out.python_runtime(self.st.pid, header.start_time_us, true);
-            self.note(r.map_err(|e| e.with_path(&path)));
-        }
-        if self.error.is_none() {
-            let r = self.st.out.flush().map_err(|e| e.with_path(&path));
-            self.note(r);
-        }
-        // The segment left behind was made durable above: tell followers
-        // (the next segment already exists).
-        let r = old_done;
-        old.get_ref().release();
-        let Some(rot) = self.st.rotation.as_mut() else { return };
-        if let Some(k) = rot.kept.iter_mut().rev().nth(1) {
-            k.finished = finished;
-        }
-        rot.bytes_done += old.len();
-        drop(old);
-        if let Err(e) = r {
-            let e = match old_path {
-                Some(p) => e.with_path(&p),
-                None => e,
-            };
-            self.note(Err::<(), _>(e));
-        }
-        self.apply_retention();
-    }
-
-    /// Define every module not yet retired in the (new) current segment and
-    /// give the table their new ids.
-    fn define_active_modules(&mut self, path: &Path) -> Result<(), Error> {
-        for e in self.st.table.entries.iter_mut().filter(|e| !e.retired) {
-            e.id = self
-                .st
-                .out
-                .define_module(&NewModule {
-                    pid: self.st.pid,
-                    start: e.seg.avma,
-                    size: e.seg.size,
-                    file_offset: e.seg.file_offset,
-                    generation: e.gen_added,
-                    path: &e.key.path,
-                    build_id: &e.build_id,
-                })
-                .map_err(|err| err.with_path(path))?;
-        }
-        Ok(())
-    }
-
-    /// Delete the oldest segments beyond the number to retain, each only if
-    /// its path still names the file this recorder created and finished
-    /// (device, inode, size and modification time: see [`KeptSegment`]).
-    fn apply_retention(&mut self) {
-        let Some(rot) = self.st.rotation.as_mut() else { return };
-        let Some(retain) = rot.retain else { return };
-        let mut failure = None;
-        while rot.kept.len() > retain {
-            let Some(k) = rot.kept.pop_front() else { break };
-            let path = &k.path;
-            match std::fs::symlink_metadata(path) {
-                Ok(m) if k.is(&m) => match std::fs::remove_file(path) {
-                    Ok(()) => rot.deleted += 1,
-                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                    Err(e) => failure = failure.or(Some(Error::io(Some(path), e))),
-                },
-                // Gone already, or another file took its place: not ours to delete.
-                Ok(_) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => failure = failure.or(Some(Error::io(Some(path), e))),
-            }
-        }
-        if let Some(e) = failure {
-            self.note(Err::<(), _>(e));
-        }
     }
 
     fn finish(mut self) -> Result<Stats, Error> {
@@ -1348,60 +987,5 @@ mod tests {
         assert_eq!(adapt_wait(ms(2), 1 << 40, 1024, interval), ms(1));
         // Nothing arrived: the interval.
         assert_eq!(adapt_wait(interval, 0, 1024, interval), interval);
-    }
-    use crate::recorder::modules::{ExecSegment, ObjectKey};
-
-    fn module(gen_added: u64, gen_removed: Option<u64>) -> ModuleEntry {
-        ModuleEntry {
-            id: crate::ModuleId(0),
-            key: ObjectKey { bias: 0x40000, path: b"libbeta.so".to_vec(), first_exec: 0x40000 },
-            build_id: Vec::new(),
-            seg: ExecSegment { avma: 0x40000, size: 0x1000, file_offset: 0x1000 },
-            gen_added,
-            gen_removed,
-            retired: false,
-        }
-    }
-
-    /// A library closed, another mapped at its address, closed, and the first
-    /// reopened there, all between two checks: the rescan sees the same objects,
-    /// but samples taken in between ran in the other library, so nothing
-    /// resolved for them may be trusted.
-    #[test]
-    fn an_unseen_close_and_reopen_makes_its_window_uncertain() {
-        let mut tl = Timeline { verified: vec![100], exact: vec![true], unseen: Vec::new() };
-        let beta = module(0, None);
-        assert!(tl.exact_state(0, 100));
-        assert!(tl.certainly_mapped(&beta, 0, 150), "no unseen change known yet");
-        // The check at 200 finds the counters moved and the objects the same.
-        tl.unseen_window(0, 200);
-        for t in [101, 150, 200] {
-            assert!(!tl.certainly_mapped(&beta, 0, t), "t = {t}");
-            assert!(!tl.exact_state(0, t), "t = {t}");
-        }
-        // Before the window and after it (once verified again) it is certain.
-        assert!(tl.exact_state(0, 100) && tl.certainly_mapped(&beta, 0, 90));
-        tl.verified[0] = 300;
-        assert!(tl.exact_state(0, 250) && tl.certainly_mapped(&beta, 0, 250));
-        assert!(!tl.exact_state(0, 150), "a late sample from the window stays uncertain");
-        // A second window right after the first merges with it; a later one does not.
-        tl.unseen_window(0, 350);
-        tl.unseen_window(0, 400);
-        assert_eq!(tl.unseen, [(100, 200), (300, 400)]);
-        tl.verified[0] = 420;
-        tl.unseen_window(0, 450);
-        assert_eq!(tl.unseen, [(100, 200), (300, 400), (420, 450)]);
-        assert!(tl.exact_state(0, 410) && !tl.exact_state(0, 430));
-    }
-
-    #[test]
-    fn removal_and_later_generations() {
-        let tl = Timeline { verified: vec![100, 200, 0], exact: vec![true, true, false], unseen: Vec::new() };
-        // Removed in generation 1: certain up to generation 0's last check.
-        assert!(tl.certainly_mapped(&module(0, Some(1)), 0, 100));
-        assert!(!tl.certainly_mapped(&module(0, Some(1)), 0, 101));
-        // Added later: only across exact transitions.
-        assert!(tl.certainly_mapped(&module(1, None), 0, 150));
-        assert!(!tl.certainly_mapped(&module(2, None), 0, 150));
     }
 }

@@ -30,8 +30,10 @@ use std::borrow::Cow;
 use std::ffi::CStr;
 use std::os::raw::{c_int, c_void};
 
-use super::cfi_cache::{self, CfiCache};
-use super::cfi_check;
+mod cfi_cache;
+pub(super) mod cfi_check;
+
+use cfi_cache::CfiCache;
 use framehop::{ExplicitModuleSectionInfo, MustNotAllocateDuringUnwind, Unwinder as _};
 
 /// Bytes of an unwind table as the handler's unwinder holds them: a copy

@@ -13,7 +13,7 @@ use std::io::Write;
 
 use rustc_hash::FxHashMap as FxMap;
 
-use super::handler::ThreadNames;
+use crate::recorder::handler::ThreadNames;
 use crate::{Error, Frame, FrameId, ModuleId, SpoolWriter, StackId, ThreadId};
 
 const NO_PARENT: u32 = u32::MAX;

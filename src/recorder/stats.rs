@@ -1,0 +1,209 @@
+//! What a recording produced and how it was asked to run: [`Stats`],
+//! [`LostSamples`], [`KernelTime`], [`EngineChoice`], and the `<spool>.warnings`
+//! file beside a spool ([`warnings_path`], [`write_warnings`]). The writer
+//! thread fills these in; nothing here runs in the signal handler.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crate::Engine;
+
+/// Which sampling engine to use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum EngineChoice {
+    /// perf events, else per-thread CPU timers, else the process timer.
+    #[default]
+    Auto,
+    /// Per-thread `perf_event_open` task-clock events (SIGTRAP); fail if refused.
+    PerfEvent,
+    /// Per-thread CPU-clock POSIX timers (SIGPROF, overrun-weighted).
+    ThreadCpuTimer,
+    /// `setitimer(ITIMER_PROF)` (SIGPROF).
+    ProcessTimer,
+    /// Opt-in, never chosen by `Auto`: per-thread `perf_event_open` task-clock
+    /// events (user time) that copy the user registers and the top of the
+    /// user stack ([`RecorderBuilder::user_stack_copy`]) into a ring mapped
+    /// from each event; no signal and no handler: the writer thread unwinds
+    /// the copies. Threads that block signals are sampled too; threads created
+    /// after start are covered from the next flush on. Fails if refused.
+    PerfStack,
+}
+
+/// Samples that were not written, by reason.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LostSamples {
+    /// The ring was full (the writer fell behind; perf-stack engine: a
+    /// thread's ring in the kernel was, as the kernel reports).
+    pub ring_full: u64,
+    /// Every unwinder cache was in use by other handlers.
+    pub no_cache: u64,
+    /// Not even the interrupted pc could be read.
+    pub unwind_failed: u64,
+    /// Timer overruns beyond the per-signal cap (64 intervals).
+    pub overrun_capped: u64,
+}
+
+impl LostSamples {
+    /// All lost samples.
+    pub fn total(&self) -> u64 {
+        self.ring_full + self.no_cache + self.unwind_failed + self.overrun_capped
+    }
+}
+
+/// Whether system CPU time (periods that end in kernel mode) was sampled.
+///
+/// The spool cannot say which of these applied (a recording with no kernel-mode
+/// sample may just have made no system calls), so [`Stats`] does.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum KernelTime {
+    /// Sampled: system CPU time is sampled at 1/8.618 of the rate, each
+    /// sample weighing 8 or 9 intervals, 8.618 on average (a period of the
+    /// kernel-time event ends every 8.618 sampling periods of the thread's
+    /// running time, in user mode too, where its timer is pure cost), as a sample whose leaf is a
+    /// kernel-mode absolute frame (address 0: the kernel function is not
+    /// known) on top of the user stack that entered the kernel. The events
+    /// send no signal: the kernel copies the user registers and the top of
+    /// the user stack (`user_stack_copy` bytes) into a ring per CPU, and the
+    /// writer thread unwinds them.
+    Sampled,
+    /// User time only: switched off ([`RecorderBuilder::kernel_time`] or
+    /// `SPULSE_KERNEL_TIME=0`).
+    Off,
+    /// User time only: kernel-mode counting could not be set up, because the
+    /// kernel refused it (usually `perf_event_paranoid` >= 2 without
+    /// `CAP_PERFMON`), or its descriptors did not fit the recorder's
+    /// descriptor budget, or the engine is the perf-stack engine, which
+    /// samples user time only; the reason.
+    Refused(String),
+    /// The timer engines count user and system time alike and cannot tell
+    /// them apart: system time is in the samples, with no kernel-mode leaf.
+    Unmarked,
+}
+
+impl std::fmt::Display for KernelTime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            KernelTime::Sampled => f.write_str("sampled (kernel-mode leaf frames)"),
+            KernelTime::Off => f.write_str("not sampled (switched off)"),
+            KernelTime::Refused(why) => write!(f, "not sampled ({why})"),
+            KernelTime::Unmarked => f.write_str("sampled with user time, not told apart (timer engine)"),
+        }
+    }
+}
+
+/// What a recording produced.
+#[derive(Debug, Clone)]
+pub struct Stats {
+    /// Sample records written (a timer signal with overruns counts 1 + overrun).
+    pub samples_written: u64,
+    /// Samples lost, by reason.
+    pub samples_lost: LostSamples,
+    /// Profiling signals handled while recording (perf-stack engine: samples
+    /// the kernel wrote into the rings).
+    pub signals: u64,
+    /// Stacks whose unwinding stopped before the root (marked truncated).
+    pub truncated_stacks: u64,
+    /// Of those, samples on a stack the handler could not prove mapped (leaf
+    /// only; perf-stack engine: samples that came without registers or stack
+    /// bytes).
+    pub unknown_stacks: u64,
+    /// Size of the spool in bytes (with rotation: of all segments written,
+    /// deleted ones included).
+    pub bytes: u64,
+    /// The engine that ran.
+    pub engine: Engine,
+    /// How long the recorder ran.
+    pub duration: Duration,
+    /// Module-table generations seen (1 + the number of changes).
+    pub module_generations: u64,
+    /// Threads of the process seen while recording (found in `/proc/self/task`
+    /// at each flush, or in a sample), not counting the recorder's own thread.
+    pub threads_seen: u64,
+    /// Of those, threads that never got a sample: threads that used no CPU time
+    /// while recording, and threads that block the profiling signal (which
+    /// therefore cannot be sampled; see `threads_blocking_signal`).
+    pub threads_never_sampled: u64,
+    /// Threads seen blocking the engine's profiling signal (`SigBlk` in
+    /// `/proc/self/task/<tid>/status` when the thread was first seen or at the
+    /// end). Their CPU time is missing from the profile. Always 0 with the
+    /// perf-stack engine, which sends no signal.
+    pub threads_blocking_signal: u64,
+    /// Whether system CPU time was sampled, and if not, why.
+    pub kernel_time: KernelTime,
+    /// Sample intervals whose period ended in kernel mode (written with a
+    /// kernel leaf), counted by weight: a kernel-time sample stands for 8 or 9.
+    pub kernel_samples: u64,
+    /// Threads alive at start that got no kernel-time events (the
+    /// descriptor budget ran out; threads they create later have none
+    /// either): only their user time was sampled.
+    pub threads_without_kernel_time: u64,
+    /// Kernel-time samples taken while the kernel returned from the
+    /// recorder's own signal handler, by weight: the profiler's cost, not
+    /// the program's, so dropped (never written).
+    pub own_samples_dropped: u64,
+    /// Perf-event descriptors the engine held: at most an eighth of the
+    /// soft `RLIMIT_NOFILE` at start (the descriptor budget; see
+    /// [`RecorderBuilder::engine`]).
+    pub descriptors: u64,
+    /// What did not go as configured, one sentence each: an engine refused
+    /// and the one that ran instead, kernel time refused, threads left
+    /// without events, the profiling signal taken over by the program.
+    /// Empty when everything ran as asked. `spulse record` prints them.
+    pub warnings: Vec<String>,
+    /// Spool files written: 1, or with [`RecorderBuilder::rotate`] the number
+    /// of segments created (deleted ones included).
+    pub segments_written: u64,
+    /// Segments deleted by [`RecorderBuilder::retain`].
+    pub segments_deleted: u64,
+    /// CPU time of the recorder's writer thread (draining the ring, interning
+    /// stacks, writing, its periodic checks): the part of the profiler's cost
+    /// spent outside the sampled threads.
+    pub writer_cpu: Duration,
+    /// Bytes of unwind tables (`.eh_frame`, `.eh_frame_hdr`) copied into the
+    /// recorder's memory for the signal handler's unwinder, summed over the
+    /// objects loaded while recording: every library's tables, and the main
+    /// executable's search table when it had to be rebuilt (see
+    /// `src/recorder/modules/cfi_check.rs`). Never the executable's `.eh_frame`.
+    pub unwind_tables_copied: u64,
+    /// Bytes of unwind tables the handler's unwinder reads where they are
+    /// mapped, not copied: the main executable's (it stays mapped, read-only,
+    /// for the life of the process). Not part of the recorder's memory.
+    pub unwind_tables_mapped: u64,
+}
+
+impl Stats {
+    /// Total samples lost.
+    pub fn lost(&self) -> u64 {
+        self.samples_lost.total()
+    }
+}
+
+/// The name of the file beside a spool that holds its recorders'
+/// [`Stats::warnings`] (`<spool>.warnings`, one per line), read by `spulse
+/// info`: the spool itself keeps to the seed format, which has no place for
+/// them. `spulse record` writes it beside its output when there are
+/// warnings; an embedded recorder leaves it to the program ([`write_warnings`]
+/// with `Guard::finish`'s `Stats`), so a recording makes no file but its spool.
+pub fn warnings_path(spool: &Path) -> PathBuf {
+    let mut p = spool.as_os_str().to_owned();
+    p.push(".warnings");
+    PathBuf::from(p)
+}
+
+/// Write `warnings` beside `spool`, one a line, at [`warnings_path`] (mode
+/// 0600, never through a symlink), replacing an earlier such file.
+pub fn write_warnings(spool: &Path, warnings: &[String]) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let text: String = warnings.iter().map(|w| w.replace('\n', " ") + "\n").collect();
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(warnings_path(spool))?;
+    f.write_all(text.as_bytes())
+}
