@@ -7,6 +7,8 @@ mod error;
 #[cfg(feature = "flamegraph")]
 pub mod flamegraph;
 pub mod format;
+#[cfg(feature = "heap")]
+pub mod heap;
 #[cfg(feature = "http")]
 pub mod http;
 #[cfg(feature = "pprof")]
