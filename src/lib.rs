@@ -1,10 +1,14 @@
 #![doc = include_str!("../README.md")]
 #![deny(missing_docs)]
 
+#[cfg(feature = "criterion")]
+pub mod criterion;
 mod error;
 #[cfg(feature = "flamegraph")]
 pub mod flamegraph;
 pub mod format;
+#[cfg(feature = "heap")]
+pub mod heap;
 #[cfg(feature = "http")]
 pub mod http;
 mod pack;

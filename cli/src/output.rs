@@ -1,7 +1,9 @@
 //! Writing a command's output file (`export`, `pack`): never over the input
 //! itself, and for a regular file through a temporary file beside it that is
 //! renamed into place only once complete, so the output is either the old
-//! file or the whole new one (Ctrl-C included).
+//! file or the whole new one (Ctrl-C included). The temporary file has no
+//! name while it is written (O_TMPFILE, where the file system has it), so a
+//! process killed outright or aborted by a failed allocation leaves nothing.
 
 use std::fs::OpenOptions;
 use std::io::{BufWriter, Write};
@@ -149,35 +151,52 @@ pub fn write<T>(
             let prefix = format!(".{}.", path.file_name().unwrap_or_default().to_string_lossy());
             // Ctrl-C (SIGINT, SIGTERM, SIGHUP) would end the process without
             // running drops: its handler, which ctrlc runs on a thread of its
-            // own, removes the temporary file named here before exiting. It is
-            // installed before the file exists, and the rename into place holds
-            // the lock, so the file is either removed or complete.
-            let pending: Arc<Mutex<Option<PathBuf>>> = Arc::new(Mutex::new(None));
+            // own, removes the temporary file if it has a name, and exits
+            // holding the lock, so this thread cannot name or rename the file
+            // after it: the output is either the old file or the whole new one.
+            let phase: Arc<Mutex<Phase>> = Arc::new(Mutex::new(Phase::Writing));
             {
-                let pending = pending.clone();
+                let phase = phase.clone();
                 let shown = out_name.to_string();
                 let _ = ctrlc::set_handler(move || {
-                    let tmp = pending.lock().unwrap_or_else(|e| e.into_inner()).take();
-                    if let Some(tmp) = tmp {
-                        let _ = std::fs::remove_file(tmp);
-                        eprintln!("spulse: {command}: interrupted; {shown} left as it was");
+                    let mut p = phase.lock().unwrap_or_else(|e| e.into_inner());
+                    match std::mem::replace(&mut *p, Phase::Interrupted) {
+                        Phase::Done => {}
+                        Phase::Named(tmp) => {
+                            let _ = std::fs::remove_file(tmp);
+                            eprintln!("spulse: {command}: interrupted; {shown} left as it was");
+                        }
+                        // An unnamed temporary file goes with the process.
+                        Phase::Writing | Phase::Interrupted => {
+                            eprintln!("spulse: {command}: interrupted; {shown} left as it was")
+                        }
                     }
                     std::process::exit(EXIT_INTERRUPTED);
                 });
             }
+            let interrupted = || CliError::other("interrupted");
             // Mode 0600 (less the umask), as the recorder creates the spool:
             // the output holds the profile (and an output replaced keeps no
-            // wider mode than that).
-            let tmp = {
-                let mut guard = pending.lock().unwrap_or_else(|e| e.into_inner());
-                let tmp = tempfile::Builder::new()
-                    .prefix(&prefix)
-                    .suffix(".tmp")
-                    .permissions(std::fs::Permissions::from_mode(0o600))
-                    .tempfile_in(dir)
-                    .map_err(|e| CliError::output(out_name, e))?;
-                *guard = Some(tmp.path().to_path_buf());
-                tmp
+            // wider mode than that). Where the file system allows it the file
+            // has no name until it is complete (O_TMPFILE), so a process that
+            // ends without running drops or its handler (SIGKILL, an abort on
+            // a failed allocation) leaves nothing behind.
+            let tmp = match Unnamed::create(dir) {
+                Some(f) => Temp::Unnamed(f),
+                None => {
+                    let mut p = phase.lock().unwrap_or_else(|e| e.into_inner());
+                    if !matches!(*p, Phase::Writing) {
+                        return Err(interrupted());
+                    }
+                    let tmp = tempfile::Builder::new()
+                        .prefix(&prefix)
+                        .suffix(".tmp")
+                        .permissions(std::fs::Permissions::from_mode(0o600))
+                        .tempfile_in(dir)
+                        .map_err(|e| CliError::output(out_name, e))?;
+                    *p = Phase::Named(tmp.path().to_path_buf());
+                    Temp::Named(tmp)
+                }
             };
             // On any error below `tmp` is dropped, which deletes it: an existing
             // output stays as it was.
@@ -186,15 +205,26 @@ pub fn write<T>(
             flush(&mut out, out_name)?;
             let bytes = out.bytes;
             let tmp = out.inner.into_inner().map_err(|e| CliError::output(out_name, e.into_error()))?;
-            tmp.as_file().sync_all().map_err(|e| CliError::output(out_name, e))?;
-            {
-                let mut guard = pending.lock().unwrap_or_else(|e| e.into_inner());
-                if guard.take().is_none() {
-                    // The handler already removed it and is exiting.
-                    return Err(CliError::other("interrupted"));
+            tmp.file().sync_all().map_err(|e| CliError::output(out_name, e))?;
+            let mut p = phase.lock().unwrap_or_else(|e| e.into_inner());
+            let tmp = match tmp {
+                Temp::Named(t) => t,
+                // Named only now, for the rename over the output.
+                Temp::Unnamed(f) => {
+                    if !matches!(*p, Phase::Writing) {
+                        return Err(interrupted());
+                    }
+                    let named = f.link_in(dir, &prefix).map_err(|e| CliError::output(out_name, e))?;
+                    *p = Phase::Named(named.path().to_path_buf());
+                    named
                 }
-                tmp.persist(&path).map_err(|e| CliError::output(out_name, e.error))?;
+            };
+            if !matches!(*p, Phase::Named(_)) {
+                return Err(interrupted());
             }
+            tmp.persist(&path).map_err(|e| CliError::output(out_name, e.error))?;
+            *p = Phase::Done;
+            drop(p);
             Ok(Some(Written { value, name: out_name.to_string(), bytes }))
         }
     }
@@ -202,4 +232,113 @@ pub fn write<T>(
 
 fn flush(out: &mut impl Write, name: &str) -> Result<(), CliError> {
     out.flush().map_err(|e| CliError::output(name, e))
+}
+
+/// Where the output stands, for the Ctrl-C handler.
+enum Phase {
+    /// Being written to a file without a name.
+    Writing,
+    /// Being written to (or complete in) the named temporary file.
+    Named(PathBuf),
+    /// Renamed over the output.
+    Done,
+    /// The handler ran (and the process is exiting).
+    Interrupted,
+}
+
+/// The temporary output file.
+enum Temp {
+    /// Created without a name (O_TMPFILE).
+    Unnamed(Unnamed),
+    /// Created under a temporary name (where O_TMPFILE is not supported).
+    Named(tempfile::NamedTempFile),
+}
+
+impl Temp {
+    fn file(&self) -> &std::fs::File {
+        match self {
+            Temp::Unnamed(u) => &u.0,
+            Temp::Named(t) => t.as_file(),
+        }
+    }
+}
+
+impl Write for Temp {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        match self {
+            Temp::Unnamed(u) => u.0.write(buf),
+            Temp::Named(t) => t.write(buf),
+        }
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        match self {
+            Temp::Unnamed(u) => u.0.flush(),
+            Temp::Named(t) => t.flush(),
+        }
+    }
+}
+
+/// A file opened with O_TMPFILE in the output's directory: it has no name,
+/// so it disappears with its descriptor however the process ends.
+struct Unnamed(std::fs::File);
+
+impl Unnamed {
+    /// `None` where the directory's file system has no O_TMPFILE, or where
+    /// `/proc/self/fd` (through which it is given a name once complete) is
+    /// missing: the caller then uses a named temporary file.
+    fn create(dir: &Path) -> Option<Unnamed> {
+        use std::os::unix::fs::OpenOptionsExt;
+        if !Path::new("/proc/self/fd").is_dir() {
+            return None;
+        }
+        let f = OpenOptions::new()
+            .write(true)
+            .mode(0o600)
+            .custom_flags(libc::O_TMPFILE | libc::O_CLOEXEC)
+            .open(dir)
+            .ok()?;
+        Some(Unnamed(f))
+    }
+
+    /// Give the complete file a temporary name in `dir` (linkat through
+    /// `/proc/self/fd`, which needs no privilege), to be renamed over the
+    /// output.
+    fn link_in(self, dir: &Path, prefix: &str) -> std::io::Result<tempfile::NamedTempFile> {
+        use std::os::fd::AsRawFd;
+        use std::os::unix::ffi::OsStrExt;
+        let from = std::ffi::CString::new(format!("/proc/self/fd/{}", self.0.as_raw_fd()))?;
+        let pid = std::process::id();
+        for attempt in 0u32..100 {
+            let nanos = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.subsec_nanos());
+            let name = dir.join(format!("{prefix}{pid}.{nanos:x}{attempt}.tmp"));
+            let to = std::ffi::CString::new(name.as_os_str().as_bytes())?;
+            // SAFETY: both paths are NUL-terminated C strings that live across
+            // the call; linkat only reads them.
+            let r = unsafe {
+                libc::linkat(
+                    libc::AT_FDCWD,
+                    from.as_ptr(),
+                    libc::AT_FDCWD,
+                    to.as_ptr(),
+                    libc::AT_SYMLINK_FOLLOW,
+                )
+            };
+            if r == 0 {
+                // `name` is absolute or relative to the current directory,
+                // which this process does not change.
+                let path = tempfile::TempPath::try_from_path(&name).inspect_err(|_| {
+                    let _ = std::fs::remove_file(&name);
+                })?;
+                return Ok(tempfile::NamedTempFile::from_parts(self.0, path));
+            }
+            let e = std::io::Error::last_os_error();
+            if e.kind() != std::io::ErrorKind::AlreadyExists {
+                return Err(e);
+            }
+        }
+        Err(std::io::Error::new(std::io::ErrorKind::AlreadyExists, "no free temporary name"))
+    }
 }

@@ -311,11 +311,30 @@ fn oracle_helper_skips_loudly_outside_ci_and_fails_in_ci() {
     assert!(!oracle_in(false, "(oracle helper self-test) failing sh", &["sh", "-c", "exit 3"], "sh"));
 }
 
-#[test]
-fn interrupted_export_removes_its_temporary_file() {
+/// Whether process `pid` holds open a file in `dir` other than `except`
+/// (the export's output under construction: a named temporary, or an
+/// unnamed O_TMPFILE one, which /proc shows as `DIR/#INODE (deleted)`).
+fn writing_in(pid: u32, dir: &Path, except: &Path) -> bool {
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else { return false };
+    fds.filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+        .any(|l| l.parent() == Some(dir) && l != except)
+}
+
+/// Files in `dir` other than `keep`.
+fn others(dir: &Path, keep: &[&Path]) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| !keep.contains(&p.as_path()))
+        .map(|p| p.display().to_string())
+        .collect()
+}
+
+/// An export to Firefox of a spool with enough samples that it runs for a
+/// while after its output file is created, over an earlier export, ended by
+/// `signal` once it writes its output; returns its exit status and stderr.
+fn export_ended_by(signal: &str) -> (std::process::ExitStatus, String) {
     let dir = tempfile::tempdir().unwrap();
-    // Enough samples that the Firefox export (which keeps every sample) runs
-    // for a while after its temporary file is created.
     let spool = dir.path().join("big.spool");
     let mut w =
         SpoolWriter::new(std::io::BufWriter::new(std::fs::File::create(&spool).unwrap()), header()).unwrap();
@@ -338,16 +357,33 @@ fn interrupted_export_removes_its_temporary_file() {
         .spawn()
         .unwrap();
     let t0 = std::time::Instant::now();
-    while temporaries(dir.path()).is_empty() {
-        assert!(child.try_wait().unwrap().is_none(), "the export ended before its temporary file was seen");
-        assert!(t0.elapsed() < std::time::Duration::from_secs(60), "no temporary file");
+    while !writing_in(child.id(), dir.path(), &spool) {
+        assert!(child.try_wait().unwrap().is_none(), "the export ended before its output file was seen");
+        assert!(t0.elapsed() < std::time::Duration::from_secs(60), "no output file");
         std::thread::sleep(std::time::Duration::from_millis(1));
     }
-    let st = Command::new("kill").args(["-INT", &child.id().to_string()]).status().unwrap();
+    let st = Command::new("kill").args([signal, &child.id().to_string()]).status().unwrap();
     assert!(st.success());
     let o = child.wait_with_output().unwrap();
-    assert_eq!(o.status.code(), Some(130), "{}", stderr(&o));
-    assert!(stderr(&o).contains("interrupted"), "{}", stderr(&o));
     assert_eq!(std::fs::read_to_string(&out).unwrap(), "earlier export\n");
-    assert!(temporaries(dir.path()).is_empty(), "{:?}", temporaries(dir.path()));
+    let left = others(dir.path(), &[&spool, &out]);
+    assert!(left.is_empty(), "left behind after kill {signal}: {left:?}");
+    (o.status, stderr(&o))
+}
+
+#[test]
+fn interrupted_export_removes_its_temporary_file() {
+    let (status, err) = export_ended_by("-INT");
+    assert_eq!(status.code(), Some(130), "{err}");
+    assert!(err.contains("interrupted"), "{err}");
+}
+
+/// An export that ends without running any of its code (SIGKILL here; an
+/// abort on a failed allocation is the same) leaves no file behind: its
+/// output has no name until it is complete.
+#[test]
+fn killed_export_leaves_no_temporary_file() {
+    use std::os::unix::process::ExitStatusExt;
+    let (status, err) = export_ended_by("-KILL");
+    assert_eq!(status.signal(), Some(libc::SIGKILL), "{err}");
 }

@@ -192,16 +192,59 @@ impl Chain {
             if running {
                 return Ok(true);
             }
-            let Some(next) = self.segments.next(Some(self.seq))? else {
-                self.warn_if_truncated();
-                return Ok(false);
-            };
-            let path = self.segments.path(next);
-            let source = match Source::open_any(&path) {
-                Ok(s) => s,
-                // Created but its header not complete yet, or deleted at once by retention: next time.
-                Err(e) if not_there_yet(&e) => return Ok(true),
-                Err(e) => return Err(e.into()),
+            // The next segment; files in the sequence that are no segment of
+            // this recording (a name another user took, which the recorder
+            // stepped over; a segment left empty and unlocked when the disk
+            // filled) are passed over with a warning.
+            let mut after = self.seq;
+            let (next, path, source) = loop {
+                let Some(next) = self.segments.next(Some(after))? else {
+                    self.warn_if_truncated();
+                    return Ok(false);
+                };
+                let path = self.segments.path(next);
+                let e = match Source::open_any(&path) {
+                    Ok(s) => break (next, path, s),
+                    Err(e) => e,
+                };
+                let lock = match File::open(&path) {
+                    Ok(f) => f,
+                    // Deleted at once by retention: next time.
+                    Err(_) => return Ok(true),
+                };
+                if recording_running(&lock, &path)? {
+                    // Its writer holds it and is writing its header: next time.
+                    return Ok(true);
+                }
+                let later = self.segments.next(Some(next))?.is_some();
+                let stale = lock
+                    .metadata()
+                    .and_then(|m| m.modified())
+                    .ok()
+                    .and_then(|t| t.elapsed().ok())
+                    .is_some_and(|age| age >= ABANDONED_AFTER);
+                if not_there_yet(&e) {
+                    // An empty segment nobody holds: being created (the
+                    // recorder locks it right after creating it) or left
+                    // behind when its header could not be written.
+                    if !stale {
+                        return Ok(true);
+                    }
+                    if later {
+                        warn_skipped(&path, "its header was never written");
+                        after = next;
+                        continue;
+                    }
+                    self.warn_if_truncated();
+                    warn_skipped(&path, "its header was never written: the recording stopped there");
+                    return Ok(false);
+                }
+                if later {
+                    warn_skipped(&path, &format!("not a segment of this recording ({e})"));
+                    after = next;
+                    continue;
+                }
+                return Err(e.into());
             };
             let lock = File::open(&path).map_err(|e| CliError::input(format!("{}: {e}", path.display())))?;
             self.warn_if_truncated();
@@ -236,4 +279,13 @@ pub(super) fn merge_error(e: MergeError) -> CliError {
         MergeError::Source(msg) => CliError::input(msg),
         MergeError::Output(e) => CliError::other(format!("writing the merged segments: {e}")),
     }
+}
+
+/// How long an empty, unlocked segment may stay so before it counts as left
+/// behind rather than being created (the recorder locks a segment right
+/// after creating it and writes its header at once).
+pub(super) const ABANDONED_AFTER: Duration = Duration::from_secs(1);
+
+pub(super) fn warn_skipped(path: &Path, why: &str) {
+    eprintln!("spulse: follow: passed over {}: {}", escape(&path.display().to_string()), escape(why));
 }
