@@ -333,6 +333,17 @@ impl From<RecorderError> for Error {
 }
 
 impl Error {
+    /// A format error at `offset` of a file whose path is not known here (the
+    /// opener adds it).
+    pub(crate) fn format(offset: u64, kind: FormatErrorKind) -> Error {
+        Error::Format { path: None, offset, kind }
+    }
+
+    /// A packed file's frame or block is corrupt at `offset`: `what` says how.
+    pub(crate) fn packed_corrupt(offset: u64, what: String) -> Error {
+        Error::format(offset, FormatErrorKind::PackedCorrupt(what))
+    }
+
     /// The format error kind, for `Format` and `InvalidRecord` errors.
     pub fn format_kind(&self) -> Option<&FormatErrorKind> {
         match self {

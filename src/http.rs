@@ -15,6 +15,11 @@
 //! the binaries have debug info, and the executable's and libraries'
 //! mappings with their build ids, so that a server can re-symbolize.
 //!
+//! With the `heap` feature too, `GET /debug/pprof/heap` answers with
+//! [`crate::heap::profile`] (made on the connection's thread; query
+//! parameters are ignored): what `go tool pprof http://HOST/debug/pprof/heap`
+//! fetches.
+//!
 //! Answers: `200` with the profile; `400` for a `seconds` that is not a
 //! whole number (digits only) in `1..=MAX_SECONDS`, for a `GET` that
 //! declares a body, or for a malformed request; `404` for any other path;
@@ -348,6 +353,9 @@ pub fn profile(duration: Duration) -> Result<Vec<u8>, Error> {
 enum Route {
     /// A profile of this many seconds; wall-clock (`WALL_PATH`) or CPU.
     Profile(u64, bool),
+    /// The heap profile (`spulse::heap`).
+    #[cfg(feature = "heap")]
+    Heap,
     /// An answer without a profile.
     Refuse(Refusal),
 }
@@ -374,6 +382,10 @@ struct Head {
 
 fn route(head: &Head) -> Route {
     let (path, query) = head.target.split_once('?').unwrap_or((&head.target, ""));
+    #[cfg(feature = "heap")]
+    if path == crate::heap::HEAP_PATH {
+        return heap_route(head);
+    }
     let wall = path == WALL_PATH;
     if path != PROFILE_PATH && !wall {
         return Route::Refuse(refuse(
@@ -420,6 +432,24 @@ fn route(head: &Head) -> Route {
         }
     }
     Route::Profile(seconds.unwrap_or(DEFAULT_SECONDS), wall)
+}
+
+/// `GET /debug/pprof/heap` (query parameters, such as Go's `gc=1`, are
+/// ignored): the heap profile, made on the connection's thread.
+#[cfg(feature = "heap")]
+fn heap_route(head: &Head) -> Route {
+    use crate::heap::HEAP_PATH;
+    if head.method != "GET" {
+        return Route::Refuse(Refusal {
+            status: 405,
+            text: format!("method {} not allowed: {HEAP_PATH} answers GET\n", shown(&head.method)),
+            header: Some(("Allow", "GET".into())),
+        });
+    }
+    if head.body {
+        return Route::Refuse(refuse(400, format!("a GET of {HEAP_PATH} takes no request body\n")));
+    }
+    Route::Heap
 }
 
 /// Request text as echoed in an answer: escaped, at most 64 characters.
@@ -743,6 +773,22 @@ fn serve_connection(mut s: TcpStream, slot: Slot, accepted: Instant, jobs: &Send
             }
             Err(e) => error_refusal(&e),
         },
+        #[cfg(feature = "heap")]
+        Route::Heap => {
+            let bytes = match crate::heap::profile() {
+                Ok(body) => answer(
+                    200,
+                    &[
+                        ("Content-Type", "application/octet-stream"),
+                        ("Content-Disposition", "attachment; filename=\"heap.pb.gz\""),
+                    ],
+                    &body,
+                    false,
+                ),
+                Err(e) => text_answer(&error_refusal(&e), false),
+            };
+            return answer_and_close(s, &bytes, stop);
+        }
     };
     answer_and_close(s, &text_answer(&r, head_only), stop);
 }
@@ -1014,6 +1060,8 @@ mod tests {
         match get(url) {
             Route::Refuse(r) => (r.status, r.text),
             Route::Profile(n, _) => panic!("{url}: a profile of {n} s, expected a refusal"),
+            #[cfg(feature = "heap")]
+            Route::Heap => panic!("a heap profile"),
         }
     }
 
@@ -1021,6 +1069,8 @@ mod tests {
         match get(url) {
             Route::Profile(n, _) => n,
             Route::Refuse(r) => panic!("{url}: refused {}: {}", r.status, r.text),
+            #[cfg(feature = "heap")]
+            Route::Heap => panic!("a heap profile"),
         }
     }
 
@@ -1042,6 +1092,7 @@ mod tests {
             assert!(text.contains("seconds") && text.contains("1..=300"), "{text}");
         }
         assert_eq!(refused("/debug/pprof/profile?seconds=1&seconds=2").0, 400);
+        #[cfg(not(feature = "heap"))]
         assert_eq!(refused("/debug/pprof/heap").0, 404);
         assert_eq!(refused("/").0, 404);
         assert_eq!(refused("/debug/pprof/profile/x?seconds=3").0, 404);
@@ -1052,11 +1103,32 @@ mod tests {
                     assert_eq!(r.header, Some(("Allow", "GET".to_string())));
                 }
                 Route::Profile(..) => panic!("{method} answered with a profile"),
+                #[cfg(feature = "heap")]
+                Route::Heap => panic!("a heap profile"),
             }
         }
         match route(&Head { method: "GET".into(), target: PROFILE_PATH.into(), body: true }) {
             Route::Refuse(r) => assert_eq!(r.status, 400, "{}", r.text),
             Route::Profile(..) => panic!("a GET with a body answered with a profile"),
+            #[cfg(feature = "heap")]
+            Route::Heap => panic!("a heap profile"),
+        }
+    }
+
+    #[cfg(feature = "heap")]
+    #[test]
+    fn routes_the_heap_path() {
+        for url in ["/debug/pprof/heap", "/debug/pprof/heap?gc=1", "/debug/pprof/heap?debug=0"] {
+            assert_eq!(get(url), Route::Heap, "{url}");
+        }
+        assert_eq!(refused("/debug/pprof/heap/x").0, 404);
+        match route(&Head { method: "POST".into(), target: "/debug/pprof/heap".into(), body: false }) {
+            Route::Refuse(r) => assert_eq!((r.status, r.header), (405, Some(("Allow", "GET".to_string())))),
+            other => panic!("POST: {other:?}"),
+        }
+        match route(&Head { method: "GET".into(), target: "/debug/pprof/heap".into(), body: true }) {
+            Route::Refuse(r) => assert_eq!(r.status, 400),
+            other => panic!("GET with a body: {other:?}"),
         }
     }
 

@@ -7,8 +7,11 @@ mod error;
 #[cfg(feature = "flamegraph")]
 pub mod flamegraph;
 pub mod format;
+#[cfg(feature = "heap")]
+pub mod heap;
 #[cfg(feature = "http")]
 pub mod http;
+mod pack;
 #[cfg(feature = "pprof")]
 pub mod pprof;
 pub mod read;
@@ -23,13 +26,17 @@ pub use format::{
     Deactivation, Engine, Frame, FrameId, Header, LabelId, Module, ModuleId, OffCpuInterval, OffCpuState,
     PythonRuntimeEvent, Sample, StackId, StackNode, Thread, ThreadId, PACKED_MAGIC,
 };
-pub use read::{PackedStats, Replay, ReplayOptions, ReplaySamples, Snapshot, SnapshotSamples, Tail};
+pub use pack::{pack, PackSummary};
+pub use read::{
+    recording_running, segment_number, PackedStats, Replay, ReplayOptions, ReplaySamples, Snapshot,
+    SnapshotSamples, Tail, SEGMENT_NUMBER_DIGITS,
+};
 pub use recorder::{
     python_runtime_enter, python_runtime_leave, start, warnings_path, write_warnings, EngineChoice, Guard,
     KernelTime, LostSamples, OffCpuStats, Recorder, RecorderBuilder, Stats, DEFAULT_FREQUENCY_HZ,
     DEFAULT_PERF_STACK_RING_PAGES, DEFAULT_USER_STACK_COPY, MAX_RING_BYTES,
 };
-pub use write::{pack, NewModule, PackSummary, SpoolWriter};
+pub use write::{NewModule, SpoolWriter};
 
 #[doc(hidden)]
 pub use recorder::interpose as __interpose;

@@ -217,6 +217,8 @@ struct Tables {
     mapping_named: Vec<bool>,
     mapping_lines: Vec<bool>,
     mapping_inline: Vec<bool>,
+    /// See [`Head::trim_inlined`].
+    trim_inlined: Option<fn(&str) -> bool>,
 }
 
 impl Tables {
@@ -245,7 +247,15 @@ impl Tables {
         let is_bare_module = matches!(defs.frame(frame), Frame::Module { .. }) && !r.named;
         let mut line = Vec::new();
         if !is_bare_module {
-            for f in &r.frames {
+            // Inlined frames first: trim the innermost the head asks to drop,
+            // keeping at least the containing function.
+            let mut skip = 0;
+            if let Some(trim) = self.trim_inlined {
+                while skip + 1 < r.frames.len() && trim(&sym.function(r.frames[skip].func).name) {
+                    skip += 1;
+                }
+            }
+            for f in &r.frames[skip..] {
                 let fnext = self.p.function.len() as u64 + 1;
                 let fid = *self.functions.entry((f.func, f.linkage.clone())).or_insert_with(|| {
                     let func = sym.function(f.func);
@@ -307,20 +317,64 @@ pub fn write(
     comment: &str,
     out: &mut dyn Write,
 ) -> std::io::Result<()> {
+    let period = (defs.interval_us() as i64).saturating_mul(NS_PER_US);
+    let head = Head {
+        sample_types: &[("samples", "count"), ("cpu", "nanoseconds")],
+        period_type: ("cpu", "nanoseconds"),
+        period,
+        trim_inlined: None,
+    };
+    let values = |n: u64| {
+        let n = n as i64;
+        vec![n, n.saturating_mul(period)]
+    };
+    write_with(defs, counts, &head, &values, window, sym, comment, out)
+}
+
+/// A profile's sample types and period (as (type, unit) pairs).
+pub(crate) struct Head<'a> {
+    pub sample_types: &'a [(&'a str, &'a str)],
+    pub period_type: (&'a str, &'a str),
+    pub period: i64,
+    /// Inlined functions to leave out of a location's lines when they are
+    /// its innermost (the containing function always stays).
+    pub trim_inlined: Option<fn(&str) -> bool>,
+}
+
+/// [`write`] with other sample types: a sample's values are `values(count)`
+/// for each (context, stack, count) of `counts`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn write_with(
+    defs: &Definitions,
+    counts: &impl Counts,
+    head: &Head<'_>,
+    values: &dyn Fn(u64) -> Vec<i64>,
+    window: Window,
+    sym: &mut Symbolizer,
+    comment: &str,
+    out: &mut dyn Write,
+) -> std::io::Result<()> {
     let contexts = counts.contexts();
     let mut strings = Strings::new();
+    // Off-CPU intervals (FORMAT.md, tag 9), when there are any, add a sample
+    // type after the head's: off-CPU time in nanoseconds.
     let has_off_cpu = counts.off_cpu().next().is_some();
-    let mut sample_type = vec![
-        ValueType { r#type: strings.get("samples"), unit: strings.get("count") },
-        ValueType { r#type: strings.get("cpu"), unit: strings.get("nanoseconds") },
-    ];
+    let mut sample_type: Vec<ValueType> = head
+        .sample_types
+        .iter()
+        .map(|(t, u)| ValueType { r#type: strings.get(t), unit: strings.get(u) })
+        .collect();
     if has_off_cpu {
         sample_type.push(ValueType { r#type: strings.get("off-cpu"), unit: strings.get("nanoseconds") });
     }
+    let head_types = head.sample_types.len();
     let mut p = Profile {
         sample_type,
-        period_type: Some(ValueType { r#type: strings.get("cpu"), unit: strings.get("nanoseconds") }),
-        period: (defs.interval_us() as i64).saturating_mul(NS_PER_US),
+        period_type: Some(ValueType {
+            r#type: strings.get(head.period_type.0),
+            unit: strings.get(head.period_type.1),
+        }),
+        period: head.period,
         time_nanos: (window.start_us as i64).saturating_mul(NS_PER_US),
         duration_nanos: (window.duration_us as i64).saturating_mul(NS_PER_US),
         ..Default::default()
@@ -335,6 +389,7 @@ pub fn write(
         mapping_named: vec![false; n],
         mapping_lines: vec![false; n],
         mapping_inline: vec![false; n],
+        trim_inlined: head.trim_inlined,
     };
 
     // Pass 1: every location of every stack. A stack prefix already seen with
@@ -384,7 +439,6 @@ pub fn write(
     // A protobuf message is the concatenation of its fields in any order:
     // the tables first, then each sample as one more `sample` field.
     gz.write_all(&p.encode_to_vec())?;
-    let period = p.period;
     let mut buf = Vec::new();
     let mut ids = Vec::new();
     let cpu = counts.iter().map(|(c, s, n)| (c, s, n, false));
@@ -393,7 +447,6 @@ pub fn write(
         let ctx = contexts[c];
         ids.clear();
         ids.extend(defs.stack_frames(stack).map(|f| locations[&location_key(defs, f, &ctx)]));
-        let n = count as i64;
         let mut label = Vec::new();
         if let Some(t) = ctx.thread {
             let t = defs.thread(t);
@@ -403,10 +456,16 @@ pub fn write(
                 label.push(Label { key: str_id("thread"), str: str_id(&t.name), ..Default::default() });
             }
         }
-        let value = match (is_off, has_off_cpu) {
-            (false, false) => vec![n, n.saturating_mul(period)],
-            (false, true) => vec![n, n.saturating_mul(period), 0],
-            (true, _) => vec![0, 0, n.saturating_mul(NS_PER_US)],
+        let value = if is_off {
+            let mut v = vec![0; head_types];
+            v.push((count as i64).saturating_mul(NS_PER_US));
+            v
+        } else {
+            let mut v = values(count);
+            if has_off_cpu {
+                v.push(0);
+            }
+            v
         };
         let sample = Sample { location_id: std::mem::take(&mut ids), value, label };
         buf.clear();

@@ -8,48 +8,14 @@
 //! `SPULSE_WRITE_CORPUS=1 cargo test --test format_fuzz_corpus seed_corpus_is_current`
 //! regenerates the seeds.
 
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
+use spulse_testkit::alloc::{peak_during, Counting};
 use spulse_testkit::spool::*;
 
-struct Counting;
-
-static CURRENT: AtomicUsize = AtomicUsize::new(0);
-static PEAK: AtomicUsize = AtomicUsize::new(0);
 /// Tests in this file run one at a time while measuring.
 static SERIAL: Mutex<()> = Mutex::new(());
-
-// SAFETY: every method forwards to the system allocator with the caller's
-// arguments unchanged; the counters are only bookkeeping.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        // SAFETY: same contract as ours, forwarded.
-        let p = unsafe { System.alloc(layout) };
-        if !p.is_null() {
-            let now = CURRENT.fetch_add(layout.size(), Ordering::Relaxed) + layout.size();
-            PEAK.fetch_max(now, Ordering::Relaxed);
-        }
-        p
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        CURRENT.fetch_sub(layout.size(), Ordering::Relaxed);
-        // SAFETY: `ptr` was allocated by `System` with `layout`.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        // SAFETY: same contract as ours, forwarded.
-        let p = unsafe { System.realloc(ptr, layout, new_size) };
-        if !p.is_null() {
-            let now = CURRENT.fetch_add(new_size, Ordering::Relaxed) + new_size;
-            PEAK.fetch_max(now, Ordering::Relaxed);
-            CURRENT.fetch_sub(layout.size(), Ordering::Relaxed);
-        }
-        p
-    }
-}
 
 #[global_allocator]
 static ALLOC: Counting = Counting;
@@ -64,10 +30,7 @@ const PER_BYTE: usize = 24;
 const PER_BYTE_CHECK: usize = 2 * PER_BYTE;
 
 fn measured(data: &[u8], check: fn(&[u8])) -> usize {
-    let base = CURRENT.load(Ordering::Relaxed);
-    PEAK.store(base, Ordering::Relaxed);
-    check(data);
-    PEAK.load(Ordering::Relaxed) - base
+    peak_during(|| check(data)).0
 }
 
 /// A fuzz target: its name and the function it runs on one input.
@@ -168,10 +131,7 @@ fn tiny_definitions_cost_a_bounded_multiple_of_their_size() {
             }),
         ];
         for (reader, run) in readers {
-            let base = CURRENT.load(Ordering::Relaxed);
-            PEAK.store(base, Ordering::Relaxed);
-            run();
-            let peak = PEAK.load(Ordering::Relaxed) - base;
+            let peak = peak_during(|| run()).0;
             println!("{reader} on {what}: {:.1} bytes of heap per byte", peak as f64 / data.len() as f64);
             assert!(peak <= PER_BYTE * data.len() + FIXED, "{reader} on {what}: peak heap {peak}");
         }
@@ -305,10 +265,7 @@ fn hostile_packed_files_cost_at_most_the_stated_bound() {
         ];
         for (reader, counted, run) in readers {
             let bound = packed_bound(data.len(), counted);
-            let base = CURRENT.load(Ordering::Relaxed);
-            PEAK.store(base, Ordering::Relaxed);
-            let got = run();
-            let peak = PEAK.load(Ordering::Relaxed) - base;
+            let (peak, got) = peak_during(run);
             println!(
                 "{reader} on {kind:?} ({} bytes, {samples} samples): peak {peak} bytes, {:.1} a byte, \
                  {:.2} a sample, bound {bound}",

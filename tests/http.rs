@@ -205,7 +205,7 @@ fn endpoint_serves_go_tool_pprof_and_refuses_clearly() {
         ("/debug/pprof/profile?seconds=", 400, "bad seconds"),
         ("/debug/pprof/profile?seconds=+1", 400, "bad seconds=\"+1\""),
         ("/debug/pprof/profile?seconds=%31", 400, "bad seconds"),
-        ("/debug/pprof/heap", 404, "not found: /debug/pprof/heap"),
+        ("/debug/pprof/goroutine", 404, "not found: /debug/pprof/goroutine"),
         ("/", 404, "not found"),
     ] {
         let (got, body) = get(addr, path);

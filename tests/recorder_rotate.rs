@@ -304,31 +304,57 @@ fn each_segment_follows_the_overwrite_and_lock_rules() {
     g.finish().unwrap();
     assert!(segments(dir.path(), "l-").iter().all(|(_, p)| !locked(p)));
 
-    // A later segment's path taken: without overwrite, the recording ends with
-    // that error and the file is untouched; the segment before stays readable.
+    // A later segment's path taken (another user's file in a shared
+    // directory): without overwrite, the recording goes on under the next free
+    // number, leaves the file untouched, and says so.
     let (dir, _) = spool_path("unused");
     let taken = dir.path().join("o-000001.spool");
     std::fs::write(&taken, b"not a segment").unwrap();
+    let g = builder().start(dir.path().join("o-{seq}.spool")).unwrap();
+    let t = Instant::now();
+    while !dir.path().join("o-000003.spool").exists() {
+        assert!(t.elapsed() < Duration::from_secs(20), "no segment after the taken one");
+        busy_for(Duration::from_millis(5));
+    }
+    let stats = g.finish().unwrap();
+    assert_eq!(std::fs::read(&taken).unwrap(), b"not a segment");
+    let w: Vec<&String> = stats.warnings.iter().filter(|w| w.contains("already taken")).collect();
+    assert_eq!(w.len(), 1, "{:?}", stats.warnings);
+    assert!(w[0].contains("o-000001.spool") && w[0].contains("o-000002.spool"), "{}", w[0]);
+    for (n, p) in segments(dir.path(), "o-") {
+        if n != 1 {
+            Snapshot::open(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+        }
+    }
+    // Names taken beyond the bound (16 in a row): the recording stops with the
+    // error naming the last one tried, and counts what it lost.
+    let (dir, _) = spool_path("unused");
+    for n in 1..=17 {
+        std::fs::write(dir.path().join(format!("o-{n:06}.spool")), b"not a segment").unwrap();
+    }
+    let last = dir.path().join("o-000017.spool");
     let g = builder().start(dir.path().join("o-{seq}.spool")).unwrap();
     // 30 ms rotations: a second is many of them, even on a loaded machine.
     busy_for(Duration::from_millis(1000));
     match g.finish() {
         Err(Error::Recorder(RecorderError::WriteStopped { source, samples_lost, .. })) => match *source {
             Error::Io { path: Some(p), source } => {
-                assert_eq!(p, taken);
+                assert_eq!(p, last);
                 assert_eq!(source.kind(), std::io::ErrorKind::AlreadyExists);
                 assert!(samples_lost > 0, "the samples after it are counted as lost");
             }
-            other => panic!("expected the taken segment path as the error, got {other:?}"),
+            other => panic!("expected the last taken segment path as the error, got {other:?}"),
         },
-        other => panic!("expected the taken segment path as the error, got {other:?}"),
+        other => panic!("expected the last taken segment path as the error, got {other:?}"),
     }
-    assert_eq!(std::fs::read(&taken).unwrap(), b"not a segment");
+    assert_eq!(std::fs::read(&last).unwrap(), b"not a segment");
     Snapshot::open(dir.path().join("o-000000.spool")).unwrap();
+    let taken = dir.path().join("o-000001.spool");
     // With overwrite, it is replaced by the segment.
     let g = builder().overwrite(true).start(dir.path().join("o-{seq}.spool")).unwrap();
     let t = Instant::now();
-    while !dir.path().join("o-000002.spool").exists() {
+    // (o-000002 is one of the taken files until the segment replaces it.)
+    while Snapshot::open(dir.path().join("o-000002.spool")).is_err() {
         assert!(t.elapsed() < Duration::from_secs(20), "no third segment");
         busy_for(Duration::from_millis(5));
     }

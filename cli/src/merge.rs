@@ -409,15 +409,7 @@ impl Source {
                 continue;
             }
             let m = &defs.modules()[idx];
-            let new = NewModule {
-                pid: if self.strict { self.pid } else { m.pid },
-                start: m.start,
-                size: m.size,
-                file_offset: m.file_offset,
-                generation: m.generation,
-                path: &m.path,
-                build_id: &m.build_id,
-            };
+            let new = NewModule { pid: if self.strict { self.pid } else { m.pid }, ..NewModule::from(m) };
             let key = sh.merging.then(|| {
                 (
                     new.pid,

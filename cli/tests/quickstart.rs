@@ -8,7 +8,10 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// Build the example with the cargo that runs this test, into the same target
-/// directory, and return its path.
+/// directory, and return its path. `--workspace`, so that the features are
+/// unified as in the workspace build that built this test and nothing is
+/// compiled again (`-p spulse` alone would rebuild spulse and its
+/// dependencies with other features).
 fn build_quickstart() -> PathBuf {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
@@ -19,7 +22,7 @@ fn build_quickstart() -> PathBuf {
     let release = profile_dir.file_name().unwrap() == "release";
     let mut cmd = Command::new(&cargo);
     cmd.current_dir(root)
-        .args(["build", "-p", "spulse", "--example", "quickstart", "--target-dir"])
+        .args(["build", "--workspace", "--example", "quickstart", "--target-dir"])
         .arg(target);
     if release {
         cmd.arg("--release");

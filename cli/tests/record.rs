@@ -554,6 +554,41 @@ fn exit_status_propagates() {
     assert_eq!(defaults.len(), 2);
 }
 
+/// The CPU time the children of this process have used (user + system),
+/// as far as they were waited for.
+fn children_cpu() -> Duration {
+    // SAFETY: getrusage writes into the zeroed, writable `ru`.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: RUSAGE_CHILDREN with a valid rusage.
+    assert_eq!(unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &mut ru) }, 0);
+    let d = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
+    d(ru.ru_utime) + d(ru.ru_stime)
+}
+
+/// The CPU time each process spent before the recorder started in it (exec,
+/// the dynamic loader) is summed and said: more than nothing (an exec always
+/// costs CPU), less than all the CPU the tree used.
+fn cpu_before_the_recorder_is_said() {
+    let dir = tempfile::tempdir().unwrap();
+    let spool = dir.path().join("before.spool");
+    let before = children_cpu();
+    let o = Command::new(env!("CARGO_BIN_EXE_spulse"))
+        .args(["record", "-o"])
+        .arg(&spool)
+        .args(["--", "sh", "-c", "for i in 1 2 3 4 5 6 7 8 9 10; do /bin/true; done"])
+        .output()
+        .unwrap();
+    let tree = children_cpu() - before;
+    let err = stderr(&o);
+    assert!(o.status.success(), "{err}");
+    assert!(err.contains("recorded 11 processes"), "{err}");
+    let line = err.lines().find(|l| l.contains("not sampled:")).unwrap_or_else(|| panic!("no line: {err}"));
+    let ms: f64 =
+        line.split("not sampled: ").nth(1).and_then(|r| r.split(" ms").next()).unwrap().parse().unwrap();
+    assert!(ms > 0.0, "{line}");
+    assert!(ms <= tree.as_secs_f64() * 1000.0, "{line}: more than the tree's {tree:?}");
+}
+
 fn static_binary_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let exe = dir.path().join("static-exe");
@@ -767,6 +802,7 @@ fn main() {
         ("cfi_verdicts_are_cached_across_recordings", cfi_verdicts_are_cached_across_recordings),
         ("embedded_start_is_refused_and_recorded_once", embedded_start_is_refused_and_recorded_once),
         ("exit_status_propagates", exit_status_propagates),
+        ("cpu_before_the_recorder_is_said", cpu_before_the_recorder_is_said),
         ("static_binary_is_refused", static_binary_is_refused),
         ("follow_works_live_on_a_multiprocess_recording", follow_works_live_on_a_multiprocess_recording),
         (

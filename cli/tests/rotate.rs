@@ -341,3 +341,71 @@ fn preload_recordings_rotate_from_the_environment() {
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(json(&["info", "--json", s(&out)])["samples"].as_u64().unwrap() > 20);
 }
+
+/// A hand-made segment `path` (complete, unlocked) with `n` samples of one
+/// thread in one stack.
+fn write_segment(path: &Path, n: u64) {
+    let mut w =
+        SpoolWriter::new(std::io::BufWriter::new(std::fs::File::create(path).unwrap()), header()).unwrap();
+    let th = w.define_thread(PID, PID, "main").unwrap();
+    let f = w.define_frame(Frame::Absolute { address: 0x1000, kernel: false }).unwrap();
+    let st = w.define_stack(None, f).unwrap();
+    for i in 0..n {
+        w.sample(START_US + i * INTERVAL_US, th, st).unwrap();
+    }
+    w.into_inner().unwrap();
+}
+
+/// An empty file whose modification time is a minute ago (a segment left
+/// without its header when the disk filled, some time back).
+fn write_stale_empty(path: &Path) {
+    let f = std::fs::File::create(path).unwrap();
+    f.set_modified(std::time::SystemTime::now() - Duration::from_secs(60)).unwrap();
+}
+
+/// `spulse follow PATTERN` on a finished recording, bounded: its status and
+/// output, or a failure if it is still waiting after 30 s.
+fn follow_finished(pattern: &Path) -> std::process::Output {
+    let mut child = spawn_spulse(&["follow", s(pattern), "--interval", "0.1"]);
+    let t0 = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if t0.elapsed() > Duration::from_secs(30) {
+            child.kill().unwrap();
+            let o = child.wait_with_output().unwrap();
+            panic!("follow still waiting after 30 s: {}", stderr(&o));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.wait_with_output().unwrap()
+}
+
+/// Files in a segment sequence that are no segment of the recording: a name
+/// another user took (the recorder stepped over it) and an empty segment left
+/// unlocked when the disk filled are passed over with a warning; an empty
+/// last segment ends the follow instead of a wait for ever.
+#[test]
+fn follow_passes_over_files_that_are_no_segment() {
+    let dir = tempfile::tempdir().unwrap();
+    let seg = |n: u32| dir.path().join(format!("p-{n:06}.spool"));
+    write_segment(&seg(0), 40);
+    std::fs::write(seg(1), b"another user's file").unwrap();
+    write_stale_empty(&seg(2));
+    write_segment(&seg(3), 25);
+    let o = follow_finished(&dir.path().join("p-{seq}.spool"));
+    let (out, err) = (stdout(&o), stderr(&o));
+    assert!(o.status.success(), "{err}");
+    assert_eq!(last_table_samples(&out), 65, "{out}\n{err}");
+    assert!(err.contains("passed over") && err.contains("p-000001.spool"), "{err}");
+    assert!(err.contains("p-000002.spool") && err.contains("header was never written"), "{err}");
+    assert!(err.contains("stopped: recording ended"), "{err}");
+
+    // The empty segment last: the recording stopped there.
+    let dir = tempfile::tempdir().unwrap();
+    write_segment(&dir.path().join("q-000000.spool"), 30);
+    write_stale_empty(&dir.path().join("q-000001.spool"));
+    let o = follow_finished(&dir.path().join("q-{seq}.spool"));
+    let (out, err) = (stdout(&o), stderr(&o));
+    assert!(o.status.success(), "{err}");
+    assert_eq!(last_table_samples(&out), 30, "{out}\n{err}");
+    assert!(err.contains("the recording stopped there"), "{err}");
+}

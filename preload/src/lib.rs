@@ -54,7 +54,7 @@ use std::io::{Read, Write};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Mutex;
 
 /// The pid this library records (0: none). Looked up by name with `dlsym` by
@@ -99,7 +99,30 @@ static GUARD: Mutex<Option<spulse::Guard>> = Mutex::new(None);
 #[link_section = ".init_array"]
 static INIT: extern "C" fn() = init;
 
+/// User and system CPU time (microseconds) the process had spent when this
+/// library's constructor began: exec, the dynamic loader, and the
+/// constructors that ran before this one. No sample can cover it; it goes to
+/// the collector in the stats file. Zero in a forked child (its counters
+/// start at the fork).
+static BEFORE_USER_US: AtomicU64 = AtomicU64::new(0);
+static BEFORE_SYS_US: AtomicU64 = AtomicU64::new(0);
+
+/// This process's user and system CPU time so far, in microseconds.
+fn cpu_so_far() -> (u64, u64) {
+    // SAFETY: getrusage writes into the zeroed `ru`, which it may fully overwrite.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: RUSAGE_SELF with a valid, writable rusage.
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) } != 0 {
+        return (0, 0);
+    }
+    let us = |t: libc::timeval| (t.tv_sec.max(0) as u64) * 1_000_000 + t.tv_usec.max(0) as u64;
+    (us(ru.ru_utime), us(ru.ru_stime))
+}
+
 extern "C" fn init() {
+    let (user, sys) = cpu_so_far();
+    BEFORE_USER_US.store(user, Ordering::Relaxed);
+    BEFORE_SYS_US.store(sys, Ordering::Relaxed);
     if let Err(why) = preloaded() {
         let _ = writeln!(std::io::stderr(), "spulse: not recording: {why}");
         return;
@@ -156,12 +179,15 @@ extern "C" fn at_exit() {
 /// failure's message is cut to fit.
 const STATS_MAX: usize = 4096;
 
-/// `<pid>.<ns>.stats` for the collector: `written lost` on the first line,
-/// then the failure's message if the recording failed. Created new, never
+/// `<pid>.<ns>.stats` for the collector: `written lost before_user_us
+/// before_sys_us` on the first line (the last two: CPU time before the
+/// recorder started, [`BEFORE_USER_US`]), then the failure's message if the
+/// recording failed, then the recorder's warnings. Created new, never
 /// through a symlink, mode 0600.
 fn write_stats(path: &Path, written: u64, lost: u64, failure: Option<&str>, warnings: &[String]) {
     use std::os::unix::fs::OpenOptionsExt;
-    let mut text = format!("{written} {lost}\n");
+    let (user, sys) = (BEFORE_USER_US.load(Ordering::Relaxed), BEFORE_SYS_US.load(Ordering::Relaxed));
+    let mut text = format!("{written} {lost} {user} {sys}\n");
     if let Some(m) = failure {
         text.push_str(&m.replace('\n', " "));
         text.push('\n');
@@ -198,6 +224,8 @@ extern "C" fn in_child() {
         Err(std::sync::TryLockError::WouldBlock) => return,
     };
     std::mem::forget(old);
+    BEFORE_USER_US.store(0, Ordering::Relaxed);
+    BEFORE_SYS_US.store(0, Ordering::Relaxed);
     start_here();
 }
 

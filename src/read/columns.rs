@@ -24,7 +24,7 @@
 use std::mem::MaybeUninit;
 
 use super::coded::CodedIter;
-use super::snapshot::advise_huge_pages;
+use super::memory::advise_huge_pages;
 use crate::format::{Sample, StackId, ThreadId};
 
 /// How far before the time a block starts at its origin lies: narrow offsets

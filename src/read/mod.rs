@@ -5,6 +5,8 @@
 
 mod coded;
 mod columns;
+mod live;
+mod memory;
 mod open;
 pub(crate) mod packed;
 pub(crate) mod parallel;
@@ -14,6 +16,7 @@ mod snapshot;
 mod tail;
 
 pub use columns::Samples as SnapshotSamples;
+pub use live::{recording_running, segment_number, SEGMENT_NUMBER_DIGITS};
 pub use replay::{PackedStats, Replay, ReplayOptions, ReplaySamples};
 pub use snapshot::Snapshot;
 pub use tail::Tail;

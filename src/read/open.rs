@@ -26,7 +26,6 @@ use std::os::unix::fs::{FileExt, FileTypeExt, OpenOptionsExt};
 use std::os::unix::io::AsRawFd;
 use std::path::Path;
 
-use super::scan::format_error;
 use crate::format::{record, MAX_HEADER_LEN};
 use crate::Error;
 
@@ -140,10 +139,10 @@ pub(crate) fn check_header_at_start(file: &File, path: &Path) -> Result<bool, Er
             Err(e) => return Err(Error::io(Some(path), e)),
         }
     }
-    if super::packed::is_packed(&head[..n]) {
+    if crate::format::packed::is_packed(&head[..n]) {
         return Ok(true);
     }
-    record::decode_header(&head[..n]).map_err(|(at, k)| format_error(at as u64, k).with_path(path))?;
+    record::decode_header(&head[..n]).map_err(|(at, k)| Error::format(at as u64, k).with_path(path))?;
     Ok(false)
 }
 
@@ -155,8 +154,8 @@ pub(crate) fn read_stream(file: File, path: &Path, limit: u64) -> Result<Vec<u8>
     let mut bytes = Vec::new();
     (&file).take(MAX_HEADER_LEN as u64).read_to_end(&mut bytes).map_err(io_err)?;
     // A packed file streamed through a pipe is read whole, then checked.
-    if !super::packed::is_packed(&bytes) {
-        record::decode_header(&bytes).map_err(|(at, k)| format_error(at as u64, k).with_path(path))?;
+    if !crate::format::packed::is_packed(&bytes) {
+        record::decode_header(&bytes).map_err(|(at, k)| Error::format(at as u64, k).with_path(path))?;
     }
     // One byte beyond the limit tells a stream of exactly `limit` bytes from a
     // longer one.

@@ -18,7 +18,6 @@ use std::fs::File;
 use std::os::unix::fs::FileExt;
 
 use super::coded::CodedBlock;
-use super::scan::format_error;
 use crate::format::defs::Definitions;
 use crate::format::packed::*;
 use crate::format::record::DecodeError;
@@ -45,7 +44,7 @@ impl Source for [u8] {
                 buf.copy_from_slice(src);
                 Ok(())
             }
-            None => Err(corrupt(at, "the data ends before this field".into())),
+            None => Err(Error::packed_corrupt(at, "the data ends before this field".into())),
         }
     }
 
@@ -60,21 +59,11 @@ impl Source for File {
         match FileExt::read_exact_at(self, buf, at) {
             Ok(()) => Ok(()),
             Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
-                Err(format_error(at, FormatErrorKind::ChangedSinceOpen))
+                Err(Error::format(at, FormatErrorKind::ChangedSinceOpen))
             }
             Err(e) => Err(Error::from(e)),
         }
     }
-}
-
-pub(crate) fn corrupt(offset: u64, what: String) -> Error {
-    format_error(offset, FormatErrorKind::PackedCorrupt(what))
-}
-
-/// Whether `head` (the first bytes of a file) starts with the packed magic
-/// (or that of the first packed layout, which the readers refuse by name).
-pub(crate) fn is_packed(head: &[u8]) -> bool {
-    head.starts_with(&PACKED_MAGIC) || head.starts_with(&PACKED_MAGIC_V1)
 }
 
 /// The validated frame of a packed file: definitions, block index, counts.
@@ -98,7 +87,7 @@ pub(crate) struct Frame {
 /// decoded ([`Frame::block`]).
 pub(crate) fn open_frame(src: &(impl Source + ?Sized), len: u64) -> Result<Frame, Error> {
     if len < HEAD_LEN + FOOTER_LEN {
-        return Err(corrupt(
+        return Err(Error::packed_corrupt(
             len,
             format!("a packed file is at least {} bytes; this one ends after {len}", HEAD_LEN + FOOTER_LEN),
         ));
@@ -106,7 +95,7 @@ pub(crate) fn open_frame(src: &(impl Source + ?Sized), len: u64) -> Result<Frame
     let mut head = [0u8; HEAD_LEN as usize];
     src.read_exact_at(&mut head, 0)?;
     if head[..8] == PACKED_MAGIC_V1 {
-        return Err(corrupt(
+        return Err(Error::packed_corrupt(
             0,
             "a packed file of the first layout (SPULSPK1, byte planes), which this version no longer reads: \
              pack the spool again"
@@ -114,13 +103,13 @@ pub(crate) fn open_frame(src: &(impl Source + ?Sized), len: u64) -> Result<Frame
         ));
     }
     if head[..8] != PACKED_MAGIC {
-        return Err(format_error(0, FormatErrorKind::BadMagic));
+        return Err(Error::format(0, FormatErrorKind::BadMagic));
     }
     let footer_at = len - FOOTER_LEN;
     let mut footer = [0u8; FOOTER_LEN as usize];
     src.read_exact_at(&mut footer, footer_at)?;
     if footer[24..] != PACKED_MAGIC {
-        return Err(corrupt(
+        return Err(Error::packed_corrupt(
             footer_at + 24,
             "no footer magic at the end: the file is truncated or was not written completely".into(),
         ));
@@ -128,7 +117,7 @@ pub(crate) fn open_frame(src: &(impl Source + ?Sized), len: u64) -> Result<Frame
     let (index_at, blocks, samples) = (le64(&footer[0..8]), le64(&footer[8..16]), le64(&footer[16..24]));
     let index_len = blocks.checked_mul(INDEX_ENTRY_LEN);
     if index_len.and_then(|l| l.checked_add(index_at)) != Some(footer_at) {
-        return Err(corrupt(
+        return Err(Error::packed_corrupt(
             footer_at,
             format!(
                 "an index of {blocks} blocks at offset {index_at} does not end where the footer starts \
@@ -140,7 +129,7 @@ pub(crate) fn open_frame(src: &(impl Source + ?Sized), len: u64) -> Result<Frame
     let defs_end = match HEAD_LEN.checked_add(defs_len) {
         Some(e) if e.checked_add(8).is_some_and(|m| m <= index_at) => e,
         _ => {
-            return Err(corrupt(
+            return Err(Error::packed_corrupt(
                 8,
                 format!("definitions of {defs_len} bytes do not fit before the index at offset {index_at}"),
             ))
@@ -153,7 +142,10 @@ pub(crate) fn open_frame(src: &(impl Source + ?Sized), len: u64) -> Result<Frame
     let mark_count = le64(&m);
     let marks_end = mark_count.checked_mul(8).and_then(|l| l.checked_add(defs_end + 8));
     let Some(data_start) = marks_end.filter(|&e| e <= index_at) else {
-        return Err(corrupt(defs_end, format!("{mark_count} event positions do not fit before the index")));
+        return Err(Error::packed_corrupt(
+            defs_end,
+            format!("{mark_count} event positions do not fit before the index"),
+        ));
     };
     let mut mark_bytes = vec![0u8; (mark_count * 8) as usize];
     src.read_exact_at(&mut mark_bytes, defs_end + 8)?;
@@ -167,36 +159,42 @@ pub(crate) fn open_frame(src: &(impl Source + ?Sized), len: u64) -> Result<Frame
         let at = index_at + i as u64 * INDEX_ENTRY_LEN;
         let e = IndexEntry::decode(raw.try_into().expect("chunks of the entry length"));
         if e.offset != expect {
-            return Err(corrupt(
+            return Err(Error::packed_corrupt(
                 at,
                 format!("index entry {i} puts block {i} at offset {}, but it starts at {expect}", e.offset),
             ));
         }
         if e.count == 0 || e.count > MAX_BLOCK_SAMPLES {
-            return Err(corrupt(
+            return Err(Error::packed_corrupt(
                 at,
                 format!("index entry {i}: {} samples (a block holds 1 to {MAX_BLOCK_SAMPLES})", e.count),
             ));
         }
         if e.min_time_us > e.max_time_us {
-            return Err(corrupt(at, format!("index entry {i}: earliest time after latest time")));
+            return Err(Error::packed_corrupt(
+                at,
+                format!("index entry {i}: earliest time after latest time"),
+            ));
         }
         expect = e.offset + BLOCK_HEADER_LEN + e.compressed as u64;
         if expect > index_at {
-            return Err(corrupt(at, format!("index entry {i}: block {i} runs past the index at {index_at}")));
+            return Err(Error::packed_corrupt(
+                at,
+                format!("index entry {i}: block {i} runs past the index at {index_at}"),
+            ));
         }
         total += e.count as u64;
         payload_bytes += e.compressed as u64;
         index.push(e);
     }
     if expect != index_at {
-        return Err(corrupt(
+        return Err(Error::packed_corrupt(
             index_at,
             format!("{} bytes between the last block and the index", index_at - expect),
         ));
     }
     if total != samples {
-        return Err(corrupt(
+        return Err(Error::packed_corrupt(
             footer_at + 16,
             format!("the footer counts {samples} samples, the index {total}"),
         ));
@@ -219,7 +217,8 @@ fn load_definitions(
     marks_at: u64,
     samples: u64,
 ) -> Result<Definitions, Error> {
-    let (header, hlen) = record::decode_header(bytes).map_err(|(at, k)| format_error(base + at as u64, k))?;
+    let (header, hlen) =
+        record::decode_header(bytes).map_err(|(at, k)| Error::format(base + at as u64, k))?;
     let mut defs = Definitions::new(header);
     let mut pos = hlen;
     let mut k = 0usize;
@@ -227,18 +226,21 @@ fn load_definitions(
         let at = base + pos as u64;
         let t = bytes[pos];
         if t == tag::SAMPLE {
-            return Err(corrupt(at, "a sample record in the definitions".into()));
+            return Err(Error::packed_corrupt(at, "a sample record in the definitions".into()));
         }
         if matches!(
             t,
             tag::PYTHON_RUNTIME | tag::PROCESS_MODULE_DEACTIVATION | tag::MODULE_DEACTIVATION | tag::OFF_CPU
         ) {
             let Some(&mark) = marks.get(k) else {
-                return Err(corrupt(at, format!("more events than the {} positions given", marks.len())));
+                return Err(Error::packed_corrupt(
+                    at,
+                    format!("more events than the {} positions given", marks.len()),
+                ));
             };
             let before = defs.sample_count();
             if mark < before || mark > samples {
-                return Err(corrupt(
+                return Err(Error::packed_corrupt(
                     marks_at + 8 * k as u64,
                     format!("event position {mark} is below the previous one ({before}) or past the {samples} samples"),
                 ));
@@ -249,13 +251,16 @@ fn load_definitions(
         match defs.read_record(&bytes[pos..]) {
             Ok((_, len)) => pos += len,
             Err(DecodeError::Incomplete) => {
-                return Err(corrupt(at, "the definitions end inside a record".into()));
+                return Err(Error::packed_corrupt(at, "the definitions end inside a record".into()));
             }
-            Err(DecodeError::Bad { at: field, kind }) => return Err(format_error(at + field as u64, kind)),
+            Err(DecodeError::Bad { at: field, kind }) => return Err(Error::format(at + field as u64, kind)),
         }
     }
     if k != marks.len() {
-        return Err(corrupt(marks_at - 8, format!("{} event positions for {k} events", marks.len())));
+        return Err(Error::packed_corrupt(
+            marks_at - 8,
+            format!("{} event positions for {k} events", marks.len()),
+        ));
     }
     Ok(defs)
 }
@@ -325,7 +330,7 @@ impl Frame {
         src.read_exact_at(&mut head, e.offset)?;
         let (raw_len, comp, count) = (le32(&head[0..4]), le32(&head[4..8]), le32(&head[8..12]));
         if count != e.count || comp != e.compressed {
-            return Err(corrupt(
+            return Err(Error::packed_corrupt(
                 e.offset,
                 format!(
                     "block {i} holds {count} samples in {comp} bytes, its index entry says {} in {}",
@@ -334,7 +339,7 @@ impl Frame {
             ));
         }
         if raw_len as u64 > max_raw_len(count) || raw_len as u64 > max_decompressed(comp as u64) {
-            return Err(corrupt(
+            return Err(Error::packed_corrupt(
                 e.offset,
                 format!(
                     "block {i}: {raw_len} uncompressed bytes cannot hold {count} samples in {comp} compressed bytes \
@@ -367,7 +372,7 @@ impl Frame {
                 &payload[..]
             }
         };
-        decompress_exact(bytes, out).map_err(|m| corrupt(at, format!("block {i}: {m}")))
+        decompress_exact(bytes, out).map_err(|m| Error::packed_corrupt(at, format!("block {i}: {m}")))
     }
 
     /// Read block `i`'s header and payload, check them against the index,
@@ -390,9 +395,11 @@ impl Frame {
     fn block_error(&self, i: usize, err: BlockError) -> Error {
         let e = self.index[i];
         match err {
-            BlockError::Layout(m) => corrupt(e.offset + BLOCK_HEADER_LEN, format!("block {i}: {m}")),
+            BlockError::Layout(m) => {
+                Error::packed_corrupt(e.offset + BLOCK_HEADER_LEN, format!("block {i}: {m}"))
+            }
             BlockError::Undefined { what, id } => {
-                format_error(e.offset, FormatErrorKind::UndefinedReference { what, id })
+                Error::format(e.offset, FormatErrorKind::UndefinedReference { what, id })
             }
         }
     }
@@ -401,7 +408,7 @@ impl Frame {
     fn check_range(&self, i: usize, lo: u64, hi: u64) -> Result<(), Error> {
         let e = self.index[i];
         if (lo, hi) != (e.min_time_us, e.max_time_us) {
-            return Err(corrupt(
+            return Err(Error::packed_corrupt(
                 e.offset,
                 format!(
                     "block {i}: times {lo}..={hi} differ from its index entry's {}..={}",
@@ -481,10 +488,10 @@ fn load_range(
     }
     // Each length is within `max_decompressed` of its payload, which lies
     // in the file: the total is bounded by the file's length.
-    let mut arena = super::snapshot::zeroed_buffer(total).map_err(Error::from)?;
+    let mut arena = super::memory::zeroed_buffer(total).map_err(Error::from)?;
     // Huge pages: far fewer page faults for the megabytes about to be
     // written (measured: about a quarter less CPU for the whole open).
-    super::snapshot::advise_huge_pages(&mut arena);
+    super::memory::advise_huge_pages(&mut arena);
     let mut scratch = Scratch::default();
     let mut checked = Vec::with_capacity(heads.len());
     for (k, &(at, len, count)) in heads.iter().enumerate() {
@@ -532,7 +539,9 @@ pub(crate) fn load_coded(src: &(impl Source + ?Sized), frame: &Frame) -> Result<
             std::thread::Builder::new().name("spulse-unpack".into()).spawn_scoped(sc, || run(split..blocks));
         let a = run(0..split);
         let b = match handle {
-            Ok(h) => h.join().unwrap_or_else(|_| Err(corrupt(0, "decoder thread failed".into()))),
+            Ok(h) => {
+                h.join().unwrap_or_else(|_| Err(Error::packed_corrupt(0, "decoder thread failed".into())))
+            }
             // No second thread to be had (resource limits): this one does it.
             Err(_) => match a {
                 Ok(_) => run(split..blocks),

@@ -30,7 +30,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::columns::{Block, Fill, Filler, Layout, SampleColumns};
-use super::scan::{format_error, scan_from, Stop};
+use super::scan::{scan_from, Stop};
 use crate::format::defs::Definitions;
 use crate::format::record::sample::{self, SampleFields};
 use crate::format::record::{self, DecodeError};
@@ -410,7 +410,7 @@ fn apply(
                         return Ok(Some(offset));
                     }
                     Err(DecodeError::Bad { at, kind }) => {
-                        return Err(format_error((offset + at) as u64, kind))
+                        return Err(Error::format((offset + at) as u64, kind))
                     }
                 }
             }

@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 
 use super::open;
 use super::packed::{self, BlockBuf};
-use super::scan::{format_error, next_validated, scan, Stop};
+use super::scan::{next_validated, scan, Stop};
 use crate::format::defs::Definitions;
 use crate::format::record;
 use crate::format::record::sample::{self, SampleFields, WINDOW};
@@ -145,11 +145,11 @@ impl Replay {
             filled += n;
             file_pos += n as u64;
         }
-        if packed::is_packed(&buf[..filled]) {
+        if crate::format::packed::is_packed(&buf[..filled]) {
             return Replay::open_packed(path, file, file_len, opts);
         }
         let (header, hlen) =
-            record::decode_header(&buf[..filled]).map_err(|(at, k)| format_error(at as u64, k))?;
+            record::decode_header(&buf[..filled]).map_err(|(at, k)| Error::format(at as u64, k))?;
         let mut defs = Definitions::new(header);
         let mut ix = Indexer {
             index: Vec::new(),

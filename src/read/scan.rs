@@ -4,7 +4,7 @@ use crate::format::defs::Definitions;
 use crate::format::record::sample::{self, SampleFields};
 use crate::format::record::{self, DecodeError, Record};
 use crate::format::{tag, Sample};
-use crate::{Error, FormatErrorKind};
+use crate::Error;
 
 /// Why a scan stopped before the end of its input.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -15,10 +15,6 @@ pub(crate) enum Stop {
     Incomplete,
     /// The sample callback asked to stop.
     Limit,
-}
-
-pub(crate) fn format_error(offset: u64, kind: FormatErrorKind) -> Error {
-    Error::Format { path: None, offset, kind }
 }
 
 /// Decode and validate records in `buf` (which starts at file offset `base`),
@@ -54,7 +50,7 @@ pub(crate) fn scan_from(
             match defs.apply_samples(buf, pos, |s, at| on_sample(s, base + at as u64)) {
                 Ok(true) => return Ok(Stop::Limit),
                 Ok(false) => {}
-                Err((at, kind)) => return Err(format_error(base + at as u64, kind)),
+                Err((at, kind)) => return Err(Error::format(base + at as u64, kind)),
             }
             if *pos != at {
                 continue;
@@ -71,7 +67,7 @@ pub(crate) fn scan_from(
             }
             Err(DecodeError::Incomplete) => return Ok(Stop::Incomplete),
             Err(DecodeError::Bad { at: field, kind }) => {
-                return Err(format_error(base + (at + field) as u64, kind))
+                return Err(Error::format(base + (at + field) as u64, kind))
             }
         }
     }

@@ -12,7 +12,7 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use super::open;
-use super::scan::{format_error, scan_from, Stop};
+use super::scan::{scan_from, Stop};
 use crate::format::defs::Definitions;
 use crate::format::record;
 use crate::format::{Sample, MAX_HEADER_LEN};
@@ -58,7 +58,7 @@ impl Tail {
             }
             n += got;
         }
-        if super::packed::is_packed(&head[..n]) {
+        if crate::format::packed::is_packed(&head[..n]) {
             return Err(Error::io(
                 Some(path),
                 std::io::Error::new(
@@ -69,7 +69,7 @@ impl Tail {
             ));
         }
         let (header, hlen) = record::decode_header(&head[..n])
-            .map_err(|(at, k)| format_error(at as u64, k).with_path(path))?;
+            .map_err(|(at, k)| Error::format(at as u64, k).with_path(path))?;
         Ok(Tail {
             path: path.to_path_buf(),
             file,

@@ -60,6 +60,9 @@ pub struct RecorderBuilder {
     /// Whether the `SPULSE_*` environment variables apply (false for the
     /// `http` endpoint's own temporary windows).
     pub(super) environment: bool,
+    /// Where `finish` writes the heap profile (`spulse::heap`).
+    #[cfg(all(feature = "heap", feature = "pprof"))]
+    pub(super) heap_profile: Option<std::path::PathBuf>,
 }
 
 impl Default for RecorderBuilder {
@@ -81,6 +84,8 @@ impl Default for RecorderBuilder {
             perf_stack_ring_pages: DEFAULT_PERF_STACK_RING_PAGES,
             perf_stack_watermark: true,
             environment: true,
+            #[cfg(all(feature = "heap", feature = "pprof"))]
+            heap_profile: None,
         }
     }
 }
@@ -300,6 +305,16 @@ impl RecorderBuilder {
     /// runs on, recorded once (see `src/recorder/sys/preloaded.rs`).
     pub fn start(&self, path: impl AsRef<Path>) -> Result<Guard, Error> {
         start_with(self, path.as_ref())
+    }
+
+    /// When the recording finishes ([`Guard::finish`] or drop), also write
+    /// the heap profile ([`crate::heap::write_profile`]) to `path` (features
+    /// `heap` and `pprof`; the program's global allocator must be
+    /// [`crate::heap::Sampled`] for it to hold samples).
+    #[cfg(all(feature = "heap", feature = "pprof"))]
+    pub fn heap_profile(mut self, path: impl Into<std::path::PathBuf>) -> Self {
+        self.heap_profile = Some(path.into());
+        self
     }
 }
 

@@ -13,7 +13,8 @@
 //! argument), `sys/` (the OS layer: `sigaction`, `perf_event_open`, timers,
 //! thread-control-block probing, `/proc/self/maps`), `engine.rs` (the running
 //! engine: who sends the signal), `stack_sampler.rs` (the perf-stack engine's
-//! unwinding), `modules/` (loaded objects, generations, unwinder snapshots;
+//! unwinding), `modules/` (loaded objects: `scan.rs`, `table.rs` and the
+//! handler's unwinder snapshots in `snapshot.rs`;
 //! `cfi_check.rs` decides which unwind tables the handler may be handed and
 //! `cfi_cache.rs` keeps its verdicts per library build), `writer/` (the spool
 //! side: the run loop, control messages, the timeline that decides which
@@ -70,7 +71,7 @@
 mod builder;
 mod engine;
 mod handler;
-mod modules;
+pub(crate) mod modules;
 mod output;
 mod own_fd;
 mod stack_sampler;
@@ -125,6 +126,8 @@ struct Running {
     pid: u32,
     path: PathBuf,
     engine: Engine,
+    #[cfg(all(feature = "heap", feature = "pprof"))]
+    heap_profile: Option<PathBuf>,
 }
 
 static RUNNING: AtomicBool = AtomicBool::new(false);
@@ -198,7 +201,13 @@ impl Guard {
         };
         PYTHON_INSIDE.store(false, Ordering::SeqCst);
         RUNNING.store(false, Ordering::SeqCst);
-        res.map_err(|e| e.with_path(&run.path))
+        let res = res.map_err(|e| e.with_path(&run.path));
+        #[cfg(all(feature = "heap", feature = "pprof"))]
+        if let Some(heap) = &run.heap_profile {
+            let written = crate::heap::write_profile(heap);
+            return res.and_then(|stats| written.map(|()| stats));
+        }
+        res
     }
 }
 
@@ -591,7 +600,17 @@ fn start_inner(b: &RecorderBuilder, path: &Path) -> Result<Guard, Error> {
     *PYTHON_TX.lock().unwrap_or_else(|e| e.into_inner()) = Some(tx.clone());
     PYTHON_INSIDE.store(false, Ordering::SeqCst);
     *LIVE_SPOOL.lock().unwrap_or_else(|e| e.into_inner()) = Some((pid, path.to_path_buf(), flush));
-    Ok(Guard { inner: Some(Running { tx, join, pid, path: path.to_path_buf(), engine: kind }) })
+    Ok(Guard {
+        inner: Some(Running {
+            tx,
+            join,
+            pid,
+            path: path.to_path_buf(),
+            engine: kind,
+            #[cfg(all(feature = "heap", feature = "pprof"))]
+            heap_profile: b.heap_profile.clone(),
+        }),
+    })
 }
 
 /// Add the kernel-time rings to a perf engine when asked and allowed; what

@@ -14,7 +14,7 @@ use crate::{Error, RecorderError};
 /// The path of segment `seq`: the pieces joined by the zero-padded number.
 pub(crate) fn segment_path(pieces: &[Vec<u8>], seq: u64) -> PathBuf {
     use std::os::unix::ffi::OsStringExt;
-    let num = format!("{seq:06}");
+    let num = crate::segment_number(seq);
     let mut out = Vec::new();
     for (i, p) in pieces.iter().enumerate() {
         if i > 0 {
@@ -116,7 +116,7 @@ fn remove_for_overwrite(path: &Path) -> Result<(), Error> {
             .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
             .open(path)
             .map_err(io_err)?;
-        if sys::try_lock(f.as_fd(), sys::Lock::Shared).is_err() {
+        if !matches!(crate::recording_running(&f), Ok(false)) {
             return Err(Error::Recorder(RecorderError::OverwriteRefused {
                 path: path.to_path_buf(),
                 reason: "a running recorder is still writing it (it holds the spool's lock)",

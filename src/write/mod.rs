@@ -1,7 +1,6 @@
-//! The write side: [`SpoolWriter`], which validates and appends records, and
-//! [`pack`], which writes a spool as a packed file.
+//! The write side: [`SpoolWriter`], which validates and appends records.
+//! ([`pack`](crate::pack), which reads a spool and writes a packed file, sits
+//! above both the read and the write side, in `src/pack.rs`.)
 
-mod pack;
 mod writer;
-pub use pack::{pack, PackSummary};
 pub use writer::{NewModule, SpoolWriter};

@@ -37,6 +37,22 @@ pub struct NewModule<'a> {
     pub build_id: &'a [u8],
 }
 
+/// A module read from a spool, to define again in another (its id is the
+/// new spool's to give).
+impl<'a> From<&'a crate::format::Module> for NewModule<'a> {
+    fn from(m: &'a crate::format::Module) -> NewModule<'a> {
+        NewModule {
+            pid: m.pid,
+            start: m.start,
+            size: m.size,
+            file_offset: m.file_offset,
+            generation: m.generation,
+            path: &m.path,
+            build_id: &m.build_id,
+        }
+    }
+}
+
 /// Appends a valid spool to `W`.
 ///
 /// Ids are assigned densely in definition order and returned by the `define_*`

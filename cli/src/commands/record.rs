@@ -240,6 +240,18 @@ pub fn run(args: &RecordArgs, embedded_lib: &[u8]) -> Result<i32, CliError> {
         summary.samples,
         summary.lost,
     );
+    let (user, sys) = summary.before_us;
+    if user + sys > 0 {
+        let _ = writeln!(
+            err,
+            "spulse: not sampled: {:.1} ms of CPU ({:.1} user, {:.1} system) spent before the recorder started \
+             in {} (exec, dynamic loading, earlier constructors)",
+            (user + sys) as f64 / 1000.0,
+            user as f64 / 1000.0,
+            sys as f64 / 1000.0,
+            if summary.processes == 1 { "the process" } else { "the processes" },
+        );
+    }
     if let Err(m) = finished {
         return Err(CliError::other(format!(
             "writing the output failed: {m} (it holds what was merged before; the command exited with status {})",
@@ -360,6 +372,9 @@ struct Summary {
     warnings: Vec<String>,
     /// Processes that left an `.error` file (could not record).
     unrecorded: usize,
+    /// CPU time (user, system; microseconds) the recorded processes spent
+    /// before the recorder started in them (from their stats files).
+    before_us: (u64, u64),
 }
 
 impl Collector {
@@ -476,6 +491,7 @@ impl Collector {
         // failure), grouped by message, with the pids that said it.
         let mut reported: Vec<(String, Vec<u32>)> = Vec::new();
         let mut discarded = 0u64;
+        let mut before_us = (0u64, 0u64);
         for d in &self.done {
             if d.discarded {
                 discarded += 1;
@@ -492,9 +508,15 @@ impl Collector {
             match read_small(&d.path.with_extension("stats")) {
                 Ok(text) => {
                     let (first, rest) = text.split_once('\n').unwrap_or((&text, ""));
-                    if let Some(l) = first.split_whitespace().nth(1).and_then(|v| v.parse::<u64>().ok()) {
+                    let field = |n| first.split_whitespace().nth(n).and_then(|v| v.parse::<u64>().ok());
+                    if let Some(l) = field(1) {
                         lost += l;
                     }
+                    // Bounded: a process's CPU time before its constructor
+                    // is under a day, and the sum cannot overflow.
+                    let day = 86_400_000_000;
+                    before_us.0 += field(2).unwrap_or(0).min(day);
+                    before_us.1 += field(3).unwrap_or(0).min(day);
                     for w in rest.lines().filter(|l| !l.trim().is_empty()).take(16) {
                         let w: String = w.chars().filter(|c| !c.is_control()).take(400).collect();
                         match reported.iter_mut().find(|(m, _)| *m == w) {
@@ -552,7 +574,7 @@ impl Collector {
                 ));
             }
         }
-        Summary { processes: pids.len(), samples, lost, warnings, unrecorded: count }
+        Summary { processes: pids.len(), samples, lost, warnings, unrecorded: count, before_us }
     }
 }
 

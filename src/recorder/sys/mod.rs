@@ -103,8 +103,6 @@ pub(crate) fn getpid() -> u32 {
 pub(crate) enum Lock {
     /// `LOCK_EX`: the recorder's, held while a recording runs.
     Exclusive,
-    /// `LOCK_SH`: a reader's probe of whether a recording still runs.
-    Shared,
 }
 
 /// Take `lock` on `fd` without waiting (`LOCK_NB`): `EWOULDBLOCK` when another
@@ -112,7 +110,6 @@ pub(crate) enum Lock {
 pub(crate) fn try_lock(fd: BorrowedFd<'_>, lock: Lock) -> std::io::Result<()> {
     let op = match lock {
         Lock::Exclusive => libc::LOCK_EX,
-        Lock::Shared => libc::LOCK_SH,
     };
     // SAFETY: flock on a descriptor the caller keeps open for the call.
     if unsafe { libc::flock(fd.as_raw_fd(), op | libc::LOCK_NB) } != 0 {

@@ -1,6 +1,11 @@
 //! The writer thread: every flush interval it drains the ring, resolves and
 //! interns what the handler captured, tracks modules coming and going, and
 //! appends to the spool; at stop it drains everything, flushes and syncs.
+//! This file is one concern, the run loop of that one thread (`Run`), kept
+//! whole at about 1,000 lines: its steps share `Run`'s state and read in the
+//! order a tick runs them. Control messages, the timeline, rotation and
+//! interning are beside it (`control.rs`, `timeline.rs`, `rotation.rs`,
+//! `intern.rs`).
 //!
 //! Order of work in one tick, and why:
 //! 1. drain the ring and write the samples (each resolved against the module

@@ -89,6 +89,39 @@ impl Rotation {
     }
 }
 
+/// How many taken segment names in a row a rotation steps over before it
+/// stops the recording with the error.
+const MAX_TAKEN: usize = 16;
+
+/// Whether creating a segment failed only because its name is taken.
+fn is_taken(e: &Error) -> bool {
+    matches!(e, Error::Io { source, .. } if source.kind() == std::io::ErrorKind::AlreadyExists)
+}
+
+/// Create, lock and start the segment `path`. A segment whose header cannot be
+/// written (a full disk) is removed again, so that no empty, unlocked
+/// segment is left for followers to wait on.
+fn create_segment(
+    path: &Path,
+    mode: u32,
+    overwrite: bool,
+    header: Header,
+) -> Result<(SpoolWriter<Box<dyn Sink>>, std::fs::Metadata), Error> {
+    let file = create_spool(path, mode, overwrite)?;
+    let meta = file.metadata().map_err(|e| Error::io(Some(path), e))?;
+    let sink: Box<dyn Sink> = Box::new(SpoolFile::new(file));
+    match SpoolWriter::new(sink, header).and_then(|mut out| out.flush().map(|()| out)) {
+        Ok(out) => Ok((out, meta)),
+        Err(e) => {
+            // Still the file created above (same device and inode): ours to remove.
+            if std::fs::symlink_metadata(path).is_ok_and(|m| m.dev() == meta.dev() && m.ino() == meta.ino()) {
+                let _ = std::fs::remove_file(path);
+            }
+            Err(e.with_path(path))
+        }
+    }
+}
+
 impl Run {
     /// Start the next segment (called after a tick's flush, so every sample
     /// drained so far is in the segment left behind).
@@ -111,8 +144,8 @@ impl Run {
         if self.error.is_some() {
             return;
         }
-        let seq = rot.seq + 1;
-        let path = segment_path(&rot.pieces, seq);
+        let mut seq = rot.seq + 1;
+        let mut path = segment_path(&rot.pieces, seq);
         // The segment being left is complete (the tick's flush wrote it):
         // make it durable and note its size and modification time now,
         // before the next segment exists, so that what retention later
@@ -121,12 +154,31 @@ impl Run {
         let old_done = self.st.out.flush().and_then(|()| self.st.out.get_ref().sync().map_err(Error::from));
         let finished = self.st.out.get_ref().metadata().map(|m| (m.size(), m.mtime(), m.mtime_nsec()));
         let header = Header { start_time_us: sys::now_us(), interval_us: rot.interval_us };
-        let created = create_spool(&path, rot.mode, rot.overwrite).and_then(|file| {
-            let meta = file.metadata().map_err(|e| Error::io(Some(&path), e))?;
-            let sink: Box<dyn Sink> = Box::new(SpoolFile::new(file));
-            let out = SpoolWriter::new(sink, header).map_err(|e| e.with_path(&path))?;
-            Ok((out, meta))
-        });
+        // A segment's name already taken by a file this recorder did not
+        // create (another user's, in a shared directory; without overwrite):
+        // the recording goes on under the next free number, which followers
+        // find (the lowest number after the last segment), and says so.
+        let mut taken = Vec::new();
+        let created = loop {
+            match create_segment(&path, rot.mode, rot.overwrite, header) {
+                Err(e) if is_taken(&e) && taken.len() < MAX_TAKEN => {
+                    taken.push(path);
+                    seq += 1;
+                    path = segment_path(&rot.pieces, seq);
+                }
+                r => break r,
+            }
+        };
+        if !taken.is_empty() {
+            let names: Vec<String> = taken.iter().map(|p| p.display().to_string()).collect();
+            let w = format!(
+                "segment path {} already taken by another file: the recording went on at {}",
+                names.join(", "),
+                path.display()
+            );
+            self.st.warnings.push(w);
+        }
+        let Some(rot) = self.st.rotation.as_mut() else { return };
         let (out, meta) = match created {
             Ok(c) => c,
             Err(e) => {

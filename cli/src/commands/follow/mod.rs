@@ -59,6 +59,13 @@ use crate::select::{Contexts, Filter, Selector};
 use crate::symbolize::Symbolizer;
 use crate::CliError;
 
+mod display;
+mod segments;
+
+pub use display::restore_terminal;
+use display::*;
+use segments::*;
+
 /// How often `--wait` looks for the spool again.
 const WAIT_POLL: Duration = Duration::from_millis(50);
 
@@ -169,21 +176,12 @@ impl Live {
 /// Whether a recorder still holds its exclusive lock on the spool (`lock` is
 /// the follower's own descriptor of it).
 fn recording_running(lock: &File, path: &Path) -> Result<bool, CliError> {
-    use rustix::fs::{flock, FlockOperation};
-    match flock(lock, FlockOperation::NonBlockingLockShared) {
-        Ok(()) => {
-            // Got it: nobody records. Release it at once, so that a new
-            // recording into the same file is never held up by us.
-            let _ = flock(lock, FlockOperation::Unlock);
-            Ok(false)
-        }
-        Err(e) if e == rustix::io::Errno::WOULDBLOCK => Ok(true),
-        Err(e) => Err(CliError::other(format!(
-            "{}: cannot check whether the recording is running (flock): {}",
-            path.display(),
-            std::io::Error::from(e)
-        ))),
-    }
+    spulse::recording_running(lock).map_err(|e| {
+        CliError::other(format!(
+            "{}: cannot check whether the recording is running (flock): {e}",
+            path.display()
+        ))
+    })
 }
 
 /// Whether opening failed only because the spool is not there yet, or its
@@ -252,41 +250,6 @@ fn wait_for<T>(
             }
         }
         std::thread::sleep(WAIT_POLL);
-    }
-}
-
-/// Whether the alternate screen is on (see [`restore_terminal`]).
-static ALT_SCREEN_ON: AtomicBool = AtomicBool::new(false);
-
-/// The alternate screen, entered on creation and left (with the cursor shown
-/// again) on drop, so every way out of `run` restores the terminal.
-struct AltScreen;
-
-impl AltScreen {
-    fn enter() -> AltScreen {
-        let mut out = std::io::stdout().lock();
-        // Alternate screen on, cursor hidden.
-        let _ = out.write_all(b"\x1b[?1049h\x1b[?25l");
-        let _ = out.flush();
-        ALT_SCREEN_ON.store(true, Ordering::SeqCst);
-        AltScreen
-    }
-}
-
-impl Drop for AltScreen {
-    fn drop(&mut self) {
-        restore_terminal();
-    }
-}
-
-/// Leave the alternate screen if `follow` entered it, showing the cursor
-/// again (the normal screen comes back as it was). Idempotent; the panic hook
-/// calls it before printing, so that the message lands on the normal screen.
-pub fn restore_terminal() {
-    if ALT_SCREEN_ON.swap(false, Ordering::SeqCst) {
-        let mut out = std::io::stdout().lock();
-        let _ = out.write_all(b"\x1b[?25h\x1b[?1049l");
-        let _ = out.flush();
     }
 }
 
@@ -466,298 +429,4 @@ impl Feed {
             Feed::Chain(c) => c.advance(),
         }
     }
-}
-
-/// If `file` is named like a segment and a later segment exists, its path.
-fn later_segment(file: &Path) -> Option<PathBuf> {
-    let (seg, Some(n)) = Segments::parse(file, true).ok()?? else { return None };
-    Some(seg.path(seg.next(Some(n)).ok()??))
-}
-
-/// The names of a rotating recording's segments: `dir/<prefix><number><suffix>`,
-/// the number zero-padded to at least six digits.
-#[derive(Debug)]
-struct Segments {
-    dir: PathBuf,
-    prefix: String,
-    suffix: String,
-}
-
-/// Fewest digits of a segment number in a file name (the recorder pads to six).
-const SEQ_DIGITS: usize = 6;
-
-impl Segments {
-    /// The segments `path` names: a pattern with `{seq}` (start at the oldest
-    /// segment there is: `None`), or with `one` a segment (start there: its
-    /// number). `Ok(None)`: `path` is a plain spool.
-    fn parse(path: &Path, one: bool) -> Result<Option<(Segments, Option<u64>)>, CliError> {
-        let shown = || escape(&path.display().to_string()).into_owned();
-        let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
-            if path.to_string_lossy().contains("{seq}") {
-                return Err(CliError::input(format!(
-                    "{}: {{seq}} must be in the file name of a segment pattern",
-                    shown()
-                )));
-            }
-            return Ok(None);
-        };
-        let dir = match path.parent() {
-            Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
-            _ => PathBuf::from("."),
-        };
-        if dir.to_string_lossy().contains("{seq}") {
-            return Err(CliError::input(format!(
-                "{}: {{seq}} must be in the file name of a segment pattern, not its directory",
-                shown()
-            )));
-        }
-        if let Some(at) = name.find("{seq}") {
-            let (prefix, suffix) = (&name[..at], &name[at + 5..]);
-            if suffix.contains("{seq}") || name.contains("{pid}") || name.contains("{timestamp}") {
-                return Err(CliError::input(format!(
-                    "{}: a segment pattern has one {{seq}} and no other placeholder (write the process id \
-                     and start time as the recorder filled them in)",
-                    shown()
-                )));
-            }
-            return Ok(Some((Segments { dir, prefix: prefix.into(), suffix: suffix.into() }, None)));
-        }
-        if !one {
-            return Ok(None);
-        }
-        // The last run of at least six digits is the segment number.
-        let b = name.as_bytes();
-        let mut end = b.len();
-        while end > 0 {
-            if !b[end - 1].is_ascii_digit() {
-                end -= 1;
-                continue;
-            }
-            let mut start = end;
-            while start > 0 && b[start - 1].is_ascii_digit() {
-                start -= 1;
-            }
-            if end - start >= SEQ_DIGITS {
-                let Ok(num) = name[start..end].parse::<u64>() else { return Ok(None) };
-                let seg = Segments { dir, prefix: name[..start].into(), suffix: name[end..].into() };
-                return Ok(Some((seg, Some(num))));
-            }
-            end = start;
-        }
-        Err(CliError::input(format!(
-            "{}: --segments: the file name has no segment number (a run of {SEQ_DIGITS} or more digits)",
-            shown()
-        )))
-    }
-
-    /// The path of segment `n`.
-    fn path(&self, n: u64) -> PathBuf {
-        self.dir.join(format!("{}{n:0width$}{}", self.prefix, self.suffix, width = SEQ_DIGITS))
-    }
-
-    /// The lowest-numbered segment there is after `after` (or the lowest of all).
-    fn next(&self, after: Option<u64>) -> Result<Option<u64>, CliError> {
-        let entries = std::fs::read_dir(&self.dir)
-            .map_err(|e| CliError::input(format!("{}: {e}", escape(&self.dir.display().to_string()))))?;
-        let mut best: Option<u64> = None;
-        for entry in entries.flatten() {
-            let name = entry.file_name();
-            let Some(name) = name.to_str() else { continue };
-            let Some(digits) = name.strip_prefix(&self.prefix).and_then(|r| r.strip_suffix(&self.suffix))
-            else {
-                continue;
-            };
-            if digits.len() < SEQ_DIGITS || !digits.bytes().all(|c| c.is_ascii_digit()) {
-                continue;
-            }
-            let Ok(n) = digits.parse::<u64>() else { continue };
-            if after.is_none_or(|a| n > a) && best.is_none_or(|b| n < b) {
-                best = Some(n);
-            }
-        }
-        Ok(best)
-    }
-}
-
-/// The segments of a rotating recording, copied one after another into a
-/// merged spool (a temporary file) that `tail` reads.
-struct Chain {
-    segments: Segments,
-    /// Number, path, source and lock descriptor of the segment being read.
-    seq: u64,
-    path: PathBuf,
-    source: Source,
-    lock: File,
-    merged: tempfile::NamedTempFile,
-    out: SpoolWriter<File>,
-    shared: Shared,
-    tail: Tail,
-}
-
-impl Chain {
-    /// Open the first segment (`first`, or the oldest there is), waiting as
-    /// [`open_tail`] does; `None` when Ctrl-C ended the wait.
-    fn open(
-        args: &FollowArgs,
-        stop: &AtomicBool,
-        segments: Segments,
-        first: Option<u64>,
-    ) -> Result<Option<Chain>, CliError> {
-        let mut found = None;
-        let opened = wait_for(args, stop, &mut |_| {
-            let seq = match first {
-                Some(n) => n,
-                None => match segments.next(None) {
-                    Ok(Some(n)) => n,
-                    Ok(None) => {
-                        return Err(spulse::Error::Io {
-                            path: Some(args.file.clone()),
-                            source: std::io::Error::new(
-                                std::io::ErrorKind::NotFound,
-                                "no segment matches it",
-                            ),
-                        })
-                    }
-                    Err(e) => {
-                        return Err(spulse::Error::Io {
-                            path: Some(args.file.clone()),
-                            source: std::io::Error::other(e.message),
-                        })
-                    }
-                },
-            };
-            let path = segments.path(seq);
-            let source = Source::open_any(&path)?;
-            found = Some((seq, path));
-            Ok(source)
-        })?;
-        let Some(source) = opened else { return Ok(None) };
-        let (seq, path) = found.expect("set with the source");
-        let lock = File::open(&path).map_err(|e| CliError::input(format!("{}: {e}", path.display())))?;
-        let merged =
-            tempfile::Builder::new().prefix("spulse-follow-").suffix(".spool").tempfile().map_err(|e| {
-                CliError::other(format!("cannot create a temporary file for the segments: {e}"))
-            })?;
-        let file = merged.as_file().try_clone().map_err(|e| CliError::other(format!("{e}")))?;
-        let h = source.header();
-        let out =
-            SpoolWriter::new(file, Header { start_time_us: h.start_time_us, interval_us: h.interval_us })?;
-        let tail = Tail::open(merged.path())?;
-        Ok(Some(Chain { segments, seq, path, source, lock, merged, out, shared: Shared::merging(), tail }))
-    }
-
-    /// Copy what the current segment gained; while it is complete and a later
-    /// segment exists, move on to that one. Whether the recording runs on.
-    fn advance(&mut self) -> Result<bool, CliError> {
-        loop {
-            // Asked before copying: once unlocked, the segment is complete.
-            let running = recording_running(&self.lock, &self.path)?;
-            self.pump()?;
-            if running {
-                return Ok(true);
-            }
-            let Some(next) = self.segments.next(Some(self.seq))? else {
-                self.warn_if_truncated();
-                return Ok(false);
-            };
-            let path = self.segments.path(next);
-            let source = match Source::open_any(&path) {
-                Ok(s) => s,
-                // Created but its header not complete yet, or deleted at once by retention: next time.
-                Err(e) if not_there_yet(&e) => return Ok(true),
-                Err(e) => return Err(e.into()),
-            };
-            let lock = File::open(&path).map_err(|e| CliError::input(format!("{}: {e}", path.display())))?;
-            self.warn_if_truncated();
-            let mut old = std::mem::replace(&mut self.source, source);
-            self.lock = lock;
-            self.seq = next;
-            self.path = path;
-            // The new segment's modules are defined (sharing the old one's ids
-            // where they are the same) before the old segment gives its up.
-            self.pump()?;
-            old.finish_shared(&mut self.out, &mut self.shared).map_err(merge_error)?;
-            self.out.flush()?;
-        }
-    }
-
-    /// Copy what the current segment gained into the merged spool.
-    fn pump(&mut self) -> Result<(), CliError> {
-        self.source.pump_shared(&mut self.out, &mut self.shared).map_err(merge_error)?;
-        self.out.flush()?;
-        Ok(())
-    }
-
-    fn warn_if_truncated(&self) {
-        if let Some(valid) = self.source.incomplete_tail() {
-            warn_truncated(&self.path, valid);
-        }
-    }
-}
-
-fn merge_error(e: MergeError) -> CliError {
-    match e {
-        MergeError::Source(msg) => CliError::input(msg),
-        MergeError::Output(e) => CliError::other(format!("writing the merged segments: {e}")),
-    }
-}
-
-/// The terminal a table is fitted to: lines are cut to `width` columns, and
-/// the function rows are cut so that the whole table, header included, fits
-/// in `rows` lines.
-#[derive(Debug, Clone, Copy)]
-struct Fit {
-    width: Option<usize>,
-    rows: Option<usize>,
-}
-
-/// Print one table, fitted to `fit`; `redraw` clears the screen first.
-#[allow(clippy::too_many_arguments)]
-fn print_table(
-    tail: &Tail,
-    live: &Live,
-    sym: &mut Symbolizer,
-    args: &FollowArgs,
-    fit_to: Fit,
-    redraw: bool,
-    elapsed: Duration,
-    new: u64,
-) -> Result<(), CliError> {
-    let agg = live.aggregate();
-    let stats = top_with(tail, &agg, sym, args.symbols.shape());
-    let header = format!(
-        "--- {} at {:.1} s: {} samples (+{new}), {} threads ---",
-        escape(&args.file.display().to_string()),
-        elapsed.as_secs_f64(),
-        live.select.selected(),
-        tail.threads().len()
-    );
-    let limit = match fit_to.rows {
-        Some(rows) => {
-            let fit_rows = rows.saturating_sub(NON_TABLE_ROWS).max(1);
-            if args.n == 0 {
-                fit_rows
-            } else {
-                args.n.min(fit_rows)
-            }
-        }
-        None => args.n,
-    };
-    let width = fit_to.width.map(|w| w.max(1));
-    // Drawn into memory first, then written at once (no flicker).
-    let mut frame: Vec<u8> = Vec::new();
-    if redraw {
-        // Cursor home, clear the screen.
-        frame.extend_from_slice(b"\x1b[H\x1b[2J");
-    }
-    let header = match width {
-        Some(w) => fit(&header, w),
-        None => header.as_str().into(),
-    };
-    let _ = writeln!(frame, "{header}");
-    let _ = write_table(&mut frame, &stats, sym, agg.total, limit, width);
-    if !redraw {
-        frame.push(b'\n');
-    }
-    with_stdout(|out| out.write_all(&frame))
 }

@@ -14,7 +14,6 @@ use crate::format::defs::Definitions;
 use crate::format::packed::*;
 use crate::format::record::{self, Record};
 use crate::format::tag;
-use crate::read::packed::corrupt;
 use crate::read::Replay;
 use crate::{Error, FormatErrorKind};
 
@@ -85,16 +84,14 @@ pub fn pack<W: Write>(replay: &Replay, out: W) -> Result<PackSummary, Error> {
     }
     let (defs_bytes, marks) = definition_records(replay)?;
     // The definitions as a reader of the packed file will decode them.
-    let (header, hlen) =
-        record::decode_header(&defs_bytes).map_err(|(at, k)| corrupt(at as u64, k.to_string()))?;
+    let (header, hlen) = record::decode_header(&defs_bytes)
+        .map_err(|(at, k)| Error::packed_corrupt(at as u64, k.to_string()))?;
     let mut defs = Definitions::new(header);
     let mut pos = hlen;
     while pos < defs_bytes.len() {
         match defs.read_record(&defs_bytes[pos..]) {
             Ok((_, len)) => pos += len,
-            Err(_) => {
-                return Err(crate::read::scan::format_error(pos as u64, FormatErrorKind::ChangedSinceOpen))
-            }
+            Err(_) => return Err(Error::format(pos as u64, FormatErrorKind::ChangedSinceOpen)),
         }
     }
     let (threads, stacks) = (defs.threads().len() as u64, defs.stack_count() as u64);
@@ -136,7 +133,7 @@ pub fn pack<W: Write>(replay: &Replay, out: W) -> Result<PackSummary, Error> {
     for s in replay.samples() {
         let s = s?;
         if s.thread.get() as u64 >= threads || s.stack.get() as u64 >= stacks {
-            return Err(crate::read::scan::format_error(0, FormatErrorKind::ChangedSinceOpen));
+            return Err(Error::format(0, FormatErrorKind::ChangedSinceOpen));
         }
         times.push(s.time_us);
         ths.push(s.thread.get());
@@ -148,7 +145,7 @@ pub fn pack<W: Write>(replay: &Replay, out: W) -> Result<PackSummary, Error> {
     }
     flush(&mut out, &mut times, &mut ths, &mut sts)?;
     if marks.last().is_some_and(|&m| m > samples) {
-        return Err(crate::read::scan::format_error(0, FormatErrorKind::ChangedSinceOpen));
+        return Err(Error::format(0, FormatErrorKind::ChangedSinceOpen));
     }
     let index_at = out.bytes;
     let mut tail = Vec::with_capacity(index.len() * INDEX_ENTRY_LEN as usize + FOOTER_LEN as usize);
@@ -172,7 +169,7 @@ fn definition_records(replay: &Replay) -> Result<(Vec<u8>, Vec<u64>), Error> {
     record::encode_header(replay.header(), &mut defs);
     let mut marks = Vec::new();
     let mut samples = 0u64;
-    let changed = |at: u64| crate::read::scan::format_error(at, FormatErrorKind::ChangedSinceOpen);
+    let changed = |at: u64| Error::format(at, FormatErrorKind::ChangedSinceOpen);
     let (start, end) = replay.data_range();
     let mut buf = vec![0u8; 1 << 20];
     let (mut filled, mut pos, mut file_pos) = (0usize, 0usize, start);

@@ -1,0 +1,208 @@
+//! The table of live sampled blocks: fixed capacity, in static memory (no
+//! allocation, ever), lock-free (compare-and-swap per slot), so that any
+//! thread, a forked child, or a thread in its TLS destructors can use it
+//! without waiting for anyone.
+//!
+//! Every `dealloc` has to find out whether its block was sampled. A counting
+//! filter answers most of them with one load: [`FILTER_BUCKETS`] one-byte
+//! counters (16 KiB, small enough to stay in the first-level cache of a
+//! program that frees a lot: a larger filter cost a cache miss per free)
+//! indexed by a hash of the address, incremented for each block in the table;
+//! a zero means "not sampled". Only blocks whose bucket is non-zero (the
+//! sampled ones, and the others that share a bucket with one: about
+//! live sampled blocks / 16,384 of the frees) search the table. A bucket
+//! holds at most 255 blocks; one more is not tracked.
+//!
+//! The table is open-addressed with linear probing bounded to [`MAX_PROBE`]
+//! slots from the home slot, so a search reads at most that many slots. A slot
+//! holds the block's address, the estimated bytes and allocations it stands
+//! for (fixed point) and its stack's index. A block that finds no free slot in
+//! its window is not tracked: its allocation is still counted, and
+//! [`dropped`] counts it (its bytes then never show as freed: the in-use
+//! figures of its stack are overstated by it).
+//!
+//! Memory: [`CAPACITY`] slots of 32 bytes (2 MiB) plus the filter (16 KiB),
+//! static, touched page by page. At the default rate the table holds about
+//! one block per 512 KiB of sampled live heap (plus each live block larger
+//! than that), so 65,536 slots cover a live heap of some 32 GiB.
+
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
+
+/// Slots in the table.
+pub const CAPACITY: usize = 1 << 16;
+/// Counters in the filter.
+pub const FILTER_BUCKETS: usize = 1 << 14;
+/// The farthest a block is placed from its home slot.
+pub const MAX_PROBE: usize = 128;
+
+const EMPTY: u64 = 0;
+const TOMBSTONE: u64 = 1;
+/// A slot being written (or, in a child forked meanwhile, lost).
+const BUSY: u64 = 2;
+
+/// A live sampled block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Block {
+    /// Estimated bytes this sample stands for.
+    pub bytes: u64,
+    /// Estimated allocations this sample stands for, in 1/[`super::stacks::FIXED`].
+    pub objects: u64,
+    pub stack: u32,
+}
+
+struct Slot {
+    addr: AtomicU64,
+    size: AtomicU64,
+    objects: AtomicU64,
+    stack: AtomicU32,
+}
+
+#[allow(clippy::declare_interior_mutable_const)]
+const SLOT: Slot = Slot {
+    addr: AtomicU64::new(EMPTY),
+    size: AtomicU64::new(0),
+    objects: AtomicU64::new(0),
+    stack: AtomicU32::new(0),
+};
+#[allow(clippy::declare_interior_mutable_const)]
+const ZERO: AtomicU8 = AtomicU8::new(0);
+
+static SLOTS: [Slot; CAPACITY] = [SLOT; CAPACITY];
+static FILTER: [AtomicU8; FILTER_BUCKETS] = [ZERO; FILTER_BUCKETS];
+static DROPPED: AtomicU64 = AtomicU64::new(0);
+static LIVE: AtomicU64 = AtomicU64::new(0);
+
+#[inline(always)]
+fn hash(addr: u64) -> u64 {
+    // Allocators return 8- or 16-byte aligned blocks: drop those bits, then a
+    // Fibonacci multiply spreads the rest into the high bits.
+    (addr >> 4).wrapping_mul(0x9e37_79b9_7f4a_7c15)
+}
+
+#[inline(always)]
+fn bucket(addr: u64) -> &'static AtomicU8 {
+    &FILTER[(hash(addr) >> (64 - FILTER_BUCKETS.trailing_zeros())) as usize]
+}
+
+#[inline(always)]
+fn home(addr: u64) -> usize {
+    (hash(addr) >> (64 - CAPACITY.trailing_zeros())) as usize
+}
+
+/// Whether the block at `addr` may be in the table (false: it is not).
+#[inline(always)]
+pub(crate) fn maybe_sampled(addr: *mut u8) -> bool {
+    bucket(addr as u64).load(Ordering::Relaxed) != 0
+}
+
+/// Record a sampled block (its address just returned by the allocator).
+/// False if no slot was free within [`MAX_PROBE`] of its home.
+pub(crate) fn insert(addr: *mut u8, b: Block) -> bool {
+    let addr = addr as u64;
+    if addr <= BUSY {
+        return false;
+    }
+    let h = home(addr);
+    for i in 0..MAX_PROBE {
+        let slot = &SLOTS[(h + i) % CAPACITY];
+        let cur = slot.addr.load(Ordering::Relaxed);
+        if cur != EMPTY && cur != TOMBSTONE {
+            continue;
+        }
+        if slot.addr.compare_exchange(cur, BUSY, Ordering::Acquire, Ordering::Relaxed).is_err() {
+            continue;
+        }
+        // The filter first: a search that sees the address sees the count.
+        // A full bucket (255 blocks) refuses the block.
+        if bucket(addr).fetch_update(Ordering::Relaxed, Ordering::Relaxed, |c| c.checked_add(1)).is_err() {
+            slot.addr.store(cur, Ordering::Release);
+            break;
+        }
+        slot.size.store(b.bytes, Ordering::Relaxed);
+        slot.objects.store(b.objects, Ordering::Relaxed);
+        slot.stack.store(b.stack, Ordering::Relaxed);
+        LIVE.fetch_add(1, Ordering::Relaxed);
+        slot.addr.store(addr, Ordering::Release);
+        return true;
+    }
+    DROPPED.fetch_add(1, Ordering::Relaxed);
+    false
+}
+
+/// Take the block at `addr` out of the table, if it is there. Called before
+/// the block goes back to the allocator (after that the address may be
+/// handed out and inserted again).
+pub(crate) fn remove(addr: *mut u8) -> Option<Block> {
+    let addr = addr as u64;
+    if addr <= BUSY {
+        return None;
+    }
+    let h = home(addr);
+    for i in 0..MAX_PROBE {
+        let slot = &SLOTS[(h + i) % CAPACITY];
+        let cur = slot.addr.load(Ordering::Acquire);
+        if cur == EMPTY {
+            return None;
+        }
+        if cur != addr {
+            continue;
+        }
+        // Only the block's owner frees it, so no one else takes this slot
+        // from under us; the CAS keeps a forked child's leftovers harmless.
+        if slot.addr.compare_exchange(addr, BUSY, Ordering::Acquire, Ordering::Relaxed).is_err() {
+            return None;
+        }
+        let b = Block {
+            bytes: slot.size.load(Ordering::Relaxed),
+            objects: slot.objects.load(Ordering::Relaxed),
+            stack: slot.stack.load(Ordering::Relaxed),
+        };
+        slot.addr.store(TOMBSTONE, Ordering::Release);
+        bucket(addr).fetch_sub(1, Ordering::Relaxed);
+        LIVE.fetch_sub(1, Ordering::Relaxed);
+        return Some(b);
+    }
+    None
+}
+
+/// Sampled blocks that found no slot (see the module documentation).
+pub(crate) fn dropped() -> u64 {
+    DROPPED.load(Ordering::Relaxed)
+}
+
+/// Sampled blocks in the table now.
+pub(crate) fn live() -> u64 {
+    LIVE.load(Ordering::Relaxed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn insert_find_remove_and_a_full_window() {
+        // Addresses no allocator returns (above the canonical user range) so
+        // as not to meet the test process's own sampled blocks.
+        let base = 0xffff_9000_0000_0000u64;
+        let b = Block { bytes: 24, objects: 7, stack: 3 };
+        assert!(!maybe_sampled(base as *mut u8));
+        assert!(insert(base as *mut u8, b));
+        assert!(maybe_sampled(base as *mut u8));
+        assert_eq!(remove(base as *mut u8), Some(b));
+        assert_eq!(remove(base as *mut u8), None);
+        // Addresses that all share one home slot: MAX_PROBE fit, the next not.
+        let same_home: Vec<u64> = (0u64..)
+            .map(|i| base + (i << 4))
+            .filter(|&a| home(a) == home(base))
+            .take(MAX_PROBE + 1)
+            .collect();
+        let before = dropped();
+        for (i, &a) in same_home.iter().enumerate() {
+            assert_eq!(insert(a as *mut u8, Block { stack: i as u32, ..b }), i < MAX_PROBE, "{i}");
+        }
+        assert_eq!(dropped() - before, 1);
+        for (i, &a) in same_home.iter().enumerate().rev() {
+            assert_eq!(remove(a as *mut u8).map(|b| b.stack), (i < MAX_PROBE).then_some(i as u32));
+        }
+    }
+}
