@@ -1,0 +1,154 @@
+//! The collector's view of the private directory: each per-process spool
+//! found there (`scan`), merged into the output while its process runs and
+//! finished when it ends or exec's (`tick`).
+
+use std::collections::{BTreeMap, HashSet};
+use std::ffi::OsString;
+use std::fs::File;
+use std::path::PathBuf;
+
+use spulse::SpoolWriter;
+
+use super::handoff::{check_entry, parse_name};
+use super::process::{alive, proc_starttime};
+use crate::merge::{MergeError, Source};
+
+/// One per-process spool file and how far it got.
+pub(super) enum EntryState {
+    /// Seen, header not readable yet.
+    Waiting,
+    /// Being merged.
+    Open(Box<Source>),
+}
+
+/// A finished spool (merged and retired, or abandoned).
+pub(super) struct Done {
+    pub(super) pid: u32,
+    pub(super) path: PathBuf,
+    pub(super) samples: u64,
+    pub(super) dropped: u64,
+    pub(super) error: Option<String>,
+    /// Not merged: writing the output had failed.
+    pub(super) discarded: bool,
+}
+
+pub(super) struct Entry {
+    pub(super) path: PathBuf,
+    /// The process's start time (`/proc/<pid>/stat` field 22) when first seen.
+    pub(super) starttime: Option<u64>,
+    pub(super) state: EntryState,
+}
+
+pub(super) struct Collector {
+    pub(super) dir: PathBuf,
+    /// By (pid, monotonic ns at the recorder's start): exec images of one pid in order.
+    pub(super) entries: BTreeMap<(u32, u64), Entry>,
+    pub(super) done: Vec<Done>,
+    pub(super) seen: HashSet<OsString>,
+}
+
+impl Collector {
+    /// Pick up new spool files.
+    pub(super) fn scan(&mut self) {
+        let Ok(rd) = std::fs::read_dir(&self.dir) else { return };
+        for e in rd.flatten() {
+            let name = e.file_name();
+            if self.seen.contains(&name) {
+                continue;
+            }
+            let Some((pid, ns)) = parse_name(&name, "spool") else { continue };
+            self.seen.insert(name);
+            let path = e.path();
+            // The directory is private (0700), but the recorded program is
+            // untrusted: only a regular file of ours is read.
+            if let Err(why) = check_entry(&path) {
+                self.done.push(Done {
+                    pid,
+                    path,
+                    samples: 0,
+                    dropped: 0,
+                    error: Some(format!("process {pid}: its spool was not read: {why}")),
+                    discarded: false,
+                });
+                continue;
+            }
+            self.entries.insert(
+                (pid, ns),
+                Entry { path, starttime: proc_starttime(pid), state: EntryState::Waiting },
+            );
+        }
+    }
+
+    pub(super) fn all_done(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// Merge what every current spool gained into `out`; finish the spools
+    /// whose process ended. Without `out` (writing it failed), drop every spool.
+    pub(super) fn tick(&mut self, out: Option<&mut SpoolWriter<File>>) -> Result<(), spulse::Error> {
+        let Some(out) = out else {
+            for ((pid, _), entry) in std::mem::take(&mut self.entries) {
+                let _ = std::fs::remove_file(&entry.path);
+                let path = entry.path;
+                self.done.push(Done { pid, path, samples: 0, dropped: 0, error: None, discarded: true });
+            }
+            return Ok(());
+        };
+        let keys: Vec<(u32, u64)> = self.entries.keys().copied().collect();
+        for (i, &(pid, ns)) in keys.iter().enumerate() {
+            // Finished spools leave the map, and keys sort by (pid, ns): only
+            // the oldest spool of a pid is merged. A later one is a later exec
+            // image, and starts after this one is retired.
+            if i > 0 && keys[i - 1].0 == pid {
+                continue;
+            }
+            let superseded = keys.get(i + 1).is_some_and(|k| k.0 == pid);
+            let entry = self.entries.get_mut(&(pid, ns)).expect("key from the map");
+            // Decide "ended" before the last read: once it has ended, nothing
+            // more can be appended, so the read below gets everything.
+            let ended = superseded || !alive(pid, entry.starttime);
+            if let EntryState::Waiting = entry.state {
+                match Source::open(&entry.path, pid) {
+                    Ok(s) => entry.state = EntryState::Open(Box::new(s)),
+                    Err(e) if ended => {
+                        let path = entry.path.clone();
+                        self.entries.remove(&(pid, ns));
+                        self.done.push(Done {
+                            pid,
+                            path,
+                            samples: 0,
+                            dropped: 0,
+                            error: Some(format!("process {pid} left no readable spool: {e}")),
+                            discarded: false,
+                        });
+                        continue;
+                    }
+                    Err(_) => continue,
+                }
+            }
+            let EntryState::Open(src) = &mut entry.state else { continue };
+            let failed = match src.pump(out) {
+                Ok(()) => None,
+                Err(MergeError::Source(msg)) => Some(msg),
+                Err(MergeError::Output(e)) => return Err(e),
+            };
+            if failed.is_some() || ended {
+                src.retire_all(out)?;
+                let done = Done {
+                    pid,
+                    path: entry.path.clone(),
+                    samples: src.samples,
+                    dropped: src.dropped,
+                    error: failed.map(|m| format!("process {pid}: stopped reading its spool: {m}")),
+                    discarded: false,
+                };
+                // Its content is in the output now: free the disk space at once
+                // (a long build runs through thousands of processes).
+                let _ = std::fs::remove_file(&done.path);
+                self.entries.remove(&(pid, ns));
+                self.done.push(done);
+            }
+        }
+        Ok(())
+    }
+}

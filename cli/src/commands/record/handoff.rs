@@ -1,0 +1,182 @@
+//! The collector's private directory (the hand-off between the recorded
+//! processes and the collector): its creation, lock and removal, the
+//! clean-up of directories that killed collectors left, and reading what
+//! the (untrusted) recorded processes put there: file names, and small
+//! files opened without following links or waiting on FIFOs.
+
+use std::fs::File;
+use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crate::CliError;
+
+/// `<pid>.<ns>.<ext>` with decimal numbers.
+pub(super) fn parse_name(name: &std::ffi::OsStr, ext: &str) -> Option<(u32, u64)> {
+    let name = name.to_str()?;
+    let stem = name.strip_suffix(ext)?.strip_suffix('.')?;
+    let (pid, ns) = stem.split_once('.')?;
+    Some((pid.parse().ok()?, ns.parse().ok()?))
+}
+
+/// Prefix of the collector's private directories in `TMPDIR` (a new name:
+/// directories of this prefix are locked while their collector runs, which
+/// is what makes the clean-up of stale ones safe).
+const HANDOFF_PREFIX: &str = "spulse-rec-";
+
+/// A stale directory is removed only once it has not changed for this long
+/// (a collector locks its directory microseconds after creating it).
+const STALE_AFTER: Duration = Duration::from_secs(5);
+
+/// The collector's private directory: mode 0700 whatever the umask, locked
+/// (`flock(LOCK_EX)` on a close-on-exec descriptor of the directory) while
+/// the collector runs, removed when it ends. A collector that is SIGKILLed
+/// leaves it unlocked: the recorded processes started after that see the lock
+/// gone and do not record (the preloaded library checks it at start), and the
+/// next `spulse record` of the same user removes it (`clean_stale_dirs`).
+pub(super) struct HandoffDir {
+    pub(super) path: PathBuf,
+    /// Holds the lock.
+    _lock: File,
+}
+
+impl HandoffDir {
+    pub(super) fn create() -> Result<HandoffDir, CliError> {
+        let tmp = std::env::temp_dir();
+        clean_stale_dirs(&tmp);
+        let fail = |e: std::io::Error| {
+            CliError::other(format!("cannot create the private directory in {}: {e}", tmp.display()))
+        };
+        let dir = tempfile::Builder::new().prefix(HANDOFF_PREFIX).tempdir_in(&tmp).map_err(fail)?;
+        let path = dir.keep();
+        let made = (|| {
+            use std::os::unix::fs::PermissionsExt;
+            // The umask may have taken bits from (or, with tempfile's mode,
+            // left bits in) the mode: set it outright.
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o700))?;
+            let lock = open_dir(&path)?;
+            rustix::fs::flock(&lock, rustix::fs::FlockOperation::NonBlockingLockExclusive)?;
+            Ok(lock)
+        })();
+        match made {
+            Ok(lock) => Ok(HandoffDir { path, _lock: lock }),
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(&path);
+                Err(fail(e))
+            }
+        }
+    }
+}
+
+impl Drop for HandoffDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.path);
+    }
+}
+
+/// A directory, opened to lock it (never through a symlink, close-on-exec so
+/// the recorded tree does not inherit the lock).
+fn open_dir(path: &Path) -> std::io::Result<File> {
+    std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)
+}
+
+/// Remove the private directories that collectors of this user left in `tmp`
+/// when they were killed: a directory of ours, named with our prefix, that
+/// no collector holds locked and that has not changed for [`STALE_AFTER`].
+fn clean_stale_dirs(tmp: &Path) {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(rd) = std::fs::read_dir(tmp) else { return };
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    let now = std::time::SystemTime::now();
+    for e in rd.flatten() {
+        if !e.file_name().as_encoded_bytes().starts_with(HANDOFF_PREFIX.as_bytes()) {
+            continue;
+        }
+        let path = e.path();
+        let Ok(m) = std::fs::symlink_metadata(&path) else { continue };
+        let changed = std::time::UNIX_EPOCH + Duration::from_secs(m.ctime().max(0) as u64);
+        let quiet = now.duration_since(changed).is_ok_and(|d| d >= STALE_AFTER);
+        if !m.is_dir() || m.uid() != me || !quiet {
+            continue;
+        }
+        let Ok(dir) = open_dir(&path) else { continue };
+        let same = dir.metadata().is_ok_and(|d| d.dev() == m.dev() && d.ino() == m.ino());
+        if same && rustix::fs::flock(&dir, rustix::fs::FlockOperation::NonBlockingLockExclusive).is_ok() {
+            // remove_dir_all never follows symlinks inside.
+            let _ = std::fs::remove_dir_all(&path);
+        }
+    }
+}
+
+/// Largest `.error` or `.stats` file read from the private directory.
+const SMALL_FILE_MAX: u64 = 4096;
+
+/// Whether `path` (in the private directory) is a regular file of ours;
+/// otherwise what it is.
+pub(super) fn check_entry(path: &Path) -> Result<(), String> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::symlink_metadata(path).map_err(|e| e.to_string())?;
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    let t = m.file_type();
+    if !t.is_file() {
+        let what = if t.is_symlink() {
+            "a symbolic link"
+        } else if t.is_fifo() {
+            "a FIFO"
+        } else if t.is_dir() {
+            "a directory"
+        } else {
+            "a device or socket"
+        };
+        return Err(format!("it is {what}, not a regular file"));
+    }
+    if m.uid() != me {
+        return Err(format!("it belongs to user {}, not to this user", m.uid()));
+    }
+    Ok(())
+}
+
+/// Read a small file from the private directory: opened without following
+/// a symlink or waiting on a FIFO, accepted only as a regular file of ours,
+/// read up to [`SMALL_FILE_MAX`] bytes (the rest is cut, and said so).
+/// `Err(None)` when there is no such file, `Err(Some(why))` when it was refused.
+pub(super) fn read_small(path: &Path) -> Result<String, Option<String>> {
+    use std::io::Read;
+    use std::os::unix::fs::MetadataExt;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY | libc::O_CLOEXEC)
+        .open(path);
+    let f = match f {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(None),
+        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
+            return Err(Some("it is a symbolic link, not a regular file".into()))
+        }
+        Err(e) => return Err(Some(e.to_string())),
+    };
+    let m = f.metadata().map_err(|e| Some(e.to_string()))?;
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    if !m.file_type().is_file() {
+        let what = if m.file_type().is_fifo() { "a FIFO" } else { "not a regular file" };
+        return Err(Some(format!("it is {what}")));
+    }
+    if m.uid() != me {
+        return Err(Some(format!("it belongs to user {}, not to this user", m.uid())));
+    }
+    let mut buf = Vec::new();
+    f.take(SMALL_FILE_MAX + 1).read_to_end(&mut buf).map_err(|e| Some(e.to_string()))?;
+    let cut = buf.len() as u64 > SMALL_FILE_MAX;
+    buf.truncate(SMALL_FILE_MAX as usize);
+    let mut text = String::from_utf8_lossy(&buf).into_owned();
+    if cut {
+        text.push_str(&format!(" [cut at {SMALL_FILE_MAX} bytes of {}]", m.len()));
+    }
+    Ok(text)
+}

@@ -1,0 +1,347 @@
+//! `spulse record [-F HZ] [-o PATH] [--] CMD [ARGS...]`: run CMD with
+//! `libspulse_preload.so` loaded into it and into every process it starts, and
+//! merge what they record into one spool.
+//!
+//! Design (README "Recording a command" has the user's view):
+//! * The collector (this process) makes a private directory (mode 0700) and
+//!   runs CMD with `LD_PRELOAD` naming the library and `SPULSE_RECORD_DIR`
+//!   naming the directory. Each process, and each program a process `exec`s,
+//!   records itself with the ordinary embedded recorder into
+//!   `<pid>.<ns>.spool` there: same engines, same per-sample cost, and a
+//!   process that is SIGKILLed keeps what it flushed (every 100 ms).
+//! * The collector follows each of those spools with `Tail` (see
+//!   [`crate::merge`]), remaps ids into one dense stream and appends it to the
+//!   output, flushing every tick (20 ms), so the output is a valid spool at every
+//!   moment and `spulse follow` works on it live. A per-process spool is
+//!   untrusted input: garbage in it is a reader error for that one process.
+//! * A process's spool is finished when the process is gone (or a zombie, or
+//!   its pid now belongs to another process) or when a later spool of the same
+//!   pid appears (it exec'd); then its modules are retired with a tag-7 record.
+//! * The collector is a child subreaper: orphaned descendants are reparented to
+//!   it, so it waits until the whole tree has exited, not only CMD, and reaps
+//!   them. It exits with CMD's status (128 + signal number if CMD was killed).
+//! * The output holds `flock(LOCK_EX)` while recording, as the embedded
+//!   recorder's spool does, so `follow` knows when it is complete.
+//!
+//! The parts: `launch.rs` (before CMD runs), `handoff.rs` (the private
+//! directory), `process.rs` (the supervised tree and its signals),
+//! `collector.rs` (merging each process's spool), `summary.rs` (what the
+//! recording ends with).
+
+mod collector;
+mod handoff;
+mod launch;
+mod process;
+mod summary;
+
+use std::collections::{BTreeMap, HashSet};
+use std::ffi::OsString;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use clap::Args;
+use spulse::{Header, SpoolWriter};
+
+use collector::Collector;
+use handoff::HandoffDir;
+use launch::{cfi_cache_dir, check_dynamic, create_new, default_output, resolve_program, CFI_CACHE_ENV};
+use process::{
+    forward_signal, have_children, install_signal_handlers, pidfd_open, reap, take_signal, wait_tick,
+};
+
+use super::export::{ExportArgs, Format};
+use super::{FilterArgs, SymbolArgs};
+use crate::CliError;
+
+/// Arguments of `spulse record`.
+#[derive(Debug, Args)]
+#[command(
+    trailing_var_arg = true,
+    after_help = "Examples:\n  spulse record -- make -j2\n  spulse record -o gz.spool --svg gz.svg -- gzip -k big.tar\n  spulse record -F 4999 --pprof app.pb.gz -- ./app --flag"
+)]
+pub struct RecordArgs {
+    /// Samples per second of CPU time, per thread (1 to 100000; default
+    /// `SPULSE_FREQUENCY` or 999).
+    #[arg(short = 'F', long = "frequency", value_name = "HZ", value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub frequency: Option<u32>,
+    /// The spool to write (must not exist). Default: `<program>-<pid>.spool`
+    /// in the current directory, with a suffix if that exists.
+    #[arg(short = 'o', long = "output", value_name = "PATH")]
+    pub output: Option<PathBuf>,
+    /// Also write an SVG flame graph of the recording to OUT when the
+    /// command ends (as `spulse export SPOOL -o OUT` would; the spool is
+    /// written as well).
+    #[arg(long, value_name = "OUT")]
+    pub svg: Option<PathBuf>,
+    /// Also write a gzipped pprof profile of the recording to OUT when the
+    /// command ends (as `spulse export SPOOL --format pprof -o OUT` would).
+    #[arg(long, value_name = "OUT")]
+    pub pprof: Option<PathBuf>,
+    /// Also record off-CPU time (sets `SPULSE_OFF_CPU=1` for CMD): where and
+    /// how long each thread waited (blocked in a system call, or waiting for
+    /// a CPU), from the kernel's context-switch records, with no signal sent
+    /// and no privilege needed. View it with `spulse top --off-cpu` or
+    /// `--wall`.
+    #[arg(long)]
+    pub off_cpu: bool,
+    /// The command to record, and its arguments.
+    #[arg(required = true, value_name = "CMD", allow_hyphen_values = true)]
+    pub command: Vec<OsString>,
+}
+
+/// How often the collector looks for new data (and flushes the output).
+const TICK: Duration = Duration::from_millis(20);
+
+/// Record; returns the exit code (CMD's status). `embedded_lib` is the
+/// preload library the binary carries (empty if none; see
+/// [`crate::preload_lib`]).
+pub fn run(args: &RecordArgs, embedded_lib: &[u8]) -> Result<i32, CliError> {
+    check_exports(args)?;
+    let program = resolve_program(&args.command[0])?;
+    check_dynamic(&program)?;
+    // `_lib_dir`: a temporary directory holding the library, if it had to go to one.
+    let (lib, _lib_dir) = crate::preload_lib::locate(embedded_lib)?;
+    let hz = match args.frequency {
+        Some(hz) => hz,
+        None => match std::env::var("SPULSE_FREQUENCY") {
+            Ok(v) if !v.trim().is_empty() => {
+                v.trim().parse::<u32>().ok().filter(|h| (1..=100_000).contains(h)).ok_or_else(|| {
+                    CliError::input(format!("SPULSE_FREQUENCY={v:?} is not a whole number from 1 to 100000"))
+                })?
+            }
+            _ => spulse::DEFAULT_FREQUENCY_HZ,
+        },
+    };
+    // An explicit output is created before CMD starts, so a bad path costs nothing.
+    let mut early_out = match &args.output {
+        Some(p) => {
+            Some((create_new(p).map_err(|e| CliError::other(format!("{}: {e}", p.display())))?, p.clone()))
+        }
+        None => None,
+    };
+    let dir = HandoffDir::create()?;
+
+    // SAFETY: prctl(PR_SET_CHILD_SUBREAPER, 1) only changes who adopts this
+    // process's orphaned descendants.
+    unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
+    // SIGINT, SIGTERM and SIGHUP are forwarded to the tree, which ends by
+    // itself; the collector keeps merging until it has (see `forward_signal`).
+    install_signal_handlers();
+
+    let start_time_us = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64);
+    let mut preload = OsString::from(&lib);
+    if let Some(old) = std::env::var_os("LD_PRELOAD").filter(|v| !v.is_empty()) {
+        preload.push(":");
+        preload.push(old);
+    }
+    let mut cmd = Command::new(&args.command[0]);
+    if let Some(dir) = cfi_cache_dir() {
+        cmd.env(CFI_CACHE_ENV, dir);
+    }
+    if args.off_cpu {
+        cmd.env("SPULSE_OFF_CPU", "1");
+    }
+    let child = cmd
+        .args(&args.command[1..])
+        .env("LD_PRELOAD", &preload)
+        .env("SPULSE_RECORD_DIR", &dir.path)
+        .env("SPULSE_FREQUENCY", hz.to_string())
+        .env_remove("SPULSE_OUTPUT")
+        // The collector reads one spool per process: no segments.
+        .env_remove("SPULSE_ROTATE")
+        .env_remove("SPULSE_RETAIN")
+        .spawn()
+        .map_err(|e| CliError::input(format!("cannot run {}: {e}", args.command[0].to_string_lossy())))?;
+    let cmd_pid = child.id();
+    drop(child); // reaped below with waitpid, together with adopted orphans
+
+    let (file, out_path) = match early_out.take() {
+        Some(x) => x,
+        None => match default_output(&args.command[0], cmd_pid) {
+            Ok(x) => x,
+            Err(e) => {
+                // SAFETY: kill on the pid of our own unreaped child.
+                unsafe { libc::kill(cmd_pid as i32, libc::SIGKILL) };
+                return Err(e);
+            }
+        },
+    };
+    let out_shown = out_path.display().to_string();
+    let shown = crate::display::escape(&out_shown);
+    // Every failure to write the output names it, and exits 1 (README).
+    let out_err = |e: &dyn std::fmt::Display| format!("{out_shown}: {e}");
+    let lock_err = |e: std::io::Error| CliError::other(format!("{}: cannot lock: {e}", out_path.display()));
+    rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive)
+        .map_err(|e| lock_err(e.into()))?;
+    let interval_us = (1_000_000 + hz as u64 / 2) / hz as u64;
+    let mut out = SpoolWriter::new(file, Header { start_time_us, interval_us })
+        .and_then(|mut o| o.flush().map(|()| o))
+        .map_err(|e| {
+            // SAFETY: kill on the pid of our own unreaped child.
+            unsafe { libc::kill(cmd_pid as i32, libc::SIGKILL) };
+            CliError::other(out_err(&e))
+        })?;
+
+    let mut collector =
+        Collector { dir: dir.path.clone(), entries: BTreeMap::new(), done: Vec::new(), seen: HashSet::new() };
+    let pidfd = pidfd_open(cmd_pid);
+    let mut cmd_status: Option<i32> = None;
+    // Set once writing the output failed: merging stops, the tree stays
+    // supervised (reaped, signals forwarded) until it exits.
+    let mut out_failed: Option<String> = None;
+    loop {
+        if let Some(sig) = take_signal() {
+            forward_signal(sig);
+        }
+        reap(cmd_pid, &mut cmd_status);
+        let tree_gone = cmd_status.is_some() && !have_children();
+        collector.scan();
+        let mut step = |collector: &mut Collector, out_failed: &mut Option<String>| {
+            if out_failed.is_none() {
+                if let Err(e) = collector.tick(Some(&mut out)).and_then(|()| out.flush()) {
+                    let msg = out_err(&e);
+                    let _ = writeln!(
+                        std::io::stderr(),
+                        "spulse: error: {}; recording stops here, waiting for the command to exit",
+                        crate::display::escape(&msg)
+                    );
+                    *out_failed = Some(msg);
+                }
+            }
+            if out_failed.is_some() {
+                let _ = collector.tick(None);
+            }
+        };
+        step(&mut collector, &mut out_failed);
+        if tree_gone && collector.all_done() {
+            // One more look: a process may have created its spool just before exiting.
+            collector.scan();
+            step(&mut collector, &mut out_failed);
+            if collector.all_done() {
+                break;
+            }
+        }
+        wait_tick(pidfd.as_ref(), cmd_status.is_none());
+    }
+    let finished = match out_failed {
+        Some(m) => Err(m),
+        None => out
+            .into_inner()
+            .map_err(|e| out_err(&e))
+            .and_then(|file| file.sync_all().map(|()| file).map_err(|e| out_err(&e))),
+    };
+    if let Ok(file) = &finished {
+        let _ = rustix::fs::flock(file, rustix::fs::FlockOperation::Unlock);
+    }
+
+    let summary = collector.summary();
+    let mut err = std::io::stderr().lock();
+    for w in &summary.warnings {
+        let _ = writeln!(err, "spulse: warning: {}", crate::display::escape(w));
+    }
+    if !summary.warnings.is_empty() {
+        // Beside the output, for `spulse info` (the spool has no place for them).
+        let _ = spulse::write_warnings(&out_path, &summary.warnings);
+    }
+    let _ = writeln!(
+        err,
+        "spulse: recorded {} process{}, {} samples ({} lost) into {shown}\nspulse: next: spulse top {shown}   (or: spulse info {shown})",
+        summary.processes,
+        if summary.processes == 1 { "" } else { "es" },
+        summary.samples,
+        summary.lost,
+    );
+    let (user, sys) = summary.before_us;
+    if user + sys > 0 {
+        let _ = writeln!(
+            err,
+            "spulse: not sampled: {:.1} ms of CPU ({:.1} user, {:.1} system) spent before the recorder started \
+             in {} (exec, dynamic loading, earlier constructors)",
+            (user + sys) as f64 / 1000.0,
+            user as f64 / 1000.0,
+            sys as f64 / 1000.0,
+            if summary.processes == 1 { "the process" } else { "the processes" },
+        );
+    }
+    if let Err(m) = finished {
+        return Err(CliError::other(format!(
+            "writing the output failed: {m} (it holds what was merged before; the command exited with status {})",
+            cmd_status.unwrap_or(1)
+        )));
+    }
+    if summary.processes == 0 && summary.unrecorded > 0 {
+        return Err(CliError::other(format!(
+            "nothing was recorded: {} process{} could not record (see the warnings above); the command exited \
+             with status {}",
+            summary.unrecorded,
+            if summary.unrecorded == 1 { "" } else { "es" },
+            cmd_status.unwrap_or(1)
+        )));
+    }
+    drop(err);
+    let status = cmd_status.unwrap_or(1);
+    let failed = write_exports(args, &out_path);
+    // A failed export is reported; the exit status stays the command's own
+    // unless that was success.
+    Ok(match failed {
+        Some(code) if status == 0 => code,
+        _ => status,
+    })
+}
+
+/// The exports `--svg` and `--pprof` ask for.
+fn exports(args: &RecordArgs) -> impl Iterator<Item = (Format, &PathBuf)> {
+    [(Format::Svg, &args.svg), (Format::Pprof, &args.pprof)]
+        .into_iter()
+        .filter_map(|(f, p)| Some((f, p.as_ref()?)))
+}
+
+/// Refuse, before the command starts, an export that could not be written:
+/// into a directory that does not exist, onto the spool, or two exports onto
+/// one file.
+fn check_exports(args: &RecordArgs) -> Result<(), CliError> {
+    let mut seen: Vec<&PathBuf> = Vec::new();
+    for (format, path) in exports(args) {
+        let shown = || crate::display::escape(&path.display().to_string()).into_owned();
+        let flag = if format == Format::Svg { "--svg" } else { "--pprof" };
+        if args.output.as_ref() == Some(path) || seen.contains(&path) {
+            return Err(CliError::input(format!("{flag} {}: the same file as another output", shown())));
+        }
+        let dir = match path.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d,
+            _ => Path::new("."),
+        };
+        if !dir.is_dir() {
+            return Err(CliError::input(format!("{flag} {}: no such directory {}", shown(), dir.display())));
+        }
+        seen.push(path);
+    }
+    Ok(())
+}
+
+/// Write the `--svg` and `--pprof` exports of the finished spool; returns
+/// the exit code of the first that failed (each failure is reported).
+fn write_exports(args: &RecordArgs, spool: &Path) -> Option<i32> {
+    let mut failed = None;
+    for (format, path) in exports(args) {
+        let export = ExportArgs {
+            files: vec![spool.to_path_buf()],
+            format: Some(format),
+            output: path.clone(),
+            per_thread: false,
+            per_process: false,
+            filter: FilterArgs { thread: None, pid: None, from: None, to: None },
+            time: super::TimeArgs::default(),
+            symbols: SymbolArgs { symbols: Vec::new(), no_symbolize: false, split_unknown: false },
+        };
+        if let Err(e) = super::export::run(&export) {
+            eprintln!("spulse: error: {}", crate::display::escape(&e.message));
+            failed.get_or_insert(e.code);
+        }
+    }
+    failed
+}

@@ -1,0 +1,134 @@
+//! The recorded process tree, supervised by the collector (a child
+//! subreaper): whether a process still runs, reaping CMD and the orphans it
+//! adopted, waking when CMD exits, and the signals passed on to the tree.
+
+use super::TICK;
+
+/// Field 22 of `/proc/<pid>/stat` (start time in clock ticks), `None` if the
+/// process is gone or a zombie.
+pub(super) fn proc_starttime(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) may hold spaces and parentheses: fields are
+    // counted after its closing parenthesis.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let mut fields = rest.split_whitespace();
+    let state = fields.next()?;
+    if state == "Z" || state == "X" {
+        return None;
+    }
+    fields.nth(18)?.parse().ok()
+}
+
+/// Whether the process first seen with `starttime` still runs (not a zombie,
+/// and its pid not taken by another process).
+pub(super) fn alive(pid: u32, starttime: Option<u64>) -> bool {
+    match (starttime, proc_starttime(pid)) {
+        (Some(a), Some(b)) => a == b,
+        _ => false,
+    }
+}
+
+/// Reap every exited child (CMD and adopted orphans) without blocking; note CMD's status.
+pub(super) fn reap(cmd_pid: u32, cmd_status: &mut Option<i32>) {
+    loop {
+        let mut status = 0;
+        // SAFETY: waitpid writes the status into the valid `status`.
+        let pid = unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG) };
+        if pid <= 0 {
+            return;
+        }
+        if pid as u32 == cmd_pid {
+            *cmd_status = Some(if libc::WIFEXITED(status) {
+                libc::WEXITSTATUS(status)
+            } else if libc::WIFSIGNALED(status) {
+                128 + libc::WTERMSIG(status)
+            } else {
+                1
+            });
+        }
+    }
+}
+
+/// Whether any child (CMD or an adopted descendant) is still alive or unreaped.
+pub(super) fn have_children() -> bool {
+    // SAFETY: an all-zero siginfo_t is a valid value for waitid to overwrite.
+    let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+    // SAFETY: waitid with WNOHANG | WNOWAIT only inspects (reaps nothing) and
+    // writes into the valid `info`.
+    let r = unsafe { libc::waitid(libc::P_ALL, 0, &mut info, libc::WEXITED | libc::WNOHANG | libc::WNOWAIT) };
+    // waitid fails with ECHILD when there are no children at all.
+    !(r == -1 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ECHILD))
+}
+
+/// A pidfd for CMD, so that the collector wakes as soon as it exits.
+pub(super) fn pidfd_open(pid: u32) -> Option<std::os::fd::OwnedFd> {
+    // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::c_int, 0) };
+    if fd < 0 {
+        return None;
+    }
+    // SAFETY: `fd` is a fresh descriptor that nothing else owns.
+    Some(unsafe { std::os::fd::FromRawFd::from_raw_fd(fd as i32) })
+}
+
+/// Sleep one tick, waking early when CMD exits.
+pub(super) fn wait_tick(pidfd: Option<&std::os::fd::OwnedFd>, cmd_running: bool) {
+    match pidfd {
+        Some(fd) if cmd_running => {
+            use std::os::fd::AsRawFd;
+            let mut p = libc::pollfd { fd: fd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+            // SAFETY: one valid pollfd.
+            unsafe { libc::poll(&mut p, 1, TICK.as_millis() as i32) };
+        }
+        _ => std::thread::sleep(TICK),
+    }
+}
+
+/// The last of SIGINT, SIGTERM, SIGHUP received (0: none), for the main loop.
+static SIGNAL: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+
+extern "C" fn on_signal(sig: libc::c_int) {
+    SIGNAL.store(sig, std::sync::atomic::Ordering::SeqCst);
+}
+
+/// Catch SIGINT, SIGTERM and SIGHUP (the recorded command gets the default
+/// dispositions back at exec).
+pub(super) fn install_signal_handlers() {
+    for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+        // SAFETY: all-zero bytes are a valid sigaction to fill in.
+        let mut sa: libc::sigaction = unsafe { std::mem::zeroed() };
+        sa.sa_sigaction = on_signal as extern "C" fn(libc::c_int) as usize;
+        sa.sa_flags = libc::SA_RESTART;
+        // SAFETY: installs an async-signal-safe handler (one atomic store);
+        // the old action is not needed.
+        unsafe { libc::sigaction(sig, &sa, std::ptr::null_mut()) };
+    }
+}
+
+pub(super) fn take_signal() -> Option<i32> {
+    let sig = SIGNAL.swap(0, std::sync::atomic::Ordering::SeqCst);
+    (sig != 0).then_some(sig)
+}
+
+/// Pass `sig` on to the collector's children (CMD and the orphans it
+/// adopted), which end the tree as they would have ended it unrecorded; the
+/// collector keeps merging until they have exited. A SIGINT that the
+/// terminal sent to the whole foreground process group (the collector's
+/// group is the terminal's) already reached them and is not sent again.
+pub(super) fn forward_signal(sig: i32) {
+    if sig == libc::SIGINT {
+        // SAFETY: tcgetpgrp and getpgrp only read process state.
+        let foreground = unsafe { libc::tcgetpgrp(libc::STDIN_FILENO) == libc::getpgrp() };
+        if foreground {
+            return;
+        }
+    }
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else { return };
+    for t in tasks.flatten() {
+        let Ok(list) = std::fs::read_to_string(t.path().join("children")) else { continue };
+        for pid in list.split_whitespace().filter_map(|p| p.parse::<i32>().ok()) {
+            // SAFETY: kill on a child of ours (unreaped, so its pid is not reused).
+            unsafe { libc::kill(pid, sig) };
+        }
+    }
+}
