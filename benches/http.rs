@@ -144,7 +144,7 @@ fn serve_one(addr: SocketAddr, seconds: u64) -> Measured {
 fn check(body: &[u8]) -> usize {
     let mut raw = Vec::new();
     flate2::read::GzDecoder::new(body).read_to_end(&mut raw).unwrap();
-    let p = spulse::pprof::Profile::decode(&*raw).unwrap();
+    let p = spulse::pprof::proto::Profile::decode(&*raw).unwrap();
     assert!(p.string_table.iter().any(|s| s.ends_with("parse_requests")), "the workers' functions are named");
     p.sample.len()
 }

@@ -48,9 +48,9 @@ pub struct Profiler {
 
 impl Profiler {
     /// A profiler that samples at the recorder's default frequency
-    /// ([`crate::DEFAULT_FREQUENCY_HZ`]).
+    /// ([`RecorderBuilder::DEFAULT_FREQUENCY_HZ`](crate::RecorderBuilder::DEFAULT_FREQUENCY_HZ)).
     pub fn new() -> Self {
-        Self::with_frequency(crate::DEFAULT_FREQUENCY_HZ)
+        Self::with_frequency(crate::RecorderBuilder::DEFAULT_FREQUENCY_HZ)
     }
 
     /// A profiler that samples each thread at `hz` samples per second of its

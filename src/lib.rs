@@ -33,8 +33,7 @@ pub use read::{
 };
 pub use recorder::{
     python_runtime_enter, python_runtime_leave, start, warnings_path, write_warnings, EngineChoice, Guard,
-    KernelTime, LostSamples, OffCpuStats, Recorder, RecorderBuilder, Stats, DEFAULT_FREQUENCY_HZ,
-    DEFAULT_PERF_STACK_RING_PAGES, DEFAULT_USER_STACK_COPY, MAX_RING_BYTES,
+    KernelTime, LostSamples, OffCpuStats, Recorder, RecorderBuilder, Stats,
 };
 pub use write::{NewModule, SpoolWriter};
 

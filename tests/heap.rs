@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use prost::Message;
 use spulse::heap::Sampled;
-use spulse::pprof::Profile;
+use spulse::pprof::proto::Profile;
 
 #[global_allocator]
 static ALLOC: Sampled<System> = Sampled::new(System);

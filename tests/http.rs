@@ -27,7 +27,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use prost::Message;
-use spulse::pprof::Profile;
+use spulse::pprof::proto::Profile;
 use spulse::{Error, RecorderError};
 
 #[allow(dead_code)] // its `main` is the example's, not the test's

@@ -48,7 +48,7 @@ fn bad_builder_values_are_errors_that_leave_nothing_behind() {
     let _serial = serial();
     let (dir, path) = spool_path("bad.spool");
     let b = spulse::Recorder::builder;
-    let limit = format!("limit of {} MiB", spulse::MAX_RING_BYTES >> 20);
+    let limit = format!("limit of {} MiB", spulse::RecorderBuilder::MAX_RING_BYTES >> 20);
     let cases: Vec<(spulse::RecorderBuilder, &str)> = vec![
         (b().flush_interval(Duration::from_secs(u64::MAX)), "flush_interval"),
         (b().flush_interval(Duration::ZERO), "flush_interval"),

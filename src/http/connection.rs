@@ -93,7 +93,11 @@ pub(super) fn answer_and_close(mut s: TcpStream, bytes: &[u8], stop: &AtomicBool
 /// Read and parse the request head within [`HEAD_TIMEOUT`] of `accepted`,
 /// into a buffer of [`MAX_HEAD_BYTES`]. `Err(None)`: the client went away
 /// (or the server is stopping), nothing to answer.
-pub(super) fn read_head(s: &mut TcpStream, accepted: Instant, stop: &AtomicBool) -> Result<Head, Option<Refusal>> {
+pub(super) fn read_head(
+    s: &mut TcpStream,
+    accepted: Instant,
+    stop: &AtomicBool,
+) -> Result<Head, Option<Refusal>> {
     let deadline = accepted + HEAD_TIMEOUT;
     let mut buf = [0u8; MAX_HEAD_BYTES];
     let mut len = 0;

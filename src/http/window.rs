@@ -61,7 +61,6 @@ impl Drop for TempRecording {
     }
 }
 
-
 /// The samples of one window, counted per (thread, stack), and the spool
 /// definitions they refer to.
 pub(super) struct Collected {

@@ -80,8 +80,8 @@ impl Default for RecorderBuilder {
             sync_at_finish: true,
             rotate: None,
             retain: None,
-            user_stack_copy: DEFAULT_USER_STACK_COPY,
-            perf_stack_ring_pages: DEFAULT_PERF_STACK_RING_PAGES,
+            user_stack_copy: Self::DEFAULT_USER_STACK_COPY,
+            perf_stack_ring_pages: Self::DEFAULT_PERF_STACK_RING_PAGES,
             perf_stack_watermark: true,
             environment: true,
             #[cfg(all(feature = "heap", feature = "pprof"))]
@@ -90,13 +90,16 @@ impl Default for RecorderBuilder {
     }
 }
 
-/// Default [`RecorderBuilder::user_stack_copy`]: 16 KiB.
-pub const DEFAULT_USER_STACK_COPY: u32 = 16 << 10;
-/// Default [`RecorderBuilder::perf_stack_ring_pages`]: 64 pages (256 KiB).
-pub const DEFAULT_PERF_STACK_RING_PAGES: usize = 64;
-
-/// Default sampling frequency.
-pub const DEFAULT_FREQUENCY_HZ: u32 = 999;
+impl RecorderBuilder {
+    /// Default [`user_stack_copy`](Self::user_stack_copy): 16 KiB.
+    pub const DEFAULT_USER_STACK_COPY: u32 = 16 << 10;
+    /// Default [`perf_stack_ring_pages`](Self::perf_stack_ring_pages): 64 pages (256 KiB).
+    pub const DEFAULT_PERF_STACK_RING_PAGES: usize = 64;
+    /// Default sampling frequency.
+    pub const DEFAULT_FREQUENCY_HZ: u32 = 999;
+    /// Most bytes the sample ring may take (`ring_capacity x (4 + max_stack_depth) x 8`).
+    pub const MAX_RING_BYTES: usize = 256 << 20;
+}
 
 /// How often the writer drains the ring and appends to the spool by default.
 const DEFAULT_FLUSH_INTERVAL: Duration = Duration::from_millis(100);
@@ -122,7 +125,7 @@ impl RecorderBuilder {
     /// Samples the ring holds between flushes (2..=1048576, rounded up to a
     /// power of two). The ring is allocated at start:
     /// `slots x (4 + max_stack_depth) x 8` bytes, which must not exceed
-    /// [`MAX_RING_BYTES`] (256 MiB); the defaults take 2 MiB.
+    /// [`MAX_RING_BYTES`](Self::MAX_RING_BYTES) (256 MiB); the defaults take 2 MiB.
     pub fn ring_capacity(mut self, slots: usize) -> Self {
         self.ring_capacity = slots;
         self
@@ -318,8 +321,6 @@ impl RecorderBuilder {
     }
 }
 
-/// Most bytes the sample ring may take (`ring_capacity x (4 + max_stack_depth) x 8`).
-pub const MAX_RING_BYTES: usize = 256 << 20;
 
 /// Settings checked and resolved before anything is created.
 pub(super) struct Checked {
@@ -414,14 +415,14 @@ impl RecorderBuilder {
             ));
         }
         let bytes = slots.next_power_of_two().saturating_mul((ring::HEADER_WORDS + depth) * 8);
-        if bytes > MAX_RING_BYTES {
+        if bytes > RecorderBuilder::MAX_RING_BYTES {
             return Err(invalid(
                 "ring_capacity",
                 format!(
                     "ring_capacity {slots} with max_stack_depth {depth} needs {} MiB for the sample ring, \
                  more than the limit of {} MiB; lower one of them",
                     bytes >> 20,
-                    MAX_RING_BYTES >> 20
+                    RecorderBuilder::MAX_RING_BYTES >> 20
                 ),
             ));
         }
@@ -626,7 +627,7 @@ fn frequency(b: &RecorderBuilder) -> Result<u32, Error> {
                     format!("SPULSE_FREQUENCY={v:?} is not a whole number of samples per second"),
                 )
             })?,
-            Some(Err(_)) | None => DEFAULT_FREQUENCY_HZ,
+            Some(Err(_)) | None => RecorderBuilder::DEFAULT_FREQUENCY_HZ,
         },
     };
     if !(1..=MAX_FREQUENCY_HZ).contains(&hz) {

@@ -93,10 +93,7 @@ use handler::{ring, unwind, Counters, Shared, StackBounds};
 use writer::{Control, ControlSender, WriterState};
 
 use builder::{Checked, MAX_SIGNAL_WEIGHT, MAX_UNWIND_CACHES, PER_THREAD_ENGINE_FLUSH_INTERVAL};
-pub use builder::{
-    Recorder, RecorderBuilder, DEFAULT_FREQUENCY_HZ, DEFAULT_PERF_STACK_RING_PAGES, DEFAULT_USER_STACK_COPY,
-    MAX_RING_BYTES,
-};
+pub use builder::{Recorder, RecorderBuilder};
 use output::create_spool;
 pub use stats::{warnings_path, write_warnings, EngineChoice, KernelTime, LostSamples, OffCpuStats, Stats};
 pub use sys::preloaded::live_spool_of_this_copy;

@@ -8,7 +8,7 @@ use std::io::Write;
 use spulse::pprof::{Counts, Window};
 use spulse::StackId;
 
-pub use spulse::pprof::{Function, Label, Line, Location, Mapping, Profile, Sample, ValueType};
+pub use spulse::pprof::proto::{Function, Label, Line, Location, Mapping, Profile, Sample, ValueType};
 
 use super::Job;
 use crate::aggregate::Aggregate;

@@ -226,7 +226,11 @@ impl Source {
 }
 
 /// A source gives up output module `id`: retire it once no source uses it.
-pub(super) fn release_module(id: ModuleId, out: &mut SpoolWriter<File>, sh: &mut Shared) -> Result<(), spulse::Error> {
+pub(super) fn release_module(
+    id: ModuleId,
+    out: &mut SpoolWriter<File>,
+    sh: &mut Shared,
+) -> Result<(), spulse::Error> {
     if let Some(key) = sh.module_keys.get(&id) {
         if let Some(entry) = sh.modules.get_mut(key) {
             entry.1 -= 1;

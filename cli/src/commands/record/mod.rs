@@ -111,7 +111,7 @@ pub fn run(args: &RecordArgs, embedded_lib: &[u8]) -> Result<i32, CliError> {
                     CliError::input(format!("SPULSE_FREQUENCY={v:?} is not a whole number from 1 to 100000"))
                 })?
             }
-            _ => spulse::DEFAULT_FREQUENCY_HZ,
+            _ => spulse::RecorderBuilder::DEFAULT_FREQUENCY_HZ,
         },
     };
     // An explicit output is created before CMD starts, so a bad path costs nothing.
