@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use clap::{Args, ValueEnum};
 
-use super::{FilterArgs, SymbolArgs, TimeArgs};
+use super::{FilterArgs, InputArgs, SymbolArgs, TimeArgs};
 use crate::display::escape;
 use crate::export::{self, Exporter, Job};
 use crate::input::open_inputs;
@@ -38,10 +38,8 @@ pub enum Format {
     after_help = "Examples:\n  spulse export app.spool -o flame.svg    (the format from the name)\n  spulse export app.spool --format pprof -o app.pb.gz && go tool pprof -top app.pb.gz\n  spulse export app.spool --format firefox -o app.json\n  spulse export app.spool --format firefox -o app.jslb.gz\n  spulse export app.spool --format collapsed -o app.folded\n  spulse export app.spool -o threads.svg --per-thread\n  spulse export app.spool --format svg -o app.svg --symbols /usr/lib/debug\n  spulse export app.spool --format speedscope -o app.speedscope.json --thread 4242\n  spulse export app.spool --format pprof -o app.pb.gz --pid 4200 --from 1000000"
 )]
 pub struct ExportArgs {
-    /// The spool (or packed) file. Several (such as the segments of a rotating recording)
-    /// are merged in time order and exported as one profile.
-    #[arg(required = true, value_name = "FILE")]
-    pub files: Vec<PathBuf>,
+    #[command(flatten)]
+    pub input: InputArgs,
     /// Output format. Default: from OUT's name: `.svg`; `.pb.gz`, `.pb` or
     /// `.pprof` (pprof); `.speedscope.json` (speedscope); `.json`,
     /// `.jslb`, `.jslb.gz` (firefox); `.folded`, `.collapsed` or `.txt` (collapsed).
@@ -81,11 +79,11 @@ pub fn run(args: &ExportArgs) -> Result<(), CliError> {
     }
     // The output may be none of the inputs.
     let mut target_of = None;
-    for f in &args.files {
+    for f in &args.input.files {
         target_of = Some(output::target(f, &args.output)?);
     }
     let target = target_of.ok_or_else(|| CliError::input("no spool given"))?;
-    let inputs = open_inputs(&args.files)?;
+    let inputs = open_inputs(&args.input.files)?;
     let replay = &inputs.replay;
     // Rejected here, before any output is opened, as `top` rejects them.
     args.filter.filter().validate(replay, &inputs.name)?;

@@ -2,12 +2,11 @@
 //! duration, counts, threads, modules), as text or as one JSON object.
 
 use std::collections::{BTreeSet, HashMap};
-use std::path::PathBuf;
 
 use clap::Args;
 use serde_json::json;
 
-use super::{format_unix_us, with_stdout};
+use super::{format_unix_us, with_stdout, InputArgs};
 use crate::display::escape;
 use crate::input::{open_inputs, progress, PROGRESS_STEP};
 use crate::processes::processes;
@@ -17,15 +16,11 @@ use crate::CliError;
 /// Arguments of `spulse info`.
 #[derive(Debug, Args)]
 #[command(
-    after_help = "Examples:\n  spulse info app.spool\n  spulse info app.spool --json | jq .samples\n  spulse info app-1234-*.spool    (the segments of a rotating recording, merged)"
+    after_help = "Examples:\n  spulse info app.spool\n  spulse info app.spool --json | jq .samples\n  spulse info app-1234-*.spool    (the segments of a rotating recording, merged)\n\nSeveral files are described as one recording; the sizes are then their total\n(file bytes) and the merged stream's (valid bytes, bytes/sample)."
 )]
 pub struct InfoArgs {
-    /// The spool (or packed) file. Several (such as the segments of a rotating recording)
-    /// are merged in time order and described as one; the sizes are then
-    /// their total (file bytes) and the merged stream's (valid bytes,
-    /// bytes/sample).
-    #[arg(required = true, value_name = "FILE")]
-    pub files: Vec<PathBuf>,
+    #[command(flatten)]
+    pub input: InputArgs,
     /// Print one JSON object instead of text.
     #[arg(long)]
     pub json: bool,
@@ -33,10 +28,10 @@ pub struct InfoArgs {
 
 /// Run `spulse info`.
 pub fn run(args: &InfoArgs) -> Result<(), CliError> {
-    let inputs = open_inputs(&args.files)?;
+    let inputs = open_inputs(&args.input.files)?;
     let replay = &inputs.replay;
     let defs = replay.definitions();
-    let file_len = match args.files.as_slice() {
+    let file_len = match args.input.files.as_slice() {
         [one] => std::fs::metadata(one).map(|m| m.len()).unwrap_or(replay.valid_len()),
         several => several.iter().map(|f| std::fs::metadata(f).map_or(0, |m| m.len())).sum(),
     };
@@ -44,7 +39,7 @@ pub fn run(args: &InfoArgs) -> Result<(), CliError> {
     // What the recorders said did not go as configured (`<spool>.warnings`,
     // written beside the spool only when there were any; bounded read).
     let mut recorder_warnings: Vec<String> = Vec::new();
-    for f in &args.files {
+    for f in &args.input.files {
         if let Some(text) = read_warnings(&spulse::warnings_path(f)) {
             recorder_warnings
                 .extend(text.lines().filter(|l| !l.trim().is_empty()).take(64).map(str::to_string));
@@ -110,8 +105,8 @@ pub fn run(args: &InfoArgs) -> Result<(), CliError> {
             .map(|p| json!({"pid": p.pid, "program": p.program, "samples": p.samples, "threads": p.threads, "ended": p.ended}))
             .collect();
         let v = json!({
-            "file": args.files[0].display().to_string(),
-            "files": args.files.iter().map(|f| f.display().to_string()).collect::<Vec<_>>(),
+            "file": args.input.files[0].display().to_string(),
+            "files": args.input.files.iter().map(|f| f.display().to_string()).collect::<Vec<_>>(),
             "file_bytes": file_len,
             "container": if packed.is_some() { "packed" } else { "spool" },
             "packed_blocks": packed.map(|p| p.blocks),
@@ -149,7 +144,7 @@ pub fn run(args: &InfoArgs) -> Result<(), CliError> {
     }
 
     with_stdout(|out| {
-        if let [one] = args.files.as_slice() {
+        if let [one] = args.input.files.as_slice() {
             writeln!(
                 out,
                 "file:            {} ({file_len} bytes, {} valid)",
@@ -160,10 +155,10 @@ pub fn run(args: &InfoArgs) -> Result<(), CliError> {
             writeln!(
                 out,
                 "files:           {} spools merged in time order ({file_len} bytes; {} merged)",
-                args.files.len(),
+                args.input.files.len(),
                 replay.valid_len()
             )?;
-            for f in &args.files {
+            for f in &args.input.files {
                 writeln!(out, "                 {}", escape(&f.display().to_string()))?;
             }
         }

@@ -21,6 +21,30 @@ use crate::CliError;
 /// of most profiles, on one screen.
 pub const DEFAULT_LIMIT: usize = 20;
 
+/// The recordings a command reads (`info`, `top`, `export`).
+#[derive(Debug, Clone, Args)]
+pub struct InputArgs {
+    /// The spool (or packed) file. Several (such as the segments of a rotating
+    /// recording) are merged in time order and read as one recording.
+    #[arg(required = true, value_name = "FILE")]
+    pub files: Vec<PathBuf>,
+}
+
+/// How many rows a function table shows (`top`, `follow`).
+#[derive(Debug, Clone, Copy, Args)]
+pub struct LimitArgs {
+    /// How many functions to show (0: all).
+    #[arg(
+        short = 'n',
+        long = "limit",
+        value_name = "N",
+        default_value_t = DEFAULT_LIMIT,
+        value_parser = parse_count,
+        allow_negative_numbers = true
+    )]
+    pub n: usize,
+}
+
 /// Sample selection, the same for every command that reads samples.
 #[derive(Debug, Clone, Args)]
 pub struct FilterArgs {

@@ -1,12 +1,11 @@
 //! `spulse top`: the hottest functions by self and total samples.
 
 use std::io::{IsTerminal, Write};
-use std::path::PathBuf;
 
 use clap::{Args, ValueEnum};
 use serde_json::json;
 
-use super::{parse_count, with_stdout, FilterArgs, SymbolArgs, TimeArgs, DEFAULT_LIMIT};
+use super::{with_stdout, FilterArgs, InputArgs, LimitArgs, SymbolArgs, TimeArgs};
 use crate::aggregate::aggregate;
 use crate::display::{escape, fit};
 use crate::input::open_inputs;
@@ -32,23 +31,13 @@ pub enum SortBy {
     after_help = "Examples:\n  spulse top app.spool\n  spulse top app.spool -n 10 --thread 4242 --from 1000000 --to 3000000\n  spulse top app.spool --pid 4200\n  spulse top app.spool --json --symbols /usr/lib/debug\n  spulse top app.spool --inlines\n  spulse top tree.spool --per-process -n 5\n  spulse top app.spool --wide            (full C++ names on a terminal)\n  spulse top stripped.spool --split-unknown   (one row per unsymbolized address)"
 )]
 pub struct TopArgs {
-    /// The spool (or packed) file. Several (such as the segments of a rotating recording)
-    /// are merged in time order and shown as one profile.
-    #[arg(required = true, value_name = "FILE")]
-    pub files: Vec<PathBuf>,
+    #[command(flatten)]
+    pub input: InputArgs,
     /// Print a JSON array instead of a table.
     #[arg(long)]
     pub json: bool,
-    /// How many functions to show (0: all).
-    #[arg(
-        short = 'n',
-        long = "limit",
-        value_name = "N",
-        default_value_t = DEFAULT_LIMIT,
-        value_parser = parse_count,
-        allow_negative_numbers = true
-    )]
-    pub n: usize,
+    #[command(flatten)]
+    pub limit: LimitArgs,
     /// Sort column.
     #[arg(long, value_enum, default_value_t = SortBy::SelfSamples)]
     pub sort: SortBy,
@@ -201,7 +190,7 @@ impl TopArgs {
 pub fn run(args: &TopArgs) -> Result<(), CliError> {
     let filter = Filter { time: args.time.mode(), ..args.filter.filter() };
     filter.check_window()?;
-    let inputs = open_inputs(&args.files)?;
+    let inputs = open_inputs(&args.input.files)?;
     let replay = &inputs.replay;
     filter.validate(replay, &inputs.name)?;
     let mut sym = Symbolizer::new(args.symbols.options());
@@ -223,7 +212,7 @@ pub fn run(args: &TopArgs) -> Result<(), CliError> {
                 writeln!(
                     out,
                     "{}",
-                    serde_json::to_string_pretty(&json_rows(&stats, &sym, total, args.n, us_per))
+                    serde_json::to_string_pretty(&json_rows(&stats, &sym, total, args.limit.n, us_per))
                         .expect("json")
                 )
             } else {
@@ -234,7 +223,7 @@ pub fn run(args: &TopArgs) -> Result<(), CliError> {
                         writeln!(out, "{} ms wall-clock (CPU and off-CPU)", ms(total))?
                     }
                 }
-                write_table_in(out, &stats, &sym, total, args.n, width, time)
+                write_table_in(out, &stats, &sym, total, args.limit.n, width, time)
             }
         });
     }
@@ -262,7 +251,7 @@ pub fn run(args: &TopArgs) -> Result<(), CliError> {
                 .iter()
                 .map(|(p, stats, total)| {
                     json!({"pid": p.pid, "program": p.program, "samples": total, "ended": p.ended,
-                           "functions": json_rows(stats, &sym, *total, args.n, us_per)})
+                           "functions": json_rows(stats, &sym, *total, args.limit.n, us_per)})
                 })
                 .collect();
             return writeln!(out, "{}", serde_json::to_string_pretty(&v).expect("json"));
@@ -273,7 +262,7 @@ pub fn run(args: &TopArgs) -> Result<(), CliError> {
             }
             let what = if time { format!("{} ms", ms(*total)) } else { format!("{total} samples") };
             writeln!(out, "process {} ({}): {what}", p.pid, escape(&p.program))?;
-            write_table_in(out, stats, &sym, *total, args.n, width, time)?;
+            write_table_in(out, stats, &sym, *total, args.limit.n, width, time)?;
         }
         Ok(())
     })

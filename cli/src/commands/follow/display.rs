@@ -71,13 +71,13 @@ pub(super) fn print_table(
     let limit = match fit_to.rows {
         Some(rows) => {
             let fit_rows = rows.saturating_sub(NON_TABLE_ROWS).max(1);
-            if args.n == 0 {
+            if args.limit.n == 0 {
                 fit_rows
             } else {
-                args.n.min(fit_rows)
+                args.limit.n.min(fit_rows)
             }
         }
-        None => args.n,
+        None => args.limit.n,
     };
     let width = fit_to.width.map(|w| w.max(1));
     // Drawn into memory first, then written at once (no flicker).

@@ -49,7 +49,7 @@ use clap::Args;
 use spulse::{FormatErrorKind, Header, Sample, SpoolWriter, StackId, Tail};
 
 use super::top::write_table;
-use super::{parse_count, parse_seconds, with_stdout, FilterArgs, SymbolArgs, DEFAULT_LIMIT};
+use super::{parse_seconds, with_stdout, FilterArgs, LimitArgs, SymbolArgs};
 use crate::aggregate::Aggregate;
 use crate::display::{escape, fit};
 use crate::input::warn_truncated;
@@ -95,7 +95,7 @@ fn idle_secs(s: &str) -> Result<Duration, String> {
     after_help = "Examples:\n  spulse follow /tmp/app.spool\n  spulse follow /tmp/app.spool --interval 5 -n 10 | tee top.log\n  spulse follow --wait --wait-timeout 60 /tmp/app.spool\n\n\
 Stops on Ctrl-C, when the recording has ended (the recorder no longer holds its\n\
 lock on the spool) and everything was read, or when the file has not grown for\n\
---idle-exit seconds.\n\n\
+--idle-exit seconds. On a terminal, -n shows no more rows than fit its height.\n\n\
 A rotating recording (RecorderBuilder::rotate) is followed across its segments:\n\
 give its pattern, with {seq} standing for the segment number, to start at the\n\
 oldest segment still there, or one segment with --segments (the last run of 6 or\n\
@@ -120,17 +120,8 @@ pub struct FollowArgs {
     /// Stop when the file has not grown for this many seconds (0: never).
     #[arg(long, value_name = "SECS", default_value = "0", value_parser = idle_secs, allow_negative_numbers = true)]
     pub idle_exit: Duration,
-    /// How many functions to show (0: all; on a terminal, never more than fit
-    /// its height).
-    #[arg(
-        short = 'n',
-        long = "limit",
-        value_name = "N",
-        default_value_t = DEFAULT_LIMIT,
-        value_parser = parse_count,
-        allow_negative_numbers = true
-    )]
-    pub n: usize,
+    #[command(flatten)]
+    pub limit: LimitArgs,
     /// Wait for the spool to appear if it does not exist yet (until Ctrl-C, or
     /// for --wait-timeout seconds).
     #[arg(long)]

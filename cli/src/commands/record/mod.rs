@@ -329,7 +329,7 @@ fn write_exports(args: &RecordArgs, spool: &Path) -> Option<i32> {
     let mut failed = None;
     for (format, path) in exports(args) {
         let export = ExportArgs {
-            files: vec![spool.to_path_buf()],
+            input: super::InputArgs { files: vec![spool.to_path_buf()] },
             format: Some(format),
             output: path.clone(),
             per_thread: false,
