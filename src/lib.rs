@@ -6,7 +6,7 @@ pub mod criterion;
 mod error;
 #[cfg(feature = "flamegraph")]
 pub mod flamegraph;
-pub mod format;
+mod format;
 #[cfg(feature = "heap")]
 pub mod heap;
 #[cfg(feature = "http")]
@@ -14,14 +14,15 @@ pub mod http;
 mod pack;
 #[cfg(feature = "pprof")]
 pub mod pprof;
-pub mod read;
+mod read;
 mod recorder;
 #[cfg(feature = "pprof")]
 pub mod symbolize;
-pub mod write;
+mod write;
 
 pub use error::{Error, FormatErrorKind, RecorderError};
 pub use format::defs::{Definitions, StackFrames};
+pub use format::{limits, MAGIC as SPOOL_MAGIC};
 pub use format::{
     Deactivation, Engine, Frame, FrameId, Header, LabelId, Module, ModuleId, OffCpuInterval, OffCpuState,
     PythonRuntimeEvent, Sample, StackId, StackNode, Thread, ThreadId, PACKED_MAGIC,

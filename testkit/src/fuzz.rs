@@ -12,7 +12,7 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use spulse::format::limits::MAX_STACK_DEPTH;
+use spulse::limits::MAX_STACK_DEPTH;
 use spulse::{Definitions, Error, Replay, Sample, Snapshot, Tail};
 
 /// Checks every `Snapshot` accessor on `data`, and that re-reading the
@@ -211,8 +211,8 @@ fn walk_definitions(defs: &Definitions, samples: impl Iterator<Item = Sample>) {
 /// valid one: the shortest prefix that reads as a spool (a header followed by
 /// no records is a valid, empty spool).
 fn header_len(data: &[u8]) -> Option<usize> {
-    let longest = spulse::format::MAGIC.len() + 2 * MAX_VARINT_LEN;
-    (spulse::format::MAGIC.len()..=data.len().min(longest))
+    let longest = spulse::SPOOL_MAGIC.len() + 2 * MAX_VARINT_LEN;
+    (spulse::SPOOL_MAGIC.len()..=data.len().min(longest))
         .find(|&n| Snapshot::from_bytes(&data[..n]).is_ok())
 }
 

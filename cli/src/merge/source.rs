@@ -85,7 +85,7 @@ impl Reader {
         }
     }
 
-    pub(super) fn modules(&self) -> &[spulse::format::Module] {
+    pub(super) fn modules(&self) -> &[spulse::Module] {
         self.definitions().modules()
     }
 }
