@@ -21,7 +21,9 @@
 //! by time and pairs each switch-out of a thread with its next switch-in:
 //! that interval is exact (the kernel's own timestamps). A thread still out
 //! when the recording stops is closed at the stop; one that exited is
-//! forgotten. A thread found switched out and not yet back (it is blocked
+//! forgotten. A thread already blocked when the recording starts (it
+//! switched out before the events existed) is found at start, in
+//! `/proc/self/task/<tid>/stat`, and taken as switched out then. A thread found switched out and not yet back (it is blocked
 //! now, or preempted) is captured once (`blocked.rs`: its system call and
 //! stack, with no signal and without waking it): a thread that stays
 //! blocked costs nothing more, however long it stays. The capture belongs to
@@ -128,12 +130,28 @@ pub(crate) struct SwitchTracker {
 impl SwitchTracker {
     /// Open the switch events for every thread alive now but `skip` (the
     /// writer thread), within `budget` descriptors.
+    ///
+    /// A thread already blocked now (an idle pool started before the
+    /// recording) wrote its switch-out before the events existed: each
+    /// thread the events were opened for that is sleeping now (state `S` or
+    /// `D` in `/proc/self/task/<tid>/stat`, read after the events are in
+    /// place) is taken as switched out at the time the events were in place,
+    /// and captured at the writer's next tick as any blocked thread. Its
+    /// wait is charged from then; if it woke meanwhile, its switch records
+    /// (written, since the events were in place) close or replace that.
     pub(crate) fn start(skip: u32, budget: usize) -> io::Result<SwitchTracker> {
         let rings = KernelRings::start_with(skip, budget, SWITCH_RING_PAGES, &open_switch_event)?;
+        let since_ns = super::now_ns();
+        let mut pending = HashMap::new();
+        for &tid in &rings.opened {
+            if thread_state(tid).is_some_and(|c| c == 'S' || c == 'D') {
+                pending.insert(tid, Out { time_ns: since_ns, preempted: false, tried: false, capture: None });
+            }
+        }
         Ok(SwitchTracker {
             rings,
             events: Vec::new(),
-            pending: HashMap::new(),
+            pending,
             orphans: HashMap::new(),
             done: Vec::new(),
             counts: SwitchCounts::default(),
