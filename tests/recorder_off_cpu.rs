@@ -258,10 +258,14 @@ fn an_epoll_loop_is_not_woken() {
         libc::close(ev);
     }
     assert!(stats.off_cpu.is_some(), "{:?}", stats.warnings);
-    // The thread was blocked from before the start: the interval is closed
-    // at the stop (nothing was seen switching out). It shows as long as it
-    // was seen; here only its capture matters: none was refused.
     assert_eq!(stats.off_cpu.unwrap().captures_refused, 0);
+    // The thread was blocked from before the start to after the stop: found
+    // blocked at start, closed at the stop, its whole wait in epoll_wait.
+    let snap = Snapshot::open(&path).unwrap();
+    // (The thread's closure is inlined: libc's wrapper is the caller.)
+    let seen = blocked_in(&snap, "epoll_wait", "[blocked: epoll_wait]");
+    let us = seen.get(&tid).map_or(0, |s| s.0);
+    assert!(us >= 760_000, "{us} us of the epoll wait charged to it over at least 800 ms: {seen:?}");
 }
 
 /// An idle pool costs nothing per second while it stays blocked: 200
