@@ -31,9 +31,10 @@
 //! taken after a wake-up the writer had not yet seen is moved to the next
 //! interval that contains it, or dropped.
 
-use std::collections::HashMap;
 use std::io;
 use std::os::fd::OwnedFd;
+
+use rustc_hash::FxHashMap as HashMap;
 
 use super::perf::{PerfEventAttr, FLAG_EXCLUDE_HV, FLAG_EXCLUDE_KERNEL, FLAG_INHERIT, FLAG_INHERIT_THREAD};
 use super::perf::{FLAG_REMOVE_ON_EXEC, PERF_TYPE_SOFTWARE};
@@ -142,7 +143,7 @@ impl SwitchTracker {
     pub(crate) fn start(skip: u32, budget: usize) -> io::Result<SwitchTracker> {
         let rings = KernelRings::start_with(skip, budget, SWITCH_RING_PAGES, &open_switch_event)?;
         let since_ns = super::now_ns();
-        let mut pending = HashMap::new();
+        let mut pending = HashMap::default();
         for &tid in &rings.opened {
             if thread_state(tid).is_some_and(|c| c == 'S' || c == 'D') {
                 pending.insert(tid, Out { time_ns: since_ns, preempted: false, tried: false, capture: None });
@@ -152,7 +153,7 @@ impl SwitchTracker {
             rings,
             events: Vec::new(),
             pending,
-            orphans: HashMap::new(),
+            orphans: HashMap::default(),
             done: Vec::new(),
             counts: SwitchCounts::default(),
         })
@@ -185,8 +186,9 @@ impl SwitchTracker {
         });
         self.counts.lost += lost;
         self.counts.records += self.events.len() as u64;
-        // Records of one CPU are in order; across CPUs they are not.
-        self.events.sort_unstable_by_key(|&(t, _, k)| (t, k));
+        // Records of one CPU are in order; across CPUs they are not. The
+        // stable sort finds the runs (one per CPU) and merges them: linear.
+        self.events.sort_by_key(|&(t, _, k)| (t, k));
         for i in 0..self.events.len() {
             let (time_ns, tid, kind) = self.events[i];
             self.apply(time_ns, tid, kind);
@@ -212,13 +214,17 @@ impl SwitchTracker {
                 }
             }
             1 | 2 => {
-                let capture = self.orphans.remove(&tid).filter(|c| c.at_ns > time_ns);
+                // (Orphans are rare: most switches find none to look up.)
+                let orphan = if self.orphans.is_empty() { None } else { self.orphans.remove(&tid) };
+                let capture = orphan.filter(|c| c.at_ns > time_ns);
                 let tried = capture.is_some();
                 self.pending.insert(tid, Out { time_ns, preempted: kind == 2, tried, capture });
             }
             _ => {
                 self.pending.remove(&tid);
-                self.orphans.remove(&tid);
+                if !self.orphans.is_empty() {
+                    self.orphans.remove(&tid);
+                }
             }
         }
     }
