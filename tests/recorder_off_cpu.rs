@@ -394,7 +394,10 @@ fn threads_blocked_before_start_are_charged_from_the_start() {
         let Some(&(us, from, to)) = seen.get(&tid) else {
             panic!("thread {tid}: no wait charged to wait_in_pool (seen: {seen:?})")
         };
-        assert!((before_start..=started).contains(&from), "thread {tid}: charged from {from}, start {started}");
+        assert!(
+            (before_start..=started).contains(&from),
+            "thread {tid}: charged from {from}, start {started}"
+        );
         assert!(to >= released, "thread {tid}: charged until {to}, released at {released}");
         let err = (us as f64 - truth as f64) / truth as f64;
         assert!((-0.05..=0.10).contains(&err), "thread {tid}: {us} us blocked against {truth} us");
@@ -435,7 +438,10 @@ fn a_thread_blocked_at_stop_is_charged_until_the_stop() {
     let snap = Snapshot::open(&path).unwrap();
     let seen = blocked_in(&snap, "wait_in_pool", "[blocked: futex]");
     let Some(&(us, from, to)) = seen.get(&tid) else { panic!("no wait of thread {tid} charged: {seen:?}") };
-    assert!(from >= blocking && from < stopping, "charged from {from}; blocking at {blocking}, stop at {stopping}");
+    assert!(
+        from >= blocking && from < stopping,
+        "charged from {from}; blocking at {blocking}, stop at {stopping}"
+    );
     assert!((stopping..=stopped).contains(&to), "charged until {to}; stop between {stopping} and {stopped}");
     // Blocked from `blocking` (and a little later: the lock, the wait) to the stop.
     let truth = stopping - blocking;

@@ -201,7 +201,8 @@ fn firefox_export_weighs_off_cpu_time_in_its_own_category() {
     assert!(samples.iter().all(|s| s.cpu_delta_us == 0), "{samples:?}");
     assert!(close(weight_where(&samples, |_| true), 850.0), "{samples:?}");
     let blocked = weight_where(&samples, |s| s.subcategory == "Blocked" && s.leaf == "[blocked: futex]");
-    let waiting = weight_where(&samples, |s| s.subcategory == "Waiting for CPU" && s.leaf == "[waiting for CPU]");
+    let waiting =
+        weight_where(&samples, |s| s.subcategory == "Waiting for CPU" && s.leaf == "[waiting for CPU]");
     assert!(close(blocked, 600.0) && close(waiting, 250.0), "{blocked} {waiting}");
 
     // --wall: the 400 CPU samples (1 ms each, their own categories and CPU

@@ -42,11 +42,11 @@ use fxprof_processed_profile as fx;
 use serde_json::Value;
 use spulse::{Definitions, Frame, FrameId};
 
+use samples::WithSamples;
 pub(crate) use samples::{out_of_memory, Seq};
 pub use samples::{Samples, ThreadSamples};
-use samples::WithSamples;
-pub use stacks::{BLOCKED, OFF_CPU_CATEGORY, WAITING_FOR_CPU};
 use stacks::{InlineFrame, Leaf, Stacks, PLACEHOLDER};
+pub use stacks::{BLOCKED, OFF_CPU_CATEGORY, WAITING_FOR_CPU};
 
 use super::Job;
 use crate::aggregate::aggregate;
@@ -234,7 +234,12 @@ pub fn profile(job: &Job<'_>, sym: &mut Symbolizer) -> Result<(Value, Samples, u
                 spulse::OffCpuState::Preempted => Leaf::WaitingForCpu,
             };
             let stack = stacks.intern(&mut profile, defs, sym, (ci, &ctx), th, o.stack, leaf);
-            per_thread[o.thread.index()].push(stack, ns_since(o.start_us, start_us), time, Some(o.duration_us))?;
+            per_thread[o.thread.index()].push(
+                stack,
+                ns_since(o.start_us, start_us),
+                time,
+                Some(o.duration_us),
+            )?;
             selected += 1;
         }
     }

@@ -247,7 +247,8 @@ impl Stacks {
             return f.clone();
         }
         let r = sym.resolve(defs, frame, ctx);
-        let f = match self.frame_kind.get(&frame).and_then(|&(mi, rva)| Some((mi, self.libs.get(&mi)?, rva))) {
+        let f = match self.frame_kind.get(&frame).and_then(|&(mi, rva)| Some((mi, self.libs.get(&mi)?, rva)))
+        {
             Some((mi, &lib, rva)) => {
                 // Inlined functions, outermost first, each behind a
                 // placeholder filled in by `profile` (one per address and
