@@ -4,7 +4,10 @@
 //! pprof `Profile` of this process's CPU samples over the next `N` seconds
 //! (default [`DEFAULT_SECONDS`], at most [`MAX_SECONDS`]): what
 //! `go tool pprof http://HOST/debug/pprof/profile?seconds=N`, Parca and
-//! Grafana Pyroscope's scrapers fetch. [`profile`] returns the same bytes, to
+//! Grafana Pyroscope's scrapers fetch. `GET /debug/pprof/wall?seconds=N`
+//! ([`WALL_PATH`]) adds off-CPU time as a third sample type, `off-cpu` in
+//! nanoseconds (where threads waited; see [`WALL_PATH`] for when it is
+//! there). [`profile`] returns the CPU profile's bytes, to
 //! mount on a router of your own. The profile is the one `spulse export
 //! --format pprof` writes for that window (both go through [`crate::pprof`]):
 //! one sample per (thread, stack) labelled `pid`, `tid` and `thread`, values
@@ -108,6 +111,13 @@ use crate::{Error, Guard, Recorder, RecorderError, Sample, StackId, Tail, Thread
 
 /// The path the server answers.
 pub const PROFILE_PATH: &str = "/debug/pprof/profile";
+
+/// The wall-clock profile's path: CPU samples and off-CPU time (where threads
+/// waited, `RecorderBuilder::off_cpu`), with a third pprof sample type,
+/// `off-cpu` in nanoseconds, as fgprof gives. Off-CPU time is there when the
+/// running recorder records it, or when no recorder runs (the window's own
+/// temporary recording turns the mode on).
+pub const WALL_PATH: &str = "/debug/pprof/wall";
 
 /// The window when a request gives no `seconds`.
 pub const DEFAULT_SECONDS: u64 = 30;
@@ -244,6 +254,7 @@ struct Job {
     _slot: Slot,
     collecting: Collecting,
     seconds: u64,
+    wall: bool,
 }
 
 /// Listen on `addr` and answer `GET /debug/pprof/profile?seconds=N` (see
@@ -323,7 +334,7 @@ pub fn profile(duration: Duration) -> Result<Vec<u8>, Error> {
         }));
     }
     let _collecting = Collecting::take(duration)?;
-    let window = collect(duration, &mut || {
+    let window = collect(duration, false, &mut || {
         std::thread::sleep(POLL);
         Ok(())
     })?;
@@ -340,8 +351,8 @@ pub fn profile(duration: Duration) -> Result<Vec<u8>, Error> {
 /// What a request asks for.
 #[derive(Debug, PartialEq)]
 enum Route {
-    /// A profile of this many seconds.
-    Profile(u64),
+    /// A profile of this many seconds; wall-clock (`WALL_PATH`) or CPU.
+    Profile(u64, bool),
     /// The heap profile (`spulse::heap`).
     #[cfg(feature = "heap")]
     Heap,
@@ -375,7 +386,8 @@ fn route(head: &Head) -> Route {
     if path == crate::heap::HEAP_PATH {
         return heap_route(head);
     }
-    if path != PROFILE_PATH {
+    let wall = path == WALL_PATH;
+    if path != PROFILE_PATH && !wall {
         return Route::Refuse(refuse(
             404,
             format!("not found: {} (the pprof endpoint is {PROFILE_PATH}?seconds=N)\n", shown(path)),
@@ -419,7 +431,7 @@ fn route(head: &Head) -> Route {
             }
         }
     }
-    Route::Profile(seconds.unwrap_or(DEFAULT_SECONDS))
+    Route::Profile(seconds.unwrap_or(DEFAULT_SECONDS), wall)
 }
 
 /// `GET /debug/pprof/heap` (query parameters, such as Go's `gc=1`, are
@@ -753,10 +765,10 @@ fn serve_connection(mut s: TcpStream, slot: Slot, accepted: Instant, jobs: &Send
     let head_only = head.method == "HEAD";
     let r = match route(&head) {
         Route::Refuse(r) => r,
-        Route::Profile(seconds) => match Collecting::take(Duration::from_secs(seconds)) {
+        Route::Profile(seconds, wall) => match Collecting::take(Duration::from_secs(seconds)) {
             Ok(collecting) => {
                 // The window thread answers; if it is gone, the server is stopping.
-                let _ = jobs.send(Job { stream: s, _slot: slot, collecting, seconds });
+                let _ = jobs.send(Job { stream: s, _slot: slot, collecting, seconds, wall });
                 return;
             }
             Err(e) => error_refusal(&e),
@@ -787,12 +799,12 @@ fn serve_connection(mut s: TcpStream, slot: Slot, accepted: Instant, jobs: &Send
 fn windows(jobs: &Receiver<Job>, shared: &Shared) {
     let mut sym = Symbolizer::new(Options::default());
     let stop = &shared.stop;
-    while let Ok(Job { stream, _slot, collecting, seconds }) = jobs.recv() {
+    while let Ok(Job { stream, _slot, collecting, seconds, wall }) = jobs.recv() {
         if stop.load(Ordering::SeqCst) {
             continue;
         }
         let mut abandoned = false;
-        let made = collect(Duration::from_secs(seconds), &mut || {
+        let made = collect(Duration::from_secs(seconds), wall, &mut || {
             if client_gone(&stream, POLL) {
                 abandoned = true;
                 Err("the client closed the connection")
@@ -833,7 +845,7 @@ struct TempRecording {
 }
 
 impl TempRecording {
-    fn start() -> Result<TempRecording, Error> {
+    fn start(off_cpu: bool) -> Result<TempRecording, Error> {
         static SEQ: AtomicU64 = AtomicU64::new(0);
         let path = std::env::temp_dir().join(format!(
             "spulse-http-{}-{}-{}.spool",
@@ -852,7 +864,7 @@ impl TempRecording {
             }
         }
         let template = PathBuf::from(std::ffi::OsString::from_vec(template));
-        let guard = Recorder::builder().without_environment().start(&template)?;
+        let guard = Recorder::builder().without_environment().off_cpu(off_cpu).start(&template)?;
         Ok(TempRecording { guard: Some(guard), path })
     }
 
@@ -886,6 +898,11 @@ struct Collected {
     counts: HashMap<(usize, StackId), u64>,
     /// `counts` sorted by (context, stack), built when the window closes.
     sorted: Vec<(usize, StackId, u64)>,
+    /// For a wall-clock window: off-CPU microseconds per (context, stack),
+    /// and sorted when the window closes.
+    wall: bool,
+    off: HashMap<(usize, StackId), u64>,
+    sorted_off: Vec<(usize, StackId, u64)>,
 }
 
 impl Counts for Collected {
@@ -895,36 +912,56 @@ impl Counts for Collected {
     fn iter(&self) -> impl Iterator<Item = (usize, StackId, u64)> + '_ {
         self.sorted.iter().copied()
     }
+    fn off_cpu(&self) -> impl Iterator<Item = (usize, StackId, u64)> + '_ {
+        self.sorted_off.iter().copied()
+    }
 }
 
 impl Collected {
     fn count(&mut self, samples: &[Sample]) {
-        let end_us = self.window.start_us + self.window.duration_us;
-        for s in samples.iter().filter(|s| s.time_us >= self.window.start_us && s.time_us < end_us) {
-            let c = match self.by_thread.get(&s.thread) {
-                Some(&c) => c,
-                None => {
-                    let pid = self.tail.thread(s.thread).pid;
-                    // Perf-map names of anonymous code are trusted unless the
-                    // spool marks Python-runtime intervals for the process
-                    // (CPython's trampolines are unmapped and reused outside
-                    // them); the endpoint does not track the intervals.
-                    let perf_map_allowed = !self.tail.python_runtime_events().iter().any(|e| e.pid == pid);
-                    let c = self.contexts.len();
-                    self.contexts.push(Context { thread: Some(s.thread), pid, perf_map_allowed });
-                    self.by_thread.insert(s.thread, c);
-                    c
-                }
-            };
+        let (start_us, end_us) = (self.window.start_us, self.window.start_us + self.window.duration_us);
+        for s in samples.iter().filter(|s| s.time_us >= start_us && s.time_us < end_us) {
+            let c = self.context(s.thread);
             *self.counts.entry((c, s.stack)).or_insert(0) += 1;
         }
+        if self.wall {
+            // The off-CPU intervals the last poll read, by their start; one
+            // that began before the window counts the part inside it.
+            let intervals: Vec<_> = self.tail.off_cpu().to_vec();
+            for o in intervals {
+                let from = o.start_us.max(self.window.start_us);
+                let to = (o.start_us + o.duration_us).min(end_us);
+                if to <= from {
+                    continue;
+                }
+                let c = self.context(o.thread);
+                *self.off.entry((c, o.stack)).or_insert(0) += to - from;
+            }
+        }
+    }
+
+    /// The context of `thread`, made on first use.
+    fn context(&mut self, thread: ThreadId) -> usize {
+        if let Some(&c) = self.by_thread.get(&thread) {
+            return c;
+        }
+        let pid = self.tail.thread(thread).pid;
+        // Perf-map names of anonymous code are trusted unless the spool marks
+        // Python-runtime intervals for the process (CPython's trampolines are
+        // unmapped and reused outside them); the endpoint does not track the
+        // intervals.
+        let perf_map_allowed = !self.tail.python_runtime_events().iter().any(|e| e.pid == pid);
+        let c = self.contexts.len();
+        self.contexts.push(Context { thread: Some(thread), pid, perf_map_allowed });
+        self.by_thread.insert(thread, c);
+        c
     }
 
     fn encode(&self, sym: &mut Symbolizer) -> Result<Vec<u8>, Error> {
         sym.next_spool();
         let mut out = Vec::new();
-        let comment =
-            format!("spulse {PROFILE_PATH}?seconds={}", self.window.duration_us.div_ceil(1_000_000));
+        let path = if self.wall { WALL_PATH } else { PROFILE_PATH };
+        let comment = format!("spulse {path}?seconds={}", self.window.duration_us.div_ceil(1_000_000));
         crate::pprof::write(self.tail.definitions(), self, self.window, sym, &comment, &mut out)
             .map_err(|e| Error::io(None, e))?;
         Ok(out)
@@ -937,6 +974,7 @@ impl Collected {
 /// error (why) the window is abandoned.
 fn collect(
     duration: Duration,
+    wall: bool,
     wait: &mut dyn FnMut() -> Result<(), &'static str>,
 ) -> Result<Collected, Error> {
     let abandoned = |why: &str| {
@@ -948,7 +986,7 @@ fn collect(
             Some(Ok((path, flush))) => (path, flush, None),
             Some(Err(why)) => return Err(Error::io(None, io::Error::other(why))),
             None => {
-                let t = TempRecording::start()?;
+                let t = TempRecording::start(wall)?;
                 (t.path.clone(), Duration::ZERO, Some(t))
             }
         },
@@ -966,6 +1004,9 @@ fn collect(
         by_thread: HashMap::new(),
         counts: HashMap::new(),
         sorted: Vec::new(),
+        wall,
+        off: HashMap::new(),
+        sorted_off: Vec::new(),
     };
     let mut batch: Vec<Sample> = Vec::new();
     let mut poll = |c: &mut Collected| -> Result<bool, Error> {
@@ -1001,6 +1042,9 @@ fn collect(
     let mut sorted: Vec<_> = c.counts.iter().map(|(&(ctx, s), &n)| (ctx, s, n)).collect();
     sorted.sort_unstable_by_key(|&(ctx, s, _)| (ctx, s.index()));
     c.sorted = sorted;
+    let mut sorted: Vec<_> = c.off.iter().map(|(&(ctx, s), &n)| (ctx, s, n)).collect();
+    sorted.sort_unstable_by_key(|&(ctx, s, _)| (ctx, s.index()));
+    c.sorted_off = sorted;
     Ok(c)
 }
 
@@ -1015,7 +1059,7 @@ mod tests {
     fn refused(url: &str) -> (u16, String) {
         match get(url) {
             Route::Refuse(r) => (r.status, r.text),
-            Route::Profile(n) => panic!("{url}: a profile of {n} s, expected a refusal"),
+            Route::Profile(n, _) => panic!("{url}: a profile of {n} s, expected a refusal"),
             #[cfg(feature = "heap")]
             Route::Heap => panic!("a heap profile"),
         }
@@ -1023,7 +1067,7 @@ mod tests {
 
     fn seconds(url: &str) -> u64 {
         match get(url) {
-            Route::Profile(n) => n,
+            Route::Profile(n, _) => n,
             Route::Refuse(r) => panic!("{url}: refused {}: {}", r.status, r.text),
             #[cfg(feature = "heap")]
             Route::Heap => panic!("a heap profile"),
@@ -1033,6 +1077,9 @@ mod tests {
     #[test]
     fn routes_the_profile_path_and_its_seconds() {
         assert_eq!(seconds("/debug/pprof/profile"), DEFAULT_SECONDS);
+        assert_eq!(get("/debug/pprof/wall?seconds=3"), Route::Profile(3, true));
+        assert_eq!(get("/debug/pprof/profile?seconds=3"), Route::Profile(3, false));
+        assert_eq!(refused("/debug/pprof/wall?seconds=0").0, 400);
         assert_eq!(seconds("/debug/pprof/profile?seconds=3"), 3);
         assert_eq!(seconds("/debug/pprof/profile?debug=0&seconds=300"), 300);
         assert_eq!(seconds("/debug/pprof/profile?seconds=1"), 1);
@@ -1055,14 +1102,14 @@ mod tests {
                     assert_eq!(r.status, 405);
                     assert_eq!(r.header, Some(("Allow", "GET".to_string())));
                 }
-                Route::Profile(_) => panic!("{method} answered with a profile"),
+                Route::Profile(..) => panic!("{method} answered with a profile"),
                 #[cfg(feature = "heap")]
                 Route::Heap => panic!("a heap profile"),
             }
         }
         match route(&Head { method: "GET".into(), target: PROFILE_PATH.into(), body: true }) {
             Route::Refuse(r) => assert_eq!(r.status, 400, "{}", r.text),
-            Route::Profile(_) => panic!("a GET with a body answered with a profile"),
+            Route::Profile(..) => panic!("a GET with a body answered with a profile"),
             #[cfg(feature = "heap")]
             Route::Heap => panic!("a heap profile"),
         }

@@ -23,8 +23,8 @@ pub mod write;
 pub use error::{Error, FormatErrorKind, RecorderError};
 pub use format::defs::{Definitions, StackFrames};
 pub use format::{
-    Deactivation, Engine, Frame, FrameId, Header, Module, ModuleId, PythonRuntimeEvent, Sample, StackId,
-    StackNode, Thread, ThreadId, PACKED_MAGIC,
+    Deactivation, Engine, Frame, FrameId, Header, LabelId, Module, ModuleId, OffCpuInterval, OffCpuState,
+    PythonRuntimeEvent, Sample, StackId, StackNode, Thread, ThreadId, PACKED_MAGIC,
 };
 pub use pack::{pack, PackSummary};
 pub use read::{
@@ -33,7 +33,7 @@ pub use read::{
 };
 pub use recorder::{
     python_runtime_enter, python_runtime_leave, start, warnings_path, write_warnings, EngineChoice, Guard,
-    KernelTime, LostSamples, Recorder, RecorderBuilder, Stats, DEFAULT_FREQUENCY_HZ,
+    KernelTime, LostSamples, OffCpuStats, Recorder, RecorderBuilder, Stats, DEFAULT_FREQUENCY_HZ,
     DEFAULT_PERF_STACK_RING_PAGES, DEFAULT_USER_STACK_COPY, MAX_RING_BYTES,
 };
 pub use write::{NewModule, SpoolWriter};

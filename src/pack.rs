@@ -186,7 +186,10 @@ fn definition_records(replay: &Replay) -> Result<(Vec<u8>, Vec<u64>), Error> {
                 _ => {
                     if matches!(
                         rest[0],
-                        tag::PYTHON_RUNTIME | tag::PROCESS_MODULE_DEACTIVATION | tag::MODULE_DEACTIVATION
+                        tag::PYTHON_RUNTIME
+                            | tag::PROCESS_MODULE_DEACTIVATION
+                            | tag::MODULE_DEACTIVATION
+                            | tag::OFF_CPU
                     ) {
                         marks.push(samples);
                     }

@@ -202,7 +202,7 @@ type LocationKey = (FrameId, u32, bool);
 fn location_key(defs: &Definitions, frame: FrameId, ctx: &Context) -> LocationKey {
     match defs.frame(frame) {
         Frame::Absolute { .. } => (frame, ctx.pid, ctx.perf_map_allowed),
-        Frame::Module { .. } | Frame::Truncated => (frame, 0, false),
+        Frame::Module { .. } | Frame::Truncated | Frame::Label(_) => (frame, 0, false),
     }
 }
 
@@ -240,7 +240,7 @@ impl Tables {
                 (i as u64 + 1, defs.module(module).absolute(file_relative).unwrap_or(0))
             }
             Frame::Absolute { address, .. } => (0, address),
-            Frame::Truncated => (0, 0),
+            Frame::Truncated | Frame::Label(_) => (0, 0),
         };
         // Frames of unsymbolized modules stay bare so pprof tools can
         // symbolize them later through the mapping and its build id.
@@ -296,6 +296,13 @@ pub trait Counts {
     /// Every (context index, stack, count), in the order the samples are
     /// written (called twice; both calls must give the same sequence).
     fn iter(&self) -> impl Iterator<Item = (usize, StackId, u64)> + '_;
+    /// Every (context index, stack, off-CPU microseconds) (FORMAT.md, tag 9),
+    /// in a stable order; when there is any, the profile has a third sample
+    /// type, `off-cpu` in nanoseconds (CPU samples carry 0 there, off-CPU
+    /// samples 0 in the first two).
+    fn off_cpu(&self) -> impl Iterator<Item = (usize, StackId, u64)> + '_ {
+        std::iter::empty()
+    }
 }
 
 /// Write the gzipped profile of `counts` (stacks of `defs`) covering
@@ -349,11 +356,18 @@ pub(crate) fn write_with(
 ) -> std::io::Result<()> {
     let contexts = counts.contexts();
     let mut strings = Strings::new();
-    let sample_type = head
+    // Off-CPU intervals (FORMAT.md, tag 9), when there are any, add a sample
+    // type after the head's: off-CPU time in nanoseconds.
+    let has_off_cpu = counts.off_cpu().next().is_some();
+    let mut sample_type: Vec<ValueType> = head
         .sample_types
         .iter()
         .map(|(t, u)| ValueType { r#type: strings.get(t), unit: strings.get(u) })
         .collect();
+    if has_off_cpu {
+        sample_type.push(ValueType { r#type: strings.get("off-cpu"), unit: strings.get("nanoseconds") });
+    }
+    let head_types = head.sample_types.len();
     let mut p = Profile {
         sample_type,
         period_type: Some(ValueType {
@@ -381,7 +395,7 @@ pub(crate) fn write_with(
     // Pass 1: every location of every stack. A stack prefix already seen with
     // the same location keys is not walked again.
     let mut seen: HashSet<(StackId, u32, bool)> = HashSet::new();
-    for (c, stack, _) in counts.iter() {
+    for (c, stack, _) in counts.iter().chain(counts.off_cpu()) {
         let ctx = contexts[c];
         let mut cur = Some(stack);
         while let Some(id) = cur {
@@ -427,7 +441,9 @@ pub(crate) fn write_with(
     gz.write_all(&p.encode_to_vec())?;
     let mut buf = Vec::new();
     let mut ids = Vec::new();
-    for (c, stack, count) in counts.iter() {
+    let cpu = counts.iter().map(|(c, s, n)| (c, s, n, false));
+    let off = counts.off_cpu().map(|(c, s, n)| (c, s, n, true));
+    for (c, stack, count, is_off) in cpu.chain(off) {
         let ctx = contexts[c];
         ids.clear();
         ids.extend(defs.stack_frames(stack).map(|f| locations[&location_key(defs, f, &ctx)]));
@@ -440,7 +456,18 @@ pub(crate) fn write_with(
                 label.push(Label { key: str_id("thread"), str: str_id(&t.name), ..Default::default() });
             }
         }
-        let sample = Sample { location_id: std::mem::take(&mut ids), value: values(count), label };
+        let value = if is_off {
+            let mut v = vec![0; head_types];
+            v.push((count as i64).saturating_mul(NS_PER_US));
+            v
+        } else {
+            let mut v = values(count);
+            if has_off_cpu {
+                v.push(0);
+            }
+            v
+        };
+        let sample = Sample { location_id: std::mem::take(&mut ids), value, label };
         buf.clear();
         prost::encoding::message::encode(2, &sample, &mut buf);
         gz.write_all(&buf)?;

@@ -734,3 +734,39 @@ fn client_disconnect_cancels_the_window() {
     assert!(c.temp_spools().is_empty(), "temporary spools left: {:?}", c.temp_spools());
     c.assert_alive("a client that gave up");
 }
+
+/// `GET /debug/pprof/wall?seconds=N`: CPU samples plus an `off-cpu` sample
+/// type in nanoseconds (the window's own recording runs in off-CPU mode): a
+/// thread sleeping in 100 ms steps through a 1 s window shows about a second
+/// of off-CPU time, with no signal sent to it.
+#[test]
+fn wall_endpoint_has_off_cpu_time() {
+    let stop = Arc::new(AtomicBool::new(false));
+    let s2 = stop.clone();
+    let sleeper = std::thread::spawn(move || {
+        while !s2.load(Ordering::SeqCst) {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    });
+    let srv = spulse::http::serve("127.0.0.1:0").expect("serve on an ephemeral port");
+    let (status, body) = get(srv.local_addr(), "/debug/pprof/wall?seconds=1");
+    stop.store(true, Ordering::SeqCst);
+    sleeper.join().unwrap();
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+    let p = decode(&body);
+    let s = |i: i64| p.string_table[i as usize].as_str();
+    let types: Vec<(&str, &str)> = p.sample_type.iter().map(|t| (s(t.r#type), s(t.unit))).collect();
+    assert_eq!(types, [("samples", "count"), ("cpu", "nanoseconds"), ("off-cpu", "nanoseconds")]);
+    let slept: i64 = p
+        .sample
+        .iter()
+        .filter(|smp| {
+            let loc = &p.location[smp.location_id[0] as usize - 1];
+            loc.line.iter().any(|l| {
+                s(p.function[l.function_id as usize - 1].name).starts_with("[blocked: clock_nanosleep")
+            })
+        })
+        .map(|smp| smp.value[2])
+        .sum();
+    assert!((700_000_000..=1_100_000_000).contains(&slept), "{slept} ns of off-CPU sleep in a 1 s window");
+}

@@ -5,10 +5,10 @@
 
 use std::collections::HashMap;
 
-use spulse::{Definitions, Replay, StackId};
+use spulse::{Definitions, Replay, Sample, StackId};
 
 use crate::input::{progress, PROGRESS_STEP};
-use crate::select::{Context, Contexts, Filter, Selector};
+use crate::select::{Context, Contexts, Filter, Selector, TimeMode};
 use crate::CliError;
 
 /// A multiplicative hasher for the small integer keys of the per-thread counts
@@ -49,15 +49,19 @@ enum Counts {
     Sparse(IdMap<(u32, StackId), u64>),
 }
 
-/// Sample counts per (context, stack).
+/// Sample counts per (context, stack): samples, or microseconds when the
+/// filter's [`TimeMode`] counts time (`--off-cpu`, `--wall`).
 pub struct Aggregate {
     /// The contexts, indexed by the context ids used in [`Aggregate::iter`].
     pub contexts: Vec<Context>,
     counts: Counts,
-    /// Samples counted (after filtering).
+    /// Samples counted (after filtering), or microseconds in a time mode.
     pub total: u64,
     /// Smallest and largest timestamp of the counted samples.
     pub time_range: Option<(u64, u64)>,
+    /// Off-CPU microseconds per (context, stack) of the selected intervals,
+    /// whatever the mode (the pprof export's `off-cpu` sample type).
+    pub off_cpu: IdMap<(u32, StackId), u64>,
 }
 
 impl Aggregate {
@@ -78,7 +82,21 @@ impl Aggregate {
     pub fn from_counts(contexts: Vec<Context>, counts: HashMap<(u32, StackId), u64>) -> Aggregate {
         let total = counts.values().sum();
         let counts = counts.into_iter().collect();
-        Aggregate { contexts, counts: Counts::Sparse(counts), total, time_range: None }
+        Aggregate {
+            contexts,
+            counts: Counts::Sparse(counts),
+            total,
+            time_range: None,
+            off_cpu: IdMap::default(),
+        }
+    }
+
+    /// Every (context id, stack, off-CPU microseconds), sorted as [`Aggregate::iter`].
+    pub fn iter_off_cpu(&self) -> impl Iterator<Item = (usize, StackId, u64)> + '_ {
+        let mut v: Vec<(usize, StackId, u64)> =
+            self.off_cpu.iter().map(|(&(c, s), &n)| (c as usize, s, n)).collect();
+        v.sort_unstable_by_key(|&(c, s, _)| (c, s));
+        v.into_iter()
     }
 
     /// Number of distinct (context, stack) pairs with samples.
@@ -103,7 +121,26 @@ pub fn aggregate(replay: &Replay, filter: &Filter, per_thread: bool) -> Result<A
     };
     let bar = progress(defs.sample_count(), "reading");
     let (mut tmin, mut tmax) = (u64::MAX, 0u64);
-    for s in replay.samples() {
+    let mode = filter.time;
+    // Weight of one CPU sample: 1 (samples), or its interval in microseconds.
+    let sample_weight = if mode.is_time() { defs.interval_us().max(1) } else { 1 };
+    let mut total = 0u64;
+    let add = |counts: &mut Counts, ctx: u32, stack: StackId, w: u64| match counts {
+        Counts::Dense(v, seen) => {
+            let c = &mut v[ctx as usize];
+            if c.is_empty() {
+                c.resize(stacks, 0);
+            }
+            let slot = &mut c[stack.index()];
+            if *slot == 0 {
+                seen.push((ctx, stack));
+            }
+            *slot += w;
+        }
+        Counts::Sparse(m) => *m.entry((ctx, stack)).or_insert(0) += w,
+    };
+    let samples = if mode == TimeMode::OffCpu { None } else { Some(replay.samples()) };
+    for s in samples.into_iter().flatten() {
         let s = s?;
         let n = select.read();
         if n.is_multiple_of(PROGRESS_STEP) {
@@ -111,29 +148,37 @@ pub fn aggregate(replay: &Replay, filter: &Filter, per_thread: bool) -> Result<A
         }
         let Some(sel) = select.next(defs, &s) else { continue };
         let ctx = contexts.id(defs, &sel);
-        match &mut counts {
-            Counts::Dense(v, seen) => {
-                let c = &mut v[ctx as usize];
-                if c.is_empty() {
-                    c.resize(stacks, 0);
-                }
-                let slot = &mut c[s.stack.index()];
-                if *slot == 0 {
-                    seen.push((ctx, s.stack));
-                }
-                *slot += 1;
-            }
-            Counts::Sparse(m) => *m.entry((ctx, s.stack)).or_insert(0) += 1,
-        }
+        add(&mut counts, ctx, s.stack, sample_weight);
+        total += sample_weight;
         tmin = tmin.min(s.time_us);
         tmax = tmax.max(s.time_us);
     }
     bar.finish_and_clear();
-    let total = select.selected();
+    let mut off_cpu = IdMap::default();
+    {
+        // Off-CPU intervals, each at its start, weighing its duration.
+        let mut select = Selector::new(filter, defs.start_time_us());
+        for o in defs.off_cpu_intervals() {
+            let s = Sample { time_us: o.start_us, thread: o.thread, stack: o.stack };
+            let Some(sel) = select.next_at(defs, &s, o.samples_before) else { continue };
+            if o.duration_us == 0 {
+                continue;
+            }
+            let ctx = contexts.id(defs, &sel);
+            *off_cpu.entry((ctx, o.stack)).or_insert(0) += o.duration_us;
+            if mode.is_time() {
+                add(&mut counts, ctx, o.stack, o.duration_us);
+                total += o.duration_us;
+                tmin = tmin.min(o.start_us);
+                tmax = tmax.max(o.start_us.saturating_add(o.duration_us));
+            }
+        }
+    }
     Ok(Aggregate {
         contexts: contexts.into_vec(),
         counts,
         total,
         time_range: (total > 0).then_some((tmin, tmax)),
+        off_cpu,
     })
 }

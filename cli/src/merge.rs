@@ -43,8 +43,8 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 
 use spulse::{
-    Definitions, Frame, FrameId, Header, ModuleId, NewModule, Sample, Snapshot, SpoolWriter, StackId, Tail,
-    ThreadId,
+    Definitions, Frame, FrameId, Header, ModuleId, NewModule, OffCpuInterval, OffCpuState, Sample, Snapshot,
+    SpoolWriter, StackId, Tail, ThreadId,
 };
 
 /// A module as its definition describes it (pid, start, size, file offset,
@@ -93,7 +93,7 @@ enum ModState {
 /// as a `Tail` would.
 enum Reader {
     Spool(Tail),
-    Packed { snap: Box<Snapshot>, next: usize, batch: Vec<Sample> },
+    Packed { snap: Box<Snapshot>, next: usize, batch: Vec<Sample>, off_cpu: (usize, usize) },
 }
 
 impl Reader {
@@ -101,7 +101,7 @@ impl Reader {
     fn open(path: &Path, packed: bool) -> Result<Reader, spulse::Error> {
         if packed && is_packed(path) {
             let snap = Snapshot::open(path)?;
-            return Ok(Reader::Packed { snap: Box::new(snap), next: 0, batch: Vec::new() });
+            return Ok(Reader::Packed { snap: Box::new(snap), next: 0, batch: Vec::new(), off_cpu: (0, 0) });
         }
         Ok(Reader::Spool(Tail::open(path)?))
     }
@@ -109,12 +109,31 @@ impl Reader {
     fn poll(&mut self) -> Result<&[Sample], spulse::Error> {
         match self {
             Reader::Spool(t) => t.poll(),
-            Reader::Packed { snap, next, batch } => {
+            Reader::Packed { snap, next, batch, off_cpu } => {
                 let end = snap.len().min(*next + Tail::MAX_BATCH);
                 batch.clear();
                 batch.extend((*next..end).map(|i| snap.sample(i)));
                 *next = end;
+                // The off-CPU intervals placed before this batch's samples
+                // (and, at the end, after the last one).
+                let all = snap.definitions().off_cpu_intervals();
+                let hi = if end == snap.len() {
+                    all.len()
+                } else {
+                    all.partition_point(|o| o.samples_before < end as u64)
+                };
+                *off_cpu = (off_cpu.1, hi.max(off_cpu.1));
                 Ok(batch)
+            }
+        }
+    }
+
+    /// The off-CPU intervals the last poll brought.
+    fn off_cpu(&self) -> &[OffCpuInterval] {
+        match self {
+            Reader::Spool(t) => t.off_cpu(),
+            Reader::Packed { snap, off_cpu: (lo, hi), .. } => {
+                &snap.definitions().off_cpu_intervals()[*lo..*hi]
             }
         }
     }
@@ -172,6 +191,8 @@ pub struct Source {
     threads_checked: usize,
     deactivations_done: usize,
     python_done: usize,
+    /// Off-CPU intervals polled but not yet copied (a poll forgets them).
+    off_cpu: std::collections::VecDeque<OffCpuInterval>,
     samples_seen: u64,
     batch: Vec<Sample>,
     /// Samples of `batch` already copied (for [`merge_files`]).
@@ -224,6 +245,7 @@ impl Source {
             threads_checked: 0,
             deactivations_done: 0,
             python_done: 0,
+            off_cpu: Default::default(),
             samples_seen: 0,
             batch: Vec::with_capacity(Tail::MAX_BATCH),
             taken: 0,
@@ -279,6 +301,8 @@ impl Source {
     /// Check the definitions a poll brought (`check_pids`) and make room for them.
     fn batch_read(&mut self) -> Result<(), MergeError> {
         self.check_pids()?;
+        let polled = self.tail.off_cpu();
+        self.off_cpu.extend(polled.iter().copied());
         self.threads_checked = self.tail.definitions().threads().len();
         self.modules.resize(self.tail.modules().len(), ModState::Pending);
         Ok(())
@@ -357,6 +381,23 @@ impl Source {
                 Err(e) => return Err(MergeError::Output(e)),
             }
         }
+        while let Some(o) = self.off_cpu.front().copied() {
+            if o.samples_before > upto {
+                break;
+            }
+            self.off_cpu.pop_front();
+            let res = self.map_thread(o.thread, out, sh).and_then(|thread| {
+                let stack = self.map_stack(o.stack, out, sh)?;
+                let preempted = o.state == OffCpuState::Preempted;
+                out.off_cpu(thread, stack, o.start_us, o.duration_us, preempted).map_err(MergeError::Output)
+            });
+            match res {
+                Ok(()) => {}
+                Err(MergeError::Output(e)) if !is_io(&e) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        let defs = self.tail.definitions();
         // Define pending modules in source order; stop at the first that the
         // output refuses (its range is still held by a module the source
         // retires later), so that the order is kept. `next_module` is the
@@ -511,6 +552,12 @@ impl Source {
                     kernel: false,
                 },
             },
+            Frame::Label(label) => {
+                // Labels are few: defined again per source, not shared.
+                let new = out.define_label(defs.label(label)).map_err(MergeError::Output)?;
+                self.frames[idx] = Some(new);
+                return Ok(new);
+            }
             other => other,
         };
         let new = match sh.frames.get(&frame) {

@@ -39,6 +39,29 @@ pub struct Filter {
     pub from_us: Option<u64>,
     /// Only samples before this many microseconds since the profile start.
     pub to_us: Option<u64>,
+    /// What is counted: CPU samples (the default), off-CPU time or both.
+    pub time: TimeMode,
+}
+
+/// What a profile counts (`--off-cpu`, `--wall`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum TimeMode {
+    /// CPU samples, each counting one (the default).
+    #[default]
+    Cpu,
+    /// Off-CPU intervals only (FORMAT.md, tag 9), each weighing its duration
+    /// in microseconds.
+    OffCpu,
+    /// CPU samples weighing one sampling interval each, plus off-CPU
+    /// intervals weighing their durations: wall-clock microseconds.
+    Wall,
+}
+
+impl TimeMode {
+    /// Whether weights are microseconds (not samples).
+    pub fn is_time(self) -> bool {
+        self != TimeMode::Cpu
+    }
 }
 
 impl Filter {
@@ -169,6 +192,14 @@ impl Selector {
     /// Samples selected so far.
     pub fn selected(&self) -> u64 {
         self.selected
+    }
+
+    /// Select an off-CPU interval, given as a sample at its start, placed
+    /// after `ordinal` samples (its `samples_before`; intervals must come in
+    /// stream order, through a selector of their own).
+    pub fn next_at(&mut self, defs: &Definitions, s: &Sample, ordinal: u64) -> Option<Selected> {
+        self.read = ordinal;
+        self.next(defs, s)
     }
 
     /// Take the next sample of the stream: `None` when the filter drops it.

@@ -40,6 +40,9 @@ pub struct Definitions {
     python: Vec<PythonRuntimeEvent>,
     python_in: HashMap<u32, bool>,
     deactivations: Vec<Deactivation>,
+    labels: Vec<String>,
+    off_cpu: Vec<OffCpuInterval>,
+    off_cpu_total: u64,
     last_time_us: u64,
     sample_count: u64,
 }
@@ -90,6 +93,9 @@ impl Definitions {
             python: Vec::new(),
             python_in: HashMap::new(),
             deactivations: Vec::new(),
+            labels: Vec::new(),
+            off_cpu: Vec::new(),
+            off_cpu_total: 0,
             last_time_us: header.start_time_us,
             sample_count: 0,
         }
@@ -305,6 +311,17 @@ impl Definitions {
                     }
                 }
             }
+            Record::OffCpu { thread, stack, start_us, duration_us, .. } => {
+                if has(1) {
+                    reference("thread", thread, self.threads.len())?;
+                }
+                if has(2) {
+                    reference("stack", stack, self.stack_frame.len())?;
+                }
+                if has(4) {
+                    start_us.checked_add(duration_us).ok_or(FormatErrorKind::TimestampOverflow)?;
+                }
+            }
         }
         Ok(())
     }
@@ -346,6 +363,11 @@ impl Definitions {
                     }
                     RawFrame::Absolute { address, kernel } => Frame::Absolute { address, kernel },
                     RawFrame::Truncated => Frame::Truncated,
+                    RawFrame::Label(label) => {
+                        // Valid UTF-8: the decoder checked it.
+                        self.labels.push(String::from_utf8_lossy(label).into_owned());
+                        Frame::Label(LabelId(self.labels.len() as u32 - 1))
+                    }
                 });
             }
             Record::Stack { parent, frame, .. } => self.push_stack(parent, frame),
@@ -387,6 +409,17 @@ impl Definitions {
                 }
                 self.deactivations
                     .push(Deactivation { module: ModuleId(m), samples_before: self.sample_count });
+            }
+            Record::OffCpu { thread, stack, start_us, duration_us, preempted } => {
+                self.off_cpu_total += 1;
+                self.off_cpu.push(OffCpuInterval {
+                    thread: ThreadId(thread as u32),
+                    stack: StackId(stack as u32),
+                    start_us,
+                    duration_us,
+                    state: if preempted { OffCpuState::Preempted } else { OffCpuState::Blocked },
+                    samples_before: self.sample_count,
+                });
             }
         }
         None
@@ -496,8 +529,14 @@ impl Definitions {
         match self.frame(id) {
             Frame::Module { module, file_relative } => self.module(module).absolute(file_relative),
             Frame::Absolute { address, .. } => Some(address),
-            Frame::Truncated => None,
+            Frame::Truncated | Frame::Label(_) => None,
         }
+    }
+
+    /// The text of a label frame (FORMAT.md, frame kind 3), without brackets:
+    /// `blocked: futex`, `waiting for CPU`.
+    pub fn label(&self, id: LabelId) -> &str {
+        &self.labels[id.index()]
     }
 
     /// The id of the frame with dense index `index`, if that many are defined.
@@ -543,6 +582,25 @@ impl Definitions {
     /// Every Python-runtime transition, in stream order.
     pub fn python_runtime_events(&self) -> &[PythonRuntimeEvent] {
         &self.python
+    }
+
+    /// The off-CPU intervals (tag 9) read so far, in stream order; empty for
+    /// a recording made without off-CPU mode. A [`Tail`](crate::Tail) hands
+    /// them out per poll ([`Tail::off_cpu`](crate::Tail::off_cpu)) and keeps
+    /// only the current poll's.
+    pub fn off_cpu_intervals(&self) -> &[OffCpuInterval] {
+        &self.off_cpu
+    }
+
+    /// How many off-CPU intervals the stream held so far (a `Tail` included,
+    /// which does not keep them all).
+    pub fn off_cpu_count(&self) -> u64 {
+        self.off_cpu_total
+    }
+
+    /// Forget the off-CPU intervals kept so far (`Tail`, at each poll).
+    pub(crate) fn clear_off_cpu(&mut self) {
+        self.off_cpu.clear();
     }
 }
 

@@ -57,6 +57,9 @@ pub mod tag {
     pub const PROCESS_MODULE_DEACTIVATION: u8 = 7;
     /// Retires one mapping generation.
     pub const MODULE_DEACTIVATION: u8 = 8;
+    /// An off-CPU interval: a thread, the stack it left the CPU in, when and
+    /// for how long (beyond the seed; only recordings in off-CPU mode hold it).
+    pub const OFF_CPU: u8 = 9;
 }
 
 /// Frame kinds (the first field of a frame record after its id).
@@ -67,6 +70,9 @@ pub mod frame_kind {
     pub const ABSOLUTE: u64 = 1;
     /// Reserved: the truncated-stack marker, followed by a zero payload.
     pub const TRUNCATED: u64 = 2;
+    /// A label frame (`[blocked: futex]`, `[waiting for CPU]`): a short UTF-8
+    /// name instead of an address (beyond the seed; off-CPU mode only).
+    pub const LABEL: u64 = 3;
 }
 
 /// Limits a reader enforces (and the writer refuses to exceed).
@@ -77,6 +83,8 @@ pub mod limits {
     pub const MAX_BUILD_ID_LEN: u64 = 64;
     /// Longest thread name, in bytes.
     pub const MAX_THREAD_NAME_LEN: u64 = 256;
+    /// Longest label of a label frame, in bytes.
+    pub const MAX_LABEL_LEN: u64 = 64;
     /// Deepest stack, in frames (nodes from leaf to root, inclusive).
     pub const MAX_STACK_DEPTH: u32 = 4096;
     /// Most definitions of one kind (ids are below this).

@@ -33,7 +33,7 @@ pub(crate) enum Record<'a> {
     },
     Frame {
         id: u64,
-        frame: RawFrame,
+        frame: RawFrame<'a>,
     },
     Stack {
         id: u64,
@@ -59,6 +59,13 @@ pub(crate) enum Record<'a> {
     ModuleDeactivation {
         module: u64,
     },
+    OffCpu {
+        thread: u64,
+        stack: u64,
+        start_us: u64,
+        duration_us: u64,
+        preempted: bool,
+    },
 }
 
 impl Record<'_> {
@@ -83,6 +90,9 @@ impl Record<'_> {
             tag::PYTHON_RUNTIME => Record::PythonRuntime { pid: 0, time_us: 0, entering: false },
             tag::PROCESS_MODULE_DEACTIVATION => Record::ProcessModuleDeactivation { pid: 0 },
             tag::MODULE_DEACTIVATION => Record::ModuleDeactivation { module: 0 },
+            tag::OFF_CPU => {
+                Record::OffCpu { thread: 0, stack: 0, start_us: 0, duration_us: 0, preempted: false }
+            }
             _ => return None,
         })
     }
@@ -90,10 +100,11 @@ impl Record<'_> {
 
 /// A frame's payload before its references are checked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum RawFrame {
+pub(crate) enum RawFrame<'a> {
     Module { module: u64, file_relative: u64 },
     Absolute { address: u64, kernel: bool },
     Truncated,
+    Label(&'a [u8]),
 }
 
 /// Why a record could not be decoded.
@@ -341,6 +352,11 @@ fn read_fields<'a>(rec: &mut Record<'a>, c: &mut Cursor<'a>) -> Result<(), Decod
                     *frame = RawFrame::Truncated;
                     c.truncation_payload()?;
                 }
+                frame_kind::LABEL => {
+                    c.fields += 1;
+                    *frame = RawFrame::Label(&[]);
+                    *frame = RawFrame::Label(c.utf8("frame label", MAX_LABEL_LEN)?);
+                }
                 other => return Err(c.bad(kind_at, FormatErrorKind::UnknownFrameKind(other))),
             }
         }
@@ -367,6 +383,13 @@ fn read_fields<'a>(rec: &mut Record<'a>, c: &mut Cursor<'a>) -> Result<(), Decod
         }
         Record::ProcessModuleDeactivation { pid } => *pid = c.u64()?,
         Record::ModuleDeactivation { module } => *module = c.u64()?,
+        Record::OffCpu { thread, stack, start_us, duration_us, preempted } => {
+            *thread = c.u64()?;
+            *stack = c.u64()?;
+            *start_us = c.u64()?;
+            *duration_us = c.u64()?;
+            *preempted = c.flag("off-CPU state")?;
+        }
     }
     Ok(())
 }
@@ -403,6 +426,11 @@ pub(crate) fn encode(rec: &Record<'_>, out: &mut Vec<u8>) {
                     put_u64(out, frame_kind::TRUNCATED);
                     put_u64(out, 0);
                 }
+                RawFrame::Label(label) => {
+                    put_u64(out, frame_kind::LABEL);
+                    put_u64(out, label.len() as u64);
+                    out.extend_from_slice(label);
+                }
             }
         }
         Record::Stack { id, parent, frame } => {
@@ -433,6 +461,12 @@ pub(crate) fn encode(rec: &Record<'_>, out: &mut Vec<u8>) {
         Record::ModuleDeactivation { module } => {
             out.push(tag::MODULE_DEACTIVATION);
             put_u64(out, module);
+        }
+        Record::OffCpu { thread, stack, start_us, duration_us, preempted } => {
+            out.push(tag::OFF_CPU);
+            for v in [thread, stack, start_us, duration_us, preempted as u64] {
+                put_u64(out, v);
+            }
         }
     }
 }

@@ -45,6 +45,10 @@ typed_id!(
     /// Id of a thread definition (tag 4).
     ThreadId
 );
+typed_id!(
+    /// Index of a label frame's text (frame kind 3), in definition order.
+    LabelId
+);
 
 /// The sampling engine that ran a recording, as reported by
 /// [`Stats`](crate::Stats) and [`Guard::engine`](crate::Guard::engine). The
@@ -172,6 +176,38 @@ pub enum Frame {
     },
     /// The truncated-stack marker: the unwinder stopped before the root.
     Truncated,
+    /// A label instead of an address (FORMAT.md, frame kind 3): the leaf of
+    /// an off-CPU stack, such as `blocked: futex` or `waiting for CPU`. Its
+    /// text is [`Definitions::label`](crate::Definitions::label).
+    Label(LabelId),
+}
+
+/// Why a thread was off the CPU during an [`OffCpuInterval`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum OffCpuState {
+    /// It blocked (sleep, lock, I/O: it gave up the CPU itself).
+    Blocked,
+    /// It was preempted: runnable, waiting for a CPU.
+    Preempted,
+}
+
+/// An off-CPU interval (tag 9): a thread was off the CPU from `start_us` for
+/// `duration_us`, having left it in `stack`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct OffCpuInterval {
+    /// The thread.
+    pub thread: ThreadId,
+    /// The stack it left the CPU in (normally with a label frame as its leaf).
+    pub stack: StackId,
+    /// When it left the CPU, unix microseconds.
+    pub start_us: u64,
+    /// How long it stayed off, microseconds (`start_us + duration_us` does
+    /// not overflow).
+    pub duration_us: u64,
+    /// Blocked or preempted.
+    pub state: OffCpuState,
+    /// How many samples precede this record in the stream.
+    pub samples_before: u64,
 }
 
 /// A thread identity as defined by a tag-4 record.

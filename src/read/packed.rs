@@ -228,7 +228,10 @@ fn load_definitions(
         if t == tag::SAMPLE {
             return Err(Error::packed_corrupt(at, "a sample record in the definitions".into()));
         }
-        if matches!(t, tag::PYTHON_RUNTIME | tag::PROCESS_MODULE_DEACTIVATION | tag::MODULE_DEACTIVATION) {
+        if matches!(
+            t,
+            tag::PYTHON_RUNTIME | tag::PROCESS_MODULE_DEACTIVATION | tag::MODULE_DEACTIVATION | tag::OFF_CPU
+        ) {
             let Some(&mark) = marks.get(k) else {
                 return Err(Error::packed_corrupt(
                     at,

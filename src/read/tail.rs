@@ -92,6 +92,7 @@ impl Tail {
     /// compare [`Tail::position`] with the file length for that).
     pub fn poll(&mut self) -> Result<&[Sample], Error> {
         self.batch.clear();
+        self.defs.clear_off_cpu();
         if let Some((offset, kind)) = &self.error {
             return Err(Error::Format { path: Some(self.path.clone()), offset: *offset, kind: kind.clone() });
         }
@@ -158,6 +159,14 @@ impl Tail {
         self.pending.truncate(old + n);
         self.read_to += n as u64;
         Ok(n > 0)
+    }
+
+    /// The off-CPU intervals (FORMAT.md, tag 9) the last [`Tail::poll`] read,
+    /// in stream order (each poll forgets the previous poll's, so a follower's
+    /// memory does not grow with them; `samples_before` places each among the
+    /// samples). [`Definitions::off_cpu_count`] counts them all.
+    pub fn off_cpu(&self) -> &[crate::OffCpuInterval] {
+        self.defs.off_cpu_intervals()
     }
 
     /// The definitions read so far (also reachable through `Deref`).

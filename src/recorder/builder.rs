@@ -48,6 +48,7 @@ pub struct RecorderBuilder {
     pub(super) flush_interval: Option<Duration>,
     pub(super) engine: EngineChoice,
     pub(super) kernel_time: Option<bool>,
+    pub(super) off_cpu: Option<bool>,
     pub(super) mode: u32,
     pub(super) overwrite: bool,
     pub(super) sync_at_finish: bool,
@@ -73,6 +74,7 @@ impl Default for RecorderBuilder {
             flush_interval: None,
             engine: EngineChoice::Auto,
             kernel_time: None,
+            off_cpu: None,
             mode: 0o600,
             overwrite: false,
             sync_at_finish: true,
@@ -146,6 +148,24 @@ impl RecorderBuilder {
         self.engine = engine;
         self
     }
+    /// Record off-CPU time too (default off, or the `SPULSE_OFF_CPU`
+    /// environment variable: `1` on, `0` off): for every interval a thread
+    /// spends off the CPU, its exact length (from the kernel's context-switch
+    /// records of a perf event that counts nothing and sends no signal), and
+    /// where it waited: the stack it blocked in, with the system call as a
+    /// `[blocked: futex]` leaf (read from `/proc/self/task/<tid>/syscall` and
+    /// a copy of its stack, once per blocking, without waking it), or
+    /// `[waiting for CPU]` when it was preempted. Needs no privilege
+    /// (`perf_event_paranoid` 2 is enough). The spool then holds off-CPU
+    /// intervals (FORMAT.md, tag 9); `spulse top --off-cpu` and `--wall` show
+    /// them. A thread that stays blocked costs nothing while it does. Where
+    /// the events are refused, the recording goes on without and
+    /// [`Stats::warnings`] says why; [`Stats::off_cpu`] counts what was seen.
+    pub fn off_cpu(mut self, on: bool) -> Self {
+        self.off_cpu = Some(on);
+        self
+    }
+
     /// Sample system CPU time too (default on, or the `SPULSE_KERNEL_TIME`
     /// environment variable, `0` or `1`). With the perf-event engine, a period
     /// that ends in kernel mode becomes a sample with a kernel-mode leaf frame
@@ -305,6 +325,7 @@ pub const MAX_RING_BYTES: usize = 256 << 20;
 pub(super) struct Checked {
     pub(super) hz: u32,
     pub(super) kernel_time: bool,
+    pub(super) off_cpu: bool,
     pub(super) path: PathBuf,
     pub(super) rotation: Option<RotationPlan>,
     /// The flush interval: as set, else the default or the rotation interval
@@ -362,6 +383,20 @@ impl RecorderBuilder {
                 }
                 // As `std::env::var` had it: not Unicode is as good as unset.
                 Some(Err(_)) | None => true,
+            },
+        };
+        let off_cpu = match self.off_cpu {
+            Some(on) => on,
+            None => match self.env_var("SPULSE_OFF_CPU").map(|v| v.into_string()) {
+                Some(Ok(v)) if v.trim() == "0" || v.trim().is_empty() => false,
+                Some(Ok(v)) if v.trim() == "1" => true,
+                Some(Ok(v)) => {
+                    return Err(invalid(
+                        "SPULSE_OFF_CPU",
+                        format!("SPULSE_OFF_CPU={v:?} is neither 1 (record off-CPU time) nor 0"),
+                    ))
+                }
+                Some(Err(_)) | None => false,
             },
         };
         let depth = self.max_stack_depth;
@@ -476,7 +511,7 @@ impl RecorderBuilder {
             (None, Some(plan)) => DEFAULT_FLUSH_INTERVAL.min(plan.every),
             (None, None) => DEFAULT_FLUSH_INTERVAL,
         };
-        Ok(Checked { hz, kernel_time, path: first, rotation, flush })
+        Ok(Checked { hz, kernel_time, off_cpu, path: first, rotation, flush })
     }
 
     /// The rotation interval and retention (builder values, else

@@ -98,7 +98,7 @@ pub use builder::{
     MAX_RING_BYTES,
 };
 use output::create_spool;
-pub use stats::{warnings_path, write_warnings, EngineChoice, KernelTime, LostSamples, Stats};
+pub use stats::{warnings_path, write_warnings, EngineChoice, KernelTime, LostSamples, OffCpuStats, Stats};
 pub use sys::preloaded::live_spool_of_this_copy;
 #[cfg(feature = "http")]
 pub(crate) use sys::preloaded::preload_live_spool;
@@ -338,7 +338,7 @@ fn start_with(b: &RecorderBuilder, path: &Path) -> Result<Guard, Error> {
 }
 
 fn start_inner(b: &RecorderBuilder, path: &Path) -> Result<Guard, Error> {
-    let Checked { hz, kernel_time, path, rotation, flush } = b.check(path)?;
+    let Checked { hz, kernel_time, off_cpu, path, rotation, flush } = b.check(path)?;
     let path = path.as_path();
     let period_ns = 1_000_000_000u64 / hz as u64;
     let interval_us = (1_000_000 + hz as u64 / 2) / hz as u64;
@@ -537,8 +537,31 @@ fn start_inner(b: &RecorderBuilder, path: &Path) -> Result<Guard, Error> {
             ));
         }
     }
-    let descriptors = engine.descriptors();
-    let needs_sampler = kind == Engine::PerfStack || kernel_status == KernelTime::Sampled;
+    // The off-CPU mode's switch events, within what the engine left of the budget.
+    let switches = if off_cpu {
+        match sys::perf_switch::SwitchTracker::start(writer_tid, budget.saturating_sub(engine.descriptors()))
+        {
+            Ok(t) => {
+                if t.missed_threads() > 0 {
+                    warnings.push(format!(
+                        "{} threads alive at start got no off-CPU events (descriptor budget {budget})",
+                        t.missed_threads()
+                    ));
+                }
+                Some(t)
+            }
+            Err(e) => {
+                warnings
+                    .push(format!("off-CPU time not recorded: the context-switch events were refused: {e}"));
+                None
+            }
+        }
+    } else {
+        None
+    };
+    let descriptors = engine.descriptors() + switches.as_ref().map_or(0, |t| t.descriptors());
+    let needs_sampler =
+        kind == Engine::PerfStack || kernel_status == KernelTime::Sampled || switches.is_some();
     // From here on signals may be pending: if a later step fails, the handler
     // stays installed (it ignores our stray signals) rather than exposing them to
     // the default disposition, which would kill the process.
@@ -564,6 +587,7 @@ fn start_inner(b: &RecorderBuilder, path: &Path) -> Result<Guard, Error> {
         rotation: rotation
             .map(|plan| writer::Rotation::new(plan, path, &file_id, b.mode, b.overwrite, interval_us)),
         stack_sampler: needs_sampler.then(|| stack_sampler::StackSampler::new(b.max_stack_depth)),
+        off_cpu: switches.map(|t| writer::OffCpu::new(t, b.user_stack_copy)),
         own_code: handler::return_trampoline(),
         warnings,
         descriptors,

@@ -19,8 +19,10 @@ use std::sync::atomic::Ordering;
 use super::handler::unwind::{unwind_into, Regs};
 use super::handler::Counters;
 use super::modules::{NativeCache, UnwindSnapshot};
+use super::sys::blocked::{self, Missed};
 use super::sys::perf_kernel::KernelRings;
 use super::sys::perf_stack::{StackEvents, StackSample};
+use super::sys::perf_switch::Capture;
 
 /// One unwound sample waiting to be written; its addresses are
 /// `addrs[start..start + len]` of the batch.
@@ -44,6 +46,8 @@ pub(crate) struct StackSampler {
     pub(crate) batch: Vec<Unwound>,
     pub(crate) addrs: Vec<u64>,
     out: Vec<u64>,
+    /// A second output buffer (trial walks of `capture_blocked`).
+    scratch: Vec<u64>,
 }
 
 impl StackSampler {
@@ -54,6 +58,7 @@ impl StackSampler {
             batch: Vec::new(),
             addrs: Vec::new(),
             out: vec![0; depth.max(1)],
+            scratch: vec![0; depth.max(1)],
         }
     }
 
@@ -66,7 +71,7 @@ impl StackSampler {
     /// Drain every ring of `events` and unwind each sample with `snap` into
     /// [`StackSampler::batch`] (appended to what it holds); update `counters`.
     pub(crate) fn collect(&mut self, events: &mut StackEvents, snap: &UnwindSnapshot, counters: &Counters) {
-        let StackSampler { cache, batch, addrs, out } = self;
+        let StackSampler { cache, batch, addrs, out, .. } = self;
         let lost = events.drain(&mut |s: &StackSample<'_>| {
             counters.signals.fetch_add(1, Ordering::Relaxed);
             let (n, truncated, on_stack) = unwind_sample(s, snap, cache, out);
@@ -114,7 +119,7 @@ impl StackSampler {
         own: Option<(u64, u64)>,
         weight: &mut dyn FnMut() -> u32,
     ) {
-        let StackSampler { cache, batch, addrs, out } = self;
+        let StackSampler { cache, batch, addrs, out, .. } = self;
         let in_own = |a: u64| own.is_some_and(|(lo, hi)| (lo..hi).contains(&a));
         let lost = rings.drain(&mut |s: &StackSample<'_>| {
             let w = weight();
@@ -157,6 +162,76 @@ impl StackSampler {
             counters.lost_ring_full.fetch_add(lost, Ordering::Relaxed);
         }
     }
+}
+
+impl StackSampler {
+    /// Capture blocked thread `tid` for the off-CPU mode (`sys/blocked.rs`:
+    /// no signal, the thread not woken) and unwind its stack copy with
+    /// `snap`: the leaf is the pc its system call returns to. `copy` is the
+    /// buffer for the stack bytes (its length is how much is copied), `buf`
+    /// for the `/proc` reads.
+    pub(crate) fn capture_blocked(
+        &mut self,
+        tid: u32,
+        snap: &UnwindSnapshot,
+        copy: &mut [u8],
+        buf: &mut Vec<u8>,
+        is_code: &dyn Fn(u64) -> bool,
+    ) -> Result<Capture, Missed> {
+        let at_ns = super::sys::now_ns();
+        let (b, n) = blocked::capture(tid, copy, buf)?;
+        let bytes = &copy[..n];
+        let regs = Regs { pc: b.pc, sp: b.sp, fp: 0, lr: 0 };
+        let (mut len, mut truncated) = unwind_copy(&regs, bytes, snap, &mut self.cache, &mut self.out);
+        // `/proc/<tid>/syscall` gives no frame pointer, and code built with
+        // frame pointers (Rust's std, for one) has unwind rules that need it:
+        // the walk then stops at the first such frame. The system call
+        // wrapper leaves the register as its caller set it, pointing at the
+        // nearest frame record above `sp`, so try the lowest few plausible
+        // frame records of the copy and keep the deepest walk (the first of
+        // equals): a wrong guess skips frames or stops early.
+        let mut best: Option<(usize, bool, u64)> = None;
+        for fp in frame_record_candidates(b.sp, bytes, is_code).take(8) {
+            let r = Regs { pc: b.pc, sp: b.sp, fp, lr: 0 };
+            let (l, t) = unwind_copy(&r, bytes, snap, &mut self.cache, &mut self.scratch);
+            if l > best.map_or(len, |(bl, _, _)| bl) {
+                best = Some((l, t, fp));
+            }
+        }
+        if let Some((_, _, fp)) = best {
+            let r = Regs { pc: b.pc, sp: b.sp, fp, lr: 0 };
+            (len, truncated) = unwind_copy(&r, bytes, snap, &mut self.cache, &mut self.out);
+        }
+        let addrs = if len == 0 { vec![b.pc] } else { self.out[..len].to_vec() };
+        Ok(Capture {
+            at_ns,
+            syscall: b.nr,
+            generation: snap.generation,
+            truncated: truncated || len == 0,
+            addrs,
+            stack: None,
+        })
+    }
+}
+
+/// Addresses in the stack copied from `sp` that hold a plausible frame record
+/// (a word followed by a return address into known code), lowest first.
+fn frame_record_candidates<'a>(
+    sp: u64,
+    bytes: &'a [u8],
+    is_code: &'a dyn Fn(u64) -> bool,
+) -> impl Iterator<Item = u64> + 'a {
+    let word = move |i: usize| -> Option<u64> {
+        Some(u64::from_ne_bytes(bytes.get(i * 8..i * 8 + 8)?.try_into().ok()?))
+    };
+    let end = sp.saturating_add(bytes.len() as u64);
+    (0..bytes.len() / 8).filter_map(move |i| {
+        let at = sp + 8 * i as u64;
+        // The saved frame pointer itself is not checked: callers built
+        // without frame pointers leave anything in the register.
+        let ret = word(i + 1)?;
+        (at + 16 <= end && ret > 0x1000 && is_code(ret - 1)).then_some(at)
+    })
 }
 
 /// Unwind from `regs` over the stack bytes copied from `regs.sp` upwards.

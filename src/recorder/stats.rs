@@ -171,6 +171,30 @@ pub struct Stats {
     /// mapped, not copied: the main executable's (it stays mapped, read-only,
     /// for the life of the process). Not part of the recorder's memory.
     pub unwind_tables_mapped: u64,
+    /// What the off-CPU mode ([`RecorderBuilder::off_cpu`]) saw; `None` when
+    /// it was off or its events were refused (then a warning says why).
+    pub off_cpu: Option<OffCpuStats>,
+}
+
+/// What the off-CPU mode saw ([`Stats::off_cpu`]).
+#[derive(Debug, Clone, Default)]
+pub struct OffCpuStats {
+    /// Off-CPU intervals written.
+    pub intervals: u64,
+    /// Of those, intervals whose stack was captured (the others: a thread
+    /// that woke before the writer's next tick saw it blocked, or whose
+    /// capture failed, is charged to `[blocked]` alone; a preempted thread
+    /// to `[waiting for CPU]` on top of its last sampled stack).
+    pub with_stack: u64,
+    /// Captures given up because the thread ran during the copy.
+    pub captures_raced: u64,
+    /// Captures the kernel refused (`/proc/self/task/<tid>/syscall` or
+    /// `process_vm_readv`: a process that is not dumpable), and the last errno.
+    pub captures_refused: u64,
+    /// The errno of the last refused capture (0: none).
+    pub refused_errno: i32,
+    /// Context-switch records the kernel could not write (ring full).
+    pub records_lost: u64,
 }
 
 impl Stats {

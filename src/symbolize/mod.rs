@@ -460,6 +460,19 @@ impl Symbolizer {
                 self.other_frames.insert(key, r.clone());
                 r
             }
+            Frame::Label(label) => {
+                let key = (frame, 0, false);
+                if let Some(r) = self.other_frames.get(&key) {
+                    return r.clone();
+                }
+                // An off-CPU leaf (`[blocked: futex]`, `[waiting for CPU]`).
+                // Control characters of an untrusted label are not printed.
+                let text: String =
+                    defs.label(label).chars().map(|c| if c.is_control() { '?' } else { c }).collect();
+                let r = self.single(format!("[{text}]"), "[off-cpu]".into(), false);
+                self.other_frames.insert(key, r.clone());
+                r
+            }
         }
     }
 

@@ -12,7 +12,7 @@
 use std::io::Write;
 
 use crate::format::defs::Definitions;
-use crate::format::limits::{MAX_BUILD_ID_LEN, MAX_PATH_LEN, MAX_THREAD_NAME_LEN};
+use crate::format::limits::{MAX_BUILD_ID_LEN, MAX_LABEL_LEN, MAX_PATH_LEN, MAX_THREAD_NAME_LEN};
 use crate::format::record::sample::{self, SampleFields};
 use crate::format::record::{self, DecodeError, RawFrame, Record};
 use crate::format::{Frame, FrameId, Header, ModuleId, StackId, ThreadId, MAX_RECORD_LEN};
@@ -250,9 +250,45 @@ impl<W: Write> SpoolWriter<W> {
             }
             Frame::Absolute { address, kernel } => RawFrame::Absolute { address, kernel },
             Frame::Truncated => RawFrame::Truncated,
+            Frame::Label(_) => {
+                // A label id names a reader's table; the text is what is written.
+                let kind = FormatErrorKind::BadValue("label frame given by id (use define_label)", 3);
+                return Err(Error::InvalidRecord { offset: self.len(), kind });
+            }
         };
         self.push(Record::Frame { id, frame: raw })?;
         Ok(FrameId(id as u32))
+    }
+
+    /// Define a label frame (FORMAT.md, frame kind 3): `label` (UTF-8, at most
+    /// 64 bytes, written without brackets) stands where an address would, as
+    /// the leaf of an off-CPU stack (`blocked: futex`, `waiting for CPU`).
+    pub fn define_label(&mut self, label: &str) -> Result<FrameId, Error> {
+        self.check_len("frame label", label.len(), MAX_LABEL_LEN)?;
+        let id = self.defs.frames().len() as u64;
+        self.push(Record::Frame { id, frame: RawFrame::Label(label.as_bytes()) })?;
+        Ok(FrameId(id as u32))
+    }
+
+    /// Write an off-CPU interval (tag 9): `thread` was off the CPU from
+    /// `start_us` (unix microseconds) for `duration_us`, having left it in
+    /// `stack`; `preempted` when it was runnable (waiting for a CPU) rather
+    /// than blocked. Does not change the running sample time.
+    pub fn off_cpu(
+        &mut self,
+        thread: ThreadId,
+        stack: StackId,
+        start_us: u64,
+        duration_us: u64,
+        preempted: bool,
+    ) -> Result<(), Error> {
+        self.push(Record::OffCpu {
+            thread: thread.get() as u64,
+            stack: stack.get() as u64,
+            start_us,
+            duration_us,
+            preempted,
+        })
     }
 
     /// Define a stack node: `frame` called from the stack `parent` (or a root).

@@ -76,6 +76,7 @@ impl Symbolizer {
             Frame::Absolute { address: 0, kernel: true } => "[kernel]".to_string(),
             Frame::Absolute { address, .. } => format!("{address:#x}"),
             Frame::Truncated => "[truncated]".to_string(),
+            Frame::Label(l) => format!("[{}]", defs.label(l)),
         }
     }
 }

@@ -115,7 +115,9 @@ fn prefix() -> Vec<u8> {
 #[test]
 fn unknown_tag() {
     rejects(prefix(), &[0], K::UnknownTag(0), 0);
-    rejects(prefix(), &[9, 1, 2], K::UnknownTag(9), 0);
+    // Tag 9 is the off-CPU interval (FORMAT.md); 10 and above are unknown.
+    rejects(prefix(), &[10, 1, 2], K::UnknownTag(10), 0);
+    rejects(prefix(), &[255], K::UnknownTag(255), 0);
 }
 
 #[test]
@@ -317,7 +319,9 @@ fn truncation_marker_only_as_root() {
 
 #[test]
 fn unknown_values() {
-    rejects(prefix(), &rec(2, &[U(2), U(3), U(0)]), K::UnknownFrameKind(3), 2);
+    // Frame kind 3 is the label frame (FORMAT.md); 4 and above are unknown.
+    rejects(prefix(), &rec(2, &[U(2), U(4), U(0)]), K::UnknownFrameKind(4), 2);
+    rejects(prefix(), &rec(9, &[U(0), U(0), U(5), U(7), U(2)]), K::BadValue("off-CPU state", 2), 5);
     rejects(prefix(), &rec(2, &[U(2), U(1), U(0x1234), U(2)]), K::BadValue("frame mode bit", 2), 5);
     rejects(prefix(), &rec(6, &[U(7), U(5), U(2)]), K::BadValue("Python-runtime state", 2), 3);
     let big = 1u64 << 32;
@@ -331,8 +335,8 @@ fn unknown_values() {
 #[test]
 fn header_fields() {
     // The header ends after the interval: the next byte is a record tag.
-    let e = Snapshot::from_bytes(b"SPULSE3\0\x01\x02\x09").unwrap_err();
-    assert_eq!((e.format_kind(), e.offset()), (Some(&K::UnknownTag(9)), Some(10)));
+    let e = Snapshot::from_bytes(b"SPULSE3\0\x01\x02\x0a").unwrap_err();
+    assert_eq!((e.format_kind(), e.offset()), (Some(&K::UnknownTag(10)), Some(10)));
     let e = Snapshot::from_bytes(b"SPULSE3\0\x01\x82\x00\x00").unwrap_err();
     assert_eq!((e.format_kind(), e.offset()), (Some(&K::BadVarint), Some(9)));
     let e = Snapshot::from_bytes(b"SPULSE4\0\x01\x02").unwrap_err();

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use clap::{Args, ValueEnum};
 
-use super::{FilterArgs, SymbolArgs};
+use super::{FilterArgs, SymbolArgs, TimeArgs};
 use crate::display::escape;
 use crate::export::{self, Exporter, Job};
 use crate::input::open_inputs;
@@ -61,6 +61,8 @@ pub struct ExportArgs {
     pub per_process: bool,
     #[command(flatten)]
     pub filter: FilterArgs,
+    #[command(flatten)]
+    pub time: TimeArgs,
     #[command(flatten)]
     pub symbols: SymbolArgs,
 }
@@ -168,6 +170,7 @@ fn write_export(
     let output = escape(&args.output.display().to_string()).into_owned();
     let shape =
         Shape { process_root: args.per_process, thread_root: args.per_thread, ..args.symbols.shape() };
-    let job = Job { replay, filter: &args.filter.filter(), title: &title, output: &output, shape };
+    let filter = crate::select::Filter { time: args.time.mode(), ..args.filter.filter() };
+    let job = Job { replay, filter: &filter, title: &title, output: &output, shape };
     (args.format()?.exporter(&args.output)?)(&job, &mut sym, out)
 }

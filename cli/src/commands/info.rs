@@ -75,6 +75,7 @@ pub fn run(args: &InfoArgs) -> Result<(), CliError> {
     bar.finish_and_clear();
     let samples = n;
     let duration_us = if samples > 0 { last.saturating_sub(defs.start_time_us()) } else { 0 };
+    let off = OffCpuSummary::of(defs);
     let generations: BTreeSet<u64> = defs.modules().iter().map(|m| m.generation).collect();
     let deactivated: HashMap<u32, u64> =
         defs.deactivations().iter().map(|d| (d.module.get(), d.samples_before)).collect();
@@ -132,6 +133,11 @@ pub fn run(args: &InfoArgs) -> Result<(), CliError> {
             "frames": defs.frames().len(),
             "stacks": defs.stack_count(),
             "python_runtime_transitions": defs.python_runtime_events().len(),
+            "off_cpu": off.intervals > 0,
+            "off_cpu_intervals": off.intervals,
+            "off_cpu_blocked_us": off.blocked_us,
+            "off_cpu_blocked_with_stack_us": off.with_stack_us,
+            "off_cpu_waiting_for_cpu_us": off.preempted_us,
             "bytes_per_sample": bytes_per_sample,
             "recorder_warnings": recorder_warnings,
             "recovered_from_truncated_tail": replay.recovered_from_truncated_tail(),
@@ -199,6 +205,25 @@ pub fn run(args: &InfoArgs) -> Result<(), CliError> {
                  counts system time without marking it); the spool does not say which, the recorder's \
                  Stats::kernel_time does"
             )?;
+        }
+        if off.intervals == 0 {
+            writeln!(out, "off-CPU:         not recorded (spulse record --off-cpu, SPULSE_OFF_CPU=1)")?;
+        } else {
+            writeln!(
+                out,
+                "off-CPU:         on: {} interval(s), {:.3} s blocked ({:.1}% with the stack it blocked in), {:.3} s waiting for a CPU; see top --off-cpu or --wall",
+                off.intervals,
+                off.blocked_us as f64 / 1e6,
+                100.0 * off.with_stack_us as f64 / off.blocked_us.max(1) as f64,
+                off.preempted_us as f64 / 1e6
+            )?;
+            if off.with_stack_us < off.blocked_us {
+                writeln!(
+                    out,
+                    "                 {:.3} s charged to [blocked] alone: the thread woke before the recorder's next tick saw it blocked (waits shorter than a flush interval), or its stack could not be read (a warning below says so)",
+                    (off.blocked_us - off.with_stack_us) as f64 / 1e6
+                )?;
+            }
         }
         if recorder_warnings.is_empty() {
             writeln!(out, "warnings:        none recorded beside the spool")?;
@@ -301,4 +326,34 @@ fn read_warnings(path: &std::path::Path) -> Option<String> {
     let mut buf = Vec::new();
     f.take(64 << 10).read_to_end(&mut buf).ok()?;
     Some(String::from_utf8_lossy(&buf).into_owned())
+}
+
+/// What the off-CPU intervals of a spool add up to (FORMAT.md, tag 9).
+struct OffCpuSummary {
+    intervals: usize,
+    blocked_us: u64,
+    /// Blocked time whose stack is more than its label (the stack was read).
+    with_stack_us: u64,
+    preempted_us: u64,
+}
+
+impl OffCpuSummary {
+    fn of(defs: &spulse::Definitions) -> OffCpuSummary {
+        let mut s = OffCpuSummary { intervals: 0, blocked_us: 0, with_stack_us: 0, preempted_us: 0 };
+        for o in defs.off_cpu_intervals() {
+            s.intervals += 1;
+            match o.state {
+                spulse::OffCpuState::Preempted => {
+                    s.preempted_us = s.preempted_us.saturating_add(o.duration_us)
+                }
+                spulse::OffCpuState::Blocked => {
+                    s.blocked_us = s.blocked_us.saturating_add(o.duration_us);
+                    if defs.stack(o.stack).parent.is_some() {
+                        s.with_stack_us = s.with_stack_us.saturating_add(o.duration_us);
+                    }
+                }
+            }
+        }
+        s
+    }
 }

@@ -51,7 +51,34 @@ impl FilterArgs {
                 Err(_) => (None, Some(&*Box::leak(t.to_owned().into_boxed_str()))),
             },
         };
-        Filter { tid, thread_name, pid: self.pid, from_us: self.from, to_us: self.to }
+        Filter { tid, thread_name, pid: self.pid, from_us: self.from, to_us: self.to, ..Filter::default() }
+    }
+}
+
+/// What a profile counts: CPU samples by default; off-CPU or wall-clock time
+/// for a recording made with `spulse record --off-cpu`.
+#[derive(Debug, Clone, Copy, Default, Args)]
+pub struct TimeArgs {
+    /// Count off-CPU time only (blocked and waiting for a CPU), in
+    /// microseconds, charged to where each thread waited (`[blocked: futex]`,
+    /// `[waiting for CPU]`). Needs a recording made with `--off-cpu`.
+    #[arg(long, conflicts_with = "wall")]
+    pub off_cpu: bool,
+    /// Count wall-clock time: CPU samples (one sampling interval each) plus
+    /// off-CPU time, in microseconds.
+    #[arg(long)]
+    pub wall: bool,
+}
+
+impl TimeArgs {
+    /// The mode asked for.
+    pub fn mode(&self) -> crate::select::TimeMode {
+        use crate::select::TimeMode;
+        match (self.off_cpu, self.wall) {
+            (true, _) => TimeMode::OffCpu,
+            (_, true) => TimeMode::Wall,
+            _ => TimeMode::Cpu,
+        }
     }
 }
 

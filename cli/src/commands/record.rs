@@ -64,6 +64,13 @@ pub struct RecordArgs {
     /// command ends (as `spulse export SPOOL --format pprof -o OUT` would).
     #[arg(long, value_name = "OUT")]
     pub pprof: Option<PathBuf>,
+    /// Also record off-CPU time (sets `SPULSE_OFF_CPU=1` for CMD): where and
+    /// how long each thread waited (blocked in a system call, or waiting for
+    /// a CPU), from the kernel's context-switch records, with no signal sent
+    /// and no privilege needed. View it with `spulse top --off-cpu` or
+    /// `--wall`.
+    #[arg(long)]
+    pub off_cpu: bool,
     /// The command to record, and its arguments.
     #[arg(required = true, value_name = "CMD", allow_hyphen_values = true)]
     pub command: Vec<OsString>,
@@ -119,6 +126,9 @@ pub fn run(args: &RecordArgs, embedded_lib: &[u8]) -> Result<i32, CliError> {
     let mut cmd = Command::new(&args.command[0]);
     if let Some(dir) = cfi_cache_dir() {
         cmd.env(CFI_CACHE_ENV, dir);
+    }
+    if args.off_cpu {
+        cmd.env("SPULSE_OFF_CPU", "1");
     }
     let child = cmd
         .args(&args.command[1..])
@@ -310,6 +320,7 @@ fn write_exports(args: &RecordArgs, spool: &Path) -> Option<i32> {
             per_thread: false,
             per_process: false,
             filter: FilterArgs { thread: None, pid: None, from: None, to: None },
+            time: super::TimeArgs::default(),
             symbols: SymbolArgs { symbols: Vec::new(), no_symbolize: false, split_unknown: false },
         };
         if let Err(e) = super::export::run(&export) {

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use clap::{Args, ValueEnum};
 use serde_json::json;
 
-use super::{parse_count, with_stdout, FilterArgs, SymbolArgs, DEFAULT_LIMIT};
+use super::{parse_count, with_stdout, FilterArgs, SymbolArgs, TimeArgs, DEFAULT_LIMIT};
 use crate::aggregate::aggregate;
 use crate::display::{escape, fit};
 use crate::input::open_inputs;
@@ -71,6 +71,8 @@ pub struct TopArgs {
     #[command(flatten)]
     pub filter: FilterArgs,
     #[command(flatten)]
+    pub time: TimeArgs,
+    #[command(flatten)]
     pub symbols: SymbolArgs,
 }
 
@@ -104,19 +106,42 @@ pub fn write_table(
     limit: usize,
     width: Option<usize>,
 ) -> std::io::Result<()> {
+    write_table_in(out, stats, sym, total, limit, width, false)
+}
+
+/// Milliseconds of `us` microseconds, for a table in a time mode.
+fn ms(us: u64) -> String {
+    format!("{:.1}", us as f64 / 1000.0)
+}
+
+/// [`write_table`], with `time`: the counts are microseconds, shown as
+/// milliseconds (`--off-cpu`, `--wall`).
+fn write_table_in(
+    out: &mut dyn Write,
+    stats: &[FunctionStats],
+    sym: &Symbolizer,
+    total: u64,
+    limit: usize,
+    width: Option<usize>,
+    time: bool,
+) -> std::io::Result<()> {
     let mut line = |text: &str| match width {
         Some(w) => writeln!(out, "{}", fit(text, w)),
         None => writeln!(out, "{text}"),
     };
-    line(&format!("{:>10} {:>7} {:>10} {:>7}  FUNCTION (MODULE)", "SELF", "SELF%", "TOTAL", "TOTAL%"))?;
+    let (h_self, h_total) = if time { ("SELF ms", "TOTAL ms") } else { ("SELF", "TOTAL") };
+    line(&format!("{h_self:>10} {:>7} {h_total:>10} {:>7}  FUNCTION (MODULE)", "SELF%", "TOTAL%"))?;
     let shown = if limit == 0 { stats.len() } else { limit.min(stats.len()) };
     for s in &stats[..shown] {
         let f = sym.function(s.func);
+        let (a, b) = if time {
+            (ms(s.self_samples), ms(s.total_samples))
+        } else {
+            (s.self_samples.to_string(), s.total_samples.to_string())
+        };
         let numbers = format!(
-            "{:>10} {:>6.2}% {:>10} {:>6.2}%  ",
-            s.self_samples,
+            "{a:>10} {:>6.2}% {b:>10} {:>6.2}%  ",
             pct(s.self_samples, total),
-            s.total_samples,
             pct(s.total_samples, total),
         );
         let module = format!(" ({})", escape(&f.module));
@@ -174,13 +199,23 @@ impl TopArgs {
 
 /// Run `spulse top`.
 pub fn run(args: &TopArgs) -> Result<(), CliError> {
-    let filter = args.filter.filter();
+    let filter = Filter { time: args.time.mode(), ..args.filter.filter() };
     filter.check_window()?;
     let inputs = open_inputs(&args.files)?;
     let replay = &inputs.replay;
     filter.validate(replay, &inputs.name)?;
     let mut sym = Symbolizer::new(args.symbols.options());
     let width = args.fit_width();
+    let time = filter.time.is_time();
+    // Microseconds a count stands for (a CPU sample: one sampling interval).
+    let us_per = if time { 1 } else { replay.interval_us() };
+    if time && replay.definitions().off_cpu_count() == 0 {
+        eprintln!(
+            "spulse: {}: no off-CPU intervals (recorded without --off-cpu): {}",
+            crate::display::escape(&inputs.name.display().to_string()),
+            if filter.time == crate::select::TimeMode::Wall { "CPU time only" } else { "nothing to show" }
+        );
+    }
     if !args.per_process {
         let (stats, total) = table(replay, &filter, args, &mut sym)?;
         return with_stdout(|out| {
@@ -188,11 +223,18 @@ pub fn run(args: &TopArgs) -> Result<(), CliError> {
                 writeln!(
                     out,
                     "{}",
-                    serde_json::to_string_pretty(&json_rows(&stats, &sym, total, args.n)).expect("json")
+                    serde_json::to_string_pretty(&json_rows(&stats, &sym, total, args.n, us_per))
+                        .expect("json")
                 )
             } else {
-                writeln!(out, "{total} samples")?;
-                write_table(out, &stats, &sym, total, args.n, width)
+                match filter.time {
+                    crate::select::TimeMode::Cpu => writeln!(out, "{total} samples")?,
+                    crate::select::TimeMode::OffCpu => writeln!(out, "{} ms off-CPU", ms(total))?,
+                    crate::select::TimeMode::Wall => {
+                        writeln!(out, "{} ms wall-clock (CPU and off-CPU)", ms(total))?
+                    }
+                }
+                write_table_in(out, &stats, &sym, total, args.n, width, time)
             }
         });
     }
@@ -200,6 +242,11 @@ pub fn run(args: &TopArgs) -> Result<(), CliError> {
     let mut per_thread = vec![0u64; replay.threads().len()];
     for s in replay.samples() {
         per_thread[s?.thread.index()] += 1;
+    }
+    if time {
+        for o in replay.definitions().off_cpu_intervals() {
+            per_thread[o.thread.index()] += 1;
+        }
     }
     let mut sections = Vec::new();
     for p in processes(replay, &per_thread) {
@@ -215,7 +262,7 @@ pub fn run(args: &TopArgs) -> Result<(), CliError> {
                 .iter()
                 .map(|(p, stats, total)| {
                     json!({"pid": p.pid, "program": p.program, "samples": total, "ended": p.ended,
-                           "functions": json_rows(stats, &sym, *total, args.n)})
+                           "functions": json_rows(stats, &sym, *total, args.n, us_per)})
                 })
                 .collect();
             return writeln!(out, "{}", serde_json::to_string_pretty(&v).expect("json"));
@@ -224,8 +271,9 @@ pub fn run(args: &TopArgs) -> Result<(), CliError> {
             if i > 0 {
                 writeln!(out)?;
             }
-            writeln!(out, "process {} ({}): {total} samples", p.pid, escape(&p.program))?;
-            write_table(out, stats, &sym, *total, args.n, width)?;
+            let what = if time { format!("{} ms", ms(*total)) } else { format!("{total} samples") };
+            writeln!(out, "process {} ({}): {what}", p.pid, escape(&p.program))?;
+            write_table_in(out, stats, &sym, *total, args.n, width, time)?;
         }
         Ok(())
     })
@@ -245,8 +293,16 @@ fn table(
     Ok((stats, agg.total))
 }
 
-/// The JSON rows of a top table.
-fn json_rows(stats: &[FunctionStats], sym: &Symbolizer, total: u64, n: usize) -> Vec<serde_json::Value> {
+/// The JSON rows of a top table: `self` and `total` as counted (samples, or
+/// microseconds in a time mode), and `self_us`/`total_us` in microseconds in
+/// every mode (a CPU sample counts one sampling interval, `us_per`).
+fn json_rows(
+    stats: &[FunctionStats],
+    sym: &Symbolizer,
+    total: u64,
+    n: usize,
+    us_per: u64,
+) -> Vec<serde_json::Value> {
     let shown = if n == 0 { stats.len() } else { n.min(stats.len()) };
     stats[..shown]
         .iter()
@@ -255,6 +311,8 @@ fn json_rows(stats: &[FunctionStats], sym: &Symbolizer, total: u64, n: usize) ->
             json!({
                 "function": f.name, "module": f.module,
                 "self": s.self_samples, "total": s.total_samples,
+                "self_us": s.self_samples.saturating_mul(us_per),
+                "total_us": s.total_samples.saturating_mul(us_per),
                 "self_percent": pct(s.self_samples, total),
                 "total_percent": pct(s.total_samples, total),
             })

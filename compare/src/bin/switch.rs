@@ -1,8 +1,9 @@
 //! The context-switch workloads of BENCHMARKS.md ("Context switches"), under
 //! one profiler chosen on the command line; prints one JSON object.
 //!
-//! Usage: switch --mode pingpong|echo --profiler none|spulse|pprof --freq HZ
-//!               [--kernel-time on|off] [--round-trips N] [--clients N] [--seconds S]
+//! Usage: switch --mode pingpong|echo|idle --profiler none|spulse|pprof --freq HZ
+//!               [--kernel-time on|off] [--off-cpu on|off] [--round-trips N]
+//!               [--clients N] [--seconds S] [--threads N]
 //!
 //! * `pingpong`: two threads hand a futex word back and forth N times (30,000
 //!   by default): the pattern of a channel, an async runtime's wake-ups, a
@@ -10,6 +11,11 @@
 //! * `echo`: a thread-per-connection TCP echo server on loopback and N client
 //!   threads (8 by default) sending 64-byte requests for S seconds (3):
 //!   requests per second and the 99th-percentile round trip in microseconds.
+//!
+//! * `idle`: N threads (1,000 by default) blocked on a futex for S seconds
+//!   (3): what the recorder costs while they stay blocked (`writer_cpu_us`).
+//!
+//! `--off-cpu on` records off-CPU time too (`RecorderBuilder::off_cpu`).
 //!
 //! The profiler starts before any worker thread exists (as `spulse::start` in
 //! `main` or `spulse record` would), so every thread is covered.
@@ -135,12 +141,43 @@ fn echo(clients: usize, seconds: f64) -> String {
     )
 }
 
+/// N threads blocked on one futex word for `seconds`, then released.
+fn idle(n: usize, seconds: f64) -> String {
+    let word = Arc::new(AtomicU32::new(0));
+    let hs: Vec<_> = (0..n)
+        .map(|_| {
+            let w = word.clone();
+            std::thread::Builder::new().stack_size(64 << 10).spawn(move || futex_wait(&w, 0)).unwrap()
+        })
+        .collect();
+    let t0 = Instant::now();
+    std::thread::sleep(Duration::from_secs_f64(seconds));
+    word.store(1, Ordering::Release);
+    // SAFETY: FUTEX_WAKE on a live AtomicU32, waking every waiter.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG,
+            i32::MAX,
+            0,
+            0,
+            0,
+        )
+    };
+    for h in hs {
+        h.join().unwrap();
+    }
+    format!("\"mode\": \"idle\", \"threads\": {n}, \"seconds\": {:.3}", t0.elapsed().as_secs_f64())
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let mode = arg(&args, "--mode", "pingpong");
     let profiler = arg(&args, "--profiler", "none");
     let freq: u32 = arg(&args, "--freq", "999").parse().unwrap();
     let kernel = arg(&args, "--kernel-time", "on") == "on";
+    let off_cpu = arg(&args, "--off-cpu", "off") == "on";
     let dir = std::env::temp_dir().join(format!("switch-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let spool = dir.join("s.spool");
@@ -148,6 +185,7 @@ fn main() {
         spulse::Recorder::builder()
             .frequency_hz(freq)
             .kernel_time(kernel)
+            .off_cpu(off_cpu)
             .start(&spool)
             .expect("spulse start")
     });
@@ -158,6 +196,10 @@ fn main() {
     assert!(profiler != "pprof", "built without a pprof feature");
     let body = match mode.as_str() {
         "pingpong" => pingpong(arg(&args, "--round-trips", "30000").parse().unwrap()),
+        "idle" => idle(
+            arg(&args, "--threads", "1000").parse().unwrap(),
+            arg(&args, "--seconds", "3").parse().unwrap(),
+        ),
         _ => {
             echo(arg(&args, "--clients", "8").parse().unwrap(), arg(&args, "--seconds", "3").parse().unwrap())
         }
@@ -166,11 +208,15 @@ fn main() {
     if let Some(g) = guard {
         let st = g.finish().unwrap();
         extra = format!(
-            ", \"samples\": {}, \"kernel_time\": \"{}\", \"engine\": \"{}\", \"descriptors\": {}",
+            ", \"samples\": {}, \"kernel_time\": \"{}\", \"engine\": \"{}\", \"descriptors\": {}, \
+             \"writer_cpu_us\": {}, \"off_cpu_intervals\": {}, \"spool_bytes\": {}",
             st.samples_written,
             st.kernel_time,
             st.engine.name(),
-            st.descriptors
+            st.descriptors,
+            st.writer_cpu.as_micros(),
+            st.off_cpu.as_ref().map_or(0, |o| o.intervals),
+            st.bytes
         );
     }
     #[cfg(any(feature = "pprof-default", feature = "pprof-framehop"))]

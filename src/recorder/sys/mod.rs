@@ -3,15 +3,20 @@
 //! signal dispositions; `perf.rs` opens the per-thread perf events;
 //! `perf_stack.rs` the perf-stack engine's events and their mapped rings; `timer.rs`
 //! arms the per-thread POSIX CPU timers and the process itimer; `tcb.rs` probes
-//! glibc's thread control block; `maps.rs` finds the main thread's stack. The
+//! glibc's thread control block; `maps.rs` finds the main thread's stack;
+//! `perf_switch.rs` (the off-CPU mode's context-switch records) and
+//! `blocked.rs` (a blocked thread's system call and stack, read without a
+//! signal). The
 //! functions here that the signal handler calls ([`gettid`], [`now_us`] and
 //! [`sigaction::previous_of`]) are async-signal-safe: a system call or a vDSO
 //! clock read, or atomics.
 
+pub(crate) mod blocked;
 pub(crate) mod maps;
 pub(crate) mod perf;
 pub(crate) mod perf_kernel;
 pub(crate) mod perf_stack;
+pub(crate) mod perf_switch;
 pub(crate) mod preloaded;
 pub(crate) mod sigaction;
 pub(crate) mod tcb;
@@ -53,6 +58,14 @@ pub(crate) fn now_us() -> u64 {
     // SAFETY: clock_gettime writes the timespec we pass.
     unsafe { libc::clock_gettime(libc::CLOCK_REALTIME, &mut ts) };
     (ts.tv_sec as u64).wrapping_mul(1_000_000).wrapping_add(ts.tv_nsec as u64 / 1000)
+}
+
+/// Unix time in nanoseconds (the clock of the perf records, `CLOCK_REALTIME`).
+pub(crate) fn now_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime writes the timespec we pass.
+    unsafe { libc::clock_gettime(libc::CLOCK_REALTIME, &mut ts) };
+    (ts.tv_sec as u64).wrapping_mul(1_000_000_000).wrapping_add(ts.tv_nsec as u64)
 }
 
 use std::io;

@@ -137,6 +137,8 @@ pub(crate) struct KernelRings {
     pub(crate) missed: u64,
     /// Descriptors held.
     pub(crate) fds: usize,
+    /// The threads alive at start whose events were opened.
+    pub(crate) opened: Vec<u32>,
 }
 
 impl KernelRings {
@@ -145,6 +147,20 @@ impl KernelRings {
     /// when the first event is refused (kernel counting not allowed) or the
     /// budget cannot cover even one thread: nothing is then left open.
     pub(crate) fn start(cfg: KernelConfig, skip: u32, budget: usize) -> io::Result<KernelRings> {
+        let data_pages = cfg.data_pages();
+        Self::start_with(skip, budget, data_pages, &|tid, cpu| open_kernel_event(tid, cpu, &cfg, data_pages))
+    }
+
+    /// [`KernelRings::start`] with events that `open(tid, cpu)` opens (and
+    /// says whether they report their own lost count), into rings of
+    /// `data_pages` pages: also the off-CPU mode's switch records
+    /// (`perf_switch.rs`).
+    pub(crate) fn start_with(
+        skip: u32,
+        budget: usize,
+        data_pages: usize,
+        open: &dyn Fn(u32, i32) -> io::Result<(OwnedFd, bool)>,
+    ) -> io::Result<KernelRings> {
         let cpus = online_cpus();
         let mut k = KernelRings {
             rings: HashMap::new(),
@@ -153,6 +169,7 @@ impl KernelRings {
             scratch: Vec::new(),
             missed: 0,
             fds: 0,
+            opened: Vec::new(),
         };
         if cpus.len() > budget {
             return Err(io::Error::new(
@@ -160,7 +177,6 @@ impl KernelRings {
                 format!("{} CPUs need more descriptors than the budget of {budget}", cpus.len()),
             ));
         }
-        let data_pages = cfg.data_pages();
         let mut done: HashSet<u32> = HashSet::new();
         done.insert(skip);
         let mut opened_any = false;
@@ -175,8 +191,11 @@ impl KernelRings {
                     k.missed += 1;
                     continue;
                 }
-                match k.open_thread(tid, &cpus, &cfg, data_pages) {
-                    Ok(()) => opened_any = true,
+                match k.open_thread(tid, &cpus, open, data_pages) {
+                    Ok(()) => {
+                        opened_any = true;
+                        k.opened.push(tid);
+                    }
                     Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {}
                     Err(e) if !opened_any => return Err(e),
                     Err(_) => k.missed += 1,
@@ -191,14 +210,14 @@ impl KernelRings {
         &mut self,
         tid: u32,
         cpus: &[i32],
-        cfg: &KernelConfig,
+        open: &dyn Fn(u32, i32) -> io::Result<(OwnedFd, bool)>,
         data_pages: usize,
     ) -> io::Result<()> {
         let mut fresh_rings = Vec::new();
         let mut fresh_fds = Vec::new();
         let r = (|| {
             for &cpu in cpus {
-                let (fd, lost_readable) = open_kernel_event(tid, cpu, cfg, data_pages)?;
+                let (fd, lost_readable) = open(tid, cpu)?;
                 match self.rings.get(&cpu) {
                     Some(ring) => {
                         redirect(&fd, ring.raw_fd())?;
@@ -246,6 +265,16 @@ impl KernelRings {
         let mut lost = std::mem::take(&mut self.lost);
         for ring in self.rings.values_mut() {
             ring.drain(&mut self.scratch, &mut lost, on_sample);
+        }
+        lost
+    }
+
+    /// Hand every record but samples and lost records to `on_record` (its
+    /// type and bytes); returns the records the kernel could not write.
+    pub(crate) fn drain_records(&mut self, on_record: &mut dyn FnMut(u32, &[u8])) -> u64 {
+        let mut lost = std::mem::take(&mut self.lost);
+        for ring in self.rings.values_mut() {
+            ring.drain_records(&mut self.scratch, &mut lost, on_record);
         }
         lost
     }

@@ -150,7 +150,7 @@ impl Drop for StackRing {
     }
 }
 
-pub(super) fn page_size() -> usize {
+pub(crate) fn page_size() -> usize {
     // SAFETY: sysconf reads a constant.
     let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
     if p > 0 {
@@ -281,6 +281,24 @@ impl StackRing {
         lost: &mut u64,
         on_sample: &mut dyn FnMut(&StackSample<'_>),
     ) {
+        self.drain_records(scratch, lost, &mut |kind, rec| {
+            if kind == RECORD_SAMPLE {
+                if let Some(s) = parse_sample(rec) {
+                    on_sample(&s);
+                }
+            }
+        });
+    }
+
+    /// Hand every record the ring holds but lost records to `on_record`
+    /// (its type and its bytes, header included), add lost counts to `lost`,
+    /// then give the space back to the kernel.
+    pub(super) fn drain_records(
+        &mut self,
+        scratch: &mut Vec<u8>,
+        lost: &mut u64,
+        on_record: &mut dyn FnMut(u32, &[u8]),
+    ) {
         let head = self.header_word(PAGE_DATA_HEAD);
         let mut tail = self.header_atomic(PAGE_DATA_TAIL).load(Ordering::Relaxed);
         let size = self.data_size as u64;
@@ -314,19 +332,13 @@ impl StackRing {
                 unsafe { copy_wrapped(data, self.data_size, at, scratch) };
                 scratch
             };
-            match kind {
-                RECORD_SAMPLE => {
-                    if let Some(s) = parse_sample(rec) {
-                        on_sample(&s);
-                    }
+            if kind == RECORD_LOST {
+                if let Some(n) = word(rec, 16) {
+                    *lost += n;
+                    self.lost_in_records += n;
                 }
-                RECORD_LOST => {
-                    if let Some(n) = word(rec, 16) {
-                        *lost += n;
-                        self.lost_in_records += n;
-                    }
-                }
-                _ => {}
+            } else {
+                on_record(kind, rec);
             }
             tail = tail.wrapping_add(len);
         }
@@ -372,7 +384,7 @@ unsafe fn copy_wrapped(data: *const u8, size: usize, at: usize, out: &mut [u8]) 
 }
 
 /// The u64 at byte `off` of `rec`.
-fn word(rec: &[u8], off: usize) -> Option<u64> {
+pub(super) fn word(rec: &[u8], off: usize) -> Option<u64> {
     let b = rec.get(off..off.checked_add(8)?)?;
     Some(u64::from_ne_bytes(b.try_into().ok()?))
 }

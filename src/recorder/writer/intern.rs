@@ -27,6 +27,8 @@ enum FrameKey {
     Module(u32, u64),
     Absolute(u64),
     Truncated,
+    /// A label frame, by its id (labels are interned in `labels`).
+    Label(u32),
 }
 
 /// Frames, stacks and threads defined so far.
@@ -37,6 +39,8 @@ pub(crate) struct Interner {
     frame_module: Vec<u32>,
     stacks: FxMap<(u32, u32), StackId>,
     threads: FxMap<u32, ThreadId>,
+    /// Label frames (off-CPU leaves) by text.
+    labels: FxMap<String, FrameId>,
     /// Raw sample words (generation, flag, addresses) -> leaf stack.
     whole: FxMap<Box<[u64]>, StackId>,
     /// Words held by `whole` (it is cleared when this passes `WHOLE_CACHE_WORDS`).
@@ -51,6 +55,7 @@ impl Interner {
             Frame::Module { module, file_relative } => FrameKey::Module(module.get(), file_relative),
             Frame::Absolute { address, .. } => FrameKey::Absolute(address),
             Frame::Truncated => FrameKey::Truncated,
+            Frame::Label(l) => FrameKey::Label(l.get()),
         };
         if let Some(&id) = self.frames.get(&key) {
             return Ok(id);
@@ -65,6 +70,19 @@ impl Interner {
             self.frame_module.resize(id.index() + 1, NO_PARENT);
         }
         self.frame_module[id.index()] = m;
+        Ok(id)
+    }
+
+    /// The id of the label frame `text` (an off-CPU leaf), defining it if new.
+    pub(crate) fn label<W: Write>(&mut self, w: &mut SpoolWriter<W>, text: &str) -> Result<FrameId, Error> {
+        if let Some(&id) = self.labels.get(text) {
+            return Ok(id);
+        }
+        let id = w.define_label(text)?;
+        self.labels.insert(text.to_owned(), id);
+        if self.frame_module.len() <= id.index() {
+            self.frame_module.resize(id.index() + 1, NO_PARENT);
+        }
         Ok(id)
     }
 

@@ -61,6 +61,7 @@
 
 mod control;
 mod intern;
+mod off_cpu;
 mod rotation;
 mod timeline;
 
@@ -84,6 +85,7 @@ use super::sys::perf_stack::Woken;
 use crate::{Error, Frame, NewModule, RecorderError, SpoolWriter};
 pub(crate) use control::{channel, Control, ControlSender};
 use intern::Interner;
+pub(crate) use off_cpu::OffCpu;
 pub(crate) use rotation::Rotation;
 use timeline::{HeldSample, Timeline};
 
@@ -139,6 +141,8 @@ pub(crate) struct WriterState {
     /// The executable's unwind tables when their check was left until after
     /// start; the writer runs it first, between its ticks.
     pub deferred: Option<modules::DeferredTables>,
+    /// The off-CPU mode's switch records and captures, when it runs.
+    pub off_cpu: Option<OffCpu>,
 }
 
 /// A module change found by a rescan, applied around the drain.
@@ -506,6 +510,7 @@ impl Run {
         }
         let change = self.scan_modules();
         self.drain(false);
+        self.off_cpu_step(false);
         self.apply_module_change(change);
         if let Some(tids) = &tids {
             self.st.engine.tick(tids);
@@ -805,6 +810,24 @@ impl Run {
 
     fn sample_inner(&mut self, s: &RawSample<'_>) -> Result<(), Error> {
         let thread = self.interner.thread(&mut self.st.out, self.st.pid, s.tid, &self.st.shared.names)?;
+        let leaf = self.leaf_of(s)?;
+        if let Some(o) = &mut self.st.off_cpu {
+            // Where a preempted thread was: its last sampled stack.
+            o.last_leaf.insert(s.tid, leaf);
+        }
+        for _ in 0..s.weight.max(1) {
+            self.st.out.sample(s.time_us, thread, leaf)?;
+            self.samples_written += 1;
+        }
+        if self.st.out.buffered() == 0 {
+            // An automatic flush just wrote everything.
+            self.confirmed = self.samples_written;
+        }
+        Ok(())
+    }
+
+    /// The leaf stack node of a raw sample, defining what is new.
+    fn leaf_of(&mut self, s: &RawSample<'_>) -> Result<crate::StackId, Error> {
         let exact_state = self.timeline.exact_state(s.generation, s.time_us);
         let cached = if exact_state {
             self.interner.cached(s.generation, s.truncated, s.kernel, s.addrs)
@@ -853,15 +876,7 @@ impl Run {
                 leaf
             }
         };
-        for _ in 0..s.weight.max(1) {
-            self.st.out.sample(s.time_us, thread, leaf)?;
-            self.samples_written += 1;
-        }
-        if self.st.out.buffered() == 0 {
-            // An automatic flush just wrote everything.
-            self.confirmed = self.samples_written;
-        }
-        Ok(())
+        Ok(leaf)
     }
 
     fn finish(mut self) -> Result<Stats, Error> {
@@ -874,6 +889,7 @@ impl Run {
         let _ = handler::unpublish();
         let change = self.scan_modules();
         self.drain(true);
+        self.off_cpu_step(true);
         if let Some(events) = self.st.engine.stack_events() {
             // Samples the kernel dropped and never reported in a lost record.
             let lost = events.close_all();
@@ -936,6 +952,7 @@ impl Run {
             segments_deleted: self.st.rotation.as_ref().map_or(0, |r| r.deleted),
             writer_cpu: super::sys::thread_cpu_time(),
             unwind_tables_copied: self.st.table_memory.copied,
+            off_cpu: self.st.off_cpu.as_ref().map(|o| o.stats()),
             unwind_tables_mapped: self.st.table_memory.borrowed,
         })
     }

@@ -1,0 +1,237 @@
+//! The off-CPU views over a spool with off-CPU intervals (FORMAT.md, tag 9):
+//! `top --off-cpu` and `--wall` charge each interval's duration to where the
+//! thread waited (`[blocked: futex]` under its caller), `top --json` rows
+//! carry `self_us`/`total_us` in every mode, the pprof export has an
+//! `off-cpu` sample type in nanoseconds, collapsed weighs by time, and the
+//! Firefox export (JSON and `.jslb`) gives each interval a sample weighing
+//! its duration with its leaf in the Off-CPU category. CPU figures are the
+//! same with and without the intervals.
+
+mod common;
+#[path = "common/jslb.rs"]
+mod jslb_read;
+
+use common::*;
+use serde_json::Value;
+use spulse::{Header, SpoolWriter};
+
+/// The standard program's stacks: 300 CPU samples of main;hot_a (1 ms each),
+/// 100 of main;hot_b, and off-CPU: 600 ms blocked in futex under hot_b and
+/// 250 ms waiting for a CPU under hot_a, in intervals of 50 ms.
+fn spool(p: &Program, path: &std::path::Path) {
+    let file = std::fs::File::create(path).unwrap();
+    let mut w = SpoolWriter::new(file, Header { start_time_us: START_US, interval_us: INTERVAL_US }).unwrap();
+    let module_path = p.path.as_os_str().as_encoded_bytes().to_vec();
+    let m = define_program(&mut w, p, PID, &module_path, &p.build_id);
+    let (s_a, s_b) = define_hot_stacks(&mut w, p, m);
+    let t1 = w.define_thread(PID, 1001, "main").unwrap();
+    let futex = w.define_label("blocked: futex").unwrap();
+    let cpu = w.define_label("waiting for CPU").unwrap();
+    let s_futex = w.define_stack(Some(s_b), futex).unwrap();
+    let s_cpu = w.define_stack(Some(s_a), cpu).unwrap();
+    let mut t = START_US;
+    for i in 0..400u64 {
+        t += INTERVAL_US;
+        w.sample(t, t1, if i % 4 == 3 { s_b } else { s_a }).unwrap();
+        if i % 20 == 0 && i < 240 {
+            w.off_cpu(t1, s_futex, t, 50_000, false).unwrap();
+        }
+        if i % 80 == 0 {
+            w.off_cpu(t1, s_cpu, t, 50_000, true).unwrap();
+        }
+    }
+    w.into_inner().unwrap();
+}
+
+fn rows(json: &str) -> Vec<Value> {
+    serde_json::from_str::<Value>(json).unwrap().as_array().unwrap().clone()
+}
+
+fn row<'a>(rows: &'a [Value], name: &str) -> &'a Value {
+    rows.iter().find(|r| r["function"] == name).unwrap_or_else(|| panic!("no row {name}: {rows:?}"))
+}
+
+#[test]
+fn top_off_cpu_wall_and_cpu() {
+    let p = program();
+    let path = p.dir.path().join("off.spool");
+    spool(&p, &path);
+    let f = s(&path);
+    // CPU (the default): samples only, as without the intervals.
+    let cpu = rows(&ok(&["top", f, "--json", "-n", "0"]));
+    assert_eq!(row(&cpu, "hot_a")["self"], 300);
+    assert_eq!(row(&cpu, "hot_b")["self"], 100);
+    assert_eq!(row(&cpu, "hot_a")["self_us"], 300 * INTERVAL_US);
+    assert!(cpu.iter().all(|r| !r["function"].as_str().unwrap().starts_with('[')), "{cpu:?}");
+    // Off-CPU: the waits, in microseconds, under their callers.
+    let off = rows(&ok(&["top", f, "--off-cpu", "--json", "-n", "0"]));
+    assert_eq!(row(&off, "[blocked: futex]")["self_us"], 600_000);
+    assert_eq!(row(&off, "[waiting for CPU]")["self_us"], 250_000);
+    assert_eq!(row(&off, "hot_b")["total_us"], 600_000);
+    assert_eq!(row(&off, "hot_b")["self_us"], 0);
+    assert_eq!(row(&off, "main")["total_us"], 850_000);
+    // Wall: both.
+    let wall = rows(&ok(&["top", f, "--wall", "--json", "-n", "0"]));
+    assert_eq!(row(&wall, "main")["total_us"], 400 * INTERVAL_US + 850_000);
+    assert_eq!(row(&wall, "hot_b")["total_us"], 100 * INTERVAL_US + 600_000);
+    assert_eq!(row(&wall, "hot_b")["self_us"], 100 * INTERVAL_US);
+    // The table shows milliseconds.
+    let table = ok(&["top", f, "--off-cpu"]);
+    assert!(table.starts_with("850.0 ms off-CPU"), "{table}");
+    let line = table.lines().find(|l| l.contains("[blocked: futex]")).expect(&table);
+    assert!(line.trim_start().starts_with("600.0"), "{line}");
+    // info says the mode was on and what the intervals add up to.
+    let info: Value = serde_json::from_str(&ok(&["info", f, "--json"])).unwrap();
+    assert_eq!(info["off_cpu"], true);
+    assert_eq!(info["off_cpu_intervals"], 12 + 5);
+    assert_eq!(info["off_cpu_blocked_us"], 600_000);
+    assert_eq!(info["off_cpu_blocked_with_stack_us"], 600_000);
+    assert_eq!(info["off_cpu_waiting_for_cpu_us"], 250_000);
+    assert!(ok(&["info", f]).contains("off-CPU:         on: 17 interval(s)"));
+    // A CPU-only spool says it has no intervals.
+    let (_plain_dir, plain) = fixture();
+    let o = spulse(&["top", s(&plain), "--off-cpu"]);
+    assert!(stderr(&o).contains("no off-CPU intervals"), "{}", stderr(&o));
+    assert!(ok(&["info", s(&plain)]).contains("off-CPU:         not recorded"));
+}
+
+#[test]
+fn exports_weigh_by_time() {
+    let p = program();
+    let path = p.dir.path().join("off.spool");
+    spool(&p, &path);
+    let f = s(&path);
+    // pprof: samples, cpu and off-cpu (ns).
+    let out = p.dir.path().join("off.pb.gz");
+    ok(&["export", f, "-o", s(&out)]);
+    let prof = read_pprof(&out);
+    let st: Vec<&str> =
+        prof.sample_type.iter().map(|v| prof.string_table[v.r#type as usize].as_str()).collect();
+    assert_eq!(st, ["samples", "cpu", "off-cpu"]);
+    let unit = &prof.string_table[prof.sample_type[2].unit as usize];
+    assert_eq!(unit, "nanoseconds");
+    let sums: Vec<i64> = (0..3).map(|i| prof.sample.iter().map(|s| s.value[i]).sum()).collect();
+    assert_eq!(sums, [400, 400 * INTERVAL_US as i64 * 1000, 850_000_000]);
+    // Collapsed with --off-cpu: lines weighted in microseconds.
+    let folded = p.dir.path().join("off.folded");
+    ok(&["export", f, "--off-cpu", "-o", s(&folded)]);
+    let text = std::fs::read_to_string(&folded).unwrap();
+    assert!(text.lines().any(|l| l.ends_with("hot_b;[blocked: futex] 600000")), "{text}");
+    assert!(text.lines().any(|l| l.ends_with("hot_a;[waiting for CPU] 250000")), "{text}");
+    // A CPU-only spool's pprof keeps two sample types.
+    let (plain_p, plain) = fixture();
+    let out = plain_p.dir.path().join("plain.pb.gz");
+    ok(&["export", s(&plain), "-o", s(&out)]);
+    assert_eq!(read_pprof(&out).sample_type.len(), 2);
+}
+
+/// One sample of a Firefox profile as the tests see it.
+#[derive(Debug)]
+struct FxSample {
+    leaf: String,
+    category: String,
+    subcategory: String,
+    weight_ms: f64,
+    cpu_delta_us: u64,
+}
+
+/// Every sample of a Firefox profile (format 55 with per-thread tables, or
+/// 70 with shared ones), with its weight type (one for the whole profile).
+fn fx_samples(v: &Value) -> (String, Vec<FxSample>) {
+    let cats = v["meta"]["categories"].as_array().unwrap();
+    let mut weight_type = None;
+    let mut out = Vec::new();
+    for th in v["threads"].as_array().unwrap() {
+        let t = if th.get("frameTable").is_some() { th } else { &v["shared"] };
+        let strings = t["stringArray"].as_array().unwrap();
+        let (st, ft, fu) = (&t["stackTable"], &t["frameTable"], &t["funcTable"]);
+        let samples = &th["samples"];
+        let wt = samples["weightType"].as_str().unwrap().to_string();
+        assert!(weight_type.get_or_insert(wt.clone()) == &wt, "weight types differ: {wt} {weight_type:?}");
+        let n = samples["length"].as_u64().unwrap() as usize;
+        for i in 0..n {
+            let stack = samples["stack"][i].as_u64().unwrap() as usize;
+            let f = st["frame"][stack].as_u64().unwrap() as usize;
+            let func = ft["func"][f].as_u64().unwrap() as usize;
+            let cat = &cats[ft["category"][f].as_u64().unwrap() as usize];
+            let sub = ft["subcategory"][f].as_u64().unwrap_or(0) as usize;
+            out.push(FxSample {
+                leaf: strings[fu["name"][func].as_u64().unwrap() as usize].as_str().unwrap().into(),
+                category: cat["name"].as_str().unwrap().into(),
+                subcategory: cat["subcategories"][sub].as_str().unwrap().into(),
+                weight_ms: samples["weight"].as_array().map_or(1.0, |w| w[i].as_f64().unwrap()),
+                cpu_delta_us: samples["threadCPUDelta"][i].as_u64().unwrap(),
+            });
+        }
+    }
+    (weight_type.unwrap_or_default(), out)
+}
+
+fn weight_where(samples: &[FxSample], f: impl Fn(&FxSample) -> bool) -> f64 {
+    samples.iter().filter(|s| f(s)).map(|s| s.weight_ms).sum()
+}
+
+#[test]
+fn firefox_export_weighs_off_cpu_time_in_its_own_category() {
+    let p = program();
+    let path = p.dir.path().join("off.spool");
+    spool(&p, &path);
+    let f = s(&path);
+    let json = |args: &[&str], name: &str| -> Value {
+        let out = p.dir.path().join(name);
+        let mut a = vec!["export", f, "--format", "firefox", "-o", s(&out)];
+        a.extend_from_slice(args);
+        ok(&a);
+        serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap()
+    };
+    let close = |a: f64, b: f64| (a - b).abs() < 1e-6;
+    let off_cpu = |s: &FxSample| s.category == "Off-CPU";
+
+    // --off-cpu: the 17 intervals only, weighing 850 ms in all, in the
+    // Off-CPU category with their subcategories; no CPU delta.
+    let v = json(&["--off-cpu"], "off.json");
+    let cat = v["meta"]["categories"].as_array().unwrap().iter().find(|c| c["name"] == "Off-CPU");
+    let subs = &cat.expect("an Off-CPU category")["subcategories"];
+    assert!(subs.as_array().unwrap().iter().any(|s| s == "Blocked"), "{subs}");
+    assert!(subs.as_array().unwrap().iter().any(|s| s == "Waiting for CPU"), "{subs}");
+    let (wt, samples) = fx_samples(&v);
+    assert_eq!(wt, "tracing-ms");
+    assert_eq!(samples.len(), 17, "{samples:?}");
+    assert!(samples.iter().all(off_cpu), "{samples:?}");
+    assert!(samples.iter().all(|s| s.cpu_delta_us == 0), "{samples:?}");
+    assert!(close(weight_where(&samples, |_| true), 850.0), "{samples:?}");
+    let blocked = weight_where(&samples, |s| s.subcategory == "Blocked" && s.leaf == "[blocked: futex]");
+    let waiting =
+        weight_where(&samples, |s| s.subcategory == "Waiting for CPU" && s.leaf == "[waiting for CPU]");
+    assert!(close(blocked, 600.0) && close(waiting, 250.0), "{blocked} {waiting}");
+
+    // --wall: the 400 CPU samples (1 ms each, their own categories and CPU
+    // deltas) beside the same intervals.
+    let (wt, samples) = fx_samples(&json(&["--wall"], "wall.json"));
+    assert_eq!(wt, "tracing-ms");
+    assert_eq!(samples.len(), 400 + 17);
+    assert!(close(weight_where(&samples, |_| true), 400.0 * INTERVAL_US as f64 / 1000.0 + 850.0));
+    assert!(close(weight_where(&samples, off_cpu), 850.0));
+    let cpu: Vec<&FxSample> = samples.iter().filter(|s| !off_cpu(s)).collect();
+    assert!(cpu.iter().all(|s| s.leaf.starts_with("hot_") && s.cpu_delta_us == INTERVAL_US), "{cpu:?}");
+    assert_eq!(samples.iter().map(|s| s.cpu_delta_us).sum::<u64>(), 400 * INTERVAL_US);
+
+    // The default: CPU samples counted, no interval.
+    let (wt, samples) = fx_samples(&json(&[], "cpu.json"));
+    assert_eq!(wt, "samples");
+    assert_eq!(samples.len(), 400);
+    assert!(!samples.iter().any(off_cpu));
+
+    // The JsonSlabs container says the same.
+    let out = p.dir.path().join("off.jslb");
+    ok(&["export", f, "--off-cpu", "-o", s(&out)]);
+    let (wt, samples) = fx_samples(&jslb_read::read_jslb(&std::fs::read(&out).unwrap()).profile);
+    assert_eq!(wt, "tracing-ms");
+    assert_eq!(samples.len(), 17);
+    assert!(close(weight_where(&samples, off_cpu), 850.0), "{samples:?}");
+    let out = p.dir.path().join("wall.jslb");
+    ok(&["export", f, "--wall", "-o", s(&out)]);
+    let (_, samples) = fx_samples(&jslb_read::read_jslb(&std::fs::read(&out).unwrap()).profile);
+    assert!(close(weight_where(&samples, |_| true), 1250.0), "{samples:?}");
+    assert_eq!(samples.iter().map(|s| s.cpu_delta_us).sum::<u64>(), 400 * INTERVAL_US);
+}

@@ -1,0 +1,276 @@
+//! A blocked thread's stack, read without a signal: the off-CPU mode's
+//! capture (`perf_switch.rs` says when a thread is blocked).
+//!
+//! `/proc/self/task/<tid>/syscall` gives a thread that is not running the
+//! system call it is in, its arguments, and its user stack pointer and
+//! program counter at the kernel entry; the writer copies the stack from that
+//! stack pointer upwards with `process_vm_readv` on its own process (which
+//! fails with `EFAULT` on an unmapped page instead of faulting, and stops at
+//! the end of the mapping: a partial copy is a shorter stack) and unwinds the
+//! copy from pc/sp (`stack_sampler.rs`). No signal is sent and the thread is
+//! not woken.
+//!
+//! The thread must not run while its stack is copied, or the copy mixes two
+//! stacks: the number of times it was scheduled in (the third field of
+//! `/proc/self/task/<tid>/schedstat`) is read before and after, and the
+//! capture is used only if it did not change and the thread was in a system
+//! call throughout. Both files need the process to be dumpable (as a ptrace
+//! read would); a non-dumpable process gets `EACCES`, reported by `info`.
+
+use std::io::{self, Read};
+
+/// Where a blocked thread is: its system call and user registers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Blocked {
+    /// System call number; `None` when blocked outside one (a page fault).
+    pub nr: Option<u64>,
+    pub sp: u64,
+    pub pc: u64,
+}
+
+/// Read a small `/proc` file into `buf` (at most its capacity).
+fn read_small(path: &str, buf: &mut Vec<u8>) -> io::Result<()> {
+    buf.clear();
+    let mut f = std::fs::File::open(path)?;
+    f.by_ref().take(512).read_to_end(buf)?;
+    Ok(())
+}
+
+/// Parse `/proc/<tid>/syscall`: `running`, `-1 sp pc`, or `nr a0 .. a5 sp pc`
+/// (hexadecimal but for the number). `Ok(None)` while the thread runs.
+pub(crate) fn parse_syscall(text: &str) -> Option<Option<Blocked>> {
+    let mut it = text.split_ascii_whitespace();
+    let first = it.next()?;
+    if first == "running" {
+        return Some(None);
+    }
+    let hex = |s: &str| u64::from_str_radix(s.strip_prefix("0x")?, 16).ok();
+    let nr: i64 = first.parse().ok()?;
+    let rest: Vec<&str> = it.collect();
+    let (sp, pc) = match (nr, rest.len()) {
+        (-1, 2) => (hex(rest[0])?, hex(rest[1])?),
+        (n, 8) if n >= 0 => (hex(rest[6])?, hex(rest[7])?),
+        _ => return None,
+    };
+    Some(Some(Blocked { nr: u64::try_from(nr).ok(), sp, pc }))
+}
+
+/// Times `tid` was scheduled in (`schedstat`'s third field).
+fn timeslices(tid: u32, buf: &mut Vec<u8>) -> io::Result<u64> {
+    read_small(&format!("/proc/self/task/{tid}/schedstat"), buf)?;
+    std::str::from_utf8(buf)
+        .ok()
+        .and_then(|s| s.split_ascii_whitespace().nth(2)?.parse().ok())
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "unexpected schedstat"))
+}
+
+/// Why a capture gave nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Missed {
+    /// The thread ran (or exited) meanwhile: not blocked any more.
+    Ran,
+    /// The `/proc` files could not be read (`EACCES`: the process is not
+    /// dumpable), or the stack not copied (`process_vm_readv` refused).
+    Refused(i32),
+}
+
+/// Capture the stack of blocked thread `tid`: its registers, and up to
+/// `out.len()` bytes of its stack from `sp`, of which the returned count
+/// were copied. The thread did not run between the first read and the last.
+pub(crate) fn capture(tid: u32, out: &mut [u8], buf: &mut Vec<u8>) -> Result<(Blocked, usize), Missed> {
+    let refused = |e: io::Error| {
+        if e.raw_os_error() == Some(libc::ESRCH) || e.kind() == io::ErrorKind::NotFound {
+            Missed::Ran
+        } else {
+            Missed::Refused(e.raw_os_error().unwrap_or(0))
+        }
+    };
+    let before = timeslices(tid, buf).map_err(refused)?;
+    read_small(&format!("/proc/self/task/{tid}/syscall"), buf).map_err(refused)?;
+    let text = std::str::from_utf8(buf).map_err(|_| Missed::Ran)?;
+    let Some(Some(b)) = parse_syscall(text) else { return Err(Missed::Ran) };
+    let n = copy_stack(b.sp, out).map_err(|e| Missed::Refused(e.raw_os_error().unwrap_or(0)))?;
+    let after = timeslices(tid, buf).map_err(refused)?;
+    if after != before {
+        return Err(Missed::Ran);
+    }
+    Ok((b, n))
+}
+
+/// Copy memory of this process from `addr` into `out` with
+/// `process_vm_readv`: unmapped memory is an error or a short count, never
+/// a fault. Returns the bytes copied (those before the first unmapped page).
+pub(crate) fn copy_stack(addr: u64, out: &mut [u8]) -> io::Result<usize> {
+    if out.is_empty() {
+        return Ok(0);
+    }
+    let local = libc::iovec { iov_base: out.as_mut_ptr() as *mut libc::c_void, iov_len: out.len() };
+    let remote = libc::iovec { iov_base: addr as *mut libc::c_void, iov_len: out.len() };
+    // SAFETY: `local` describes `out`, which we own and may write; `remote`
+    // is only read by the kernel, which checks it (EFAULT, never a fault here).
+    let n = unsafe { libc::process_vm_readv(libc::getpid(), &local, 1, &remote, 1, 0) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(n as usize)
+}
+
+/// The name of system call `nr` of this architecture, for the blocking
+/// system calls (and a few common others); `None` for the rest.
+pub(crate) fn syscall_name(nr: u64) -> Option<&'static str> {
+    SYSCALLS.iter().find(|(n, _)| *n == nr).map(|(_, s)| *s)
+}
+
+#[cfg(target_arch = "x86_64")]
+const SYSCALLS: &[(u64, &str)] = &[
+    (0, "read"),
+    (1, "write"),
+    (3, "close"),
+    (7, "poll"),
+    (17, "pread64"),
+    (18, "pwrite64"),
+    (19, "readv"),
+    (20, "writev"),
+    (23, "select"),
+    (24, "sched_yield"),
+    (34, "pause"),
+    (35, "nanosleep"),
+    (42, "connect"),
+    (43, "accept"),
+    (44, "sendto"),
+    (45, "recvfrom"),
+    (46, "sendmsg"),
+    (47, "recvmsg"),
+    (61, "wait4"),
+    (65, "semop"),
+    (69, "msgsnd"),
+    (70, "msgrcv"),
+    (73, "flock"),
+    (74, "fsync"),
+    (75, "fdatasync"),
+    (128, "rt_sigtimedwait"),
+    (130, "rt_sigsuspend"),
+    (162, "sync"),
+    (202, "futex"),
+    (208, "io_getevents"),
+    (220, "semtimedop"),
+    (230, "clock_nanosleep"),
+    (232, "epoll_wait"),
+    (243, "mq_timedreceive"),
+    (247, "waitid"),
+    (257, "openat"),
+    (270, "pselect6"),
+    (271, "ppoll"),
+    (281, "epoll_pwait"),
+    (288, "accept4"),
+    (299, "recvmmsg"),
+    (307, "sendmmsg"),
+    (426, "io_uring_enter"),
+    (441, "epoll_pwait2"),
+    (449, "futex_wait"),
+    (455, "futex_waitv"),
+];
+
+#[cfg(target_arch = "aarch64")]
+const SYSCALLS: &[(u64, &str)] = &[
+    (17, "getcwd"),
+    (32, "flock"),
+    (56, "openat"),
+    (57, "close"),
+    (63, "read"),
+    (64, "write"),
+    (65, "readv"),
+    (66, "writev"),
+    (67, "pread64"),
+    (68, "pwrite64"),
+    (72, "pselect6"),
+    (73, "ppoll"),
+    (81, "sync"),
+    (82, "fsync"),
+    (83, "fdatasync"),
+    (95, "waitid"),
+    (98, "futex"),
+    (101, "nanosleep"),
+    (115, "clock_nanosleep"),
+    (124, "sched_yield"),
+    (133, "rt_sigsuspend"),
+    (137, "rt_sigtimedwait"),
+    (180, "mq_timedreceive"),
+    (188, "msgrcv"),
+    (189, "msgsnd"),
+    (192, "semtimedop"),
+    (193, "semop"),
+    (202, "accept"),
+    (203, "connect"),
+    (206, "sendto"),
+    (207, "recvfrom"),
+    (211, "sendmsg"),
+    (212, "recvmsg"),
+    (22, "epoll_pwait"),
+    (242, "accept4"),
+    (243, "recvmmsg"),
+    (260, "wait4"),
+    (269, "sendmmsg"),
+    (426, "io_uring_enter"),
+    (441, "epoll_pwait2"),
+    (449, "futex_wait"),
+    (455, "futex_waitv"),
+];
+
+#[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+const SYSCALLS: &[(u64, &str)] = &[];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn syscall_lines_parse() {
+        assert_eq!(parse_syscall("running\n"), Some(None));
+        let b = parse_syscall("202 0x7f00 0x80 0x1 0x0 0x0 0x0 0x7ffd1000 0x7f2000\n").unwrap().unwrap();
+        assert_eq!(b, Blocked { nr: Some(202), sp: 0x7ffd1000, pc: 0x7f2000 });
+        let f = parse_syscall("-1 0x7ffd1000 0x7f2000\n").unwrap().unwrap();
+        assert_eq!(f.nr, None);
+        assert_eq!(parse_syscall("202 0x1"), None);
+        assert_eq!(parse_syscall(""), None);
+        assert_eq!(parse_syscall("x 0x1 0x2"), None);
+    }
+
+    #[test]
+    fn a_sleeping_thread_is_captured_without_waking_it() {
+        let (tx, rx) = std::sync::mpsc::channel::<u32>();
+        let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
+        let h = std::thread::spawn(move || {
+            tx.send(super::super::gettid()).unwrap();
+            let _ = stop_rx.recv();
+        });
+        let tid = rx.recv().unwrap();
+        let mut out = vec![0u8; 16 << 10];
+        let mut buf = Vec::new();
+        let mut got = None;
+        for _ in 0..200 {
+            match capture(tid, &mut out, &mut buf) {
+                Ok(c) => {
+                    got = Some(c);
+                    break;
+                }
+                Err(Missed::Ran) => std::thread::sleep(std::time::Duration::from_millis(5)),
+                // An emulator (qemu-user) may not give these files or calls.
+                Err(Missed::Refused(errno)) => {
+                    eprintln!("SKIPPED: capture refused here (errno {errno})");
+                    stop_tx.send(()).unwrap();
+                    h.join().unwrap();
+                    return;
+                }
+            }
+        }
+        let (b, n) = got.expect("the blocked thread was never captured");
+        assert!(n >= 64, "copied {n} bytes");
+        #[cfg(target_arch = "x86_64")]
+        assert_eq!(b.nr.and_then(syscall_name), Some("futex"));
+        stop_tx.send(()).unwrap();
+        h.join().unwrap();
+        // Unmapped memory is an error, not a fault.
+        assert!(copy_stack(8, &mut out).is_err());
+    }
+}

@@ -1,0 +1,396 @@
+//! The off-CPU mode's view of the scheduler: `PERF_RECORD_SWITCH` records
+//! of every thread of the process, turned into exact off-CPU intervals.
+//!
+//! # Events
+//! A software dummy event (it counts nothing and never samples) with
+//! `context_switch = 1` makes the kernel write a switch record each time a
+//! thread of ours leaves the CPU (`PERF_RECORD_MISC_SWITCH_OUT`, with
+//! `PERF_RECORD_MISC_SWITCH_OUT_PREEMPT` when it was preempted while
+//! runnable) and each time it comes back; `sample_id_all` stamps each with
+//! the thread and a `CLOCK_REALTIME` time, and `task = 1` adds the exit of
+//! each thread. `exclude_kernel` keeps it within what an unprivileged process
+//! may open at `perf_event_paranoid` 2 (the switch records are written all
+//! the same). The events are laid out as the kernel-time events
+//! (`perf_kernel.rs`, whose rings this reuses): inherited, one per CPU for
+//! each thread alive at start, redirected into one ring per CPU, so threads
+//! created later cost nothing and the perf contexts of all threads stay
+//! clones (no re-arming at each switch). No signal is ever sent.
+//!
+//! # Intervals
+//! The writer drains the rings at each tick, orders the records of all CPUs
+//! by time and pairs each switch-out of a thread with its next switch-in:
+//! that interval is exact (the kernel's own timestamps). A thread still out
+//! when the recording stops is closed at the stop; one that exited is
+//! forgotten. A thread already blocked when the recording starts (it
+//! switched out before the events existed) is found at start, in
+//! `/proc/self/task/<tid>/stat`, and taken as switched out then. A thread found switched out and not yet back (it is blocked
+//! now, or preempted) is captured once (`blocked.rs`: its system call and
+//! stack, with no signal and without waking it): a thread that stays
+//! blocked costs nothing more, however long it stays. The capture belongs to
+//! the interval only if the thread was still out when it was taken; one
+//! taken after a wake-up the writer had not yet seen is moved to the next
+//! interval that contains it, or dropped.
+
+use std::io;
+use std::os::fd::OwnedFd;
+
+use rustc_hash::FxHashMap as HashMap;
+
+use super::perf::{PerfEventAttr, FLAG_EXCLUDE_HV, FLAG_EXCLUDE_KERNEL, FLAG_INHERIT, FLAG_INHERIT_THREAD};
+use super::perf::{FLAG_REMOVE_ON_EXEC, PERF_TYPE_SOFTWARE};
+use super::perf_kernel::KernelRings;
+use super::perf_stack::{
+    open_counting_lost, word, FLAG_USE_CLOCKID, FLAG_WATERMARK, SAMPLE_TID, SAMPLE_TIME,
+};
+
+const PERF_COUNT_SW_DUMMY: u64 = 9;
+const FLAG_TASK: u64 = 1 << 13;
+const FLAG_SAMPLE_ID_ALL: u64 = 1 << 18;
+const FLAG_CONTEXT_SWITCH: u64 = 1 << 26;
+const RECORD_EXIT: u32 = 4;
+const RECORD_SWITCH: u32 = 14;
+const MISC_SWITCH_OUT: u16 = 1 << 13;
+const MISC_SWITCH_OUT_PREEMPT: u16 = 1 << 14;
+
+/// Data pages of each CPU's ring: 256 KiB, about 11,000 switch records (24
+/// bytes each, in or out), enough for 50,000 switches a second per CPU at the
+/// default 100 ms drain interval. Beyond, records are lost and counted.
+pub(crate) const SWITCH_RING_PAGES: usize = 64;
+
+/// What the capture of a blocked thread found (filled by the writer, which
+/// unwinds the copied stack).
+#[derive(Debug, Clone)]
+pub(crate) struct Capture {
+    /// When the capture started (unix nanoseconds): the thread was off the
+    /// CPU from then until the capture ended.
+    pub at_ns: u64,
+    /// The system call it was blocked in (`None`: outside one).
+    pub syscall: Option<u64>,
+    /// Module-table generation the addresses belong to.
+    pub generation: u64,
+    /// Whether the walk stopped before the root.
+    pub truncated: bool,
+    /// Leaf first; the leaf is the pc the system call returns to.
+    pub addrs: Vec<u64>,
+    /// The stack as the writer defined it in the spool (label leaf included).
+    pub stack: Option<crate::StackId>,
+}
+
+/// One off-CPU interval of one thread.
+#[derive(Debug, Clone)]
+pub(crate) struct Interval {
+    pub tid: u32,
+    pub start_ns: u64,
+    pub end_ns: u64,
+    /// Runnable but preempted (waiting for a CPU), rather than blocked.
+    pub preempted: bool,
+    /// Where it blocked, if a capture was taken while it was out.
+    pub capture: Option<Capture>,
+}
+
+/// A thread switched out and not seen back yet.
+#[derive(Debug)]
+struct Out {
+    time_ns: u64,
+    preempted: bool,
+    /// A capture was attempted (taken or not) during this interval.
+    tried: bool,
+    capture: Option<Capture>,
+}
+
+/// Counters of the off-CPU mode, for `Stats`.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct SwitchCounts {
+    /// Switch records read.
+    pub records: u64,
+    /// Records the kernel could not write (ring full).
+    pub lost: u64,
+    /// Blocked threads captured.
+    pub captured: u64,
+    /// Captures given up because the thread ran meanwhile.
+    pub missed_ran: u64,
+    /// Captures refused by the kernel (not dumpable, `process_vm_readv`).
+    pub refused: u64,
+    /// The last refusal's errno.
+    pub refused_errno: i32,
+}
+
+/// The switch rings and the pairing of their records.
+pub(crate) struct SwitchTracker {
+    rings: KernelRings,
+    /// (time, tid, kind) of the last drain: 0 in, 1 out, 2 out preempted, 3 exit.
+    events: Vec<(u64, u32, u8)>,
+    pending: HashMap<u32, Out>,
+    /// Captures taken after a wake-up not yet seen, by thread.
+    orphans: HashMap<u32, Capture>,
+    /// Finished intervals, for the writer to take.
+    pub(crate) done: Vec<Interval>,
+    pub(crate) counts: SwitchCounts,
+}
+
+impl SwitchTracker {
+    /// Open the switch events for every thread alive now but `skip` (the
+    /// writer thread), within `budget` descriptors.
+    ///
+    /// A thread already blocked now (an idle pool started before the
+    /// recording) wrote its switch-out before the events existed: each
+    /// thread the events were opened for that is sleeping now (state `S` or
+    /// `D` in `/proc/self/task/<tid>/stat`, read after the events are in
+    /// place) is taken as switched out at the time the events were in place,
+    /// and captured at the writer's next tick as any blocked thread. Its
+    /// wait is charged from then; if it woke meanwhile, its switch records
+    /// (written, since the events were in place) close or replace that.
+    pub(crate) fn start(skip: u32, budget: usize) -> io::Result<SwitchTracker> {
+        let rings = KernelRings::start_with(skip, budget, SWITCH_RING_PAGES, &open_switch_event)?;
+        let since_ns = super::now_ns();
+        let mut pending = HashMap::default();
+        for &tid in &rings.opened {
+            if thread_state(tid).is_some_and(|c| c == 'S' || c == 'D') {
+                pending.insert(tid, Out { time_ns: since_ns, preempted: false, tried: false, capture: None });
+            }
+        }
+        Ok(SwitchTracker {
+            rings,
+            events: Vec::new(),
+            pending,
+            orphans: HashMap::default(),
+            done: Vec::new(),
+            counts: SwitchCounts::default(),
+        })
+    }
+
+    /// Descriptors held.
+    pub(crate) fn descriptors(&self) -> usize {
+        self.rings.fds
+    }
+
+    /// Threads alive at start left without events (descriptor budget).
+    pub(crate) fn missed_threads(&self) -> u64 {
+        self.rings.missed
+    }
+
+    /// Stop the events (the rings keep their records for the last drain).
+    pub(crate) fn stop(&mut self) {
+        self.rings.stop();
+    }
+
+    /// Drain the rings and pair their records (in time order across CPUs)
+    /// into [`SwitchTracker::done`].
+    pub(crate) fn collect(&mut self) {
+        let events = &mut self.events;
+        events.clear();
+        let lost = self.rings.drain_records(&mut |kind, rec| {
+            if let Some(e) = parse_record(kind, rec) {
+                events.push(e);
+            }
+        });
+        self.counts.lost += lost;
+        self.counts.records += self.events.len() as u64;
+        // Records of one CPU are in order; across CPUs they are not. The
+        // stable sort finds the runs (one per CPU) and merges them: linear.
+        self.events.sort_by_key(|&(t, _, k)| (t, k));
+        for i in 0..self.events.len() {
+            let (time_ns, tid, kind) = self.events[i];
+            self.apply(time_ns, tid, kind);
+        }
+    }
+
+    fn apply(&mut self, time_ns: u64, tid: u32, kind: u8) {
+        match kind {
+            0 => {
+                if let Some(o) = self.pending.remove(&tid) {
+                    let mut capture = o.capture;
+                    if capture.as_ref().is_some_and(|c| c.at_ns >= time_ns) {
+                        // Taken after this wake-up: it belongs to a later interval.
+                        self.orphans.insert(tid, capture.take().expect("checked"));
+                    }
+                    self.done.push(Interval {
+                        tid,
+                        start_ns: o.time_ns,
+                        end_ns: time_ns.max(o.time_ns),
+                        preempted: o.preempted,
+                        capture,
+                    });
+                }
+            }
+            1 | 2 => {
+                // (Orphans are rare: most switches find none to look up.)
+                let orphan = if self.orphans.is_empty() { None } else { self.orphans.remove(&tid) };
+                let capture = orphan.filter(|c| c.at_ns > time_ns);
+                let tried = capture.is_some();
+                self.pending.insert(tid, Out { time_ns, preempted: kind == 2, tried, capture });
+            }
+            _ => {
+                self.pending.remove(&tid);
+                if !self.orphans.is_empty() {
+                    self.orphans.remove(&tid);
+                }
+            }
+        }
+    }
+
+    /// Threads that are out, blocked, and not yet captured in this interval
+    /// (each is then marked as tried: one attempt per interval).
+    pub(crate) fn to_capture(&mut self, out: &mut Vec<u32>) {
+        out.clear();
+        for (&tid, o) in self.pending.iter_mut() {
+            if !o.preempted && !o.tried {
+                o.tried = true;
+                out.push(tid);
+            }
+        }
+    }
+
+    /// Attach a capture of `tid` (taken after the last [`collect`](Self::collect)).
+    pub(crate) fn set_capture(&mut self, tid: u32, c: Result<Capture, super::blocked::Missed>) {
+        use super::blocked::Missed;
+        match c {
+            Ok(c) => {
+                self.counts.captured += 1;
+                if let Some(o) = self.pending.get_mut(&tid) {
+                    o.capture = Some(c);
+                }
+            }
+            Err(Missed::Ran) => self.counts.missed_ran += 1,
+            Err(Missed::Refused(errno)) => {
+                self.counts.refused += 1;
+                self.counts.refused_errno = errno;
+            }
+        }
+    }
+
+    /// Close the intervals of threads still out at `end_ns` (the recording
+    /// stops), but for threads that no longer exist or are running.
+    pub(crate) fn finish(&mut self, end_ns: u64) {
+        let mut tids: Vec<u32> = self.pending.keys().copied().collect();
+        tids.sort_unstable();
+        for tid in tids {
+            // Only a thread that is off the CPU now: one whose switch-in
+            // record was lost (ring full) and that runs is not closed.
+            let off_now = thread_state(tid).is_some_and(|c| c != 'R');
+            let o = self.pending.remove(&tid).expect("listed");
+            if off_now && end_ns > o.time_ns {
+                self.done.push(Interval {
+                    tid,
+                    start_ns: o.time_ns,
+                    end_ns,
+                    preempted: o.preempted,
+                    capture: o.capture,
+                });
+            }
+        }
+    }
+}
+
+/// The scheduler state letter of thread `tid` (`/proc/self/task/<tid>/stat`,
+/// after the command name's closing parenthesis); `None` if it is gone.
+fn thread_state(tid: u32) -> Option<char> {
+    let s = std::fs::read_to_string(format!("/proc/self/task/{tid}/stat")).ok()?;
+    s.rsplit_once(')')?.1.trim_start().chars().next()
+}
+
+/// One record as (time, tid, kind), for the records this event writes.
+fn parse_record(kind: u32, rec: &[u8]) -> Option<(u64, u32, u8)> {
+    let misc = u16::from_ne_bytes(rec.get(4..6)?.try_into().ok()?);
+    match kind {
+        RECORD_SWITCH => {
+            // header, then sample_id: pid/tid (u32 each), time.
+            let tid = (word(rec, 8)? >> 32) as u32;
+            let time = word(rec, 16)?;
+            let k = if misc & MISC_SWITCH_OUT == 0 {
+                0
+            } else if misc & MISC_SWITCH_OUT_PREEMPT != 0 {
+                2
+            } else {
+                1
+            };
+            Some((time, tid, k))
+        }
+        RECORD_EXIT => {
+            // header, pid, ppid, tid, ptid (u32 each), time.
+            let tid = (word(rec, 16)? & 0xffff_ffff) as u32;
+            let time = word(rec, 24)?;
+            Some((time, tid, 3))
+        }
+        _ => None,
+    }
+}
+
+/// Open `tid`'s switch event on `cpu`.
+fn open_switch_event(tid: u32, cpu: i32) -> io::Result<(OwnedFd, bool)> {
+    let data_bytes = SWITCH_RING_PAGES * super::perf_stack::page_size();
+    let mut attr = PerfEventAttr {
+        type_: PERF_TYPE_SOFTWARE,
+        size: std::mem::size_of::<PerfEventAttr>() as u32,
+        config: PERF_COUNT_SW_DUMMY,
+        sample_period: 0,
+        sample_type: SAMPLE_TID | SAMPLE_TIME,
+        flags: FLAG_INHERIT
+            | FLAG_INHERIT_THREAD
+            | FLAG_EXCLUDE_KERNEL
+            | FLAG_EXCLUDE_HV
+            | FLAG_REMOVE_ON_EXEC
+            | FLAG_WATERMARK
+            | FLAG_USE_CLOCKID
+            | FLAG_TASK
+            | FLAG_SAMPLE_ID_ALL
+            | FLAG_CONTEXT_SWITCH,
+        // Nobody waits on these rings: wake only when one is all but full.
+        wakeup_events: (data_bytes - data_bytes / 8) as u32,
+        clockid: libc::CLOCK_REALTIME,
+        ..Default::default()
+    };
+    open_counting_lost(tid, cpu, &mut attr)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rec(kind: u32, misc: u16, words: &[u64]) -> Vec<u8> {
+        let mut v = Vec::new();
+        v.extend_from_slice(&kind.to_ne_bytes());
+        v.extend_from_slice(&misc.to_ne_bytes());
+        v.extend_from_slice(&((8 + 8 * words.len()) as u16).to_ne_bytes());
+        for w in words {
+            v.extend_from_slice(&w.to_ne_bytes());
+        }
+        v
+    }
+
+    #[test]
+    fn switch_and_exit_records_parse() {
+        let tid_word = (42u64 << 32) | 7;
+        assert_eq!(parse_record(14, &rec(14, MISC_SWITCH_OUT, &[tid_word, 1000])), Some((1000, 42, 1)));
+        let pre = MISC_SWITCH_OUT | MISC_SWITCH_OUT_PREEMPT;
+        assert_eq!(parse_record(14, &rec(14, pre, &[tid_word, 1000])), Some((1000, 42, 2)));
+        assert_eq!(parse_record(14, &rec(14, 0, &[tid_word, 2000])), Some((2000, 42, 0)));
+        assert_eq!(parse_record(4, &rec(4, 0, &[(7 << 32) | 7, (9 << 32) | 42, 3000])), Some((3000, 42, 3)));
+        assert_eq!(parse_record(14, &rec(14, 0, &[tid_word])), None, "cut short");
+        assert_eq!(parse_record(9, &rec(9, 0, &[1, 2])), None);
+    }
+
+    /// The switch events open unprivileged and see a sleep as one interval
+    /// of the right length, with no signal sent.
+    #[test]
+    fn a_sleep_is_one_exact_interval() {
+        let mut t = match SwitchTracker::start(0, 1024) {
+            Ok(t) => t,
+            Err(e) => {
+                eprintln!("SKIPPED: switch events refused here: {e}");
+                return;
+            }
+        };
+        let h = std::thread::spawn(|| {
+            let tid = super::super::gettid();
+            std::thread::sleep(std::time::Duration::from_millis(200));
+            tid
+        });
+        let tid = h.join().unwrap();
+        t.collect();
+        let slept: u64 =
+            t.done.iter().filter(|i| i.tid == tid && !i.preempted).map(|i| i.end_ns - i.start_ns).sum();
+        assert!((190_000_000..400_000_000).contains(&slept), "slept {slept} ns");
+        t.stop();
+    }
+}

@@ -1,0 +1,199 @@
+//! The writer's part of the off-CPU mode (`RecorderBuilder::off_cpu`): at
+//! each tick, after the samples are drained, pair the context-switch records
+//! into off-CPU intervals (`sys/perf_switch.rs`), write the finished ones
+//! (FORMAT.md, tag 9), and capture each thread found blocked and not yet
+//! captured (`sys/blocked.rs`, unwound by `stack_sampler.rs`).
+//!
+//! A capture is turned into a stack of the spool at once, in the tick that
+//! took it, exactly like a sample drained in that tick (same module
+//! generation rules), so an interval written many ticks later refers to
+//! stack ids only, never to a module retired meanwhile. Its leaf is a label
+//! frame naming the system call (`blocked: futex`). An interval without a
+//! capture (the thread woke before a tick saw it blocked, or the capture
+//! failed) is charged to `[blocked]` alone; a preempted one to `[waiting for
+//! CPU]` on top of the thread's last sampled stack (its own root if none).
+//!
+//! Costs: the records are a ring read per CPU per tick; a capture is two
+//! `/proc` reads, a `process_vm_readv` of `user_stack_copy` bytes and an
+//! unwind, once per blocking a tick sees; a thread that stays blocked costs
+//! nothing more, and writes one interval record when it wakes.
+
+use rustc_hash::FxHashMap as HashMap;
+
+use super::Run;
+use crate::recorder::handler::ring::RawSample;
+use crate::recorder::stats::OffCpuStats;
+use crate::recorder::sys::blocked::syscall_name;
+use crate::recorder::sys::perf_switch::{Capture, Interval, SwitchTracker};
+use crate::{Error, StackId};
+
+/// The off-CPU mode's state in the writer.
+pub(crate) struct OffCpu {
+    tracker: SwitchTracker,
+    /// Stack copy buffer (`user_stack_copy` bytes).
+    copy: Vec<u8>,
+    /// `/proc` read buffer.
+    buf: Vec<u8>,
+    tids: Vec<u32>,
+    /// Each thread's last sampled stack (for a preempted thread).
+    pub(super) last_leaf: HashMap<u32, StackId>,
+    intervals: u64,
+    with_stack: u64,
+}
+
+impl OffCpu {
+    pub(crate) fn new(tracker: SwitchTracker, stack_copy: u32) -> OffCpu {
+        OffCpu {
+            tracker,
+            copy: vec![0; stack_copy.max(64) as usize],
+            buf: Vec::with_capacity(512),
+            tids: Vec::new(),
+            last_leaf: HashMap::default(),
+            intervals: 0,
+            with_stack: 0,
+        }
+    }
+
+    /// What was seen so far.
+    pub(crate) fn stats(&self) -> OffCpuStats {
+        let c = self.tracker.counts;
+        OffCpuStats {
+            intervals: self.intervals,
+            with_stack: self.with_stack,
+            captures_raced: c.missed_ran,
+            captures_refused: c.refused,
+            refused_errno: c.refused_errno,
+            records_lost: c.lost,
+        }
+    }
+}
+
+impl Run {
+    /// One tick of the off-CPU mode (`end`: the recording stops; threads
+    /// still off the CPU are closed now).
+    pub(super) fn off_cpu_step(&mut self, end: bool) {
+        let Some(mut o) = self.st.off_cpu.take() else { return };
+        if end {
+            o.tracker.stop();
+        }
+        o.tracker.collect();
+        if end {
+            o.tracker.finish(crate::recorder::sys::now_ns());
+        }
+        let done = std::mem::take(&mut o.tracker.done);
+        for iv in &done {
+            if self.error.is_some() {
+                break;
+            }
+            let r = self.write_interval(&mut o, iv);
+            self.note(r);
+        }
+        if !end && self.error.is_none() {
+            self.capture_blocked(&mut o);
+        }
+        if end {
+            let s = o.stats();
+            if s.captures_refused > 0 {
+                self.st.warnings.push(format!(
+                    "off-CPU stacks not captured {} times: the kernel refused to read a blocked thread's \
+                     /proc/self/task/<tid>/syscall or stack ({}; a process that is not dumpable cannot); \
+                     those waits are charged to [blocked]",
+                    s.captures_refused,
+                    std::io::Error::from_raw_os_error(s.refused_errno)
+                ));
+            }
+            if s.records_lost > 0 {
+                self.st.warnings.push(format!(
+                    "{} context-switch records lost (ring full): off-CPU time is missing for them",
+                    s.records_lost
+                ));
+            }
+        }
+        self.st.off_cpu = Some(o);
+    }
+
+    /// Capture every thread that is blocked and not captured yet in this
+    /// blocking, and define its stack in the spool now.
+    fn capture_blocked(&mut self, o: &mut OffCpu) {
+        let mut tids = std::mem::take(&mut o.tids);
+        o.tracker.to_capture(&mut tids);
+        let Some(mut sampler) = self.stack_sampler.take() else {
+            o.tids = tids;
+            return;
+        };
+        let shared = self.st.shared.clone();
+        for &tid in &tids {
+            let (copy, buf) = (&mut o.copy, &mut o.buf);
+            let table = &self.st.table;
+            let c = shared.snapshot.with_current(|snap| {
+                let is_code = |a: u64| table.resolve(a, snap.generation).is_some();
+                sampler.capture_blocked(tid, snap, copy, buf, &is_code)
+            });
+            let c = match c {
+                Ok(mut c) => match self.capture_stack(&c) {
+                    Ok(stack) => {
+                        c.stack = Some(stack);
+                        c.addrs = Vec::new();
+                        Ok(c)
+                    }
+                    Err(e) => {
+                        self.note(Err::<(), _>(e));
+                        break;
+                    }
+                },
+                Err(m) => Err(m),
+            };
+            o.tracker.set_capture(tid, c);
+        }
+        self.stack_sampler = Some(sampler);
+        o.tids = tids;
+    }
+
+    /// The spool stack of a capture: its frames, then the system call's label.
+    fn capture_stack(&mut self, c: &Capture) -> Result<StackId, Error> {
+        let raw = RawSample {
+            time_us: c.at_ns / 1000,
+            tid: 0,
+            weight: 1,
+            generation: c.generation,
+            truncated: c.truncated,
+            kernel: false,
+            addrs: &c.addrs,
+        };
+        let leaf = self.leaf_of(&raw)?;
+        let label = match c.syscall {
+            Some(nr) => match syscall_name(nr) {
+                Some(name) => format!("blocked: {name}"),
+                None => format!("blocked: syscall {nr}"),
+            },
+            None => "blocked: page fault".to_string(),
+        };
+        let f = self.interner.label(&mut self.st.out, &label)?;
+        self.interner.node(&mut self.st.out, Some(leaf), f)
+    }
+
+    fn write_interval(&mut self, o: &mut OffCpu, iv: &Interval) -> Result<(), Error> {
+        let thread = self.interner.thread(&mut self.st.out, self.st.pid, iv.tid, &self.st.shared.names)?;
+        let stack = match (iv.preempted, iv.capture.as_ref().and_then(|c| c.stack)) {
+            (false, Some(s)) => {
+                o.with_stack += 1;
+                s
+            }
+            (false, None) => {
+                let f = self.interner.label(&mut self.st.out, "blocked")?;
+                self.interner.node(&mut self.st.out, None, f)?
+            }
+            (true, _) => {
+                let f = self.interner.label(&mut self.st.out, "waiting for CPU")?;
+                let parent = o.last_leaf.get(&iv.tid).copied();
+                self.interner.node(&mut self.st.out, parent, f)?
+            }
+        };
+        // Both ends truncated to microseconds: durations add up without drift.
+        let start_us = iv.start_ns / 1000;
+        let duration_us = (iv.end_ns / 1000).saturating_sub(start_us);
+        self.st.out.off_cpu(thread, stack, start_us, duration_us, iv.preempted)?;
+        o.intervals += 1;
+        Ok(())
+    }
+}

@@ -1,0 +1,171 @@
+//! Off-CPU intervals (tag 9) and label frames (frame kind 3), FORMAT.md
+//! section 4: written by `SpoolWriter`, read back alike by `Snapshot` (one
+//! and two threads), `Replay`, `Tail` and the packed container, every cut a
+//! valid prefix, and each rule rejected at the offset FORMAT.md names.
+
+use spulse::{
+    FormatErrorKind, Frame, Header, OffCpuInterval, OffCpuState, Replay, Snapshot, SpoolWriter, Tail,
+};
+use spulse_testkit::spool::{pack_bytes, tail_drain, temp_file};
+
+/// (thread, stack, start, duration, preempted, samples before) of each interval.
+type Row = (usize, usize, u64, u64, bool, u64);
+
+fn rows(v: &[OffCpuInterval]) -> Vec<Row> {
+    v.iter()
+        .map(|o| {
+            let pre = o.state == OffCpuState::Preempted;
+            (o.thread.index(), o.stack.index(), o.start_us, o.duration_us, pre, o.samples_before)
+        })
+        .collect()
+}
+
+/// A spool of `n` rounds, each a few CPU samples and an off-CPU interval under
+/// a label leaf, and the intervals it holds.
+fn spool(n: u64) -> (Vec<u8>, Vec<Row>) {
+    let start = 1_700_000_000_000_000;
+    let mut w = SpoolWriter::new(Vec::new(), Header { start_time_us: start, interval_us: 1000 }).unwrap();
+    let t0 = w.define_thread(7, 7, "main").unwrap();
+    let t1 = w.define_thread(7, 8, "worker").unwrap();
+    let f = w.define_frame(Frame::Absolute { address: 0x40_1000, kernel: false }).unwrap();
+    let root = w.define_stack(None, f).unwrap();
+    let futex = w.define_label("blocked: futex").unwrap();
+    let cpu = w.define_label("waiting for CPU").unwrap();
+    let s_futex = w.define_stack(Some(root), futex).unwrap();
+    let s_cpu = w.define_stack(Some(root), cpu).unwrap();
+    let mut want = Vec::new();
+    let mut samples = 0;
+    for i in 0..n {
+        for k in 0..3 {
+            w.sample(start + i * 10_000 + k * 1000, t0, root).unwrap();
+            samples += 1;
+        }
+        let (stack, pre) = if i % 3 == 2 { (s_cpu, true) } else { (s_futex, false) };
+        let (t, s0, d) = (t1, start + i * 10_000 + 500, 1_000 + i * 37);
+        w.off_cpu(t, stack, s0, d, pre).unwrap();
+        want.push((t.index(), stack.index(), s0, d, pre, samples));
+    }
+    (w.into_inner().unwrap(), want)
+}
+
+#[test]
+fn every_reader_gives_the_written_intervals() {
+    let (bytes, want) = spool(2_000);
+    let snap = Snapshot::from_bytes(&bytes).unwrap();
+    assert_eq!(rows(snap.definitions().off_cpu_intervals()), want);
+    assert_eq!(snap.definitions().off_cpu_count(), want.len() as u64);
+    assert_eq!(snap.len(), 6_000, "intervals are not samples");
+    // The label frames read back as labels, with their text.
+    let leaf = snap.definitions().stack(snap.definitions().off_cpu_intervals()[0].stack).frame;
+    let Frame::Label(l) = snap.definitions().frame(leaf) else { panic!("leaf is not a label") };
+    assert_eq!(snap.definitions().label(l), "blocked: futex");
+    // The two-thread load (forced on this small spool) places them alike.
+    let split = Snapshot::from_bytes_split(&bytes, 0).unwrap();
+    assert_eq!(rows(split.definitions().off_cpu_intervals()), want);
+    let f = temp_file(&bytes);
+    let replay = Replay::open(f.path()).unwrap();
+    assert_eq!(rows(replay.definitions().off_cpu_intervals()), want);
+    assert_eq!(replay.samples().count(), 6_000);
+    // Tail: each poll hands out its own intervals; together, all of them.
+    let mut tail = Tail::open(f.path()).unwrap();
+    let mut got = Vec::new();
+    loop {
+        let n = tail.poll().unwrap().len();
+        got.extend(rows(tail.off_cpu()));
+        if n == 0 {
+            break;
+        }
+    }
+    assert_eq!(got, want);
+    assert_eq!(tail.definitions().off_cpu_count(), want.len() as u64);
+    // The packed container keeps them with their positions among the samples.
+    let packed = pack_bytes(&bytes);
+    let p = Snapshot::from_bytes(&packed).unwrap();
+    assert_eq!(rows(p.definitions().off_cpu_intervals()), want);
+    assert_eq!(p.len(), 6_000);
+    let pf = temp_file(&packed);
+    let pr = Replay::open(pf.path()).unwrap();
+    assert_eq!(rows(pr.definitions().off_cpu_intervals()), want);
+}
+
+#[test]
+fn every_cut_keeps_a_valid_prefix() {
+    let (bytes, want) = spool(40);
+    let mut last = 0;
+    for cut in 28..=bytes.len() {
+        let snap = Snapshot::from_bytes(&bytes[..cut]).unwrap_or_else(|e| panic!("cut {cut}: {e}"));
+        let n = snap.definitions().off_cpu_intervals().len();
+        assert!(n >= last, "cut {cut}");
+        last = n;
+        assert_eq!(rows(snap.definitions().off_cpu_intervals()), want[..n]);
+        let f = temp_file(&bytes[..cut]);
+        let mut tail = Tail::open(f.path()).unwrap();
+        let mut s = Vec::new();
+        tail_drain(&mut tail, &mut s).unwrap();
+        assert_eq!(s.len(), snap.len(), "cut {cut}");
+        assert_eq!(tail.definitions().off_cpu_count(), n as u64, "cut {cut}");
+    }
+    assert_eq!(last, want.len());
+}
+
+/// A spool with one thread, one root stack, then `tail` appended.
+fn with(tail: &[u8]) -> (Vec<u8>, u64) {
+    let mut w = SpoolWriter::new(Vec::new(), Header { start_time_us: 100, interval_us: 1000 }).unwrap();
+    w.define_thread(1, 1, "").unwrap();
+    let f = w.define_frame(Frame::Absolute { address: 0x1000, kernel: false }).unwrap();
+    w.define_stack(None, f).unwrap();
+    let mut bytes = w.into_inner().unwrap();
+    let at = bytes.len() as u64;
+    bytes.extend_from_slice(tail);
+    (bytes, at)
+}
+
+fn rejected(tail: &[u8]) -> (FormatErrorKind, u64, u64) {
+    let (bytes, at) = with(tail);
+    let e = Snapshot::from_bytes(&bytes).unwrap_err();
+    // Tail reports the same error at the same offset.
+    let f = temp_file(&bytes);
+    let mut t = Tail::open(f.path()).unwrap();
+    let mut s = Vec::new();
+    let te = tail_drain(&mut t, &mut s).unwrap_err();
+    assert_eq!((te.format_kind(), te.offset()), (e.format_kind(), e.offset()));
+    (e.format_kind().unwrap().clone(), e.offset().unwrap(), at)
+}
+
+#[test]
+fn rules_of_tag_9_and_label_frames() {
+    // Valid: thread 0, stack 0, start 5, duration 7, blocked.
+    let (ok, _) = with(&[9, 0, 0, 5, 7, 0]);
+    assert_eq!(Snapshot::from_bytes(&ok).unwrap().definitions().off_cpu_intervals().len(), 1);
+    // Undefined thread and stack, at the tag byte.
+    let (k, off, at) = rejected(&[9, 1, 0, 5, 7, 0]);
+    assert_eq!((k, off), (FormatErrorKind::UndefinedReference { what: "thread", id: 1 }, at));
+    let (k, off, at) = rejected(&[9, 0, 3, 5, 7, 0]);
+    assert_eq!((k, off), (FormatErrorKind::UndefinedReference { what: "stack", id: 3 }, at));
+    // start + duration overflowing 64 bits.
+    let mut r = vec![9, 0, 0];
+    r.extend_from_slice(&[0xff; 9]);
+    r.push(0x01);
+    r.extend_from_slice(&[1, 0]);
+    let (k, off, at) = rejected(&r);
+    assert_eq!((k, off), (FormatErrorKind::TimestampOverflow, at));
+    // A state other than 0 or 1, at the field.
+    let (k, off, at) = rejected(&[9, 0, 0, 5, 7, 2]);
+    assert_eq!((k, off), (FormatErrorKind::BadValue("off-CPU state", 2), at + 5));
+    // A label frame (id 1): invalid UTF-8 and too long, at the length.
+    let (k, off, at) = rejected(&[2, 1, 3, 2, 0xc3, 0x28]);
+    assert_eq!((k, off), (FormatErrorKind::BadUtf8("frame label"), at + 3));
+    let (k, off, at) = rejected(&[2, 1, 3, 65]);
+    assert_eq!((k, off), (FormatErrorKind::TooLong { what: "frame label", len: 65, limit: 64 }, at + 3));
+    // A cut inside an invalid label is corruption, not a truncated tail.
+    let (k, _, _) = rejected(&[2, 1, 3, 4, 0xff]);
+    assert_eq!(k, FormatErrorKind::BadUtf8("frame label"));
+    // The writer refuses what readers would reject.
+    let mut w = SpoolWriter::new(Vec::new(), Header { start_time_us: 0, interval_us: 1 }).unwrap();
+    assert!(w.define_label(&"x".repeat(65)).is_err());
+    let t = w.define_thread(1, 1, "").unwrap();
+    let l = w.define_label("blocked").unwrap();
+    let s = w.define_stack(None, l).unwrap();
+    assert!(w.off_cpu(t, s, u64::MAX, 1, false).is_err());
+    w.off_cpu(t, s, 10, 1, true).unwrap();
+}

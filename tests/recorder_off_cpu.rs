@@ -1,0 +1,450 @@
+//! The off-CPU mode (`RecorderBuilder::off_cpu`) on a workload with known
+//! waits: a thread sleeping 1.0 s in all, one blocked on a mutex another
+//! thread holds while burning CPU, one blocked reading a pipe, two CPU
+//! burners. Each waiting function's off-CPU time (blocked and then waiting
+//! for a CPU, as the intervals of its thread during the call add up) is
+//! within 5% of what the thread measured itself (wall time minus its CPU
+//! time), and the blocked time is charged under that function with the
+//! system call as the leaf. An `epoll_wait` loop is never woken by the mode.
+//! Run it as an unprivileged user too (`setpriv --reuid=65534 ...`).
+
+mod recorder_support;
+
+use std::collections::HashMap;
+use std::hint::black_box;
+use std::io::{Read, Write};
+use std::sync::{Arc, Barrier, Mutex};
+use std::time::{Duration, Instant};
+
+use recorder_support::*;
+use spulse::{OffCpuState, Snapshot};
+
+/// What a waiting thread measured of one call: its tid, the wall-clock
+/// window (unix us) and its own CPU time in it.
+#[derive(Debug, Clone, Copy)]
+struct Measured {
+    tid: u32,
+    from_us: u64,
+    to_us: u64,
+    cpu_us: u64,
+}
+
+fn unix_us() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_micros() as u64
+}
+
+/// Run `f` on this thread and measure it.
+fn measure(f: impl FnOnce()) -> Measured {
+    let tid = gettid();
+    let cpu0 = thread_cpu_seconds();
+    let from_us = unix_us();
+    f();
+    let to_us = unix_us();
+    let cpu_us = ((thread_cpu_seconds() - cpu0) * 1e6) as u64;
+    Measured { tid, from_us, to_us, cpu_us }
+}
+
+#[inline(never)]
+fn wait_in_sleep() {
+    for _ in 0..5 {
+        std::thread::sleep(black_box(Duration::from_millis(200)));
+    }
+}
+
+#[inline(never)]
+fn wait_in_mutex(m: &Mutex<u64>) {
+    *black_box(m.lock().unwrap()) += 1;
+}
+
+#[inline(never)]
+fn wait_in_pipe(r: &mut std::fs::File) {
+    let mut b = [0u8; 1];
+    r.read_exact(&mut b).unwrap();
+}
+
+/// Off-CPU microseconds per (tid, state) of intervals starting in `m`'s
+/// window, and of those blocked, the part whose stack holds `func` with
+/// `label` as leaf.
+fn off_cpu_in(snap: &Snapshot, m: &Measured, func: &str, label: &str) -> (u64, u64, u64) {
+    let mut sym = Symbolizer::default();
+    let (mut blocked, mut preempted, mut charged) = (0, 0, 0);
+    for o in snap.definitions().off_cpu_intervals() {
+        if snap.thread(o.thread).tid != m.tid || o.start_us < m.from_us || o.start_us >= m.to_us {
+            continue;
+        }
+        match o.state {
+            OffCpuState::Preempted => preempted += o.duration_us,
+            OffCpuState::Blocked => {
+                blocked += o.duration_us;
+                let names: Vec<String> = snap.stack_frames(o.stack).map(|f| sym.name(snap, f)).collect();
+                if std::env::var_os("SHOW").is_some() {
+                    eprintln!("  {} us: {}", o.duration_us, names.join(" <- "));
+                }
+                if names.first().map(String::as_str) == Some(label) && names.iter().any(|n| n.contains(func))
+                {
+                    charged += o.duration_us;
+                }
+            }
+        }
+    }
+    (blocked, preempted, charged)
+}
+
+#[test]
+fn known_waits_are_measured_and_charged_where_they_wait() {
+    let _g = serial();
+    if !perf_event_open_implemented() {
+        eprintln!("SKIPPED: no perf_event_open here");
+        return;
+    }
+    // Every stack unwound from the first capture (a large debug test binary's
+    // tables would otherwise be checked after start, its frames cut until then).
+    let _defer = DeferThreshold::set(u64::MAX);
+    let (_dir, path) = spool_path("waits.spool");
+    let guard = match spulse::Recorder::builder().off_cpu(true).start(&path) {
+        Ok(g) => g,
+        Err(e) => panic!("start: {e}"),
+    };
+    let start = Arc::new(Barrier::new(6));
+    let results: Arc<Mutex<HashMap<&'static str, Measured>>> = Arc::default();
+    let mut hs = Vec::new();
+    // The sleeper.
+    {
+        let (start, results) = (start.clone(), results.clone());
+        hs.push(std::thread::spawn(move || {
+            start.wait();
+            let m = measure(wait_in_sleep);
+            results.lock().unwrap().insert("sleep", m);
+        }));
+    }
+    // The mutex: the holder takes it first, burns 0.6 s of CPU, releases.
+    let lock = Arc::new(Mutex::new(0u64));
+    let (held_tx, held_rx) = std::sync::mpsc::channel();
+    {
+        let (start, lock) = (start.clone(), lock.clone());
+        hs.push(std::thread::spawn(move || {
+            let g = lock.lock().unwrap();
+            held_tx.send(()).unwrap();
+            start.wait();
+            burn(0.6);
+            drop(g);
+        }));
+    }
+    held_rx.recv().unwrap();
+    {
+        let (start, results, lock) = (start.clone(), results.clone(), lock.clone());
+        hs.push(std::thread::spawn(move || {
+            start.wait();
+            let m = measure(|| wait_in_mutex(&lock));
+            results.lock().unwrap().insert("mutex", m);
+        }));
+    }
+    // The pipe: written 0.4 s after the start.
+    let (r, mut w) = {
+        let mut fds = [0; 2];
+        // SAFETY: pipe writes two descriptors into the array we pass.
+        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+        use std::os::fd::FromRawFd;
+        // SAFETY: both descriptors were just created and are owned here alone.
+        unsafe { (std::fs::File::from_raw_fd(fds[0]), std::fs::File::from_raw_fd(fds[1])) }
+    };
+    {
+        let (start, results) = (start.clone(), results.clone());
+        let mut r = r;
+        hs.push(std::thread::spawn(move || {
+            start.wait();
+            let m = measure(|| wait_in_pipe(&mut r));
+            results.lock().unwrap().insert("pipe", m);
+        }));
+    }
+    // Two burners.
+    for _ in 0..2 {
+        let start = start.clone();
+        hs.push(std::thread::spawn(move || {
+            start.wait();
+            burn(0.5);
+        }));
+    }
+    std::thread::sleep(Duration::from_millis(400));
+    w.write_all(b"x").unwrap();
+    for h in hs {
+        h.join().unwrap();
+    }
+    let stats = guard.finish().unwrap();
+    let oc = stats.off_cpu.clone().expect("the off-CPU mode ran");
+    assert!(oc.intervals > 0 && oc.captures_refused == 0, "{oc:?} {:?}", stats.warnings);
+    let snap = Snapshot::open(&path).unwrap();
+    let results = results.lock().unwrap();
+    for (what, func, label) in [
+        ("sleep", "wait_in_sleep", "[blocked: clock_nanosleep]"),
+        ("mutex", "wait_in_mutex", "[blocked: futex]"),
+        ("pipe", "wait_in_pipe", "[blocked: read]"),
+    ] {
+        let m = results[what];
+        let truth = (m.to_us - m.from_us).saturating_sub(m.cpu_us);
+        let (blocked, preempted, charged) = off_cpu_in(&snap, &m, func, label);
+        let seen = blocked + preempted;
+        eprintln!(
+            "{what}: truth {truth} us, off-CPU {seen} us (blocked {blocked}, preempted {preempted}), \
+             charged to {func};{label} {charged} us"
+        );
+        let err = (seen as f64 - truth as f64).abs() / truth as f64;
+        assert!(err <= 0.05, "{what}: off-CPU {seen} us against {truth} us ({:.1}%)", err * 100.0);
+        assert!(charged as f64 >= 0.95 * blocked as f64, "{what}: only {charged} of {blocked} us charged");
+    }
+    // CPU samples are still there (the burners and the holder).
+    assert!(snap.len() > 500, "{} samples", snap.len());
+}
+
+/// A thread waiting in `epoll_wait` with no timeout is never woken by the
+/// mode: its loop returns as often (never) and its voluntary context
+/// switches stay put while the recording runs; its wait is charged to
+/// `[blocked: epoll_wait]`.
+#[test]
+fn an_epoll_loop_is_not_woken() {
+    let _g = serial();
+    if !perf_event_open_implemented() {
+        eprintln!("SKIPPED: no perf_event_open here");
+        return;
+    }
+    let wakeups = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    // SAFETY: plain syscalls creating descriptors owned by this test.
+    let (ep, ev) = unsafe { (libc::epoll_create1(0), libc::eventfd(0, 0)) };
+    assert!(ep >= 0 && ev >= 0);
+    let mut e = libc::epoll_event { events: libc::EPOLLIN as u32, u64: 1 };
+    // SAFETY: registers the eventfd with the epoll set; both are ours.
+    assert_eq!(unsafe { libc::epoll_ctl(ep, libc::EPOLL_CTL_ADD, ev, &mut e) }, 0);
+    let (tid_tx, tid_rx) = std::sync::mpsc::channel();
+    let n = wakeups.clone();
+    let h = std::thread::spawn(move || {
+        tid_tx.send(gettid()).unwrap();
+        loop {
+            let mut out = [libc::epoll_event { events: 0, u64: 0 }; 4];
+            // SAFETY: `out` has room for the 4 events asked for.
+            let r = unsafe { libc::epoll_wait(ep, out.as_mut_ptr(), 4, -1) };
+            n.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            if r > 0 {
+                return;
+            }
+        }
+    });
+    let tid = tid_rx.recv().unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    let switches = || -> u64 {
+        let s = std::fs::read_to_string(format!("/proc/self/task/{tid}/status")).unwrap();
+        let line = s.lines().find(|l| l.starts_with("voluntary_ctxt_switches")).unwrap();
+        line.split_whitespace().nth(1).unwrap().parse().unwrap()
+    };
+    let (_dir, path) = spool_path("epoll.spool");
+    let before = switches();
+    let guard = spulse::Recorder::builder().off_cpu(true).start(&path).unwrap();
+    let t0 = Instant::now();
+    std::thread::spawn(|| burn(0.3)).join().unwrap();
+    while t0.elapsed() < Duration::from_millis(800) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let stats = guard.finish().unwrap();
+    let after = switches();
+    assert_eq!(wakeups.load(std::sync::atomic::Ordering::SeqCst), 0, "the epoll loop was woken");
+    assert_eq!(after, before, "voluntary context switches of the waiting thread");
+    // SAFETY: wakes the loop through its eventfd, then closes our descriptors.
+    unsafe {
+        libc::eventfd_write(ev, 1);
+    }
+    h.join().unwrap();
+    // SAFETY: closing descriptors this test created and no longer uses.
+    unsafe {
+        libc::close(ep);
+        libc::close(ev);
+    }
+    assert!(stats.off_cpu.is_some(), "{:?}", stats.warnings);
+    assert_eq!(stats.off_cpu.unwrap().captures_refused, 0);
+    // The thread was blocked from before the start to after the stop: found
+    // blocked at start, closed at the stop, its whole wait in epoll_wait.
+    let snap = Snapshot::open(&path).unwrap();
+    // (The thread's closure is inlined: libc's wrapper is the caller.)
+    let seen = blocked_in(&snap, "epoll_wait", "[blocked: epoll_wait]");
+    let us = seen.get(&tid).map_or(0, |s| s.0);
+    assert!(us >= 760_000, "{us} us of the epoll wait charged to it over at least 800 ms: {seen:?}");
+}
+
+/// An idle pool costs nothing per second while it stays blocked: 200
+/// threads blocked for 2 s write intervals only for their start and their
+/// wake-up (a few each), not one per sampling or flush interval.
+#[test]
+fn an_idle_pool_writes_per_blocking_not_per_second() {
+    let _g = serial();
+    if !perf_event_open_implemented() {
+        eprintln!("SKIPPED: no perf_event_open here");
+        return;
+    }
+    let (_dir, path) = spool_path("idle.spool");
+    let guard = spulse::Recorder::builder().off_cpu(true).start(&path).unwrap();
+    let pair = Arc::new((Mutex::new(false), std::sync::Condvar::new()));
+    let hs: Vec<_> = (0..200)
+        .map(|_| {
+            let pair = pair.clone();
+            std::thread::spawn(move || {
+                let (m, cv) = &*pair;
+                let mut go = m.lock().unwrap();
+                while !*go {
+                    go = cv.wait(go).unwrap();
+                }
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_secs(2));
+    *pair.0.lock().unwrap() = true;
+    pair.1.notify_all();
+    for h in hs {
+        h.join().unwrap();
+    }
+    let stats = guard.finish().unwrap();
+    let oc = stats.off_cpu.expect("the off-CPU mode ran");
+    let snap = Snapshot::open(&path).unwrap();
+    let n = snap.definitions().off_cpu_intervals().len() as u64;
+    assert_eq!(n, oc.intervals);
+    // 2 s is 20 flush intervals and about 2,000 sampling intervals per thread.
+    assert!(n <= 200 * 8, "{n} intervals for 200 threads blocked for 2 s");
+    // The long wait of each thread is there, with its stack.
+    let long = snap
+        .definitions()
+        .off_cpu_intervals()
+        .iter()
+        .filter(|o| o.duration_us >= 1_500_000 && snap.stack(o.stack).parent.is_some())
+        .count();
+    assert!(long >= 190, "only {long} of 200 threads have their 2 s wait with a stack");
+}
+
+#[inline(never)]
+fn wait_in_pool(pair: &(Mutex<bool>, std::sync::Condvar)) {
+    let (m, cv) = pair;
+    let mut go = m.lock().unwrap();
+    while !*go {
+        go = cv.wait(go).unwrap();
+    }
+}
+
+/// Per tid, the blocked microseconds charged to `func` with `label` as leaf,
+/// and the [start, end] of those intervals (unix us).
+fn blocked_in(snap: &Snapshot, func: &str, label: &str) -> HashMap<u32, (u64, u64, u64)> {
+    let mut sym = Symbolizer::default();
+    let mut out: HashMap<u32, (u64, u64, u64)> = HashMap::new();
+    for o in snap.definitions().off_cpu_intervals() {
+        if o.state != OffCpuState::Blocked {
+            continue;
+        }
+        let names: Vec<String> = snap.stack_frames(o.stack).map(|f| sym.name(snap, f)).collect();
+        if names.first().map(String::as_str) != Some(label) || !names.iter().any(|n| n.contains(func)) {
+            continue;
+        }
+        let e = out.entry(snap.thread(o.thread).tid).or_insert((0, u64::MAX, 0));
+        e.0 += o.duration_us;
+        e.1 = e.1.min(o.start_us);
+        e.2 = e.2.max(o.start_us + o.duration_us);
+    }
+    out
+}
+
+/// An idle pool started before the recording (its threads switched out
+/// before the switch events existed) is seen at start: each thread's wait is
+/// charged from the start, under the function it waits in, not lost until
+/// it wakes.
+#[test]
+fn threads_blocked_before_start_are_charged_from_the_start() {
+    let _g = serial();
+    if !perf_event_open_implemented() {
+        eprintln!("SKIPPED: no perf_event_open here");
+        return;
+    }
+    let _defer = DeferThreshold::set(u64::MAX);
+    const N: usize = 20;
+    let pair = Arc::new((Mutex::new(false), std::sync::Condvar::new()));
+    let (tid_tx, tid_rx) = std::sync::mpsc::channel();
+    let hs: Vec<_> = (0..N)
+        .map(|_| {
+            let (pair, tid_tx) = (pair.clone(), tid_tx.clone());
+            std::thread::spawn(move || {
+                tid_tx.send(gettid()).unwrap();
+                wait_in_pool(&pair);
+            })
+        })
+        .collect();
+    let tids: Vec<u32> = (0..N).map(|_| tid_rx.recv().unwrap()).collect();
+    std::thread::sleep(Duration::from_millis(200));
+    let (_dir, path) = spool_path("pool.spool");
+    let before_start = unix_us();
+    let guard = spulse::Recorder::builder().off_cpu(true).start(&path).unwrap();
+    let started = unix_us();
+    std::thread::sleep(Duration::from_millis(600));
+    let released = unix_us();
+    *pair.0.lock().unwrap() = true;
+    pair.1.notify_all();
+    for h in hs {
+        h.join().unwrap();
+    }
+    let stats = guard.finish().unwrap();
+    assert!(stats.off_cpu.is_some(), "{:?}", stats.warnings);
+    let snap = Snapshot::open(&path).unwrap();
+    let seen = blocked_in(&snap, "wait_in_pool", "[blocked: futex]");
+    // Blocked from the start (between `before_start` and `started`) until
+    // the release (and its wake-up, a little later).
+    let truth = released - started;
+    for tid in tids {
+        let Some(&(us, from, to)) = seen.get(&tid) else {
+            panic!("thread {tid}: no wait charged to wait_in_pool (seen: {seen:?})")
+        };
+        assert!(
+            (before_start..=started).contains(&from),
+            "thread {tid}: charged from {from}, start {started}"
+        );
+        assert!(to >= released, "thread {tid}: charged until {to}, released at {released}");
+        let err = (us as f64 - truth as f64) / truth as f64;
+        assert!((-0.05..=0.10).contains(&err), "thread {tid}: {us} us blocked against {truth} us");
+    }
+}
+
+/// A thread still blocked when the recording stops gets its interval closed
+/// at the stop: from when it blocked to the stop, under where it waits, and
+/// nothing after the stop.
+#[test]
+fn a_thread_blocked_at_stop_is_charged_until_the_stop() {
+    let _g = serial();
+    if !perf_event_open_implemented() {
+        eprintln!("SKIPPED: no perf_event_open here");
+        return;
+    }
+    let _defer = DeferThreshold::set(u64::MAX);
+    let (_dir, path) = spool_path("stop.spool");
+    let guard = spulse::Recorder::builder().off_cpu(true).start(&path).unwrap();
+    let pair = Arc::new((Mutex::new(false), std::sync::Condvar::new()));
+    let (tx, rx) = std::sync::mpsc::channel();
+    let h = {
+        let pair = pair.clone();
+        std::thread::spawn(move || {
+            tx.send((gettid(), unix_us())).unwrap();
+            wait_in_pool(&pair);
+        })
+    };
+    let (tid, blocking) = rx.recv().unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    let stopping = unix_us();
+    let stats = guard.finish().unwrap();
+    let stopped = unix_us();
+    *pair.0.lock().unwrap() = true;
+    pair.1.notify_all();
+    h.join().unwrap();
+    assert!(stats.off_cpu.is_some(), "{:?}", stats.warnings);
+    let snap = Snapshot::open(&path).unwrap();
+    let seen = blocked_in(&snap, "wait_in_pool", "[blocked: futex]");
+    let Some(&(us, from, to)) = seen.get(&tid) else { panic!("no wait of thread {tid} charged: {seen:?}") };
+    assert!(
+        from >= blocking && from < stopping,
+        "charged from {from}; blocking at {blocking}, stop at {stopping}"
+    );
+    assert!((stopping..=stopped).contains(&to), "charged until {to}; stop between {stopping} and {stopped}");
+    // Blocked from `blocking` (and a little later: the lock, the wait) to the stop.
+    let truth = stopping - blocking;
+    let err = (us as f64 - truth as f64) / truth as f64;
+    assert!((-0.05..=0.10).contains(&err), "{us} us blocked against {truth} us");
+}
