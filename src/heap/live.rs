@@ -11,11 +11,12 @@
 //! block comes or goes. A clear bit means "not sampled". Only blocks whose
 //! bit is set (the sampled ones, and the others that share a bucket with
 //! one: about live sampled blocks / 16,384 of the frees) search the table.
-//! The bits keep the part every free reads small enough to stay in the
-//! first-level cache of a program that frees a lot (a filter of 16,384
-//! one-byte counters read directly, 16 KiB, cost a cache miss on a good
-//! share of the frees: +7 % on 8 threads doing nothing but malloc/free; the
-//! same in 128 KiB, +10-15 %).
+//! The bits keep the part every free reads to 2 KiB (32 cache lines), so
+//! that it stays in the first-level cache of a program that frees a lot
+//! however much of that cache its own data takes (the counts were read
+//! directly before, 16 KiB; and before that 128 KiB of four-byte counters,
+//! which cost +10-15 % on 8 threads doing nothing but malloc/free). On such
+//! a benchmark the filter costs about 0.3 ns a free (BENCHMARKS.md).
 //!
 //! A bucket counts at most 254 blocks; one more is not tracked. The last
 //! block to leave a bucket clears its bit while holding the count at a
