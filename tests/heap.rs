@@ -147,7 +147,7 @@ fn check(p: &Profile, rate: usize, names: [&str; 3], bound: impl Fn(f64) -> f64)
         let objs = |got: i64| got as f64 / n as f64 - 1.0;
         eprintln!(
             "rate {rate}: {name}: alloc_space {} ({:+.2} %), alloc_objects {} ({:+.2} %), inuse_space {}, \
-             sampling sd {:.2} %, bound {:.2} %",
+             Poisson sd {:.2} %, bound {:.2} %",
             v[1],
             err(v[1]) * 100.0,
             v[0],
