@@ -126,7 +126,8 @@ pub(crate) fn maybe_sampled(addr: *mut u8) -> bool {
 /// Count a block into its bucket and set the bucket's bit; false (the block
 /// is not to be tracked) if the bucket is full or its bit being cleared.
 fn enter(b: usize) -> bool {
-    let counted = COUNTS[b].fetch_update(Ordering::Acquire, Ordering::Relaxed, |c| (c < CLEARING - 1).then(|| c + 1));
+    let counted =
+        COUNTS[b].fetch_update(Ordering::Acquire, Ordering::Relaxed, |c| (c < CLEARING - 1).then(|| c + 1));
     if counted.is_err() {
         return false;
     }

@@ -98,7 +98,8 @@ fn main() {
     let rounds: usize = std::env::args().nth(1).and_then(|a| a.parse().ok()).unwrap_or(15);
     let n = 4_000_000;
     let modes = [0u8, 1, 2, 3, 4];
-    let names = ["System", "count only (alloc)", "filter only (free)", "Sampled (both)", "own thread-local count"];
+    let names =
+        ["System", "count only (alloc)", "filter only (free)", "Sampled (both)", "own thread-local count"];
     let mut t = vec![vec![]; modes.len()];
     work(n, 1);
     for r in 0..rounds {
