@@ -2,10 +2,14 @@
 //! `top --off-cpu` and `--wall` charge each interval's duration to where the
 //! thread waited (`[blocked: futex]` under its caller), `top --json` rows
 //! carry `self_us`/`total_us` in every mode, the pprof export has an
-//! `off-cpu` sample type in nanoseconds, and collapsed weighs by time.
-//! CPU figures are the same with and without the intervals.
+//! `off-cpu` sample type in nanoseconds, collapsed weighs by time, and the
+//! Firefox export (JSON and `.jslb`) gives each interval a sample weighing
+//! its duration with its leaf in the Off-CPU category. CPU figures are the
+//! same with and without the intervals.
 
 mod common;
+#[path = "common/jslb.rs"]
+mod jslb_read;
 
 use common::*;
 use serde_json::Value;
@@ -119,4 +123,115 @@ fn exports_weigh_by_time() {
     let out = plain_p.dir.path().join("plain.pb.gz");
     ok(&["export", s(&plain), "-o", s(&out)]);
     assert_eq!(read_pprof(&out).sample_type.len(), 2);
+}
+
+/// One sample of a Firefox profile as the tests see it.
+#[derive(Debug)]
+struct FxSample {
+    leaf: String,
+    category: String,
+    subcategory: String,
+    weight_ms: f64,
+    cpu_delta_us: u64,
+}
+
+/// Every sample of a Firefox profile (format 55 with per-thread tables, or
+/// 70 with shared ones), with its weight type (one for the whole profile).
+fn fx_samples(v: &Value) -> (String, Vec<FxSample>) {
+    let cats = v["meta"]["categories"].as_array().unwrap();
+    let mut weight_type = None;
+    let mut out = Vec::new();
+    for th in v["threads"].as_array().unwrap() {
+        let t = if th.get("frameTable").is_some() { th } else { &v["shared"] };
+        let strings = t["stringArray"].as_array().unwrap();
+        let (st, ft, fu) = (&t["stackTable"], &t["frameTable"], &t["funcTable"]);
+        let samples = &th["samples"];
+        let wt = samples["weightType"].as_str().unwrap().to_string();
+        assert!(weight_type.get_or_insert(wt.clone()) == &wt, "weight types differ: {wt} {weight_type:?}");
+        let n = samples["length"].as_u64().unwrap() as usize;
+        for i in 0..n {
+            let stack = samples["stack"][i].as_u64().unwrap() as usize;
+            let f = st["frame"][stack].as_u64().unwrap() as usize;
+            let func = ft["func"][f].as_u64().unwrap() as usize;
+            let cat = &cats[ft["category"][f].as_u64().unwrap() as usize];
+            let sub = ft["subcategory"][f].as_u64().unwrap_or(0) as usize;
+            out.push(FxSample {
+                leaf: strings[fu["name"][func].as_u64().unwrap() as usize].as_str().unwrap().into(),
+                category: cat["name"].as_str().unwrap().into(),
+                subcategory: cat["subcategories"][sub].as_str().unwrap().into(),
+                weight_ms: samples["weight"].as_array().map_or(1.0, |w| w[i].as_f64().unwrap()),
+                cpu_delta_us: samples["threadCPUDelta"][i].as_u64().unwrap(),
+            });
+        }
+    }
+    (weight_type.unwrap_or_default(), out)
+}
+
+fn weight_where(samples: &[FxSample], f: impl Fn(&FxSample) -> bool) -> f64 {
+    samples.iter().filter(|s| f(s)).map(|s| s.weight_ms).sum()
+}
+
+#[test]
+fn firefox_export_weighs_off_cpu_time_in_its_own_category() {
+    let p = program();
+    let path = p.dir.path().join("off.spool");
+    spool(&p, &path);
+    let f = s(&path);
+    let json = |args: &[&str], name: &str| -> Value {
+        let out = p.dir.path().join(name);
+        let mut a = vec!["export", f, "--format", "firefox", "-o", s(&out)];
+        a.extend_from_slice(args);
+        ok(&a);
+        serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap()
+    };
+    let close = |a: f64, b: f64| (a - b).abs() < 1e-6;
+    let off_cpu = |s: &FxSample| s.category == "Off-CPU";
+
+    // --off-cpu: the 17 intervals only, weighing 850 ms in all, in the
+    // Off-CPU category with their subcategories; no CPU delta.
+    let v = json(&["--off-cpu"], "off.json");
+    let cat = v["meta"]["categories"].as_array().unwrap().iter().find(|c| c["name"] == "Off-CPU");
+    let subs = &cat.expect("an Off-CPU category")["subcategories"];
+    assert!(subs.as_array().unwrap().iter().any(|s| s == "Blocked"), "{subs}");
+    assert!(subs.as_array().unwrap().iter().any(|s| s == "Waiting for CPU"), "{subs}");
+    let (wt, samples) = fx_samples(&v);
+    assert_eq!(wt, "tracing-ms");
+    assert_eq!(samples.len(), 17, "{samples:?}");
+    assert!(samples.iter().all(off_cpu), "{samples:?}");
+    assert!(samples.iter().all(|s| s.cpu_delta_us == 0), "{samples:?}");
+    assert!(close(weight_where(&samples, |_| true), 850.0), "{samples:?}");
+    let blocked = weight_where(&samples, |s| s.subcategory == "Blocked" && s.leaf == "[blocked: futex]");
+    let waiting =
+        weight_where(&samples, |s| s.subcategory == "Waiting for CPU" && s.leaf == "[waiting for CPU]");
+    assert!(close(blocked, 600.0) && close(waiting, 250.0), "{blocked} {waiting}");
+
+    // --wall: the 400 CPU samples (1 ms each, their own categories and CPU
+    // deltas) beside the same intervals.
+    let (wt, samples) = fx_samples(&json(&["--wall"], "wall.json"));
+    assert_eq!(wt, "tracing-ms");
+    assert_eq!(samples.len(), 400 + 17);
+    assert!(close(weight_where(&samples, |_| true), 400.0 * INTERVAL_US as f64 / 1000.0 + 850.0));
+    assert!(close(weight_where(&samples, off_cpu), 850.0));
+    let cpu: Vec<&FxSample> = samples.iter().filter(|s| !off_cpu(s)).collect();
+    assert!(cpu.iter().all(|s| s.leaf.starts_with("hot_") && s.cpu_delta_us == INTERVAL_US), "{cpu:?}");
+    assert_eq!(samples.iter().map(|s| s.cpu_delta_us).sum::<u64>(), 400 * INTERVAL_US);
+
+    // The default: CPU samples counted, no interval.
+    let (wt, samples) = fx_samples(&json(&[], "cpu.json"));
+    assert_eq!(wt, "samples");
+    assert_eq!(samples.len(), 400);
+    assert!(!samples.iter().any(off_cpu));
+
+    // The JsonSlabs container says the same.
+    let out = p.dir.path().join("off.jslb");
+    ok(&["export", f, "--off-cpu", "-o", s(&out)]);
+    let (wt, samples) = fx_samples(&jslb_read::read_jslb(&std::fs::read(&out).unwrap()).profile);
+    assert_eq!(wt, "tracing-ms");
+    assert_eq!(samples.len(), 17);
+    assert!(close(weight_where(&samples, off_cpu), 850.0), "{samples:?}");
+    let out = p.dir.path().join("wall.jslb");
+    ok(&["export", f, "--wall", "-o", s(&out)]);
+    let (_, samples) = fx_samples(&jslb_read::read_jslb(&std::fs::read(&out).unwrap()).profile);
+    assert!(close(weight_where(&samples, |_| true), 1250.0), "{samples:?}");
+    assert_eq!(samples.iter().map(|s| s.cpu_delta_us).sum::<u64>(), 400 * INTERVAL_US);
 }

@@ -3,9 +3,9 @@
 //! (claimed with a compare-and-swap) and published with a release store;
 //! after that only its counters change (atomic adds).
 //!
-//! Counters are estimates already scaled for the sampling (see
-//! [`super::sampler::weight`]): allocations in fixed point ([`FIXED`] per
-//! allocation), bytes rounded to whole bytes per sample: allocations and bytes allocated, and the part
+//! Counters are estimates already scaled for the sampling (each sample
+//! point stands for `rate` bytes, see [`super::sampler`]): allocations in
+//! fixed point ([`FIXED`] per allocation), bytes: allocations and bytes allocated, and the part
 //! of both freed since. In use = allocated - freed.
 //!
 //! Memory: [`CAPACITY`] stacks of at most [`MAX_DEPTH`] addresses,

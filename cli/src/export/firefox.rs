@@ -12,14 +12,25 @@
 //! Inlined functions are frames of their own above the function that contains
 //! them, with the same address and library and an increasing `inlineDepth`, as
 //! the Firefox Profiler represents inlining. Frames carry their source line and
-//! functions their source file when the debug info has them. Frames are in one
-//! of three categories: user code, std/libc (the Rust standard library crates,
-//! the C and C++ runtime libraries, the vDSO), and unknown (no symbols).
-//! Frames without symbols and perf-map names are labels (no address).
+//! functions their source file when the debug info has them. Frames are in
+//! categories ([`stacks`]): user code, std/libc, unknown (no symbols), and
+//! off-CPU. Frames without symbols and perf-map names are labels (no address).
+//!
+//! With `--off-cpu` or `--wall` (a recording made in off-CPU mode, FORMAT.md
+//! tag 9) the samples are weighted in milliseconds (`weightType`
+//! `tracing-ms`, [`samples`]): each off-CPU interval is a sample at its
+//! start weighing its duration, with no CPU delta, its leaf (`[blocked:
+//! futex]`, `[waiting for CPU]`) in the Off-CPU category (subcategories
+//! Blocked and Waiting for CPU); with `--wall` each CPU sample weighs its
+//! sampling interval beside them. Without either, off-CPU intervals are left
+//! out and every sample weighs 1.
 //!
 //! `fxprof-processed-profile` has no inline frames or source locations, so
 //! the export gives each inlined frame a unique placeholder label and fills in
 //! address, depth, line, file and function in the serialized tables.
+
+mod samples;
+mod stacks;
 
 use std::collections::{HashMap, HashSet};
 use std::io::Write;
@@ -29,12 +40,18 @@ use std::sync::Arc;
 use fx::debugid::DebugId;
 use fxprof_processed_profile as fx;
 use serde_json::Value;
-use spulse::{Definitions, Frame, FrameId, StackId};
+use spulse::{Definitions, Frame, FrameId};
+
+use samples::WithSamples;
+pub(crate) use samples::{out_of_memory, Seq};
+pub use samples::{Samples, ThreadSamples};
+use stacks::{InlineFrame, Leaf, Stacks, PLACEHOLDER};
+pub use stacks::{BLOCKED, OFF_CPU_CATEGORY, WAITING_FOR_CPU};
 
 use super::Job;
 use crate::aggregate::aggregate;
 use crate::input::{progress, PROGRESS_STEP};
-use crate::select::{Context, Contexts, Selector};
+use crate::select::{Context, Contexts, Selector, TimeMode};
 use crate::symbolize::{module_name, Symbolizer};
 use crate::CliError;
 
@@ -58,76 +75,13 @@ fn debug_id(build_id: &[u8]) -> DebugId {
     DebugId::from_guid_age(&g, 0).unwrap_or_default()
 }
 
-/// What a resolved frame becomes in the Firefox profile.
-enum FxFrame {
-    /// Library-relative address with the containing function's category, and
-    /// the inlined functions (outermost first) as placeholder labels.
-    Lib(fx::LibraryHandle, u32, fx::CategoryHandle, Vec<(fx::StringHandle, fx::CategoryHandle)>),
-    /// Only labels (outermost first).
-    Labels(Vec<(fx::StringHandle, fx::CategoryHandle)>),
+/// Nanoseconds from `start_us` to `time_us` (0 before it).
+fn ns_since(time_us: u64, start_us: u64) -> u64 {
+    time_us.saturating_sub(start_us).saturating_mul(NS_PER_US)
 }
 
 /// A source file and line (0: unknown).
 type SourceLine = (Option<Rc<str>>, u32);
-
-/// An inlined frame behind a placeholder label.
-struct InlineFrame {
-    module: usize,
-    rva: u32,
-    depth: u32,
-    func: u32,
-    file: Option<Rc<str>>,
-    line: u32,
-}
-
-/// The prefix of placeholder labels (never a function name: it starts with a
-/// control character).
-const PLACEHOLDER: &str = "\u{1}spulse-inline-";
-
-/// Library file names of the C and C++ runtimes.
-const RUNTIME_LIBS: &[&str] = &[
-    "libc.so",
-    "libc-",
-    "ld-linux",
-    "ld64.so",
-    "libm.so",
-    "libpthread",
-    "libdl",
-    "libstdc++",
-    "libgcc_s",
-    "libc++",
-    "[vdso]",
-    "linux-vdso",
-];
-
-/// Whether a function belongs to the Rust standard library or the C/C++ runtime.
-fn is_std(name: &str, module: &str) -> bool {
-    let n = name.trim_start_matches(['<', '&', '*']);
-    ["std::", "core::", "alloc::", "panic_unwind::", "compiler_builtins::", "__rust"]
-        .iter()
-        .any(|p| n.starts_with(p))
-        || RUNTIME_LIBS.iter().any(|l| module.starts_with(l))
-}
-
-/// The categories frames are put in.
-struct Categories {
-    user: fx::CategoryHandle,
-    std: fx::CategoryHandle,
-    unknown: fx::CategoryHandle,
-}
-
-impl Categories {
-    fn of(&self, sym: &Symbolizer, func: u32, named: bool) -> fx::CategoryHandle {
-        let f = sym.function(func);
-        if !named {
-            self.unknown
-        } else if is_std(&f.name, &f.module) {
-            self.std
-        } else {
-            self.user
-        }
-    }
-}
 
 /// Build and write the profile of the selected samples as JSON. Samples are
 /// streamed from the spool into [`Samples`] (12 bytes a sample), and each
@@ -137,178 +91,6 @@ pub fn export(job: &Job<'_>, sym: &mut Symbolizer, out: &mut dyn Write) -> Resul
     serde_json::to_writer(&mut *out, &WithSamples { doc: &doc, samples: &samples })
         .map_err(|e| job.write_error(e.into()))?;
     Ok(selected)
-}
-
-/// The samples of one thread of the profile, kept apart from
-/// `fxprof-processed-profile`'s tables and from the JSON document: a sample
-/// costs 12 bytes here, where the library's table and the document's values
-/// cost about 36 and 128 (a perfectly repetitive packed file of 9 KB holds
-/// 9 million samples: the document alone took a gigabyte).
-#[derive(Default)]
-pub struct ThreadSamples {
-    /// Each sample's stack: an index into the thread's stack table in the
-    /// document ([`profile`] maps them; while building, an index into
-    /// `handles`).
-    pub stack: Vec<u32>,
-    /// Each sample's time, nanoseconds since the profile's reference.
-    pub time_ns: Vec<u64>,
-    /// The samples in time order (indices), when they are not already.
-    pub order: Option<Vec<u32>>,
-    /// The stacks the samples use, in order of first use.
-    handles: Vec<fx::StackHandle>,
-    local: HashMap<fx::StackHandle, u32>,
-}
-
-/// The samples of every thread, in the order of the document's `threads`.
-pub struct Samples {
-    pub threads: Vec<ThreadSamples>,
-    /// Every sample's CPU delta (the sampling interval), microseconds.
-    pub cpu_delta_us: u64,
-}
-
-/// The error for samples that do not fit in memory.
-pub(crate) fn out_of_memory(n: usize) -> CliError {
-    CliError::other(format!(
-        "out of memory holding {n} samples for the Firefox profile; export fewer (--from/--to, --thread)"
-    ))
-}
-
-/// Make room for one more element, failing cleanly where the allocator
-/// cannot give it.
-fn reserve_one<T>(v: &mut Vec<T>) -> Result<(), CliError> {
-    if v.len() == v.capacity() {
-        v.try_reserve(v.len().max(1024)).map_err(|_| out_of_memory(v.len()))?;
-    }
-    Ok(())
-}
-
-impl ThreadSamples {
-    fn push(&mut self, stack: fx::StackHandle, time_ns: u64) -> Result<(), CliError> {
-        let id = match self.local.get(&stack) {
-            Some(&id) => id,
-            None => {
-                let id = self.handles.len() as u32;
-                self.handles.push(stack);
-                self.local.insert(stack, id);
-                id
-            }
-        };
-        if self.time_ns.last().is_some_and(|&t| t > time_ns) && self.order.is_none() {
-            self.order = Some(Vec::new());
-        }
-        reserve_one(&mut self.stack)?;
-        reserve_one(&mut self.time_ns)?;
-        self.stack.push(id);
-        self.time_ns.push(time_ns);
-        Ok(())
-    }
-
-    /// The samples' indices in time order (ties in stream order).
-    pub fn in_order(&self) -> impl Iterator<Item = usize> + '_ {
-        let n = self.stack.len();
-        let (sorted, all) = match &self.order {
-            Some(o) => (&o[..], 0..0),
-            None => (&[][..], 0..n),
-        };
-        sorted.iter().map(|&i| i as usize).chain(all)
-    }
-
-    /// Each sample's time minus the previous one's (the first's minus 0),
-    /// in time order, in milliseconds: the `timeDeltas` column.
-    pub fn time_deltas_ms(&self) -> impl Iterator<Item = f64> + '_ {
-        let mut prev = 0u64;
-        self.in_order().map(move |i| {
-            let t = self.time_ns[i];
-            let d = t - prev;
-            prev = t;
-            d as f64 / 1_000_000.0
-        })
-    }
-
-    /// Number of samples.
-    pub fn len(&self) -> usize {
-        self.stack.len()
-    }
-
-    /// Whether the thread has no samples.
-    pub fn is_empty(&self) -> bool {
-        self.stack.is_empty()
-    }
-}
-
-/// A column written straight from an iterator.
-pub(crate) struct Seq<F>(pub(crate) F);
-
-impl<F: Fn() -> I, I: Iterator<Item = T>, T: serde::Serialize> serde::Serialize for Seq<F> {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_seq((self.0)())
-    }
-}
-
-/// A thread's samples table (format version [`PROFILE_VERSION`], as
-/// `fxprof-processed-profile` writes it: every weight 1, every CPU delta
-/// the interval, sorted by time).
-struct SamplesTable<'a>(&'a ThreadSamples, u64);
-
-impl serde::Serialize for SamplesTable<'_> {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        use serde::ser::SerializeMap;
-        let (t, n) = (self.0, self.0.len());
-        let mut m = s.serialize_map(None)?;
-        m.serialize_entry("length", &n)?;
-        m.serialize_entry("weightType", "samples")?;
-        m.serialize_entry("stack", &Seq(|| t.in_order().map(|i| t.stack[i])))?;
-        m.serialize_entry("timeDeltas", &Seq(|| t.time_deltas_ms()))?;
-        m.serialize_entry("weight", &Seq(|| std::iter::repeat_n(1, n)))?;
-        m.serialize_entry("threadCPUDelta", &Seq(|| std::iter::repeat_n(self.1, n)))?;
-        m.end()
-    }
-}
-
-/// The document with each thread's samples table written in.
-struct WithSamples<'a> {
-    doc: &'a Value,
-    samples: &'a Samples,
-}
-
-impl serde::Serialize for WithSamples<'_> {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        use serde::ser::SerializeMap;
-        struct Thread<'a>(&'a Value, Option<&'a ThreadSamples>, u64);
-        impl serde::Serialize for Thread<'_> {
-            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-                let (Some(obj), Some(samples)) = (self.0.as_object(), self.1) else {
-                    return self.0.serialize(s);
-                };
-                let mut m = s.serialize_map(Some(obj.len()))?;
-                for (k, v) in obj {
-                    if k == "samples" {
-                        m.serialize_entry(k, &SamplesTable(samples, self.2))?;
-                    } else {
-                        m.serialize_entry(k, v)?;
-                    }
-                }
-                m.end()
-            }
-        }
-        let Some(obj) = self.doc.as_object() else { return self.doc.serialize(s) };
-        let mut m = s.serialize_map(Some(obj.len()))?;
-        for (k, v) in obj {
-            match (k.as_str(), v.as_array()) {
-                ("threads", Some(threads)) => m.serialize_entry(
-                    k,
-                    &Seq(|| {
-                        threads
-                            .iter()
-                            .enumerate()
-                            .map(|(j, th)| Thread(th, self.samples.threads.get(j), self.samples.cpu_delta_us))
-                    }),
-                )?,
-                _ => m.serialize_entry(k, v)?,
-            }
-        }
-        m.end()
-    }
 }
 
 /// The processed profile (format version [`PROFILE_VERSION`]) of the
@@ -325,14 +107,6 @@ pub fn profile(job: &Job<'_>, sym: &mut Symbolizer) -> Result<(Value, Samples, u
         interval,
     );
     let zero = fx::Timestamp::from_millis_since_reference(0.0);
-    let cats = Categories {
-        user: profile.add_category("User code", fx::CategoryColor::Yellow),
-        std: profile.add_category("Std/libc", fx::CategoryColor::Orange),
-        unknown: profile.add_category("Unknown", fx::CategoryColor::Gray),
-    };
-    let mut inline_frames: Vec<InlineFrame> = Vec::new();
-    type Placeholder = (fx::StringHandle, fx::CategoryHandle);
-    let mut placeholders: HashMap<(usize, u32, usize), Placeholder> = HashMap::new();
     // Source location of each library frame's address: (module, rva) -> (file, line).
     let mut lib_lines: HashMap<(usize, u32), SourceLine> = HashMap::new();
 
@@ -416,16 +190,17 @@ pub fn profile(job: &Job<'_>, sym: &mut Symbolizer) -> Result<(Value, Samples, u
         threads.push(th);
     }
 
+    let mut stacks = Stacks::new(&mut profile, frame_kind, libs);
+    let time = filter.time.is_time();
     let mut select = Selector::new(filter, start_us);
     // Per-thread contexts: a stack is interned once per (context, stack), as
     // the profile's stack tables are per thread.
     let mut contexts = Contexts::new(defs, true);
-    let mut stacks: HashMap<(u32, StackId), fx::StackHandle> = HashMap::new();
-    let mut fxframes: HashMap<(FrameId, u32, bool), Arc<FxFrame>> = HashMap::new();
     let cpu = fx::CpuDelta::from_micros(defs.interval_us());
     let mut per_thread: Vec<ThreadSamples> = threads.iter().map(|_| ThreadSamples::default()).collect();
+    let samples = if filter.time == TimeMode::OffCpu { None } else { Some(replay.samples()) };
     let bar = progress(defs.sample_count(), "exporting");
-    for s in replay.samples() {
+    for s in samples.into_iter().flatten() {
         let s = s?;
         let n = select.read();
         if n.is_multiple_of(PROGRESS_STEP) {
@@ -434,112 +209,40 @@ pub fn profile(job: &Job<'_>, sym: &mut Symbolizer) -> Result<(Value, Samples, u
         let Some(sel) = select.next(defs, &s) else { continue };
         let ci = contexts.id(defs, &sel);
         let ctx = contexts.get(ci);
-        let allowed = sel.perf_map_allowed;
         let th = threads[s.thread.index()];
-        let key = (ci, s.stack);
-        let stack = match stacks.get(&key) {
-            Some(&h) => h,
-            None => {
-                // Walk up to the nearest ancestor already interned, then intern
-                // downwards (root first, as the profile's prefix tree wants).
-                let mut path = Vec::new();
-                let mut cur = Some(s.stack);
-                let mut parent = None;
-                while let Some(id) = cur {
-                    if let Some(&h) = stacks.get(&(ci, id)) {
-                        parent = Some(h);
-                        break;
-                    }
-                    path.push(id);
-                    cur = defs.stack(id).parent;
-                }
-                for &id in path.iter().rev() {
-                    let frame = defs.stack(id).frame;
-                    let fkey = match defs.frame(frame) {
-                        Frame::Absolute { .. } => (frame, sel.pid, allowed),
-                        _ => (frame, 0, false),
-                    };
-                    let fxf = match fxframes.get(&fkey) {
-                        Some(f) => f.clone(),
-                        None => {
-                            let r = sym.resolve(defs, frame, &ctx);
-                            let f = match frame_kind
-                                .get(&frame)
-                                .and_then(|&(mi, rva)| Some((mi, libs.get(&mi)?, rva)))
-                            {
-                                Some((mi, &lib, rva)) => {
-                                    // Inlined functions, outermost first, each
-                                    // behind a placeholder filled in below (one
-                                    // per address and depth).
-                                    let mut inl = Vec::new();
-                                    for (depth, f) in r.frames.iter().rev().enumerate().skip(1) {
-                                        if let Some(&h) = placeholders.get(&(mi, rva, depth)) {
-                                            inl.push(h);
-                                            continue;
-                                        }
-                                        let label = format!("{PLACEHOLDER}{}", inline_frames.len());
-                                        inline_frames.push(InlineFrame {
-                                            module: mi,
-                                            rva,
-                                            depth: depth as u32,
-                                            func: f.func,
-                                            file: f.file.clone(),
-                                            line: f.line,
-                                        });
-                                        let h = (profile.intern_string(&label), cats.of(sym, f.func, true));
-                                        placeholders.insert((mi, rva, depth), h);
-                                        inl.push(h);
-                                    }
-                                    FxFrame::Lib(lib, rva, cats.of(sym, r.outer().func, true), inl)
-                                }
-                                None => FxFrame::Labels(
-                                    r.frames
-                                        .iter()
-                                        .rev()
-                                        .map(|f| {
-                                            let name = profile.intern_string(&sym.function(f.func).name);
-                                            (name, cats.of(sym, f.func, r.named))
-                                        })
-                                        .collect(),
-                                ),
-                            };
-                            let f = Arc::new(f);
-                            fxframes.insert(fkey, f.clone());
-                            f
-                        }
-                    };
-                    let leaf = id == s.stack;
-                    let info = |frame, category: fx::CategoryHandle| fx::FrameInfo {
-                        frame,
-                        category_pair: category.into(),
-                        flags: fx::FrameFlags::empty(),
-                    };
-                    let labels = match &*fxf {
-                        FxFrame::Lib(lib, rva, cat, inl) => {
-                            let a = if leaf {
-                                fx::Frame::RelativeAddressFromInstructionPointer(*lib, *rva)
-                            } else {
-                                fx::Frame::RelativeAddressFromAdjustedReturnAddress(*lib, *rva)
-                            };
-                            let fh = profile.intern_frame(th, info(a, *cat));
-                            parent = Some(profile.intern_stack(th, parent, fh));
-                            inl.as_slice()
-                        }
-                        FxFrame::Labels(l) => l.as_slice(),
-                    };
-                    for &(sh, cat) in labels {
-                        let fh = profile.intern_frame(th, info(fx::Frame::Label(sh), cat));
-                        parent = Some(profile.intern_stack(th, parent, fh));
-                    }
-                    stacks.insert((ci, id), parent.expect("a stack node has a frame"));
-                }
-                parent.expect("a stack has a frame")
-            }
-        };
-        per_thread[s.thread.index()]
-            .push(stack, s.time_us.saturating_sub(start_us).saturating_mul(NS_PER_US))?;
+        let stack = stacks.intern(&mut profile, defs, sym, (ci, &ctx), th, s.stack, Leaf::Cpu);
+        per_thread[s.thread.index()].push(stack, ns_since(s.time_us, start_us), time, None)?;
     }
     bar.finish_and_clear();
+    let mut selected = select.selected();
+    if time {
+        // Off-CPU intervals, each a sample at its start weighing its
+        // duration, its leaf in the off-CPU category (selected as the
+        // aggregation selects them).
+        let mut select = Selector::new(filter, start_us);
+        for o in defs.off_cpu_intervals() {
+            let s = spulse::Sample { time_us: o.start_us, thread: o.thread, stack: o.stack };
+            let Some(sel) = select.next_at(defs, &s, o.samples_before) else { continue };
+            if o.duration_us == 0 {
+                continue;
+            }
+            let ci = contexts.id(defs, &sel);
+            let ctx = contexts.get(ci);
+            let th = threads[o.thread.index()];
+            let leaf = match o.state {
+                spulse::OffCpuState::Blocked => Leaf::Blocked,
+                spulse::OffCpuState::Preempted => Leaf::WaitingForCpu,
+            };
+            let stack = stacks.intern(&mut profile, defs, sym, (ci, &ctx), th, o.stack, leaf);
+            per_thread[o.thread.index()].push(
+                stack,
+                ns_since(o.start_us, start_us),
+                time,
+                Some(o.duration_us),
+            )?;
+            selected += 1;
+        }
+    }
     // The samples stay out of the library's tables. To learn which index each
     // stack handle gets in the serialized stack table, each thread gets one
     // sample per stack its samples use, after one whose weight names the
@@ -562,7 +265,7 @@ pub fn profile(job: &Job<'_>, sym: &mut Symbolizer) -> Result<(Value, Samples, u
     profile.set_symbolicated(true);
     let mut doc = serde_json::to_value(&profile)
         .map_err(|e| CliError::other(format!("serializing the profile: {e}")))?;
-    let mut samples = Samples { threads: Vec::new(), cpu_delta_us: defs.interval_us() };
+    let mut samples = Samples { threads: Vec::new(), cpu_delta_us: defs.interval_us(), time };
     for th in doc.get_mut("threads").and_then(Value::as_array_mut).into_iter().flatten() {
         let Some(table) = th.get_mut("samples").map(Value::take) else { continue };
         let col = |k: &str| table.get(k).and_then(Value::as_array).map(Vec::as_slice).unwrap_or(&[]);
@@ -583,10 +286,10 @@ pub fn profile(job: &Job<'_>, sym: &mut Symbolizer) -> Result<(Value, Samples, u
     let lib_modules = lib_modules(defs, &doc, &libs_by_module);
     if let Some(threads) = doc.get_mut("threads").and_then(Value::as_array_mut) {
         for th in threads {
-            fill_in_thread(th, sym, &inline_frames, &lib_lines, &lib_modules);
+            fill_in_thread(th, sym, &stacks.inline_frames, &lib_lines, &lib_modules);
         }
     }
-    Ok((doc, samples, select.selected()))
+    Ok((doc, samples, selected))
 }
 
 /// The module of each entry of the profile's `libs` array (matched by path

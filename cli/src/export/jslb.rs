@@ -10,7 +10,8 @@
 //! (64), stack prefixes as backward offsets (66) and each frame's library on
 //! the frame table (70). Equal frames and stacks of different threads become
 //! one, and a weight column of ones is left out (`null`: every sample counts
-//! 1), which the JSON export does not do. The profiler accepts typed arrays
+//! 1), which the JSON export does not do (an `--off-cpu` or `--wall`
+//! profile's weights are milliseconds, [`firefox`], and kept). The profiler accepts typed arrays
 //! only in the columns and versions that say so (65 to 70), hence the newer
 //! version here.
 //!
@@ -193,7 +194,7 @@ impl Slabs {
         samples: firefox::Samples,
         stack_maps: &[Vec<usize>],
     ) -> Result<(), CliError> {
-        let cpu = samples.cpu_delta_us;
+        let (cpu, time) = (samples.cpu_delta_us, samples.time);
         let threads =
             doc.get_mut("threads").and_then(Value::as_array_mut).map(Vec::as_mut_slice).unwrap_or(&mut []);
         for ((th, ts), map) in threads.iter_mut().zip(samples.threads).zip(stack_maps) {
@@ -201,13 +202,18 @@ impl Slabs {
             let stack = |i: usize| map.get(ts.stack[i] as usize).copied().unwrap_or(0);
             let mut table = Map::new();
             table.insert("length".into(), Value::from(n));
-            table.insert("weightType".into(), Value::from("samples"));
-            // Every weight is 1, which no weight column means (see `upgrade`).
+            table.insert("weightType".into(), Value::from(if time { "tracing-ms" } else { "samples" }));
+            // Counting samples, every weight is 1, which no weight column
+            // means (see `upgrade`); in time (`--off-cpu`, `--wall`) the
+            // weights are milliseconds, and an off-CPU sample's CPU delta 0.
             table.insert("weight".into(), Value::Null);
             if n < LARGE_SAMPLES {
                 table.insert("stack".into(), ts.in_order().map(stack).collect());
                 table.insert("timeDeltas".into(), ts.time_deltas_ms().collect());
-                table.insert("threadCPUDelta".into(), vec![cpu; n].into());
+                table.insert("threadCPUDelta".into(), ts.cpu_deltas_us(cpu).collect());
+                if time {
+                    table.insert("weight".into(), ts.weights_ms(cpu).collect());
+                }
             } else {
                 let json = |v: &dyn Fn(&mut TryVec) -> serde_json::Result<()>| -> Result<Vec<u8>, CliError> {
                     let mut out = TryVec(Vec::new());
@@ -215,7 +221,11 @@ impl Slabs {
                     Ok(out.0)
                 };
                 let st = json(&|w| serde_json::to_writer(w, &firefox::Seq(|| ts.in_order().map(stack))))?;
-                let cd = json(&|w| serde_json::to_writer(w, &firefox::Seq(|| std::iter::repeat_n(cpu, n))))?;
+                let cd = json(&|w| serde_json::to_writer(w, &firefox::Seq(|| ts.cpu_deltas_us(cpu))))?;
+                if time {
+                    let w = json(&|w| serde_json::to_writer(w, &firefox::Seq(|| ts.weights_ms(cpu))))?;
+                    table.insert("weight".into(), self.add_json(w));
+                }
                 let mut deltas: Vec<f64> = Vec::new();
                 deltas.try_reserve_exact(n).map_err(|_| firefox::out_of_memory(n))?;
                 deltas.extend(ts.time_deltas_ms());

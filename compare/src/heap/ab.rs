@@ -1,62 +1,106 @@
-//! The heap-cost workloads in one process, on `System` and on
-//! `Sampled<System>` (default rate) in turn: a global allocator that
-//! dispatches on a flag (one load and a predictable branch, paid by both
-//! sides) switched between rounds, so both sides run under the same machine
-//! conditions. Each round frees what it allocated before the switch. Rounds
-//! are timed in process CPU time (all threads).
+//! The heap-cost workloads in one process, on a base allocator (`System`;
+//! jemalloc with `--features jemalloc`, mimalloc with `--features mimalloc`)
+//! and on `Sampled<base>` (default rate) in turn, and, with jemalloc started
+//! with its profiler built in and off (`_RJEM_MALLOC_CONF=prof:true,
+//! prof_active:false,lg_prof_sample:19`), on jemalloc with its own profiler
+//! switched on (`prof.active`) at the same mean rate (2^19 bytes = 512 KiB):
+//! a global allocator that dispatches on a flag (one load and a predictable
+//! branch, paid by every side) switched between rounds, so all sides run
+//! under the same machine conditions. Each round frees what it allocated
+//! before the switch. Rounds are timed in process CPU time (all threads).
 //!
-//!     cargo build --release --bin heap_ab && target/release/heap_ab 15
+//!     cargo build --release --bin heap_ab && target/release/heap_ab 15 [workload]
 #[path = "workload.rs"]
 mod workload;
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::alloc::{GlobalAlloc, Layout};
+use std::sync::atomic::{AtomicU8, Ordering};
 
 use spulse::heap::Sampled;
 
-static SAMPLED: AtomicBool = AtomicBool::new(false);
-static INNER: Sampled<System> = Sampled::new(System);
+#[cfg(feature = "jemalloc")]
+type Base = tikv_jemallocator::Jemalloc;
+#[cfg(feature = "jemalloc")]
+const BASE: Base = tikv_jemallocator::Jemalloc;
+#[cfg(all(feature = "mimalloc", not(feature = "jemalloc")))]
+type Base = mimalloc::MiMalloc;
+#[cfg(all(feature = "mimalloc", not(feature = "jemalloc")))]
+const BASE: Base = mimalloc::MiMalloc;
+#[cfg(not(any(feature = "jemalloc", feature = "mimalloc")))]
+type Base = std::alloc::System;
+#[cfg(not(any(feature = "jemalloc", feature = "mimalloc")))]
+const BASE: Base = std::alloc::System;
+
+fn base_name() -> &'static str {
+    std::any::type_name::<Base>().rsplit("::").next().unwrap_or("base")
+}
+
+/// The side a round runs on: 0 the base allocator, 1 `Sampled<base>`, 2 the
+/// base allocator with jemalloc's profiler on.
+static SIDE: AtomicU8 = AtomicU8::new(0);
+static INNER: Sampled<Base> = Sampled::new(BASE);
 
 struct Switch;
 
-// SAFETY: every call goes to System, directly or through Sampled (which
-// passes it on unchanged); a block is freed by the side that allocated it
-// (the flag changes only between rounds, when no block of the round lives).
+// SAFETY: every call goes to the base allocator, directly or through Sampled
+// (which passes it on unchanged); a block is freed by the side that
+// allocated it (the flag changes only between rounds, when no block of the
+// round lives; sides 0 and 2 are the same allocator).
 unsafe impl GlobalAlloc for Switch {
     #[inline]
     unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-        if SAMPLED.load(Ordering::Relaxed) {
+        if SIDE.load(Ordering::Relaxed) == 1 {
             // SAFETY: our caller's contract, passed on unchanged.
             unsafe { INNER.alloc(l) }
         } else {
             // SAFETY: our caller's contract, passed on unchanged.
-            unsafe { System.alloc(l) }
+            unsafe { BASE.alloc(l) }
         }
     }
     #[inline]
     unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
-        if SAMPLED.load(Ordering::Relaxed) {
+        if SIDE.load(Ordering::Relaxed) == 1 {
             // SAFETY: our caller's contract, passed on unchanged.
             unsafe { INNER.dealloc(p, l) }
         } else {
             // SAFETY: our caller's contract, passed on unchanged.
-            unsafe { System.dealloc(p, l) }
+            unsafe { BASE.dealloc(p, l) }
         }
     }
     #[inline]
     unsafe fn realloc(&self, p: *mut u8, l: Layout, n: usize) -> *mut u8 {
-        if SAMPLED.load(Ordering::Relaxed) {
+        if SIDE.load(Ordering::Relaxed) == 1 {
             // SAFETY: our caller's contract, passed on unchanged.
             unsafe { INNER.realloc(p, l, n) }
         } else {
             // SAFETY: our caller's contract, passed on unchanged.
-            unsafe { System.realloc(p, l, n) }
+            unsafe { BASE.realloc(p, l, n) }
         }
     }
 }
 
 #[global_allocator]
 static ALLOC: Switch = Switch;
+
+/// Whether jemalloc's profiler is built in and enabled (`opt.prof`): then
+/// side 2 switches it on and off with `prof.active`.
+#[cfg(feature = "jemalloc")]
+fn jemalloc_prof(active: Option<bool>) -> bool {
+    // SAFETY: the names are NUL-terminated jemalloc controls of these types.
+    unsafe {
+        if !tikv_jemalloc_ctl::raw::read::<bool>(b"opt.prof\0").unwrap_or(false) {
+            return false;
+        }
+        if let Some(a) = active {
+            tikv_jemalloc_ctl::raw::write(b"prof.active\0", a).expect("prof.active");
+        }
+    }
+    true
+}
+#[cfg(not(feature = "jemalloc"))]
+fn jemalloc_prof(_: Option<bool>) -> bool {
+    false
+}
 
 /// The process's CPU time (all threads), seconds: less disturbed than wall
 /// time by the other programs of a shared machine.
@@ -74,33 +118,59 @@ fn median(v: &mut [f64]) -> f64 {
 
 fn main() {
     let rounds: usize = std::env::args().nth(1).and_then(|a| a.parse().ok()).unwrap_or(15);
-    println!("| workload | System CPU median (min) s | Sampled<System> CPU median (min) s | Sampled / System, median of per-round ratios | rounds |");
-    println!("| --- | --- | --- | --- | --- |");
+    // A second argument: only the workload of that name.
+    let only = std::env::args().nth(2);
+    let base = base_name();
+    let mut sides = vec![base.to_string(), format!("Sampled<{base}>")];
+    if jemalloc_prof(Some(false)) {
+        sides.push(format!("{base} prof (lg_prof_sample 19)"));
+    }
+    print!("| workload |");
+    for s in &sides {
+        print!(" {s} CPU median (min) s |");
+    }
+    for s in &sides[1..] {
+        print!(" {s} / {base}, median of per-round ratios |");
+    }
+    println!(" rounds |");
+    println!("{}", "| --- ".repeat(2 * sides.len() + 1) + "|");
     for (name, f) in workload::all() {
-        let (mut sys, mut smp, mut ratio) = (Vec::new(), Vec::new(), Vec::new());
+        if only.as_deref().is_some_and(|o| o != name) {
+            continue;
+        }
+        let mut times = vec![Vec::new(); sides.len()];
+        let mut ratios = vec![Vec::new(); sides.len()];
         f(); // warm up
         for r in 0..rounds {
-            let mut pair = [0.0; 2];
-            for i in 0..2 {
-                let sampled = (i + r) % 2 == 1;
-                SAMPLED.store(sampled, Ordering::SeqCst);
-                let t = cpu();
+            let mut t = vec![0.0; sides.len()];
+            for i in 0..sides.len() {
+                let side = (i + r) % sides.len();
+                if side == 2 {
+                    jemalloc_prof(Some(true));
+                }
+                SIDE.store(side as u8, Ordering::SeqCst);
+                let t0 = cpu();
                 f();
-                pair[sampled as usize] = cpu() - t;
-                SAMPLED.store(false, Ordering::SeqCst);
+                t[side] = cpu() - t0;
+                SIDE.store(0, Ordering::SeqCst);
+                if side == 2 {
+                    jemalloc_prof(Some(false));
+                }
             }
-            sys.push(pair[0]);
-            smp.push(pair[1]);
-            ratio.push(pair[1] / pair[0]);
+            for s in 0..sides.len() {
+                times[s].push(t[s]);
+                ratios[s].push(t[s] / t[0]);
+            }
         }
-        let (smin, pmin) =
-            (sys.iter().cloned().fold(f64::MAX, f64::min), smp.iter().cloned().fold(f64::MAX, f64::min));
-        println!(
-            "| {name} | {:.3} ({smin:.3}) | {:.3} ({pmin:.3}) | {:+.1}% | {rounds} |",
-            median(&mut sys),
-            median(&mut smp),
-            (median(&mut ratio) - 1.0) * 100.0
-        );
+        print!("| {name} |");
+        for v in times.iter_mut() {
+            let min = v.iter().cloned().fold(f64::MAX, f64::min);
+            print!(" {:.3} ({min:.3}) |", median(v));
+        }
+        for v in ratios[1..].iter_mut() {
+            print!(" {:+.1}% |", (median(v) - 1.0) * 100.0);
+        }
+        println!(" {rounds} |");
     }
     let s = spulse::heap::stats();
     eprintln!("samples {} live {} untracked {}", s.samples, s.live_blocks, s.untracked_blocks);

@@ -87,7 +87,7 @@ pub fn all() -> Vec<(&'static str, Box<dyn Fn()>)> {
 #[allow(dead_code)]
 pub fn run() {
     let only = std::env::args().nth(1);
-    let mut go = |name: &str, f: &dyn Fn()| {
+    let go = |name: &str, f: &dyn Fn()| {
         if only.as_deref().is_some_and(|o| o != name) {
             return;
         }

@@ -137,6 +137,8 @@ pub(crate) struct KernelRings {
     pub(crate) missed: u64,
     /// Descriptors held.
     pub(crate) fds: usize,
+    /// The threads alive at start whose events were opened.
+    pub(crate) opened: Vec<u32>,
 }
 
 impl KernelRings {
@@ -167,6 +169,7 @@ impl KernelRings {
             scratch: Vec::new(),
             missed: 0,
             fds: 0,
+            opened: Vec::new(),
         };
         if cpus.len() > budget {
             return Err(io::Error::new(
@@ -189,7 +192,10 @@ impl KernelRings {
                     continue;
                 }
                 match k.open_thread(tid, &cpus, open, data_pages) {
-                    Ok(()) => opened_any = true,
+                    Ok(()) => {
+                        opened_any = true;
+                        k.opened.push(tid);
+                    }
                     Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {}
                     Err(e) if !opened_any => return Err(e),
                     Err(_) => k.missed += 1,

@@ -21,7 +21,9 @@
 //! by time and pairs each switch-out of a thread with its next switch-in:
 //! that interval is exact (the kernel's own timestamps). A thread still out
 //! when the recording stops is closed at the stop; one that exited is
-//! forgotten. A thread found switched out and not yet back (it is blocked
+//! forgotten. A thread already blocked when the recording starts (it
+//! switched out before the events existed) is found at start, in
+//! `/proc/self/task/<tid>/stat`, and taken as switched out then. A thread found switched out and not yet back (it is blocked
 //! now, or preempted) is captured once (`blocked.rs`: its system call and
 //! stack, with no signal and without waking it): a thread that stays
 //! blocked costs nothing more, however long it stays. The capture belongs to
@@ -29,9 +31,10 @@
 //! taken after a wake-up the writer had not yet seen is moved to the next
 //! interval that contains it, or dropped.
 
-use std::collections::HashMap;
 use std::io;
 use std::os::fd::OwnedFd;
+
+use rustc_hash::FxHashMap as HashMap;
 
 use super::perf::{PerfEventAttr, FLAG_EXCLUDE_HV, FLAG_EXCLUDE_KERNEL, FLAG_INHERIT, FLAG_INHERIT_THREAD};
 use super::perf::{FLAG_REMOVE_ON_EXEC, PERF_TYPE_SOFTWARE};
@@ -128,13 +131,29 @@ pub(crate) struct SwitchTracker {
 impl SwitchTracker {
     /// Open the switch events for every thread alive now but `skip` (the
     /// writer thread), within `budget` descriptors.
+    ///
+    /// A thread already blocked now (an idle pool started before the
+    /// recording) wrote its switch-out before the events existed: each
+    /// thread the events were opened for that is sleeping now (state `S` or
+    /// `D` in `/proc/self/task/<tid>/stat`, read after the events are in
+    /// place) is taken as switched out at the time the events were in place,
+    /// and captured at the writer's next tick as any blocked thread. Its
+    /// wait is charged from then; if it woke meanwhile, its switch records
+    /// (written, since the events were in place) close or replace that.
     pub(crate) fn start(skip: u32, budget: usize) -> io::Result<SwitchTracker> {
         let rings = KernelRings::start_with(skip, budget, SWITCH_RING_PAGES, &open_switch_event)?;
+        let since_ns = super::now_ns();
+        let mut pending = HashMap::default();
+        for &tid in &rings.opened {
+            if thread_state(tid).is_some_and(|c| c == 'S' || c == 'D') {
+                pending.insert(tid, Out { time_ns: since_ns, preempted: false, tried: false, capture: None });
+            }
+        }
         Ok(SwitchTracker {
             rings,
             events: Vec::new(),
-            pending: HashMap::new(),
-            orphans: HashMap::new(),
+            pending,
+            orphans: HashMap::default(),
             done: Vec::new(),
             counts: SwitchCounts::default(),
         })
@@ -167,8 +186,9 @@ impl SwitchTracker {
         });
         self.counts.lost += lost;
         self.counts.records += self.events.len() as u64;
-        // Records of one CPU are in order; across CPUs they are not.
-        self.events.sort_unstable_by_key(|&(t, _, k)| (t, k));
+        // Records of one CPU are in order; across CPUs they are not. The
+        // stable sort finds the runs (one per CPU) and merges them: linear.
+        self.events.sort_by_key(|&(t, _, k)| (t, k));
         for i in 0..self.events.len() {
             let (time_ns, tid, kind) = self.events[i];
             self.apply(time_ns, tid, kind);
@@ -194,13 +214,17 @@ impl SwitchTracker {
                 }
             }
             1 | 2 => {
-                let capture = self.orphans.remove(&tid).filter(|c| c.at_ns > time_ns);
+                // (Orphans are rare: most switches find none to look up.)
+                let orphan = if self.orphans.is_empty() { None } else { self.orphans.remove(&tid) };
+                let capture = orphan.filter(|c| c.at_ns > time_ns);
                 let tried = capture.is_some();
                 self.pending.insert(tid, Out { time_ns, preempted: kind == 2, tried, capture });
             }
             _ => {
                 self.pending.remove(&tid);
-                self.orphans.remove(&tid);
+                if !self.orphans.is_empty() {
+                    self.orphans.remove(&tid);
+                }
             }
         }
     }

@@ -18,7 +18,7 @@
 //! unwind, once per blocking a tick sees; a thread that stays blocked costs
 //! nothing more, and writes one interval record when it wakes.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap as HashMap;
 
 use super::Run;
 use crate::recorder::handler::ring::RawSample;
@@ -48,7 +48,7 @@ impl OffCpu {
             copy: vec![0; stack_copy.max(64) as usize],
             buf: Vec::with_capacity(512),
             tids: Vec::new(),
-            last_leaf: HashMap::new(),
+            last_leaf: HashMap::default(),
             intervals: 0,
             with_stack: 0,
         }
