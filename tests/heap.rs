@@ -322,6 +322,15 @@ fn fork_while_other_threads_sample() {
             })
         })
         .collect();
+    // The unwind tables built before the first fork: a child forked while
+    // they are being built never builds them itself (the builder may have
+    // held the loader's lock at the fork), and its samples have no stacks
+    // (spulse::heap's documentation says so).
+    let built = Instant::now() + Duration::from_secs(60);
+    while !spulse::heap::profile().is_ok_and(|p| cum(&decode(&p), "churn")[1] > 0) {
+        assert!(Instant::now() < built, "no sample with a stack after 60 s");
+        churn(MB);
+    }
     for round in 0..10 {
         std::thread::sleep(Duration::from_millis(5));
         // SAFETY: the child only allocates (glibc's malloc is fork-safe), uses
