@@ -235,7 +235,8 @@ fn repetitive_packed(blocks: u64) -> Vec<u8> {
         v
     };
     let n = 1u32 << 16;
-    let mut f = spulse::PACKED_MAGIC.to_vec();
+    // The second layout (definitions stored as they are), which readers still read.
+    let mut f = spulse::PACKED_MAGIC_V2.to_vec();
     f.extend_from_slice(&(defs.len() as u64).to_le_bytes());
     f.extend_from_slice(&defs);
     f.extend_from_slice(&0u64.to_le_bytes());
@@ -264,7 +265,7 @@ fn repetitive_packed(blocks: u64) -> Vec<u8> {
     for v in [index_at, blocks, blocks * n as u64] {
         f.extend_from_slice(&v.to_le_bytes());
     }
-    f.extend_from_slice(&spulse::PACKED_MAGIC);
+    f.extend_from_slice(&spulse::PACKED_MAGIC_V2);
     f
 }
 
