@@ -22,7 +22,7 @@ fn packed_fixture() -> (Program, std::path::PathBuf, std::path::PathBuf) {
 #[test]
 fn every_command_reads_the_packed_file_as_the_spool() {
     let (p, spool, spk) = packed_fixture();
-    assert!(std::fs::read(&spk).unwrap().starts_with(b"SPULSPK2"));
+    assert!(std::fs::read(&spk).unwrap().starts_with(b"SPULSPK3"));
     for args in [
         &["top", "--json"][..],
         &["top", "--json", "--thread", "1002"],
