@@ -99,7 +99,7 @@ impl fmt::Display for FormatErrorKind {
         match self {
             BadMagic => write!(
                 f,
-                "not a spulse spool or packed file (bad magic, expected \"SPULSE3\\0\" or \"SPULSPK2\")"
+                "not a spulse spool or packed file (bad magic, expected \"SPULSE3\\0\", \"SPULSPK3\" or \"SPULSPK2\")"
             ),
             TruncatedHeader => write!(f, "file ends inside the stream header"),
             BadVarint => write!(f, "malformed varint (overlong, too long, or out of range)"),

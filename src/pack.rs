@@ -10,7 +10,6 @@
 
 use std::io::Write;
 
-use crate::format::defs::Definitions;
 use crate::format::packed::*;
 use crate::format::record::{self, Record};
 use crate::format::tag;
@@ -82,28 +81,35 @@ pub fn pack<W: Write>(replay: &Replay, out: W) -> Result<PackSummary, Error> {
             "the input is already a packed file",
         )));
     }
-    let (defs_bytes, marks) = definition_records(replay)?;
+    let records = definition_records(replay)?;
+    let marks = &records.marks;
+    // The stack nodes as a table when they can be one, else left in the
+    // definitions (only identical root nodes: see `max_table_nodes`).
+    let mut table = Vec::new();
+    let (defs_bytes, nodes) = if encode_stack_table(&records.nodes, &mut table) {
+        (&records.rest, &records.nodes[..])
+    } else {
+        table.clear();
+        table.extend_from_slice(&[0u8; STACK_TABLE_HEAD_LEN as usize]);
+        (&records.all, &[][..])
+    };
     // The definitions as a reader of the packed file will decode them.
-    let (header, hlen) = record::decode_header(&defs_bytes)
-        .map_err(|(at, k)| Error::packed_corrupt(at as u64, k.to_string()))?;
-    let mut defs = Definitions::new(header);
-    let mut pos = hlen;
-    while pos < defs_bytes.len() {
-        match defs.read_record(&defs_bytes[pos..]) {
-            Ok((_, len)) => pos += len,
-            Err(_) => return Err(Error::format(pos as u64, FormatErrorKind::ChangedSinceOpen)),
-        }
-    }
+    let defs =
+        crate::read::packed::load_definitions(defs_bytes, HEAD_LEN_V3, marks, 8, u64::MAX, Some((nodes, 0)))
+            .map_err(|e| Error::format(e.offset().unwrap_or(0), FormatErrorKind::ChangedSinceOpen))?;
     let (threads, stacks) = (defs.threads().len() as u64, defs.stack_count() as u64);
 
     let mut out = Counted { inner: out, bytes: 0 };
+    let compressed = lz4_flex::block::compress(defs_bytes);
     out.put(&PACKED_MAGIC)?;
     out.put(&(defs_bytes.len() as u64).to_le_bytes())?;
-    out.put(&defs_bytes)?;
+    out.put(&(compressed.len() as u64).to_le_bytes())?;
+    out.put(&compressed)?;
     out.put(&(marks.len() as u64).to_le_bytes())?;
-    for m in &marks {
+    for m in marks {
         out.put(&m.to_le_bytes())?;
     }
+    out.put(&table)?;
 
     let cap = MAX_BLOCK_SAMPLES as usize;
     let (mut times, mut ths, mut sts) =
@@ -144,7 +150,7 @@ pub fn pack<W: Write>(replay: &Replay, out: W) -> Result<PackSummary, Error> {
         }
     }
     flush(&mut out, &mut times, &mut ths, &mut sts)?;
-    if marks.last().is_some_and(|&m| m > samples) {
+    if records.marks.last().is_some_and(|&m| m > samples) {
         return Err(Error::format(0, FormatErrorKind::ChangedSinceOpen));
     }
     let index_at = out.bytes;
@@ -161,12 +167,24 @@ pub fn pack<W: Write>(replay: &Replay, out: W) -> Result<PackSummary, Error> {
     Ok(PackSummary { samples, blocks: index.len() as u64, bytes: out.bytes, spool_bytes: replay.valid_len() })
 }
 
-/// The spool's header and every record but samples, byte for byte in stream
-/// order, and for each event record (tags 6, 7, 8) the number of samples
-/// before it.
-fn definition_records(replay: &Replay) -> Result<(Vec<u8>, Vec<u64>), Error> {
+/// The spool's definitions: its header and every record but samples.
+struct DefinitionRecords {
+    /// All of them, byte for byte in stream order.
+    all: Vec<u8>,
+    /// The same without the stack-node records.
+    rest: Vec<u8>,
+    /// The stack nodes, each placed at the offset in `rest` where it stood.
+    nodes: Vec<TableNode>,
+    /// For each event record (tags 6 to 9), the number of samples before it.
+    marks: Vec<u64>,
+}
+
+/// The spool's definitions, read once through `replay`.
+fn definition_records(replay: &Replay) -> Result<DefinitionRecords, Error> {
     let mut defs = Vec::new();
     record::encode_header(replay.header(), &mut defs);
+    let mut without = defs.clone();
+    let mut nodes = Vec::new();
     let mut marks = Vec::new();
     let mut samples = 0u64;
     let changed = |at: u64| Error::format(at, FormatErrorKind::ChangedSinceOpen);
@@ -183,6 +201,10 @@ fn definition_records(replay: &Replay) -> Result<(Vec<u8>, Vec<u64>), Error> {
             };
             match rec {
                 Record::Sample(_) => samples += 1,
+                Record::Stack { parent, frame, .. } => {
+                    nodes.push(TableNode { at: without.len() as u64, parent, frame });
+                    defs.extend_from_slice(&rest[..len]);
+                }
                 _ => {
                     if matches!(
                         rest[0],
@@ -194,6 +216,7 @@ fn definition_records(replay: &Replay) -> Result<(Vec<u8>, Vec<u64>), Error> {
                         marks.push(samples);
                     }
                     defs.extend_from_slice(&rest[..len]);
+                    without.extend_from_slice(&rest[..len]);
                 }
             }
             pos += len;
@@ -215,5 +238,5 @@ fn definition_records(replay: &Replay) -> Result<(Vec<u8>, Vec<u64>), Error> {
         filled += n;
         file_pos += n as u64;
     }
-    Ok((defs, marks))
+    Ok(DefinitionRecords { all: defs, rest: without, nodes, marks })
 }

@@ -60,8 +60,8 @@ fn committed_corpus_passes_every_check_with_bounded_allocation() {
             let peak = measured(&data, check);
             // A packed file may hold far more samples than bytes: its bound
             // (FORMAT.md, section 10) counts them, twice for two readers.
-            let samples = spulse_testkit::packed::footer_samples(&data) as usize;
-            let bound = (PER_BYTE_CHECK * data.len() + FIXED).max(2 * packed_bound(data.len(), samples));
+            let bound = (PER_BYTE_CHECK * data.len() + FIXED)
+                .max(2 * spulse_testkit::packed::memory_bound_of(&data) as usize);
             assert!(peak <= bound, "{}: peak heap {peak} for {} bytes", path.display(), data.len());
             n += 1;
         }

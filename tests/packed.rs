@@ -4,6 +4,7 @@
 //! naming a byte offset, never a panic.
 
 use spulse::{Error, FormatErrorKind, Replay, Snapshot, Tail, PACKED_MAGIC};
+use spulse_testkit::spool::START_US;
 use spulse_testkit::spool::*;
 
 /// Everything a reader exposes about definitions, in comparable form.
@@ -194,7 +195,7 @@ fn join_blocks(front: &[u8], blocks: &[Vec<u8>], entries: &[Entry]) -> Vec<u8> {
     f.extend_from_slice(&index_at.to_le_bytes());
     f.extend_from_slice(&(blocks.len() as u64).to_le_bytes());
     f.extend_from_slice(&samples.to_le_bytes());
-    f.extend_from_slice(&PACKED_MAGIC);
+    f.extend_from_slice(&front[..8]);
     f
 }
 
@@ -371,16 +372,19 @@ fn altered_bytes_are_errors_or_agreeing_reads_never_panics() {
 
 /// The frame parts of a packed file, to rebuild it with other blocks.
 struct Parts {
-    /// Magic, definitions and event positions: everything before the blocks.
+    /// Magic, definitions, event positions and stack table: everything
+    /// before the blocks.
     front: Vec<u8>,
 }
 
 fn parts(packed: &[u8]) -> Parts {
     let le64 = |b: &[u8]| u64::from_le_bytes(b[..8].try_into().unwrap());
-    let defs_len = le64(&packed[8..16]) as usize;
-    let marks_at = 16 + defs_len;
+    let comp = le64(&packed[16..24]) as usize;
+    let marks_at = 24 + comp;
     let marks = le64(&packed[marks_at..]) as usize;
-    Parts { front: packed[..marks_at + 8 + 8 * marks].to_vec() }
+    let table_at = marks_at + 8 + 8 * marks;
+    let table_comp = u32::from_le_bytes(packed[table_at + 12..table_at + 16].try_into().unwrap()) as usize;
+    Parts { front: packed[..table_at + 16 + table_comp].to_vec() }
 }
 
 /// `vals` as fields of `width` bits, least significant bit first, the last
@@ -466,7 +470,7 @@ fn assemble(front: &[u8], block: &[u8], count: u32, min: u64, max: u64) -> Vec<u
     f.extend_from_slice(&index_at.to_le_bytes());
     f.extend_from_slice(&1u64.to_le_bytes());
     f.extend_from_slice(&(count as u64).to_le_bytes());
-    f.extend_from_slice(&PACKED_MAGIC);
+    f.extend_from_slice(&front[..8]);
     f
 }
 
@@ -664,18 +668,297 @@ fn a_packed_file_of_the_first_layout_is_refused_by_name() {
     assert!(e.to_string().contains("first layout") && e.to_string().contains("pack the spool again"), "{e}");
 }
 
+/// `packed` with its definitions (decoded, then compressed again) changed
+/// by `f`, the blocks moved to where they now start.
+fn with_definitions(packed: &[u8], f: impl FnOnce(&mut Vec<u8>)) -> Vec<u8> {
+    let le64 = |b: &[u8]| u64::from_le_bytes(b[..8].try_into().unwrap());
+    let (len, comp) = (le64(&packed[8..16]) as usize, le64(&packed[16..24]) as usize);
+    let mut defs = lz4_flex::block::decompress(&packed[24..24 + comp], len).unwrap();
+    f(&mut defs);
+    let (front, blocks, entries) = split_blocks(packed);
+    let c = lz4_flex::block::compress(&defs);
+    let mut new = front[..8].to_vec();
+    new.extend_from_slice(&(defs.len() as u64).to_le_bytes());
+    new.extend_from_slice(&(c.len() as u64).to_le_bytes());
+    new.extend_from_slice(&c);
+    new.extend_from_slice(&front[24 + comp..]);
+    join_blocks(&new, &blocks, &entries)
+}
+
+/// `packed` with its stack table replaced by one of `nodes` (offset in the
+/// decoded definitions, parent distance or 0 for a root, frame) as plain
+/// coded columns.
+fn with_stack_table(packed: &[u8], nodes: &[(u64, u64, u64)]) -> Vec<u8> {
+    let table_at = parts(packed).front.len();
+    let (front, blocks, entries) = split_blocks(packed);
+    let le64 = |b: &[u8]| u64::from_le_bytes(b[..8].try_into().unwrap());
+    let comp = le64(&packed[16..24]) as usize;
+    let marks = le64(&packed[24 + comp..]) as usize;
+    let start = 24 + comp + 8 + 8 * marks;
+    assert!(start <= table_at);
+    let mut prev = 0;
+    let mut raw = plain_column(
+        &nodes
+            .iter()
+            .map(|n| {
+                let d = n.0 - prev;
+                prev = n.0;
+                d
+            })
+            .collect::<Vec<_>>(),
+    );
+    raw.extend(plain_column(&nodes.iter().map(|n| n.1).collect::<Vec<_>>()));
+    raw.extend(plain_column(&nodes.iter().map(|n| n.2).collect::<Vec<_>>()));
+    let c = lz4_flex::block::compress(&raw);
+    let mut new = front[..start].to_vec();
+    new.extend_from_slice(&(nodes.len() as u64).to_le_bytes());
+    new.extend_from_slice(&(raw.len() as u32).to_le_bytes());
+    new.extend_from_slice(&(c.len() as u32).to_le_bytes());
+    new.extend_from_slice(&c);
+    join_blocks(&new, &blocks, &entries)
+}
+
+/// The stack table of `packed`, decoded: (offset, parent distance, frame).
+fn stack_table(packed: &[u8]) -> Vec<(u64, u64, u64)> {
+    let le64 = |b: &[u8]| u64::from_le_bytes(b[..8].try_into().unwrap());
+    let le32 = |b: &[u8]| u32::from_le_bytes(b[..4].try_into().unwrap());
+    let comp = le64(&packed[16..24]) as usize;
+    let marks = le64(&packed[24 + comp..]) as usize;
+    let at = 24 + comp + 8 + 8 * marks;
+    let (n, raw_len, c) =
+        (le64(&packed[at..]) as usize, le32(&packed[at + 8..]) as usize, le32(&packed[at + 12..]) as usize);
+    if n == 0 {
+        return Vec::new();
+    }
+    let raw = lz4_flex::block::decompress(&packed[at + 16..at + 16 + c], raw_len).unwrap();
+    let mut pos = 0;
+    let mut cols = Vec::new();
+    for _ in 0..3 {
+        cols.push(column_values(&raw, &mut pos, n));
+    }
+    assert_eq!(pos, raw.len());
+    let mut off = 0;
+    (0..n)
+        .map(|i| {
+            off += cols[0][i];
+            (off, cols[1][i], cols[2][i])
+        })
+        .collect()
+}
+
+/// The values of the coded column at `*pos` of `raw` (FORMAT.md section 10,
+/// "Coded column"), moving `*pos` past it.
+fn column_values(raw: &[u8], pos: &mut usize, c: usize) -> Vec<u64> {
+    let h = &raw[*pos..*pos + 24];
+    let base = u64::from_le_bytes(h[0..8].try_into().unwrap());
+    let d = u32::from_le_bytes(h[8..12].try_into().unwrap()) as usize;
+    let (gw, k) = (h[12] as u32, h[13] as u32);
+    let f = u16::from_le_bytes([h[14], h[15]]) as usize;
+    let m = u32::from_le_bytes(h[16..20].try_into().unwrap()) as usize;
+    let wi = width_of(d.saturating_sub(1) as u64);
+    let field = |at: usize, j: usize, w: u32| -> u64 {
+        (0..w as usize)
+            .map(|b| {
+                let bit = j * w as usize + b;
+                ((raw[at + bit / 8] >> (bit % 8)) & 1) as u64
+            })
+            .enumerate()
+            .map(|(i, v)| v << i)
+            .sum()
+    };
+    let sec = |n: usize, w: u32| (n * w as usize).div_ceil(8);
+    let gaps_at = *pos + 24;
+    let freq_at = gaps_at + sec(d.saturating_sub(1), gw);
+    let codes_at = freq_at + sec(f, wi);
+    let esc_at = codes_at + sec(c, k);
+    *pos = esc_at + sec(m, wi);
+    let mut dict = vec![base];
+    for j in 1..d {
+        let v = dict[j - 1].wrapping_add(field(gaps_at, j - 1, gw));
+        dict.push(v);
+    }
+    let mut e = 0;
+    (0..c)
+        .map(|i| {
+            let code = if k == 0 { u64::MAX } else { field(codes_at, i, k) };
+            if k > 0 && code < f as u64 {
+                dict[field(freq_at, code as usize, wi) as usize]
+            } else {
+                e += 1;
+                dict[field(esc_at, e - 1, wi) as usize]
+            }
+        })
+        .collect()
+}
+
 #[test]
 fn the_definitions_section_is_validated_as_a_spool_is() {
     let (bytes, _) = build(random_ops(13, 400));
     let packed = pack_bytes(&bytes);
     // The first record after the definitions' header (a spool header of 18
-    // bytes starting at offset 16) made an unknown tag.
-    let mut b = packed.clone();
+    // bytes, counted from offset 24 as if stored decoded) made an unknown tag.
     let hlen = 8 + 8 + 2; // magic, start time (8-byte varint), interval (2)
-    b[16 + hlen] = 0x42;
+    let b = with_definitions(&packed, |d| d[hlen] = 0x42);
     let e = check_readers(&b).map(|_| ()).unwrap_err();
     assert_eq!(e.format_kind(), Some(&FormatErrorKind::UnknownTag(0x42)));
-    assert_eq!(e.offset(), Some(16 + hlen as u64));
+    assert_eq!(e.offset(), Some(24 + hlen as u64));
+    // The unaltered round trip through the helper reads as before.
+    assert_same(
+        &Snapshot::from_bytes(&bytes).unwrap(),
+        &check_readers(&with_definitions(&packed, |_| ())).unwrap(),
+    );
+    // Compressed definitions that decode to fewer bytes than announced.
+    let mut b = packed.clone();
+    let len = u64::from_le_bytes(b[8..16].try_into().unwrap());
+    b[8..16].copy_from_slice(&(len + 1).to_le_bytes());
+    let e = check_readers(&b).map(|_| ()).unwrap_err();
+    assert!(matches!(e.format_kind(), Some(FormatErrorKind::PackedCorrupt(_))), "{e}");
+    assert_eq!(e.offset(), Some(24), "{e}");
+    // More decoded bytes than LZ4 can give: refused before allocating.
+    let mut b = packed.clone();
+    b[8..16].copy_from_slice(&(1u64 << 40).to_le_bytes());
+    let e = check_readers(&b).map(|_| ()).unwrap_err();
+    assert!(e.to_string().contains("255"), "{e}");
+}
+
+/// A spool shaped like a short native recording: deep stacks (a recursion
+/// whose leaves vary), few frames, many stack nodes.
+fn native_shaped_spool() -> Vec<u8> {
+    use spulse::{Frame, Header, SpoolWriter};
+    let mut w = SpoolWriter::new(Vec::new(), Header { start_time_us: START_US, interval_us: 1000 }).unwrap();
+    let t = w.define_thread(1, 1, "sort").unwrap();
+    let frames: Vec<_> = (0..150u64)
+        .map(|i| w.define_frame(Frame::Absolute { address: 0x40_0000 + 0x37 * i, kernel: false }).unwrap())
+        .collect();
+    let mut x = 12345u64;
+    let mut rnd = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    let mut nodes: std::collections::HashMap<(Option<spulse::StackId>, usize), spulse::StackId> =
+        Default::default();
+    for i in 0..1200u64 {
+        let depth = 8 + (rnd() % 24) as usize;
+        let mut parent = None;
+        for d in 0..depth {
+            let f = if d + 3 < depth { d % 20 } else { 20 + (rnd() % 130) as usize };
+            parent = Some(match nodes.get(&(parent, f)) {
+                Some(&s) => s,
+                None => {
+                    let s = w.define_stack(parent, frames[f]).unwrap();
+                    nodes.insert((parent, f), s);
+                    s
+                }
+            });
+        }
+        w.sample(START_US + 1000 * i, t, parent.unwrap()).unwrap();
+    }
+    w.into_inner().unwrap()
+}
+
+#[test]
+fn a_short_native_recording_packs_to_a_fraction_through_its_stack_table() {
+    let spool = native_shaped_spool();
+    let snap = Snapshot::from_bytes(&spool).unwrap();
+    assert!(snap.definitions().stack_count() > 2 * snap.len(), "mostly stack nodes");
+    let packed = pack_bytes(&spool);
+    assert_same(&snap, &check_readers(&packed).unwrap());
+    let table = stack_table(&packed);
+    assert_eq!(table.len(), snap.definitions().stack_count());
+    // Each node stood where its record was: at the end of the definitions
+    // that precede it (here: every frame, then the thread).
+    assert!(table.windows(2).all(|w| w[0].0 <= w[1].0));
+    // Stack nodes as columns take a few bits each: the file is well under
+    // half the spool (as definitions stored as they are, about 0.8).
+    let ratio = packed.len() as f64 / spool.len() as f64;
+    assert!(ratio < 0.45, "packed to {ratio:.2} of the spool ({} of {} bytes)", packed.len(), spool.len());
+}
+
+#[test]
+fn repeated_root_nodes_round_trip_through_the_table() {
+    use spulse::{Frame, Header, SpoolWriter};
+    let mut w = SpoolWriter::new(Vec::new(), Header { start_time_us: START_US, interval_us: 1000 }).unwrap();
+    let t = w.define_thread(1, 1, "main").unwrap();
+    w.define_frame(Frame::Absolute { address: 0x1000, kernel: false }).unwrap();
+    let _ = t;
+    let mut spool = w.into_inner().unwrap();
+    // The writer interns nodes; another writer may repeat one (FORMAT.md
+    // allows it): 20,000 records of the same root node on frame 0.
+    for id in 0..20_000u64 {
+        spool.push(3);
+        let mut v = id;
+        while v >= 0x80 {
+            spool.push(v as u8 | 0x80);
+            v >>= 7;
+        }
+        spool.extend_from_slice(&[v as u8, 0, 0]);
+    }
+    assert_eq!(Snapshot::from_bytes(&spool).unwrap().definitions().stack_count(), 20_000);
+    let packed = pack_bytes(&spool);
+    // Each takes a bit or so in the table (its position: the first one's is
+    // the definitions' length, the others' 0 after it).
+    assert_eq!(stack_table(&packed).len(), 20_000);
+    assert!(packed.len() < 20_000 / 2, "{} bytes", packed.len());
+    assert_same(&Snapshot::from_bytes(&spool).unwrap(), &check_readers(&packed).unwrap());
+}
+
+#[test]
+fn a_bad_stack_table_is_an_error_at_its_offset() {
+    let spool = native_shaped_spool();
+    let packed = pack_bytes(&spool);
+    let table = stack_table(&packed);
+    let table_at = {
+        let le64 = |b: &[u8]| u64::from_le_bytes(b[..8].try_into().unwrap());
+        let comp = le64(&packed[16..24]) as usize;
+        (24 + comp + 8 + 8 * le64(&packed[24 + comp..]) as usize) as u64
+    };
+    // The table rebuilt as it is reads back the same.
+    assert_same(
+        &Snapshot::from_bytes(&spool).unwrap(),
+        &check_readers(&with_stack_table(&packed, &table)).unwrap(),
+    );
+    let cases: Vec<(&str, Vec<(u64, u64, u64)>)> = vec![
+        // The first record after the 18-byte header is the thread's.
+        ("inside a record", table.iter().map(|n| (19, n.1, n.2)).collect()),
+        ("past the end", {
+            let mut t = table.clone();
+            let n = t.len();
+            t[n - 1].0 += 1_000_000;
+            t
+        }),
+        ("inside the header", {
+            let mut t = table.clone();
+            t[0].0 = 3;
+            t
+        }),
+        ("parent before node 0", {
+            let mut t = table.clone();
+            t[5].1 = 6;
+            t
+        }),
+        ("undefined frame", {
+            let mut t = table.clone();
+            t[7].2 = 150;
+            t
+        }),
+        ("fewer nodes than the samples use", table[..table.len() / 2].to_vec()),
+    ];
+    for (what, t) in cases {
+        let b = with_stack_table(&packed, &t);
+        let e = check_readers(&b).map(|_| ()).expect_err(what);
+        assert!(matches!(e, Error::Format { .. }), "{what}: {e}");
+        if what != "fewer nodes than the samples use" {
+            assert_eq!(e.offset(), Some(table_at), "{what}: {e}");
+        }
+    }
+    // A table claiming more nodes than its bytes can hold: refused before
+    // anything is allocated for them.
+    let mut b = packed.clone();
+    b[table_at as usize..table_at as usize + 8].copy_from_slice(&u64::MAX.to_le_bytes());
+    let e = check_readers(&b).map(|_| ()).unwrap_err();
+    assert!(e.to_string().contains("nodes in"), "{e}");
 }
 
 #[test]

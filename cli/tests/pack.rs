@@ -22,7 +22,7 @@ fn packed_fixture() -> (Program, std::path::PathBuf, std::path::PathBuf) {
 #[test]
 fn every_command_reads_the_packed_file_as_the_spool() {
     let (p, spool, spk) = packed_fixture();
-    assert!(std::fs::read(&spk).unwrap().starts_with(b"SPULSPK2"));
+    assert!(std::fs::read(&spk).unwrap().starts_with(b"SPULSPK3"));
     for args in [
         &["top", "--json"][..],
         &["top", "--json", "--thread", "1002"],
@@ -235,7 +235,8 @@ fn repetitive_packed(blocks: u64) -> Vec<u8> {
         v
     };
     let n = 1u32 << 16;
-    let mut f = spulse::PACKED_MAGIC.to_vec();
+    // The second layout (definitions stored as they are), which readers still read.
+    let mut f = spulse::PACKED_MAGIC_V2.to_vec();
     f.extend_from_slice(&(defs.len() as u64).to_le_bytes());
     f.extend_from_slice(&defs);
     f.extend_from_slice(&0u64.to_le_bytes());
@@ -264,7 +265,7 @@ fn repetitive_packed(blocks: u64) -> Vec<u8> {
     for v in [index_at, blocks, blocks * n as u64] {
         f.extend_from_slice(&v.to_le_bytes());
     }
-    f.extend_from_slice(&spulse::PACKED_MAGIC);
+    f.extend_from_slice(&spulse::PACKED_MAGIC_V2);
     f
 }
 

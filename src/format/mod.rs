@@ -16,7 +16,7 @@ pub(crate) mod record;
 pub(crate) mod varint;
 
 mod types;
-pub use packed::{MAX_BLOCK_SAMPLES, PACKED_MAGIC};
+pub use packed::{is_packed, MAX_BLOCK_SAMPLES, PACKED_MAGIC, PACKED_MAGIC_V2};
 pub use types::*;
 
 /// The eight-byte magic value every spool starts with.

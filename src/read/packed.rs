@@ -102,13 +102,14 @@ pub(crate) fn open_frame(src: &(impl Source + ?Sized), len: u64) -> Result<Frame
                 .into(),
         ));
     }
-    if head[..8] != PACKED_MAGIC {
+    let v3 = head[..8] == PACKED_MAGIC;
+    if !v3 && head[..8] != PACKED_MAGIC_V2 {
         return Err(Error::format(0, FormatErrorKind::BadMagic));
     }
     let footer_at = len - FOOTER_LEN;
     let mut footer = [0u8; FOOTER_LEN as usize];
     src.read_exact_at(&mut footer, footer_at)?;
-    if footer[24..] != PACKED_MAGIC {
+    if footer[24..] != head[..8] {
         return Err(Error::packed_corrupt(
             footer_at + 24,
             "no footer magic at the end: the file is truncated or was not written completely".into(),
@@ -125,23 +126,58 @@ pub(crate) fn open_frame(src: &(impl Source + ?Sized), len: u64) -> Result<Frame
             ),
         ));
     }
+    // The definitions: stored as they are (second layout), or LZ4-compressed
+    // (third layout), their offsets then counted from `HEAD_LEN_V3` as if
+    // they were stored decoded.
     let defs_len = le64(&head[8..16]);
-    let defs_end = match HEAD_LEN.checked_add(defs_len) {
-        Some(e) if e.checked_add(8).is_some_and(|m| m <= index_at) => e,
-        _ => {
+    let (defs_bytes, defs_base, defs_end) = if v3 {
+        let mut c = [0u8; 8];
+        src.read_exact_at(&mut c, HEAD_LEN)?;
+        let comp = le64(&c);
+        let end = match HEAD_LEN_V3.checked_add(comp) {
+            Some(e) if e.checked_add(8).is_some_and(|m| m <= index_at) => e,
+            _ => {
+                return Err(Error::packed_corrupt(
+                    HEAD_LEN,
+                    format!(
+                    "compressed definitions of {comp} bytes do not fit before the index at offset {index_at}"
+                ),
+                ))
+            }
+        };
+        if defs_len > max_decompressed(comp) {
             return Err(Error::packed_corrupt(
                 8,
-                format!("definitions of {defs_len} bytes do not fit before the index at offset {index_at}"),
-            ))
+                format!("{defs_len} bytes of definitions from {comp} compressed bytes (LZ4 decodes at most 255 a byte)"),
+            ));
         }
+        let mut payload = vec![0u8; comp as usize];
+        src.read_exact_at(&mut payload, HEAD_LEN_V3)?;
+        let mut bytes = vec![0u8; defs_len as usize];
+        decompress_exact(&payload, &mut bytes)
+            .map_err(|why| Error::packed_corrupt(HEAD_LEN_V3, format!("the definitions: {why}")))?;
+        (bytes, HEAD_LEN_V3, end)
+    } else {
+        let end = match HEAD_LEN.checked_add(defs_len) {
+            Some(e) if e.checked_add(8).is_some_and(|m| m <= index_at) => e,
+            _ => {
+                return Err(Error::packed_corrupt(
+                    8,
+                    format!(
+                        "definitions of {defs_len} bytes do not fit before the index at offset {index_at}"
+                    ),
+                ))
+            }
+        };
+        let mut bytes = vec![0u8; defs_len as usize];
+        src.read_exact_at(&mut bytes, HEAD_LEN)?;
+        (bytes, HEAD_LEN, end)
     };
-    let mut defs_bytes = vec![0u8; defs_len as usize];
-    src.read_exact_at(&mut defs_bytes, HEAD_LEN)?;
     let mut m = [0u8; 8];
     src.read_exact_at(&mut m, defs_end)?;
     let mark_count = le64(&m);
     let marks_end = mark_count.checked_mul(8).and_then(|l| l.checked_add(defs_end + 8));
-    let Some(data_start) = marks_end.filter(|&e| e <= index_at) else {
+    let Some(marks_end) = marks_end.filter(|&e| e <= index_at) else {
         return Err(Error::packed_corrupt(
             defs_end,
             format!("{mark_count} event positions do not fit before the index"),
@@ -150,6 +186,34 @@ pub(crate) fn open_frame(src: &(impl Source + ?Sized), len: u64) -> Result<Frame
     let mut mark_bytes = vec![0u8; (mark_count * 8) as usize];
     src.read_exact_at(&mut mark_bytes, defs_end + 8)?;
     let marks: Vec<u64> = mark_bytes.chunks_exact(8).map(le64).collect();
+    // The stack table (third layout): the stack nodes taken out of the
+    // definitions.
+    let (table, data_start) = if v3 {
+        let table_at = marks_end;
+        if table_at + STACK_TABLE_HEAD_LEN > index_at {
+            return Err(Error::packed_corrupt(
+                table_at,
+                "the stack table does not fit before the index".into(),
+            ));
+        }
+        let mut h = [0u8; STACK_TABLE_HEAD_LEN as usize];
+        src.read_exact_at(&mut h, table_at)?;
+        let (count, raw_len, comp) = parse_stack_table_head(&h);
+        let payload_at = table_at + STACK_TABLE_HEAD_LEN;
+        if payload_at + comp as u64 > index_at {
+            return Err(Error::packed_corrupt(
+                table_at + 12,
+                format!("a stack table payload of {comp} bytes does not fit before the index"),
+            ));
+        }
+        let mut payload = vec![0u8; comp as usize];
+        src.read_exact_at(&mut payload, payload_at)?;
+        let nodes = decode_stack_table(count, raw_len, &payload)
+            .map_err(|why| Error::packed_corrupt(table_at, format!("the stack table: {why}")))?;
+        (Some((nodes, table_at)), payload_at + comp as u64)
+    } else {
+        (None, marks_end)
+    };
 
     let mut index_bytes = vec![0u8; (blocks * INDEX_ENTRY_LEN) as usize];
     src.read_exact_at(&mut index_bytes, index_at)?;
@@ -199,7 +263,8 @@ pub(crate) fn open_frame(src: &(impl Source + ?Sized), len: u64) -> Result<Frame
             format!("the footer counts {samples} samples, the index {total}"),
         ));
     }
-    let mut defs = load_definitions(&defs_bytes, HEAD_LEN, &marks, defs_end + 8, samples)?;
+    let table = table.as_ref().map(|(n, at)| (&n[..], *at));
+    let mut defs = load_definitions(&defs_bytes, defs_base, &marks, defs_end + 8, samples, table)?;
     // Every sample counted; the running time after the last one is known once
     // its block is decoded, and readers set it then (`Frame::finish`). A file
     // without samples keeps the start time, as a spool does.
@@ -209,20 +274,29 @@ pub(crate) fn open_frame(src: &(impl Source + ?Sized), len: u64) -> Result<Frame
 }
 
 /// Decode the definitions section (a spool stream without sample records),
-/// setting the sample position of each tag 6, 7 and 8 record from `marks`.
-fn load_definitions(
+/// setting the sample position of each event record from `marks`, and
+/// defining the nodes of the stack table (with the table's file offset)
+/// where their records stood.
+pub(crate) fn load_definitions(
     bytes: &[u8],
     base: u64,
     marks: &[u64],
     marks_at: u64,
     samples: u64,
+    table: Option<(&[TableNode], u64)>,
 ) -> Result<Definitions, Error> {
     let (header, hlen) =
         record::decode_header(bytes).map_err(|(at, k)| Error::format(base + at as u64, k))?;
     let mut defs = Definitions::new(header);
+    let (nodes, table_at) = table.unwrap_or((&[], 0));
+    let mut next = 0usize;
     let mut pos = hlen;
     let mut k = 0usize;
-    while pos < bytes.len() {
+    loop {
+        define_table_nodes(&mut defs, nodes, &mut next, pos as u64, table_at)?;
+        if pos >= bytes.len() {
+            break;
+        }
         let at = base + pos as u64;
         let t = bytes[pos];
         if t == tag::SAMPLE {
@@ -256,6 +330,16 @@ fn load_definitions(
             Err(DecodeError::Bad { at: field, kind }) => return Err(Error::format(at + field as u64, kind)),
         }
     }
+    if let Some(n) = nodes.get(next) {
+        return Err(Error::packed_corrupt(
+            table_at,
+            format!(
+                "the stack table puts node {next} at offset {} of the definitions, past their {} bytes",
+                n.at,
+                bytes.len()
+            ),
+        ));
+    }
     if k != marks.len() {
         return Err(Error::packed_corrupt(
             marks_at - 8,
@@ -263,6 +347,49 @@ fn load_definitions(
         ));
     }
     Ok(defs)
+}
+
+/// Define the stack table's nodes from `*next` on that stood at offset `pos`
+/// of the definitions (a record's start); a node placed before `pos` (inside
+/// the header or a record) is corruption. A node breaking a rule of tag 3 is
+/// reported at the table's offset `table_at`.
+fn define_table_nodes(
+    defs: &mut Definitions,
+    nodes: &[TableNode],
+    next: &mut usize,
+    pos: u64,
+    table_at: u64,
+) -> Result<(), Error> {
+    let mut rec = Vec::with_capacity(32);
+    while let Some(n) = nodes.get(*next) {
+        if n.at > pos {
+            break;
+        }
+        if n.at < pos {
+            return Err(Error::packed_corrupt(
+                table_at,
+                format!(
+                    "the stack table puts node {} at offset {} of the definitions, which is no record's start",
+                    *next, n.at
+                ),
+            ));
+        }
+        rec.clear();
+        let id = defs.stack_count() as u64;
+        record::encode(&record::Record::Stack { id, parent: n.parent, frame: n.frame }, &mut rec);
+        match defs.read_record(&rec) {
+            Ok(_) => {}
+            Err(DecodeError::Bad { kind, .. }) => return Err(Error::format(table_at, kind)),
+            Err(DecodeError::Incomplete) => {
+                return Err(Error::packed_corrupt(
+                    table_at,
+                    format!("stack table node {} does not encode", *next),
+                ))
+            }
+        }
+        *next += 1;
+    }
+    Ok(())
 }
 
 /// Reusable buffers for decoding blocks.

@@ -97,7 +97,7 @@ pub fn fuzz_check_replay(data: &[u8]) {
 /// `Snapshot::from_bytes`, event positions included.
 pub fn fuzz_check_packed(data: &[u8]) {
     fuzz_check_replay(data);
-    if !data.starts_with(&spulse::PACKED_MAGIC) {
+    if !spulse::is_packed(data) {
         return;
     }
     let file = TempFile::new(data);
@@ -126,7 +126,7 @@ pub fn fuzz_check_tail(data: &[u8]) {
         [a, b, rest @ ..] => (u16::from_le_bytes([*a, *b]) as u64, rest),
         _ => (0, data),
     };
-    if data.starts_with(&spulse::PACKED_MAGIC) {
+    if spulse::is_packed(data) {
         // A packed file never grows: Tail refuses it by name.
         let file = TempFile::new(data);
         let e = Tail::open(&file.path).expect_err("Tail accepted a packed file");

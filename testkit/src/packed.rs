@@ -2,7 +2,7 @@
 //! columns, bit fields, LZ4 blocks), for the shapes the writer never makes:
 //! the hostile ones the memory bounds are about ([`Hostile`]).
 
-use spulse::{Frame, Header, SpoolWriter, PACKED_MAGIC};
+use spulse::{Frame, Header, SpoolWriter, PACKED_MAGIC_V2};
 
 /// `vals` as fields of `width` bits, least significant bit first, the last
 /// byte padded with zero bits.
@@ -76,11 +76,12 @@ pub fn frame_block(raw: &[u8], count: u32) -> Vec<u8> {
     out
 }
 
-/// A packed file: the definitions of `spool` (which must hold no samples
+/// A packed file of the second layout (`SPULSPK2`, which readers still
+/// read; its definitions are stored as they are): the definitions of `spool` (which must hold no samples
 /// and no events), then `blocks`, each (framed block, sample count,
 /// earliest and latest time), and the index and footer.
 pub fn assemble(spool: &[u8], blocks: &[(Vec<u8>, u32, u64, u64)]) -> Vec<u8> {
-    let mut f = PACKED_MAGIC.to_vec();
+    let mut f = PACKED_MAGIC_V2.to_vec();
     f.extend_from_slice(&(spool.len() as u64).to_le_bytes());
     f.extend_from_slice(spool);
     f.extend_from_slice(&0u64.to_le_bytes());
@@ -100,7 +101,7 @@ pub fn assemble(spool: &[u8], blocks: &[(Vec<u8>, u32, u64, u64)]) -> Vec<u8> {
     f.extend_from_slice(&index_at.to_le_bytes());
     f.extend_from_slice(&(blocks.len() as u64).to_le_bytes());
     f.extend_from_slice(&samples.to_le_bytes());
-    f.extend_from_slice(&PACKED_MAGIC);
+    f.extend_from_slice(&PACKED_MAGIC_V2);
     f
 }
 
@@ -222,10 +223,41 @@ pub fn memory_bound(len: u64, samples: u64) -> u64 {
     PER_SAMPLE * samples.min(2048 * len) + PER_BYTE * len + FIXED
 }
 
+/// The most heap a reader may hold for the packed file `data`: [`memory_bound`]
+/// of its length and footer's samples, plus, for the third layout, `PER_BYTE`
+/// a byte of its decoded definitions and `PER_NODE` a node of its stack table
+/// (`FORMAT.md`, section 10, "Memory"), each as much as a reader accepts
+/// before allocating (LZ4 decodes at most 255 bytes a byte, plus 64; a table
+/// holds at most 8 nodes a decoded byte, plus 4,096).
+pub fn memory_bound_of(data: &[u8]) -> u64 {
+    const PER_BYTE: u64 = 32;
+    const PER_NODE: u64 = 96;
+    let len = data.len() as u64;
+    let mut bound = memory_bound(len, footer_samples(data));
+    if data.len() >= 24 && data.starts_with(&spulse::PACKED_MAGIC) {
+        let le64 = |at: usize| data.get(at..at + 8).map_or(0, |b| u64::from_le_bytes(b.try_into().unwrap()));
+        let cap = |c: u64| c.min(len).saturating_mul(255).saturating_add(64);
+        let (defs, comp) = (le64(8), le64(16));
+        bound += PER_BYTE * defs.min(cap(comp));
+        let marks_at = 24u64.saturating_add(comp);
+        let marks = le64(marks_at.min(len) as usize);
+        let table_at = marks_at.saturating_add(8).saturating_add(marks.saturating_mul(8));
+        if table_at.saturating_add(16) <= len {
+            let t = table_at as usize;
+            let nodes = le64(t);
+            let raw = u32::from_le_bytes(data[t + 8..t + 12].try_into().unwrap()) as u64;
+            let tcomp = u32::from_le_bytes(data[t + 12..t + 16].try_into().unwrap()) as u64;
+            let raw = raw.min(cap(tcomp));
+            bound += PER_NODE * nodes.min(raw * 8 + 4096) + raw;
+        }
+    }
+    bound
+}
+
 /// The sample count in the footer of `data` if it starts like a packed file
 /// (0 otherwise): what [`memory_bound`] takes.
 pub fn footer_samples(data: &[u8]) -> u64 {
-    if !data.starts_with(&PACKED_MAGIC) || data.len() < 48 {
+    if !spulse::is_packed(data) || data.len() < 48 {
         return 0;
     }
     let at = data.len() - 16;

@@ -98,7 +98,7 @@ fn is_packed(path: &Path) -> bool {
     let mut head = [0u8; 8];
     std::fs::metadata(path).is_ok_and(|m| m.is_file())
         && File::open(path).and_then(|mut f| f.read_exact(&mut head)).is_ok()
-        && head == spulse::PACKED_MAGIC
+        && spulse::is_packed(&head)
 }
 
 /// One spool being merged.

@@ -1,8 +1,13 @@
 //! The packed file's frame: magic, fixed lengths and bounds, the block index
 //! entry, and little-endian field reads (`FORMAT.md`, section 10).
 
-/// The eight bytes a packed file starts and ends with.
-pub const PACKED_MAGIC: [u8; 8] = *b"SPULSPK2";
+/// The eight bytes a packed file starts and ends with (the layout
+/// [`crate::pack`] writes: compressed definitions and a stack table).
+pub const PACKED_MAGIC: [u8; 8] = *b"SPULSPK3";
+
+/// The magic of the second layout (definitions stored as they are, stack
+/// nodes among them), which readers still read.
+pub const PACKED_MAGIC_V2: [u8; 8] = *b"SPULSPK2";
 
 /// The magic of the first packed layout (byte-plane columns), which readers
 /// recognise in order to refuse it with a clear message.
@@ -10,16 +15,24 @@ pub(crate) const PACKED_MAGIC_V1: [u8; 8] = *b"SPULSPK1";
 
 /// Whether `head` (the first bytes of a file) starts with the packed magic
 /// (or that of the first packed layout, which the readers refuse by name).
-pub(crate) fn is_packed(head: &[u8]) -> bool {
-    head.starts_with(&PACKED_MAGIC) || head.starts_with(&PACKED_MAGIC_V1)
+pub fn is_packed(head: &[u8]) -> bool {
+    head.starts_with(&PACKED_MAGIC)
+        || head.starts_with(&PACKED_MAGIC_V2)
+        || head.starts_with(&PACKED_MAGIC_V1)
 }
 
 /// Most samples in one block. Readers decode one block at a time into a
 /// buffer bounded by this (see [`max_raw_len`]).
 pub const MAX_BLOCK_SAMPLES: u32 = 1 << 16;
 
-/// The fixed part at the start: magic, then the definitions' length (`u64`).
+/// The fixed part at the start of the second layout: magic, then the
+/// definitions' length (`u64`).
 pub(crate) const HEAD_LEN: u64 = 16;
+
+/// The fixed part at the start of the third layout: magic, then the
+/// definitions' decoded and compressed lengths (`u64` each). Offsets in the
+/// definitions are counted from here, as if they were stored decoded.
+pub(crate) const HEAD_LEN_V3: u64 = 24;
 
 /// A block header: uncompressed bytes, compressed bytes, sample count (`u32` each).
 pub(crate) const BLOCK_HEADER_LEN: u64 = 12;

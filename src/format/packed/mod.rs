@@ -19,12 +19,14 @@ mod bits;
 mod block;
 mod column;
 mod frame;
+mod stacks;
 
 pub(crate) use bits::*;
 pub(crate) use block::*;
 pub(crate) use column::*;
 pub(crate) use frame::*;
-pub use frame::{MAX_BLOCK_SAMPLES, PACKED_MAGIC};
+pub use frame::{is_packed, MAX_BLOCK_SAMPLES, PACKED_MAGIC, PACKED_MAGIC_V2};
+pub(crate) use stacks::*;
 
 #[cfg(test)]
 mod tests {
