@@ -30,6 +30,10 @@ pub(super) struct Done {
     pub(super) error: Option<String>,
     /// Not merged: writing the output had failed.
     pub(super) discarded: bool,
+    /// Its spool was opened (a process whose spool vanished before it could
+    /// be read, e.g. removed when its header could not be written, did not
+    /// record).
+    pub(super) opened: bool,
 }
 
 pub(super) struct Entry {
@@ -69,6 +73,7 @@ impl Collector {
                     dropped: 0,
                     error: Some(format!("process {pid}: its spool was not read: {why}")),
                     discarded: false,
+                    opened: false,
                 });
                 continue;
             }
@@ -90,7 +95,7 @@ impl Collector {
             for ((pid, _), entry) in std::mem::take(&mut self.entries) {
                 let _ = std::fs::remove_file(&entry.path);
                 let path = entry.path;
-                self.done.push(Done { pid, path, samples: 0, dropped: 0, error: None, discarded: true });
+                self.done.push(Done { pid, path, samples: 0, dropped: 0, error: None, discarded: true, opened: true });
             }
             return Ok(());
         };
@@ -120,6 +125,7 @@ impl Collector {
                             dropped: 0,
                             error: Some(format!("process {pid} left no readable spool: {e}")),
                             discarded: false,
+                            opened: false,
                         });
                         continue;
                     }
@@ -141,6 +147,7 @@ impl Collector {
                     dropped: src.dropped,
                     error: failed.map(|m| format!("process {pid}: stopped reading its spool: {m}")),
                     discarded: false,
+                    opened: true,
                 };
                 // Its content is in the output now: free the disk space at once
                 // (a long build runs through thousands of processes).

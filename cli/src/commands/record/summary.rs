@@ -37,7 +37,9 @@ impl Collector {
                 discarded += 1;
                 continue;
             }
-            pids.insert(d.pid);
+            if d.opened {
+                pids.insert(d.pid);
+            }
             samples += d.samples;
             lost += d.dropped;
             if let Some(m) = &d.error {
