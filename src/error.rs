@@ -308,9 +308,43 @@ impl fmt::Display for RecorderError {
     }
 }
 
+/// `{:?}` prints the sentence of `Display` (what `main` returning the error
+/// shows); `{:#?}` prints the variant and its fields.
 impl fmt::Debug for RecorderError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Display::fmt(self, f)
+        if !f.alternate() {
+            return fmt::Display::fmt(self, f);
+        }
+        use RecorderError::*;
+        match self {
+            AlreadyRunning => f.write_str("AlreadyRunning"),
+            NotRunning => f.write_str("NotRunning"),
+            InvalidConfig { setting, message } => {
+                f.debug_struct("InvalidConfig").field("setting", setting).field("message", message).finish()
+            }
+            EngineRefused { what, source } => {
+                f.debug_struct("EngineRefused").field("what", what).field("source", source).finish()
+            }
+            NoEngine(errors) => f.debug_tuple("NoEngine").field(errors).finish(),
+            OverwriteRefused { path, reason } => {
+                f.debug_struct("OverwriteRefused").field("path", path).field("reason", reason).finish()
+            }
+            WriterFailed { what, source } => {
+                f.debug_struct("WriterFailed").field("what", what).field("source", source).finish()
+            }
+            PythonModeAlready { entering } => {
+                f.debug_struct("PythonModeAlready").field("entering", entering).finish()
+            }
+            ForkedChild => f.write_str("ForkedChild"),
+            RecordedByPreload { pid } => f.debug_struct("RecordedByPreload").field("pid", pid).finish(),
+            ProfileInProgress => f.write_str("ProfileInProgress"),
+            WriteStopped { source, samples_written, samples_lost } => f
+                .debug_struct("WriteStopped")
+                .field("source", source)
+                .field("samples_written", samples_written)
+                .field("samples_lost", samples_lost)
+                .finish(),
+        }
     }
 }
 
@@ -412,9 +446,30 @@ impl fmt::Display for Error {
     }
 }
 
+/// `{:?}` prints the sentence of `Display`, so that `main` returning the
+/// error reports it readably (`Error: out.spool: ...`); `{:#?}` prints the
+/// variant and its fields, as a derived `Debug` would.
 impl fmt::Debug for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Display::fmt(self, f)
+        if !f.alternate() {
+            return fmt::Display::fmt(self, f);
+        }
+        match self {
+            Error::Io { path, source } => {
+                f.debug_struct("Io").field("path", path).field("source", source).finish()
+            }
+            Error::Format { path, offset, kind } => f
+                .debug_struct("Format")
+                .field("path", path)
+                .field("offset", offset)
+                .field("kind", kind)
+                .finish(),
+            Error::InvalidRecord { offset, kind } => {
+                f.debug_struct("InvalidRecord").field("offset", offset).field("kind", kind).finish()
+            }
+            Error::WriterPoisoned => f.write_str("WriterPoisoned"),
+            Error::Recorder(e) => f.debug_tuple("Recorder").field(e).finish(),
+        }
     }
 }
 
@@ -431,5 +486,33 @@ impl std::error::Error for Error {
 impl From<io::Error> for Error {
     fn from(source: io::Error) -> Error {
         Error::Io { path: None, source }
+    }
+}
+
+#[cfg(test)]
+mod debug_tests {
+    use super::*;
+
+    #[test]
+    fn debug_is_the_sentence_and_alternate_debug_the_fields() {
+        let e = Error::Format { path: Some("a.spool".into()), offset: 7, kind: FormatErrorKind::BadMagic };
+        assert_eq!(format!("{e:?}"), e.to_string());
+        let alt = format!("{e:#?}");
+        assert!(
+            alt.starts_with("Format {") && alt.contains("offset: 7") && alt.contains("BadMagic"),
+            "{alt}"
+        );
+        let r = Error::Recorder(RecorderError::WriteStopped {
+            source: Box::new(Error::WriterPoisoned),
+            samples_written: 3,
+            samples_lost: 4,
+        });
+        assert_eq!(format!("{r:?}"), r.to_string());
+        let alt = format!("{r:#?}");
+        assert!(
+            alt.contains("Recorder(") && alt.contains("WriteStopped {") && alt.contains("samples_lost: 4"),
+            "{alt}"
+        );
+        assert!(alt.contains("WriterPoisoned"), "{alt}");
     }
 }

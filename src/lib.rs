@@ -22,12 +22,12 @@ mod write;
 
 pub use error::{Error, FormatErrorKind, RecorderError};
 pub use format::defs::{Definitions, StackFrames};
-pub use format::{limits, MAGIC as SPOOL_MAGIC};
 pub use format::{
     is_packed, Deactivation, Engine, Frame, FrameId, Header, LabelId, Module, ModuleId, OffCpuInterval,
     OffCpuState, PythonRuntimeEvent, Sample, StackId, StackNode, Thread, ThreadId, PACKED_MAGIC,
     PACKED_MAGIC_V2,
 };
+pub use format::{limits, MAGIC as SPOOL_MAGIC};
 pub use pack::{pack, PackSummary};
 pub use read::{
     recording_running, segment_number, PackedStats, Replay, ReplayOptions, ReplaySamples, Snapshot,

@@ -321,7 +321,6 @@ impl RecorderBuilder {
     }
 }
 
-
 /// Settings checked and resolved before anything is created.
 pub(super) struct Checked {
     pub(super) hz: u32,

@@ -212,8 +212,7 @@ fn walk_definitions(defs: &Definitions, samples: impl Iterator<Item = Sample>) {
 /// no records is a valid, empty spool).
 fn header_len(data: &[u8]) -> Option<usize> {
     let longest = spulse::SPOOL_MAGIC.len() + 2 * MAX_VARINT_LEN;
-    (spulse::SPOOL_MAGIC.len()..=data.len().min(longest))
-        .find(|&n| Snapshot::from_bytes(&data[..n]).is_ok())
+    (spulse::SPOOL_MAGIC.len()..=data.len().min(longest)).find(|&n| Snapshot::from_bytes(&data[..n]).is_ok())
 }
 
 /// Bytes of the longest LEB128 encoding of a `u64`.
