@@ -95,7 +95,15 @@ impl Collector {
             for ((pid, _), entry) in std::mem::take(&mut self.entries) {
                 let _ = std::fs::remove_file(&entry.path);
                 let path = entry.path;
-                self.done.push(Done { pid, path, samples: 0, dropped: 0, error: None, discarded: true, opened: true });
+                self.done.push(Done {
+                    pid,
+                    path,
+                    samples: 0,
+                    dropped: 0,
+                    error: None,
+                    discarded: true,
+                    opened: true,
+                });
             }
             return Ok(());
         };
