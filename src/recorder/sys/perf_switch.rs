@@ -371,26 +371,36 @@ mod tests {
     }
 
     /// The switch events open unprivileged and see a sleep as one interval
-    /// of the right length, with no signal sent.
+    /// of the right length, with no signal sent. The events cover every
+    /// thread of the test process, so other tests running beside this one
+    /// (and a loaded machine) can cost an attempt its records: one of five
+    /// must see the sleep exactly; a broken tracker fails all five.
     #[test]
     fn a_sleep_is_one_exact_interval() {
-        let mut t = match SwitchTracker::start(0, 1024) {
-            Ok(t) => t,
-            Err(e) => {
-                eprintln!("SKIPPED: switch events refused here: {e}");
+        let mut seen = Vec::new();
+        for _ in 0..5 {
+            let mut t = match SwitchTracker::start(0, 1024) {
+                Ok(t) => t,
+                Err(e) => {
+                    eprintln!("SKIPPED: switch events refused here: {e}");
+                    return;
+                }
+            };
+            let h = std::thread::spawn(|| {
+                let tid = super::super::gettid();
+                std::thread::sleep(std::time::Duration::from_millis(200));
+                tid
+            });
+            let tid = h.join().unwrap();
+            t.collect();
+            t.stop();
+            let slept: u64 =
+                t.done.iter().filter(|i| i.tid == tid && !i.preempted).map(|i| i.end_ns - i.start_ns).sum();
+            if (190_000_000..400_000_000).contains(&slept) {
                 return;
             }
-        };
-        let h = std::thread::spawn(|| {
-            let tid = super::super::gettid();
-            std::thread::sleep(std::time::Duration::from_millis(200));
-            tid
-        });
-        let tid = h.join().unwrap();
-        t.collect();
-        let slept: u64 =
-            t.done.iter().filter(|i| i.tid == tid && !i.preempted).map(|i| i.end_ns - i.start_ns).sum();
-        assert!((190_000_000..400_000_000).contains(&slept), "slept {slept} ns");
-        t.stop();
+            seen.push(format!("slept {slept} ns ({} records, {} lost)", t.counts.records, t.counts.lost));
+        }
+        panic!("no attempt saw the 200 ms sleep: {}", seen.join("; "));
     }
 }
