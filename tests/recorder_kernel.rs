@@ -280,7 +280,15 @@ fn forty_short_lived_threads_are_all_named() {
         }
     }
     eprintln!("{} of 40 threads sampled; {stats:?}", 40 - missing.len());
-    assert!(unnamed.is_empty(), "threads with samples but without their name: {unnamed:?}");
+    // A thread sampled before it named itself (its first period can end in
+    // the kernel's work of starting it, on a loaded machine) keeps the name
+    // it had then: the spawning thread's, as the kernel shows it. Rare; any
+    // other name is wrong.
+    let spawner = std::fs::read_to_string("/proc/thread-self/comm").unwrap_or_default();
+    let (inherited, wrong): (Vec<String>, Vec<String>) =
+        unnamed.into_iter().partition(|u| u.contains(&format!("{:?} instead", spawner.trim_end())));
+    assert!(wrong.is_empty(), "threads with samples but without their name: {wrong:?}");
+    assert!(inherited.len() <= 3, "threads named as their spawner: {inherited:?}");
     if emulated() && !perf_event_open_implemented() {
         // Per-thread timers reach a new thread only at the next flush: most of
         // these threads are gone by then. Those sampled must be named.
