@@ -360,6 +360,11 @@ fn define_table_nodes(
     pos: u64,
     table_at: u64,
 ) -> Result<(), Error> {
+    if nodes.get(*next).is_none_or(|n| n.at > pos) {
+        // Called before every record of the definitions: nothing to do for
+        // most of them, and nothing allocated then.
+        return Ok(());
+    }
     let mut rec = Vec::with_capacity(32);
     while let Some(n) = nodes.get(*next) {
         if n.at > pos {
