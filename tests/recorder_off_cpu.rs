@@ -448,3 +448,89 @@ fn a_thread_blocked_at_stop_is_charged_until_the_stop() {
     let err = (us as f64 - truth as f64) / truth as f64;
     assert!((-0.05..=0.10).contains(&err), "{us} us blocked against {truth} us");
 }
+
+/// The voluntary and involuntary context switches of the calling thread.
+fn thread_switches() -> u64 {
+    // SAFETY: getrusage writes the rusage struct we pass.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: as above; RUSAGE_THREAD reports on the calling thread.
+    unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut ru) };
+    (ru.ru_nvcsw + ru.ru_nivcsw) as u64
+}
+
+/// Two threads blocking on each other as fast as they can (a channel
+/// ping-pong: hundreds of thousands of switches a second here) with a flush
+/// interval of 10 s, so the rings are drained only when they fill: every
+/// switch of theirs is an interval, none is lost. (Before the writer waited
+/// on the rings, a ring held about 11,000 records between two drains, and
+/// all but that were lost.)
+#[test]
+fn a_switch_heavy_program_loses_no_interval() {
+    pingpong_loses_no_interval(spulse::EngineChoice::Auto);
+}
+
+/// The same with the perf-stack engine, whose writer waits on its own
+/// rings (the switch rings join that wait).
+#[test]
+fn a_switch_heavy_program_loses_no_interval_with_perf_stack() {
+    pingpong_loses_no_interval(spulse::EngineChoice::PerfStack);
+}
+
+fn pingpong_loses_no_interval(engine: spulse::EngineChoice) {
+    let _g = serial();
+    if !perf_event_open_implemented() {
+        eprintln!("SKIPPED: no perf_event_open here");
+        return;
+    }
+    let (_dir, path) = spool_path("pingpong.spool");
+    let guard = spulse::Recorder::builder()
+        .off_cpu(true)
+        .engine(engine)
+        .flush_interval(Duration::from_secs(10))
+        .start(&path)
+        .unwrap();
+    let (to_b, from_a) = std::sync::mpsc::sync_channel::<u64>(0);
+    let (to_a, from_b) = std::sync::mpsc::sync_channel::<u64>(0);
+    let b = std::thread::spawn(move || {
+        let s0 = thread_switches();
+        while let Ok(v) = from_a.recv() {
+            if to_a.send(v + 1).is_err() {
+                break;
+            }
+        }
+        (gettid(), thread_switches() - s0)
+    });
+    let s0 = thread_switches();
+    let until = Instant::now() + Duration::from_millis(1500);
+    let mut trips = 0u64;
+    while Instant::now() < until {
+        to_b.send(trips).unwrap();
+        trips = from_b.recv().unwrap();
+    }
+    let a = (gettid(), thread_switches() - s0);
+    drop(to_b);
+    let b = b.join().unwrap();
+    let stats = guard.finish().unwrap();
+    let oc = stats.off_cpu.expect("the off-CPU mode ran");
+    let snap = Snapshot::open(&path).unwrap();
+    for (tid, switches) in [a, b] {
+        let n = snap
+            .definitions()
+            .off_cpu_intervals()
+            .iter()
+            .filter(|o| snap.thread(o.thread).tid == tid)
+            .count() as u64;
+        eprintln!("thread {tid}: {switches} switches, {n} intervals ({trips} round trips)");
+        assert!(
+            n * 10 >= switches * 9 && n <= switches + switches / 10 + 10,
+            "thread {tid}: {n} intervals for {switches} context switches ({} records lost in all)",
+            oc.records_lost
+        );
+    }
+    assert!(
+        a.1 > 22_000,
+        "only {} switches: too few to fill a ring between two drains, the test proves nothing",
+        a.1
+    );
+    assert_eq!(oc.records_lost, 0, "{:?}", stats.warnings);
+}

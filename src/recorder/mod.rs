@@ -388,9 +388,9 @@ fn start_inner(b: &RecorderBuilder, path: &Path) -> Result<Guard, Error> {
     });
 
     // The writer thread exists before any engine, so it can be left out of them.
-    // The perf-stack engine's writer waits on its rings: its channel has an
-    // eventfd to wake it.
-    let (tx, rx, wake) = writer::channel(b.engine == EngineChoice::PerfStack).map_err(|e| {
+    // The perf-stack engine's writer waits on its rings, and the off-CPU
+    // mode's on its switch rings: its channel has an eventfd to wake it.
+    let (tx, rx, wake) = writer::channel(b.engine == EngineChoice::PerfStack || off_cpu).map_err(|e| {
         Error::Recorder(RecorderError::WriterFailed {
             what: "could not be spawned (eventfd)",
             source: Some(e),
@@ -538,7 +538,24 @@ fn start_inner(b: &RecorderBuilder, path: &Path) -> Result<Guard, Error> {
     let switches = if off_cpu {
         match sys::perf_switch::SwitchTracker::start(writer_tid, budget.saturating_sub(engine.descriptors()))
         {
-            Ok(t) => {
+            Ok(mut t) => {
+                // The writer drains a half-full ring at once: on the
+                // engine's epoll set if it has one, else on one of its own.
+                let watched = match (engine.stack_events(), wake_fd) {
+                    (Some(events), _) => t
+                        .ring_fds()
+                        .into_iter()
+                        .try_for_each(|fd| events.watch(fd, sys::perf_stack::SWITCH_KEY)),
+                    (None, Some(w)) => t.wait_with(w),
+                    (None, None) => Ok(()),
+                };
+                if let Err(e) = watched {
+                    warnings.push(format!(
+                        "off-CPU switch records are drained only every flush interval (the writer cannot wait \
+                         on them: {e}); a program switching more than about 50,000 times a second per CPU \
+                         loses some"
+                    ));
+                }
                 if t.missed_threads() > 0 {
                     warnings.push(format!(
                         "{} threads alive at start got no off-CPU events (descriptor budget {budget})",

@@ -279,6 +279,11 @@ impl KernelRings {
         lost
     }
 
+    /// The descriptor of each CPU's ring (to wait on their watermark).
+    pub(crate) fn ring_fds(&self) -> Vec<std::os::fd::RawFd> {
+        self.rings.values().map(|r| r.raw_fd()).collect()
+    }
+
     /// Whether the program closed our events (checked on one ring's).
     pub(crate) fn closed_by_program(&self) -> bool {
         self.rings.values().next().is_some_and(|r| !super::perf::is_perf_event(r.raw_fd()))

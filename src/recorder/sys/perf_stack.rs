@@ -438,19 +438,27 @@ pub(crate) struct StackEvents {
 }
 
 /// Epoll key of the control wake-up descriptor (tids are never this).
-const WAKE_KEY: u64 = u64::MAX;
+pub(crate) const WAKE_KEY: u64 = u64::MAX;
+/// Epoll key of the off-CPU mode's switch rings (`perf_switch.rs`).
+pub(crate) const SWITCH_KEY: u64 = u64::MAX - 1;
 
 /// What a wait returned for.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Woken {
-    /// Some ring reached its watermark, or a thread's event hung up.
+    /// Some ring reached its watermark, or a thread's event hung up (the
+    /// switch rings may have too: drain them as well).
     Rings,
+    /// Only a switch ring of the off-CPU mode reached its watermark.
+    Switches,
     /// The control descriptor, or the timeout: look at the channel and the clock.
     Other,
 }
 
-fn epoll_add(epoll: RawFd, fd: RawFd, key: u64) -> io::Result<()> {
-    let mut ev = libc::epoll_event { events: libc::EPOLLIN as u32, u64: key };
+/// Add `fd` to the epoll set `epoll` under `key` (`edge`: edge-triggered, for
+/// a ring whose owner may hang up while other events still write into it).
+pub(crate) fn epoll_add(epoll: RawFd, fd: RawFd, key: u64, edge: bool) -> io::Result<()> {
+    let flags = libc::EPOLLIN as u32 | if edge { libc::EPOLLET as u32 } else { 0 };
+    let mut ev = libc::epoll_event { events: flags, u64: key };
     // SAFETY: epoll_ctl reads the event struct we pass; both fds are open.
     if unsafe { libc::epoll_ctl(epoll, libc::EPOLL_CTL_ADD, fd, &mut ev) } != 0 {
         return Err(io::Error::last_os_error());
@@ -458,18 +466,39 @@ fn epoll_add(epoll: RawFd, fd: RawFd, key: u64) -> io::Result<()> {
     Ok(())
 }
 
+/// A new epoll set (close-on-exec).
+pub(crate) fn epoll_create() -> io::Result<OwnedFd> {
+    // SAFETY: epoll_create1 returns a new descriptor or -1.
+    let ep = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+    if ep < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a fresh descriptor we own.
+    Ok(unsafe { OwnedFd::from_raw_fd(ep) })
+}
+
+/// Wait up to `timeout` on `epoll`, handing each ready (key, events) to
+/// `on_ready` (at most 16 a call).
+pub(crate) fn epoll_wait_for(epoll: RawFd, timeout: Duration, on_ready: &mut dyn FnMut(u64, u32)) {
+    let mut evs = [libc::epoll_event { events: 0, u64: 0 }; 16];
+    let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
+    // Round up: a 0.4 ms wait must not spin as 0 ms.
+    let ms = if Duration::from_millis(ms as u64) < timeout { ms.saturating_add(1) } else { ms };
+    // SAFETY: epoll_wait writes at most `evs.len()` events into our array.
+    let n = unsafe { libc::epoll_wait(epoll, evs.as_mut_ptr(), evs.len() as i32, ms) };
+    for ev in evs.iter().take(n.max(0) as usize) {
+        let (key, events) = (ev.u64, ev.events);
+        on_ready(key, events);
+    }
+}
+
 impl StackEvents {
     /// Events for every thread but `skip`; `wake` (if any) joins the epoll set.
     pub(crate) fn start(cfg: StackConfig, skip: u32, wake: Option<RawFd>) -> io::Result<StackEvents> {
-        // SAFETY: epoll_create1 returns a new descriptor or -1.
-        let ep = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
-        if ep < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: a fresh descriptor we own.
-        let epoll = unsafe { OwnedFd::from_raw_fd(ep) };
+        let epoll = epoll_create()?;
+        let ep = epoll.as_raw_fd();
         if let Some(w) = wake {
-            epoll_add(ep, w, WAKE_KEY)?;
+            epoll_add(ep, w, WAKE_KEY, false)?;
         }
         let limit = (MAX_RING_MEMORY / ring_bytes(cfg.data_pages)).max(1);
         let threads = PerThreadEvents::start(skip, limit, &mut |tid| open_registered(tid, &cfg, ep))?;
@@ -498,34 +527,39 @@ impl StackEvents {
         }
     }
 
+    /// Also wake the writer's wait when `fd` is ready (edge-triggered), as
+    /// `key`: the off-CPU mode's switch rings ([`SWITCH_KEY`]).
+    pub(crate) fn watch(&self, fd: RawFd, key: u64) -> io::Result<()> {
+        epoll_add(self.epoll.as_raw_fd(), fd, key, true)
+    }
+
     /// Wait up to `timeout` for a ring to fill to its watermark or the wake-up
     /// descriptor to be written.
     pub(crate) fn wait(&mut self, timeout: Duration) -> Woken {
-        let mut evs = [libc::epoll_event { events: 0, u64: 0 }; 16];
-        let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
-        // Round up: a 0.4 ms wait must not spin as 0 ms.
-        let ms = if Duration::from_millis(ms as u64) < timeout { ms.saturating_add(1) } else { ms };
-        // SAFETY: epoll_wait writes at most `evs.len()` events into our array.
-        let n = unsafe { libc::epoll_wait(self.epoll.as_raw_fd(), evs.as_mut_ptr(), evs.len() as i32, ms) };
-        let mut rings = false;
-        for ev in evs.iter().take(n.max(0) as usize) {
-            let key = ev.u64;
+        let (mut rings, mut switches) = (false, false);
+        let threads = &mut self.threads;
+        let closing = &mut self.closing;
+        epoll_wait_for(self.epoll.as_raw_fd(), timeout, &mut |key, events| {
             if key == WAKE_KEY {
-                continue;
+                return;
+            }
+            if key == SWITCH_KEY {
+                switches = true;
+                return;
             }
             rings = true;
-            if ev.events & (libc::EPOLLHUP as u32) != 0 {
+            if events & (libc::EPOLLHUP as u32) != 0 {
                 // The thread exited: its event reports a hang-up for good.
                 // Keep the ring for the drain, out of the epoll set.
-                if let Some(ring) = self.threads.events.remove(&(key as u32)) {
-                    self.closing.push(ring);
+                if let Some(ring) = threads.events.remove(&(key as u32)) {
+                    closing.push(ring);
                 }
             }
-        }
-        if rings {
-            Woken::Rings
-        } else {
-            Woken::Other
+        });
+        match (rings, switches) {
+            (true, _) => Woken::Rings,
+            (false, true) => Woken::Switches,
+            (false, false) => Woken::Other,
         }
     }
 
@@ -560,7 +594,7 @@ impl StackEvents {
 fn open_registered(tid: u32, cfg: &StackConfig, ep: RawFd) -> io::Result<StackRing> {
     let ring = StackRing::open(tid, cfg)?;
     if cfg.watermark {
-        epoll_add(ep, ring.fd.as_raw_fd(), tid as u64)?;
+        epoll_add(ep, ring.fd.as_raw_fd(), tid as u64, false)?;
     }
     Ok(ring)
 }

@@ -17,9 +17,15 @@
 //! clones (no re-arming at each switch). No signal is ever sent.
 //!
 //! # Intervals
-//! The writer drains the rings at each tick, orders the records of all CPUs
-//! by time and pairs each switch-out of a thread with its next switch-in:
-//! that interval is exact (the kernel's own timestamps). A thread still out
+//! The writer drains the rings at each tick, and between ticks whenever a
+//! ring is half full (the events' wake-up watermark; the writer waits on the
+//! rings in `epoll_wait`, so a switch-heavy program is drained as fast as it
+//! fills them, not every 100 ms). It orders the records of all CPUs by time
+//! and pairs each switch-out of a thread with its next switch-in: that
+//! interval is exact (the kernel's own timestamps). Records stamped after
+//! the drain began wait for the next drain: another CPU's ring, read
+//! earlier, may still get records before them, and pairing out of order
+//! would lose the interval. A thread still out
 //! when the recording stops is closed at the stop; one that exited is
 //! forgotten. A thread already blocked when the recording starts (it
 //! switched out before the events existed) is found at start, in
@@ -53,8 +59,10 @@ const MISC_SWITCH_OUT: u16 = 1 << 13;
 const MISC_SWITCH_OUT_PREEMPT: u16 = 1 << 14;
 
 /// Data pages of each CPU's ring: 256 KiB, about 11,000 switch records (24
-/// bytes each, in or out), enough for 50,000 switches a second per CPU at the
-/// default 100 ms drain interval. Beyond, records are lost and counted.
+/// bytes each, in or out). The writer is woken when a ring is half full, so
+/// a ring holds the records of the writer's wake-up latency: records are
+/// lost (and counted) only when the writer gets no CPU for the time a CPU
+/// takes to write 5,500 switch records.
 pub(crate) const SWITCH_RING_PAGES: usize = 64;
 
 /// What the capture of a blocked thread found (filled by the writer, which
@@ -120,6 +128,11 @@ pub(crate) struct SwitchTracker {
     rings: KernelRings,
     /// (time, tid, kind) of the last drain: 0 in, 1 out, 2 out preempted, 3 exit.
     events: Vec<(u64, u32, u8)>,
+    /// Records stamped after the last drain began, for the next one.
+    carry: Vec<(u64, u32, u8)>,
+    /// The writer's wait over the rings and its control descriptor, when the
+    /// engine has no epoll set of its own (see [`SwitchTracker::wait_with`]).
+    epoll: Option<OwnedFd>,
     pending: HashMap<u32, Out>,
     /// Captures taken after a wake-up not yet seen, by thread.
     orphans: HashMap<u32, Capture>,
@@ -152,6 +165,8 @@ impl SwitchTracker {
         Ok(SwitchTracker {
             rings,
             events: Vec::new(),
+            carry: Vec::new(),
+            epoll: None,
             pending,
             orphans: HashMap::default(),
             done: Vec::new(),
@@ -161,7 +176,52 @@ impl SwitchTracker {
 
     /// Descriptors held.
     pub(crate) fn descriptors(&self) -> usize {
-        self.rings.fds
+        self.rings.fds + usize::from(self.epoll.is_some())
+    }
+
+    /// The rings' descriptors, for an epoll set that wakes the writer when
+    /// one is half full (edge-triggered: a ring's owner event hangs up when
+    /// its thread exits, while the other threads still write into it).
+    pub(crate) fn ring_fds(&self) -> Vec<std::os::fd::RawFd> {
+        self.rings.ring_fds()
+    }
+
+    /// Make an epoll set of the rings and the writer's control descriptor
+    /// `wake`, for [`SwitchTracker::wait`] (when the engine has none to add
+    /// the rings to).
+    pub(crate) fn wait_with(&mut self, wake: std::os::fd::RawFd) -> io::Result<()> {
+        use super::perf_stack::{epoll_add, epoll_create, SWITCH_KEY, WAKE_KEY};
+        use std::os::fd::AsRawFd;
+        let ep = epoll_create()?;
+        epoll_add(ep.as_raw_fd(), wake, WAKE_KEY, false)?;
+        for fd in self.ring_fds() {
+            epoll_add(ep.as_raw_fd(), fd, SWITCH_KEY, true)?;
+        }
+        self.epoll = Some(ep);
+        Ok(())
+    }
+
+    /// Whether [`SwitchTracker::wait`] can be used (see `wait_with`).
+    pub(crate) fn can_wait(&self) -> bool {
+        self.epoll.is_some()
+    }
+
+    /// Wait up to `timeout` for a ring to be half full or the control
+    /// descriptor to be written.
+    pub(crate) fn wait(&mut self, timeout: std::time::Duration) -> super::perf_stack::Woken {
+        use super::perf_stack::{epoll_wait_for, Woken, SWITCH_KEY};
+        use std::os::fd::AsRawFd;
+        let Some(ep) = &self.epoll else {
+            std::thread::sleep(timeout);
+            return Woken::Other;
+        };
+        let mut switches = false;
+        epoll_wait_for(ep.as_raw_fd(), timeout, &mut |key, _| switches |= key == SWITCH_KEY);
+        if switches {
+            Woken::Switches
+        } else {
+            Woken::Other
+        }
     }
 
     /// Threads alive at start left without events (descriptor budget).
@@ -175,21 +235,29 @@ impl SwitchTracker {
     }
 
     /// Drain the rings and pair their records (in time order across CPUs)
-    /// into [`SwitchTracker::done`].
-    pub(crate) fn collect(&mut self) {
+    /// into [`SwitchTracker::done`]. Records stamped after the drain began
+    /// are kept for the next call (`all`: none is kept, the rings are
+    /// stopped).
+    pub(crate) fn collect(&mut self, all: bool) {
+        let horizon = if all { u64::MAX } else { super::now_ns() };
         let events = &mut self.events;
         events.clear();
+        events.append(&mut self.carry);
+        let carried = events.len();
         let lost = self.rings.drain_records(&mut |kind, rec| {
             if let Some(e) = parse_record(kind, rec) {
                 events.push(e);
             }
         });
         self.counts.lost += lost;
-        self.counts.records += self.events.len() as u64;
+        self.counts.records += (self.events.len() - carried) as u64;
         // Records of one CPU are in order; across CPUs they are not. The
-        // stable sort finds the runs (one per CPU) and merges them: linear.
+        // stable sort finds the runs (the carried ones, one per CPU) and
+        // merges them: linear.
         self.events.sort_by_key(|&(t, _, k)| (t, k));
-        for i in 0..self.events.len() {
+        let cut = self.events.partition_point(|&(t, _, _)| t <= horizon);
+        self.carry.extend_from_slice(&self.events[cut..]);
+        for i in 0..cut {
             let (time_ns, tid, kind) = self.events[i];
             self.apply(time_ns, tid, kind);
         }
@@ -335,8 +403,9 @@ fn open_switch_event(tid: u32, cpu: i32) -> io::Result<(OwnedFd, bool)> {
             | FLAG_TASK
             | FLAG_SAMPLE_ID_ALL
             | FLAG_CONTEXT_SWITCH,
-        // Nobody waits on these rings: wake only when one is all but full.
-        wakeup_events: (data_bytes - data_bytes / 8) as u32,
+        // With `FLAG_WATERMARK`, bytes: the writer is woken when a ring is
+        // half full.
+        wakeup_events: (data_bytes / 2) as u32,
         clockid: libc::CLOCK_REALTIME,
         ..Default::default()
     };
@@ -392,7 +461,7 @@ mod tests {
                 tid
             });
             let tid = h.join().unwrap();
-            t.collect();
+            t.collect(false);
             t.stop();
             let slept: u64 =
                 t.done.iter().filter(|i| i.tid == tid && !i.preempted).map(|i| i.end_ns - i.start_ns).sum();

@@ -214,6 +214,8 @@ enum Event {
     Tick,
     /// Perf-stack rings reached their watermark.
     Rings,
+    /// A switch ring of the off-CPU mode is half full.
+    Switches,
     /// Nothing to do yet: wait again.
     Again,
 }
@@ -323,7 +325,11 @@ pub(crate) fn main(rx: Receiver<Control>, wake: Option<Arc<OwnFd>>) -> Result<St
                 let _ = ack.send(run.python_mark(entering));
             }
             Event::Control(Control::Start(_)) | Event::Control(Control::Abort) | Event::Again => {}
-            Event::Rings => run.drain_step(),
+            Event::Rings => {
+                run.drain_step();
+                run.collect_switches();
+            }
+            Event::Switches => run.collect_switches(),
             Event::Tick => run.scheduled(&mut next, interval),
         }
     }
@@ -332,16 +338,18 @@ pub(crate) fn main(rx: Receiver<Control>, wake: Option<Arc<OwnFd>>) -> Result<St
 
 impl Run {
     /// Wait for a control message, the next tick (due at `next`) or, with the
-    /// perf-stack engine, rings that reached their watermark.
+    /// perf-stack engine, rings that reached their watermark; with the
+    /// off-CPU mode, a switch ring half full.
     fn next_event(&mut self, rx: &Receiver<Control>, next: Instant) -> Event {
         let wait = next.saturating_duration_since(Instant::now());
-        let Some(events) = self.st.engine.stack_events() else {
+        let switch_wait = self.st.off_cpu.as_mut().is_some_and(|o| o.tracker_mut().can_wait());
+        if self.st.engine.stack_events().is_none() && !switch_wait {
             return match rx.recv_timeout(wait) {
                 Ok(c) => Event::Control(c),
                 Err(RecvTimeoutError::Timeout) => Event::Tick,
                 Err(RecvTimeoutError::Disconnected) => Event::Closed,
             };
-        };
+        }
         // Messages first: one sent while the rings kept us busy is not missed,
         // and one sent after this check writes the eventfd the wait sees.
         match rx.try_recv() {
@@ -352,8 +360,9 @@ impl Run {
         if wait.is_zero() {
             return Event::Tick;
         }
-        match events.wait(wait) {
+        match self.wait_rings(wait) {
             Woken::Rings => Event::Rings,
+            Woken::Switches => Event::Switches,
             Woken::Other => {
                 if let Some(w) = self.wake.as_ref().filter(|w| w.is_ours()) {
                     let mut n = 0u64;
@@ -363,6 +372,18 @@ impl Run {
                 }
                 Event::Again
             }
+        }
+    }
+
+    /// Wait up to `wait` on the perf-stack engine's epoll set (the switch
+    /// rings are in it too), else on the off-CPU mode's.
+    fn wait_rings(&mut self, wait: Duration) -> Woken {
+        if let Some(events) = self.st.engine.stack_events() {
+            return events.wait(wait);
+        }
+        match self.st.off_cpu.as_mut() {
+            Some(o) => o.tracker_mut().wait(wait),
+            None => Woken::Other,
         }
     }
 
@@ -485,9 +506,13 @@ impl Run {
             // The perf-stack engine's rings fill meanwhile: drain those at
             // their watermark as the main loop would (their stacks stop at the
             // executable's frames until the check is done).
-            let rings = self.st.engine.stack_events().map(|e| e.wait(Duration::ZERO));
-            if matches!(rings, Some(Woken::Rings)) {
-                self.drain_step();
+            match self.wait_rings(Duration::ZERO) {
+                Woken::Rings => {
+                    self.drain_step();
+                    self.collect_switches();
+                }
+                Woken::Switches => self.collect_switches(),
+                Woken::Other => {}
             }
             if Instant::now() >= *next {
                 self.scheduled(next, interval);

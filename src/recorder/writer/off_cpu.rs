@@ -13,7 +13,8 @@
 //! failed) is charged to `[blocked]` alone; a preempted one to `[waiting for
 //! CPU]` on top of the thread's last sampled stack (its own root if none).
 //!
-//! Costs: the records are a ring read per CPU per tick; a capture is two
+//! Costs: the records are a ring read per CPU per tick (and between ticks
+//! when a ring is half full: the writer also waits on the rings); a capture is two
 //! `/proc` reads, a `process_vm_readv` of `user_stack_copy` bytes and an
 //! unwind, once per blocking a tick sees; a thread that stays blocked costs
 //! nothing more, and writes one interval record when it wakes.
@@ -42,6 +43,11 @@ pub(crate) struct OffCpu {
 }
 
 impl OffCpu {
+    /// The switch tracker (to wait on its rings).
+    pub(crate) fn tracker_mut(&mut self) -> &mut SwitchTracker {
+        &mut self.tracker
+    }
+
     pub(crate) fn new(tracker: SwitchTracker, stack_copy: u32) -> OffCpu {
         OffCpu {
             tracker,
@@ -76,7 +82,7 @@ impl Run {
         if end {
             o.tracker.stop();
         }
-        o.tracker.collect();
+        o.tracker.collect(end);
         if end {
             o.tracker.finish(crate::recorder::sys::now_ns());
         }
@@ -110,6 +116,14 @@ impl Run {
             }
         }
         self.st.off_cpu = Some(o);
+    }
+
+    /// Between ticks, when a switch ring is half full: drain the rings and
+    /// pair their records (the intervals are written at the next tick).
+    pub(super) fn collect_switches(&mut self) {
+        if let Some(o) = self.st.off_cpu.as_mut() {
+            o.tracker.collect(false);
+        }
     }
 
     /// Capture every thread that is blocked and not captured yet in this
