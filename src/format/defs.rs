@@ -602,6 +602,15 @@ impl Definitions {
     pub(crate) fn clear_off_cpu(&mut self) {
         self.off_cpu.clear();
     }
+
+    /// A writer's off-CPU record: the same rules as a reader's, counted but
+    /// not kept (a recorder writes one per blocking, for as long as it runs).
+    pub(crate) fn count_off_cpu(&mut self, rec: &Record<'_>) -> Result<(), FormatErrorKind> {
+        debug_assert!(matches!(rec, Record::OffCpu { .. }));
+        self.check(rec, usize::MAX)?;
+        self.off_cpu_total += 1;
+        Ok(())
+    }
 }
 
 /// Iterator over a stack's frames from leaf to root.

@@ -539,7 +539,7 @@ fn start_inner(b: &RecorderBuilder, path: &Path) -> Result<Guard, Error> {
         match sys::perf_switch::SwitchTracker::start(writer_tid, budget.saturating_sub(engine.descriptors()))
         {
             Ok(mut t) => {
-                // The writer drains a half-full ring at once: on the
+                // The writer drains a quarter-full ring at once: on the
                 // engine's epoll set if it has one, else on one of its own.
                 let watched = match (engine.stack_events(), wake_fd) {
                     (Some(events), _) => t

@@ -282,13 +282,27 @@ impl<W: Write> SpoolWriter<W> {
         duration_us: u64,
         preempted: bool,
     ) -> Result<(), Error> {
-        self.push(Record::OffCpu {
+        // Checked by the readers' rules, but not decoded again nor kept in
+        // the definitions: a recorder writes one a blocking, for as long as it
+        // runs (decoding was most of the writer's cost of an interval, and the
+        // kept intervals grew without bound).
+        self.check_poison()?;
+        let rec = Record::OffCpu {
             thread: thread.get() as u64,
             stack: stack.get() as u64,
             start_us,
             duration_us,
             preempted,
-        })
+        };
+        let offset = self.len();
+        self.defs.count_off_cpu(&rec).map_err(|kind| Error::InvalidRecord { offset, kind })?;
+        let at = self.buf.len();
+        record::encode(&rec, &mut self.buf);
+        debug_assert!(
+            record::decode_fields(&self.buf[at..]).is_ok_and(|(_, n)| n == self.buf.len() - at),
+            "an off-CPU record that does not decode"
+        );
+        self.maybe_flush()
     }
 
     /// Define a stack node: `frame` called from the stack `parent` (or a root).

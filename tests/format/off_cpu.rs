@@ -169,3 +169,21 @@ fn rules_of_tag_9_and_label_frames() {
     assert!(w.off_cpu(t, s, u64::MAX, 1, false).is_err());
     w.off_cpu(t, s, 10, 1, true).unwrap();
 }
+
+/// A writer counts its intervals but keeps none of them: a recorder writes
+/// one per blocking for as long as it runs (its memory must not grow with
+/// them), and the bytes still read back whole.
+#[test]
+fn a_writer_keeps_no_interval() {
+    let mut w = SpoolWriter::new(Vec::new(), Header { start_time_us: 0, interval_us: 1 }).unwrap();
+    let t = w.define_thread(1, 1, "").unwrap();
+    let l = w.define_label("blocked").unwrap();
+    let s = w.define_stack(None, l).unwrap();
+    for i in 0..10_000 {
+        w.off_cpu(t, s, 10 + i, 1, false).unwrap();
+    }
+    assert_eq!(w.definitions().off_cpu_count(), 10_000);
+    assert!(w.definitions().off_cpu_intervals().is_empty());
+    let snap = Snapshot::from_bytes(&w.into_inner().unwrap()).unwrap();
+    assert_eq!(snap.definitions().off_cpu_intervals().len(), 10_000);
+}

@@ -1,9 +1,9 @@
 //! The context-switch workloads of BENCHMARKS.md ("Context switches"), under
 //! one profiler chosen on the command line; prints one JSON object.
 //!
-//! Usage: switch --mode pingpong|echo|idle --profiler none|spulse|pprof --freq HZ
+//! Usage: switch --mode pingpong|echo|idle|blockers --profiler none|spulse|pprof --freq HZ
 //!               [--kernel-time on|off] [--off-cpu on|off] [--round-trips N]
-//!               [--clients N] [--seconds S] [--threads N]
+//!               [--clients N] [--seconds S] [--threads N] [--busy N]
 //!
 //! * `pingpong`: two threads hand a futex word back and forth N times (30,000
 //!   by default): the pattern of a channel, an async runtime's wake-ups, a
@@ -171,6 +171,80 @@ fn idle(n: usize, seconds: f64) -> String {
     format!("\"mode\": \"idle\", \"threads\": {n}, \"seconds\": {:.3}", t0.elapsed().as_secs_f64())
 }
 
+/// `idle` threads blocked on one futex word and `busy` threads each blocking
+/// about 1,000 times a second (a 1 ms sleep to an absolute deadline), for
+/// `seconds`: the issue's "1,000 idle threads and 100 threads blocking 1,000
+/// times a second". `blockings` counts the context switches of the busy
+/// threads (a sleep whose deadline has passed does not block).
+fn blockers(idle: usize, busy: usize, seconds: f64) -> String {
+    let word = Arc::new(AtomicU32::new(0));
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let blockings = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let mut hs: Vec<_> = (0..idle)
+        .map(|_| {
+            let w = word.clone();
+            std::thread::Builder::new().stack_size(64 << 10).spawn(move || futex_wait(&w, 0)).unwrap()
+        })
+        .collect();
+    for _ in 0..busy {
+        let (stop, blockings) = (stop.clone(), blockings.clone());
+        hs.push(
+            std::thread::Builder::new()
+                .stack_size(64 << 10)
+                .spawn(move || {
+                    let mut next = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+                    // SAFETY: clock_gettime writes the timespec we pass.
+                    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut next) };
+                    let switches = || {
+                        // SAFETY: getrusage writes the rusage struct we pass.
+                        let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+                        // SAFETY: as above, for the calling thread.
+                        unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut ru) };
+                        (ru.ru_nvcsw + ru.ru_nivcsw) as u64
+                    };
+                    let s0 = switches();
+                    while !stop.load(Ordering::Relaxed) {
+                        next.tv_nsec += 1_000_000;
+                        if next.tv_nsec >= 1_000_000_000 {
+                            next.tv_nsec -= 1_000_000_000;
+                            next.tv_sec += 1;
+                        }
+                        // SAFETY: sleeps to the absolute time in our timespec.
+                        unsafe {
+                            libc::clock_nanosleep(libc::CLOCK_MONOTONIC, libc::TIMER_ABSTIME, &next, std::ptr::null_mut())
+                        };
+                    }
+                    blockings.fetch_add(switches() - s0, Ordering::Relaxed);
+                })
+                .unwrap(),
+        );
+    }
+    let t0 = Instant::now();
+    std::thread::sleep(Duration::from_secs_f64(seconds));
+    stop.store(true, Ordering::Relaxed);
+    word.store(1, Ordering::Release);
+    // SAFETY: FUTEX_WAKE on a live AtomicU32, waking every waiter.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG,
+            i32::MAX,
+            0,
+            0,
+            0,
+        )
+    };
+    for h in hs {
+        h.join().unwrap();
+    }
+    format!(
+        "\"idle\": {idle}, \"busy\": {busy}, \"seconds\": {:.3}, \"blockings\": {}",
+        t0.elapsed().as_secs_f64(),
+        blockings.load(Ordering::Relaxed)
+    )
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let mode = arg(&args, "--mode", "pingpong");
@@ -200,6 +274,11 @@ fn main() {
             arg(&args, "--threads", "1000").parse().unwrap(),
             arg(&args, "--seconds", "3").parse().unwrap(),
         ),
+        "blockers" => blockers(
+            arg(&args, "--threads", "1000").parse().unwrap(),
+            arg(&args, "--busy", "100").parse().unwrap(),
+            arg(&args, "--seconds", "3").parse().unwrap(),
+        ),
         _ => {
             echo(arg(&args, "--clients", "8").parse().unwrap(), arg(&args, "--seconds", "3").parse().unwrap())
         }
@@ -209,14 +288,16 @@ fn main() {
         let st = g.finish().unwrap();
         extra = format!(
             ", \"samples\": {}, \"kernel_time\": \"{}\", \"engine\": \"{}\", \"descriptors\": {}, \
-             \"writer_cpu_us\": {}, \"off_cpu_intervals\": {}, \"spool_bytes\": {}",
+             \"writer_cpu_us\": {}, \"off_cpu_intervals\": {}, \"off_cpu_records_lost\": {}, \"spool_bytes\": {}, \"warnings\": {:?}",
             st.samples_written,
             st.kernel_time,
             st.engine.name(),
             st.descriptors,
             st.writer_cpu.as_micros(),
             st.off_cpu.as_ref().map_or(0, |o| o.intervals),
-            st.bytes
+            st.off_cpu.as_ref().map_or(0, |o| o.records_lost),
+            st.bytes,
+            st.warnings
         );
     }
     #[cfg(any(feature = "pprof-default", feature = "pprof-framehop"))]

@@ -18,7 +18,7 @@
 //!
 //! # Intervals
 //! The writer drains the rings at each tick, and between ticks whenever a
-//! ring is half full (the events' wake-up watermark; the writer waits on the
+//! ring is a quarter full (the events' wake-up watermark; the writer waits on the
 //! rings in `epoll_wait`, so a switch-heavy program is drained as fast as it
 //! fills them, not every 100 ms). It orders the records of all CPUs by time
 //! and pairs each switch-out of a thread with its next switch-in: that
@@ -59,10 +59,11 @@ const MISC_SWITCH_OUT: u16 = 1 << 13;
 const MISC_SWITCH_OUT_PREEMPT: u16 = 1 << 14;
 
 /// Data pages of each CPU's ring: 256 KiB, about 11,000 switch records (24
-/// bytes each, in or out). The writer is woken when a ring is half full, so
-/// a ring holds the records of the writer's wake-up latency: records are
-/// lost (and counted) only when the writer gets no CPU for the time a CPU
-/// takes to write 5,500 switch records.
+/// bytes each, in or out). The writer is woken when a ring is a quarter
+/// full, so a ring holds the records of the writer's wake-up latency:
+/// records are lost (and counted) only when the writer gets no CPU for the
+/// time a CPU takes to write 8,000 switch records (about 30 ms of a futex
+/// ping-pong here).
 pub(crate) const SWITCH_RING_PAGES: usize = 64;
 
 /// What the capture of a blocked thread found (filled by the writer, which
@@ -180,7 +181,7 @@ impl SwitchTracker {
     }
 
     /// The rings' descriptors, for an epoll set that wakes the writer when
-    /// one is half full (edge-triggered: a ring's owner event hangs up when
+    /// one is a quarter full (edge-triggered: a ring's owner event hangs up when
     /// its thread exits, while the other threads still write into it).
     pub(crate) fn ring_fds(&self) -> Vec<std::os::fd::RawFd> {
         self.rings.ring_fds()
@@ -206,7 +207,7 @@ impl SwitchTracker {
         self.epoll.is_some()
     }
 
-    /// Wait up to `timeout` for a ring to be half full or the control
+    /// Wait up to `timeout` for a ring to be a quarter full or the control
     /// descriptor to be written.
     pub(crate) fn wait(&mut self, timeout: std::time::Duration) -> super::perf_stack::Woken {
         use super::perf_stack::{epoll_wait_for, Woken, SWITCH_KEY};
@@ -403,9 +404,10 @@ fn open_switch_event(tid: u32, cpu: i32) -> io::Result<(OwnedFd, bool)> {
             | FLAG_TASK
             | FLAG_SAMPLE_ID_ALL
             | FLAG_CONTEXT_SWITCH,
-        // With `FLAG_WATERMARK`, bytes: the writer is woken when a ring is
-        // half full.
-        wakeup_events: (data_bytes / 2) as u32,
+        // With `FLAG_WATERMARK`, bytes: the writer is woken when a ring is a
+        // quarter full (three quarters left for its wake-up latency on a busy
+        // machine).
+        wakeup_events: (data_bytes / 4) as u32,
         clockid: libc::CLOCK_REALTIME,
         ..Default::default()
     };

@@ -214,7 +214,7 @@ enum Event {
     Tick,
     /// Perf-stack rings reached their watermark.
     Rings,
-    /// A switch ring of the off-CPU mode is half full.
+    /// A switch ring of the off-CPU mode is a quarter full.
     Switches,
     /// Nothing to do yet: wait again.
     Again,
@@ -339,7 +339,7 @@ pub(crate) fn main(rx: Receiver<Control>, wake: Option<Arc<OwnFd>>) -> Result<St
 impl Run {
     /// Wait for a control message, the next tick (due at `next`) or, with the
     /// perf-stack engine, rings that reached their watermark; with the
-    /// off-CPU mode, a switch ring half full.
+    /// off-CPU mode, a switch ring a quarter full.
     fn next_event(&mut self, rx: &Receiver<Control>, next: Instant) -> Event {
         let wait = next.saturating_duration_since(Instant::now());
         let switch_wait = self.st.off_cpu.as_mut().is_some_and(|o| o.tracker_mut().can_wait());

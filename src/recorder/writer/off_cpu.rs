@@ -14,7 +14,7 @@
 //! CPU]` on top of the thread's last sampled stack (its own root if none).
 //!
 //! Costs: the records are a ring read per CPU per tick (and between ticks
-//! when a ring is half full: the writer also waits on the rings); a capture is two
+//! when a ring is a quarter full: the writer also waits on the rings); a capture is two
 //! `/proc` reads, a `process_vm_readv` of `user_stack_copy` bytes and an
 //! unwind, once per blocking a tick sees; a thread that stays blocked costs
 //! nothing more, and writes one interval record when it wakes.
@@ -118,7 +118,7 @@ impl Run {
         self.st.off_cpu = Some(o);
     }
 
-    /// Between ticks, when a switch ring is half full: drain the rings and
+    /// Between ticks, when a switch ring is a quarter full: drain the rings and
     /// pair their records (the intervals are written at the next tick).
     pub(super) fn collect_switches(&mut self) {
         if let Some(o) = self.st.off_cpu.as_mut() {
