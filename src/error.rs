@@ -254,6 +254,9 @@ pub enum RecorderError {
         /// Samples taken but not in the spool: those still buffered at the
         /// failure and every one taken afterwards.
         samples_lost: u64,
+        /// What did not go as configured, as [`Stats::warnings`](crate::Stats::warnings)
+        /// would have held it (the first: writing stopped, and why).
+        warnings: Vec<String>,
     },
 }
 
@@ -299,7 +302,7 @@ impl fmt::Display for RecorderError {
                 f,
                 "a profile is already being collected in this process (one at a time); retry when it ends"
             ),
-            WriteStopped { source, samples_written, samples_lost } => write!(
+            WriteStopped { source, samples_written, samples_lost, .. } => write!(
                 f,
                 "the recording stopped writing early: {source}; the spool holds the {samples_written} samples \
                  written before, {samples_lost} taken afterwards were lost"
@@ -338,11 +341,12 @@ impl fmt::Debug for RecorderError {
             ForkedChild => f.write_str("ForkedChild"),
             RecordedByPreload { pid } => f.debug_struct("RecordedByPreload").field("pid", pid).finish(),
             ProfileInProgress => f.write_str("ProfileInProgress"),
-            WriteStopped { source, samples_written, samples_lost } => f
+            WriteStopped { source, samples_written, samples_lost, warnings } => f
                 .debug_struct("WriteStopped")
                 .field("source", source)
                 .field("samples_written", samples_written)
                 .field("samples_lost", samples_lost)
+                .field("warnings", warnings)
                 .finish(),
         }
     }
@@ -414,11 +418,12 @@ impl Error {
             Error::Format { path: None, offset, kind } => {
                 Error::Format { path: Some(path.to_path_buf()), offset, kind }
             }
-            Error::Recorder(RecorderError::WriteStopped { source, samples_written, samples_lost }) => {
+            Error::Recorder(RecorderError::WriteStopped { source, samples_written, samples_lost, warnings }) => {
                 Error::Recorder(RecorderError::WriteStopped {
                     source: Box::new(source.with_path(path)),
                     samples_written,
                     samples_lost,
+                    warnings,
                 })
             }
             other => other,
@@ -506,6 +511,7 @@ mod debug_tests {
             source: Box::new(Error::WriterPoisoned),
             samples_written: 3,
             samples_lost: 4,
+            warnings: Vec::new(),
         });
         assert_eq!(format!("{r:?}"), r.to_string());
         let alt = format!("{r:#?}");

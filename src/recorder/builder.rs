@@ -9,6 +9,7 @@ use super::handler::ring;
 use super::output::{expand_template, segment_path};
 use super::stats::EngineChoice;
 use super::sys;
+use super::warnings::WarningCallback;
 use super::{start_with, Guard};
 use crate::{Error, RecorderError};
 
@@ -60,6 +61,8 @@ pub struct RecorderBuilder {
     /// Whether the `SPULSE_*` environment variables apply (false for the
     /// `http` endpoint's own temporary windows).
     pub(super) environment: bool,
+    /// Called on the writer thread with each warning as it is found.
+    pub(super) on_warning: Option<WarningCallback>,
     /// Where `finish` writes the heap profile (`spulse::heap`).
     #[cfg(all(feature = "heap", feature = "pprof"))]
     pub(super) heap_profile: Option<std::path::PathBuf>,
@@ -84,6 +87,7 @@ impl Default for RecorderBuilder {
             perf_stack_ring_pages: Self::DEFAULT_PERF_STACK_RING_PAGES,
             perf_stack_watermark: true,
             environment: true,
+            on_warning: None,
             #[cfg(all(feature = "heap", feature = "pprof"))]
             heap_profile: None,
         }
@@ -288,6 +292,39 @@ impl RecorderBuilder {
     /// so under `spulse record`, whose collector owns the durable output.
     pub fn sync_at_finish(mut self, sync: bool) -> Self {
         self.sync_at_finish = sync;
+        self
+    }
+
+    /// Call `callback` with each warning (what did not go as configured, one
+    /// sentence: the sentences of [`Stats::warnings`](super::Stats::warnings),
+    /// each once, in the same order) as the recorder finds it: those found at
+    /// start as soon as the writer thread runs, those that arise while
+    /// recording (the program taking the engine's signal or descriptors
+    /// over, the spool's descriptor taken away or the disk full, a rotation
+    /// stepping over a taken segment name) after the writer step that found
+    /// them, within about one [`flush_interval`](Self::flush_interval), and
+    /// those only known at the end during [`Guard::finish`]. See
+    /// [`Guard::warnings`] for the list so far without a callback.
+    ///
+    /// The callback runs on the recorder's writer thread, never in a signal
+    /// handler: it may allocate, lock and log, but while it runs the writer
+    /// does not drain samples, so it should return quickly (a slow callback
+    /// fills the ring and loses samples, counted in
+    /// [`LostSamples::ring_full`](super::LostSamples::ring_full)). A callback
+    /// that panics is not called again (a warning says so). The recorder
+    /// itself never writes warnings to stderr or to any descriptor it did not
+    /// open (stderr belongs to the program, which may have closed it or
+    /// reused its number): printing or logging them is the program's choice,
+    /// here or from [`Stats::warnings`](super::Stats::warnings).
+    ///
+    /// ```no_run
+    /// let guard = spulse::Recorder::builder()
+    ///     .on_warning(|w| eprintln!("profiler: {w}"))
+    ///     .start("out.spool")?;
+    /// # Ok::<(), spulse::Error>(())
+    /// ```
+    pub fn on_warning(mut self, callback: impl Fn(&str) + Send + Sync + 'static) -> Self {
+        self.on_warning = Some(WarningCallback(std::sync::Arc::new(callback)));
         self
     }
 

@@ -77,6 +77,7 @@ mod own_fd;
 mod stack_sampler;
 mod stats;
 mod sys;
+mod warnings;
 mod writer;
 
 use std::path::{Path, PathBuf};
@@ -123,6 +124,8 @@ struct Running {
     pid: u32,
     path: PathBuf,
     engine: Engine,
+    /// The warnings the writer thread has published so far.
+    warnings: Arc<warnings::WarningLog>,
     #[cfg(all(feature = "heap", feature = "pprof"))]
     heap_profile: Option<PathBuf>,
 }
@@ -169,13 +172,36 @@ impl Guard {
         self.inner.as_ref().map_or(Path::new(""), |r| &r.path)
     }
 
+    /// What did not go as configured so far, one sentence each, oldest
+    /// first: the same sentences, in the same order, that
+    /// [`Stats::warnings`] holds at the end, as far as the writer thread has
+    /// found them (empty for a guard that has stopped).
+    ///
+    /// The writer thread publishes each warning after the step that found
+    /// it, so this sees it within about one flush interval
+    /// ([`RecorderBuilder::flush_interval`]): the engine refused and the one
+    /// that ran instead, or kernel time refused, at once; the program taking
+    /// the engine's signal or descriptors over, the spool's descriptor
+    /// closed or reused (or a full disk: writing stopped), a rotation
+    /// stepping over a segment name taken by another file, as they happen.
+    /// Some are only known when the recording ends (off-CPU records lost,
+    /// stacks the kernel refused to read): those appear in
+    /// [`Stats::warnings`] (and reach [`RecorderBuilder::on_warning`]'s
+    /// callback) during [`Guard::finish`].
+    ///
+    /// Cheap: a copy of a short list, taken under a lock that the writer
+    /// thread holds only to append one string.
+    pub fn warnings(&self) -> Vec<String> {
+        self.inner.as_ref().map_or_else(Vec::new, |r| r.warnings.snapshot())
+    }
+
     /// Stop, drain, write and sync; report what was recorded.
     ///
     /// If the spool stopped being writable while recording (a full disk, or
     /// the program closed the spool's descriptor or reused its number: the
     /// recorder then writes nothing more through it), the error is
-    /// [`RecorderError::WriteStopped`] with the samples written before and
-    /// those lost.
+    /// [`RecorderError::WriteStopped`] with the samples written before, those
+    /// lost, and the warnings ([`Stats::warnings`]'s list).
     pub fn finish(mut self) -> Result<Stats, Error> {
         self.stop()
     }
@@ -584,6 +610,7 @@ fn start_inner(b: &RecorderBuilder, path: &Path) -> Result<Guard, Error> {
     let refs: Vec<&modules::LoadedObject> = objects.iter().collect();
     writer::define_objects(&mut out, &mut table, pid, &refs, 0)?;
     out.flush()?;
+    let log = Arc::new(warnings::WarningLog::default());
     let state = WriterState {
         shared,
         consumer: Some(consumer),
@@ -604,6 +631,8 @@ fn start_inner(b: &RecorderBuilder, path: &Path) -> Result<Guard, Error> {
         off_cpu: switches.map(|t| writer::OffCpu::new(t, b.user_stack_copy)),
         own_code: handler::return_trampoline(),
         warnings,
+        publisher: warnings::Publisher::new(log.clone(), b.on_warning.clone()),
+        path: path.to_path_buf(),
         descriptors,
         table_memory: objects.iter().fold(Default::default(), |m, o| m.add(o.table_memory)),
         deferred,
@@ -621,6 +650,7 @@ fn start_inner(b: &RecorderBuilder, path: &Path) -> Result<Guard, Error> {
             pid,
             path: path.to_path_buf(),
             engine: kind,
+            warnings: log,
             #[cfg(all(feature = "heap", feature = "pprof"))]
             heap_profile: b.heap_profile.clone(),
         }),

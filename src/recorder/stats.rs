@@ -149,8 +149,15 @@ pub struct Stats {
     pub descriptors: u64,
     /// What did not go as configured, one sentence each: an engine refused
     /// and the one that ran instead, kernel time refused, threads left
-    /// without events, the profiling signal taken over by the program.
-    /// Empty when everything ran as asked. `spulse record` prints them.
+    /// without events, the profiling signal or the engine's descriptors taken
+    /// over by the program, a rotation stepping over a taken segment name,
+    /// off-CPU records lost. Empty when everything ran as asked. The same
+    /// sentences reach the program while it records, as they are found:
+    /// [`Guard::warnings`](crate::Guard::warnings) and
+    /// [`RecorderBuilder::on_warning`](crate::RecorderBuilder::on_warning).
+    /// (When writing the spool stopped, `finish` is an `Err` and
+    /// [`RecorderError::WriteStopped`](crate::RecorderError::WriteStopped)
+    /// holds them.) `spulse record` prints them.
     pub warnings: Vec<String>,
     /// Spool files written: 1, or with [`RecorderBuilder::rotate`] the number
     /// of segments created (deleted ones included).

@@ -131,8 +131,14 @@ pub(crate) struct WriterState {
     /// Code whose kernel-time samples are the profiler's own (the signal
     /// return trampoline our handler returns through).
     pub own_code: Option<(u64, u64)>,
-    /// What did not go as configured at start (`Stats::warnings`).
+    /// What did not go as configured (`Stats::warnings`): those found at
+    /// start, then those the writer finds, in order.
     pub warnings: Vec<String>,
+    /// Hands each warning to the guard and the program's callback once
+    /// (`Run::publish_warnings`).
+    pub publisher: super::warnings::Publisher,
+    /// The spool's path (with rotation: the first segment's), for warnings.
+    pub path: std::path::PathBuf,
     /// Perf-event descriptors the engine holds.
     pub descriptors: usize,
     /// Unwind-table bytes handed to the handler's unwinder so far, by where
@@ -312,6 +318,9 @@ pub(crate) fn main(rx: Receiver<Control>, wake: Option<Arc<OwnFd>>) -> Result<St
     // so generation 0 is verified from the first tick's check on.
     run.timeline.verified.resize(run.st.generation as usize + 1, 0);
     run.timeline.exact.resize(run.st.generation as usize + 1, true);
+    // What start found (an engine refused, kernel time refused, threads left
+    // without events): published before the first tick.
+    run.publish_warnings();
     let mut next = Instant::now() + interval;
     if let Some(d) = run.st.deferred.take() {
         if !run.check_deferred(d, &rx, &mut next, interval) {
@@ -332,6 +341,7 @@ pub(crate) fn main(rx: Receiver<Control>, wake: Option<Arc<OwnFd>>) -> Result<St
             Event::Switches => run.collect_switches(),
             Event::Tick => run.scheduled(&mut next, interval),
         }
+        run.publish_warnings();
     }
     run.finish()
 }
@@ -396,16 +406,39 @@ impl Run {
         self.apply_module_change(change);
     }
 
+    /// Keep the first error (the spool can no longer be written: every later
+    /// sample is counted and dropped), and warn of it at once.
     fn note<T>(&mut self, r: Result<T, Error>) -> Option<T> {
         match r {
             Ok(v) => Some(v),
             Err(e) => {
                 if self.error.is_none() {
+                    let at = match &e {
+                        Error::Io { path: Some(_), .. } => String::new(),
+                        _ => format!(" of {}", self.current_path().display()),
+                    };
+                    self.st.warnings.push(format!(
+                        "writing the spool{at} stopped {:.1} s into the recording: {e}; the samples taken \
+                         from here on are counted and dropped",
+                        self.st.started.elapsed().as_secs_f64()
+                    ));
                     self.error = Some(e);
                 }
                 None
             }
         }
+    }
+
+    /// The spool file written now (with rotation: the current segment).
+    fn current_path(&self) -> &std::path::Path {
+        self.st.rotation.as_ref().and_then(|r| r.current()).unwrap_or(&self.st.path)
+    }
+
+    /// Hand the warnings found since the last call to the guard and the
+    /// program's callback (see `recorder/warnings.rs`). Cheap when there are
+    /// none: a length comparison.
+    fn publish_warnings(&mut self) {
+        self.st.publisher.publish(&mut self.st.warnings);
     }
 
     /// Note the threads alive now (`tids`); a thread seen for the first time is
@@ -458,6 +491,7 @@ impl Run {
         if self.st.rotation.as_ref().is_some_and(|r| Instant::now() >= r.due) {
             self.rotate();
         }
+        self.publish_warnings();
         // Fixed rate: the next tick is one interval after this one was due,
         // not after it finished, so flushes never drift apart.
         *next += interval;
@@ -937,6 +971,8 @@ impl Run {
         }
         // The recording is complete on disk: readers may know it now.
         self.st.out.get_ref().release();
+        // Those only known now (and any of the steps above).
+        self.publish_warnings();
         if let Some(e) = self.error.take() {
             // Samples written after the last flush that succeeded went with
             // the failed write (or into a descriptor no longer the spool's,
@@ -946,6 +982,7 @@ impl Run {
                 source: Box::new(e),
                 samples_written: self.confirmed,
                 samples_lost: unflushed + self.dropped,
+                warnings: std::mem::take(&mut self.st.warnings),
             }));
         }
         let c = &self.st.shared.counters;

@@ -58,6 +58,11 @@ pub(crate) struct Rotation {
 }
 
 impl Rotation {
+    /// The segment being written (the last one created).
+    pub(super) fn current(&self) -> Option<&Path> {
+        self.kept.back().map(|k| k.path.as_path())
+    }
+
     /// Rotation state for a recording whose first segment, `first`, was just
     /// created (`meta` is its metadata).
     pub(crate) fn new(
