@@ -1,0 +1,165 @@
+//! The live warning channel: a warning found while recording reaches
+//! `Guard::warnings` and the `on_warning` callback before the guard finishes
+//! (within a few writer ticks), and the final list (`Stats::warnings`, or
+//! `RecorderError::WriteStopped::warnings`) holds it exactly once, in the
+//! order the callback saw.
+
+mod recorder_support;
+
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use recorder_support::*;
+use spulse::{Error, RecorderError};
+
+/// How long a test waits for a warning to be published (a writer tick is
+/// 20 ms here; a loaded machine may delay it a lot).
+const WAIT: Duration = Duration::from_secs(10);
+
+/// A builder whose callback appends each warning to the returned list.
+fn with_callback() -> (spulse::RecorderBuilder, Arc<Mutex<Vec<String>>>) {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let s = seen.clone();
+    let b = spulse::Recorder::builder()
+        .flush_interval(Duration::from_millis(20))
+        .on_warning(move |w| s.lock().unwrap().push(w.to_string()));
+    (b, seen)
+}
+
+/// Burn CPU until both the guard and the callback have a warning containing
+/// `needle` (or `WAIT` passes); what each had then.
+fn wait_for(g: &spulse::Guard, seen: &Mutex<Vec<String>>, needle: &str) -> (Vec<String>, Vec<String>) {
+    let t = Instant::now();
+    loop {
+        let polled = g.warnings();
+        let called = seen.lock().unwrap().clone();
+        let has = |v: &[String]| v.iter().any(|w| w.contains(needle));
+        if (has(&polled) && has(&called)) || t.elapsed() > WAIT {
+            return (polled, called);
+        }
+        burn(0.005);
+    }
+}
+
+fn count(v: &[String], needle: &str) -> usize {
+    v.iter().filter(|w| w.contains(needle)).count()
+}
+
+/// The descriptors of this process whose link is `target` (by bytes).
+fn fds_linking_to(target: &[u8]) -> Vec<i32> {
+    let mut fds = Vec::new();
+    for e in std::fs::read_dir("/proc/self/fd").unwrap().flatten() {
+        let Ok(link) = std::fs::read_link(e.path()) else { continue };
+        if link.as_os_str().as_bytes() == target {
+            if let Some(fd) = e.file_name().to_str().and_then(|n| n.parse().ok()) {
+                fds.push(fd);
+            }
+        }
+    }
+    fds
+}
+
+fn canonical(p: &Path) -> PathBuf {
+    std::fs::canonicalize(p).unwrap()
+}
+
+/// The program dup2s /dev/null over the spool's descriptor mid-recording:
+/// the recorder writes nothing more through it, and says so while the
+/// program still runs, not only when it finishes.
+#[test]
+fn a_spool_taken_away_is_warned_before_finish_and_once_at_the_end() {
+    let _serial = serial();
+    let (_dir, path) = spool_path("taken.spool");
+    let (b, seen) = with_callback();
+    let g = b.start(&path).unwrap();
+    burn(0.1);
+    let before = g.warnings();
+    let spool_fds = fds_linking_to(canonical(&path).as_os_str().as_bytes());
+    assert_eq!(spool_fds.len(), 1, "the recorder holds one descriptor of the spool: {spool_fds:?}");
+    let null = std::fs::File::open("/dev/null").unwrap();
+    use std::os::fd::AsRawFd;
+    // SAFETY: test: the program replaces the recorder's descriptor on purpose
+    // (the recorder must notice and never write or close it afterwards).
+    assert_eq!(unsafe { libc::dup2(null.as_raw_fd(), spool_fds[0]) }, spool_fds[0]);
+    let t = Instant::now();
+    let (polled, called) = wait_for(&g, &seen, "closed or reused");
+    let waited = t.elapsed();
+    let r = g.finish();
+    // SAFETY: test cleanup: the /dev/null copy made above is the program's own.
+    unsafe { libc::close(spool_fds[0]) };
+    assert_eq!(count(&before, "closed or reused"), 0, "{before:?}");
+    assert_eq!(count(&polled, "closed or reused"), 1, "Guard::warnings before finish: {polled:?}");
+    assert_eq!(count(&called, "closed or reused"), 1, "on_warning before finish: {called:?}");
+    let warnings = match r {
+        Err(Error::Recorder(RecorderError::WriteStopped { warnings, .. })) => warnings,
+        other => panic!("expected WriteStopped, got {other:?}"),
+    };
+    assert_eq!(count(&warnings, "closed or reused"), 1, "{warnings:?}");
+    // The callback saw exactly the final list, in its order.
+    assert_eq!(*seen.lock().unwrap(), warnings);
+    eprintln!("published {} ms after the spool was taken: {:?}", waited.as_millis(), polled);
+}
+
+/// The program closes the perf-event engine's descriptors: the warning is
+/// published while recording, and `Stats::warnings` holds it once.
+#[test]
+fn perf_events_taken_away_are_warned_before_finish_and_once_in_stats() {
+    let _serial = serial();
+    let (engine, kind) = perf_engine_for("perf_events_taken_away_are_warned_before_finish_and_once_in_stats");
+    if kind != spulse::Engine::PerfEvent {
+        eprintln!("SKIPPED: needs the perf-event engine");
+        return;
+    }
+    let (_dir, path) = spool_path("events.spool");
+    let (b, seen) = with_callback();
+    let g = b.engine(engine).start(&path).unwrap();
+    burn(0.1);
+    let events = fds_linking_to(b"anon_inode:[perf_event]");
+    assert!(!events.is_empty(), "the perf-event engine holds descriptors");
+    for fd in &events {
+        // SAFETY: test: the program closes the recorder's descriptors on purpose.
+        unsafe { libc::close(*fd) };
+    }
+    let needle = "closed the recorder's perf-event descriptors";
+    let (polled, called) = wait_for(&g, &seen, needle);
+    let stats = g.finish().unwrap();
+    assert_eq!(count(&polled, needle), 1, "Guard::warnings before finish: {polled:?}");
+    assert_eq!(count(&called, needle), 1, "on_warning before finish: {called:?}");
+    assert_eq!(count(&stats.warnings, needle), 1, "{:?}", stats.warnings);
+    assert_eq!(*seen.lock().unwrap(), stats.warnings);
+}
+
+/// A rotation that steps over a segment name taken by another file says so
+/// while recording, once.
+#[test]
+fn a_taken_segment_name_is_warned_before_finish_and_once_in_stats() {
+    let _serial = serial();
+    let (dir, _) = spool_path("unused");
+    std::fs::write(dir.path().join("s-000001.spool"), b"not a segment").unwrap();
+    let (b, seen) = with_callback();
+    let g = b.rotate(Duration::from_millis(40)).start(dir.path().join("s-{seq}.spool")).unwrap();
+    let (polled, called) = wait_for(&g, &seen, "already taken");
+    let stats = g.finish().unwrap();
+    assert_eq!(count(&polled, "already taken"), 1, "Guard::warnings before finish: {polled:?}");
+    assert_eq!(count(&called, "already taken"), 1, "on_warning before finish: {called:?}");
+    assert_eq!(count(&stats.warnings, "already taken"), 1, "{:?}", stats.warnings);
+    assert_eq!(*seen.lock().unwrap(), stats.warnings);
+}
+
+/// Without anything going wrong while recording, what the guard showed is
+/// a prefix of the final list (start-up warnings only: none where perf events
+/// are allowed), and the callback saw the final list.
+#[test]
+fn the_guard_and_the_callback_agree_with_stats() {
+    let _serial = serial();
+    let (_dir, path) = spool_path("quiet.spool");
+    let (b, seen) = with_callback();
+    let g = b.start(&path).unwrap();
+    burn(0.1);
+    let polled = g.warnings();
+    let stats = g.finish().unwrap();
+    assert!(stats.warnings.starts_with(&polled), "{polled:?} then {:?}", stats.warnings);
+    assert_eq!(*seen.lock().unwrap(), stats.warnings);
+}
