@@ -45,7 +45,11 @@
 //! directory: each process (each exec image) writes `<pid>.<ns>.spool` there,
 //! `<ns>` being `CLOCK_MONOTONIC` nanoseconds at start, so the images one pid
 //! runs through `exec` sort in order. A recorder that cannot start leaves a
-//! `<pid>.<ns>.error` file with the reason for the collector to report.
+//! `<pid>.<ns>.error` file with the reason for the collector to report. Each
+//! warning of a recorder (`RecorderBuilder::on_warning`) is appended to
+//! `<pid>.<ns>.warnings` as it is found, one a line, which the collector
+//! prints while the command runs; at exit `<pid>.<ns>.stats` holds the
+//! counts and every warning again.
 
 mod signals;
 
@@ -158,15 +162,16 @@ extern "C" fn at_exit() {
             Ok(_) => {}
             Err(e) => {
                 if collected {
-                    let (written, lost) = match &e {
+                    let (written, lost, warnings) = match &e {
                         spulse::Error::Recorder(spulse::RecorderError::WriteStopped {
                             samples_written,
                             samples_lost,
+                            warnings,
                             ..
-                        }) => (*samples_written, *samples_lost),
-                        _ => (0, 0),
+                        }) => (*samples_written, *samples_lost, &warnings[..]),
+                        _ => (0, 0, &[][..]),
                     };
-                    write_stats(&stats_path, written, lost, Some(&e.to_string()), &[]);
+                    write_stats(&stats_path, written, lost, Some(&e.to_string()), warnings);
                 } else {
                     let _ = writeln!(std::io::stderr(), "spulse: finishing the recording failed: {e}");
                 }
@@ -209,6 +214,36 @@ fn write_stats(path: &Path, written: u64, lost: u64, failure: Option<&str>, warn
         .open(path);
     if let Ok(mut f) = f {
         let _ = f.write_all(&text.as_bytes()[..end]);
+    }
+}
+
+/// Most bytes of `<pid>.<ns>.warnings` (warnings are a few short sentences;
+/// the collector reads no more than this either). The rest reach the
+/// collector in the stats file at exit.
+const LIVE_WARNINGS_MAX: u64 = 16 * 1024;
+
+/// Append one warning line to `path` for the collector, which prints it while
+/// the command runs. Called on the recorder's writer thread: the file is
+/// opened for the one write and closed again (no descriptor is kept that the
+/// program could close or reuse), never through a symlink, never waiting on a
+/// FIFO, created 0600. A failure is not reported: the warning is in the stats
+/// file at exit anyway.
+fn append_warning(path: &Path, w: &str) {
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut line = w.replace('\n', " ");
+    line.push('\n');
+    let f = std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY | libc::O_CLOEXEC)
+        .open(path);
+    let Ok(mut f) = f else { return };
+    let fits = f.metadata().is_ok_and(|m| m.is_file() && m.len() + line.len() as u64 <= LIVE_WARNINGS_MAX);
+    if fits {
+        // One write of the whole line (O_APPEND): the collector never sees
+        // two lines interleaved.
+        let _ = f.write_all(line.as_bytes());
     }
 }
 
@@ -258,7 +293,11 @@ fn start_here() {
     };
     // Under `spulse record` the spool is a handoff that the collector copies
     // and deletes; the collector syncs the output it writes.
-    match spulse::Recorder::builder().sync_at_finish(dir.is_none()).start(&path) {
+    let mut builder = spulse::Recorder::builder().sync_at_finish(dir.is_none());
+    if let Some(live) = error_path.as_ref().map(|p| p.with_extension("warnings")) {
+        builder = builder.on_warning(move |w| append_warning(&live, w));
+    }
+    match builder.start(&path) {
         Ok(g) => {
             if let Ok(mut slot) = GUARD.lock() {
                 *slot = Some(g);

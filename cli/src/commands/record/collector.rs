@@ -2,14 +2,14 @@
 //! found there (`scan`), merged into the output while its process runs and
 //! finished when it ends or exec's (`tick`).
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ffi::OsString;
 use std::fs::File;
 use std::path::PathBuf;
 
 use spulse::SpoolWriter;
 
-use super::handoff::{check_entry, parse_name};
+use super::handoff::{check_entry, parse_name, read_new_lines};
 use super::process::{alive, proc_starttime};
 use crate::merge::{MergeError, Source};
 
@@ -49,6 +49,21 @@ pub(super) struct Collector {
     pub(super) entries: BTreeMap<(u32, u64), Entry>,
     pub(super) done: Vec<Done>,
     pub(super) seen: HashSet<OsString>,
+    pub(super) live: LiveWarnings,
+}
+
+/// The warnings the recorded processes hand over while they run (each
+/// recorder's `on_warning` appends them to `<pid>.<ns>.warnings`, see the
+/// preload library), as far as the collector has printed them.
+#[derive(Default)]
+pub(super) struct LiveWarnings {
+    /// Bytes of each warnings file already read (complete lines only).
+    offsets: HashMap<PathBuf, u64>,
+    /// (pid, warning) printed while recording: the summary does not print
+    /// them again (the `.warnings` file beside the output still holds them).
+    pub(super) shown: HashSet<(u32, String)>,
+    /// `Collector::done` entries whose warnings file had its last read.
+    done_read: usize,
 }
 
 impl Collector {
@@ -82,6 +97,33 @@ impl Collector {
                 Entry { path, starttime: proc_starttime(pid), state: EntryState::Waiting },
             );
         }
+    }
+
+    /// The warnings the recorded processes found since the last call, as
+    /// `process PID: ...`, each (pid, warning) once. Reads the warnings file
+    /// of every spool being merged, and a last time of every spool finished
+    /// since (its process has exited, so the file is complete).
+    pub(super) fn live_warnings(&mut self) -> Vec<String> {
+        let mut spools: Vec<(u32, PathBuf)> =
+            self.entries.iter().map(|(&(pid, _), e)| (pid, e.path.clone())).collect();
+        let live = &mut self.live;
+        spools.extend(self.done[live.done_read..].iter().map(|d| (d.pid, d.path.clone())));
+        live.done_read = self.done.len();
+        let mut out = Vec::new();
+        for (pid, spool) in spools {
+            let path = spool.with_extension("warnings");
+            let offset = live.offsets.get(&path).copied().unwrap_or(0);
+            let (lines, next) = read_new_lines(&path, offset);
+            if next != offset {
+                live.offsets.insert(path, next);
+            }
+            for w in lines {
+                if live.shown.insert((pid, w.clone())) {
+                    out.push(format!("process {pid}: {w}"));
+                }
+            }
+        }
+        out
     }
 
     pub(super) fn all_done(&self) -> bool {

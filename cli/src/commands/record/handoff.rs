@@ -147,6 +147,22 @@ pub(super) fn check_entry(path: &Path) -> Result<(), String> {
 /// `Err(None)` when there is no such file, `Err(Some(why))` when it was refused.
 pub(super) fn read_small(path: &Path) -> Result<String, Option<String>> {
     use std::io::Read;
+    let (f, m) = open_entry(path)?;
+    let mut buf = Vec::new();
+    f.take(SMALL_FILE_MAX + 1).read_to_end(&mut buf).map_err(|e| Some(e.to_string()))?;
+    let cut = buf.len() as u64 > SMALL_FILE_MAX;
+    buf.truncate(SMALL_FILE_MAX as usize);
+    let mut text = String::from_utf8_lossy(&buf).into_owned();
+    if cut {
+        text.push_str(&format!(" [cut at {SMALL_FILE_MAX} bytes of {}]", m.len()));
+    }
+    Ok(text)
+}
+
+/// Open a file of the private directory to read it: without following a
+/// symlink or waiting on a FIFO, accepted only as a regular file of ours.
+/// `Err(None)` when there is no such file, `Err(Some(why))` when it was refused.
+fn open_entry(path: &Path) -> Result<(File, std::fs::Metadata), Option<String>> {
     use std::os::unix::fs::MetadataExt;
     let f = std::fs::OpenOptions::new()
         .read(true)
@@ -170,13 +186,36 @@ pub(super) fn read_small(path: &Path) -> Result<String, Option<String>> {
     if m.uid() != me {
         return Err(Some(format!("it belongs to user {}, not to this user", m.uid())));
     }
-    let mut buf = Vec::new();
-    f.take(SMALL_FILE_MAX + 1).read_to_end(&mut buf).map_err(|e| Some(e.to_string()))?;
-    let cut = buf.len() as u64 > SMALL_FILE_MAX;
-    buf.truncate(SMALL_FILE_MAX as usize);
-    let mut text = String::from_utf8_lossy(&buf).into_owned();
-    if cut {
-        text.push_str(&format!(" [cut at {SMALL_FILE_MAX} bytes of {}]", m.len()));
+    Ok((f, m))
+}
+
+/// Most bytes of a process's live warnings file (`<pid>.<ns>.warnings`) the
+/// collector reads, in all (the preloaded library writes no more).
+pub(super) const LIVE_WARNINGS_MAX: u64 = 16 * 1024;
+
+/// The complete lines a process's live warnings file gained after `offset`
+/// (checked as [`read_small`] checks, read no further than
+/// [`LIVE_WARNINGS_MAX`]), and the offset after them. A line still being
+/// written (no newline yet) is left for the next call; a file that is not a
+/// regular file of ours, or is gone, gives nothing.
+pub(super) fn read_new_lines(path: &Path, offset: u64) -> (Vec<String>, u64) {
+    use std::io::{Read, Seek, SeekFrom};
+    if offset >= LIVE_WARNINGS_MAX {
+        return (Vec::new(), offset);
     }
-    Ok(text)
+    let Ok((mut f, _)) = open_entry(path) else { return (Vec::new(), offset) };
+    if f.seek(SeekFrom::Start(offset)).is_err() {
+        return (Vec::new(), offset);
+    }
+    let mut buf = Vec::new();
+    if f.take(LIVE_WARNINGS_MAX - offset).read_to_end(&mut buf).is_err() {
+        return (Vec::new(), offset);
+    }
+    let Some(end) = buf.iter().rposition(|&b| b == b'\n') else { return (Vec::new(), offset) };
+    let lines = buf[..end]
+        .split(|&b| b == b'\n')
+        .map(|l| String::from_utf8_lossy(l).chars().filter(|c| !c.is_control()).take(400).collect::<String>())
+        .filter(|l| !l.trim().is_empty())
+        .collect();
+    (lines, offset + end as u64 + 1)
 }

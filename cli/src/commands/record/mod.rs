@@ -186,8 +186,13 @@ pub fn run(args: &RecordArgs, embedded_lib: &[u8]) -> Result<i32, CliError> {
             CliError::other(out_err(&e))
         })?;
 
-    let mut collector =
-        Collector { dir: dir.path.clone(), entries: BTreeMap::new(), done: Vec::new(), seen: HashSet::new() };
+    let mut collector = Collector {
+        dir: dir.path.clone(),
+        entries: BTreeMap::new(),
+        done: Vec::new(),
+        seen: HashSet::new(),
+        live: Default::default(),
+    };
     let pidfd = pidfd_open(cmd_pid);
     let mut cmd_status: Option<i32> = None;
     // Set once writing the output failed: merging stops, the tree stays
@@ -217,10 +222,12 @@ pub fn run(args: &RecordArgs, embedded_lib: &[u8]) -> Result<i32, CliError> {
             }
         };
         step(&mut collector, &mut out_failed);
+        print_live_warnings(&mut collector);
         if tree_gone && collector.all_done() {
             // One more look: a process may have created its spool just before exiting.
             collector.scan();
             step(&mut collector, &mut out_failed);
+            print_live_warnings(&mut collector);
             if collector.all_done() {
                 break;
             }
@@ -240,7 +247,8 @@ pub fn run(args: &RecordArgs, embedded_lib: &[u8]) -> Result<i32, CliError> {
 
     let summary = collector.summary();
     let mut err = std::io::stderr().lock();
-    for w in &summary.warnings {
+    // All of them beside the output; on stderr those not printed already.
+    for w in &summary.fresh {
         let _ = writeln!(err, "spulse: warning: {}", crate::display::escape(w));
     }
     if !summary.warnings.is_empty() {
@@ -291,6 +299,20 @@ pub fn run(args: &RecordArgs, embedded_lib: &[u8]) -> Result<i32, CliError> {
         Some(code) if status == 0 => code,
         _ => status,
     })
+}
+
+/// Print, as they arrive, the warnings the recorded processes' recorders
+/// found while the command runs (the program taking the engine's signal or
+/// descriptors over, its spool's descriptor closed or reused, a full disk).
+fn print_live_warnings(collector: &mut Collector) {
+    let ws = collector.live_warnings();
+    if ws.is_empty() {
+        return;
+    }
+    let mut err = std::io::stderr().lock();
+    for w in ws {
+        let _ = writeln!(err, "spulse: warning: {}", crate::display::escape(&w));
+    }
 }
 
 /// The exports `--svg` and `--pprof` ask for.

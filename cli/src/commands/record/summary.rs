@@ -14,6 +14,9 @@ pub(super) struct Summary {
     pub(super) samples: u64,
     pub(super) lost: u64,
     pub(super) warnings: Vec<String>,
+    /// Of those, the ones not already printed while the command ran (see
+    /// `Collector::live_warnings`).
+    pub(super) fresh: Vec<String>,
     /// Processes that left an `.error` file (could not record).
     pub(super) unrecorded: usize,
     /// CPU time (user, system; microseconds) the recorded processes spent
@@ -73,12 +76,21 @@ impl Collector {
                 }
             }
         }
+        let group = |w: &str, pids: &[u32]| match pids {
+            [one] => format!("process {one}: {w}"),
+            many => format!("{} processes (first {}): {w}", many.len(), many[0]),
+        };
+        // Everything before the recorders' own warnings is new to the user.
+        let mut fresh = warnings.clone();
         for (w, pids) in reported {
-            warnings.push(match pids.as_slice() {
-                [one] => format!("process {one}: {w}"),
-                many => format!("{} processes (first {}): {w}", many.len(), many[0]),
-            });
+            let unshown: Vec<u32> =
+                pids.iter().copied().filter(|&p| !self.live.shown.contains(&(p, w.clone()))).collect();
+            if !unshown.is_empty() {
+                fresh.push(group(&w, &unshown));
+            }
+            warnings.push(group(&w, &pids));
         }
+        let before = warnings.len();
         if discarded > 0 {
             warnings.push(format!(
                 "{discarded} process spool{} not merged (writing the output had failed)",
@@ -116,7 +128,9 @@ impl Collector {
                 ));
             }
         }
-        Summary { processes: pids.len(), samples, lost, warnings, unrecorded: count, before_us }
+        // What came after the recorders' own warnings is new too.
+        fresh.extend_from_slice(&warnings[before..]);
+        Summary { processes: pids.len(), samples, lost, warnings, fresh, unrecorded: count, before_us }
     }
 }
 
