@@ -415,7 +415,7 @@ impl Run {
                 if self.error.is_none() {
                     let at = match &e {
                         Error::Io { path: Some(_), .. } => String::new(),
-                        _ => format!(" of {}", self.current_path().display()),
+                        _ => format!(" {}", self.current_path().display()),
                     };
                     self.st.warnings.push(format!(
                         "writing the spool{at} stopped {:.1} s into the recording: {e}; the samples taken \
