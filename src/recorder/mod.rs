@@ -19,7 +19,8 @@
 //! `cfi_cache.rs` keeps its verdicts per library build), `writer/` (the spool
 //! side: the run loop, control messages, the timeline that decides which
 //! samples to hold, rotation, and `intern.rs`), `builder.rs` (the settings and
-//! their checks), `stats.rs` (what a recording reports), `output.rs` (the
+//! their checks), `stats.rs` (what a recording reports), `warnings.rs` (the
+//! warnings handed to the program as the writer finds them), `output.rs` (the
 //! output-path template, segment paths, spool creation). This file holds the
 //! guard, the start sequence and its cleanup, and the Python-runtime marks.
 //!

@@ -23,7 +23,10 @@
 //! 5. reclaim replaced snapshots no handler can hold, and flush;
 //! 6. with rotation, when a segment is due: create the next segment, define
 //!    the active modules in it, then sync and unlock the one left behind
-//!    (see [`Run::rotate`]).
+//!    (see [`Run::rotate`]);
+//! 7. publish the warnings found so far (`Run::publish_warnings`: to the
+//!    guard and the program's callback, once each); also after every other
+//!    wake-up of the loop, and during `finish` for those only known then.
 //!
 //! With the perf-stack engine the "ring" of step 1 is also every thread's
 //! kernel ring: drained and unwound (`stack_sampler.rs`) with the current
