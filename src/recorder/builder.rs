@@ -311,7 +311,10 @@ impl RecorderBuilder {
     /// does not drain samples, so it should return quickly (a slow callback
     /// fills the ring and loses samples, counted in
     /// [`LostSamples::ring_full`](super::LostSamples::ring_full)). A callback
-    /// that panics is not called again (a warning says so). The recorder
+    /// that panics is not called again (a warning says so). It must not
+    /// wait for the recorder: finishing or dropping the [`Guard`] there, or
+    /// calling [`python_runtime_enter`](crate::python_runtime_enter), waits
+    /// for the writer thread, which is the thread running the callback. The recorder
     /// itself never writes warnings to stderr or to any descriptor it did not
     /// open (stderr belongs to the program, which may have closed it or
     /// reused its number): printing or logging them is the program's choice,

@@ -211,11 +211,46 @@ pub(super) fn read_new_lines(path: &Path, offset: u64) -> (Vec<String>, u64) {
     if f.take(LIVE_WARNINGS_MAX - offset).read_to_end(&mut buf).is_err() {
         return (Vec::new(), offset);
     }
-    let Some(end) = buf.iter().rposition(|&b| b == b'\n') else { return (Vec::new(), offset) };
+    let Some(end) = buf.iter().rposition(|&b| b == b'\n') else {
+        // No line yet; a file that fills the bound without one is not read again.
+        let full = offset + buf.len() as u64 >= LIVE_WARNINGS_MAX;
+        return (Vec::new(), if full { LIVE_WARNINGS_MAX } else { offset });
+    };
     let lines = buf[..end]
         .split(|&b| b == b'\n')
         .map(|l| String::from_utf8_lossy(l).chars().filter(|c| !c.is_control()).take(400).collect::<String>())
         .filter(|l| !l.trim().is_empty())
         .collect();
     (lines, offset + end as u64 + 1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn live_lines_are_read_whole_bounded_and_only_from_regular_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("1.2.warnings");
+        assert_eq!(read_new_lines(&p, 0), (Vec::<String>::new(), 0), "no file yet");
+        std::fs::write(&p, "first\nsecond\nthi").unwrap();
+        let (lines, at) = read_new_lines(&p, 0);
+        assert_eq!(lines, ["first", "second"]);
+        assert_eq!(at, 13, "the line still being written is left");
+        std::fs::write(&p, "first\nsecond\nthird\x1b[2J\n").unwrap();
+        assert_eq!(read_new_lines(&p, at), (vec!["third[2J".to_string()], 23));
+        // No newline within the bound: given up, never read again.
+        let big = dir.path().join("3.4.warnings");
+        std::fs::write(&big, vec![b'x'; 100_000]).unwrap();
+        assert_eq!(read_new_lines(&big, 0), (Vec::new(), LIVE_WARNINGS_MAX));
+        // A symlink to a file of lines, and a FIFO, give nothing (and do not block).
+        let link = dir.path().join("5.6.warnings");
+        std::os::unix::fs::symlink(&p, &link).unwrap();
+        assert_eq!(read_new_lines(&link, 0).0.len(), 0);
+        let fifo = dir.path().join("7.8.warnings");
+        let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: mkfifo with a NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        assert_eq!(read_new_lines(&fifo, 0).0.len(), 0);
+    }
 }
