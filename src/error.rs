@@ -418,14 +418,17 @@ impl Error {
             Error::Format { path: None, offset, kind } => {
                 Error::Format { path: Some(path.to_path_buf()), offset, kind }
             }
-            Error::Recorder(RecorderError::WriteStopped { source, samples_written, samples_lost, warnings }) => {
-                Error::Recorder(RecorderError::WriteStopped {
-                    source: Box::new(source.with_path(path)),
-                    samples_written,
-                    samples_lost,
-                    warnings,
-                })
-            }
+            Error::Recorder(RecorderError::WriteStopped {
+                source,
+                samples_written,
+                samples_lost,
+                warnings,
+            }) => Error::Recorder(RecorderError::WriteStopped {
+                source: Box::new(source.with_path(path)),
+                samples_written,
+                samples_lost,
+                warnings,
+            }),
             other => other,
         }
     }

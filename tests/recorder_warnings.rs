@@ -163,3 +163,27 @@ fn the_guard_and_the_callback_agree_with_stats() {
     assert!(stats.warnings.starts_with(&polled), "{polled:?} then {:?}", stats.warnings);
     assert_eq!(*seen.lock().unwrap(), stats.warnings);
 }
+
+/// Samples lost to a full ring are said while recording, once, with the
+/// reason; and only when some were lost. A ring of 2 slots at 4 kHz cannot
+/// hold what arrives between two drains (a timer engine, capped at the
+/// kernel's tick, may lose none: then no warning may appear).
+#[test]
+fn samples_lost_to_a_full_ring_are_warned_while_recording() {
+    let _serial = serial();
+    let (_dir, path) = spool_path("full.spool");
+    let (b, seen) = with_callback();
+    let g = b.ring_capacity(2).frequency_hz(4000).start(&path).unwrap();
+    let needle = "the sample ring was full";
+    let (polled, called) = wait_for(&g, &seen, needle);
+    let stats = g.finish().unwrap();
+    if stats.samples_lost.ring_full == 0 {
+        eprintln!("no sample lost with the {:?} engine: checking that nothing is said", stats.engine);
+        assert_eq!(count(&stats.warnings, needle), 0, "{:?}", stats.warnings);
+        return;
+    }
+    assert_eq!(count(&polled, needle), 1, "Guard::warnings before finish: {polled:?}");
+    assert_eq!(count(&called, needle), 1, "on_warning before finish: {called:?}");
+    assert_eq!(count(&stats.warnings, needle), 1, "{:?}", stats.warnings);
+    assert_eq!(*seen.lock().unwrap(), stats.warnings);
+}

@@ -201,6 +201,10 @@ struct Run {
     short: Option<Duration>,
     /// The ring-full loss count at the last tick.
     lost_before: u64,
+    /// Whether the losses to a full ring, and to busy unwinder caches, were
+    /// said (`warn_losses`).
+    warned_ring_full: bool,
+    warned_no_cache: bool,
     /// The perf-stack engine's unwinding, taken out of the state.
     stack_sampler: Option<StackSampler>,
     /// The control channel's eventfd (perf-stack engine only).
@@ -311,6 +315,8 @@ pub(crate) fn main(rx: Receiver<Control>, wake: Option<Arc<OwnFd>>) -> Result<St
         drained: 0,
         short: None,
         lost_before: 0,
+        warned_ring_full: false,
+        warned_no_cache: false,
         stack_sampler,
         wake,
         confirmed: 0,
@@ -494,6 +500,7 @@ impl Run {
         if self.st.rotation.as_ref().is_some_and(|r| Instant::now() >= r.due) {
             self.rotate();
         }
+        self.warn_losses();
         self.publish_warnings();
         // Fixed rate: the next tick is one interval after this one was due,
         // not after it finished, so flushes never drift apart.
@@ -511,6 +518,30 @@ impl Run {
         let wait = adapt_wait(wait, arrived, self.st.shared.ring.capacity() as u64, interval);
         self.short = (wait < interval).then_some(wait);
         *next = (*next).min(now + wait);
+    }
+
+    /// Say, once each and as soon as they start, that samples are being lost
+    /// and why (the counts are in `Stats::samples_lost` at the end).
+    fn warn_losses(&mut self) {
+        let c = &self.st.shared.counters;
+        let full = c.lost_ring_full.load(Ordering::Relaxed);
+        if full > 0 && !self.warned_ring_full {
+            self.warned_ring_full = true;
+            self.st.warnings.push(format!(
+                "samples are being lost: the sample ring was full ({full} so far): the writer thread got too \
+                 little CPU to drain it (thousands of runnable threads can starve it) or the ring is too small \
+                 for the rate (RecorderBuilder::ring_capacity)"
+            ));
+        }
+        let no_cache = c.lost_no_cache.load(Ordering::Relaxed);
+        if no_cache > 0 && !self.warned_no_cache {
+            self.warned_no_cache = true;
+            self.st.warnings.push(format!(
+                "samples are being lost: every unwinder cache was in use ({no_cache} so far): signal handlers \
+                 preempted while unwinding, with many more runnable threads than CPUs"
+            ));
+        }
+        self.warn_switch_losses();
     }
 
     /// Check the executable's unwind tables left from start, keeping to the
@@ -975,6 +1006,7 @@ impl Run {
         // The recording is complete on disk: readers may know it now.
         self.st.out.get_ref().release();
         // Those only known now (and any of the steps above).
+        self.warn_losses();
         self.publish_warnings();
         if let Some(e) = self.error.take() {
             // Samples written after the last flush that succeeded went with

@@ -40,6 +40,8 @@ pub(crate) struct OffCpu {
     pub(super) last_leaf: HashMap<u32, StackId>,
     intervals: u64,
     with_stack: u64,
+    /// Whether the loss of switch records was said while recording.
+    warned_lost: bool,
 }
 
 impl OffCpu {
@@ -57,6 +59,7 @@ impl OffCpu {
             last_leaf: HashMap::default(),
             intervals: 0,
             with_stack: 0,
+            warned_lost: false,
         }
     }
 
@@ -109,6 +112,8 @@ impl Run {
                 ));
             }
             if s.records_lost > 0 {
+                // The total says it all; no "being lost" after it.
+                o.warned_lost = true;
                 self.st.warnings.push(format!(
                     "{} context-switch records lost (ring full): off-CPU time is missing for them",
                     s.records_lost
@@ -116,6 +121,20 @@ impl Run {
             }
         }
         self.st.off_cpu = Some(o);
+    }
+
+    /// Say once, as soon as it starts, that switch records are being lost
+    /// (the total is said at the end).
+    pub(super) fn warn_switch_losses(&mut self) {
+        let Some(o) = self.st.off_cpu.as_mut() else { return };
+        let lost = o.tracker.counts.lost;
+        if lost > 0 && !o.warned_lost {
+            o.warned_lost = true;
+            self.st.warnings.push(format!(
+                "context-switch records are being lost ({lost} so far; ring full): the writer thread got too \
+                 little CPU to drain the switch rings; off-CPU time is missing for them"
+            ));
+        }
     }
 
     /// Between ticks, when a switch ring is a quarter full: drain the rings and
