@@ -2,12 +2,14 @@
 //! pair: 4 M pairs of 16-256 bytes (a window of 1,024 live, as the
 //! `threads` workload) on System, with only the allocation through
 //! `Sampled` (the thread-local count), with only the free through it (the
-//! filter), with both, and with a thread-local count of this crate's own in
-//! place of the sampler's. Modes rotate within each round; thread CPU time,
+//! filter), with both, with a thread-local count of this crate's own in
+//! place of the sampler's (after the allocation, or before it with a tail
+//! call), and with filters of its own (the sampler's bucket function and
+//! cheaper ones) in place of the sampler's. Modes rotate within each round; thread CPU time,
 //! nanoseconds per pair, medians, and the median of each round's difference
 //! to System in the same round.
 //!
-//!     cargo build --release --bin heap_split && target/release/heap_split 101 1000000
+//!     cargo build --release --bin heap_split && target/release/heap_split 1001 200000
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::hint::black_box;
@@ -16,7 +18,7 @@ use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use spulse::heap::Sampled;
 
 /// Bit 0: allocate through `Sampled`; bit 1: free through it; bit 2: count
-/// in `LEFT` instead; bit 3: check an own filter on free (bits 4-5: which
+/// in `LEFT` instead (with bit 5: before the allocation); bit 3: check an own filter on free (bits 4-5: which
 /// bucket function).
 static MODE: AtomicU8 = AtomicU8::new(0);
 static INNER: Sampled<System> = Sampled::new(System);
@@ -82,7 +84,20 @@ unsafe impl GlobalAlloc for Switch {
         if m & 1 != 0 {
             // SAFETY: our caller's contract, passed on unchanged.
             unsafe { INNER.alloc(l) }
+        } else if m & 36 == 36 {
+            // The count first, then a tail call (as `Sampled` does now).
+            let past = LEFT.with(|c| {
+                let v = c.get().wrapping_sub(l.size() as i64);
+                c.set(v);
+                v < 0
+            });
+            if past {
+                LEFT.with(refill);
+            }
+            // SAFETY: our caller's contract, passed on unchanged.
+            unsafe { System.alloc(l) }
         } else if m & 4 != 0 {
+            // The count after the allocation (as `Sampled` did before).
             // SAFETY: our caller's contract, passed on unchanged.
             let p = unsafe { System.alloc(l) };
             LEFT.with(|c| {
@@ -154,15 +169,17 @@ fn main() {
     // A second argument: pairs per round (default 4 M; fewer and more rounds
     // pair the sides closer in time on a loaded machine).
     let n: usize = std::env::args().nth(2).and_then(|a| a.parse().ok()).unwrap_or(4_000_000);
-    let modes = [0u8, 1, 2, 3, 8, 24, 40, 56];
+    let modes = [0u8, 1, 2, 3, 4, 36, 8, 24, 40, 56];
     let names = [
         "System",
         "count only (alloc)",
         "filter only (free)",
         "Sampled (both)",
-        "own filter, same hash, no GOT load",
-        "own filter, address bits, no multiply",
-        "own filter, address ^ page number",
+        "own thread-local count after the allocation",
+        "own thread-local count before it, tail call",
+        "own filter, multiplicative hash (as before), no GOT load",
+        "own filter, address bits 4-17 alone",
+        "own filter, address bits 4-17 ^ page number",
         "own filter, 32-bit multiply",
     ];
     let mut t = vec![vec![]; modes.len()];
