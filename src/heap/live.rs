@@ -293,7 +293,8 @@ mod tests {
         // a page; jemalloc's and mimalloc's on it): nearly as many buckets,
         // where the address's low bits alone give 64.
         for offset in [0u64, 16] {
-            let mut seen: Vec<usize> = (0..4096u64).map(|p| bucket(0x7f00_0000_0000 + (p << 12) + offset)).collect();
+            let mut seen: Vec<usize> =
+                (0..4096u64).map(|p| bucket(0x7f00_0000_0000 + (p << 12) + offset)).collect();
             seen.sort_unstable();
             seen.dedup();
             assert!(seen.len() >= 4000, "offset {offset}: {} buckets", seen.len());

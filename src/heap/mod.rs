@@ -215,7 +215,13 @@ impl<A: GlobalAlloc> Sampled<A> {
     /// As [`GlobalAlloc::realloc`].
     #[cold]
     #[inline(never)]
-    unsafe fn realloc_sampled(&self, ptr: *mut u8, layout: Layout, new_size: usize, reached: bool) -> *mut u8 {
+    unsafe fn realloc_sampled(
+        &self,
+        ptr: *mut u8,
+        layout: Layout,
+        new_size: usize,
+        reached: bool,
+    ) -> *mut u8 {
         // A reallocation is the free of the old block and the allocation of
         // the new one (as jemalloc's profiler counts it).
         let old = if live::maybe_sampled(ptr) { live::remove(ptr) } else { None };

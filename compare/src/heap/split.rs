@@ -204,7 +204,9 @@ fn main() {
         v.sort_by(|a, b| a.partial_cmp(b).unwrap());
         v
     };
-    println!("| side | ns per pair, median (min) | over System, median of per-round differences (quartiles) |");
+    println!(
+        "| side | ns per pair, median (min) | over System, median of per-round differences (quartiles) |"
+    );
     println!("| --- | --- | --- |");
     for m in 0..modes.len() {
         let (tm, dm) = (sorted(&t[m]), sorted(&d[m]));
