@@ -5,7 +5,7 @@
 //!
 //! Every `dealloc` has to find out whether its block was sampled. A filter
 //! answers nearly all of them with one load from 2 KiB: [`FILTER_BUCKETS`]
-//! buckets indexed by a hash of the address, one bit each in [`BITS`] (set
+//! buckets indexed by the address (see [`bucket`]), one bit each in [`BITS`] (set
 //! while the bucket holds a block of the table), read by every free, and a
 //! one-byte count each in a separate array, touched only when a sampled
 //! block comes or goes. A clear bit means "not sampled". Only blocks whose
@@ -15,8 +15,14 @@
 //! that it stays in the first-level cache of a program that frees a lot
 //! however much of that cache its own data takes (the counts were read
 //! directly before, 16 KiB; and before that 128 KiB of four-byte counters,
-//! which cost +10-15 % on 8 threads doing nothing but malloc/free). On such
-//! a benchmark the filter costs about 0.3 ns a free (BENCHMARKS.md).
+//! which cost +10-15 % on 8 threads doing nothing but malloc/free). The
+//! bucket is the address's bits 4-17 xor its bits 18-31, not a multiplicative
+//! hash: blocks near each other in memory (allocated together, freed
+//! together) share a bit word, so a run of frees touches few of the 32
+//! lines; with the hash each free read a line at random, and the
+//! program's own data evicted them. On a benchmark of 8 threads doing
+//! nothing but malloc/free the filter costs about 0.4-0.55 ns a free, the
+//! hash 0.6-0.8 (BENCHMARKS.md, `heap_split`).
 //!
 //! A bucket counts at most 254 blocks; one more is not tracked. The last
 //! block to leave a bucket clears its bit while holding the count at a
@@ -99,10 +105,15 @@ fn hash(addr: u64) -> u64 {
     (addr >> 4).wrapping_mul(0x9e37_79b9_7f4a_7c15)
 }
 
-/// The filter bucket of `addr`.
+/// The filter bucket of `addr`: its bits 4-17 (blocks are 16-byte aligned,
+/// or 8: two neighbours share a bucket) xor its bits 18-31. Blocks in one
+/// 256 KiB stretch fall in distinct buckets, neighbours in neighbouring ones
+/// (one bit word holds 1 KiB of blocks); the high bits spread blocks aligned
+/// to pages or more (large blocks, whose low bits are all alike) over the
+/// buckets.
 #[inline(always)]
 fn bucket(addr: u64) -> usize {
-    (hash(addr) >> (64 - FILTER_BUCKETS.trailing_zeros())) as usize
+    (((addr >> 4) ^ (addr >> 18)) & (FILTER_BUCKETS as u64 - 1)) as usize
 }
 
 /// The bit word of bucket `b` and the bucket's bit in it.
@@ -274,6 +285,25 @@ mod tests {
         for (i, &a) in same_home.iter().enumerate().rev() {
             assert_eq!(remove(a as *mut u8).map(|b| b.stack), (i < MAX_PROBE).then_some(i as u32));
         }
+    }
+
+    #[test]
+    fn page_aligned_blocks_spread_over_the_filter() {
+        // 4,096 consecutive pages (glibc's large blocks start 16 bytes into
+        // a page; jemalloc's and mimalloc's on it): nearly as many buckets,
+        // where the address's low bits alone give 64.
+        for offset in [0u64, 16] {
+            let mut seen: Vec<usize> =
+                (0..4096u64).map(|p| bucket(0x7f00_0000_0000 + (p << 12) + offset)).collect();
+            seen.sort_unstable();
+            seen.dedup();
+            assert!(seen.len() >= 4000, "offset {offset}: {} buckets", seen.len());
+        }
+        // Blocks in one 256 KiB stretch: all distinct.
+        let mut seen: Vec<usize> = (0..16384u64).map(|i| bucket(0x5555_5555_0000 + (i << 4))).collect();
+        seen.sort_unstable();
+        seen.dedup();
+        assert_eq!(seen.len(), FILTER_BUCKETS);
     }
 
     #[test]

@@ -178,34 +178,107 @@ fn forget(p: *mut u8) {
     }
 }
 
-// SAFETY: every call is passed on to `A` with the caller's arguments
-// unchanged, so `A`'s guarantees are ours; the bookkeeping around it never
-// touches the blocks' memory.
-unsafe impl<A: GlobalAlloc> GlobalAlloc for Sampled<A> {
-    #[inline]
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+impl<A: GlobalAlloc> Sampled<A> {
+    /// The rest of an allocation whose bytes reach this thread's pending
+    /// sample point ([`sampler::charge`] said so): allocate, then sample.
+    ///
+    /// # Safety
+    ///
+    /// As [`GlobalAlloc::alloc`].
+    #[cold]
+    #[inline(never)]
+    unsafe fn alloc_reaching(&self, layout: Layout, zeroed: bool) -> *mut u8 {
         // SAFETY: our caller's contract is `A`'s.
-        let p = unsafe { self.inner.alloc(layout) };
-        if !p.is_null() {
-            let points = sampler::take(layout.size(), self.rate);
-            if points != 0 {
-                record(p, layout.size(), points);
+        let p = unsafe {
+            if zeroed {
+                self.inner.alloc_zeroed(layout)
+            } else {
+                self.inner.alloc(layout)
             }
+        };
+        if p.is_null() {
+            sampler::refund(layout.size());
+            return p;
+        }
+        let points = sampler::points(layout.size(), self.rate);
+        if points != 0 {
+            record(p, layout.size(), points);
         }
         p
     }
 
-    #[inline]
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+    /// The rest of a reallocation whose old block may be sampled, or whose
+    /// new size reaches the pending point (`reached`).
+    ///
+    /// # Safety
+    ///
+    /// As [`GlobalAlloc::realloc`].
+    #[cold]
+    #[inline(never)]
+    unsafe fn realloc_sampled(
+        &self,
+        ptr: *mut u8,
+        layout: Layout,
+        new_size: usize,
+        reached: bool,
+    ) -> *mut u8 {
+        // A reallocation is the free of the old block and the allocation of
+        // the new one (as jemalloc's profiler counts it).
+        let old = if live::maybe_sampled(ptr) { live::remove(ptr) } else { None };
         // SAFETY: our caller's contract is `A`'s.
-        let p = unsafe { self.inner.alloc_zeroed(layout) };
-        if !p.is_null() {
-            let points = sampler::take(layout.size(), self.rate);
+        let p = unsafe { self.inner.realloc(ptr, layout, new_size) };
+        if p.is_null() {
+            // The old block stays allocated: back into the table; the new
+            // bytes are not counted.
+            if let Some(b) = old {
+                live::insert(ptr, b);
+            }
+            if reached {
+                sampler::refund(new_size);
+            }
+            return p;
+        }
+        if let Some(b) = old {
+            stacks::add_free(b.stack, b.objects, b.bytes);
+        }
+        if reached {
+            let points = sampler::points(new_size, self.rate);
             if points != 0 {
-                record(p, layout.size(), points);
+                record(p, new_size, points);
             }
         }
         p
+    }
+}
+
+// SAFETY: every call is passed on to `A` with the caller's arguments
+// unchanged, so `A`'s guarantees are ours; the bookkeeping around it never
+// touches the blocks' memory.
+//
+// The fast paths (no sample point reached, block not sampled) end in a tail
+// call to `A`: the count is taken before the allocation. An allocation that
+// fails on the fast path has its bytes counted all the same (fewer than the
+// bytes left to the pending point: the grid shifts by that much); one that
+// reaches the point and fails is not counted.
+unsafe impl<A: GlobalAlloc> GlobalAlloc for Sampled<A> {
+    #[inline]
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        if sampler::charge(layout.size()) {
+            // SAFETY: our caller's contract is `A`'s.
+            return unsafe { self.inner.alloc(layout) };
+        }
+        // SAFETY: our caller's contract.
+        unsafe { self.alloc_reaching(layout, false) }
+    }
+
+    #[inline]
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        if sampler::charge(layout.size()) {
+            // SAFETY: our caller's contract is `A`'s.
+            return unsafe { self.inner.alloc_zeroed(layout) };
+        }
+        // SAFETY: our caller's contract.
+        unsafe { self.alloc_reaching(layout, true) }
     }
 
     #[inline]
@@ -220,25 +293,86 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for Sampled<A> {
 
     #[inline]
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        // A reallocation is the free of the old block and the allocation of
-        // the new one (as jemalloc's profiler counts it).
-        let old = if live::maybe_sampled(ptr) { live::remove(ptr) } else { None };
-        // SAFETY: our caller's contract is `A`'s.
-        let p = unsafe { self.inner.realloc(ptr, layout, new_size) };
-        if p.is_null() {
-            // The old block stays allocated: back into the table.
-            if let Some(b) = old {
-                live::insert(ptr, b);
+        let reached = !sampler::charge(new_size);
+        if !(reached | live::maybe_sampled(ptr)) {
+            // SAFETY: our caller's contract is `A`'s.
+            return unsafe { self.inner.realloc(ptr, layout, new_size) };
+        }
+        // SAFETY: our caller's contract.
+        unsafe { self.realloc_sampled(ptr, layout, new_size, reached) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicBool;
+
+    /// The system allocator, failing every allocation while [`FAIL`] is set.
+    struct Failing;
+    static FAIL: AtomicBool = AtomicBool::new(false);
+
+    // SAFETY: passes everything to System, or returns null (allowed).
+    unsafe impl GlobalAlloc for Failing {
+        unsafe fn alloc(&self, l: Layout) -> *mut u8 {
+            if FAIL.load(Ordering::Relaxed) {
+                return std::ptr::null_mut();
             }
-            return p;
+            // SAFETY: our caller's contract, passed on.
+            unsafe { std::alloc::System.alloc(l) }
         }
-        if let Some(b) = old {
-            stacks::add_free(b.stack, b.objects, b.bytes);
+        unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
+            // SAFETY: our caller's contract, passed on.
+            unsafe { std::alloc::System.dealloc(p, l) }
         }
-        let points = sampler::take(new_size, self.rate);
-        if points != 0 {
-            record(p, new_size, points);
+        unsafe fn realloc(&self, p: *mut u8, l: Layout, n: usize) -> *mut u8 {
+            if FAIL.load(Ordering::Relaxed) {
+                return std::ptr::null_mut();
+            }
+            // SAFETY: our caller's contract, passed on.
+            unsafe { std::alloc::System.realloc(p, l, n) }
         }
-        p
+    }
+
+    #[test]
+    fn a_failed_allocation_past_the_pending_point_is_not_counted() {
+        // On a thread of its own: the count is per thread. `FAIL` is read
+        // only by this test's allocator.
+        std::thread::spawn(|| {
+            let s = Sampled::with_rate(Failing, 1 << 20);
+            let l = Layout::from_size_align(64, 8).unwrap();
+            // Lay the grid; go on until the pending point is at least
+            // 4 KiB away (at most a few allocations past a point).
+            let q = loop {
+                // SAFETY: a valid layout; freed below or kept as `q`.
+                let p = unsafe { s.alloc(l) };
+                assert!(!p.is_null());
+                if sampler::left() >= 4096 {
+                    break p;
+                }
+                // SAFETY: allocated above with `l`.
+                unsafe { s.dealloc(p, l) };
+            };
+            let left = sampler::left();
+            FAIL.store(true, Ordering::Relaxed);
+            let past = Layout::from_size_align(left as usize + 1, 8).unwrap();
+            // SAFETY: a valid layout (the allocator fails it).
+            assert!(unsafe { s.alloc(past) }.is_null());
+            assert_eq!(sampler::left(), left, "a failed allocation past the point is not counted");
+            // SAFETY: `q` was allocated with `l`; the allocator fails the
+            // new size and `q` stays allocated.
+            assert!(unsafe { s.realloc(q, l, past.size()) }.is_null());
+            assert_eq!(sampler::left(), left, "nor a failed reallocation");
+            // Short of the point a failed allocation's bytes are counted (the
+            // fast path hands over to the allocator without looking back).
+            // SAFETY: a valid layout (the allocator fails it).
+            assert!(unsafe { s.alloc(l) }.is_null());
+            assert_eq!(sampler::left(), left - 64);
+            FAIL.store(false, Ordering::Relaxed);
+            // SAFETY: `q` is still allocated with `l`.
+            unsafe { s.dealloc(q, l) };
+        })
+        .join()
+        .unwrap();
     }
 }

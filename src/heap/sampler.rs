@@ -19,7 +19,8 @@
 //! than Poisson. The points are independent between strata, so there is no
 //! aliasing with periodic allocation patterns (measured: `compare/heap_sampling.py`).
 //!
-//! An unsampled allocation costs one thread-local decrement and a compare.
+//! An unsampled allocation costs one thread-local decrement and a sign test,
+//! made before the allocation ([`charge`]).
 //! Every thread-local here is `const`-initialized and has no destructor, so it
 //! is a plain `#[thread_local]` slot: reading it never allocates, never
 //! registers anything, and works during and after the thread's TLS
@@ -80,25 +81,56 @@ pub(crate) fn grid() -> u64 {
     GRID.with(Cell::get)
 }
 
-/// Count `size` bytes allocated by this thread; the number of sample points
-/// the allocation holds (0: not sampled). The fast path is the decrement.
+/// Count `size` bytes about to be allocated by this thread: true if they
+/// hold no sample point (the fast path, one thread-local decrement and a
+/// sign test, done before the allocation so that the wrapper can hand over
+/// to the inner allocator with a tail call). False: the allocation reaches
+/// the pending point (or this is the thread's first allocation, or sampling
+/// is off); then [`points`] once the allocation succeeded, or [`refund`] if
+/// it failed.
 #[inline(always)]
-pub(crate) fn take(size: usize, own_rate: usize) -> u64 {
+pub(crate) fn charge(size: usize) -> bool {
     BYTES_LEFT.with(|left| {
         let l = left.get().wrapping_sub(size as i64);
         left.set(l);
-        if l >= 0 {
-            0
-        } else {
-            slow(left, size, own_rate)
-        }
+        l >= 0
     })
+}
+
+/// Give back the `size` bytes of an allocation that [`charge`] found
+/// reaching the pending point and that failed: it is not counted.
+#[cold]
+pub(crate) fn refund(size: usize) {
+    BYTES_LEFT.with(|left| left.set(left.get().wrapping_add(size as i64)));
+}
+
+/// The sample points an allocation of `size` bytes holds, given that
+/// [`charge`] returned false for it and it succeeded (0: none after all).
+#[cold]
+#[inline(never)]
+pub(crate) fn points(size: usize, own_rate: usize) -> u64 {
+    BYTES_LEFT.with(|left| slow(left, size, own_rate))
+}
+
+/// Bytes this thread may still allocate before its pending point.
+#[cfg(test)]
+pub(crate) fn left() -> i64 {
+    BYTES_LEFT.with(Cell::get)
+}
+
+/// Count `size` bytes allocated by this thread; the number of sample points
+/// the allocation holds (0: not sampled).
+#[cfg(test)]
+fn take(size: usize, own_rate: usize) -> u64 {
+    if charge(size) {
+        0
+    } else {
+        points(size, own_rate)
+    }
 }
 
 /// The allocation reaches the pending point (or this is the thread's first
 /// allocation, or sampling is off).
-#[cold]
-#[inline(never)]
 fn slow(left: &Cell<i64>, size: usize, own_rate: usize) -> u64 {
     let rate = rate(own_rate);
     if BUSY.with(Cell::get) || rate == 0 {

@@ -10,6 +10,9 @@
 //! before the switch. Rounds are timed in process CPU time (all threads).
 //!
 //!     cargo build --release --bin heap_ab && target/release/heap_ab 15 [workload]
+//!
+//! `HEAP_RATE=bytes` sets `Sampled`'s mean sampling interval
+//! (`spulse::heap::set_sample_rate`).
 #[path = "workload.rs"]
 mod workload;
 
@@ -120,6 +123,11 @@ fn main() {
     let rounds: usize = std::env::args().nth(1).and_then(|a| a.parse().ok()).unwrap_or(15);
     // A second argument: only the workload of that name.
     let only = std::env::args().nth(2);
+    // HEAP_RATE=bytes: another mean sampling interval for `Sampled` (a huge
+    // one leaves the fast paths alone; a small one measures the samples).
+    if let Some(r) = std::env::var("HEAP_RATE").ok().and_then(|r| r.parse().ok()) {
+        spulse::heap::set_sample_rate(Some(r));
+    }
     let base = base_name();
     let mut sides = vec![base.to_string(), format!("Sampled<{base}>")];
     if jemalloc_prof(Some(false)) {
