@@ -18,7 +18,7 @@
 use std::os::raw::c_int;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use spulse::__interpose::SigactionFn;
+use spulse::__interpose::{MaskFn, SigactionFn};
 
 /// The C library's `sigaction` (`dlsym(RTLD_NEXT)`), 0 until found.
 static REAL: AtomicUsize = AtomicUsize::new(0);
@@ -110,4 +110,84 @@ pub extern "C" fn bsd_signal(sig: c_int, handler: libc::sighandler_t) -> libc::s
 #[no_mangle]
 pub extern "C" fn sysv_signal(sig: c_int, handler: libc::sighandler_t) -> libc::sighandler_t {
     install(sig, handler, libc::SA_RESETHAND | libc::SA_NODEFER, false)
+}
+
+/// The C library's `pthread_sigmask` and `sigprocmask` (`dlsym(RTLD_NEXT)`),
+/// 0 until found.
+static REAL_PTHREAD_SIGMASK: AtomicUsize = AtomicUsize::new(0);
+static REAL_SIGPROCMASK: AtomicUsize = AtomicUsize::new(0);
+
+fn real_mask(slot: &AtomicUsize, name: &std::ffi::CStr) -> Option<MaskFn> {
+    let mut p = slot.load(Ordering::Acquire);
+    if p == 0 {
+        // SAFETY: dlsym with RTLD_NEXT and a NUL-terminated name; it returns
+        // the next definition after this library (the C library's) or null.
+        p = unsafe { libc::dlsym(libc::RTLD_NEXT, name.as_ptr()) } as usize;
+        if p == 0 {
+            return None;
+        }
+        slot.store(p, Ordering::Release);
+    }
+    // SAFETY: the C library's `pthread_sigmask` or `sigprocmask`, which have
+    // this signature.
+    Some(unsafe { std::mem::transmute::<usize, MaskFn>(p) })
+}
+
+/// Find the C library's mask functions and let the recorder keep SIGTRAP out
+/// of the threads' real masks (`recording`: this process is recorded):
+/// called from the constructor, before the recorder starts (`dlsym` is not async-signal-safe; a program may call
+/// `pthread_sigmask` in a signal handler).
+pub(crate) fn init_masks(recording: bool) {
+    let a = real_mask(&REAL_PTHREAD_SIGMASK, c"pthread_sigmask");
+    let b = real_mask(&REAL_SIGPROCMASK, c"sigprocmask");
+    if recording && a.is_some() && b.is_some() {
+        spulse::__interpose::enable_virtual_mask();
+    }
+}
+
+/// `pthread_sigmask(3)`, as seen by the program: while the perf-event engine
+/// samples with SIGTRAP, the thread's real mask never blocks it, and the
+/// program reads back the mask it set (`spulse::__interpose::sigmask`).
+///
+/// # Safety
+/// As `pthread_sigmask(3)`.
+#[no_mangle]
+pub unsafe extern "C" fn pthread_sigmask(
+    how: c_int,
+    set: *const libc::sigset_t,
+    old: *mut libc::sigset_t,
+) -> c_int {
+    let Some(real) = real_mask(&REAL_PTHREAD_SIGMASK, c"pthread_sigmask") else {
+        return libc::ENOSYS;
+    };
+    // SAFETY: the caller's contract, passed on.
+    if let Some(rc) = unsafe { spulse::__interpose::sigmask(real, how, set, old) } {
+        return rc;
+    }
+    // SAFETY: the caller's contract, passed on to the C library.
+    unsafe { real(how, set, old) }
+}
+
+/// `sigprocmask(2)`: as [`pthread_sigmask`] (it sets the calling thread's
+/// mask), returning -1 and setting `errno` on failure.
+///
+/// # Safety
+/// As `sigprocmask(2)`.
+#[no_mangle]
+pub unsafe extern "C" fn sigprocmask(
+    how: c_int,
+    set: *const libc::sigset_t,
+    old: *mut libc::sigset_t,
+) -> c_int {
+    let Some(real) = real_mask(&REAL_SIGPROCMASK, c"sigprocmask") else {
+        // SAFETY: errno is this thread's; ENOSYS says what happened.
+        unsafe { *libc::__errno_location() = libc::ENOSYS };
+        return -1;
+    };
+    // SAFETY: the caller's contract, passed on.
+    if let Some(rc) = unsafe { spulse::__interpose::sigmask(real, how, set, old) } {
+        return rc;
+    }
+    // SAFETY: the caller's contract, passed on to the C library.
+    unsafe { real(how, set, old) }
 }

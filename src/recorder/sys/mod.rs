@@ -19,6 +19,7 @@ pub(crate) mod perf_stack;
 pub(crate) mod perf_switch;
 pub(crate) mod preloaded;
 pub(crate) mod sigaction;
+pub(crate) mod sigmask;
 pub(crate) mod tcb;
 pub(crate) mod timer;
 
