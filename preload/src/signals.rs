@@ -15,7 +15,7 @@
 //! seen here; the recorder notices at its next tick that its handler was
 //! replaced and stops the engine that signals (see `Stats::warnings`).
 
-use std::os::raw::c_int;
+use std::os::raw::{c_int, c_void};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use spulse::__interpose::{MaskFn, SigactionFn};
@@ -140,6 +140,7 @@ fn real_mask(slot: &AtomicUsize, name: &std::ffi::CStr) -> Option<MaskFn> {
 pub(crate) fn init_masks(recording: bool) {
     let a = real_mask(&REAL_PTHREAD_SIGMASK, c"pthread_sigmask");
     let b = real_mask(&REAL_SIGPROCMASK, c"sigprocmask");
+    let _ = real_create();
     if recording && a.is_some() && b.is_some() {
         spulse::__interpose::enable_virtual_mask();
     }
@@ -190,4 +191,73 @@ pub unsafe extern "C" fn sigprocmask(
     }
     // SAFETY: the caller's contract, passed on to the C library.
     unsafe { real(how, set, old) }
+}
+
+/// The type of `pthread_create`.
+type CreateFn = unsafe extern "C" fn(
+    *mut libc::pthread_t,
+    *const libc::pthread_attr_t,
+    extern "C" fn(*mut c_void) -> *mut c_void,
+    *mut c_void,
+) -> c_int;
+
+/// The C library's `pthread_create` (`dlsym(RTLD_NEXT)`), 0 until found.
+static REAL_PTHREAD_CREATE: AtomicUsize = AtomicUsize::new(0);
+
+fn real_create() -> Option<CreateFn> {
+    let mut p = REAL_PTHREAD_CREATE.load(Ordering::Acquire);
+    if p == 0 {
+        // SAFETY: dlsym with RTLD_NEXT and a NUL-terminated name; it returns
+        // the next definition after this library (the C library's default
+        // version) or null.
+        p = unsafe { libc::dlsym(libc::RTLD_NEXT, c"pthread_create".as_ptr()) } as usize;
+        if p == 0 {
+            return None;
+        }
+        REAL_PTHREAD_CREATE.store(p, Ordering::Release);
+    }
+    // SAFETY: the C library's `pthread_create`, which has this signature.
+    Some(unsafe { std::mem::transmute::<usize, CreateFn>(p) })
+}
+
+/// What a thread started by [`pthread_create`] runs.
+struct Start {
+    routine: extern "C" fn(*mut c_void) -> *mut c_void,
+    arg: *mut c_void,
+}
+
+extern "C" fn start_blocking_trap(p: *mut c_void) -> *mut c_void {
+    // SAFETY: `p` is the `Box<Start>` leaked by `pthread_create` for this
+    // thread alone.
+    let start = unsafe { Box::from_raw(p as *mut Start) };
+    spulse::__interpose::inherit_blocks_trap();
+    (start.routine)(start.arg)
+}
+
+/// `pthread_create(3)`: a thread created by one whose program blocks SIGTRAP
+/// (kept out of its real mask: see [`pthread_sigmask`]) starts with the same
+/// view, as its mask is its creator's; every other call is passed on as is.
+///
+/// # Safety
+/// As `pthread_create(3)`.
+#[no_mangle]
+pub unsafe extern "C" fn pthread_create(
+    thread: *mut libc::pthread_t,
+    attr: *const libc::pthread_attr_t,
+    routine: extern "C" fn(*mut c_void) -> *mut c_void,
+    arg: *mut c_void,
+) -> c_int {
+    let Some(real) = real_create() else { return libc::ENOSYS };
+    if !spulse::__interpose::program_blocks_trap() {
+        // SAFETY: the caller's contract, passed on to the C library.
+        return unsafe { real(thread, attr, routine, arg) };
+    }
+    let start = Box::into_raw(Box::new(Start { routine, arg })) as *mut c_void;
+    // SAFETY: the caller's contract; our routine takes the box it is given.
+    let rc = unsafe { real(thread, attr, start_blocking_trap, start) };
+    if rc != 0 {
+        // SAFETY: no thread was created: the box is still ours.
+        drop(unsafe { Box::from_raw(start as *mut Start) });
+    }
+    rc
 }

@@ -301,6 +301,18 @@ pub mod interpose {
         // SAFETY: the caller's contract.
         unsafe { super::sys::sigmask::virtual_mask(real, how, set, old) }
     }
+
+    /// Whether the program blocks SIGTRAP on this thread while its real mask
+    /// does not (an interposed `pthread_create` then gives the new thread
+    /// the same flag, by [`inherit_blocks_trap`] in it).
+    pub fn program_blocks_trap() -> bool {
+        super::sys::sigmask::program_blocks_trap()
+    }
+
+    /// In a new thread whose creator's [`program_blocks_trap`] was true.
+    pub fn inherit_blocks_trap() {
+        super::sys::sigmask::inherit_blocks_trap()
+    }
 }
 
 /// Called in a forked child (async-signal-safe: atomics only): the parent's

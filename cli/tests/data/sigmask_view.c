@@ -3,7 +3,9 @@
  * pthread_sigmask and sigprocmask in turn, and checks each query's old set;
  * it prints whether the thread's real mask (SigBlk in
  * /proc/thread-self/status) blocks SIGTRAP: "real-blocks-trap 1" bare,
- * "real-blocks-trap 0" under spulse's perf-event engine.
+ * "real-blocks-trap 0" under spulse's perf-event engine. A thread created
+ * while SIGTRAP is blocked reads back SIGTRAP in its mask too, and a SIGTRAP
+ * sent to it (tgkill) stays pending until it reads it with sigtimedwait.
  * Exit 0: every old set was as set; 4 (with the step) otherwise. */
 #define _GNU_SOURCE
 #include <pthread.h>
@@ -11,6 +13,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
 
 static int step;
 
@@ -31,6 +36,25 @@ static int real_blocks_trap(void) {
 
 static int has(const sigset_t *s, int sig) { return sigismember(s, sig) == 1; }
 
+static volatile pid_t child_tid;
+static volatile int sent;
+
+static void *child(void *arg) {
+    (void)arg;
+    sigset_t old, trap;
+    sigemptyset(&trap); sigaddset(&trap, SIGTRAP);
+    int view = pthread_sigmask(SIG_BLOCK, NULL, &old) == 0 && has(&old, SIGTRAP);
+    child_tid = syscall(SYS_gettid);
+    /* Running, not waiting, when the signal comes. */
+    while (!sent) {}
+    struct timespec wait = {5, 0};
+    siginfo_t si;
+    int got = sigtimedwait(&trap, &si, &wait);
+    int ok = view && got == SIGTRAP && si.si_code <= 0 && si.si_pid == getpid();
+    if (!ok) printf("child: view %d, got %d, si_code %d\n", view, got, got > 0 ? si.si_code : 0);
+    return (void *)(long)ok;
+}
+
 int main(void) {
     sigset_t trap, usr1, old, none;
     sigemptyset(&trap); sigaddset(&trap, SIGTRAP);
@@ -39,6 +63,13 @@ int main(void) {
     expect(pthread_sigmask(SIG_BLOCK, &trap, &old) == 0 && !has(&old, SIGTRAP));
     expect(pthread_sigmask(SIG_BLOCK, NULL, &old) == 0 && has(&old, SIGTRAP));
     printf("real-blocks-trap %d\n", real_blocks_trap());
+    pthread_t t;
+    void *ok;
+    expect(pthread_create(&t, NULL, child, NULL) == 0);
+    while (!child_tid) usleep(1000);
+    syscall(SYS_tgkill, getpid(), child_tid, SIGTRAP);
+    sent = 1;
+    expect(pthread_join(t, &ok) == 0 && ok);
     expect(sigprocmask(SIG_BLOCK, &usr1, &old) == 0 && has(&old, SIGTRAP) && !has(&old, SIGUSR1));
     expect(sigprocmask(SIG_BLOCK, NULL, &old) == 0 && has(&old, SIGTRAP) && has(&old, SIGUSR1));
     expect(pthread_sigmask(SIG_UNBLOCK, &trap, &old) == 0 && has(&old, SIGTRAP));

@@ -20,13 +20,16 @@
 //! shared library goes through `__tls_get_addr`, which may allocate after a
 //! `dlopen`), and the wrapper stays async-signal-safe as `pthread_sigmask` is.
 //!
-//! Limits: a new thread starts with the flag clear (its real mask, inherited,
-//! does not block SIGTRAP, so it reads back a mask without SIGTRAP); masks
-//! set by raw system calls, by `sigsuspend`/`pselect`/`ppoll`/`epoll_pwait`,
-//! or across `exec` are not seen; a SIGTRAP sent by someone else (`kill`,
-//! `tgkill`) to a thread whose flag is set reaches our handler, which passes
-//! it on to the program's disposition (see the README: bare, it would stay
-//! pending).
+//! A thread created by `pthread_create` (interposed too) starts with its
+//! creator's flag, as its mask is its creator's. A SIGTRAP sent by someone
+//! else (`kill`, `tgkill`, `sigqueue`) to a thread whose flag is set reaches
+//! our handler, which leaves it pending and blocked for the program
+//! (`handler::defer_blocked_trap`; the perf-event engine then stops).
+//!
+//! Limits: masks set by raw system calls, by `sigsuspend`, `pselect`,
+//! `ppoll`, `epoll_pwait` or a handler's `sa_mask`, or inherited across
+//! `exec`, are not seen (the real mask is what the program set); threads
+//! created by `clone` directly start with the flag clear.
 
 use std::os::raw::{c_int, c_void};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
@@ -79,6 +82,15 @@ pub(crate) fn program_blocks_trap() -> bool {
     // SAFETY: a key we created; below 32 it is a plain read of this thread's
     // control block.
     key().is_some_and(|k| !unsafe { libc::pthread_getspecific(k) }.is_null())
+}
+
+/// Set this thread's flag: a thread starts with the flag of the thread that
+/// created it (an interposed `pthread_create` calls this first thing in the
+/// new thread), as its mask is the creator's.
+pub(crate) fn inherit_blocks_trap() {
+    if let Some(k) = key() {
+        set_flag(k, true);
+    }
 }
 
 fn set_flag(k: libc::pthread_key_t, on: bool) {

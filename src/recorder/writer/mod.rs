@@ -890,6 +890,8 @@ impl Run {
     }
 
     fn finish(mut self) -> Result<Stats, Error> {
+        // What happened to the engine's signal since the last tick.
+        self.check_signal();
         if let Ok(tids) = super::sys::list_tids() {
             self.scan_threads(&tids, true);
         }
@@ -1009,8 +1011,8 @@ fn blocking_warning(n: usize, sig: i32) -> String {
         (
             "SIGTRAP",
             "under `spulse record` or LD_PRELOAD spulse keeps SIGTRAP out of the real masks set by \
-             `pthread_sigmask`/`sigprocmask`, so these set it otherwise (a raw system call, or spulse embedded \
-             as a library)",
+             `pthread_sigmask`/`sigprocmask`, so these blocked it otherwise (a raw system call, spulse embedded \
+             as a library, or a SIGTRAP left pending for them)",
         )
     } else {
         ("SIGPROF", "the timer engines cannot sample a thread that blocks it")
