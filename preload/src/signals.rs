@@ -10,6 +10,11 @@
 //! other signal, and every call made while no recorder handler holds the
 //! signal, goes to the C library unchanged.
 //!
+//! It also exports `pthread_sigmask`, `sigprocmask` and `pthread_create`:
+//! while the perf-event engine samples with SIGTRAP, a thread's real mask
+//! never blocks it and the program reads back the mask it set
+//! (`spulse::__interpose::sigmask`; see `src/recorder/sys/sigmask.rs`).
+//!
 //! A program that makes the `rt_sigaction` system call itself (Go's runtime,
 //! static binaries, which this library is not loaded into anyway) is not
 //! seen here; the recorder notices at its next tick that its handler was

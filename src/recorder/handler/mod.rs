@@ -9,8 +9,9 @@
 //! a thread's first sample. The raw system calls (installing the
 //! handler with `sigaction`, the engines, probing the thread control block,
 //! reading `/proc/self/maps`) live in `../sys/`; of those the handler calls only
-//! `sys::gettid`, `sys::now_us` and `sys::sigaction::previous_of` (one system
-//! call, one vDSO clock read, two atomic loads).
+//! `sys::gettid`, `sys::now_us`, `sys::sigaction::previous_of` (one system
+//! call, one vDSO clock read, two atomic loads) and, for a foreign SIGTRAP,
+//! `sys::sigmask::program_blocks_trap` (a thread-specific value).
 //!
 //! # What the handler may do
 //! It saves and restores `errno`; it takes no lock (the ring and the cache pool

@@ -162,3 +162,51 @@ pub(crate) unsafe fn virtual_mask(
     }
     Some(0)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn real_blocks_trap() -> bool {
+        // SAFETY: a query into a valid out-set.
+        unsafe {
+            let mut cur: libc::sigset_t = std::mem::zeroed();
+            libc::pthread_sigmask(libc::SIG_BLOCK, std::ptr::null(), &mut cur);
+            libc::sigismember(&cur, libc::SIGTRAP) == 1
+        }
+    }
+
+    /// On a thread of its own (the flag and mask are per thread).
+    #[test]
+    fn the_program_reads_back_sigtrap_while_the_real_mask_never_blocks_it() {
+        std::thread::spawn(|| {
+            assert!(enable());
+            set_active(true);
+            let real: MaskFn = libc::pthread_sigmask;
+            // SAFETY: valid sets on this thread's stack; the C library's function.
+            unsafe {
+                let mut trap: libc::sigset_t = std::mem::zeroed();
+                libc::sigaddset(&mut trap, libc::SIGTRAP);
+                let mut old: libc::sigset_t = std::mem::zeroed();
+                assert_eq!(virtual_mask(real, libc::SIG_BLOCK, &trap, &mut old), Some(0));
+                assert_eq!(libc::sigismember(&old, libc::SIGTRAP), 0);
+                assert!(program_blocks_trap() && !real_blocks_trap());
+                assert_eq!(virtual_mask(real, libc::SIG_BLOCK, std::ptr::null(), &mut old), Some(0));
+                assert_eq!(libc::sigismember(&old, libc::SIGTRAP), 1);
+                // An invalid `how` is passed on for the C library to refuse.
+                assert_eq!(virtual_mask(real, 12345, &trap, &mut old), None);
+                assert!(program_blocks_trap());
+                // SIG_SETMASK without SIGTRAP clears the flag, and reports it set before.
+                let empty: libc::sigset_t = std::mem::zeroed();
+                assert_eq!(virtual_mask(real, libc::SIG_SETMASK, &empty, &mut old), Some(0));
+                assert_eq!(libc::sigismember(&old, libc::SIGTRAP), 1);
+                assert!(!program_blocks_trap() && !real_blocks_trap());
+                // Not active: passed on.
+                set_active(false);
+                assert_eq!(virtual_mask(real, libc::SIG_BLOCK, &trap, &mut old), None);
+            }
+        })
+        .join()
+        .unwrap();
+    }
+}
