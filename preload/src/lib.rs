@@ -128,10 +128,12 @@ extern "C" fn init() {
     BEFORE_USER_US.store(user, Ordering::Relaxed);
     BEFORE_SYS_US.store(sys, Ordering::Relaxed);
     if let Err(why) = preloaded() {
+        signals::init_masks(false);
         let _ = writeln!(std::io::stderr(), "spulse: not recording: {why}");
         return;
     }
     signals::init();
+    signals::init_masks(true);
     start_here();
     // SAFETY: both register plain `extern "C"` functions with no arguments;
     // they stay valid for the life of the process (this library is never

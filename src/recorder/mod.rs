@@ -301,6 +301,45 @@ pub mod interpose {
         // SAFETY: the caller's contract.
         unsafe { super::handler::virtual_action(sig, act, old) }
     }
+
+    pub use super::sys::sigmask::MaskFn;
+
+    /// Let [`sigmask`] keep SIGTRAP out of the threads' real masks (called
+    /// once, at load, by an interposer of `pthread_sigmask` and
+    /// `sigprocmask`). False: no thread-specific key is usable for it; pass
+    /// every call on.
+    pub fn enable_virtual_mask() -> bool {
+        super::sys::sigmask::enable()
+    }
+
+    /// The interposed `pthread_sigmask`/`sigprocmask`: `Some(rc)`, `real`'s
+    /// result, when the call was made with SIGTRAP kept out of the real mask
+    /// while the perf-event engine samples with it (see `sys/sigmask.rs`);
+    /// `None`: pass the call on.
+    ///
+    /// # Safety
+    /// As `pthread_sigmask(3)`; `real` is the C library's function.
+    pub unsafe fn sigmask(
+        real: MaskFn,
+        how: c_int,
+        set: *const libc::sigset_t,
+        old: *mut libc::sigset_t,
+    ) -> Option<c_int> {
+        // SAFETY: the caller's contract.
+        unsafe { super::sys::sigmask::virtual_mask(real, how, set, old) }
+    }
+
+    /// Whether the program blocks SIGTRAP on this thread while its real mask
+    /// does not (an interposed `pthread_create` then gives the new thread
+    /// the same flag, by [`inherit_blocks_trap`] in it).
+    pub fn program_blocks_trap() -> bool {
+        super::sys::sigmask::program_blocks_trap()
+    }
+
+    /// In a new thread whose creator's [`program_blocks_trap`] was true.
+    pub fn inherit_blocks_trap() {
+        super::sys::sigmask::inherit_blocks_trap()
+    }
 }
 
 /// Called in a forked child (async-signal-safe: atomics only): the parent's

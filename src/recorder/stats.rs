@@ -127,8 +127,12 @@ pub struct Stats {
     pub threads_never_sampled: u64,
     /// Threads seen blocking the engine's profiling signal (`SigBlk` in
     /// `/proc/self/task/<tid>/status` when the thread was first seen or at the
-    /// end). Their CPU time is missing from the profile. Always 0 with the
-    /// perf-stack engine, which sends no signal.
+    /// end). Their CPU time is missing from the profile, and `warnings`
+    /// says so when this is not 0. Always 0 with the perf-stack engine,
+    /// which sends no signal; under `spulse record`/LD_PRELOAD the
+    /// perf-event engine's SIGTRAP is kept out of the masks the program sets
+    /// with `pthread_sigmask`/`sigprocmask` (see README, "Signals the program
+    /// owns").
     pub threads_blocking_signal: u64,
     /// Whether system CPU time was sampled, and if not, why.
     pub kernel_time: KernelTime,

@@ -9,8 +9,9 @@
 //! a thread's first sample. The raw system calls (installing the
 //! handler with `sigaction`, the engines, probing the thread control block,
 //! reading `/proc/self/maps`) live in `../sys/`; of those the handler calls only
-//! `sys::gettid`, `sys::now_us` and `sys::sigaction::previous_of` (one system
-//! call, one vDSO clock read, two atomic loads).
+//! `sys::gettid`, `sys::now_us`, `sys::sigaction::previous_of` (one system
+//! call, one vDSO clock read, two atomic loads) and, for a foreign SIGTRAP,
+//! `sys::sigmask::program_blocks_trap` (a thread-specific value).
 //!
 //! # What the handler may do
 //! It saves and restores `errno`; it takes no lock (the ring and the cache pool
@@ -21,7 +22,9 @@
 //! `prctl(PR_GET_NAME)` (once per thread, on its first sample),
 //! `syscall(SYS_gettid)` (only if the TCB probe below failed; otherwise the
 //! thread id is read from glibc's `struct pthread`) and, for foreign signals,
-//! `sigaction`/`tgkill`; the executable is linked with full
+//! `sigaction`/`tgkill`, and for a foreign SIGTRAP `pthread_getspecific` (a
+//! key below 32: a read of the thread control block), `getpid`,
+//! `rt_tgsigqueueinfo` and `sigaddset` (see `defer_blocked_trap`); the executable is linked with full
 //! RELRO (`-z now`, rustc's default on Linux) and every one of these functions is
 //! called once before the handler is installed, so no PLT slot is resolved by the
 //! dynamic loader inside the handler. It uses no Rust thread-local. It never
@@ -87,8 +90,8 @@ pub(crate) use names::ThreadNames;
 pub(crate) use shared::{Counters, Shared, StackBounds};
 pub(crate) use snapshot::{reclaim, Retired, SnapshotCell};
 
-use crate::recorder::sys::sigaction;
 use crate::recorder::sys::{gettid, now_us, SIGNAL_MAGIC};
+use crate::recorder::sys::{sigaction, sigmask};
 use crate::RecorderError;
 use ring::HEADER_WORDS;
 use unwind::{unwind_into, Regs};
@@ -170,12 +173,65 @@ extern "C" fn on_signal(sig: c_int, info: *mut libc::siginfo_t, ctx: *mut c_void
             #[cfg(feature = "testing")]
             timing::end(t0);
         }
+        // SAFETY: the arguments are the kernel's.
+        None if sig == libc::SIGTRAP && unsafe { defer_blocked_trap(info, ctx) } => {}
         // SAFETY: the arguments are the kernel's, passed on unchanged.
         None => unsafe { chain(sig, info, ctx) },
     }
     // SAFETY: `errno` is this thread's errno location, valid for the thread's
     // life; restoring it undoes any change made while the handler ran.
     unsafe { *errno = saved };
+}
+
+/// Set by [`defer_blocked_trap`]: a thread now really blocks SIGTRAP, so the
+/// perf-event engine must stop (the writer does at its next tick).
+static TRAP_DEFERRED: AtomicBool = AtomicBool::new(false);
+
+/// Whether a SIGTRAP was left pending for a thread that blocks it (the
+/// writer then stops the perf-event engine; see [`defer_blocked_trap`]).
+pub(crate) fn trap_deferred() -> bool {
+    TRAP_DEFERRED.load(Ordering::Relaxed)
+}
+
+/// A SIGTRAP that is not ours, sent by someone (`kill`, `tgkill`,
+/// `sigqueue`: `si_code <= 0`) to a thread whose program blocks SIGTRAP
+/// while its real mask does not (`sys/sigmask.rs`): without spulse it would
+/// stay pending for the program's `sigwait` or `signalfd`, so make it so.
+/// It is queued again to this thread with its own `siginfo` (it is blocked
+/// while the handler runs), and SIGTRAP is added to the mask the thread
+/// returns to, so it stays pending and blocked. From then on this thread
+/// really blocks SIGTRAP and the engine's would stay pending for it too:
+/// [`TRAP_DEFERRED`] tells the writer to stop the engine. Returns whether it
+/// did all this (false: chain the signal as any other).
+///
+/// # Safety
+/// Arguments as received by the handler.
+unsafe fn defer_blocked_trap(info: *mut libc::siginfo_t, ctx: *mut c_void) -> bool {
+    if info.is_null() || ctx.is_null() || !sigmask::program_blocks_trap() {
+        return false;
+    }
+    // SAFETY: the kernel's siginfo (128 bytes; plain integers).
+    let code = unsafe { (*info).si_code };
+    // A fault or breakpoint (si_code > 0) is synchronous: blocked, the
+    // kernel would have killed the process; chained, the program's
+    // disposition decides, as it would.
+    if code > 0 {
+        return false;
+    }
+    // SAFETY: getpid and gettid are system calls; rt_tgsigqueueinfo to this
+    // very thread with the kernel's siginfo (allowed for any si_code to the
+    // caller's own process). All async-signal-safe.
+    let rc = unsafe {
+        libc::syscall(libc::SYS_rt_tgsigqueueinfo, libc::getpid(), gettid() as c_int, libc::SIGTRAP, info)
+    };
+    if rc != 0 {
+        return false;
+    }
+    // SAFETY: the kernel's ucontext for this signal, writable: the mask the
+    // thread gets back on return from the handler.
+    unsafe { libc::sigaddset(&mut (*(ctx as *mut libc::ucontext_t)).uc_sigmask, libc::SIGTRAP) };
+    TRAP_DEFERRED.store(true, Ordering::Relaxed);
+    true
 }
 
 /// Pass a foreign signal to the disposition that was in place before ours.
@@ -430,6 +486,9 @@ fn prime() {
         let _ = libc::getpid();
         let _ = *libc::__errno_location();
         libc::syscall(libc::SYS_tgkill, -1, -1, 0);
+        let _ = sigmask::program_blocks_trap();
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigaddset(&mut set, libc::SIGTRAP);
         sigaction::raw(libc::SIGPROF, std::ptr::null(), std::ptr::null_mut());
         libc::syscall(
             libc::SYS_rt_sigprocmask,
@@ -447,10 +506,22 @@ fn prime() {
 /// handler calls is called once first ([`prime`]).
 pub(crate) fn install(sig: Signal) -> Result<bool, RecorderError> {
     prime();
-    sigaction::install(sig, on_signal)
+    let r = sigaction::install(sig, on_signal);
+    if r.is_ok() && sig == Signal::SIGTRAP {
+        // Threads must not block it from now on (under an interposer).
+        TRAP_DEFERRED.store(false, Ordering::Relaxed);
+        sigmask::set_active(true);
+    }
+    r
 }
 
-pub(crate) use sigaction::restore;
+/// Put back the disposition saved by [`install`] (only after a failed start).
+pub(crate) fn restore(sig: Signal) {
+    if sig == Signal::SIGTRAP {
+        sigmask::set_active(false);
+    }
+    sigaction::restore(sig)
+}
 
 /// Whether our handler is the disposition of `sig` now (a program may have
 /// replaced it: see `sys/sigaction.rs`).

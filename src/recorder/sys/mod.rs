@@ -1,15 +1,17 @@
 //! The OS layer: the raw system calls and `/proc` reads of the recorder, the way
 //! the rest of it sees Linux. `sigaction.rs` installs, restores and remembers
-//! signal dispositions; `perf.rs` opens the per-thread perf events;
+//! signal dispositions; `sigmask.rs` keeps SIGTRAP out of the threads' real
+//! masks under an interposer; `perf.rs` opens the per-thread perf events;
 //! `perf_stack.rs` the perf-stack engine's events and their mapped rings; `timer.rs`
 //! arms the per-thread POSIX CPU timers and the process itimer; `tcb.rs` probes
 //! glibc's thread control block; `maps.rs` finds the main thread's stack;
 //! `perf_switch.rs` (the off-CPU mode's context-switch records) and
 //! `blocked.rs` (a blocked thread's system call and stack, read without a
 //! signal). The
-//! functions here that the signal handler calls ([`gettid`], [`now_us`] and
-//! [`sigaction::previous_of`]) are async-signal-safe: a system call or a vDSO
-//! clock read, or atomics.
+//! functions here that the signal handler calls ([`gettid`], [`now_us`],
+//! [`sigaction::previous_of`] and [`sigmask::program_blocks_trap`]) are
+//! async-signal-safe: a system call or a vDSO clock read, atomics, or a read
+//! of the thread control block.
 
 pub(crate) mod blocked;
 pub(crate) mod maps;
@@ -19,6 +21,7 @@ pub(crate) mod perf_stack;
 pub(crate) mod perf_switch;
 pub(crate) mod preloaded;
 pub(crate) mod sigaction;
+pub(crate) mod sigmask;
 pub(crate) mod tcb;
 pub(crate) mod timer;
 

@@ -640,6 +640,16 @@ impl Run {
             return;
         }
         let Some(sig) = self.st.engine.signal() else { return };
+        if sig == libc::SIGTRAP && handler::trap_deferred() {
+            self.signal_lost = true;
+            self.st.engine.stop_signals();
+            self.st.warnings.push(format!(
+                "a thread that blocks SIGTRAP was sent one {:.1} s into the recording; it was left pending \
+                 for the program, so the perf-event engine stopped there (user time is not sampled after it)",
+                self.st.started.elapsed().as_secs_f64()
+            ));
+            return;
+        }
         if handler::holds(sig) {
             return;
         }
@@ -973,6 +983,8 @@ impl Run {
     }
 
     fn finish(mut self) -> Result<Stats, Error> {
+        // What happened to the engine's signal since the last tick.
+        self.check_signal();
         if let Ok(tids) = super::sys::list_tids() {
             self.scan_threads(&tids, true);
         }
@@ -1019,6 +1031,10 @@ impl Run {
                 samples_lost: unflushed + self.dropped,
                 warnings: std::mem::take(&mut self.st.warnings),
             }));
+        }
+        let blocking = self.threads.values().filter(|t| t.blocking).count();
+        if let (true, Some(sig)) = (blocking > 0, self.st.engine.signal()) {
+            self.st.warnings.push(blocking_warning(blocking, sig));
         }
         let c = &self.st.shared.counters;
         Ok(Stats {
@@ -1084,6 +1100,25 @@ fn blocks_signal(tid: u32, sig: i32) -> bool {
         .find_map(|l| l.strip_prefix("SigBlk:"))
         .and_then(|m| u64::from_str_radix(m.trim(), 16).ok())
         .is_some_and(|mask| sig >= 1 && mask & (1u64 << (sig - 1)) != 0)
+}
+
+/// The warning for threads seen blocking the engine's signal (`sig`).
+fn blocking_warning(n: usize, sig: i32) -> String {
+    let (name, how) = if sig == libc::SIGTRAP {
+        (
+            "SIGTRAP",
+            "under `spulse record` or LD_PRELOAD spulse keeps SIGTRAP out of the real masks set by \
+             `pthread_sigmask`/`sigprocmask`, so these blocked it otherwise (a raw system call, spulse embedded \
+             as a library, or a SIGTRAP left pending for them)",
+        )
+    } else {
+        ("SIGPROF", "the timer engines cannot sample a thread that blocks it")
+    };
+    format!(
+        "{n} thread{} blocked the profiling signal ({name}) and were not sampled while they did (their CPU \
+         time then is missing from the profile); {how}",
+        if n == 1 { "" } else { "s" }
+    )
 }
 
 #[cfg(test)]
