@@ -41,6 +41,15 @@ fn process_cpu_us() -> f64 {
     ts.tv_sec as f64 * 1e6 + ts.tv_nsec as f64 / 1e3
 }
 
+/// Set `w` to 1 and wake every thread waiting on it.
+fn release_all(w: &AtomicU32) {
+    w.store(1, Ordering::Release);
+    // SAFETY: FUTEX_WAKE on a live AtomicU32, waking every waiter.
+    unsafe {
+        libc::syscall(libc::SYS_futex, w.as_ptr(), libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG, i32::MAX, 0, 0, 0)
+    };
+}
+
 fn futex_wait(w: &AtomicU32, v: u32) {
     while w.load(Ordering::Acquire) == v {
         // SAFETY: FUTEX_WAIT on a live AtomicU32; returns at once if it changed.
@@ -152,19 +161,7 @@ fn idle(n: usize, seconds: f64) -> String {
         .collect();
     let t0 = Instant::now();
     std::thread::sleep(Duration::from_secs_f64(seconds));
-    word.store(1, Ordering::Release);
-    // SAFETY: FUTEX_WAKE on a live AtomicU32, waking every waiter.
-    unsafe {
-        libc::syscall(
-            libc::SYS_futex,
-            word.as_ptr(),
-            libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG,
-            i32::MAX,
-            0,
-            0,
-            0,
-        )
-    };
+    release_all(&word);
     for h in hs {
         h.join().unwrap();
     }
@@ -222,19 +219,7 @@ fn blockers(idle: usize, busy: usize, seconds: f64) -> String {
     let t0 = Instant::now();
     std::thread::sleep(Duration::from_secs_f64(seconds));
     stop.store(true, Ordering::Relaxed);
-    word.store(1, Ordering::Release);
-    // SAFETY: FUTEX_WAKE on a live AtomicU32, waking every waiter.
-    unsafe {
-        libc::syscall(
-            libc::SYS_futex,
-            word.as_ptr(),
-            libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG,
-            i32::MAX,
-            0,
-            0,
-            0,
-        )
-    };
+    release_all(&word);
     for h in hs {
         h.join().unwrap();
     }
