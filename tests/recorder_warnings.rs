@@ -187,3 +187,35 @@ fn samples_lost_to_a_full_ring_are_warned_while_recording() {
     assert_eq!(count(&stats.warnings, needle), 1, "{:?}", stats.warnings);
     assert_eq!(*seen.lock().unwrap(), stats.warnings);
 }
+
+/// A thread that blocks the profiling signal and burns CPU is never
+/// sampled: the final list says so, once (a thread seen blocking for a moment,
+/// in a handler or while it starts, is not counted: the quiet test above).
+#[test]
+fn a_thread_blocking_the_signal_is_warned_at_the_end() {
+    let _serial = serial();
+    let (_dir, path) = spool_path("blocking.spool");
+    let g = spulse::Recorder::builder().flush_interval(Duration::from_millis(20)).start(&path).unwrap();
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+    let (burnt_tx, burnt_rx) = std::sync::mpsc::channel::<()>();
+    let h = std::thread::spawn(move || {
+        // SAFETY: a valid signal set, applied to this thread only.
+        unsafe {
+            let mut set: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut set);
+            libc::sigaddset(&mut set, libc::SIGPROF);
+            libc::sigaddset(&mut set, libc::SIGTRAP);
+            libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        }
+        burn(0.3);
+        burnt_tx.send(()).unwrap();
+        let _ = done_rx.recv();
+    });
+    burnt_rx.recv().unwrap();
+    let stats = g.finish().unwrap();
+    done_tx.send(()).unwrap();
+    h.join().unwrap();
+    let needle = "blocked the profiling signal";
+    assert_eq!(count(&stats.warnings, needle), 1, "{stats:?}");
+    assert!(stats.warnings.iter().any(|w| w.starts_with("1 thread ")), "{:?}", stats.warnings);
+}

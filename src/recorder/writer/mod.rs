@@ -237,6 +237,8 @@ enum Event {
 #[derive(Default, Clone, Copy)]
 struct ThreadSeen {
     sampled: bool,
+    /// Sampled in user mode (by the signal; kernel-time samples need none).
+    user_sampled: bool,
     blocking: bool,
 }
 
@@ -468,7 +470,7 @@ impl Run {
             let new = !self.threads.contains_key(&tid);
             let t = self.threads.entry(tid).or_default();
             if let Some(sig) = sig {
-                if (new || (at_end && !t.sampled)) && !t.blocking {
+                if (new || (at_end && !t.user_sampled)) && !t.blocking {
                     t.blocking = blocks_signal(tid, sig);
                 }
             }
@@ -898,7 +900,9 @@ impl Run {
     }
 
     fn write_sample(&mut self, s: &RawSample<'_>) {
-        self.threads.entry(s.tid).or_default().sampled = true;
+        let seen = self.threads.entry(s.tid).or_default();
+        seen.sampled = true;
+        seen.user_sampled |= !s.kernel;
         if s.addrs.is_empty() {
             return;
         }
@@ -1032,7 +1036,17 @@ impl Run {
                 warnings: std::mem::take(&mut self.st.warnings),
             }));
         }
-        let blocking = self.threads.values().filter(|t| t.blocking).count();
+        // Threads seen blocking the signal, never sampled by it (in user
+        // mode), alive and having used CPU: a
+        // thread is seen blocking for a moment in a handler or while glibc
+        // starts it, which is no loss.
+        let blocking = self
+            .threads
+            .iter()
+            .filter(|(&tid, t)| {
+                t.blocking && !t.user_sampled && thread_cpu_ticks(tid).is_some_and(|c| c >= 2)
+            })
+            .count();
         if let (true, Some(sig)) = (blocking > 0, self.st.engine.signal()) {
             self.st.warnings.push(blocking_warning(blocking, sig));
         }
@@ -1100,6 +1114,18 @@ fn blocks_signal(tid: u32, sig: i32) -> bool {
         .find_map(|l| l.strip_prefix("SigBlk:"))
         .and_then(|m| u64::from_str_radix(m.trim(), 16).ok())
         .is_some_and(|mask| sig >= 1 && mask & (1u64 << (sig - 1)) != 0)
+}
+
+/// User plus system CPU time of thread `tid` of this process, in clock ticks
+/// (`/proc/self/task/<tid>/stat`); `None` when it is gone.
+fn thread_cpu_ticks(tid: u32) -> Option<u64> {
+    let s = std::fs::read_to_string(format!("/proc/self/task/{tid}/stat")).ok()?;
+    // After the command name's closing parenthesis: state is field 3, utime
+    // and stime are fields 14 and 15.
+    let mut f = s.rsplit_once(')')?.1.split_ascii_whitespace().skip(11);
+    let utime: u64 = f.next()?.parse().ok()?;
+    let stime: u64 = f.next()?.parse().ok()?;
+    Some(utime + stime)
 }
 
 /// The warning for threads seen blocking the engine's signal (`sig`).
