@@ -289,14 +289,7 @@ fn stats_count_threads_that_block_the_profiling_signal() {
     let spin = |block: bool| {
         std::thread::spawn(move || {
             if block {
-                // SAFETY: a valid signal set, applied to this thread only.
-                unsafe {
-                    let mut set: libc::sigset_t = std::mem::zeroed();
-                    libc::sigemptyset(&mut set);
-                    libc::sigaddset(&mut set, libc::SIGPROF);
-                    libc::sigaddset(&mut set, libc::SIGTRAP);
-                    libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
-                }
+                block_profiling_signals();
             }
             let tid = gettid();
             burn(0.3);

@@ -199,14 +199,7 @@ fn a_thread_blocking_the_signal_is_warned_at_the_end() {
     let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
     let (burnt_tx, burnt_rx) = std::sync::mpsc::channel::<()>();
     let h = std::thread::spawn(move || {
-        // SAFETY: a valid signal set, applied to this thread only.
-        unsafe {
-            let mut set: libc::sigset_t = std::mem::zeroed();
-            libc::sigemptyset(&mut set);
-            libc::sigaddset(&mut set, libc::SIGPROF);
-            libc::sigaddset(&mut set, libc::SIGTRAP);
-            libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
-        }
+        block_profiling_signals();
         burn(0.3);
         burnt_tx.send(()).unwrap();
         let _ = done_rx.recv();

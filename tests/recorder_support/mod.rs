@@ -27,6 +27,18 @@ pub fn burn(cpu: f64) {
     black_box(burn_cpu(cpu, 10_000, Duration::from_secs(10)));
 }
 
+/// Block the profiling signals (SIGPROF and SIGTRAP) in the calling thread.
+pub fn block_profiling_signals() {
+    // SAFETY: a valid signal set, applied to this thread only.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGPROF);
+        libc::sigaddset(&mut set, libc::SIGTRAP);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+    }
+}
+
 /// Samples per (tid, leaf function name).
 pub fn leaf_counts(snap: &spulse::Snapshot) -> HashMap<(u32, String), u64> {
     let mut sym = Symbolizer::default();
