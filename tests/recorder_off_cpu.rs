@@ -538,3 +538,31 @@ fn pingpong_loses_no_interval(engine: spulse::EngineChoice) {
     );
     assert_eq!(oc.records_lost, 0, "{:?}", stats.warnings);
 }
+
+/// A program that closes the writer's epoll set (as one that closes every
+/// descriptor does) does not make it spin: it then drains at its ticks.
+#[test]
+fn a_closed_epoll_set_does_not_make_the_writer_spin() {
+    let _g = serial();
+    if !perf_event_open_implemented() {
+        eprintln!("SKIPPED: no perf_event_open here");
+        return;
+    }
+    let (_dir, path) = spool_path("closed.spool");
+    let guard = spulse::Recorder::builder().off_cpu(true).start(&path).unwrap();
+    let mut closed = 0;
+    for e in std::fs::read_dir("/proc/self/fd").unwrap().flatten() {
+        let Ok(link) = std::fs::read_link(e.path()) else { continue };
+        if link.to_string_lossy() == "anon_inode:[eventpoll]" {
+            if let Some(fd) = e.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) {
+                // SAFETY: test: the program closes the recorder's epoll set on purpose.
+                unsafe { libc::close(fd) };
+                closed += 1;
+            }
+        }
+    }
+    std::thread::sleep(Duration::from_millis(600));
+    let stats = guard.finish().unwrap();
+    assert!(closed >= 1, "no epoll set to close");
+    assert!(stats.writer_cpu < Duration::from_millis(150), "writer CPU {:?} in 0.6 s", stats.writer_cpu);
+}

@@ -44,6 +44,8 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use crate::recorder::own_fd::OwnFd;
+
 use super::perf::{
     PerThreadEvents, PerfEventAttr, FLAG_EXCLUDE_HV, FLAG_EXCLUDE_KERNEL, PERF_COUNT_SW_TASK_CLOCK,
     PERF_EVENT_IOC_DISABLE, PERF_TYPE_SOFTWARE,
@@ -429,7 +431,7 @@ fn parse_sample(rec: &[u8]) -> Option<StackSample<'_>> {
 pub(crate) struct StackEvents {
     threads: PerThreadEvents<StackRing>,
     cfg: StackConfig,
-    epoll: OwnedFd,
+    epoll: OwnFd,
     /// Rings of threads that exited, drained once more before they go.
     closing: Vec<StackRing>,
     /// Lost samples not yet added to the recorder's counters.
@@ -466,26 +468,37 @@ pub(crate) fn epoll_add(epoll: RawFd, fd: RawFd, key: u64, edge: bool) -> io::Re
     Ok(())
 }
 
-/// A new epoll set (close-on-exec).
-pub(crate) fn epoll_create() -> io::Result<OwnedFd> {
+/// A new epoll set (close-on-exec), at a high number out of the program's
+/// way and used only while it is still ours (see `own_fd.rs`).
+pub(crate) fn epoll_create() -> io::Result<OwnFd> {
     // SAFETY: epoll_create1 returns a new descriptor or -1.
     let ep = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
     if ep < 0 {
         return Err(io::Error::last_os_error());
     }
     // SAFETY: a fresh descriptor we own.
-    Ok(unsafe { OwnedFd::from_raw_fd(ep) })
+    Ok(OwnFd::new(unsafe { OwnedFd::from_raw_fd(ep) }))
 }
 
 /// Wait up to `timeout` on `epoll`, handing each ready (key, events) to
-/// `on_ready` (at most 16 a call).
-pub(crate) fn epoll_wait_for(epoll: RawFd, timeout: Duration, on_ready: &mut dyn FnMut(u64, u32)) {
+/// `on_ready` (at most 16 a call). A set the program closed (or whose number
+/// it reused) is not waited on, nor is a failed wait retried at once: the
+/// timeout is slept instead, so the writer never spins.
+pub(crate) fn epoll_wait_for(epoll: &OwnFd, timeout: Duration, on_ready: &mut dyn FnMut(u64, u32)) {
+    if !epoll.is_ours() {
+        std::thread::sleep(timeout);
+        return;
+    }
     let mut evs = [libc::epoll_event { events: 0, u64: 0 }; 16];
     let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
     // Round up: a 0.4 ms wait must not spin as 0 ms.
     let ms = if Duration::from_millis(ms as u64) < timeout { ms.saturating_add(1) } else { ms };
     // SAFETY: epoll_wait writes at most `evs.len()` events into our array.
-    let n = unsafe { libc::epoll_wait(epoll, evs.as_mut_ptr(), evs.len() as i32, ms) };
+    let n = unsafe { libc::epoll_wait(epoll.as_raw_fd(), evs.as_mut_ptr(), evs.len() as i32, ms) };
+    if n < 0 && io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+        std::thread::sleep(timeout);
+        return;
+    }
     for ev in evs.iter().take(n.max(0) as usize) {
         let (key, events) = (ev.u64, ev.events);
         on_ready(key, events);
@@ -539,7 +552,7 @@ impl StackEvents {
         let (mut rings, mut switches) = (false, false);
         let threads = &mut self.threads;
         let closing = &mut self.closing;
-        epoll_wait_for(self.epoll.as_raw_fd(), timeout, &mut |key, events| {
+        epoll_wait_for(&self.epoll, timeout, &mut |key, events| {
             if key == WAKE_KEY {
                 return;
             }

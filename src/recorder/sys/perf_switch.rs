@@ -133,7 +133,7 @@ pub(crate) struct SwitchTracker {
     carry: Vec<(u64, u32, u8)>,
     /// The writer's wait over the rings and its control descriptor, when the
     /// engine has no epoll set of its own (see [`SwitchTracker::wait_with`]).
-    epoll: Option<OwnedFd>,
+    epoll: Option<crate::recorder::own_fd::OwnFd>,
     pending: HashMap<u32, Out>,
     /// Captures taken after a wake-up not yet seen, by thread.
     orphans: HashMap<u32, Capture>,
@@ -211,13 +211,12 @@ impl SwitchTracker {
     /// descriptor to be written.
     pub(crate) fn wait(&mut self, timeout: std::time::Duration) -> super::perf_stack::Woken {
         use super::perf_stack::{epoll_wait_for, Woken, SWITCH_KEY};
-        use std::os::fd::AsRawFd;
         let Some(ep) = &self.epoll else {
             std::thread::sleep(timeout);
             return Woken::Other;
         };
         let mut switches = false;
-        epoll_wait_for(ep.as_raw_fd(), timeout, &mut |key, _| switches |= key == SWITCH_KEY);
+        epoll_wait_for(ep, timeout, &mut |key, _| switches |= key == SWITCH_KEY);
         if switches {
             Woken::Switches
         } else {
