@@ -35,7 +35,7 @@ pub use read::{
 };
 pub use recorder::{
     python_runtime_enter, python_runtime_leave, start, warnings_path, write_warnings, EngineChoice, Guard,
-    KernelTime, LostSamples, OffCpuStats, Recorder, RecorderBuilder, Stats,
+    KernelTime, LostSamples, OffCpuStats, Recorder, RecorderBuilder, Stats, SWITCH_HEAVY_PER_CPU_SECOND,
 };
 pub use write::{NewModule, SpoolWriter};
 

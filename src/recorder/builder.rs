@@ -47,7 +47,8 @@ pub struct RecorderBuilder {
     pub(super) ring_capacity: usize,
     /// As set (`None`: the default, or the rotation interval if shorter).
     pub(super) flush_interval: Option<Duration>,
-    pub(super) engine: EngineChoice,
+    /// As set; `None`: `SPULSE_ENGINE`, else [`EngineChoice::Auto`].
+    pub(super) engine: Option<EngineChoice>,
     pub(super) kernel_time: Option<bool>,
     pub(super) off_cpu: Option<bool>,
     pub(super) mode: u32,
@@ -75,7 +76,7 @@ impl Default for RecorderBuilder {
             max_stack_depth: 128,
             ring_capacity: 2048,
             flush_interval: None,
-            engine: EngineChoice::Auto,
+            engine: None,
             kernel_time: None,
             off_cpu: None,
             mode: 0o600,
@@ -150,9 +151,15 @@ impl RecorderBuilder {
         self.flush_interval = Some(interval);
         self
     }
-    /// Which sampling engine to use (default: the best one the system allows).
+    /// Which sampling engine to use (default [`EngineChoice::Auto`], or the
+    /// `SPULSE_ENGINE` environment variable: `auto`, `perf-event`,
+    /// `thread-timer`, `process-timer` or `perf-stack`). `Auto` starts with
+    /// the best engine the system allows and, when that is the perf-event
+    /// engine and the program turns out to switch context often (see
+    /// [`EngineChoice::Auto`]), moves to per-thread CPU timers, whose cost
+    /// does not grow with context switches; naming an engine keeps it.
     pub fn engine(mut self, engine: EngineChoice) -> Self {
-        self.engine = engine;
+        self.engine = Some(engine);
         self
     }
     /// Record off-CPU time too (default off, or the `SPULSE_OFF_CPU`
@@ -366,6 +373,8 @@ pub(super) struct Checked {
     pub(super) hz: u32,
     pub(super) kernel_time: bool,
     pub(super) off_cpu: bool,
+    /// The engine: as set, else `SPULSE_ENGINE`, else `Auto`.
+    pub(super) engine: EngineChoice,
     pub(super) path: PathBuf,
     pub(super) rotation: Option<RotationPlan>,
     /// The flush interval: as set, else the default or the rotation interval
@@ -437,6 +446,22 @@ impl RecorderBuilder {
                     ))
                 }
                 Some(Err(_)) | None => false,
+            },
+        };
+        let engine = match self.engine {
+            Some(e) => e,
+            None => match self.env_var("SPULSE_ENGINE").map(|v| v.into_string()) {
+                Some(Ok(v)) if v.trim().is_empty() => EngineChoice::Auto,
+                Some(Ok(v)) => EngineChoice::from_name(v.trim()).ok_or_else(|| {
+                    invalid(
+                        "SPULSE_ENGINE",
+                        format!(
+                            "SPULSE_ENGINE={v:?} is none of auto, perf-event, thread-timer, process-timer, \
+                             perf-stack"
+                        ),
+                    )
+                })?,
+                Some(Err(_)) | None => EngineChoice::Auto,
             },
         };
         let depth = self.max_stack_depth;
@@ -551,7 +576,7 @@ impl RecorderBuilder {
             (None, Some(plan)) => DEFAULT_FLUSH_INTERVAL.min(plan.every),
             (None, None) => DEFAULT_FLUSH_INTERVAL,
         };
-        Ok(Checked { hz, kernel_time, off_cpu, path: first, rotation, flush })
+        Ok(Checked { hz, kernel_time, off_cpu, engine, path: first, rotation, flush })
     }
 
     /// The rotation interval and retention (builder values, else

@@ -97,7 +97,10 @@ use writer::{Control, ControlSender, WriterState};
 use builder::{Checked, MAX_SIGNAL_WEIGHT, MAX_UNWIND_CACHES, PER_THREAD_ENGINE_FLUSH_INTERVAL};
 pub use builder::{Recorder, RecorderBuilder};
 use output::create_spool;
-pub use stats::{warnings_path, write_warnings, EngineChoice, KernelTime, LostSamples, OffCpuStats, Stats};
+pub use stats::{
+    warnings_path, write_warnings, EngineChoice, KernelTime, LostSamples, OffCpuStats, Stats,
+    SWITCH_HEAVY_PER_CPU_SECOND,
+};
 pub use sys::preloaded::live_spool_of_this_copy;
 #[cfg(feature = "http")]
 pub(crate) use sys::preloaded::preload_live_spool;
@@ -163,7 +166,10 @@ pub(crate) fn live_spool() -> Option<(PathBuf, Duration)> {
 }
 
 impl Guard {
-    /// The engine sampling this recording.
+    /// The engine this recording started with. The automatic choice may
+    /// later move from the perf-event engine to per-thread CPU timers (see
+    /// [`EngineChoice::Auto`]): [`warnings`](Self::warnings) then says so,
+    /// and [`Stats::engine`] is the engine that ran last.
     pub fn engine(&self) -> Engine {
         self.inner.as_ref().map_or(Engine::Unknown, |r| r.engine)
     }
@@ -401,7 +407,7 @@ fn start_with(b: &RecorderBuilder, path: &Path) -> Result<Guard, Error> {
 }
 
 fn start_inner(b: &RecorderBuilder, path: &Path) -> Result<Guard, Error> {
-    let Checked { hz, kernel_time, off_cpu, path, rotation, flush } = b.check(path)?;
+    let Checked { hz, kernel_time, off_cpu, engine: choice, path, rotation, flush } = b.check(path)?;
     let path = path.as_path();
     let period_ns = 1_000_000_000u64 / hz as u64;
     let interval_us = (1_000_000 + hz as u64 / 2) / hz as u64;
@@ -435,7 +441,7 @@ fn start_inner(b: &RecorderBuilder, path: &Path) -> Result<Guard, Error> {
     let tcb_tid_offset = sys::tcb::tid_offset();
     let ncpu = sys::cpus_allowed();
     // The perf-stack engine never writes the handler's ring: a token one.
-    let (ring, consumer) = if b.engine == EngineChoice::PerfStack {
+    let (ring, consumer) = if choice == EngineChoice::PerfStack {
         ring::Ring::new(2, 1)
     } else {
         ring::Ring::new(b.ring_capacity, b.max_stack_depth)
@@ -456,7 +462,7 @@ fn start_inner(b: &RecorderBuilder, path: &Path) -> Result<Guard, Error> {
     // The writer thread exists before any engine, so it can be left out of them.
     // The perf-stack engine's writer waits on its rings, and the off-CPU
     // mode's on its switch rings: its channel has an eventfd to wake it.
-    let (tx, rx, wake) = writer::channel(b.engine == EngineChoice::PerfStack || off_cpu).map_err(|e| {
+    let (tx, rx, wake) = writer::channel(choice == EngineChoice::PerfStack || off_cpu).map_err(|e| {
         Error::Recorder(RecorderError::WriterFailed {
             what: "could not be spawned (eventfd)",
             source: Some(e),
@@ -483,7 +489,7 @@ fn start_inner(b: &RecorderBuilder, path: &Path) -> Result<Guard, Error> {
     shared.writer_tid.store(writer_tid, Ordering::SeqCst);
     handler::publish(shared.clone());
 
-    let candidates: &[EngineChoice] = match b.engine {
+    let candidates: &[EngineChoice] = match choice {
         EngineChoice::Auto => {
             &[EngineChoice::PerfEvent, EngineChoice::ThreadCpuTimer, EngineChoice::ProcessTimer]
         }
@@ -640,6 +646,10 @@ fn start_inner(b: &RecorderBuilder, path: &Path) -> Result<Guard, Error> {
         None
     };
     let descriptors = engine.descriptors() + switches.as_ref().map_or(0, |t| t.descriptors());
+    // The automatic choice may leave the perf-event engine for per-thread
+    // timers if the program turns out to switch context often.
+    let adapt = (choice == EngineChoice::Auto && kind == Engine::PerfEvent)
+        .then(|| writer::Adapt::new(period_ns, writer_tid, b.flush_interval.is_none()));
     let needs_sampler =
         kind == Engine::PerfStack || kernel_status == KernelTime::Sampled || switches.is_some();
     // From here on signals may be pending: if a later step fails, the handler
@@ -669,6 +679,7 @@ fn start_inner(b: &RecorderBuilder, path: &Path) -> Result<Guard, Error> {
             .map(|plan| writer::Rotation::new(plan, path, &file_id, b.mode, b.overwrite, interval_us)),
         stack_sampler: needs_sampler.then(|| stack_sampler::StackSampler::new(b.max_stack_depth)),
         off_cpu: switches.map(|t| writer::OffCpu::new(t, b.user_stack_copy)),
+        adapt,
         own_code: handler::return_trampoline(),
         warnings,
         publisher: warnings::Publisher::new(log.clone(), b.on_warning.clone()),

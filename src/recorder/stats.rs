@@ -13,6 +13,19 @@ use crate::Engine;
 #[non_exhaustive]
 pub enum EngineChoice {
     /// perf events, else per-thread CPU timers, else the process timer.
+    ///
+    /// With perf events, the writer also watches the program's context
+    /// switches (`getrusage`, every flush interval): each switch schedules
+    /// the perf events out and in, and re-arms their timers, which costs
+    /// from a fraction of a microsecond to several on virtual machines. When
+    /// the program switches more than [`SWITCH_HEAVY_PER_CPU_SECOND`] times
+    /// per second of its CPU time (measured over at least 50 ms of its CPU
+    /// time), the recorder moves to per-thread CPU timers, which the kernel
+    /// checks at its scheduler tick and which cost nothing per switch; from
+    /// then on samples come at most once per tick (`CONFIG_HZ`) per thread,
+    /// each weighted by the periods it stands for, and kernel time is
+    /// charged to the user stack that entered the kernel. It happens at most
+    /// once, and [`Stats::warnings`] says when and why.
     #[default]
     Auto,
     /// Per-thread `perf_event_open` task-clock events (SIGTRAP); fail if refused.
@@ -28,6 +41,28 @@ pub enum EngineChoice {
     /// the copies. Threads that block signals are sampled too; threads created
     /// after start are covered from the next flush on. Fails if refused.
     PerfStack,
+}
+
+/// Context switches per second of the program's CPU time above which the
+/// automatic engine leaves the perf-event engine for per-thread CPU timers
+/// (see [`EngineChoice::Auto`]). A CPU-bound program switches a few hundred
+/// times per CPU-second (preemption at the scheduler tick); a server or a
+/// pipeline of threads handing work to each other tens of thousands of times.
+pub const SWITCH_HEAVY_PER_CPU_SECOND: u64 = 5_000;
+
+impl EngineChoice {
+    /// The choice named `name` (`auto`, `perf-event`, `thread-timer`,
+    /// `process-timer`, `perf-stack`: the `SPULSE_ENGINE` values).
+    pub fn from_name(name: &str) -> Option<EngineChoice> {
+        Some(match name {
+            "auto" => EngineChoice::Auto,
+            "perf-event" => EngineChoice::PerfEvent,
+            "thread-timer" => EngineChoice::ThreadCpuTimer,
+            "process-timer" => EngineChoice::ProcessTimer,
+            "perf-stack" => EngineChoice::PerfStack,
+            _ => return None,
+        })
+    }
 }
 
 /// Samples that were not written, by reason.

@@ -2,7 +2,8 @@
 //! one profiler chosen on the command line; prints one JSON object.
 //!
 //! Usage: switch --mode pingpong|echo|idle|blockers --profiler none|spulse|pprof --freq HZ
-//!               [--kernel-time on|off] [--off-cpu on|off] [--round-trips N]
+//!               [--kernel-time on|off] [--off-cpu on|off]
+//!               [--engine auto|perf-event|thread-timer|process-timer|perf-stack] [--round-trips N]
 //!               [--clients N] [--seconds S] [--threads N] [--busy N]
 //!
 //! * `pingpong`: two threads hand a futex word back and forth N times (30,000
@@ -237,6 +238,14 @@ fn main() {
     let freq: u32 = arg(&args, "--freq", "999").parse().unwrap();
     let kernel = arg(&args, "--kernel-time", "on") == "on";
     let off_cpu = arg(&args, "--off-cpu", "off") == "on";
+    let engine = match arg(&args, "--engine", "auto").as_str() {
+        "auto" => spulse::EngineChoice::Auto,
+        "perf-event" => spulse::EngineChoice::PerfEvent,
+        "thread-timer" => spulse::EngineChoice::ThreadCpuTimer,
+        "process-timer" => spulse::EngineChoice::ProcessTimer,
+        "perf-stack" => spulse::EngineChoice::PerfStack,
+        e => panic!("unknown --engine {e}"),
+    };
     let dir = std::env::temp_dir().join(format!("switch-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let spool = dir.join("s.spool");
@@ -245,6 +254,7 @@ fn main() {
             .frequency_hz(freq)
             .kernel_time(kernel)
             .off_cpu(off_cpu)
+            .engine(engine)
             .start(&spool)
             .expect("spulse start")
     });

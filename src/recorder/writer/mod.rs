@@ -62,6 +62,7 @@
 //! check is an *unseen window*: no module is certain for a sample taken inside
 //! it, whatever its generation, so its frames are written as absolute addresses.
 
+mod adapt;
 mod control;
 mod intern;
 mod off_cpu;
@@ -86,6 +87,7 @@ use super::stats::{LostSamples, Stats};
 use super::sys;
 use super::sys::perf_stack::Woken;
 use crate::{Error, Frame, NewModule, RecorderError, SpoolWriter};
+pub(crate) use adapt::Adapt;
 pub(crate) use control::{channel, Control, ControlSender};
 use intern::Interner;
 pub(crate) use off_cpu::OffCpu;
@@ -152,6 +154,8 @@ pub(crate) struct WriterState {
     pub deferred: Option<modules::DeferredTables>,
     /// The off-CPU mode's switch records and captures, when it runs.
     pub off_cpu: Option<OffCpu>,
+    /// The automatic engine's switch check, while it runs perf events.
+    pub adapt: Option<Adapt>,
 }
 
 /// A module change found by a rescan, applied around the drain.
@@ -350,7 +354,11 @@ pub(crate) fn main(rx: Receiver<Control>, wake: Option<Arc<OwnFd>>) -> Result<St
                 run.collect_switches();
             }
             Event::Switches => run.collect_switches(),
-            Event::Tick => run.scheduled(&mut next, interval),
+            // The interval shortens if the engine changes (`adapt_engine`).
+            Event::Tick => {
+                let interval = run.st.interval;
+                run.scheduled(&mut next, interval)
+            }
         }
         run.publish_warnings();
     }
@@ -607,6 +615,7 @@ impl Run {
         self.drain(false);
         self.off_cpu_step(false);
         self.apply_module_change(change);
+        self.adapt_engine();
         if let Some(tids) = &tids {
             self.st.engine.tick(tids);
         }

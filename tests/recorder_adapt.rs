@@ -1,0 +1,205 @@
+//! The automatic engine leaves the perf-event engine for per-thread CPU timers
+//! when the program switches context often (`EngineChoice::Auto`): each
+//! switch re-arms the perf events' timers, which on a virtual machine costs
+//! microseconds; the timers cost nothing per switch. A CPU-bound program, a
+//! mostly idle one and a named engine keep the perf events; a thread that
+//! blocks SIGPROF (which the timers send) keeps them too.
+
+mod recorder_support;
+
+use std::time::{Duration, Instant};
+
+use recorder_support::*;
+use spulse::{Engine, EngineChoice, Snapshot};
+
+const MOVED: &str = "moved to per-thread CPU timers";
+
+/// Two threads handing a token back and forth for `wall` (a channel
+/// ping-pong: tens of thousands of switches per CPU-second).
+fn pingpong(wall: Duration) {
+    let (to_b, from_a) = std::sync::mpsc::sync_channel::<u64>(0);
+    let (to_a, from_b) = std::sync::mpsc::sync_channel::<u64>(0);
+    let b = std::thread::spawn(move || {
+        while let Ok(v) = from_a.recv() {
+            if to_a.send(v + 1).is_err() {
+                break;
+            }
+        }
+    });
+    let until = Instant::now() + wall;
+    let mut v = 0;
+    while Instant::now() < until {
+        to_b.send(v).unwrap();
+        v = from_b.recv().unwrap();
+    }
+    drop(to_b);
+    b.join().unwrap();
+}
+
+/// Burn `cpu` seconds of this thread's CPU time; returns (tid, CPU used).
+#[inline(never)]
+fn burn_after_the_switch(cpu: f64) -> (u32, f64) {
+    let c0 = thread_cpu_seconds();
+    burn(cpu);
+    (gettid(), thread_cpu_seconds() - c0)
+}
+
+fn perf_events_here(test: &str) -> bool {
+    if perf_event_open_implemented() {
+        return true;
+    }
+    // Under an emulator without perf events the automatic engine starts
+    // with the timers: nothing to move from.
+    eprintln!("PERF EVENTS UNAVAILABLE: {test} is about leaving them; SKIPPED here");
+    assert!(std::env::var_os("CI").is_none() || emulated(), "perf events missing natively in CI");
+    false
+}
+
+#[test]
+fn a_switch_heavy_program_moves_to_thread_timers_and_is_still_sampled() {
+    let _g = serial();
+    if !perf_events_here("a_switch_heavy_program_moves_to_thread_timers_and_is_still_sampled") {
+        return;
+    }
+    let (_dir, path) = spool_path("adapt.spool");
+    let guard = spulse::Recorder::builder().frequency_hz(999).start(&path).unwrap();
+    assert_eq!(guard.engine(), Engine::PerfEvent);
+    // Switch until the writer has moved (it judges after 50 ms of the
+    // program's CPU, at a tick), or 20 s.
+    let until = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < until && !guard.warnings().iter().any(|w| w.contains(MOVED)) {
+        pingpong(Duration::from_millis(100));
+    }
+    // After the move: a CPU-bound thread is sampled by its timer.
+    let (tid, cpu) = std::thread::spawn(|| burn_after_the_switch(0.3)).join().unwrap();
+    let stats = guard.finish().unwrap();
+    assert_eq!(stats.engine, Engine::ThreadCpuTimer, "{:?}", stats.warnings);
+    let moved: Vec<_> = stats.warnings.iter().filter(|w| w.contains(MOVED)).collect();
+    assert_eq!(moved.len(), 1, "{:?}", stats.warnings);
+    assert!(moved[0].contains("times per CPU-second"), "{}", moved[0]);
+    let snap = Snapshot::open(&path).unwrap();
+    let n = snap.samples().filter(|s| snap.thread(s.thread).tid == tid).count() as f64;
+    let capture = n / (cpu * 999.0);
+    eprintln!("after the move: {n} samples for {cpu:.3} CPU-s of the burning thread: capture {capture:.3}");
+    assert!((0.8..=1.15).contains(&capture), "capture {capture:.3} after the move");
+    assert!(stats.samples_lost.ring_full == 0, "{:?}", stats.samples_lost);
+}
+
+#[test]
+fn a_named_engine_stays_however_the_program_switches() {
+    let _g = serial();
+    if !perf_events_here("a_named_engine_stays_however_the_program_switches") {
+        return;
+    }
+    let (_dir, path) = spool_path("named.spool");
+    let guard = spulse::Recorder::builder().engine(EngineChoice::PerfEvent).start(&path).unwrap();
+    pingpong(Duration::from_millis(800));
+    let stats = guard.finish().unwrap();
+    assert_eq!(stats.engine, Engine::PerfEvent);
+    assert!(!stats.warnings.iter().any(|w| w.contains(MOVED)), "{:?}", stats.warnings);
+}
+
+/// A CPU-bound program keeps the perf events; so does one that runs a
+/// tenth of the time, even with the writer waking every millisecond (its
+/// own thousand switches a second are not the program's: counted, they
+/// would be ten thousand per CPU-second of the program).
+#[test]
+fn cpu_bound_and_mostly_idle_programs_keep_the_perf_events() {
+    let _g = serial();
+    if !perf_events_here("cpu_bound_and_mostly_idle_programs_keep_the_perf_events") {
+        return;
+    }
+    let (_dir, path) = spool_path("busy.spool");
+    let guard = spulse::Recorder::builder().start(&path).unwrap();
+    let t: Vec<_> = (0..2).map(|_| std::thread::spawn(|| burn(0.6))).collect();
+    t.into_iter().for_each(|t| t.join().unwrap());
+    let stats = guard.finish().unwrap();
+    assert_eq!(stats.engine, Engine::PerfEvent, "{:?}", stats.warnings);
+
+    let (_dir, path) = spool_path("idle.spool");
+    let guard = spulse::Recorder::builder().flush_interval(Duration::from_millis(1)).start(&path).unwrap();
+    let c0 = thread_cpu_seconds();
+    let until = Instant::now() + Duration::from_millis(1500);
+    while Instant::now() < until {
+        burn(0.001);
+        std::thread::sleep(Duration::from_millis(9));
+    }
+    let cpu = thread_cpu_seconds() - c0;
+    let stats = guard.finish().unwrap();
+    eprintln!("mostly idle: {cpu:.3} CPU-s in 1.5 s, writer {:?}", stats.writer_cpu);
+    assert_eq!(stats.engine, Engine::PerfEvent, "{:?}", stats.warnings);
+    assert!(cpu >= 0.06, "only {cpu:.3} CPU-s: too little for the writer to judge, the test proves nothing");
+}
+
+/// A thread that blocks SIGPROF would keep the timers' signals pending (a
+/// program reading its blocked signals would read ours): the perf events
+/// stay, and a warning says why.
+#[test]
+fn a_thread_blocking_sigprof_keeps_the_perf_events() {
+    let _g = serial();
+    if !perf_events_here("a_thread_blocking_sigprof_keeps_the_perf_events") {
+        return;
+    }
+    let (_dir, path) = spool_path("blocked.spool");
+    let guard = spulse::Recorder::builder().start(&path).unwrap();
+    let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
+    let blocker = std::thread::spawn(move || {
+        // SAFETY: a valid signal set, applied to this thread only.
+        unsafe {
+            let mut set: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut set);
+            libc::sigaddset(&mut set, libc::SIGPROF);
+            libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        }
+        let _ = stop_rx.recv();
+    });
+    let until = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < until && !guard.warnings().iter().any(|w| w.contains("blocks SIGPROF")) {
+        pingpong(Duration::from_millis(100));
+    }
+    let _ = stop_tx.send(());
+    blocker.join().unwrap();
+    let stats = guard.finish().unwrap();
+    assert_eq!(stats.engine, Engine::PerfEvent, "{:?}", stats.warnings);
+    assert!(stats.warnings.iter().any(|w| w.contains("blocks SIGPROF")), "{:?}", stats.warnings);
+    assert!(!stats.warnings.iter().any(|w| w.contains(MOVED)), "{:?}", stats.warnings);
+}
+
+#[test]
+fn engine_role() {
+    let Ok(path) = std::env::var("SPULSE_TEST_ENGINE_SPOOL") else { return };
+    match spulse::Recorder::builder().start(&path) {
+        Ok(g) => {
+            pingpong(Duration::from_millis(800));
+            let stats = g.finish().unwrap();
+            println!("ENGINE {}", stats.engine);
+        }
+        Err(e) => println!("ERROR {e}"),
+    }
+}
+
+/// `SPULSE_ENGINE` names the engine where the builder does not; a value
+/// that names none is an error naming the variable.
+#[test]
+fn the_engine_variable_names_the_engine() {
+    let _g = serial();
+    if !perf_events_here("the_engine_variable_names_the_engine") {
+        return;
+    }
+    let run = |value: &str| {
+        let (_dir, path) = spool_path("env.spool");
+        let out = self_command()
+            .args(["--exact", "engine_role", "--nocapture", "--test-threads", "1"])
+            .env("SPULSE_TEST_ENGINE_SPOOL", &path)
+            .env("SPULSE_ENGINE", value)
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let out = run("perf-event");
+    assert!(out.contains("ENGINE perf-event"), "{out}");
+    let out = run("thread-timer");
+    assert!(out.contains("ENGINE thread-cpu-timer"), "{out}");
+    let out = run("fastest");
+    assert!(out.contains("ERROR") && out.contains("SPULSE_ENGINE=\"fastest\""), "{out}");
+}
