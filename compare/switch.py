@@ -37,6 +37,8 @@ def run(cmd):
 def configs(freq, user):
     c = [("bare", ["--profiler", "none"], None)]
     c.append((f"{a.label}", ["--profiler", "spulse", "--freq", str(freq)], None))
+    c.append((f"{a.label}, perf events named", ["--profiler", "spulse", "--freq", str(freq), "--engine", "perf-event"], None))
+    c.append((f"{a.label}, thread timers", ["--profiler", "spulse", "--freq", str(freq), "--engine", "thread-timer"], None))
     if user == "root":
         c.append((f"{a.label} kernel time off", ["--profiler", "spulse", "--freq", str(freq), "--kernel-time", "off"], None))
     c.append(("pprof-rs (framehop)", ["--profiler", "pprof", "--freq", str(freq)], None))
@@ -53,29 +55,39 @@ rows = []
 for mode in a.modes.split(","):
     for user in a.users.split(","):
         for freq in [int(f) for f in a.freqs.split(",")]:
-            for name, args, wrap in configs(freq, user):
-                vals = []
-                for _ in range(a.reps):
+            # Interleaved: each round runs every configuration once, so a
+            # change of the machine's load shifts all of them alike.
+            cs = configs(freq, user)
+            results = {name: [] for name, _, _ in cs}
+            for _ in range(a.reps):
+                for name, args, wrap in cs:
                     cmd = (wrap or []) + [a.bin, "--mode", mode] + args
                     if user != "root":
                         cmd = NOBODY + cmd
                     r = run(cmd)
                     if r:
-                        vals.append(r)
+                        results[name].append(r)
+            key = "cpu_us_per_round_trip" if mode == "pingpong" else "requests_per_s"
+            base = statistics.median(v[key] for v in results["bare"]) if results.get("bare") else None
+            for name, args, wrap in cs:
+                vals = results[name]
+                ends = sorted({v.get("engine", "") for v in vals} - {""})
+                if ends:
+                    name = f"{name} (ran: {', '.join(ends)})"
                 if not vals:
-                    rows.append((mode, user, freq, name, "failed", "", ""))
+                    rows.append((mode, user, freq, name, "failed", "", "", ""))
                     continue
                 if mode == "pingpong":
                     w = statistics.median(v["us_per_round_trip"] for v in vals)
                     c = statistics.median(v["cpu_us_per_round_trip"] for v in vals)
-                    rows.append((mode, user, freq, name, f"{w:.2f} us", f"{c:.2f} us cpu", f"{min(v['us_per_round_trip'] for v in vals):.2f}-{max(v['us_per_round_trip'] for v in vals):.2f}"))
+                    rows.append((mode, user, freq, name, f"{w:.2f} us", f"{c:.2f} us cpu", f"{c / base:.2f}x" if base else "", f"{min(v['us_per_round_trip'] for v in vals):.2f}-{max(v['us_per_round_trip'] for v in vals):.2f}"))
                 else:
                     r = statistics.median(v["requests_per_s"] for v in vals)
                     q = statistics.median(v["p99_us"] for v in vals)
-                    rows.append((mode, user, freq, name, f"{r:.0f} req/s", f"p99 {q:.0f} us", f"{min(v['requests_per_s'] for v in vals):.0f}-{max(v['requests_per_s'] for v in vals):.0f}"))
+                    rows.append((mode, user, freq, name, f"{r:.0f} req/s", f"p99 {q:.0f} us", f"{r / base:.3f}x" if base else "", f"{min(v['requests_per_s'] for v in vals):.0f}-{max(v['requests_per_s'] for v in vals):.0f}"))
                 print(" | ".join(str(x) for x in rows[-1]), file=sys.stderr, flush=True)
 
-print("| workload | user | Hz | profiler | median | | range |")
-print("|---|---|---|---|---|---|---|")
+print("| workload | user | Hz | profiler | median | | vs bare (CPU per round trip; requests/s) | range |")
+print("|---|---|---|---|---|---|---|---|")
 for r in rows:
     print("| " + " | ".join(str(x) for x in r) + " |")
