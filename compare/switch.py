@@ -20,7 +20,7 @@ p.add_argument("--label", default="spulse")
 p.add_argument("--modes", default="pingpong,echo")
 p.add_argument("--freqs", default="99,999")
 p.add_argument("--users", default="root,nobody")
-p.add_argument("--only", default="", help="comma list of configuration names to run")
+p.add_argument("--only", default="", help="configuration names to run, separated by semicolons")
 a = p.parse_args()
 
 NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
@@ -48,7 +48,7 @@ def configs(freq, user):
                   ["perf", "record", "-q", "-e", "task-clock", "-F", str(freq), "-o", os.path.join(tmp, "p.data"), "--"]))
         c.append(("perf record --per-thread", ["--profiler", "none"],
                   ["perf", "record", "-q", "--per-thread", "-e", "task-clock", "-F", str(freq), "-o", os.path.join(tmp, "q.data"), "--"]))
-    only = [o for o in a.only.split(",") if o]
+    only = [o for o in a.only.split(";") if o]
     return [x for x in c if not only or x[0] in only]
 
 rows = []
