@@ -224,9 +224,17 @@ mod tests {
         // (Other tests run beside this one and only add to it.)
         let before = Usage::now().unwrap();
         std::thread::spawn(|| {
-            let t = Instant::now();
+            // 60 ms of this thread's CPU time (not wall time: on a loaded
+            // machine it gets less CPU than wall time).
+            let cpu = || {
+                let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+                // SAFETY: clock_gettime writes the timespec we pass.
+                unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+                ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+            };
+            let t = cpu();
             let mut x = 0u64;
-            while t.elapsed() < Duration::from_millis(60) {
+            while cpu() - t < 60_000_000 {
                 x = std::hint::black_box(x.wrapping_add(1));
             }
         })
