@@ -180,7 +180,10 @@ pub struct Stats {
     pub threads_without_kernel_time: u64,
     /// Kernel-time samples taken while the kernel returned from the
     /// recorder's own signal handler, by weight: the profiler's cost, not
-    /// the program's, so dropped (never written).
+    /// the program's, so dropped (never written). Told by the signal return
+    /// trampoline on their stack: glibc's `__restore_rt` on x86_64, the
+    /// vDSO's `__kernel_rt_sigreturn` on aarch64 (none dropped where there
+    /// is no vDSO, as under qemu-user before 8.1).
     pub own_samples_dropped: u64,
     /// Perf-event descriptors the engine held: at most an eighth of the
     /// soft `RLIMIT_NOFILE` at start (the descriptor budget; see

@@ -542,11 +542,12 @@ pub(crate) unsafe fn virtual_action(
     unsafe { sigaction::virtual_action(sig, act, old, on_signal as sigaction::Handler as usize) }
 }
 
-/// The code a handler of ours returns through (the signal return trampoline,
-/// `sa_restorer`, on x86_64: glibc's `__restore_rt`), as an address range: a
-/// kernel-time sample whose stack holds it was taken while the kernel
-/// returned from our own handler. `None` where the trampoline is not in the
-/// action (aarch64 returns through the vDSO's).
+/// The code a handler of ours returns through (the signal return trampoline),
+/// as an address range: a kernel-time sample whose stack holds it was taken
+/// while the kernel returned from our own handler. On x86_64 it is the
+/// action's `sa_restorer` (glibc's `__restore_rt`); on aarch64, where glibc
+/// sets no restorer, the vDSO's `__kernel_rt_sigreturn` (`sys::vdso`). `None`
+/// where it cannot be found (no vDSO: qemu-user before 8.1 maps none).
 pub(crate) fn return_trampoline() -> Option<(u64, u64)> {
     #[cfg(target_arch = "x86_64")]
     {
@@ -560,7 +561,15 @@ pub(crate) fn return_trampoline() -> Option<(u64, u64)> {
         // __restore_rt is `mov $15, %rax; syscall` (9 bytes): 16 covers it.
         Some((r, r.wrapping_add(16)))
     }
-    #[cfg(not(target_arch = "x86_64"))]
+    #[cfg(target_arch = "aarch64")]
+    {
+        let s = crate::recorder::sys::vdso::symbol("__kernel_rt_sigreturn")?;
+        // It is `mov x8, #139; svc #0` (8 bytes): 16 covers it where the
+        // image gives no size.
+        let len = if s.size == 0 { 16 } else { s.size };
+        Some((s.addr, s.addr.wrapping_add(len)))
+    }
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
     None
 }
 
