@@ -20,6 +20,7 @@ p.add_argument("--label", default="spulse")
 p.add_argument("--modes", default="pingpong,echo")
 p.add_argument("--freqs", default="99,999")
 p.add_argument("--users", default="root,nobody")
+p.add_argument("--round-trips", type=int, default=200000, help="ping-pong round trips (200,000: about 1-2 s, long enough for the automatic engine's switch check)")
 p.add_argument("--only", default="", help="configuration names to run, separated by semicolons")
 a = p.parse_args()
 
@@ -61,7 +62,7 @@ for mode in a.modes.split(","):
             results = {name: [] for name, _, _ in cs}
             for _ in range(a.reps):
                 for name, args, wrap in cs:
-                    cmd = (wrap or []) + [a.bin, "--mode", mode] + args
+                    cmd = (wrap or []) + [a.bin, "--mode", mode] + args + (["--round-trips", str(a.round_trips)] if mode == "pingpong" else [])
                     if user != "root":
                         cmd = NOBODY + cmd
                     r = run(cmd)
@@ -69,6 +70,7 @@ for mode in a.modes.split(","):
                         results[name].append(r)
             key = "cpu_us_per_round_trip" if mode == "pingpong" else "requests_per_s"
             base = statistics.median(v[key] for v in results["bare"]) if results.get("bare") else None
+            cbase = statistics.median(v["cpu_us_per_request"] for v in results["bare"]) if base and mode != "pingpong" else None
             for name, args, wrap in cs:
                 vals = results[name]
                 ends = sorted({v.get("engine", "") for v in vals} - {""})
@@ -84,7 +86,8 @@ for mode in a.modes.split(","):
                 else:
                     r = statistics.median(v["requests_per_s"] for v in vals)
                     q = statistics.median(v["p99_us"] for v in vals)
-                    rows.append((mode, user, freq, name, f"{r:.0f} req/s", f"p99 {q:.0f} us", f"{r / base:.3f}x" if base else "", f"{min(v['requests_per_s'] for v in vals):.0f}-{max(v['requests_per_s'] for v in vals):.0f}"))
+                    cr = statistics.median(v["cpu_us_per_request"] for v in vals)
+                    rows.append((mode, user, freq, name, f"{r:.0f} req/s, {cr:.2f} CPU us/request", f"p99 {q:.0f} us", f"{r / base:.3f}x; CPU {cr / cbase:.3f}x" if base else "", f"{min(v['requests_per_s'] for v in vals):.0f}-{max(v['requests_per_s'] for v in vals):.0f}"))
                 print(" | ".join(str(x) for x in rows[-1]), file=sys.stderr, flush=True)
 
 print("| workload | user | Hz | profiler | median | | vs bare (CPU per round trip; requests/s) | range |")

@@ -144,10 +144,11 @@ fn echo(clients: usize, seconds: f64) -> String {
     all.sort_unstable();
     let p99 = all.get(all.len() * 99 / 100).copied().unwrap_or(0) as f64 / 1e3;
     format!(
-        "\"requests_per_s\": {:.0}, \"p99_us\": {:.1}, \"cpu_s\": {:.3}",
+        "\"requests_per_s\": {:.0}, \"p99_us\": {:.1}, \"cpu_s\": {:.3}, \"cpu_us_per_request\": {:.3}",
         all.len() as f64 / seconds,
         p99,
-        cpu / 1e6
+        cpu / 1e6,
+        cpu as f64 / all.len().max(1) as f64
     )
 }
 
