@@ -316,8 +316,15 @@ impl StackRing {
             }
             let at = (tail % size) as usize;
             let mut hdr = [0u8; 8];
-            // SAFETY: `at < size`, 8 <= avail <= size, and the 8 bytes are published.
-            unsafe { copy_wrapped(data, self.data_size, at, &mut hdr) };
+            if at + 8 <= self.data_size {
+                // The usual case (the kernel writes records 8-byte aligned in
+                // an area of whole pages): one load, not a copy call a record.
+                // SAFETY: `[at, at + 8)` is in the data area and published.
+                hdr = unsafe { std::ptr::read_unaligned(data.add(at) as *const [u8; 8]) };
+            } else {
+                // SAFETY: `at < size`, 8 <= avail <= size, and the 8 bytes are published.
+                unsafe { copy_wrapped(data, self.data_size, at, &mut hdr) };
+            }
             let kind = u32::from_ne_bytes([hdr[0], hdr[1], hdr[2], hdr[3]]);
             let len = u16::from_ne_bytes([hdr[6], hdr[7]]) as u64;
             if len < 8 || len > avail {

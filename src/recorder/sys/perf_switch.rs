@@ -93,8 +93,9 @@ pub(crate) struct Interval {
     pub end_ns: u64,
     /// Runnable but preempted (waiting for a CPU), rather than blocked.
     pub preempted: bool,
-    /// Where it blocked, if a capture was taken while it was out.
-    pub capture: Option<Capture>,
+    /// Where it blocked, if a capture was taken while it was out (boxed:
+    /// most intervals have none, and an interval is moved a few times).
+    pub capture: Option<Box<Capture>>,
 }
 
 /// A thread switched out and not seen back yet.
@@ -104,7 +105,20 @@ struct Out {
     preempted: bool,
     /// A capture was attempted (taken or not) during this interval.
     tried: bool,
-    capture: Option<Capture>,
+    capture: Option<Box<Capture>>,
+}
+
+/// A thread the switch records named: out (and since when) or not. An
+/// entry stays while its thread switches (one lookup a record, no insertion
+/// and removal a blocking); it goes when its thread exits, or at a
+/// [`SwitchTracker::to_capture`] when its thread is not out and had no
+/// record since the one before (so the map holds the threads out or active
+/// lately, not every thread that ever ran).
+#[derive(Debug, Default)]
+struct Seen {
+    out: Option<Out>,
+    /// A record named the thread since the last `to_capture`.
+    recent: bool,
 }
 
 /// Counters of the off-CPU mode, for `Stats`.
@@ -134,9 +148,10 @@ pub(crate) struct SwitchTracker {
     /// The writer's wait over the rings and its control descriptor, when the
     /// engine has no epoll set of its own (see [`SwitchTracker::wait_with`]).
     epoll: Option<crate::recorder::own_fd::OwnFd>,
-    pending: HashMap<u32, Out>,
+    /// Threads by tid (those out are the pending intervals).
+    threads: HashMap<u32, Seen>,
     /// Captures taken after a wake-up not yet seen, by thread.
-    orphans: HashMap<u32, Capture>,
+    orphans: HashMap<u32, Box<Capture>>,
     /// Finished intervals, for the writer to take.
     pub(crate) done: Vec<Interval>,
     pub(crate) counts: SwitchCounts,
@@ -157,10 +172,11 @@ impl SwitchTracker {
     pub(crate) fn start(skip: u32, budget: usize) -> io::Result<SwitchTracker> {
         let rings = KernelRings::start_with(skip, budget, SWITCH_RING_PAGES, &open_switch_event)?;
         let since_ns = super::now_ns();
-        let mut pending = HashMap::default();
+        let mut threads = HashMap::default();
         for &tid in &rings.opened {
             if thread_state(tid).is_some_and(|c| c == 'S' || c == 'D') {
-                pending.insert(tid, Out { time_ns: since_ns, preempted: false, tried: false, capture: None });
+                let out = Out { time_ns: since_ns, preempted: false, tried: false, capture: None };
+                threads.insert(tid, Seen { out: Some(out), recent: true });
             }
         }
         Ok(SwitchTracker {
@@ -168,7 +184,7 @@ impl SwitchTracker {
             events: Vec::new(),
             carry: Vec::new(),
             epoll: None,
-            pending,
+            threads,
             orphans: HashMap::default(),
             done: Vec::new(),
             counts: SwitchCounts::default(),
@@ -266,7 +282,9 @@ impl SwitchTracker {
     fn apply(&mut self, time_ns: u64, tid: u32, kind: u8) {
         match kind {
             0 => {
-                if let Some(o) = self.pending.remove(&tid) {
+                let Some(seen) = self.threads.get_mut(&tid) else { return };
+                seen.recent = true;
+                if let Some(o) = seen.out.take() {
                     let mut capture = o.capture;
                     if capture.as_ref().is_some_and(|c| c.at_ns >= time_ns) {
                         // Taken after this wake-up: it belongs to a later interval.
@@ -286,10 +304,12 @@ impl SwitchTracker {
                 let orphan = if self.orphans.is_empty() { None } else { self.orphans.remove(&tid) };
                 let capture = orphan.filter(|c| c.at_ns > time_ns);
                 let tried = capture.is_some();
-                self.pending.insert(tid, Out { time_ns, preempted: kind == 2, tried, capture });
+                let seen = self.threads.entry(tid).or_default();
+                seen.recent = true;
+                seen.out = Some(Out { time_ns, preempted: kind == 2, tried, capture });
             }
             _ => {
-                self.pending.remove(&tid);
+                self.threads.remove(&tid);
                 if !self.orphans.is_empty() {
                     self.orphans.remove(&tid);
                 }
@@ -298,15 +318,25 @@ impl SwitchTracker {
     }
 
     /// Threads that are out, blocked, and not yet captured in this interval
-    /// (each is then marked as tried: one attempt per interval).
+    /// (each is then marked as tried: one attempt per interval), in tid
+    /// order. Forgets the threads neither out nor named by a record since
+    /// the last call.
     pub(crate) fn to_capture(&mut self, out: &mut Vec<u32>) {
         out.clear();
-        for (&tid, o) in self.pending.iter_mut() {
-            if !o.preempted && !o.tried {
-                o.tried = true;
-                out.push(tid);
+        self.threads.retain(|&tid, seen| {
+            let recent = std::mem::replace(&mut seen.recent, false);
+            match seen.out.as_mut() {
+                Some(o) => {
+                    if !o.preempted && !o.tried {
+                        o.tried = true;
+                        out.push(tid);
+                    }
+                    true
+                }
+                None => recent,
             }
-        }
+        });
+        out.sort_unstable();
     }
 
     /// Attach a capture of `tid` (taken after the last [`collect`](Self::collect)).
@@ -315,8 +345,8 @@ impl SwitchTracker {
         match c {
             Ok(c) => {
                 self.counts.captured += 1;
-                if let Some(o) = self.pending.get_mut(&tid) {
-                    o.capture = Some(c);
+                if let Some(o) = self.threads.get_mut(&tid).and_then(|s| s.out.as_mut()) {
+                    o.capture = Some(Box::new(c));
                 }
             }
             Err(Missed::Ran) => self.counts.missed_ran += 1,
@@ -330,13 +360,14 @@ impl SwitchTracker {
     /// Close the intervals of threads still out at `end_ns` (the recording
     /// stops), but for threads that no longer exist or are running.
     pub(crate) fn finish(&mut self, end_ns: u64) {
-        let mut tids: Vec<u32> = self.pending.keys().copied().collect();
+        let mut tids: Vec<u32> =
+            self.threads.iter().filter(|(_, s)| s.out.is_some()).map(|(&tid, _)| tid).collect();
         tids.sort_unstable();
         for tid in tids {
             // Only a thread that is off the CPU now: one whose switch-in
             // record was lost (ring full) and that runs is not closed.
             let off_now = thread_state(tid).is_some_and(|c| c != 'R');
-            let o = self.pending.remove(&tid).expect("listed");
+            let o = self.threads.get_mut(&tid).and_then(|s| s.out.take()).expect("listed");
             if off_now && end_ns > o.time_ns {
                 self.done.push(Interval {
                     tid,

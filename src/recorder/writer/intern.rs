@@ -46,6 +46,12 @@ pub(crate) struct Interner {
     /// Words held by `whole` (it is cleared when this passes `WHOLE_CACHE_WORDS`).
     whole_words: usize,
     key: Vec<u64>,
+    /// The off-CPU leaves written at most blockings, once defined: the
+    /// `[blocked]` root and the `waiting for CPU` label (looking a label up
+    /// by its text, a hash of the string each interval, was a tenth of the
+    /// writer's cost of one).
+    blocked_root: Option<StackId>,
+    waiting_label: Option<FrameId>,
 }
 
 impl Interner {
@@ -84,6 +90,27 @@ impl Interner {
             self.frame_module.resize(id.index() + 1, NO_PARENT);
         }
         Ok(id)
+    }
+
+    /// The stack `[blocked]` alone (a root), defining it if new.
+    pub(crate) fn blocked_root<W: Write>(&mut self, w: &mut SpoolWriter<W>) -> Result<StackId, Error> {
+        if let Some(s) = self.blocked_root {
+            return Ok(s);
+        }
+        let f = self.label(w, "blocked")?;
+        let s = self.node(w, None, f)?;
+        self.blocked_root = Some(s);
+        Ok(s)
+    }
+
+    /// The label frame `waiting for CPU`, defining it if new.
+    pub(crate) fn waiting_label<W: Write>(&mut self, w: &mut SpoolWriter<W>) -> Result<FrameId, Error> {
+        if let Some(f) = self.waiting_label {
+            return Ok(f);
+        }
+        let f = self.label(w, "waiting for CPU")?;
+        self.waiting_label = Some(f);
+        Ok(f)
     }
 
     /// The id of the stack node `frame` called from `parent`.
