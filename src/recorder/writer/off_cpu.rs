@@ -89,7 +89,7 @@ impl Run {
         if end {
             o.tracker.finish(crate::recorder::sys::now_ns());
         }
-        let mut done = std::mem::take(&mut o.tracker.done);
+        let mut done = std::mem::take(&mut o.tracker.pairing.done);
         for iv in &done {
             if self.error.is_some() {
                 break;
@@ -99,7 +99,7 @@ impl Run {
         }
         // Given back: its capacity serves the next ticks.
         done.clear();
-        o.tracker.done = done;
+        o.tracker.pairing.done = done;
         if !end && self.error.is_none() {
             self.capture_blocked(&mut o);
         }
