@@ -463,10 +463,18 @@ pub(crate) fn encode(rec: &Record<'_>, out: &mut Vec<u8>) {
             put_u64(out, module);
         }
         Record::OffCpu { thread, stack, start_us, duration_us, preempted } => {
-            out.push(tag::OFF_CPU);
+            // Written a blocking by a recorder: assembled on the stack and
+            // appended whole (a copy of constant size, no call), then cut to
+            // its length.
+            let mut rec = [0u8; 1 + 5 * varint::MAX_LEN];
+            rec[0] = tag::OFF_CPU;
+            let mut n = 1;
             for v in [thread, stack, start_us, duration_us, preempted as u64] {
-                put_u64(out, v);
+                n += varint::write_u64(&mut rec[n..], v);
             }
+            let at = out.len();
+            out.extend_from_slice(&rec);
+            out.truncate(at + n);
         }
     }
 }

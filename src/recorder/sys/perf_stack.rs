@@ -299,13 +299,17 @@ impl StackRing {
         &mut self,
         scratch: &mut Vec<u8>,
         lost: &mut u64,
-        on_record: &mut dyn FnMut(u32, &[u8]),
+        on_record: &mut impl FnMut(u32, &[u8]),
     ) {
         let head = self.header_word(PAGE_DATA_HEAD);
         let mut tail = self.header_atomic(PAGE_DATA_TAIL).load(Ordering::Relaxed);
         let size = self.data_size as u64;
         // SAFETY: the data area lies inside the mapping (checked in `open`).
         let data = unsafe { self.base.add(self.data_offset) } as *const u8;
+        // The kernel's data areas are a power of two pages: a mask, not a
+        // division a record (the division was a fifth of a switch record's
+        // drain).
+        let mask = if size.is_power_of_two() { Some(size - 1) } else { None };
         // Only the bytes in [tail, head) are read: the kernel has published
         // them (`head` is loaded with acquire) and writes there again only
         // after `tail` moves past them.
@@ -314,7 +318,10 @@ impl StackRing {
             if avail > size {
                 break;
             }
-            let at = (tail % size) as usize;
+            let at = match mask {
+                Some(m) => (tail & m) as usize,
+                None => (tail % size) as usize,
+            };
             let mut hdr = [0u8; 8];
             if at + 8 <= self.data_size {
                 // The usual case (the kernel writes records 8-byte aligned in

@@ -39,6 +39,9 @@ pub(crate) struct Interner {
     frame_module: Vec<u32>,
     stacks: FxMap<(u32, u32), StackId>,
     threads: FxMap<u32, ThreadId>,
+    /// The last thread looked up in each of 32 slots (by tid): a lookup a
+    /// sample and a blocking, mostly of the same few threads.
+    recent_threads: [Option<(u32, ThreadId)>; 32],
     /// Label frames (off-CPU leaves) by text.
     labels: FxMap<String, FrameId>,
     /// Raw sample words (generation, flag, addresses) -> leaf stack.
@@ -187,7 +190,14 @@ impl Interner {
         tid: u32,
         names: &ThreadNames,
     ) -> Result<ThreadId, Error> {
+        let slot = tid as usize % self.recent_threads.len();
+        if let Some((t, id)) = self.recent_threads[slot] {
+            if t == tid {
+                return Ok(id);
+            }
+        }
         if let Some(&id) = self.threads.get(&tid) {
+            self.recent_threads[slot] = Some((tid, id));
             return Ok(id);
         }
         let name = names.get(tid).unwrap_or_else(|| {
@@ -196,6 +206,7 @@ impl Interner {
         });
         let id = w.define_thread(pid, tid, &name)?;
         self.threads.insert(tid, id);
+        self.recent_threads[slot] = Some((tid, id));
         Ok(id)
     }
 
