@@ -463,18 +463,18 @@ pub(crate) fn encode(rec: &Record<'_>, out: &mut Vec<u8>) {
             put_u64(out, module);
         }
         Record::OffCpu { thread, stack, start_us, duration_us, preempted } => {
-            // Written a blocking by a recorder: assembled on the stack and
-            // appended whole (a copy of constant size, no call), then cut to
-            // its length.
-            let mut rec = [0u8; 1 + 5 * varint::MAX_LEN];
-            rec[0] = tag::OFF_CPU;
-            let mut n = 1;
-            for v in [thread, stack, start_us, duration_us, preempted as u64] {
-                n += varint::write_u64(&mut rec[n..], v);
-            }
+            // Written a blocking by a recorder: the buffer grows by the
+            // longest such record at once (one capacity check, not one a
+            // byte), the fields are written in place, and it is cut back to
+            // their length.
             let at = out.len();
-            out.extend_from_slice(&rec);
-            out.truncate(at + n);
+            out.resize(at + 1 + 5 * varint::MAX_LEN, 0);
+            out[at] = tag::OFF_CPU;
+            let mut n = at + 1;
+            for v in [thread, stack, start_us, duration_us, preempted as u64] {
+                n += varint::write_u64(&mut out[n..], v);
+            }
+            out.truncate(n);
         }
     }
 }
