@@ -536,7 +536,9 @@ mod tests {
             assert_eq!(got, want);
             let (rec, n) = decode_fields(&got[1..]).expect("decodes");
             assert_eq!(n, got.len() - 1);
-            assert!(matches!(rec, Record::OffCpu { thread: t, duration_us: d, .. } if t == thread && d == duration_us));
+            assert!(
+                matches!(rec, Record::OffCpu { thread: t, duration_us: d, .. } if t == thread && d == duration_us)
+            );
         }
     }
 }

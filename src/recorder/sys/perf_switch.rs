@@ -506,7 +506,10 @@ mod tests {
 
     /// (tid, start, end, preempted, capture time) of the finished intervals.
     fn done(p: &mut Pairing) -> Vec<(u32, u64, u64, bool, Option<u64>)> {
-        p.done.drain(..).map(|i| (i.tid, i.start_ns, i.end_ns, i.preempted, i.capture.map(|c| c.at_ns))).collect()
+        p.done
+            .drain(..)
+            .map(|i| (i.tid, i.start_ns, i.end_ns, i.preempted, i.capture.map(|c| c.at_ns)))
+            .collect()
     }
 
     /// Two CPUs' records, each in order, interleave in time: each switch-out
@@ -520,7 +523,10 @@ mod tests {
         p.events.extend([(100, 1, 1), (300, 2, 0), (400, 3, 2)]);
         p.events.extend([(50, 2, 1), (200, 1, 0), (450, 3, 0), (600, 1, 1), (900, 1, 0)]);
         p.pair(500);
-        assert_eq!(done(&mut p), [(1, 100, 200, false, None), (2, 50, 300, false, None), (3, 400, 450, true, None)]);
+        assert_eq!(
+            done(&mut p),
+            [(1, 100, 200, false, None), (2, 50, 300, false, None), (3, 400, 450, true, None)]
+        );
         assert_eq!(p.carry, [(600, 1, 1), (900, 1, 0)], "stamped after the horizon: kept");
         p.events.clear();
         p.events.append(&mut p.carry);
@@ -623,8 +629,13 @@ mod tests {
             let tid = h.join().unwrap();
             t.collect(false);
             t.stop();
-            let slept: u64 =
-                t.pairing.done.iter().filter(|i| i.tid == tid && !i.preempted).map(|i| i.end_ns - i.start_ns).sum();
+            let slept: u64 = t
+                .pairing
+                .done
+                .iter()
+                .filter(|i| i.tid == tid && !i.preempted)
+                .map(|i| i.end_ns - i.start_ns)
+                .sum();
             if (190_000_000..400_000_000).contains(&slept) {
                 return;
             }
