@@ -516,7 +516,7 @@ pub(crate) fn encode_header(h: &crate::Header, out: &mut Vec<u8>) {
 mod tests {
     use super::*;
 
-    /// An off-CPU record (assembled in a fixed buffer) has the bytes of its
+    /// An off-CPU record (written in place in the grown buffer) has the bytes of its
     /// fields written one varint after the other, the largest values
     /// included, and appends to what the buffer held.
     #[test]
