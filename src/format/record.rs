@@ -463,10 +463,18 @@ pub(crate) fn encode(rec: &Record<'_>, out: &mut Vec<u8>) {
             put_u64(out, module);
         }
         Record::OffCpu { thread, stack, start_us, duration_us, preempted } => {
-            out.push(tag::OFF_CPU);
+            // Written a blocking by a recorder: the buffer grows by the
+            // longest such record at once (one capacity check, not one a
+            // byte), the fields are written in place, and it is cut back to
+            // their length.
+            let at = out.len();
+            out.resize(at + 1 + 5 * varint::MAX_LEN, 0);
+            out[at] = tag::OFF_CPU;
+            let mut n = at + 1;
             for v in [thread, stack, start_us, duration_us, preempted as u64] {
-                put_u64(out, v);
+                n += varint::write_u64(&mut out[n..], v);
             }
+            out.truncate(n);
         }
     }
 }
@@ -502,4 +510,35 @@ pub(crate) fn encode_header(h: &crate::Header, out: &mut Vec<u8>) {
     out.extend_from_slice(&super::MAGIC);
     varint::put_u64(out, h.start_time_us);
     varint::put_u64(out, h.interval_us);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An off-CPU record (written in place in the grown buffer) has the bytes of its
+    /// fields written one varint after the other, the largest values
+    /// included, and appends to what the buffer held.
+    #[test]
+    fn off_cpu_records_encode_field_by_field() {
+        for (thread, stack, start_us, duration_us, preempted) in [
+            (0, 0, 0, 0, false),
+            (1, 300, 1_764_000_000_000_000, 2_000, true),
+            (u64::MAX, u64::MAX, u64::MAX, u64::MAX, true),
+        ] {
+            let mut want = vec![7u8];
+            want.push(tag::OFF_CPU);
+            for v in [thread, stack, start_us, duration_us, preempted as u64] {
+                varint::put_u64(&mut want, v);
+            }
+            let mut got = vec![7u8];
+            encode(&Record::OffCpu { thread, stack, start_us, duration_us, preempted }, &mut got);
+            assert_eq!(got, want);
+            let (rec, n) = decode_fields(&got[1..]).expect("decodes");
+            assert_eq!(n, got.len() - 1);
+            assert!(
+                matches!(rec, Record::OffCpu { thread: t, duration_us: d, .. } if t == thread && d == duration_us)
+            );
+        }
+    }
 }

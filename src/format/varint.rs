@@ -86,6 +86,20 @@ pub(crate) fn put_u64(out: &mut Vec<u8>, mut v: u64) {
     out.push(v as u8);
 }
 
+/// Write an unsigned varint at the start of `out` (at least
+/// [`MAX_LEN`] bytes); returns its length. The bytes of [`put_u64`].
+#[inline]
+pub(crate) fn write_u64(out: &mut [u8], mut v: u64) -> usize {
+    let mut i = 0;
+    while v >= 0x80 {
+        out[i] = v as u8 | 0x80;
+        v >>= 7;
+        i += 1;
+    }
+    out[i] = v as u8;
+    i + 1
+}
+
 /// Append a signed (zigzag) varint to `out`.
 #[inline]
 pub(crate) fn put_i64(out: &mut Vec<u8>, v: i64) {
@@ -150,6 +164,9 @@ mod tests {
             let mut ours = Vec::new();
             put_u64(&mut ours, v);
             proptest::prop_assert_eq!(&ours, &enc);
+            let mut fixed = [0u8; MAX_LEN];
+            let n = write_u64(&mut fixed, v);
+            proptest::prop_assert_eq!(&fixed[..n], &enc[..]);
             let enc = i.encode_var_vec();
             proptest::prop_assert_eq!(decode_i64(&enc), Ok((i, enc.len())));
             ours.clear();

@@ -271,7 +271,7 @@ impl KernelRings {
 
     /// Hand every record but samples and lost records to `on_record` (its
     /// type and bytes); returns the records the kernel could not write.
-    pub(crate) fn drain_records(&mut self, on_record: &mut dyn FnMut(u32, &[u8])) -> u64 {
+    pub(crate) fn drain_records(&mut self, on_record: &mut impl FnMut(u32, &[u8])) -> u64 {
         let mut lost = std::mem::take(&mut self.lost);
         for ring in self.rings.values_mut() {
             ring.drain_records(&mut self.scratch, &mut lost, on_record);

@@ -299,13 +299,17 @@ impl StackRing {
         &mut self,
         scratch: &mut Vec<u8>,
         lost: &mut u64,
-        on_record: &mut dyn FnMut(u32, &[u8]),
+        on_record: &mut impl FnMut(u32, &[u8]),
     ) {
         let head = self.header_word(PAGE_DATA_HEAD);
         let mut tail = self.header_atomic(PAGE_DATA_TAIL).load(Ordering::Relaxed);
         let size = self.data_size as u64;
         // SAFETY: the data area lies inside the mapping (checked in `open`).
         let data = unsafe { self.base.add(self.data_offset) } as *const u8;
+        // The kernel's data areas are a power of two pages: a mask, not a
+        // division a record (the division was a fifth of a switch record's
+        // drain).
+        let mask = if size.is_power_of_two() { Some(size - 1) } else { None };
         // Only the bytes in [tail, head) are read: the kernel has published
         // them (`head` is loaded with acquire) and writes there again only
         // after `tail` moves past them.
@@ -314,10 +318,20 @@ impl StackRing {
             if avail > size {
                 break;
             }
-            let at = (tail % size) as usize;
+            let at = match mask {
+                Some(m) => (tail & m) as usize,
+                None => (tail % size) as usize,
+            };
             let mut hdr = [0u8; 8];
-            // SAFETY: `at < size`, 8 <= avail <= size, and the 8 bytes are published.
-            unsafe { copy_wrapped(data, self.data_size, at, &mut hdr) };
+            if at + 8 <= self.data_size {
+                // The usual case (the kernel writes records 8-byte aligned in
+                // an area of whole pages): one load, not a copy call a record.
+                // SAFETY: `[at, at + 8)` is in the data area and published.
+                hdr = unsafe { std::ptr::read_unaligned(data.add(at) as *const [u8; 8]) };
+            } else {
+                // SAFETY: `at < size`, 8 <= avail <= size, and the 8 bytes are published.
+                unsafe { copy_wrapped(data, self.data_size, at, &mut hdr) };
+            }
             let kind = u32::from_ne_bytes([hdr[0], hdr[1], hdr[2], hdr[3]]);
             let len = u16::from_ne_bytes([hdr[6], hdr[7]]) as u64;
             if len < 8 || len > avail {

@@ -93,8 +93,9 @@ pub(crate) struct Interval {
     pub end_ns: u64,
     /// Runnable but preempted (waiting for a CPU), rather than blocked.
     pub preempted: bool,
-    /// Where it blocked, if a capture was taken while it was out.
-    pub capture: Option<Capture>,
+    /// Where it blocked, if a capture was taken while it was out (boxed:
+    /// most intervals have none, and an interval is moved a few times).
+    pub capture: Option<Box<Capture>>,
 }
 
 /// A thread switched out and not seen back yet.
@@ -104,7 +105,20 @@ struct Out {
     preempted: bool,
     /// A capture was attempted (taken or not) during this interval.
     tried: bool,
-    capture: Option<Capture>,
+    capture: Option<Box<Capture>>,
+}
+
+/// A thread the switch records named: out (and since when) or not. An
+/// entry stays while its thread switches (one lookup a record, no insertion
+/// and removal a blocking); it goes when its thread exits, or at a
+/// [`SwitchTracker::to_capture`] when its thread is not out and had no
+/// record since the one before (so the map holds the threads out or active
+/// lately, not every thread that ever ran).
+#[derive(Debug, Default)]
+struct Seen {
+    out: Option<Out>,
+    /// A record named the thread since the last `to_capture`.
+    recent: bool,
 }
 
 /// Counters of the off-CPU mode, for `Stats`.
@@ -127,19 +141,27 @@ pub(crate) struct SwitchCounts {
 /// The switch rings and the pairing of their records.
 pub(crate) struct SwitchTracker {
     rings: KernelRings,
+    /// The writer's wait over the rings and its control descriptor, when the
+    /// engine has no epoll set of its own (see [`SwitchTracker::wait_with`]).
+    epoll: Option<crate::recorder::own_fd::OwnFd>,
+    pub(crate) pairing: Pairing,
+    pub(crate) counts: SwitchCounts,
+}
+
+/// The pairing of switch records into intervals (no descriptor: the
+/// tracker drains the rings into [`Pairing::events`]).
+#[derive(Default)]
+pub(crate) struct Pairing {
     /// (time, tid, kind) of the last drain: 0 in, 1 out, 2 out preempted, 3 exit.
     events: Vec<(u64, u32, u8)>,
     /// Records stamped after the last drain began, for the next one.
     carry: Vec<(u64, u32, u8)>,
-    /// The writer's wait over the rings and its control descriptor, when the
-    /// engine has no epoll set of its own (see [`SwitchTracker::wait_with`]).
-    epoll: Option<crate::recorder::own_fd::OwnFd>,
-    pending: HashMap<u32, Out>,
+    /// Threads by tid (those out are the pending intervals).
+    threads: HashMap<u32, Seen>,
     /// Captures taken after a wake-up not yet seen, by thread.
-    orphans: HashMap<u32, Capture>,
+    orphans: HashMap<u32, Box<Capture>>,
     /// Finished intervals, for the writer to take.
     pub(crate) done: Vec<Interval>,
-    pub(crate) counts: SwitchCounts,
 }
 
 impl SwitchTracker {
@@ -157,20 +179,17 @@ impl SwitchTracker {
     pub(crate) fn start(skip: u32, budget: usize) -> io::Result<SwitchTracker> {
         let rings = KernelRings::start_with(skip, budget, SWITCH_RING_PAGES, &open_switch_event)?;
         let since_ns = super::now_ns();
-        let mut pending = HashMap::default();
+        let mut threads = HashMap::default();
         for &tid in &rings.opened {
             if thread_state(tid).is_some_and(|c| c == 'S' || c == 'D') {
-                pending.insert(tid, Out { time_ns: since_ns, preempted: false, tried: false, capture: None });
+                let out = Out { time_ns: since_ns, preempted: false, tried: false, capture: None };
+                threads.insert(tid, Seen { out: Some(out), recent: true });
             }
         }
         Ok(SwitchTracker {
             rings,
-            events: Vec::new(),
-            carry: Vec::new(),
             epoll: None,
-            pending,
-            orphans: HashMap::default(),
-            done: Vec::new(),
+            pairing: Pairing { threads, ..Pairing::default() },
             counts: SwitchCounts::default(),
         })
     }
@@ -235,22 +254,62 @@ impl SwitchTracker {
     }
 
     /// Drain the rings and pair their records (in time order across CPUs)
-    /// into [`SwitchTracker::done`]. Records stamped after the drain began
+    /// into [`Pairing::done`]. Records stamped after the drain began
     /// are kept for the next call (`all`: none is kept, the rings are
     /// stopped).
     pub(crate) fn collect(&mut self, all: bool) {
         let horizon = if all { u64::MAX } else { super::now_ns() };
-        let events = &mut self.events;
-        events.clear();
-        events.append(&mut self.carry);
-        let carried = events.len();
+        let p = &mut self.pairing;
+        p.events.clear();
+        p.events.append(&mut p.carry);
+        let carried = p.events.len();
+        let events = &mut p.events;
         let lost = self.rings.drain_records(&mut |kind, rec| {
             if let Some(e) = parse_record(kind, rec) {
                 events.push(e);
             }
         });
         self.counts.lost += lost;
-        self.counts.records += (self.events.len() - carried) as u64;
+        self.counts.records += (p.events.len() - carried) as u64;
+        p.pair(horizon);
+    }
+
+    /// Threads that are out, blocked, and not yet captured in this interval
+    /// (see [`Pairing::to_capture`]).
+    pub(crate) fn to_capture(&mut self, out: &mut Vec<u32>) {
+        self.pairing.to_capture(out);
+    }
+
+    /// Attach a capture of `tid` (taken after the last [`collect`](Self::collect)).
+    pub(crate) fn set_capture(&mut self, tid: u32, c: Result<Capture, super::blocked::Missed>) {
+        use super::blocked::Missed;
+        match c {
+            Ok(c) => {
+                self.counts.captured += 1;
+                self.pairing.attach(tid, c);
+            }
+            Err(Missed::Ran) => self.counts.missed_ran += 1,
+            Err(Missed::Refused(errno)) => {
+                self.counts.refused += 1;
+                self.counts.refused_errno = errno;
+            }
+        }
+    }
+
+    /// Close the intervals of threads still out at `end_ns` (the recording
+    /// stops), but for threads that no longer exist or are running.
+    pub(crate) fn finish(&mut self, end_ns: u64) {
+        // Only a thread that is off the CPU now: one whose switch-in
+        // record was lost (ring full) and that runs is not closed.
+        self.pairing.finish(end_ns, &|tid| thread_state(tid).is_some_and(|c| c != 'R'));
+    }
+}
+
+impl Pairing {
+    /// Pair the records of [`Pairing::events`] (each CPU's in time order)
+    /// stamped up to `horizon`, in time order across CPUs; keep the later
+    /// ones for the next call.
+    fn pair(&mut self, horizon: u64) {
         // Records of one CPU are in order; across CPUs they are not. The
         // stable sort finds the runs (the carried ones, one per CPU) and
         // merges them: linear.
@@ -266,7 +325,9 @@ impl SwitchTracker {
     fn apply(&mut self, time_ns: u64, tid: u32, kind: u8) {
         match kind {
             0 => {
-                if let Some(o) = self.pending.remove(&tid) {
+                let Some(seen) = self.threads.get_mut(&tid) else { return };
+                seen.recent = true;
+                if let Some(o) = seen.out.take() {
                     let mut capture = o.capture;
                     if capture.as_ref().is_some_and(|c| c.at_ns >= time_ns) {
                         // Taken after this wake-up: it belongs to a later interval.
@@ -286,10 +347,12 @@ impl SwitchTracker {
                 let orphan = if self.orphans.is_empty() { None } else { self.orphans.remove(&tid) };
                 let capture = orphan.filter(|c| c.at_ns > time_ns);
                 let tried = capture.is_some();
-                self.pending.insert(tid, Out { time_ns, preempted: kind == 2, tried, capture });
+                let seen = self.threads.entry(tid).or_default();
+                seen.recent = true;
+                seen.out = Some(Out { time_ns, preempted: kind == 2, tried, capture });
             }
             _ => {
-                self.pending.remove(&tid);
+                self.threads.remove(&tid);
                 if !self.orphans.is_empty() {
                     self.orphans.remove(&tid);
                 }
@@ -298,46 +361,43 @@ impl SwitchTracker {
     }
 
     /// Threads that are out, blocked, and not yet captured in this interval
-    /// (each is then marked as tried: one attempt per interval).
+    /// (each is then marked as tried: one attempt per interval), in tid
+    /// order. Forgets the threads neither out nor named by a record since
+    /// the last call.
     pub(crate) fn to_capture(&mut self, out: &mut Vec<u32>) {
         out.clear();
-        for (&tid, o) in self.pending.iter_mut() {
-            if !o.preempted && !o.tried {
-                o.tried = true;
-                out.push(tid);
-            }
-        }
-    }
-
-    /// Attach a capture of `tid` (taken after the last [`collect`](Self::collect)).
-    pub(crate) fn set_capture(&mut self, tid: u32, c: Result<Capture, super::blocked::Missed>) {
-        use super::blocked::Missed;
-        match c {
-            Ok(c) => {
-                self.counts.captured += 1;
-                if let Some(o) = self.pending.get_mut(&tid) {
-                    o.capture = Some(c);
+        self.threads.retain(|&tid, seen| {
+            let recent = std::mem::replace(&mut seen.recent, false);
+            match seen.out.as_mut() {
+                Some(o) => {
+                    if !o.preempted && !o.tried {
+                        o.tried = true;
+                        out.push(tid);
+                    }
+                    true
                 }
+                None => recent,
             }
-            Err(Missed::Ran) => self.counts.missed_ran += 1,
-            Err(Missed::Refused(errno)) => {
-                self.counts.refused += 1;
-                self.counts.refused_errno = errno;
-            }
+        });
+        out.sort_unstable();
+    }
+
+    /// Attach capture `c` to `tid`'s interval, if it is out.
+    fn attach(&mut self, tid: u32, c: Capture) {
+        if let Some(o) = self.threads.get_mut(&tid).and_then(|s| s.out.as_mut()) {
+            o.capture = Some(Box::new(c));
         }
     }
 
-    /// Close the intervals of threads still out at `end_ns` (the recording
-    /// stops), but for threads that no longer exist or are running.
-    pub(crate) fn finish(&mut self, end_ns: u64) {
-        let mut tids: Vec<u32> = self.pending.keys().copied().collect();
+    /// Close the intervals of threads still out at `end_ns` for which
+    /// `off_now` holds, in tid order; forget the others.
+    fn finish(&mut self, end_ns: u64, off_now: &dyn Fn(u32) -> bool) {
+        let mut tids: Vec<u32> =
+            self.threads.iter().filter(|(_, s)| s.out.is_some()).map(|(&tid, _)| tid).collect();
         tids.sort_unstable();
         for tid in tids {
-            // Only a thread that is off the CPU now: one whose switch-in
-            // record was lost (ring full) and that runs is not closed.
-            let off_now = thread_state(tid).is_some_and(|c| c != 'R');
-            let o = self.pending.remove(&tid).expect("listed");
-            if off_now && end_ns > o.time_ns {
+            let o = self.threads.get_mut(&tid).and_then(|s| s.out.take()).expect("listed");
+            if off_now(tid) && end_ns > o.time_ns {
                 self.done.push(Interval {
                     tid,
                     start_ns: o.time_ns,
@@ -440,6 +500,111 @@ mod tests {
         assert_eq!(parse_record(9, &rec(9, 0, &[1, 2])), None);
     }
 
+    fn cap(at_ns: u64) -> Capture {
+        Capture { at_ns, syscall: Some(202), generation: 0, truncated: false, addrs: vec![], stack: None }
+    }
+
+    /// (tid, start, end, preempted, capture time) of the finished intervals.
+    fn done(p: &mut Pairing) -> Vec<(u32, u64, u64, bool, Option<u64>)> {
+        p.done
+            .drain(..)
+            .map(|i| (i.tid, i.start_ns, i.end_ns, i.preempted, i.capture.map(|c| c.at_ns)))
+            .collect()
+    }
+
+    /// Two CPUs' records, each in order, interleave in time: each switch-out
+    /// pairs with the same thread's next switch-in, and intervals come out
+    /// in the order they ended; records after the horizon wait for the next
+    /// call.
+    #[test]
+    fn records_of_two_cpus_pair_in_time_order() {
+        let mut p = Pairing::default();
+        // CPU 0's ring, then CPU 1's.
+        p.events.extend([(100, 1, 1), (300, 2, 0), (400, 3, 2)]);
+        p.events.extend([(50, 2, 1), (200, 1, 0), (450, 3, 0), (600, 1, 1), (900, 1, 0)]);
+        p.pair(500);
+        assert_eq!(
+            done(&mut p),
+            [(1, 100, 200, false, None), (2, 50, 300, false, None), (3, 400, 450, true, None)]
+        );
+        assert_eq!(p.carry, [(600, 1, 1), (900, 1, 0)], "stamped after the horizon: kept");
+        p.events.clear();
+        p.events.append(&mut p.carry);
+        p.pair(u64::MAX);
+        assert_eq!(done(&mut p), [(1, 600, 900, false, None)]);
+        // A switch-in without its switch-out (lost, or before the start) makes nothing.
+        p.events.clear();
+        p.events.push((1000, 7, 0));
+        p.pair(u64::MAX);
+        assert!(p.done.is_empty());
+    }
+
+    /// A thread has one entry while it switches; it goes when the thread
+    /// exits, or at a capture pass when it is in and had no record since the
+    /// pass before. A thread that stays blocked stays (and is listed for a
+    /// capture once an interval).
+    #[test]
+    fn thread_entries_stay_while_switching_and_go_when_idle_or_exited() {
+        let mut p = Pairing::default();
+        let mut tids = Vec::new();
+        for i in 0..1000u64 {
+            p.events.extend([(10 * i, 1, 1), (10 * i + 5, 1, 0)]);
+        }
+        p.events.extend([(20_000, 2, 1), (20_001, 3, 1), (20_002, 4, 2), (20_003, 3, 3)]);
+        p.pair(u64::MAX);
+        assert_eq!(p.done.len(), 1000);
+        assert_eq!(p.threads.len(), 3, "threads 1, 2 and 4 (3 exited)");
+        p.to_capture(&mut tids);
+        assert_eq!(tids, [2], "out and blocked (4 is preempted, 1 is in)");
+        assert_eq!(p.threads.len(), 3, "1 had records since the last pass");
+        p.to_capture(&mut tids);
+        assert!(tids.is_empty(), "2 was tried in this interval already");
+        let mut left: Vec<u32> = p.threads.keys().copied().collect();
+        left.sort_unstable();
+        assert_eq!(left, [2, 4], "1 is in and idle since the last pass: forgotten");
+        // It comes back with its next switch-out.
+        p.events.clear();
+        p.events.extend([(30_000, 1, 1), (30_010, 1, 0)]);
+        p.pair(u64::MAX);
+        assert_eq!(p.done.last().map(|i| (i.tid, i.start_ns, i.end_ns)), Some((1, 30_000, 30_010)));
+    }
+
+    /// A capture belongs to the interval it was taken in; one taken after a
+    /// wake-up the pairing had not seen moves to the next interval if that
+    /// one contains it, else it is dropped.
+    #[test]
+    fn captures_go_to_the_interval_they_were_taken_in() {
+        let mut p = Pairing::default();
+        let mut tids = Vec::new();
+        p.events.extend([(100, 1, 1), (100, 2, 1)]);
+        p.pair(u64::MAX);
+        p.to_capture(&mut tids);
+        assert_eq!(tids, [1, 2]);
+        p.attach(1, cap(150));
+        p.attach(2, cap(250));
+        p.attach(9, cap(150)); // not out: ignored
+        p.events.clear();
+        // 1 woke after its capture; 2 woke at 200, before its capture, and
+        // blocked again at 240 (the capture at 250 is of that blocking).
+        p.events.extend([(200, 1, 0), (200, 2, 0), (240, 2, 1), (300, 2, 0)]);
+        p.pair(u64::MAX);
+        assert_eq!(
+            done(&mut p),
+            [(1, 100, 200, false, Some(150)), (2, 100, 200, false, None), (2, 240, 300, false, Some(250))]
+        );
+        // A capture taken after a wake-up and before the next switch-out: dropped.
+        p.events.clear();
+        p.events.push((400, 3, 1));
+        p.pair(u64::MAX);
+        p.attach(3, cap(450));
+        p.events.clear();
+        p.events.extend([(420, 3, 0), (500, 3, 1)]);
+        p.pair(u64::MAX);
+        p.finish(600, &|_| true);
+        assert_eq!(done(&mut p), [(3, 400, 420, false, None), (3, 500, 600, false, None)]);
+        assert!(p.orphans.is_empty() && p.threads.values().all(|s| s.out.is_none()));
+    }
+
     /// The switch events open unprivileged and see a sleep as one interval
     /// of the right length, with no signal sent. The events cover every
     /// thread of the test process, so other tests running beside this one
@@ -464,8 +629,13 @@ mod tests {
             let tid = h.join().unwrap();
             t.collect(false);
             t.stop();
-            let slept: u64 =
-                t.done.iter().filter(|i| i.tid == tid && !i.preempted).map(|i| i.end_ns - i.start_ns).sum();
+            let slept: u64 = t
+                .pairing
+                .done
+                .iter()
+                .filter(|i| i.tid == tid && !i.preempted)
+                .map(|i| i.end_ns - i.start_ns)
+                .sum();
             if (190_000_000..400_000_000).contains(&slept) {
                 return;
             }

@@ -39,6 +39,9 @@ pub(crate) struct Interner {
     frame_module: Vec<u32>,
     stacks: FxMap<(u32, u32), StackId>,
     threads: FxMap<u32, ThreadId>,
+    /// The last thread looked up in each of 32 slots (by tid): a lookup a
+    /// sample and a blocking, mostly of the same few threads.
+    recent_threads: [Option<(u32, ThreadId)>; 32],
     /// Label frames (off-CPU leaves) by text.
     labels: FxMap<String, FrameId>,
     /// Raw sample words (generation, flag, addresses) -> leaf stack.
@@ -46,6 +49,12 @@ pub(crate) struct Interner {
     /// Words held by `whole` (it is cleared when this passes `WHOLE_CACHE_WORDS`).
     whole_words: usize,
     key: Vec<u64>,
+    /// The off-CPU leaves written at most blockings, once defined: the
+    /// `[blocked]` root and the `waiting for CPU` label (looking a label up
+    /// by its text, a hash of the string each interval, was a tenth of the
+    /// writer's cost of one).
+    blocked_root: Option<StackId>,
+    waiting_label: Option<FrameId>,
 }
 
 impl Interner {
@@ -84,6 +93,27 @@ impl Interner {
             self.frame_module.resize(id.index() + 1, NO_PARENT);
         }
         Ok(id)
+    }
+
+    /// The stack `[blocked]` alone (a root), defining it if new.
+    pub(crate) fn blocked_root<W: Write>(&mut self, w: &mut SpoolWriter<W>) -> Result<StackId, Error> {
+        if let Some(s) = self.blocked_root {
+            return Ok(s);
+        }
+        let f = self.label(w, "blocked")?;
+        let s = self.node(w, None, f)?;
+        self.blocked_root = Some(s);
+        Ok(s)
+    }
+
+    /// The label frame `waiting for CPU`, defining it if new.
+    pub(crate) fn waiting_label<W: Write>(&mut self, w: &mut SpoolWriter<W>) -> Result<FrameId, Error> {
+        if let Some(f) = self.waiting_label {
+            return Ok(f);
+        }
+        let f = self.label(w, "waiting for CPU")?;
+        self.waiting_label = Some(f);
+        Ok(f)
     }
 
     /// The id of the stack node `frame` called from `parent`.
@@ -160,7 +190,14 @@ impl Interner {
         tid: u32,
         names: &ThreadNames,
     ) -> Result<ThreadId, Error> {
+        let slot = tid as usize % self.recent_threads.len();
+        if let Some((t, id)) = self.recent_threads[slot] {
+            if t == tid {
+                return Ok(id);
+            }
+        }
         if let Some(&id) = self.threads.get(&tid) {
+            self.recent_threads[slot] = Some((tid, id));
             return Ok(id);
         }
         let name = names.get(tid).unwrap_or_else(|| {
@@ -169,6 +206,7 @@ impl Interner {
         });
         let id = w.define_thread(pid, tid, &name)?;
         self.threads.insert(tid, id);
+        self.recent_threads[slot] = Some((tid, id));
         Ok(id)
     }
 

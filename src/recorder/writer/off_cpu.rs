@@ -89,7 +89,7 @@ impl Run {
         if end {
             o.tracker.finish(crate::recorder::sys::now_ns());
         }
-        let done = std::mem::take(&mut o.tracker.done);
+        let mut done = std::mem::take(&mut o.tracker.pairing.done);
         for iv in &done {
             if self.error.is_some() {
                 break;
@@ -97,6 +97,9 @@ impl Run {
             let r = self.write_interval(&mut o, iv);
             self.note(r);
         }
+        // Given back: its capacity serves the next ticks.
+        done.clear();
+        o.tracker.pairing.done = done;
         if !end && self.error.is_none() {
             self.capture_blocked(&mut o);
         }
@@ -212,12 +215,9 @@ impl Run {
                 o.with_stack += 1;
                 s
             }
-            (false, None) => {
-                let f = self.interner.label(&mut self.st.out, "blocked")?;
-                self.interner.node(&mut self.st.out, None, f)?
-            }
+            (false, None) => self.interner.blocked_root(&mut self.st.out)?,
             (true, _) => {
-                let f = self.interner.label(&mut self.st.out, "waiting for CPU")?;
+                let f = self.interner.waiting_label(&mut self.st.out)?;
                 let parent = o.last_leaf.get(&iv.tid).copied();
                 self.interner.node(&mut self.st.out, parent, f)?
             }
