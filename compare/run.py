@@ -19,6 +19,7 @@ import json
 import os
 import platform
 import re
+import resource
 import shutil
 import statistics
 import subprocess
@@ -109,11 +110,28 @@ def perf_functions(data):
     return counts, top[:10], total, load_s, per_tid
 
 
+def children_cpu():
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
 def run_one(bins, profiler, freq, threads, rounds, tmp):
+    """One run; adds `tree_cpu_s`: the CPU of the whole command (the workload
+    and, for perf and samply, the profiler's own process; post-processing such
+    as `perf report` not included)."""
+    c0 = children_cpu()
+    res = run_one_inner(bins, profiler, freq, threads, rounds, tmp)
+    res.setdefault("tree_cpu_s", children_cpu() - c0)
+    return res
+
+
+def run_one_inner(bins, profiler, freq, threads, rounds, tmp):
     spool = os.path.join(tmp, "p.spool")
     common = ["--freq", str(freq), "--threads", str(threads), "--rounds", str(rounds), "--out", spool]
     if profiler in ("none", "spulse"):
+        c0 = children_cpu()
         res = json.loads(sh([bins["main"], "--profiler", profiler] + common).stdout)
+        res["tree_cpu_s"] = children_cpu() - c0
         if profiler == "spulse":
             res["functions"], res["top10"] = spulse_functions(bins["cli"], spool)
         return res
@@ -122,17 +140,23 @@ def run_one(bins, profiler, freq, threads, rounds, tmp):
         return res
     if profiler == "perf":
         data = os.path.join(tmp, "perf.data")
+        c0 = children_cpu()
         out = sh(["perf", "record", "-q", "-F", str(freq), "--call-graph", "dwarf", "-o", data, "--",
                   bins["main"], "--profiler", "none"] + common).stdout
+        tree = children_cpu() - c0
         res = json.loads(out.strip().splitlines()[-1])
+        res["tree_cpu_s"] = tree
         res["functions"], res["top10"], res["samples"], res["load_s"], res["per_thread_samples"] = perf_functions(data)
         res["profile_bytes"] = os.path.getsize(data)
         return res
     if profiler == "samply":
         prof = os.path.join(tmp, "samply.json")
+        c0 = children_cpu()
         out = sh(["samply", "record", "--save-only", "--rate", str(freq), "-o", prof, "--",
                   bins["main"], "--profiler", "none"] + common).stdout
+        tree = children_cpu() - c0
         res = json.loads(out.strip().splitlines()[-1])
+        res["tree_cpu_s"] = tree
         res["profile_bytes"] = os.path.getsize(prof)
         t0 = time.time()
         with open(prof) as f:
@@ -200,6 +224,7 @@ def main():
         base = results.get((freq, threads, "none"), [])
         wall0, cpu0, rss0 = med([r["wall_s"] for r in base]), med([r["cpu_s"] for r in base]), med([r["maxrss_kb"] for r in base])
         wall, cpu = med([r["wall_s"] for r in runs]), med([r["cpu_s"] for r in runs])
+        tree0, tree = med([r.get("tree_cpu_s") for r in base]), med([r.get("tree_cpu_s") for r in runs])
         cap = med([r["samples"] / (r["workload_cpu_s"] * freq) for r in runs if "samples" in r])
         acc = None
         shares = [top_share(r["functions"]) for r in runs if r.get("functions")]
@@ -216,7 +241,8 @@ def main():
         size = med([r["profile_bytes"] / r["wall_s"] for r in runs if "profile_bytes" in r])
         rss = med([r["maxrss_kb"] for r in runs])
         load = med([r.get("load_s") for r in runs])
-        rows.append((freq, threads, p, wall / wall0 if wall0 else None, cpu / cpu0 if cpu0 else None, cap, acc,
+        rows.append((freq, threads, p, wall / wall0 if wall0 else None, cpu / cpu0 if cpu0 else None,
+                     tree / tree0 if tree0 and tree else None, cap, acc,
                      spread, size, (rss - rss0) / 1024 if rss0 else None, load, len(runs)))
     # top-10 agreement with perf, per config
     agree = {}
@@ -228,12 +254,12 @@ def main():
         agree[(freq, threads, p)] = "%d/%d" % (len(ptop & set(runs[0]["top10"])), len(ptop))
         # (functions with >= 1% of self samples in perf's top 10, found in ours)
 
-    head = ("| Hz | threads | profiler | wall x | CPU x | capture | worst split error (pts) | thread spread % "
+    head = ("| Hz | threads | profiler | wall x | CPU x | CPU x, with the profiler's process | capture | worst split error (pts) | thread spread % "
             "| bytes/s | RSS added MiB | load s | top-10 shared with perf | runs |")
-    lines = [head, "|" + "---|" * 13]
-    for (freq, threads, p, w, c, cap, acc, spread, size, rss, load, n) in rows:
-        lines.append("| %d | %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %d |" % (
-            freq, threads, p, fmt(w, ".3f"), fmt(c, ".3f"), fmt(cap, ".1%"), fmt(acc, ".1f"), fmt(spread, ".1f"),
+    lines = [head, "|" + "---|" * 14]
+    for (freq, threads, p, w, c, t, cap, acc, spread, size, rss, load, n) in rows:
+        lines.append("| %d | %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %d |" % (
+            freq, threads, p, fmt(w, ".3f"), fmt(c, ".3f"), fmt(t, ".3f"), fmt(cap, ".1%"), fmt(acc, ".1f"), fmt(spread, ".1f"),
             fmt(size, ",.0f"), fmt(rss, ".1f"), fmt(load, ".3f"), agree.get((freq, threads, p), "n/a"), n))
     table = "\n".join(lines)
     print(table)
@@ -244,7 +270,7 @@ def main():
             f"Measured {datetime.date.today()} on {uname.node} ({os.cpu_count()} cores, Linux {uname.release}) by\n"
             f"`python3 compare/run.py --reps {a.reps} --freqs {a.freqs} --threads {a.threads} --rounds {a.rounds} --write`.\n"
             "Each cell is the median of the runs; runs of all profilers alternate within each repetition.\n"
-            "`wall x`/`CPU x`: time against no profiler until profiling ended (process CPU; spulse: after `finish`, which drains, writes and syncs; pprof-rs: before it builds its report; perf's own process is not counted).\n"
+            "`wall x`/`CPU x`: time against no profiler until profiling ended (process CPU; spulse: after `finish`, which drains, writes and syncs; pprof-rs: before it builds its report; perf's own process is not counted). `CPU x, with the profiler's process`: the whole command's CPU (getrusage of the children: the workload from exec to exit, and perf's or samply's own process while it records) against the same for no profiler.\n"
             "`capture`: samples / (workload threads' CPU seconds x frequency). `worst split error`: largest\n"
             "distance, in percentage points, between a function's share of the three hot functions' samples and\n"
             "its known share (50/30/20). `thread spread`: (max - min) / mean of per-thread samples.\n"

@@ -566,3 +566,68 @@ fn a_closed_epoll_set_does_not_make_the_writer_spin() {
     assert!(closed >= 1, "no epoll set to close");
     assert!(stats.writer_cpu < Duration::from_millis(150), "writer CPU {:?} in 0.6 s", stats.writer_cpu);
 }
+
+#[inline(never)]
+fn wait_across_segments(d: Duration) {
+    std::thread::sleep(d);
+    // Not a tail call: this frame stays on the stack while it sleeps.
+    black_box(());
+}
+
+/// A wait that spans segments (rotation every 100 ms, a thread sleeping
+/// 450 ms, captured while the first segment was written): its interval,
+/// written in a later segment, names a stack that segment defines, under
+/// the function it waited in. Before, it kept the stack id of the segment
+/// it was captured in: the later segment was unreadable or named another
+/// stack.
+#[test]
+fn a_wait_across_a_rotation_is_charged_in_the_segment_that_ends_it() {
+    let _g = serial();
+    if !perf_event_open_implemented() {
+        eprintln!("SKIPPED: no perf_event_open here");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let guard = spulse::Recorder::builder()
+        .off_cpu(true)
+        .rotate(Duration::from_millis(100))
+        .start(dir.path().join("w-{seq}.spool"))
+        .unwrap();
+    let sleeper = std::thread::spawn(|| {
+        let tid = gettid();
+        for _ in 0..3 {
+            wait_across_segments(Duration::from_millis(450));
+            burn(0.01);
+        }
+        tid
+    });
+    let tid = sleeper.join().unwrap();
+    let stats = guard.finish().unwrap();
+    assert!(stats.segments_written >= 5, "{stats:?}");
+    let mut charged = 0u64;
+    let mut segments = 0;
+    for e in std::fs::read_dir(dir.path()).unwrap() {
+        let p = e.unwrap().path();
+        if p.extension().is_none_or(|x| x != "spool") {
+            continue;
+        }
+        segments += 1;
+        let snap = Snapshot::open(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+        if std::env::var_os("SHOW").is_some() {
+            let mut sym = Symbolizer::default();
+            for o in snap.definitions().off_cpu_intervals() {
+                if snap.thread(o.thread).tid == tid && o.duration_us > 1000 {
+                    let names: Vec<String> = snap.stack_frames(o.stack).map(|f| sym.name(&snap, f)).collect();
+                    eprintln!("{}: {} us {:?}: {}", p.display(), o.duration_us, o.state, names.join(" <- "));
+                }
+            }
+        }
+        for (t, (us, _, _)) in blocked_in(&snap, "wait_across_segments", "[blocked: clock_nanosleep]") {
+            if t == tid {
+                charged += us;
+            }
+        }
+    }
+    eprintln!("{segments} segments; {charged} us charged to wait_across_segments (of 1,350,000 slept)");
+    assert!(charged >= 1_200_000 && charged <= 1_600_000, "{charged} us charged of 1.35 s slept");
+}

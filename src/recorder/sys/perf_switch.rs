@@ -79,9 +79,12 @@ pub(crate) struct Capture {
     pub generation: u64,
     /// Whether the walk stopped before the root.
     pub truncated: bool,
-    /// Leaf first; the leaf is the pc the system call returns to.
+    /// Leaf first; the leaf is the pc the system call returns to. Kept
+    /// after the stack is defined: a new segment defines it again.
     pub addrs: Vec<u64>,
-    /// The stack as the writer defined it in the spool (label leaf included).
+    /// The stack as the writer defined it in the current segment (label
+    /// leaf included); `None` until then, and again once a new segment
+    /// begins (`Pairing::forget_stacks`).
     pub stack: Option<crate::StackId>,
 }
 
@@ -380,6 +383,18 @@ impl Pairing {
             }
         });
         out.sort_unstable();
+    }
+
+    /// Forget the spool stacks of every capture held (a new segment
+    /// begins: its stacks are defined afresh); each is defined again from
+    /// its addresses when its interval is written.
+    pub(crate) fn forget_stacks(&mut self) {
+        let outs =
+            self.threads.values_mut().filter_map(|s| s.out.as_mut()).filter_map(|o| o.capture.as_mut());
+        let rest = self.orphans.values_mut().chain(self.done.iter_mut().filter_map(|i| i.capture.as_mut()));
+        for c in outs.chain(rest) {
+            c.stack = None;
+        }
     }
 
     /// Attach capture `c` to `tid`'s interval, if it is out.

@@ -256,14 +256,16 @@ mod tests {
         if base == 0 {
             return None;
         }
-        let (lo, hi) = vdso_in_maps().expect("a vDSO in the auxiliary vector but no [vdso] in /proc/self/maps");
+        let (lo, hi) =
+            vdso_in_maps().expect("a vDSO in the auxiliary vector but no [vdso] in /proc/self/maps");
         assert_eq!(lo, base);
         // SAFETY: the [vdso] mapping is readable and stays mapped.
         Some(unsafe { std::slice::from_raw_parts(base as *const u8, (hi - lo) as usize) }.to_vec())
     }
 
     /// The name a live vDSO has on this architecture.
-    const LIVE_NAME: &str = if cfg!(target_arch = "aarch64") { "__kernel_clock_gettime" } else { "__vdso_clock_gettime" };
+    const LIVE_NAME: &str =
+        if cfg!(target_arch = "aarch64") { "__kernel_clock_gettime" } else { "__vdso_clock_gettime" };
 
     #[cfg(target_arch = "x86_64")]
     #[test]
@@ -284,7 +286,10 @@ mod tests {
         let mut now = libc::timespec { tv_sec: 0, tv_nsec: 0 };
         // SAFETY: writes the timespec passed.
         unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
-        let (a, b) = (ts.tv_sec as i128 * 1_000_000_000 + ts.tv_nsec as i128, now.tv_sec as i128 * 1_000_000_000 + now.tv_nsec as i128);
+        let (a, b) = (
+            ts.tv_sec as i128 * 1_000_000_000 + ts.tv_nsec as i128,
+            now.tv_sec as i128 * 1_000_000_000 + now.tv_nsec as i128,
+        );
         assert!(a > 0 && b >= a && b - a < 10_000_000_000, "vDSO {a} ns, libc {b} ns");
         assert_eq!(symbol("__spulse_no_such_symbol"), None);
         assert_eq!(symbol(""), None);
@@ -375,7 +380,8 @@ mod tests {
                 img[at..at + 8].chunks(4).map(|w| u32::from_le_bytes(w.try_into().unwrap())).collect();
             // mov x8, #139 (rt_sigreturn); svc #0
             assert_eq!(words, [0xd280_1168, 0xd400_0001], "{hash}: at {at:#x}");
-            let f = find(img, b"__kernel_clock_gettime").unwrap_or_else(|| panic!("{hash}: no clock_gettime"));
+            let f =
+                find(img, b"__kernel_clock_gettime").unwrap_or_else(|| panic!("{hash}: no clock_gettime"));
             assert_eq!(f.size, 8, "{hash}");
             // The function, then a nop, then the trampoline.
             assert_eq!(f.addr + 12, s.addr, "{hash}");
@@ -434,7 +440,8 @@ mod tests {
         let str_off = sym_off + u64::from(n) * SYM_SIZE;
         let total = str_off + strtab.len() as u64 + 0x40;
         let mut b = vec![0u8; total as usize];
-        let put = |b: &mut Vec<u8>, off: u64, v: &[u8]| b[off as usize..off as usize + v.len()].copy_from_slice(v);
+        let put =
+            |b: &mut Vec<u8>, off: u64, v: &[u8]| b[off as usize..off as usize + v.len()].copy_from_slice(v);
         put(&mut b, 0, b"\x7fELF\x02\x01\x01");
         put(&mut b, 0x10, &3u16.to_le_bytes()); // ET_DYN
         put(&mut b, 0x12, &183u16.to_le_bytes()); // EM_AARCH64
@@ -482,8 +489,11 @@ mod tests {
         b
     }
 
-    const SYMS: &[(&str, u64, u64)] =
-        &[("__kernel_clock_gettime", 0x10, 0x20), ("__kernel_rt_sigreturn", 0x38, 0), ("__kernel_getcpu", 0x48, 8)];
+    const SYMS: &[(&str, u64, u64)] = &[
+        ("__kernel_clock_gettime", 0x10, 0x20),
+        ("__kernel_rt_sigreturn", 0x38, 0),
+        ("__kernel_getcpu", 0x48, 8),
+    ];
 
     #[test]
     fn finds_symbols_of_built_images_by_either_hash_table() {

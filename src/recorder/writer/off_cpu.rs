@@ -78,6 +78,15 @@ impl OffCpu {
 }
 
 impl Run {
+    /// A new segment begins (rotation): the stacks defined in the last one
+    /// are not defined in it.
+    pub(super) fn off_cpu_new_segment(&mut self) {
+        if let Some(o) = self.st.off_cpu.as_mut() {
+            o.last_leaf.clear();
+            o.tracker.pairing.forget_stacks();
+        }
+    }
+
     /// One tick of the off-CPU mode (`end`: the recording stops; threads
     /// still off the CPU are closed now).
     pub(super) fn off_cpu_step(&mut self, end: bool) {
@@ -169,7 +178,6 @@ impl Run {
                 Ok(mut c) => match self.capture_stack(&c) {
                     Ok(stack) => {
                         c.stack = Some(stack);
-                        c.addrs = Vec::new();
                         Ok(c)
                     }
                     Err(e) => {
@@ -210,10 +218,14 @@ impl Run {
 
     fn write_interval(&mut self, o: &mut OffCpu, iv: &Interval) -> Result<(), Error> {
         let thread = self.interner.thread(&mut self.st.out, self.st.pid, iv.tid, &self.st.shared.names)?;
-        let stack = match (iv.preempted, iv.capture.as_ref().and_then(|c| c.stack)) {
-            (false, Some(s)) => {
+        let stack = match (iv.preempted, iv.capture.as_ref()) {
+            (false, Some(c)) => {
                 o.with_stack += 1;
-                s
+                match c.stack {
+                    Some(s) => s,
+                    // Captured before this segment began: defined again here.
+                    None => self.capture_stack(c)?,
+                }
             }
             (false, None) => self.interner.blocked_root(&mut self.st.out)?,
             (true, _) => {

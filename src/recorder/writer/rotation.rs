@@ -206,6 +206,7 @@ impl Run {
         let r = self.define_active_modules(&path);
         self.note(r);
         self.interner = Interner::default();
+        self.off_cpu_new_segment();
         if self.python_inside && self.error.is_none() {
             let r = self.st.out.python_runtime(self.st.pid, header.start_time_us, true);
             self.note(r.map_err(|e| e.with_path(&path)));
