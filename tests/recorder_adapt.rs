@@ -64,6 +64,14 @@ fn a_switch_heavy_program_moves_to_thread_timers_and_is_still_sampled() {
     let (_dir, path) = spool_path("adapt.spool");
     let guard = spulse::Recorder::builder().frequency_hz(999).start(&path).unwrap();
     assert_eq!(guard.engine(), Engine::PerfEvent);
+    // A thread alive at the move, which then burns CPU (a thread created
+    // after it is covered from the writer's next tick, as with the timer
+    // engine from the start).
+    let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+    let burner = std::thread::spawn(move || {
+        go_rx.recv().unwrap();
+        burn_after_the_switch(0.3)
+    });
     // Switch until the writer has moved (it judges after 50 ms of the
     // program's CPU, at a tick), or 20 s.
     let until = Instant::now() + Duration::from_secs(20);
@@ -71,7 +79,8 @@ fn a_switch_heavy_program_moves_to_thread_timers_and_is_still_sampled() {
         pingpong(Duration::from_millis(100));
     }
     // After the move: a CPU-bound thread is sampled by its timer.
-    let (tid, cpu) = std::thread::spawn(|| burn_after_the_switch(0.3)).join().unwrap();
+    go_tx.send(()).unwrap();
+    let (tid, cpu) = burner.join().unwrap();
     let stats = guard.finish().unwrap();
     assert_eq!(stats.engine, Engine::ThreadCpuTimer, "{:?}", stats.warnings);
     let moved: Vec<_> = stats.warnings.iter().filter(|w| w.contains(MOVED)).collect();
