@@ -96,13 +96,6 @@ static BITS: [AtomicU64; FILTER_BUCKETS / 64] = [ZERO64; FILTER_BUCKETS / 64];
 /// the bucket's bit.
 const CLEARING: u8 = u8::MAX;
 static DROPPED: AtomicU64 = AtomicU64::new(0);
-
-#[cfg(test)]
-thread_local! {
-    /// Tests: [`insert`] refuses every block on this thread (as a full table
-    /// would).
-    pub(crate) static REFUSE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-}
 static LIVE: AtomicU64 = AtomicU64::new(0);
 
 #[inline(always)]
@@ -188,11 +181,6 @@ fn leave(b: usize) {
 /// False if no slot was free within [`MAX_PROBE`] of its home.
 pub(crate) fn insert(addr: *mut u8, b: Block) -> bool {
     let addr = addr as u64;
-    #[cfg(test)]
-    if REFUSE.with(std::cell::Cell::get) {
-        DROPPED.fetch_add(1, Ordering::Relaxed);
-        return false;
-    }
     if addr <= BUSY {
         return false;
     }
@@ -210,8 +198,8 @@ pub(crate) fn insert(addr: *mut u8, b: Block) -> bool {
         if !enter(bucket(addr)) {
             // A tombstone, not back to empty: a search must not stop here,
             // short of a block entered further on while this slot was busy
-            // (it would miss it, and that block's free would be given the
-            // caller's layout instead of the sampled one).
+            // (it would miss it: the block would never be counted freed,
+            // and its stale entry would outlive it).
             slot.addr.store(TOMBSTONE, Ordering::Release);
             break;
         }
@@ -226,8 +214,8 @@ pub(crate) fn insert(addr: *mut u8, b: Block) -> bool {
     false
 }
 
-/// Whether the block at `addr` is in the table (only its owner, the caller,
-/// may take it out, so the answer holds until the caller frees it).
+/// Whether the block at `addr` is in the table (tests).
+#[cfg(test)]
 pub(crate) fn contains(addr: *mut u8) -> bool {
     let addr = addr as u64;
     if addr <= BUSY {
