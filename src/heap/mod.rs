@@ -147,47 +147,11 @@ pub fn stats() -> Stats {
     }
 }
 
-/// The alignment of every sampled block's address.
-pub const SAMPLED_ALIGN: usize = 4096;
-
-/// The layout a sampled block of `layout` is allocated with by the inner
-/// allocator (and freed with): `layout` grown by enough bytes to hold a
-/// [`SAMPLED_ALIGN`]-aligned block of `layout.size()` (`SAMPLED_ALIGN -
-/// layout.align()` more; none if `layout` is that aligned already), so that
-/// a free whose address is not a multiple of it is known unsampled with one
-/// test. `None` if there is no such layout (a size within 4 KiB of
-/// `isize::MAX`): such a block is not sampled.
-#[inline]
-fn sampled_layout(layout: Layout) -> Option<Layout> {
-    if layout.align() >= SAMPLED_ALIGN {
-        return Some(layout);
-    }
-    let size = layout.size().checked_add(SAMPLED_ALIGN - layout.align())?;
-    Layout::from_size_align(size, layout.align()).ok()
-}
-
-/// The aligned address in the inner allocator's block `base` of a
-/// [`sampled_layout`], and its offset from `base`.
-#[inline]
-fn aligned_in(base: *mut u8) -> (*mut u8, u32) {
-    let offset = (base as usize).wrapping_neg() & (SAMPLED_ALIGN - 1);
-    (base.wrapping_add(offset), offset as u32)
-}
-
-/// Whether `p` is aligned as a sampled block is (false: not sampled).
-#[inline(always)]
-fn aligned_as_sampled(p: *mut u8) -> bool {
-    p as usize & (SAMPLED_ALIGN - 1) == 0
-}
-
-/// Take a sample of the block `p` of `size` bytes just allocated, `offset`
-/// bytes into the inner allocator's block, which holds `points` sample
-/// points; false if the block could not be entered in the table of live
-/// blocks (the sample is counted all the same, but the block must not stay
-/// in its grown layout: nothing would tell its free so).
+/// Take a sample of the block `p` of `size` bytes just allocated, which
+/// holds `points` sample points.
 #[cold]
 #[inline(never)]
-fn record(p: *mut u8, size: usize, points: u64, offset: u32) -> bool {
+fn record(p: *mut u8, size: usize, points: u64) {
     sampler::guarded(|| {
         // Each point stands for a stratum of `rate` bytes.
         let rate = sampler::grid();
@@ -200,42 +164,23 @@ fn record(p: *mut u8, size: usize, points: u64, offset: u32) -> bool {
         let n = unwind::capture(&mut addrs);
         let stack = stacks::intern(&addrs[..n]);
         stacks::add_alloc(stack, objects, bytes);
+        live::insert(p, live::Block { bytes, objects, stack });
         SAMPLES.fetch_add(1, Ordering::Relaxed);
-        live::insert(p, live::Block { bytes, objects, stack, offset })
-    })
-    .unwrap_or(false)
+    });
 }
 
-/// The block at `p` is about to go back to the allocator: its offset in the
-/// inner allocator's block if it was sampled (then that block has the
-/// [`sampled_layout`]).
+/// The block at `p` is about to go back to the allocator.
 #[cold]
 #[inline(never)]
-fn forget(p: *mut u8) -> Option<u32> {
-    let b = live::remove(p)?;
-    stacks::add_free(b.stack, b.objects, b.bytes);
-    Some(b.offset)
+fn forget(p: *mut u8) {
+    if let Some(b) = live::remove(p) {
+        stacks::add_free(b.stack, b.objects, b.bytes);
+    }
 }
 
 impl<A: GlobalAlloc> Sampled<A> {
-    /// # Safety
-    ///
-    /// As [`GlobalAlloc::alloc`] (`zeroed`: [`GlobalAlloc::alloc_zeroed`]).
-    #[inline]
-    unsafe fn inner_alloc(&self, layout: Layout, zeroed: bool) -> *mut u8 {
-        // SAFETY: our caller's contract is `A`'s.
-        unsafe {
-            if zeroed {
-                self.inner.alloc_zeroed(layout)
-            } else {
-                self.inner.alloc(layout)
-            }
-        }
-    }
-
     /// The rest of an allocation whose bytes reach this thread's pending
-    /// sample point ([`sampler::charge`] said so): count the points, then
-    /// allocate (a sampled block with [`sampled_layout`]) and sample.
+    /// sample point ([`sampler::charge`] said so): allocate, then sample.
     ///
     /// # Safety
     ///
@@ -243,65 +188,27 @@ impl<A: GlobalAlloc> Sampled<A> {
     #[cold]
     #[inline(never)]
     unsafe fn alloc_reaching(&self, layout: Layout, zeroed: bool) -> *mut u8 {
-        let saved = sampler::save();
-        let points = sampler::points(layout.size(), self.rate);
-        let big = if points != 0 { sampled_layout(layout) } else { None };
-        let Some(big) = big else {
-            // SAFETY: our caller's contract is `A`'s.
-            let p = unsafe { self.inner_alloc(layout, zeroed) };
-            if p.is_null() {
-                sampler::restore(saved);
-                sampler::refund(layout.size());
+        // SAFETY: our caller's contract is `A`'s.
+        let p = unsafe {
+            if zeroed {
+                self.inner.alloc_zeroed(layout)
+            } else {
+                self.inner.alloc(layout)
             }
-            return p;
         };
-        // SAFETY: `big` is a valid layout of nonzero size.
-        let base = unsafe { self.inner_alloc(big, zeroed) };
-        if base.is_null() {
-            sampler::restore(saved);
+        if p.is_null() {
             sampler::refund(layout.size());
-            return base;
-        }
-        let (p, offset) = aligned_in(base);
-        if record(p, layout.size(), points, offset) {
             return p;
         }
-        // Not tracked (no table slot): a block of the caller's layout instead.
-        // SAFETY: `base` was allocated just above with `big`; `layout` is our
-        // caller's.
-        unsafe {
-            self.inner.dealloc(base, big);
-            self.inner_alloc(layout, zeroed)
+        let points = sampler::points(layout.size(), self.rate);
+        if points != 0 {
+            record(p, layout.size(), points);
         }
-    }
-
-    /// The rest of a free whose block is aligned as a sampled one and whose
-    /// filter bucket is set: the table says whether it was sampled, and so
-    /// where and with which layout the inner allocator gave it.
-    ///
-    /// # Safety
-    ///
-    /// As [`GlobalAlloc::dealloc`].
-    #[cold]
-    #[inline(never)]
-    unsafe fn dealloc_sampled(&self, ptr: *mut u8, layout: Layout) {
-        // Out of the table before the allocator may hand the address out again.
-        match forget(ptr) {
-            // SAFETY: a sampled block: `A` gave `ptr - offset` with
-            // `sampled_layout(layout)` (which existed then).
-            Some(offset) => unsafe {
-                self.inner.dealloc(ptr.sub(offset as usize), sampled_layout(layout).unwrap_or(layout))
-            },
-            // SAFETY: our caller's contract is `A`'s (not sampled).
-            None => unsafe { self.inner.dealloc(ptr, layout) },
-        }
+        p
     }
 
     /// The rest of a reallocation whose old block may be sampled, or whose
-    /// new size reaches the pending point (`reached`). A reallocation is the
-    /// free of the old block and the allocation of the new one (as
-    /// jemalloc's profiler counts it); one from or to a sampled block is a
-    /// move (allocate, copy, free), as the two have different layouts.
+    /// new size reaches the pending point (`reached`).
     ///
     /// # Safety
     ///
@@ -315,83 +222,38 @@ impl<A: GlobalAlloc> Sampled<A> {
         new_size: usize,
         reached: bool,
     ) -> *mut u8 {
-        // SAFETY: `GlobalAlloc::realloc`'s contract: `new_size` rounded up to
-        // `layout.align()` does not overflow `isize`, and it is not zero.
-        let new_layout = unsafe { Layout::from_size_align_unchecked(new_size, layout.align()) };
-        let old_offset =
-            if aligned_as_sampled(ptr) && live::maybe_sampled(ptr) { live::offset_of(ptr) } else { None };
-        let saved = sampler::save();
-        let points = if reached { sampler::points(new_size, self.rate) } else { 0 };
-        // Whether a failure is to give this reallocation's bytes back.
-        let mut undo = reached;
-        let fail = |undo: bool| {
-            if undo {
-                sampler::restore(saved);
+        // A reallocation is the free of the old block and the allocation of
+        // the new one (as jemalloc's profiler counts it).
+        let old = if live::maybe_sampled(ptr) { live::remove(ptr) } else { None };
+        // SAFETY: our caller's contract is `A`'s.
+        let p = unsafe { self.inner.realloc(ptr, layout, new_size) };
+        if p.is_null() {
+            // The old block stays allocated: back into the table; the new
+            // bytes are not counted.
+            if let Some(b) = old {
+                live::insert(ptr, b);
+            }
+            if reached {
                 sampler::refund(new_size);
             }
-            std::ptr::null_mut()
-        };
-        let keep = layout.size().min(new_size);
-        // The old block as `A` gave it.
-        let (old_base, old) = match old_offset {
-            Some(o) => (ptr.wrapping_sub(o as usize), sampled_layout(layout).unwrap_or(layout)),
-            None => (ptr, layout),
-        };
-        if let Some(big) = sampled_layout(new_layout).filter(|_| points != 0) {
-            // SAFETY: a valid layout of nonzero size.
-            let base = unsafe { self.inner.alloc(big) };
-            if base.is_null() {
-                return fail(undo);
+            return p;
+        }
+        if let Some(b) = old {
+            stacks::add_free(b.stack, b.objects, b.bytes);
+        }
+        if reached {
+            let points = sampler::points(new_size, self.rate);
+            if points != 0 {
+                record(p, new_size, points);
             }
-            let (q, offset) = aligned_in(base);
-            // SAFETY: `ptr` holds `layout.size()` bytes, `q` `new_size`; two
-            // distinct live blocks.
-            unsafe { std::ptr::copy_nonoverlapping(ptr, q, keep) };
-            if record(q, new_size, points, offset) {
-                if old_offset.is_some() {
-                    forget(ptr);
-                }
-                // SAFETY: `A` gave `old_base` with `old`.
-                unsafe { self.inner.dealloc(old_base, old) };
-                return q;
-            }
-            // Not tracked: a block of the caller's layout instead (below);
-            // the sample is counted.
-            // SAFETY: allocated just above with `big`.
-            unsafe { self.inner.dealloc(base, big) };
-            undo = false;
         }
-        if old_offset.is_none() {
-            // SAFETY: our caller's contract is `A`'s.
-            let p = unsafe { self.inner.realloc(ptr, layout, new_size) };
-            return if p.is_null() { fail(undo) } else { p };
-        }
-        // A sampled block to an unsampled one.
-        // SAFETY: a valid layout of nonzero size.
-        let q = unsafe { self.inner.alloc(new_layout) };
-        if q.is_null() {
-            // The old block stays, and stays in the table.
-            return fail(undo);
-        }
-        // SAFETY: as above.
-        unsafe { std::ptr::copy_nonoverlapping(ptr, q, keep) };
-        forget(ptr);
-        // SAFETY: `A` gave `old_base` with `old` (sampled).
-        unsafe { self.inner.dealloc(old_base, old) };
-        q
+        p
     }
 }
 
-// SAFETY: every call is passed on to `A`, with the caller's arguments or,
-// for a sampled block, a grown layout (`sampled_layout`) whose block holds
-// the caller's, aligned to `SAMPLED_ALIGN` (and so to the caller's
-// alignment) at a recorded offset; a sampled block is given back to `A` at
-// that offset with that same grown layout (the table of live blocks says
-// which blocks are sampled: a block is handed out grown only once it is in
-// the table, and taken out of it only just before it goes back to `A`), so
-// `A`'s guarantees are ours. The bookkeeping never touches the
-// blocks' memory, except the copy of a reallocation that moves a block to or
-// from a sampled one.
+// SAFETY: every call is passed on to `A` with the caller's arguments
+// unchanged, so `A`'s guarantees are ours; the bookkeeping around it never
+// touches the blocks' memory.
 //
 // The fast paths (no sample point reached, block not sampled) end in a tail
 // call to `A`: the count is taken before the allocation. An allocation that
@@ -421,21 +283,19 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for Sampled<A> {
 
     #[inline]
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // A block not aligned as sampled ones are (nearly all) is not
-        // sampled; of the others, the filter tells most.
-        if aligned_as_sampled(ptr) && live::maybe_sampled(ptr) {
-            // SAFETY: our caller's contract.
-            return unsafe { self.dealloc_sampled(ptr, layout) };
+        // Out of the table before the allocator may hand the address out again.
+        if live::maybe_sampled(ptr) {
+            forget(ptr);
         }
-        // SAFETY: our caller's contract is `A`'s (the block is not sampled).
+        // SAFETY: our caller's contract is `A`'s.
         unsafe { self.inner.dealloc(ptr, layout) }
     }
 
     #[inline]
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         let reached = !sampler::charge(new_size);
-        if !reached && !(aligned_as_sampled(ptr) && live::maybe_sampled(ptr)) {
-            // SAFETY: our caller's contract is `A`'s (the block is not sampled).
+        if !(reached | live::maybe_sampled(ptr)) {
+            // SAFETY: our caller's contract is `A`'s.
             return unsafe { self.inner.realloc(ptr, layout, new_size) };
         }
         // SAFETY: our caller's contract.
@@ -574,24 +434,14 @@ mod tests {
     }
 
     fn sampled(p: *mut u8) -> bool {
-        live::offset_of(p).is_some()
+        live::contains(p)
     }
 
-    /// Whether `p`'s block with `A` has the layout a block of `l` has when
-    /// it is sampled (`true`: grown, `p` aligned in it) or not (`false`: at
-    /// `p`, the caller's); panics if neither.
+    /// Whether `p`'s block is sampled; panics unless `A` holds it with the
+    /// caller's layout `l` (`Sampled` passes every layout on unchanged).
     fn check_block(s: &Sampled<Checking>, p: *mut u8, l: Layout) -> bool {
-        if let Some(offset) = live::offset_of(p) {
-            assert!(aligned_as_sampled(p), "{p:?}: a sampled block is 4096-aligned");
-            let base = p.wrapping_sub(offset as usize);
-            let with_a = s.inner().layout(base).expect("a block of the inner allocator");
-            assert_eq!(with_a, sampled_layout(l).unwrap());
-            assert!(offset as usize + l.size() <= with_a.size());
-            true
-        } else {
-            assert_eq!(s.inner().layout(p), Some(l), "an unsampled block has its caller's layout");
-            false
-        }
+        assert_eq!(s.inner().layout(p), Some(l), "a block of the inner allocator, with its caller's layout");
+        sampled(p)
     }
 
     fn fill(p: *mut u8, n: usize, seed: u8) {
@@ -607,44 +457,9 @@ mod tests {
     }
 
     #[test]
-    fn sampled_blocks_are_page_aligned_and_freed_with_their_layout() {
+    fn unsampled_blocks_keep_their_layout() {
         std::thread::spawn(|| {
-            // Rate 1: every allocation of at least a byte is sampled.
-            let s = Sampled::with_rate(Checking::default(), 1);
-            let mut blocks = Vec::new();
-            for (i, size) in [1usize, 7, 16, 24, 100, 4095, 4096, 4097, 70_000].into_iter().enumerate() {
-                for align in [1usize, 8, 16, 64, 4096, 8192, 1 << 16] {
-                    let l = Layout::from_size_align(size, align).unwrap();
-                    // SAFETY: a valid layout of nonzero size.
-                    let p = unsafe { if i % 2 == 0 { s.alloc(l) } else { s.alloc_zeroed(l) } };
-                    assert!(!p.is_null());
-                    assert!(check_block(&s, p, l), "{l:?}: sampled at rate 1");
-                    assert_eq!(p as usize % align, 0);
-                    if i % 2 == 1 {
-                        // SAFETY: `p` holds `size` bytes, zeroed by `alloc_zeroed`.
-                        let bytes = unsafe { std::slice::from_raw_parts(p, size) };
-                        assert!(bytes.iter().all(|&b| b == 0));
-                    }
-                    blocks.push((p, l));
-                }
-            }
-            for (p, l) in blocks {
-                // SAFETY: allocated above with `l`.
-                unsafe { s.dealloc(p, l) };
-                assert!(!sampled(p));
-            }
-            assert!(s.inner().blocks.lock().unwrap().is_empty());
-        })
-        .join()
-        .unwrap();
-    }
-
-    #[test]
-    fn unsampled_blocks_keep_their_layout_even_page_aligned_ones() {
-        std::thread::spawn(|| {
-            // Sampling off: nothing sampled, every call passed on as is
-            // (page-aligned blocks pass the alignment test and are told by
-            // the filter and the table).
+            // Sampling off: nothing sampled, every call passed on as is.
             let s = Sampled::with_rate(Checking::default(), 0);
             for align in [8usize, 4096, 1 << 16] {
                 for size in [0usize, 1, 24, 5000] {
@@ -711,51 +526,6 @@ mod tests {
                     assert!(k > 0, "sampled {} -> sampled {}: {seen:?}", i == 1, j == 1);
                 }
             }
-        })
-        .join()
-        .unwrap();
-    }
-
-    #[test]
-    fn a_sampled_block_the_table_refuses_has_its_callers_layout() {
-        std::thread::spawn(|| {
-            let s = Sampled::with_rate(Checking::default(), 1);
-            let l = Layout::from_size_align(300, 16).unwrap();
-            let before = stats();
-            live::REFUSE.with(|r| r.set(true));
-            // SAFETY: a valid layout.
-            let p = unsafe { s.alloc(l) };
-            assert!(!check_block(&s, p, l), "not tracked, so not over-aligned");
-            // SAFETY: a valid layout.
-            let z = unsafe { s.alloc_zeroed(l) };
-            assert!(!check_block(&s, z, l));
-            fill(p, 300, 9);
-            // SAFETY: allocated with `l`; nonzero.
-            let q = unsafe { s.realloc(p, l, 5000) };
-            let l2 = Layout::from_size_align(5000, 16).unwrap();
-            assert!(!check_block(&s, q, l2) && holds(q, 300, 9));
-            live::REFUSE.with(|r| r.set(false));
-            let after = stats();
-            assert!(after.samples - before.samples >= 3, "still counted as samples");
-            assert!(after.untracked_blocks - before.untracked_blocks >= 3);
-            // A tracked one reallocated while the table refuses its new block.
-            // SAFETY: allocated with `l2`; a valid layout.
-            let r = unsafe { s.realloc(q, l2, 200) };
-            let l3 = Layout::from_size_align(200, 16).unwrap();
-            assert!(check_block(&s, r, l3));
-            fill(r, 200, 4);
-            live::REFUSE.with(|x| x.set(true));
-            // SAFETY: allocated with `l3`; nonzero.
-            let t = unsafe { s.realloc(r, l3, 100) };
-            live::REFUSE.with(|x| x.set(false));
-            let l4 = Layout::from_size_align(100, 16).unwrap();
-            assert!(!check_block(&s, t, l4) && holds(t, 100, 4) && !sampled(r));
-            // SAFETY: allocated with these layouts.
-            unsafe {
-                s.dealloc(t, l4);
-                s.dealloc(z, l);
-            }
-            assert!(s.inner().blocks.lock().unwrap().is_empty());
         })
         .join()
         .unwrap();
