@@ -196,7 +196,11 @@ pub(crate) fn insert(addr: *mut u8, b: Block) -> bool {
         }
         // The filter first: a search that sees the address sees the bit.
         if !enter(bucket(addr)) {
-            slot.addr.store(cur, Ordering::Release);
+            // A tombstone, not back to empty: a search must not stop here,
+            // short of a block entered further on while this slot was busy
+            // (it would miss it: the block would never be counted freed,
+            // and its stale entry would outlive it).
+            slot.addr.store(TOMBSTONE, Ordering::Release);
             break;
         }
         slot.size.store(b.bytes, Ordering::Relaxed);
@@ -207,6 +211,26 @@ pub(crate) fn insert(addr: *mut u8, b: Block) -> bool {
         return true;
     }
     DROPPED.fetch_add(1, Ordering::Relaxed);
+    false
+}
+
+/// Whether the block at `addr` is in the table (tests).
+#[cfg(test)]
+pub(crate) fn contains(addr: *mut u8) -> bool {
+    let addr = addr as u64;
+    if addr <= BUSY {
+        return false;
+    }
+    let h = home(addr);
+    for i in 0..MAX_PROBE {
+        let cur = SLOTS[(h + i) % CAPACITY].addr.load(Ordering::Acquire);
+        if cur == EMPTY {
+            return false;
+        }
+        if cur == addr {
+            return true;
+        }
+    }
     false
 }
 

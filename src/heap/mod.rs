@@ -375,4 +375,159 @@ mod tests {
         .join()
         .unwrap();
     }
+
+    /// The system allocator, recording the layout of every block it hands
+    /// out by address, and panicking if a block is freed or reallocated with
+    /// another layout than the one it was allocated with (or is unknown).
+    #[derive(Default)]
+    struct Checking {
+        blocks: std::sync::Mutex<std::collections::HashMap<usize, Layout>>,
+    }
+
+    impl Checking {
+        fn layout(&self, p: *mut u8) -> Option<Layout> {
+            self.blocks.lock().unwrap().get(&(p as usize)).copied()
+        }
+        fn take(&self, p: *mut u8, l: Layout, what: &str) {
+            let had = self.blocks.lock().unwrap().remove(&(p as usize));
+            assert_eq!(had, Some(l), "{what} of {p:?} with another layout than its allocation's");
+        }
+        fn put(&self, p: *mut u8, l: Layout) -> *mut u8 {
+            if !p.is_null() {
+                assert!(self.blocks.lock().unwrap().insert(p as usize, l).is_none());
+            }
+            p
+        }
+        fn real(l: Layout) -> Layout {
+            // System is not to be given zero sizes.
+            Layout::from_size_align(l.size().max(1), l.align()).unwrap()
+        }
+    }
+
+    // SAFETY: passes everything to System (zero sizes as one byte, which the
+    // caller never reads), with the layout it was given for the block.
+    unsafe impl GlobalAlloc for Checking {
+        unsafe fn alloc(&self, l: Layout) -> *mut u8 {
+            // SAFETY: a valid layout of nonzero size.
+            self.put(unsafe { std::alloc::System.alloc(Self::real(l)) }, l)
+        }
+        unsafe fn alloc_zeroed(&self, l: Layout) -> *mut u8 {
+            // SAFETY: a valid layout of nonzero size.
+            self.put(unsafe { std::alloc::System.alloc_zeroed(Self::real(l)) }, l)
+        }
+        unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
+            self.take(p, l, "dealloc");
+            // SAFETY: allocated by System with `real(l)` (checked above).
+            unsafe { std::alloc::System.dealloc(p, Self::real(l)) }
+        }
+        unsafe fn realloc(&self, p: *mut u8, l: Layout, n: usize) -> *mut u8 {
+            self.take(p, l, "realloc");
+            // SAFETY: allocated by System with `real(l)` (checked above);
+            // the caller's contract for `n`.
+            let q = unsafe { std::alloc::System.realloc(p, Self::real(l), n.max(1)) };
+            if q.is_null() {
+                self.put(p, l);
+                return q;
+            }
+            self.put(q, Layout::from_size_align(n, l.align()).unwrap())
+        }
+    }
+
+    fn sampled(p: *mut u8) -> bool {
+        live::contains(p)
+    }
+
+    /// Whether `p`'s block is sampled; panics unless `A` holds it with the
+    /// caller's layout `l` (`Sampled` passes every layout on unchanged).
+    fn check_block(s: &Sampled<Checking>, p: *mut u8, l: Layout) -> bool {
+        assert_eq!(s.inner().layout(p), Some(l), "a block of the inner allocator, with its caller's layout");
+        sampled(p)
+    }
+
+    fn fill(p: *mut u8, n: usize, seed: u8) {
+        for i in 0..n {
+            // SAFETY: `p` holds at least `n` bytes.
+            unsafe { *p.add(i) = seed.wrapping_add(i as u8) };
+        }
+    }
+
+    fn holds(p: *mut u8, n: usize, seed: u8) -> bool {
+        // SAFETY: `p` holds at least `n` bytes, all written by `fill`.
+        (0..n).all(|i| unsafe { *p.add(i) } == seed.wrapping_add(i as u8))
+    }
+
+    #[test]
+    fn unsampled_blocks_keep_their_layout() {
+        std::thread::spawn(|| {
+            // Sampling off: nothing sampled, every call passed on as is.
+            let s = Sampled::with_rate(Checking::default(), 0);
+            for align in [8usize, 4096, 1 << 16] {
+                for size in [0usize, 1, 24, 5000] {
+                    let l = Layout::from_size_align(size, align).unwrap();
+                    // SAFETY: a valid layout (size 0 only to `Checking`,
+                    // which takes it).
+                    let p = unsafe { s.alloc(l) };
+                    assert!(!check_block(&s, p, l));
+                    fill(p, size, 3);
+                    // SAFETY: allocated with `l`; a nonzero new size.
+                    let q = unsafe { s.realloc(p, l, size + 100) };
+                    let l2 = Layout::from_size_align(size + 100, align).unwrap();
+                    assert!(!check_block(&s, q, l2) && holds(q, size, 3));
+                    // SAFETY: allocated with `l2`.
+                    unsafe { s.dealloc(q, l2) };
+                }
+            }
+            assert!(s.inner().blocks.lock().unwrap().is_empty());
+        })
+        .join()
+        .unwrap();
+    }
+
+    #[test]
+    fn reallocations_across_sample_points_keep_contents_and_layouts() {
+        std::thread::spawn(|| {
+            // Sizes around the rate: every move between sampled and
+            // unsampled blocks, growing and shrinking, each checked.
+            let s = Sampled::with_rate(Checking::default(), 8192);
+            let mut seen = [[0u32; 2]; 2];
+            let mut x = 0x2545_f491_4f6c_dd1du64;
+            for round in 0..40 {
+                let align = [8usize, 16, 4096][round % 3];
+                let mut l = Layout::from_size_align(64, align).unwrap();
+                // SAFETY: a valid layout.
+                let mut p = unsafe { s.alloc(l) };
+                let mut was = check_block(&s, p, l);
+                fill(p, l.size(), round as u8);
+                for _ in 0..50 {
+                    x ^= x >> 12;
+                    x ^= x << 25;
+                    x ^= x >> 27;
+                    let n = 1 + (x.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 40) as usize % 12_000;
+                    // SAFETY: `p` allocated with `l`; `n` nonzero.
+                    let q = unsafe { s.realloc(p, l, n) };
+                    assert!(!q.is_null());
+                    let keep = l.size().min(n);
+                    assert!(holds(q, keep, round as u8), "contents kept across a reallocation");
+                    l = Layout::from_size_align(n, align).unwrap();
+                    let now = check_block(&s, q, l);
+                    seen[was as usize][now as usize] += 1;
+                    if q != p {
+                        assert!(!sampled(p), "a moved block's old address is out of the table");
+                    }
+                    fill(q, n, round as u8);
+                    (p, was) = (q, now);
+                }
+                // SAFETY: allocated with `l`.
+                unsafe { s.dealloc(p, l) };
+            }
+            assert!(s.inner().blocks.lock().unwrap().is_empty());
+            for (i, row) in seen.iter().enumerate() {
+                for (j, &k) in row.iter().enumerate() {
+                    assert!(k > 0, "sampled {} -> sampled {}: {seen:?}", i == 1, j == 1);
+                }
+            }
+        })
+        .join()
+        .unwrap();
+    }
 }
