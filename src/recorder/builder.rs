@@ -399,8 +399,9 @@ const MAX_RETAIN: usize = 1_000_000;
 impl RecorderBuilder {
     /// Ignore the `SPULSE_*` environment variables (`SPULSE_OUTPUT`,
     /// `SPULSE_FREQUENCY`, `SPULSE_ROTATE`, `SPULSE_RETAIN`,
-    /// `SPULSE_KERNEL_TIME`): the `http` endpoint's temporary window records
-    /// with the defaults into its own file, whatever the process was told.
+    /// `SPULSE_KERNEL_TIME`, `SPULSE_OFF_CPU`, `SPULSE_ENGINE`): the `http`
+    /// endpoint's temporary window records with the defaults into its own
+    /// file, whatever the process was told.
     #[cfg_attr(not(feature = "http"), allow(dead_code))]
     pub(crate) fn without_environment(mut self) -> Self {
         self.environment = false;
