@@ -457,6 +457,7 @@ fn start_inner(b: &RecorderBuilder, path: &Path) -> Result<Guard, Error> {
         weight_cap: MAX_SIGNAL_WEIGHT,
         kernel_weight_milli: sys::perf::KERNEL_PERIOD_MILLI,
         names: handler::ThreadNames::default(),
+        writer_boost: handler::WriterBoost::new(),
     });
 
     // The writer thread exists before any engine, so it can be left out of them.

@@ -210,6 +210,12 @@ pub struct Stats {
     /// stacks, writing, its periodic checks): the part of the profiler's cost
     /// spent outside the sampled threads.
     pub writer_cpu: Duration,
+    /// The lowest nice value the writer thread took while it fell behind the
+    /// samples (many runnable threads sharing the CPU with it), when it took
+    /// one below its start's; a warning says so too. Only the writer's own
+    /// priority changes, and only where `setpriority` allows it (root,
+    /// `CAP_SYS_NICE` or `RLIMIT_NICE`).
+    pub writer_nice: Option<i32>,
     /// Bytes of unwind tables (`.eh_frame`, `.eh_frame_hdr`) copied into the
     /// recorder's memory for the signal handler's unwinder, summed over the
     /// objects loaded while recording: every library's tables, and the main

@@ -24,7 +24,9 @@
 //! thread id is read from glibc's `struct pthread`) and, for foreign signals,
 //! `sigaction`/`tgkill`, and for a foreign SIGTRAP `pthread_getspecific` (a
 //! key below 32: a read of the thread control block), `getpid`,
-//! `rt_tgsigqueueinfo` and `sigaddset` (see `defer_blocked_trap`); the executable is linked with full
+//! `rt_tgsigqueueinfo` and `sigaddset` (see `defer_blocked_trap`), and, once the
+//! ring is half full, `syscall(SYS_setpriority)` on the writer thread (once
+//! until the writer gives the priority back: `WriterBoost`); the executable is linked with full
 //! RELRO (`-z now`, rustc's default on Linux) and every one of these functions is
 //! called once before the handler is installed, so no PLT slot is resolved by the
 //! dynamic loader inside the handler. It uses no Rust thread-local. It never
@@ -87,7 +89,7 @@ pub(crate) mod timing;
 pub(crate) mod unwind;
 
 pub(crate) use names::ThreadNames;
-pub(crate) use shared::{Counters, Shared, StackBounds};
+pub(crate) use shared::{Counters, Shared, StackBounds, WriterBoost};
 pub(crate) use snapshot::{reclaim, Retired, SnapshotCell};
 
 use crate::recorder::sys::{gettid, now_us, SIGNAL_MAGIC};
@@ -339,8 +341,12 @@ unsafe fn record(st: &Shared, weight: u32, ctx: *mut c_void) {
     }
     let Some(mut claim) = st.ring.claim() else {
         c.lost_ring_full.fetch_add(weight as u64, Ordering::Relaxed);
+        st.writer_boost.request(st.writer_tid.load(Ordering::Relaxed));
         return;
     };
+    if st.ring.half_full(&claim) {
+        st.writer_boost.request(st.writer_tid.load(Ordering::Relaxed));
+    }
     // SAFETY: the kernel's ucontext for this signal.
     let Some(regs) = (unsafe { regs_of(ctx) }) else {
         c.lost_unwind_failed.fetch_add(weight as u64, Ordering::Relaxed);

@@ -123,6 +123,16 @@ impl Ring {
         }
     }
 
+    /// Whether the slot half a ring before `claim`'s is still unread: the
+    /// ring is at least half full (one atomic load). A slot at position `q`
+    /// holds sequence `q` (claimed) or `q + 1` (published) until the consumer
+    /// reads it, then `q` plus the capacity or more.
+    #[inline]
+    pub(crate) fn half_full(&self, claim: &Claim<'_>) -> bool {
+        let Some(q) = claim.pos.checked_sub((self.mask + 1) / 2) else { return false };
+        self.seqs[q & self.mask].seq.load(Ordering::Relaxed) <= q.wrapping_add(1)
+    }
+
     /// Fault the ring's pages in now, from the writer thread, so the handler
     /// does not: until the ring has gone round once, about every fourth sample
     /// would otherwise take a page fault (the kernel zeroing a fresh page) in

@@ -100,11 +100,15 @@ pub(crate) struct Adapt {
     /// for the timers, which cover a new thread at the next tick).
     shorten_flush: bool,
     from: Option<(Usage, Instant)>,
+    /// A thread seen blocking SIGPROF at the last verdict: the move waits
+    /// for the next tick's, since a thread being created blocks every signal
+    /// for a moment (glibc's `pthread_create` until the thread starts).
+    suspect: Option<u32>,
 }
 
 impl Adapt {
     pub(crate) fn new(period_ns: u64, writer_tid: u32, shorten_flush: bool) -> Adapt {
-        Adapt { period_ns, writer_tid, shorten_flush, from: None }
+        Adapt { period_ns, writer_tid, shorten_flush, from: None, suspect: None }
     }
 
     /// The switch rate, when the window says the program is switch-heavy.
@@ -125,6 +129,19 @@ impl Adapt {
     }
 }
 
+/// What a switch-heavy verdict does about `found`, a thread seen blocking
+/// SIGPROF now: `None` to wait for the next tick (a thread seen for the first
+/// time may be starting), else the thread that blocks it for sure, if any.
+fn settle(suspect: &mut Option<u32>, found: Option<u32>) -> Option<Option<u32>> {
+    match found {
+        Some(t) if *suspect != Some(t) => {
+            *suspect = Some(t);
+            None
+        }
+        found => Some(found),
+    }
+}
+
 impl Run {
     /// With the automatic engine on perf events: move to per-thread CPU
     /// timers once the program is seen to switch context often. Called by
@@ -137,14 +154,17 @@ impl Run {
         }
         let Some(rate) = adapt.check() else { return };
         let (period_ns, writer_tid, shorten) = (adapt.period_ns, adapt.writer_tid, adapt.shorten_flush);
+        // A thread that blocks SIGPROF would keep the timers' signals pending,
+        // for the program to read as its own if it takes its blocked signals
+        // (`sigwait`, `signalfd`). One seen once is looked at again at the
+        // next tick: a thread being created blocks every signal for a moment.
+        let tids = sys::list_tids().unwrap_or_default();
+        let found = tids.iter().copied().find(|&t| t != writer_tid && super::blocks_signal(t, libc::SIGPROF));
+        let Some(blocking) = settle(&mut adapt.suspect, found) else { return };
         // One try: whatever comes of it, the engine stays as it then is.
         self.st.adapt = None;
         let at = self.st.started.elapsed().as_secs_f64();
-        // A thread that blocks SIGPROF would keep the timers' signals pending,
-        // for the program to read as its own if it takes its blocked signals
-        // (`sigwait`, `signalfd`).
-        let tids = sys::list_tids().unwrap_or_default();
-        if let Some(t) = tids.iter().find(|&&t| t != writer_tid && super::blocks_signal(t, libc::SIGPROF)) {
+        if let Some(t) = blocking {
             self.st.warnings.push(format!(
                 "the program switches context {rate} times per CPU-second, which the perf-event engine's \
                  events make costly, but its thread {t} blocks SIGPROF, which the per-thread CPU timers would \
@@ -217,6 +237,20 @@ mod tests {
         let at = SWITCH_HEAVY_PER_CPU_SECOND;
         assert_eq!(judge(u(0, 0), u(at / 10 + 1, 100), s), Verdict::Heavy(at + 10));
         assert_eq!(judge(u(0, 0), u(at / 10, 100), s), Verdict::Wait);
+    }
+
+    /// A thread caught blocking SIGPROF once (glibc blocks every signal in
+    /// a thread it is creating) does not stop the move; one caught twice does.
+    #[test]
+    fn a_thread_blocking_sigprof_must_be_seen_twice() {
+        let mut suspect = None;
+        assert_eq!(settle(&mut suspect, Some(5)), None);
+        assert_eq!(settle(&mut suspect, Some(7)), None, "another thread: wait again");
+        assert_eq!(settle(&mut suspect, None), Some(None), "gone: move");
+        let mut suspect = None;
+        assert_eq!(settle(&mut suspect, Some(7)), None);
+        assert_eq!(settle(&mut suspect, Some(7)), Some(Some(7)), "seen twice: stay");
+        assert_eq!(settle(&mut None, None), Some(None));
     }
 
     #[test]

@@ -66,6 +66,7 @@ mod adapt;
 mod control;
 mod intern;
 mod off_cpu;
+mod priority;
 mod rotation;
 mod timeline;
 
@@ -220,6 +221,10 @@ struct Run {
     dropped: u64,
     /// The program took the engine's signal over (see `check_signal`).
     signal_lost: bool,
+    /// The writer's nice value, lowered while it falls behind (`priority.rs`).
+    priority: priority::Priority,
+    /// Whether the priority's raise, or its refusal, was said.
+    warned_priority: bool,
 }
 
 /// What the writer's wait returned.
@@ -302,6 +307,7 @@ pub(crate) fn main(rx: Receiver<Control>, wake: Option<Arc<OwnFd>>) -> Result<St
     st.shared.ring.prefault();
     let interval = st.interval;
     let stack_sampler = st.stack_sampler.take();
+    let priority = priority::Priority::new(&st.shared.writer_boost);
     let mut run = Run {
         st,
         interner: Interner::default(),
@@ -328,6 +334,8 @@ pub(crate) fn main(rx: Receiver<Control>, wake: Option<Arc<OwnFd>>) -> Result<St
         confirmed: 0,
         dropped: 0,
         signal_lost: false,
+        priority,
+        warned_priority: false,
     };
     // The initial scan was taken before the engine started: every sample is later,
     // so generation 0 is verified from the first tick's check on.
@@ -522,12 +530,47 @@ impl Run {
         // Samples that arrived since the last drain: those it took and those
         // lost to a full ring; the next wait follows their rate.
         let lost = self.st.shared.counters.lost_ring_full.load(Ordering::Relaxed);
-        let arrived = (self.drained as u64).saturating_add(lost.saturating_sub(self.lost_before));
+        let lost_now = lost.saturating_sub(self.lost_before);
+        let arrived = (self.drained as u64).saturating_add(lost_now);
         self.lost_before = lost;
+        let capacity = self.st.shared.ring.capacity() as u64;
+        self.priority.observe(priority::pressed(arrived, lost_now, capacity), &self.st.shared.writer_boost);
+        self.warn_priority(arrived, lost_now, capacity);
         let wait = self.short.unwrap_or(interval);
         let wait = adapt_wait(wait, arrived, self.st.shared.ring.capacity() as u64, interval);
         self.short = (wait < interval).then_some(wait);
         *next = (*next).min(now + wait);
+    }
+
+    /// Say, once, that the writer fell behind and took a higher priority, or
+    /// could not.
+    fn warn_priority(&mut self, arrived: u64, lost: u64, capacity: u64) {
+        if self.warned_priority {
+            return;
+        }
+        let why = || {
+            format!("the sample ring of {capacity} slots half full or more; {arrived} samples in the last tick, {lost} lost")
+        };
+        if let Some(nice) = self.priority.raised_to() {
+            self.warned_priority = true;
+            self.st.warnings.push(format!(
+                "the writer thread fell behind the samples ({}; many runnable threads share the CPU with it): \
+                 its nice value went from {} to {nice} while it drains (only the writer's; it goes back after \
+                 {} s without pressure)",
+                why(),
+                self.priority.base(),
+                priority::CALM.as_secs()
+            ));
+        } else if let Some(e) = self.priority.refused() {
+            self.warned_priority = true;
+            self.st.warnings.push(format!(
+                "the writer thread fell behind the samples ({}; many runnable threads share the CPU with it) \
+                 and could not raise its priority (setpriority: {e}; CAP_SYS_NICE or a RLIMIT_NICE above \
+                 {} allows it): samples may be lost",
+                why(),
+                20 - self.priority.base()
+            ));
+        }
     }
 
     /// Say, once each and as soon as they start, that samples are being lost
@@ -1087,6 +1130,7 @@ impl Run {
             segments_written: self.st.rotation.as_ref().map_or(1, |r| r.seq + 1),
             segments_deleted: self.st.rotation.as_ref().map_or(0, |r| r.deleted),
             writer_cpu: super::sys::thread_cpu_time(),
+            writer_nice: self.priority.raised_to(),
             unwind_tables_copied: self.st.table_memory.copied,
             off_cpu: self.st.off_cpu.as_ref().map(|o| o.stats()),
             unwind_tables_mapped: self.st.table_memory.borrowed,
