@@ -195,8 +195,8 @@ fn a_crowd_of_runnable_threads_raises_the_writers_priority_or_says_why_not() {
     let lost = stats.samples_lost.ring_full;
     let all = stats.samples_written + lost;
     eprintln!(
-        "{} written, {lost} lost to a full ring, writer nice {:?}",
-        stats.samples_written, stats.writer_nice
+        "{} written, {lost} lost to a full ring, writer nice {:?}, writer CPU {:?}",
+        stats.samples_written, stats.writer_nice, stats.writer_cpu
     );
     // 6 CPU-seconds at 999 Hz: about 6,000 samples (fewer on an emulator).
     assert!(all > 1000, "too few samples: {stats:?}");

@@ -104,16 +104,33 @@ pub(crate) struct Adapt {
     /// for the next tick's, since a thread being created blocks every signal
     /// for a moment (glibc's `pthread_create` until the thread starts).
     suspect: Option<u32>,
+    /// No check before this: `getrusage(RUSAGE_SELF)` sums every thread of
+    /// the process (0.1 ms and more with 2,000 threads), so checks are at
+    /// least [`CHECK_GAP`] and [`CHECK_PACE`] times their cost apart.
+    next_check: Instant,
 }
+
+/// The least time between two checks of the switch rate (a window needs
+/// [`MIN_WINDOW_CPU`] of the program's CPU anyway).
+const CHECK_GAP: Duration = Duration::from_millis(10);
+
+/// A check waits at least this many times its cost after the last.
+const CHECK_PACE: u32 = 100;
 
 impl Adapt {
     pub(crate) fn new(period_ns: u64, writer_tid: u32, shorten_flush: bool) -> Adapt {
-        Adapt { period_ns, writer_tid, shorten_flush, from: None, suspect: None }
+        Adapt { period_ns, writer_tid, shorten_flush, from: None, suspect: None, next_check: Instant::now() }
     }
 
     /// The switch rate, when the window says the program is switch-heavy.
     fn check(&mut self) -> Option<u64> {
-        let now = Usage::now()?;
+        let t0 = Instant::now();
+        if t0 < self.next_check {
+            return None;
+        }
+        let now = Usage::now();
+        self.next_check = t0 + CHECK_GAP.max(t0.elapsed().saturating_mul(CHECK_PACE));
+        let now = now?;
         let Some((from, at)) = self.from else {
             self.from = Some((now, Instant::now()));
             return None;

@@ -199,6 +199,9 @@ struct Run {
     named_at_scan: u64,
     /// When the threads were last listed.
     scanned_at: Instant,
+    /// The least time between two listings: [`SCAN_PACE`] times what the
+    /// last one cost (see `threads_to_scan`).
+    scan_gap: Duration,
     /// Ring slots the last drain took.
     drained: usize,
     /// The shortened wait while the ring fills faster than the interval
@@ -324,6 +327,7 @@ pub(crate) fn main(rx: Receiver<Control>, wake: Option<Arc<OwnFd>>) -> Result<St
         python_inside: false,
         named_at_scan: 0,
         scanned_at: Instant::now(),
+        scan_gap: Duration::ZERO,
         drained: 0,
         short: None,
         lost_before: 0,
@@ -498,13 +502,16 @@ impl Run {
     /// since the last listing (a thread new to it) or [`THREAD_RESCAN`] has
     /// passed (to find threads that block the signal and so are never sampled,
     /// and to let go of the events of threads that exited). Listing
-    /// `/proc/self/task` was two thirds of an idle writer's CPU time.
+    /// `/proc/self/task` was two thirds of an idle writer's CPU time, and it
+    /// costs in proportion to the threads (about a millisecond for 2,000,
+    /// three quarters of the writer's time when 2,000 new threads made every
+    /// tick list them): listings are paced so that they take at most
+    /// 1/[`SCAN_PACE`] of the time (`scan_gap`, set by `tick`).
     fn threads_to_scan(&mut self) -> Option<Vec<u32>> {
         let named = self.st.shared.names.added();
-        let due = self.st.engine.needs_every_scan()
-            || named != self.named_at_scan
-            || self.scanned_at.elapsed() >= THREAD_RESCAN;
-        if !due {
+        let since = self.scanned_at.elapsed();
+        let due = self.st.engine.needs_every_scan() || named != self.named_at_scan || since >= THREAD_RESCAN;
+        if !due || since < self.scan_gap {
             return None;
         }
         self.named_at_scan = named;
@@ -650,17 +657,24 @@ impl Run {
 
     fn tick(&mut self) {
         self.check_signal();
+        let listing = Instant::now();
         let tids = self.threads_to_scan();
         if let Some(tids) = &tids {
             self.scan_threads(tids, false);
         }
+        let mut listed = tids.as_ref().map(|_| listing.elapsed());
         let change = self.scan_modules();
         self.drain(false);
         self.off_cpu_step(false);
         self.apply_module_change(change);
         self.adapt_engine();
         if let Some(tids) = &tids {
+            let t = Instant::now();
             self.st.engine.tick(tids);
+            listed = listed.map(|l| l + t.elapsed());
+        }
+        if let Some(cost) = listed {
+            self.scan_gap = cost.saturating_mul(SCAN_PACE).min(THREAD_RESCAN);
         }
         handler::reclaim(&mut self.retired);
         self.flush_out();
@@ -1157,6 +1171,10 @@ fn adapt_wait(wait: Duration, arrived: u64, capacity: u64, interval: Duration) -
 
 /// Longest time between two listings of the process's threads.
 const THREAD_RESCAN: Duration = Duration::from_secs(1);
+
+/// A listing of the threads (and what is done with it) waits at least this
+/// many times its last cost after it: at most 1% of the writer's time.
+const SCAN_PACE: u32 = 100;
 
 /// Whether thread `tid` of this process blocks signal `sig` (its `SigBlk` mask
 /// in `/proc/self/task/<tid>/status`); false when that cannot be read.
