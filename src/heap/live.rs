@@ -66,6 +66,11 @@ pub(crate) struct Block {
     /// Estimated allocations this sample stands for, in 1/[`super::stacks::FIXED`].
     pub objects: u64,
     pub stack: u32,
+    /// Where the block came from: a page of the sampler's pool
+    /// ([`super::pool::TAG`] and the page's index), or a block of the inner
+    /// allocator this many bytes before the sampled block's (aligned)
+    /// address.
+    pub offset: u32,
 }
 
 struct Slot {
@@ -73,6 +78,7 @@ struct Slot {
     size: AtomicU64,
     objects: AtomicU64,
     stack: AtomicU32,
+    offset: AtomicU32,
 }
 
 #[allow(clippy::declare_interior_mutable_const)]
@@ -81,6 +87,7 @@ const SLOT: Slot = Slot {
     size: AtomicU64::new(0),
     objects: AtomicU64::new(0),
     stack: AtomicU32::new(0),
+    offset: AtomicU32::new(0),
 };
 #[allow(clippy::declare_interior_mutable_const)]
 const ZERO: AtomicU8 = AtomicU8::new(0);
@@ -96,6 +103,13 @@ static BITS: [AtomicU64; FILTER_BUCKETS / 64] = [ZERO64; FILTER_BUCKETS / 64];
 /// the bucket's bit.
 const CLEARING: u8 = u8::MAX;
 static DROPPED: AtomicU64 = AtomicU64::new(0);
+
+#[cfg(test)]
+thread_local! {
+    /// Tests: [`insert`] refuses every block on this thread (as a full table
+    /// would).
+    pub(crate) static REFUSE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
 static LIVE: AtomicU64 = AtomicU64::new(0);
 
 #[inline(always)]
@@ -181,6 +195,11 @@ fn leave(b: usize) {
 /// False if no slot was free within [`MAX_PROBE`] of its home.
 pub(crate) fn insert(addr: *mut u8, b: Block) -> bool {
     let addr = addr as u64;
+    #[cfg(test)]
+    if REFUSE.with(std::cell::Cell::get) {
+        DROPPED.fetch_add(1, Ordering::Relaxed);
+        return false;
+    }
     if addr <= BUSY {
         return false;
     }
@@ -198,14 +217,15 @@ pub(crate) fn insert(addr: *mut u8, b: Block) -> bool {
         if !enter(bucket(addr)) {
             // A tombstone, not back to empty: a search must not stop here,
             // short of a block entered further on while this slot was busy
-            // (it would miss it: the block would never be counted freed,
-            // and its stale entry would outlive it).
+            // (it would miss it, and that block's free would be given the
+            // caller's layout instead of the sampled one).
             slot.addr.store(TOMBSTONE, Ordering::Release);
             break;
         }
         slot.size.store(b.bytes, Ordering::Relaxed);
         slot.objects.store(b.objects, Ordering::Relaxed);
         slot.stack.store(b.stack, Ordering::Relaxed);
+        slot.offset.store(b.offset, Ordering::Relaxed);
         LIVE.fetch_add(1, Ordering::Relaxed);
         slot.addr.store(addr, Ordering::Release);
         return true;
@@ -214,24 +234,26 @@ pub(crate) fn insert(addr: *mut u8, b: Block) -> bool {
     false
 }
 
-/// Whether the block at `addr` is in the table (tests).
-#[cfg(test)]
-pub(crate) fn contains(addr: *mut u8) -> bool {
+/// The [`Block::offset`] of the block at `addr` if it is in the table (only its owner,
+/// the caller, may take it out, so the answer holds until the caller frees
+/// it).
+pub(crate) fn offset_of(addr: *mut u8) -> Option<u32> {
     let addr = addr as u64;
     if addr <= BUSY {
-        return false;
+        return None;
     }
     let h = home(addr);
     for i in 0..MAX_PROBE {
-        let cur = SLOTS[(h + i) % CAPACITY].addr.load(Ordering::Acquire);
+        let slot = &SLOTS[(h + i) % CAPACITY];
+        let cur = slot.addr.load(Ordering::Acquire);
         if cur == EMPTY {
-            return false;
+            return None;
         }
         if cur == addr {
-            return true;
+            return Some(slot.offset.load(Ordering::Relaxed));
         }
     }
-    false
+    None
 }
 
 /// Take the block at `addr` out of the table, if it is there. Called before
@@ -261,6 +283,7 @@ pub(crate) fn remove(addr: *mut u8) -> Option<Block> {
             bytes: slot.size.load(Ordering::Relaxed),
             objects: slot.objects.load(Ordering::Relaxed),
             stack: slot.stack.load(Ordering::Relaxed),
+            offset: slot.offset.load(Ordering::Relaxed),
         };
         slot.addr.store(TOMBSTONE, Ordering::Release);
         leave(bucket(addr));
@@ -289,7 +312,7 @@ mod tests {
         // Addresses no allocator returns (above the canonical user range) so
         // as not to meet the test process's own sampled blocks.
         let base = 0xffff_9000_0000_0000u64;
-        let b = Block { bytes: 24, objects: 7, stack: 3 };
+        let b = Block { bytes: 24, objects: 7, stack: 3, offset: 16 };
         assert!(!maybe_sampled(base as *mut u8));
         assert!(insert(base as *mut u8, b));
         assert!(maybe_sampled(base as *mut u8));
@@ -333,7 +356,7 @@ mod tests {
     #[test]
     fn a_bucket_bit_stays_set_until_its_last_block_leaves() {
         let base = 0xffff_a000_0000_0000u64;
-        let b = Block { bytes: 1, objects: 1, stack: 0 };
+        let b = Block { bytes: 1, objects: 1, stack: 0, offset: 0 };
         let same: Vec<u64> =
             (1u64..).map(|i| base + (i << 4)).filter(|&a| bucket(a) == bucket(base)).take(2).collect();
         let (x, y) = (same[0] as *mut u8, same[1] as *mut u8);
