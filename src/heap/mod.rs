@@ -17,8 +17,11 @@
 //! [`set_sample_rate`]) a thread allocates, at a random place in each such
 //! stretch (stratified sampling, see below). Each thread counts down the
 //! bytes left until its next point. An unsampled allocation costs that
-//! decrement; an unsampled free one load from a small filter of the sampled
-//! addresses. A sampled allocation is unwound on the
+//! decrement; an unsampled free a test of its address's low 12 bits (every
+//! sampled block is page-aligned: a small one takes a page of the sampler's
+//! pool, a larger one is over-allocated by up to a page and aligned in it),
+//! and, for the rare page-aligned one, a load from a small filter of the
+//! sampled addresses. A sampled allocation is unwound on the
 //! spot with the recorder's framehop tables (the unwinder allocates nothing
 //! while walking; it is built by the first sample, with its own allocations
 //! passed through unsampled, and rebuilt when libraries are loaded or
@@ -49,6 +52,12 @@
 //! default rate about one per 512 KiB of live heap, so a live heap of some
 //! 32 GiB), 18 KiB of filter (2 KiB of it read by frees),
 //! 2.2 MiB for 4,096 distinct stacks of up to 64 frames ([`STACK_CAPACITY`]),
+//! plus the pool of pages for small sampled blocks, taken from the inner
+//! allocator 64 KiB at a time as the live small sampled blocks need them and
+//! kept, 1 MiB at most ([`POOL_BYTES`]: 256 blocks; past that a small sampled
+//! block is over-allocated by a page like a large one), and each sampled
+//! block larger than a page holds up to a page more than asked, about 1 %
+//! of the live heap at the default rate at worst;
 //! plus, once the first sample is taken, the unwinder: eight framehop caches
 //! (about 33 KB each) and a copy of the loaded libraries' unwind tables (as
 //! the CPU recorder keeps). Beyond the capacities samples are still counted
