@@ -56,8 +56,8 @@
 //! allocator 64 KiB at a time as the live small sampled blocks need them and
 //! kept, 1 MiB at most ([`POOL_BYTES`]: 256 blocks; past that a small sampled
 //! block is over-allocated by a page like a large one), and each sampled
-//! block larger than a page holds up to a page more than asked, about 1 %
-//! of the live heap at the default rate at worst;
+//! block larger than a page holds up to a page more than asked (a page per
+//! 512 KiB of live heap at the default rate: under 1 %);
 //! plus, once the first sample is taken, the unwinder: eight framehop caches
 //! (about 33 KB each) and a copy of the loaded libraries' unwind tables (as
 //! the CPU recorder keeps). Beyond the capacities samples are still counted
@@ -375,7 +375,8 @@ impl<A: GlobalAlloc> Sampled<A> {
         // SAFETY: `GlobalAlloc::realloc`'s contract: `new_size` rounded up to
         // `layout.align()` does not overflow `isize`, and it is not zero.
         let new_layout = unsafe { Layout::from_size_align_unchecked(new_size, layout.align()) };
-        let old_tag = if aligned_as_sampled(ptr) && live::maybe_sampled(ptr) { live::offset_of(ptr) } else { None };
+        let old_tag =
+            if aligned_as_sampled(ptr) && live::maybe_sampled(ptr) { live::offset_of(ptr) } else { None };
         let saved = sampler::save();
         let points = if reached { sampler::points(new_size, self.rate) } else { 0 };
         // Whether a failure is to give this reallocation's bytes back.
@@ -659,7 +660,8 @@ mod tests {
     /// Every block freed: the inner allocator holds only the pool's chunks,
     /// and no pool page is in use.
     fn assert_only_the_pool_left(s: &Sampled<Checking>) {
-        let mut left: Vec<(usize, Layout)> = s.inner().blocks.lock().unwrap().iter().map(|(&p, &l)| (p, l)).collect();
+        let mut left: Vec<(usize, Layout)> =
+            s.inner().blocks.lock().unwrap().iter().map(|(&p, &l)| (p, l)).collect();
         let mut chunks = s.pool.chunks();
         left.sort_unstable_by_key(|b| b.0);
         chunks.sort_unstable_by_key(|b| b.0);
@@ -694,7 +696,13 @@ mod tests {
                 for align in [1usize, 8, 16, 64, 4096, 8192, 1 << 16] {
                     let l = Layout::from_size_align(size, align).unwrap();
                     // SAFETY: a valid layout of nonzero size.
-                    let p = unsafe { if i % 2 == 0 { s.alloc(l) } else { s.alloc_zeroed(l) } };
+                    let p = unsafe {
+                        if i % 2 == 0 {
+                            s.alloc(l)
+                        } else {
+                            s.alloc_zeroed(l)
+                        }
+                    };
                     assert!(!p.is_null());
                     assert!(check_block(&s, p, l), "{l:?}: sampled at rate 1");
                     assert_eq!(p as usize % align, 0);
@@ -848,7 +856,13 @@ mod tests {
             let mut blocks = Vec::new();
             for i in 0..pages + 40 {
                 // SAFETY: a valid layout.
-                let p = unsafe { if i % 3 == 0 { s.alloc_zeroed(l) } else { s.alloc(l) } };
+                let p = unsafe {
+                    if i % 3 == 0 {
+                        s.alloc_zeroed(l)
+                    } else {
+                        s.alloc(l)
+                    }
+                };
                 assert!(check_block(&s, p, l));
                 if i % 3 == 0 {
                     assert!(holds_zeroes(p, 48), "a reused pool page zeroed for alloc_zeroed");

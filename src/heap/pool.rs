@@ -5,10 +5,10 @@
 //! is known unsampled with one test, see [`super::SAMPLED_ALIGN`]). A small
 //! sampled block (at most a page, aligned to at most a page) takes one
 //! page of this pool instead of an aligned or over-allocated block of the
-//! inner allocator's: glibc serves `posix_memalign(4096, small)` or a 4 KiB+
-//! block from its bins, not its per-thread cache, and that cost every sample
-//! 0.3-0.9 us more and pushed the program's own small allocations around
-//! (BENCHMARKS.md, "Heap profiles").
+//! inner allocator's: glibc serves `posix_memalign(4096, small)` and a 4 KiB+
+//! block from its bins, not its per-thread cache (the first made each
+//! sample about 0.9 us dearer, the second cost 0.35 ns a malloc/free pair on
+//! one thread; BENCHMARKS.md, "Heap profiles").
 //!
 //! The pool holds up to [`CHUNKS`] chunks of [`CHUNK_PAGES`] pages (64 KiB
 //! each, 1 MiB in all), each allocated from the inner allocator the first
@@ -85,7 +85,8 @@ impl Pool {
         for c in 0..CHUNKS {
             let base = self.base[c].load(Ordering::Acquire);
             if base == NONE {
-                if self.base[c].compare_exchange(NONE, GROWING, Ordering::Relaxed, Ordering::Relaxed).is_err() {
+                if self.base[c].compare_exchange(NONE, GROWING, Ordering::Relaxed, Ordering::Relaxed).is_err()
+                {
                     continue;
                 }
                 // SAFETY: a valid layout of nonzero size.
@@ -134,7 +135,12 @@ impl Pool {
     /// allocator the pool keeps).
     #[cfg(test)]
     pub(crate) fn chunks(&self) -> Vec<(usize, Layout)> {
-        self.base.iter().map(|b| b.load(Ordering::Acquire)).filter(|&b| b > GROWING).map(|b| (b, chunk_layout())).collect()
+        self.base
+            .iter()
+            .map(|b| b.load(Ordering::Acquire))
+            .filter(|&b| b > GROWING)
+            .map(|b| (b, chunk_layout()))
+            .collect()
     }
 
     /// Whether `p` is the page of `tag` (tests).
