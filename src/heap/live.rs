@@ -27,8 +27,9 @@
 //! A bucket counts at most 254 blocks; one more is not tracked. The last
 //! block to leave a bucket clears its bit while holding the count at a
 //! marker value, so that no block can be entered (and its bit set) in the
-//! meantime: a block entered then is not tracked either, which is rare
-//! (the bucket's only other sampled block leaving at that very moment).
+//! meantime: a block entered then waits for the clearing (a few spins),
+//! and is not tracked if it takes longer than that (the clearing thread
+//! preempted in its three instructions, or a child forked during them).
 //!
 //! The table is open-addressed with linear probing bounded to [`MAX_PROBE`]
 //! slots from the home slot, so a search reads at most that many slots. A slot
@@ -148,13 +149,35 @@ pub(crate) fn maybe_sampled(addr: *mut u8) -> bool {
     word.load(Ordering::Relaxed) & mask != 0
 }
 
+/// Spins [`enter`] waits at most for a bucket's bit to be cleared.
+const CLEARING_SPINS: u32 = 512;
+
 /// Count a block into its bucket and set the bucket's bit; false (the block
-/// is not to be tracked) if the bucket is full or its bit being cleared.
+/// is not to be tracked) if the bucket is full, or its bit still being
+/// cleared after [`CLEARING_SPINS`] spins (a few microseconds: the clearing
+/// takes three instructions, unless its thread was preempted in them or a
+/// fork left it so in a child).
 fn enter(b: usize) -> bool {
-    let counted =
-        COUNTS[b].fetch_update(Ordering::Acquire, Ordering::Relaxed, |c| (c < CLEARING - 1).then(|| c + 1));
-    if counted.is_err() {
-        return false;
+    let count = &COUNTS[b];
+    let mut spins = 0;
+    let mut c = count.load(Ordering::Relaxed);
+    loop {
+        if c == CLEARING {
+            spins += 1;
+            if spins > CLEARING_SPINS {
+                return false;
+            }
+            std::hint::spin_loop();
+            c = count.load(Ordering::Relaxed);
+            continue;
+        }
+        if c >= CLEARING - 1 {
+            return false;
+        }
+        match count.compare_exchange_weak(c, c + 1, Ordering::Acquire, Ordering::Relaxed) {
+            Ok(_) => break,
+            Err(now) => c = now,
+        }
     }
     let (word, mask) = bit(b);
     word.fetch_or(mask, Ordering::Relaxed);
