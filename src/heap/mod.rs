@@ -69,7 +69,9 @@
 //! lock is taken only to build the unwinder, once, and a child forked during
 //! that build does not redo it: its samples then have no stack), at thread exit and
 //! in thread-local destructors (the sampler's thread-locals are `const` and
-//! have no destructor). Nothing in the sampler ever waits for another thread.
+//! have no destructor). Nothing in the sampler waits for another thread, but
+//! for a bounded spin (an insert into the live table waits up to 512 spins
+//! for a filter bucket that another thread is clearing).
 
 use std::alloc::{GlobalAlloc, Layout};
 use std::sync::atomic::{AtomicU64, Ordering};
