@@ -27,8 +27,9 @@
 //! A bucket counts at most 254 blocks; one more is not tracked. The last
 //! block to leave a bucket clears its bit while holding the count at a
 //! marker value, so that no block can be entered (and its bit set) in the
-//! meantime: a block entered then is not tracked either, which is rare
-//! (the bucket's only other sampled block leaving at that very moment).
+//! meantime: a block entered then waits for the clearing (a few spins),
+//! and is not tracked if it takes longer than that (the clearing thread
+//! preempted in its three instructions, or a child forked during them).
 //!
 //! The table is open-addressed with linear probing bounded to [`MAX_PROBE`]
 //! slots from the home slot, so a search reads at most that many slots. A slot
@@ -66,6 +67,11 @@ pub(crate) struct Block {
     /// Estimated allocations this sample stands for, in 1/[`super::stacks::FIXED`].
     pub objects: u64,
     pub stack: u32,
+    /// Where the block came from: a page of the sampler's pool
+    /// ([`super::pool::TAG`] and the page's index), or a block of the inner
+    /// allocator this many bytes before the sampled block's (aligned)
+    /// address.
+    pub offset: u32,
 }
 
 struct Slot {
@@ -73,6 +79,7 @@ struct Slot {
     size: AtomicU64,
     objects: AtomicU64,
     stack: AtomicU32,
+    offset: AtomicU32,
 }
 
 #[allow(clippy::declare_interior_mutable_const)]
@@ -81,6 +88,7 @@ const SLOT: Slot = Slot {
     size: AtomicU64::new(0),
     objects: AtomicU64::new(0),
     stack: AtomicU32::new(0),
+    offset: AtomicU32::new(0),
 };
 #[allow(clippy::declare_interior_mutable_const)]
 const ZERO: AtomicU8 = AtomicU8::new(0);
@@ -96,6 +104,13 @@ static BITS: [AtomicU64; FILTER_BUCKETS / 64] = [ZERO64; FILTER_BUCKETS / 64];
 /// the bucket's bit.
 const CLEARING: u8 = u8::MAX;
 static DROPPED: AtomicU64 = AtomicU64::new(0);
+
+#[cfg(test)]
+thread_local! {
+    /// Tests: [`insert`] refuses every block on this thread (as a full table
+    /// would).
+    pub(crate) static REFUSE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
 static LIVE: AtomicU64 = AtomicU64::new(0);
 
 #[inline(always)]
@@ -134,13 +149,35 @@ pub(crate) fn maybe_sampled(addr: *mut u8) -> bool {
     word.load(Ordering::Relaxed) & mask != 0
 }
 
+/// Spins [`enter`] waits at most for a bucket's bit to be cleared.
+const CLEARING_SPINS: u32 = 512;
+
 /// Count a block into its bucket and set the bucket's bit; false (the block
-/// is not to be tracked) if the bucket is full or its bit being cleared.
+/// is not to be tracked) if the bucket is full, or its bit still being
+/// cleared after [`CLEARING_SPINS`] spins (a few microseconds: the clearing
+/// takes three instructions, unless its thread was preempted in them or a
+/// fork left it so in a child).
 fn enter(b: usize) -> bool {
-    let counted =
-        COUNTS[b].fetch_update(Ordering::Acquire, Ordering::Relaxed, |c| (c < CLEARING - 1).then(|| c + 1));
-    if counted.is_err() {
-        return false;
+    let count = &COUNTS[b];
+    let mut spins = 0;
+    let mut c = count.load(Ordering::Relaxed);
+    loop {
+        if c == CLEARING {
+            spins += 1;
+            if spins > CLEARING_SPINS {
+                return false;
+            }
+            std::hint::spin_loop();
+            c = count.load(Ordering::Relaxed);
+            continue;
+        }
+        if c >= CLEARING - 1 {
+            return false;
+        }
+        match count.compare_exchange_weak(c, c + 1, Ordering::Acquire, Ordering::Relaxed) {
+            Ok(_) => break,
+            Err(now) => c = now,
+        }
     }
     let (word, mask) = bit(b);
     word.fetch_or(mask, Ordering::Relaxed);
@@ -181,6 +218,11 @@ fn leave(b: usize) {
 /// False if no slot was free within [`MAX_PROBE`] of its home.
 pub(crate) fn insert(addr: *mut u8, b: Block) -> bool {
     let addr = addr as u64;
+    #[cfg(test)]
+    if REFUSE.with(std::cell::Cell::get) {
+        DROPPED.fetch_add(1, Ordering::Relaxed);
+        return false;
+    }
     if addr <= BUSY {
         return false;
     }
@@ -198,14 +240,15 @@ pub(crate) fn insert(addr: *mut u8, b: Block) -> bool {
         if !enter(bucket(addr)) {
             // A tombstone, not back to empty: a search must not stop here,
             // short of a block entered further on while this slot was busy
-            // (it would miss it: the block would never be counted freed,
-            // and its stale entry would outlive it).
+            // (it would miss it, and that block's free would be given the
+            // caller's layout instead of the sampled one).
             slot.addr.store(TOMBSTONE, Ordering::Release);
             break;
         }
         slot.size.store(b.bytes, Ordering::Relaxed);
         slot.objects.store(b.objects, Ordering::Relaxed);
         slot.stack.store(b.stack, Ordering::Relaxed);
+        slot.offset.store(b.offset, Ordering::Relaxed);
         LIVE.fetch_add(1, Ordering::Relaxed);
         slot.addr.store(addr, Ordering::Release);
         return true;
@@ -214,24 +257,26 @@ pub(crate) fn insert(addr: *mut u8, b: Block) -> bool {
     false
 }
 
-/// Whether the block at `addr` is in the table (tests).
-#[cfg(test)]
-pub(crate) fn contains(addr: *mut u8) -> bool {
+/// The [`Block::offset`] of the block at `addr` if it is in the table (only its owner,
+/// the caller, may take it out, so the answer holds until the caller frees
+/// it).
+pub(crate) fn offset_of(addr: *mut u8) -> Option<u32> {
     let addr = addr as u64;
     if addr <= BUSY {
-        return false;
+        return None;
     }
     let h = home(addr);
     for i in 0..MAX_PROBE {
-        let cur = SLOTS[(h + i) % CAPACITY].addr.load(Ordering::Acquire);
+        let slot = &SLOTS[(h + i) % CAPACITY];
+        let cur = slot.addr.load(Ordering::Acquire);
         if cur == EMPTY {
-            return false;
+            return None;
         }
         if cur == addr {
-            return true;
+            return Some(slot.offset.load(Ordering::Relaxed));
         }
     }
-    false
+    None
 }
 
 /// Take the block at `addr` out of the table, if it is there. Called before
@@ -261,6 +306,7 @@ pub(crate) fn remove(addr: *mut u8) -> Option<Block> {
             bytes: slot.size.load(Ordering::Relaxed),
             objects: slot.objects.load(Ordering::Relaxed),
             stack: slot.stack.load(Ordering::Relaxed),
+            offset: slot.offset.load(Ordering::Relaxed),
         };
         slot.addr.store(TOMBSTONE, Ordering::Release);
         leave(bucket(addr));
@@ -289,7 +335,7 @@ mod tests {
         // Addresses no allocator returns (above the canonical user range) so
         // as not to meet the test process's own sampled blocks.
         let base = 0xffff_9000_0000_0000u64;
-        let b = Block { bytes: 24, objects: 7, stack: 3 };
+        let b = Block { bytes: 24, objects: 7, stack: 3, offset: 16 };
         assert!(!maybe_sampled(base as *mut u8));
         assert!(insert(base as *mut u8, b));
         assert!(maybe_sampled(base as *mut u8));
@@ -333,7 +379,7 @@ mod tests {
     #[test]
     fn a_bucket_bit_stays_set_until_its_last_block_leaves() {
         let base = 0xffff_a000_0000_0000u64;
-        let b = Block { bytes: 1, objects: 1, stack: 0 };
+        let b = Block { bytes: 1, objects: 1, stack: 0, offset: 0 };
         let same: Vec<u64> =
             (1u64..).map(|i| base + (i << 4)).filter(|&a| bucket(a) == bucket(base)).take(2).collect();
         let (x, y) = (same[0] as *mut u8, same[1] as *mut u8);

@@ -105,11 +105,42 @@ pub(crate) fn refund(size: usize) {
 }
 
 /// The sample points an allocation of `size` bytes holds, given that
-/// [`charge`] returned false for it and it succeeded (0: none after all).
+/// [`charge`] returned false for it (0: none after all); taken before the
+/// allocation (a sampled block is allocated with another layout), with
+/// [`save`] first so that a failed allocation can be given back
+/// ([`restore`], then [`refund`]).
 #[cold]
 #[inline(never)]
 pub(crate) fn points(size: usize, own_rate: usize) -> u64 {
     BYTES_LEFT.with(|left| slow(left, size, own_rate))
+}
+
+/// This thread's sampling state, saved by [`save`] before [`points`] and put
+/// back by [`restore`] if the allocation then fails (it is not counted).
+#[derive(Clone, Copy)]
+pub(crate) struct Saved {
+    left: i64,
+    tail: i64,
+    grid: u64,
+    rng: u64,
+}
+
+#[cold]
+pub(crate) fn save() -> Saved {
+    Saved {
+        left: BYTES_LEFT.with(Cell::get),
+        tail: TAIL.with(Cell::get),
+        grid: GRID.with(Cell::get),
+        rng: RNG.with(Cell::get),
+    }
+}
+
+#[cold]
+pub(crate) fn restore(s: Saved) {
+    BYTES_LEFT.with(|c| c.set(s.left));
+    TAIL.with(|c| c.set(s.tail));
+    GRID.with(|c| c.set(s.grid));
+    RNG.with(|c| c.set(s.rng));
 }
 
 /// Bytes this thread may still allocate before its pending point.

@@ -133,9 +133,13 @@ unsafe impl GlobalAlloc for Switch {
             // SAFETY: our caller's contract, passed on unchanged (a block not
             // sampled, or sampled and entered, is looked up and freed).
             unsafe { INNER.dealloc(p, l) }
+        } else if p as usize & (spulse::heap::SAMPLED_ALIGN - 1) == 0 {
+            // SAFETY: our caller's contract, passed on unchanged. A block
+            // that may be sampled (sampled ones are 4096-aligned, inside a
+            // larger block of System's) goes back through `Sampled`.
+            unsafe { INNER.dealloc(p, l) }
         } else {
-            // SAFETY: our caller's contract, passed on unchanged. A sampled
-            // block freed here stays in the table (harmless to System).
+            // SAFETY: our caller's contract, passed on unchanged (not sampled).
             unsafe { System.dealloc(p, l) }
         }
     }
