@@ -200,7 +200,7 @@ struct Run {
     /// When the threads were last listed.
     scanned_at: Instant,
     /// The least time between two listings: [`SCAN_PACE`] times what the
-    /// last one cost (see `threads_to_scan`).
+    /// last one took (see `threads_to_scan`).
     scan_gap: Duration,
     /// Ring slots the last drain took.
     drained: usize,
@@ -228,6 +228,9 @@ struct Run {
     priority: priority::Priority,
     /// Whether the priority's raise, or its refusal, was said.
     warned_priority: bool,
+    /// New threads found by the listing that raised the priority, when one
+    /// did (see `NEW_THREADS_PRESSURE`).
+    crowd_found: Option<usize>,
 }
 
 /// What the writer's wait returned.
@@ -340,6 +343,7 @@ pub(crate) fn main(rx: Receiver<Control>, wake: Option<Arc<OwnFd>>) -> Result<St
         signal_lost: false,
         priority,
         warned_priority: false,
+        crowd_found: None,
     };
     // The initial scan was taken before the engine started: every sample is later,
     // so generation 0 is verified from the first tick's check on.
@@ -474,8 +478,9 @@ impl Run {
 
     /// Note the threads alive now (`tids`); a thread seen for the first time is
     /// checked for blocking the profiling signal (`at_end`: every thread never
-    /// sampled is checked again).
-    fn scan_threads(&mut self, tids: &[u32], at_end: bool) {
+    /// sampled is checked again). Returns how many threads were new.
+    fn scan_threads(&mut self, tids: &[u32], at_end: bool) -> usize {
+        let mut news = 0;
         let writer = self.st.shared.writer_tid.load(Ordering::Relaxed);
         // The perf-stack engine sends no signal: no thread can block it.
         let sig = match self.st.engine.kind() {
@@ -488,6 +493,7 @@ impl Run {
                 continue;
             }
             let new = !self.threads.contains_key(&tid);
+            news += new as usize;
             let t = self.threads.entry(tid).or_default();
             if let Some(sig) = sig {
                 if (new || (at_end && !t.user_sampled)) && !t.blocking {
@@ -495,6 +501,7 @@ impl Run {
                 }
             }
         }
+        news
     }
 
     /// The threads alive now, when this tick should list them: on every tick
@@ -506,7 +513,7 @@ impl Run {
     /// costs in proportion to the threads (about a millisecond for 2,000,
     /// three quarters of the writer's time when 2,000 new threads made every
     /// tick list them): listings are paced so that they take at most
-    /// 1/[`SCAN_PACE`] of the time (`scan_gap`, set by `tick`).
+    /// 1/[`SCAN_PACE`] of the time (`scan_gap`).
     fn threads_to_scan(&mut self) -> Option<Vec<u32>> {
         let named = self.st.shared.names.added();
         let since = self.scanned_at.elapsed();
@@ -516,7 +523,11 @@ impl Run {
         }
         self.named_at_scan = named;
         self.scanned_at = Instant::now();
-        super::sys::list_tids().ok()
+        let tids = super::sys::list_tids().ok();
+        // The listing's own cost (what is done once per new thread, such as
+        // creating its timer, is not paced).
+        self.scan_gap = self.scanned_at.elapsed().saturating_mul(SCAN_PACE).min(THREAD_RESCAN);
+        tids
     }
 
     /// The work due at `next`: a tick, and a new segment when one is due.
@@ -542,7 +553,7 @@ impl Run {
         self.lost_before = lost;
         let capacity = self.st.shared.ring.capacity() as u64;
         self.priority.observe(priority::pressed(arrived, lost_now, capacity), &self.st.shared.writer_boost);
-        self.warn_priority(arrived, lost_now, capacity);
+        self.warn_priority(capacity);
         let wait = self.short.unwrap_or(interval);
         let wait = adapt_wait(wait, arrived, self.st.shared.ring.capacity() as u64, interval);
         self.short = (wait < interval).then_some(wait);
@@ -551,12 +562,17 @@ impl Run {
 
     /// Say, once, that the writer fell behind and took a higher priority, or
     /// could not.
-    fn warn_priority(&mut self, arrived: u64, lost: u64, capacity: u64) {
+    fn warn_priority(&mut self, capacity: u64) {
         if self.warned_priority {
             return;
         }
-        let why = || {
-            format!("the sample ring of {capacity} slots half full or more; {arrived} samples in the last tick, {lost} lost")
+        let crowd = self.crowd_found;
+        let lost = self.lost_before;
+        let why = || match crowd {
+            Some(n) => format!("{n} new threads at one listing, each needing its timer"),
+            None => format!(
+                "the sample ring of {capacity} slots found half full or more; {lost} samples lost so far"
+            ),
         };
         if let Some(nice) = self.priority.raised_to() {
             self.warned_priority = true;
@@ -657,24 +673,25 @@ impl Run {
 
     fn tick(&mut self) {
         self.check_signal();
-        let listing = Instant::now();
         let tids = self.threads_to_scan();
         if let Some(tids) = &tids {
-            self.scan_threads(tids, false);
+            let news = self.scan_threads(tids, false);
+            // An engine that acts for each new thread (a timer to create)
+            // found a crowd of them: the writer's turn among them comes
+            // rarely, and no sample flows until it has acted, so no handler
+            // would ask for it (see `priority.rs`).
+            if news >= NEW_THREADS_PRESSURE && self.st.engine.needs_every_scan() {
+                self.priority.observe(true, &self.st.shared.writer_boost);
+                self.crowd_found.get_or_insert(news);
+            }
         }
-        let mut listed = tids.as_ref().map(|_| listing.elapsed());
         let change = self.scan_modules();
         self.drain(false);
         self.off_cpu_step(false);
         self.apply_module_change(change);
         self.adapt_engine();
         if let Some(tids) = &tids {
-            let t = Instant::now();
             self.st.engine.tick(tids);
-            listed = listed.map(|l| l + t.elapsed());
-        }
-        if let Some(cost) = listed {
-            self.scan_gap = cost.saturating_mul(SCAN_PACE).min(THREAD_RESCAN);
         }
         handler::reclaim(&mut self.retired);
         self.flush_out();
@@ -1171,6 +1188,10 @@ fn adapt_wait(wait: Duration, arrived: u64, capacity: u64, interval: Duration) -
 
 /// Longest time between two listings of the process's threads.
 const THREAD_RESCAN: Duration = Duration::from_secs(1);
+
+/// New threads found by one listing that make an engine needing every scan
+/// (the thread-timer engines) raise the writer's priority.
+const NEW_THREADS_PRESSURE: usize = 64;
 
 /// A listing of the threads (and what is done with it) waits at least this
 /// many times its last cost after it: at most 1% of the writer's time.
