@@ -58,6 +58,19 @@ const RECORD_SWITCH: u32 = 14;
 const MISC_SWITCH_OUT: u16 = 1 << 13;
 const MISC_SWITCH_OUT_PREEMPT: u16 = 1 << 14;
 
+/// A thread found out (blocked) for at least this long by a capture pass is
+/// always captured: such a wait is worth its capture (a few microseconds of
+/// the writer's CPU for at least this much blocked time), and every wait
+/// longer than this plus the writer's tick interval gets its stack.
+pub(crate) const LONG_WAIT_NS: u64 = 5_000_000;
+
+/// Captures a second of threads out for less than [`LONG_WAIT_NS`] (most of
+/// them wake before their capture is of use; a switch-heavy program has
+/// thousands of them blocked at each tick): a sample of where short waits
+/// are, the longest first, at a bounded cost. Up to a second's worth is
+/// held for a burst.
+pub(crate) const SHORT_CAPTURES_PER_SECOND: u64 = 100;
+
 /// Data pages of each CPU's ring: 256 KiB, about 11,000 switch records (24
 /// bytes each, in or out). The writer is woken when a ring is a quarter
 /// full, so a ring holds the records of the writer's wake-up latency:
@@ -165,6 +178,12 @@ pub(crate) struct Pairing {
     orphans: HashMap<u32, Box<Capture>>,
     /// Finished intervals, for the writer to take.
     pub(crate) done: Vec<Interval>,
+    /// Captures of short waits allowed now ([`SHORT_CAPTURES_PER_SECOND`]),
+    /// and when the allowance was last topped up (unix ns; 0: never).
+    short_budget: u64,
+    short_budget_at: u64,
+    /// Threads out for less than [`LONG_WAIT_NS`] at this pass: (since, tid).
+    short: Vec<(u64, u32)>,
 }
 
 impl SwitchTracker {
@@ -277,10 +296,10 @@ impl SwitchTracker {
         p.pair(horizon);
     }
 
-    /// Threads that are out, blocked, and not yet captured in this interval
-    /// (see [`Pairing::to_capture`]).
+    /// Threads that are out, blocked, and not yet captured in this interval,
+    /// to capture now (see [`Pairing::to_capture`]).
     pub(crate) fn to_capture(&mut self, out: &mut Vec<u32>) {
-        self.pairing.to_capture(out);
+        self.pairing.to_capture(super::now_ns(), out);
     }
 
     /// Attach a capture of `tid` (taken after the last [`collect`](Self::collect)).
@@ -363,26 +382,72 @@ impl Pairing {
         }
     }
 
-    /// Threads that are out, blocked, and not yet captured in this interval
-    /// (each is then marked as tried: one attempt per interval), in tid
-    /// order. Forgets the threads neither out nor named by a record since
-    /// the last call.
-    pub(crate) fn to_capture(&mut self, out: &mut Vec<u32>) {
+    /// Threads to capture at `now_ns`, in tid order: those out and blocked
+    /// (not preempted) and not yet tried in this interval, of which those out
+    /// for at least [`LONG_WAIT_NS`] all, and of the others as many as the
+    /// short-wait allowance ([`SHORT_CAPTURES_PER_SECOND`]) lets, the
+    /// longest out first. Each listed is marked as tried (one attempt per
+    /// interval); one left out may be listed at a later pass of the same
+    /// interval (as a long wait, once it is one). Forgets the threads neither
+    /// out nor named by a record since the last call.
+    pub(crate) fn to_capture(&mut self, now_ns: u64, out: &mut Vec<u32>) {
         out.clear();
+        let short = &mut self.short;
+        short.clear();
         self.threads.retain(|&tid, seen| {
             let recent = std::mem::replace(&mut seen.recent, false);
             match seen.out.as_mut() {
                 Some(o) => {
                     if !o.preempted && !o.tried {
-                        o.tried = true;
-                        out.push(tid);
+                        if now_ns.saturating_sub(o.time_ns) >= LONG_WAIT_NS {
+                            o.tried = true;
+                            out.push(tid);
+                        } else {
+                            short.push((o.time_ns, tid));
+                        }
                     }
                     true
                 }
                 None => recent,
             }
         });
+        self.refill_short_budget(now_ns);
+        if !self.short.is_empty() && self.short_budget > 0 {
+            let n = self.short.len().min(self.short_budget as usize);
+            if n < self.short.len() {
+                self.short.select_nth_unstable(n - 1);
+            }
+            for &(_, tid) in &self.short[..n] {
+                if let Some(o) = self.threads.get_mut(&tid).and_then(|s| s.out.as_mut()) {
+                    o.tried = true;
+                }
+                out.push(tid);
+            }
+            self.short_budget -= n as u64;
+        }
         out.sort_unstable();
+    }
+
+    /// Top up the short-wait allowance for the time since the last top-up
+    /// (one capture each `1 s / SHORT_CAPTURES_PER_SECOND`, at most a
+    /// second's worth held; full at the first call).
+    fn refill_short_budget(&mut self, now_ns: u64) {
+        const EACH_NS: u64 = 1_000_000_000 / SHORT_CAPTURES_PER_SECOND;
+        if self.short_budget_at == 0 || now_ns < self.short_budget_at {
+            self.short_budget = SHORT_CAPTURES_PER_SECOND;
+            self.short_budget_at = now_ns;
+            return;
+        }
+        let earned = (now_ns - self.short_budget_at) / EACH_NS;
+        if earned == 0 {
+            return;
+        }
+        self.short_budget = (self.short_budget + earned).min(SHORT_CAPTURES_PER_SECOND);
+        self.short_budget_at = if self.short_budget == SHORT_CAPTURES_PER_SECOND {
+            now_ns
+        } else {
+            self.short_budget_at + earned * EACH_NS
+        };
     }
 
     /// Forget the spool stacks of every capture held (a new segment
@@ -515,6 +580,61 @@ mod tests {
         assert_eq!(parse_record(9, &rec(9, 0, &[1, 2])), None);
     }
 
+    /// A capture pass long after the records of these tests: every wait
+    /// still out is a long one.
+    const LATER: u64 = 1 << 40;
+
+    /// A pass lists every thread out for a long wait, and of those out for a
+    /// short one only as many as the allowance lets (the longest out
+    /// first); one left out is listed at a later pass of the same interval,
+    /// and the allowance comes back with time, never above a second's worth.
+    #[test]
+    fn short_waits_are_captured_within_their_allowance_long_ones_always() {
+        const S: u64 = 1_000_000_000;
+        let mut p = Pairing::default();
+        let mut tids = Vec::new();
+        let now = 100 * S;
+        // 10 threads out for 10 ms; 1,000 out for 1 ms or less (tid 1000 the longest).
+        for tid in 0..10u32 {
+            p.events.push((now - 10_000_000, tid, 1));
+        }
+        for i in 0..1000u64 {
+            p.events.push((now - 1_000_000 + i, 1000 + i as u32, 1));
+        }
+        p.pair(u64::MAX);
+        p.to_capture(now, &mut tids);
+        let n = SHORT_CAPTURES_PER_SECOND as usize;
+        assert_eq!(tids.len(), 10 + n);
+        assert!(tids[..10].iter().copied().eq(0..10), "every long wait");
+        assert!(tids[10..].iter().copied().eq(1000..1000 + n as u32), "the longest short waits");
+        // Still short 3 ms later, the allowance spent: none listed, none tried.
+        p.to_capture(now + 3_000_000, &mut tids);
+        assert!(tids.is_empty(), "{tids:?}");
+        // Once long, the threads left out are all listed.
+        p.to_capture(now + LONG_WAIT_NS, &mut tids);
+        assert_eq!(tids.len(), 1000 - n);
+        p.to_capture(now + 10 * S, &mut tids);
+        assert!(tids.is_empty(), "each thread is tried once an interval");
+        // After a long quiet time the allowance is a second's worth, no more;
+        // 50 ms after it is spent, 5 more.
+        let t = now + 200 * S;
+        p.events.clear();
+        for i in 0..1000u64 {
+            p.events.push((t - 1000 + i, 5000 + i as u32, 1));
+        }
+        p.pair(u64::MAX);
+        p.to_capture(t, &mut tids);
+        assert_eq!(tids.len(), n);
+        p.events.clear();
+        for i in 0..1000u64 {
+            p.events.push((t + 50_000_000 - 1000 + i, 9000 + i as u32, 1));
+        }
+        p.pair(u64::MAX);
+        p.to_capture(t + 50_000_000, &mut tids);
+        assert_eq!(tids.len(), (1000 - n) + 5, "the rest of the first 1,000 (long now) and 5 short");
+        assert!(tids[1000 - n..].iter().all(|&t| (9000..9005).contains(&t)), "{:?}", &tids[1000 - n..]);
+    }
+
     fn cap(at_ns: u64) -> Capture {
         Capture { at_ns, syscall: Some(202), generation: 0, truncated: false, addrs: vec![], stack: None }
     }
@@ -569,10 +689,10 @@ mod tests {
         p.pair(u64::MAX);
         assert_eq!(p.done.len(), 1000);
         assert_eq!(p.threads.len(), 3, "threads 1, 2 and 4 (3 exited)");
-        p.to_capture(&mut tids);
+        p.to_capture(LATER, &mut tids);
         assert_eq!(tids, [2], "out and blocked (4 is preempted, 1 is in)");
         assert_eq!(p.threads.len(), 3, "1 had records since the last pass");
-        p.to_capture(&mut tids);
+        p.to_capture(LATER, &mut tids);
         assert!(tids.is_empty(), "2 was tried in this interval already");
         let mut left: Vec<u32> = p.threads.keys().copied().collect();
         left.sort_unstable();
@@ -593,7 +713,7 @@ mod tests {
         let mut tids = Vec::new();
         p.events.extend([(100, 1, 1), (100, 2, 1)]);
         p.pair(u64::MAX);
-        p.to_capture(&mut tids);
+        p.to_capture(LATER, &mut tids);
         assert_eq!(tids, [1, 2]);
         p.attach(1, cap(150));
         p.attach(2, cap(250));
