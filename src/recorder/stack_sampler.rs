@@ -178,8 +178,8 @@ impl StackSampler {
         buf: &mut Vec<u8>,
         is_code: &dyn Fn(u64) -> bool,
     ) -> Result<Capture, Missed> {
-        let at_ns = super::sys::now_ns();
-        let (b, n) = blocked::capture(tid, copy, buf)?;
+        let taken = blocked::capture(tid, copy, buf)?;
+        let (b, n) = (taken.blocked, taken.copied);
         let bytes = &copy[..n];
         let regs = Regs { pc: b.pc, sp: b.sp, fp: 0, lr: 0 };
         let (mut len, mut truncated) = unwind_copy(&regs, bytes, snap, &mut self.cache, &mut self.out);
@@ -204,7 +204,8 @@ impl StackSampler {
         }
         let addrs = if len == 0 { vec![b.pc] } else { self.out[..len].to_vec() };
         Ok(Capture {
-            at_ns,
+            at_ns: taken.from_ns,
+            end_ns: taken.to_ns,
             syscall: b.nr,
             generation: snap.generation,
             truncated: truncated || len == 0,

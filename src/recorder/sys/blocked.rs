@@ -11,11 +11,17 @@
 //! not woken.
 //!
 //! The thread must not run while its stack is copied, or the copy mixes two
-//! stacks: the number of times it was scheduled in (the third field of
-//! `/proc/self/task/<tid>/schedstat`) is read before and after, and the
-//! capture is used only if it did not change and the thread was in a system
-//! call throughout. Both files need the process to be dumpable (as a ptrace
-//! read would); a non-dumpable process gets `EACCES`, reported by `info`.
+//! stacks. [`capture`] gives the times just before the `syscall` read and
+//! just after the copy; the caller keeps the capture only if the thread's
+//! switch records (`perf_switch.rs`) show it off the CPU over that whole
+//! window: switched out before it began, and not switched in before it
+//! ended (the kernel stamps a switch-in before the thread returns to user
+//! space, so its stack cannot change before that stamp). That costs nothing
+//! here; an earlier version read `/proc/self/task/<tid>/schedstat` before
+//! and after the copy instead, two more `/proc` opens a capture (two thirds
+//! of its `/proc` cost). The `syscall` file needs the process to be dumpable
+//! (as a ptrace read would); a non-dumpable process gets `EACCES`, reported
+//! by `info`.
 
 use std::io::{self, Read};
 
@@ -55,15 +61,6 @@ pub(crate) fn parse_syscall(text: &str) -> Option<Option<Blocked>> {
     Some(Some(Blocked { nr: u64::try_from(nr).ok(), sp, pc }))
 }
 
-/// Times `tid` was scheduled in (`schedstat`'s third field).
-fn timeslices(tid: u32, buf: &mut Vec<u8>) -> io::Result<u64> {
-    read_small(&format!("/proc/self/task/{tid}/schedstat"), buf)?;
-    std::str::from_utf8(buf)
-        .ok()
-        .and_then(|s| s.split_ascii_whitespace().nth(2)?.parse().ok())
-        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "unexpected schedstat"))
-}
-
 /// Why a capture gave nothing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Missed {
@@ -74,10 +71,22 @@ pub(crate) enum Missed {
     Refused(i32),
 }
 
+/// A capture of a blocked thread: its registers, the bytes of its stack
+/// copied, and the window it was taken in (unix ns, the clock of the switch
+/// records): `from_ns` before `syscall` was read, `to_ns` after the copy.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Taken {
+    pub blocked: Blocked,
+    pub copied: usize,
+    pub from_ns: u64,
+    pub to_ns: u64,
+}
+
 /// Capture the stack of blocked thread `tid`: its registers, and up to
-/// `out.len()` bytes of its stack from `sp`, of which the returned count
-/// were copied. The thread did not run between the first read and the last.
-pub(crate) fn capture(tid: u32, out: &mut [u8], buf: &mut Vec<u8>) -> Result<(Blocked, usize), Missed> {
+/// `out.len()` bytes of its stack from `sp`. The copy is of one stack only
+/// if the thread did not run between [`Taken::from_ns`] and
+/// [`Taken::to_ns`], which the caller checks (see the module doc).
+pub(crate) fn capture(tid: u32, out: &mut [u8], buf: &mut Vec<u8>) -> Result<Taken, Missed> {
     let refused = |e: io::Error| {
         if e.raw_os_error() == Some(libc::ESRCH) || e.kind() == io::ErrorKind::NotFound {
             Missed::Ran
@@ -85,16 +94,13 @@ pub(crate) fn capture(tid: u32, out: &mut [u8], buf: &mut Vec<u8>) -> Result<(Bl
             Missed::Refused(e.raw_os_error().unwrap_or(0))
         }
     };
-    let before = timeslices(tid, buf).map_err(refused)?;
+    let from_ns = super::now_ns();
     read_small(&format!("/proc/self/task/{tid}/syscall"), buf).map_err(refused)?;
     let text = std::str::from_utf8(buf).map_err(|_| Missed::Ran)?;
-    let Some(Some(b)) = parse_syscall(text) else { return Err(Missed::Ran) };
-    let n = copy_stack(b.sp, out).map_err(|e| Missed::Refused(e.raw_os_error().unwrap_or(0)))?;
-    let after = timeslices(tid, buf).map_err(refused)?;
-    if after != before {
-        return Err(Missed::Ran);
-    }
-    Ok((b, n))
+    let Some(Some(blocked)) = parse_syscall(text) else { return Err(Missed::Ran) };
+    let copied = copy_stack(blocked.sp, out).map_err(|e| Missed::Refused(e.raw_os_error().unwrap_or(0)))?;
+    let to_ns = super::now_ns();
+    Ok(Taken { blocked, copied, from_ns, to_ns })
 }
 
 /// Copy memory of this process from `addr` into `out` with
@@ -264,8 +270,10 @@ mod tests {
                 }
             }
         }
-        let (b, n) = got.expect("the blocked thread was never captured");
+        let t = got.expect("the blocked thread was never captured");
+        let (b, n) = (t.blocked, t.copied);
         assert!(n >= 64, "copied {n} bytes");
+        assert!(t.from_ns <= t.to_ns);
         #[cfg(target_arch = "x86_64")]
         assert_eq!(b.nr.and_then(syscall_name), Some("futex"));
         stop_tx.send(()).unwrap();

@@ -29,13 +29,26 @@
 //! when the recording stops is closed at the stop; one that exited is
 //! forgotten. A thread already blocked when the recording starts (it
 //! switched out before the events existed) is found at start, in
-//! `/proc/self/task/<tid>/stat`, and taken as switched out then. A thread found switched out and not yet back (it is blocked
-//! now, or preempted) is captured once (`blocked.rs`: its system call and
-//! stack, with no signal and without waking it): a thread that stays
-//! blocked costs nothing more, however long it stays. The capture belongs to
-//! the interval only if the thread was still out when it was taken; one
-//! taken after a wake-up the writer had not yet seen is moved to the next
-//! interval that contains it, or dropped.
+//! `/proc/self/task/<tid>/stat`, and taken as switched out then.
+//!
+//! # Captures
+//! At each writer tick, a thread found blocked (switched out, not
+//! preempted, and not yet back) is captured at most once an interval
+//! (`blocked.rs`: its system call and stack, with no signal and without
+//! waking it): a thread that stays blocked costs nothing more, however long
+//! it stays. Every thread out for at least [`LONG_WAIT_NS`] is captured; of
+//! those out for less (most wake before their capture is written; a program
+//! blocking 100,000 times a second has about a hundred of them at each tick)
+//! only [`SHORT_CAPTURES_PER_SECOND`], the longest out first: a sample of
+//! where the short waits are, at a bounded cost (a capture is a few tens of
+//! microseconds). The capture belongs to
+//! the interval only if the thread was out over the whole capture (from
+//! before its `syscall` read to after its stack copy): one taken after a
+//! wake-up the writer had not yet seen is moved to the next interval that
+//! contains it, or dropped; one during which the thread was switched in is
+//! dropped (its copy may mix two stacks). This check needs every switch-in
+//! record: when records were lost, the captures held are dropped (their
+//! intervals are then charged to `[blocked]`).
 
 use std::io;
 use std::os::fd::OwnedFd;
@@ -83,9 +96,13 @@ pub(crate) const SWITCH_RING_PAGES: usize = 64;
 /// unwinds the copied stack).
 #[derive(Debug, Clone)]
 pub(crate) struct Capture {
-    /// When the capture started (unix nanoseconds): the thread was off the
-    /// CPU from then until the capture ended.
+    /// When the capture started (unix nanoseconds, before the `syscall`
+    /// read).
     pub at_ns: u64,
+    /// When it ended (after the stack copy). It is kept only for an
+    /// interval that holds all of `at_ns..=end_ns`: the thread was not
+    /// switched in meanwhile.
+    pub end_ns: u64,
     /// The system call it was blocked in (`None`: outside one).
     pub syscall: Option<u64>,
     /// Module-table generation the addresses belong to.
@@ -178,6 +195,9 @@ pub(crate) struct Pairing {
     orphans: HashMap<u32, Box<Capture>>,
     /// Finished intervals, for the writer to take.
     pub(crate) done: Vec<Interval>,
+    /// Captures dropped because their thread was switched in during the
+    /// capture, or because switch records were lost while they were held.
+    pub(crate) dropped: u64,
     /// Captures of short waits allowed now ([`SHORT_CAPTURES_PER_SECOND`]),
     /// and when the allowance was last topped up (unix ns; 0: never).
     short_budget: u64,
@@ -293,6 +313,11 @@ impl SwitchTracker {
         });
         self.counts.lost += lost;
         self.counts.records += (p.events.len() - carried) as u64;
+        if lost > 0 {
+            // A lost switch-in would let a capture through whose thread ran
+            // during the copy.
+            p.drop_captures();
+        }
         p.pair(horizon);
     }
 
@@ -351,9 +376,14 @@ impl Pairing {
                 seen.recent = true;
                 if let Some(o) = seen.out.take() {
                     let mut capture = o.capture;
-                    if capture.as_ref().is_some_and(|c| c.at_ns >= time_ns) {
-                        // Taken after this wake-up: it belongs to a later interval.
-                        self.orphans.insert(tid, capture.take().expect("checked"));
+                    if let Some(c) = capture.take_if(|c| c.end_ns >= time_ns) {
+                        if c.at_ns >= time_ns {
+                            // Taken after this wake-up: it belongs to a later interval.
+                            self.orphans.insert(tid, c);
+                        } else {
+                            // Switched in during the capture: the copy may mix two stacks.
+                            self.dropped += 1;
+                        }
                     }
                     self.done.push(Interval {
                         tid,
@@ -460,6 +490,16 @@ impl Pairing {
         for c in outs.chain(rest) {
             c.stack = None;
         }
+    }
+
+    /// Drop every capture held (in the intervals still open and the
+    /// orphans), counted in [`Pairing::dropped`].
+    fn drop_captures(&mut self) {
+        for o in self.threads.values_mut().filter_map(|s| s.out.as_mut()) {
+            self.dropped += u64::from(o.capture.take().is_some());
+        }
+        self.dropped += self.orphans.len() as u64;
+        self.orphans.clear();
     }
 
     /// Attach capture `c` to `tid`'s interval, if it is out.
@@ -636,7 +676,11 @@ mod tests {
     }
 
     fn cap(at_ns: u64) -> Capture {
-        Capture { at_ns, syscall: Some(202), generation: 0, truncated: false, addrs: vec![], stack: None }
+        cap_to(at_ns, at_ns + 10)
+    }
+
+    fn cap_to(at_ns: u64, end_ns: u64) -> Capture {
+        Capture { at_ns, end_ns, syscall: Some(202), generation: 0, truncated: false, addrs: vec![], stack: None }
     }
 
     /// (tid, start, end, preempted, capture time) of the finished intervals.
@@ -738,6 +782,55 @@ mod tests {
         p.finish(600, &|_| true);
         assert_eq!(done(&mut p), [(3, 400, 420, false, None), (3, 500, 600, false, None)]);
         assert!(p.orphans.is_empty() && p.threads.values().all(|s| s.out.is_none()));
+    }
+
+    /// A capture during which its thread was switched in is dropped (its
+    /// copy may mix two stacks), whichever interval it would go to; when
+    /// switch records were lost, every capture held is dropped.
+    #[test]
+    fn a_capture_the_thread_ran_during_is_dropped() {
+        let mut p = Pairing::default();
+        let mut tids = Vec::new();
+        p.events.extend([(100, 1, 1), (100, 2, 1), (100, 3, 1)]);
+        p.pair(u64::MAX);
+        p.to_capture(LATER, &mut tids);
+        assert_eq!(tids, [1, 2, 3]);
+        // 1: copied from 150 to 250, switched in at 200. 2: the same,
+        // switched in at 260, after the copy. 3: taken from 150 to 250 after
+        // a wake-up at 120 and a new switch-out at 140, switched in at 200.
+        p.attach(1, cap_to(150, 250));
+        p.attach(2, cap_to(150, 250));
+        p.attach(3, cap_to(150, 250));
+        p.events.clear();
+        p.events.extend([(200, 1, 0), (260, 2, 0), (120, 3, 0), (140, 3, 1), (200, 3, 0)]);
+        p.pair(u64::MAX);
+        assert_eq!(
+            done(&mut p),
+            [
+                (3, 100, 120, false, None),
+                (1, 100, 200, false, None),
+                (3, 140, 200, false, None),
+                (2, 100, 260, false, Some(150))
+            ]
+        );
+        assert_eq!(p.dropped, 2);
+        // Records lost: the captures held go, the intervals stay.
+        p.events.clear();
+        p.events.extend([(300, 1, 1), (300, 2, 1)]);
+        p.pair(u64::MAX);
+        p.to_capture(LATER, &mut tids);
+        p.attach(1, cap(350));
+        p.events.clear();
+        p.events.push((340, 2, 0));
+        p.pair(u64::MAX);
+        p.attach(2, cap(350));
+        assert_eq!(p.orphans.len(), 0, "2 is in: nothing attached");
+        p.drop_captures();
+        assert_eq!(p.dropped, 3);
+        p.events.clear();
+        p.events.push((400, 1, 0));
+        p.pair(u64::MAX);
+        assert_eq!(done(&mut p), [(2, 300, 340, false, None), (1, 300, 400, false, None)]);
     }
 
     /// The switch events open unprivileged and see a sleep as one interval
