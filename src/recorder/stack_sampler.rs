@@ -169,7 +169,7 @@ impl StackSampler {
     /// no signal, the thread not woken) and unwind its stack copy with
     /// `snap`: the leaf is the pc its system call returns to. `copy` is the
     /// buffer for the stack bytes (its length is how much is copied), `buf`
-    /// for the `/proc` reads.
+    /// for the `/proc` reads; `schedstat`: see `blocked::capture`.
     pub(crate) fn capture_blocked(
         &mut self,
         tid: u32,
@@ -177,8 +177,9 @@ impl StackSampler {
         copy: &mut [u8],
         buf: &mut Vec<u8>,
         is_code: &dyn Fn(u64) -> bool,
+        schedstat: bool,
     ) -> Result<Capture, Missed> {
-        let taken = blocked::capture(tid, copy, buf)?;
+        let taken = blocked::capture(tid, copy, buf, schedstat)?;
         let (b, n) = (taken.blocked, taken.copied);
         let bytes = &copy[..n];
         let regs = Regs { pc: b.pc, sp: b.sp, fp: 0, lr: 0 };

@@ -240,8 +240,7 @@ pub struct OffCpuStats {
     /// 100 a second (the writer's cost of the mode is mostly these).
     pub captures: u64,
     /// Captures given up because the thread was running when tried, or was
-    /// switched in during the copy (or switch records were lost while the
-    /// capture was held: it could not be checked).
+    /// switched in during the copy.
     pub captures_raced: u64,
     /// Captures the kernel refused (`/proc/self/task/<tid>/syscall` or
     /// `process_vm_readv`: a process that is not dumpable), and the last errno.

@@ -17,9 +17,12 @@
 //! window: switched out before it began, and not switched in before it
 //! ended (the kernel stamps a switch-in before the thread returns to user
 //! space, so its stack cannot change before that stamp). That costs nothing
-//! here; an earlier version read `/proc/self/task/<tid>/schedstat` before
-//! and after the copy instead, two more `/proc` opens a capture (two thirds
-//! of its `/proc` cost). The `syscall` file needs the process to be dumpable
+//! here. It needs the switch-in records, so while records are being lost
+//! (ring full) the capture also proves it on its own, as it always did
+//! before: the number of times the thread was scheduled in (the third field
+//! of `/proc/self/task/<tid>/schedstat`) is read before and after, and must
+//! not change (two more `/proc` opens, two thirds of a capture's `/proc`
+//! cost). The `syscall` file needs the process to be dumpable
 //! (as a ptrace read would); a non-dumpable process gets `EACCES`, reported
 //! by `info`.
 
@@ -61,6 +64,15 @@ pub(crate) fn parse_syscall(text: &str) -> Option<Option<Blocked>> {
     Some(Some(Blocked { nr: u64::try_from(nr).ok(), sp, pc }))
 }
 
+/// Times `tid` was scheduled in (`schedstat`'s third field).
+fn timeslices(tid: u32, buf: &mut Vec<u8>) -> io::Result<u64> {
+    read_small(&format!("/proc/self/task/{tid}/schedstat"), buf)?;
+    std::str::from_utf8(buf)
+        .ok()
+        .and_then(|s| s.split_ascii_whitespace().nth(2)?.parse().ok())
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "unexpected schedstat"))
+}
+
 /// Why a capture gave nothing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Missed {
@@ -85,8 +97,9 @@ pub(crate) struct Taken {
 /// Capture the stack of blocked thread `tid`: its registers, and up to
 /// `out.len()` bytes of its stack from `sp`. The copy is of one stack only
 /// if the thread did not run between [`Taken::from_ns`] and
-/// [`Taken::to_ns`], which the caller checks (see the module doc).
-pub(crate) fn capture(tid: u32, out: &mut [u8], buf: &mut Vec<u8>) -> Result<Taken, Missed> {
+/// [`Taken::to_ns`], which the caller checks (see the module doc); with
+/// `schedstat`, the capture checks it too (`Missed::Ran` if it ran).
+pub(crate) fn capture(tid: u32, out: &mut [u8], buf: &mut Vec<u8>, schedstat: bool) -> Result<Taken, Missed> {
     let refused = |e: io::Error| {
         if e.raw_os_error() == Some(libc::ESRCH) || e.kind() == io::ErrorKind::NotFound {
             Missed::Ran
@@ -94,12 +107,18 @@ pub(crate) fn capture(tid: u32, out: &mut [u8], buf: &mut Vec<u8>) -> Result<Tak
             Missed::Refused(e.raw_os_error().unwrap_or(0))
         }
     };
+    let before = if schedstat { Some(timeslices(tid, buf).map_err(refused)?) } else { None };
     let from_ns = super::now_ns();
     read_small(&format!("/proc/self/task/{tid}/syscall"), buf).map_err(refused)?;
     let text = std::str::from_utf8(buf).map_err(|_| Missed::Ran)?;
     let Some(Some(blocked)) = parse_syscall(text) else { return Err(Missed::Ran) };
     let copied = copy_stack(blocked.sp, out).map_err(|e| Missed::Refused(e.raw_os_error().unwrap_or(0)))?;
     let to_ns = super::now_ns();
+    if let Some(before) = before {
+        if timeslices(tid, buf).map_err(refused)? != before {
+            return Err(Missed::Ran);
+        }
+    }
     Ok(Taken { blocked, copied, from_ns, to_ns })
 }
 
@@ -255,7 +274,7 @@ mod tests {
         let mut buf = Vec::new();
         let mut got = None;
         for _ in 0..200 {
-            match capture(tid, &mut out, &mut buf) {
+            match capture(tid, &mut out, &mut buf, true) {
                 Ok(c) => {
                     got = Some(c);
                     break;

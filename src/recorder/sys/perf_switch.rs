@@ -47,8 +47,13 @@
 //! wake-up the writer had not yet seen is moved to the next interval that
 //! contains it, or dropped; one during which the thread was switched in is
 //! dropped (its copy may mix two stacks). This check needs every switch-in
-//! record: when records were lost, the captures held are dropped (their
-//! intervals are then charged to `[blocked]`).
+//! record: for a second after records were lost (ring full), each capture
+//! also checks on its own that its thread was not scheduled in meanwhile
+//! (`blocked.rs`, `schedstat`). A capture taken before a loss was known is
+//! not checked again: a switch-in of its thread lost during the copy is
+//! harmless unless the thread's next switch-out is lost too (its switch-out
+//! then replaces the interval and its capture), and then that interval is
+//! wrong in any case (it spans the time the thread ran).
 
 use std::io;
 use std::os::fd::OwnedFd;
@@ -179,6 +184,8 @@ pub(crate) struct SwitchTracker {
     epoll: Option<crate::recorder::own_fd::OwnFd>,
     pub(crate) pairing: Pairing,
     pub(crate) counts: SwitchCounts,
+    /// When a drain last found records lost (unix ns; 0: never).
+    lost_at_ns: u64,
 }
 
 /// The pairing of switch records into intervals (no descriptor: the
@@ -196,7 +203,7 @@ pub(crate) struct Pairing {
     /// Finished intervals, for the writer to take.
     pub(crate) done: Vec<Interval>,
     /// Captures dropped because their thread was switched in during the
-    /// capture, or because switch records were lost while they were held.
+    /// capture.
     pub(crate) dropped: u64,
     /// Captures of short waits allowed now ([`SHORT_CAPTURES_PER_SECOND`]),
     /// and when the allowance was last topped up (unix ns; 0: never).
@@ -233,6 +240,7 @@ impl SwitchTracker {
             epoll: None,
             pairing: Pairing { threads, ..Pairing::default() },
             counts: SwitchCounts::default(),
+            lost_at_ns: 0,
         })
     }
 
@@ -314,9 +322,7 @@ impl SwitchTracker {
         self.counts.lost += lost;
         self.counts.records += (p.events.len() - carried) as u64;
         if lost > 0 {
-            // A lost switch-in would let a capture through whose thread ran
-            // during the copy.
-            p.drop_captures();
+            self.lost_at_ns = horizon;
         }
         p.pair(horizon);
     }
@@ -325,6 +331,12 @@ impl SwitchTracker {
     /// to capture now (see [`Pairing::to_capture`]).
     pub(crate) fn to_capture(&mut self, out: &mut Vec<u32>) {
         self.pairing.to_capture(super::now_ns(), out);
+    }
+
+    /// Whether records were lost within the last second: captures must then
+    /// check on their own that their thread did not run (see the module doc).
+    pub(crate) fn losing_records(&self) -> bool {
+        self.lost_at_ns != 0 && super::now_ns().saturating_sub(self.lost_at_ns) < 1_000_000_000
     }
 
     /// Attach a capture of `tid` (taken after the last [`collect`](Self::collect)).
@@ -490,16 +502,6 @@ impl Pairing {
         for c in outs.chain(rest) {
             c.stack = None;
         }
-    }
-
-    /// Drop every capture held (in the intervals still open and the
-    /// orphans), counted in [`Pairing::dropped`].
-    fn drop_captures(&mut self) {
-        for o in self.threads.values_mut().filter_map(|s| s.out.as_mut()) {
-            self.dropped += u64::from(o.capture.take().is_some());
-        }
-        self.dropped += self.orphans.len() as u64;
-        self.orphans.clear();
     }
 
     /// Attach capture `c` to `tid`'s interval, if it is out.
@@ -785,8 +787,7 @@ mod tests {
     }
 
     /// A capture during which its thread was switched in is dropped (its
-    /// copy may mix two stacks), whichever interval it would go to; when
-    /// switch records were lost, every capture held is dropped.
+    /// copy may mix two stacks), whichever interval it would go to.
     #[test]
     fn a_capture_the_thread_ran_during_is_dropped() {
         let mut p = Pairing::default();
@@ -814,23 +815,6 @@ mod tests {
             ]
         );
         assert_eq!(p.dropped, 2);
-        // Records lost: the captures held go, the intervals stay.
-        p.events.clear();
-        p.events.extend([(300, 1, 1), (300, 2, 1)]);
-        p.pair(u64::MAX);
-        p.to_capture(LATER, &mut tids);
-        p.attach(1, cap(350));
-        p.events.clear();
-        p.events.push((340, 2, 0));
-        p.pair(u64::MAX);
-        p.attach(2, cap(350));
-        assert_eq!(p.orphans.len(), 0, "2 is in: nothing attached");
-        p.drop_captures();
-        assert_eq!(p.dropped, 3);
-        p.events.clear();
-        p.events.push((400, 1, 0));
-        p.pair(u64::MAX);
-        assert_eq!(done(&mut p), [(2, 300, 340, false, None), (1, 300, 400, false, None)]);
     }
 
     /// The switch events open unprivileged and see a sleep as one interval

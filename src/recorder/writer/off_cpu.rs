@@ -170,12 +170,13 @@ impl Run {
             return;
         };
         let shared = self.st.shared.clone();
+        let schedstat = o.tracker.losing_records();
         for &tid in &tids {
             let (copy, buf) = (&mut o.copy, &mut o.buf);
             let table = &self.st.table;
             let c = shared.snapshot.with_current(|snap| {
                 let is_code = |a: u64| table.resolve(a, snap.generation).is_some();
-                sampler.capture_blocked(tid, snap, copy, buf, &is_code)
+                sampler.capture_blocked(tid, snap, copy, buf, &is_code, schedstat)
             });
             let c = match c {
                 Ok(mut c) => match self.capture_stack(&c) {
