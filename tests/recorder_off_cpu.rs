@@ -677,7 +677,8 @@ fn short_waits_cost_a_bounded_number_of_captures() {
     let snap = Snapshot::open(&path).unwrap();
     let ivs = snap.definitions().off_cpu_intervals();
     // Waits that may have been found 5 ms long (each is captured at most once).
-    let long = ivs.iter().filter(|o| o.state == OffCpuState::Blocked && o.duration_us >= 5_000).count() as u64;
+    let long =
+        ivs.iter().filter(|o| o.state == OffCpuState::Blocked && o.duration_us >= 5_000).count() as u64;
     let bound = 100 + (110.0 * seconds) as u64 + long;
     eprintln!(
         "{} intervals ({long} of 5 ms or more), {} captures in {seconds:.2} s, {} with a stack, bound {bound}",

@@ -682,7 +682,15 @@ mod tests {
     }
 
     fn cap_to(at_ns: u64, end_ns: u64) -> Capture {
-        Capture { at_ns, end_ns, syscall: Some(202), generation: 0, truncated: false, addrs: vec![], stack: None }
+        Capture {
+            at_ns,
+            end_ns,
+            syscall: Some(202),
+            generation: 0,
+            truncated: false,
+            addrs: vec![],
+            stack: None,
+        }
     }
 
     /// (tid, start, end, preempted, capture time) of the finished intervals.
