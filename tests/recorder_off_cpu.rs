@@ -635,3 +635,59 @@ fn a_wait_across_a_rotation_is_charged_in_the_segment_that_ends_it() {
     eprintln!("{segments} segments; {charged} us charged to wait_across_segments (of 1,350,000 slept)");
     assert!(charged >= 1_200_000 && charged <= 1_600_000, "{charged} us charged of 1.35 s slept");
 }
+
+#[inline(never)]
+fn wait_in_short_sleeps(stop: &std::sync::atomic::AtomicBool) {
+    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// Threads blocking about 1,000 times a second each cost a bounded number of
+/// captures: every wait a writer tick finds at least 5 ms long (under load a
+/// 1 ms sleep can be one), and of the shorter ones about 100 a second, not
+/// every thread found blocked at every tick (which was about 10 x 50
+/// captures a second here). Short waits still get a sample of stacks.
+#[test]
+fn short_waits_cost_a_bounded_number_of_captures() {
+    let _g = serial();
+    if !perf_event_open_implemented() {
+        eprintln!("SKIPPED: no perf_event_open here");
+        return;
+    }
+    let _defer = DeferThreshold::set(u64::MAX);
+    let (_dir, path) = spool_path("short.spool");
+    let guard = spulse::Recorder::builder().off_cpu(true).start(&path).unwrap();
+    let t0 = Instant::now();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let hs: Vec<_> = (0..50)
+        .map(|_| {
+            let stop = stop.clone();
+            std::thread::spawn(move || wait_in_short_sleeps(&stop))
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(2000));
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for h in hs {
+        h.join().unwrap();
+    }
+    let stats = guard.finish().unwrap();
+    let seconds = t0.elapsed().as_secs_f64();
+    let oc = stats.off_cpu.clone().expect("the off-CPU mode ran");
+    let snap = Snapshot::open(&path).unwrap();
+    let ivs = snap.definitions().off_cpu_intervals();
+    // Waits that may have been found 5 ms long (each is captured at most once).
+    let long =
+        ivs.iter().filter(|o| o.state == OffCpuState::Blocked && o.duration_us >= 5_000).count() as u64;
+    let bound = 100 + (110.0 * seconds) as u64 + long;
+    eprintln!(
+        "{} intervals ({long} of 5 ms or more), {} captures in {seconds:.2} s, {} with a stack, bound {bound}",
+        ivs.len(),
+        oc.captures,
+        oc.with_stack
+    );
+    assert!(ivs.len() > 5_000, "{} intervals: the sleepers hardly ran", ivs.len());
+    assert!(oc.captures <= bound, "{} captures, more than {bound}", oc.captures);
+    let sampled = blocked_in(&snap, "wait_in_short_sleeps", "[blocked: clock_nanosleep]");
+    assert!(!sampled.is_empty(), "no short wait was charged to its stack");
+}

@@ -169,7 +169,7 @@ impl StackSampler {
     /// no signal, the thread not woken) and unwind its stack copy with
     /// `snap`: the leaf is the pc its system call returns to. `copy` is the
     /// buffer for the stack bytes (its length is how much is copied), `buf`
-    /// for the `/proc` reads.
+    /// for the `/proc` reads; `schedstat`: see `blocked::capture`.
     pub(crate) fn capture_blocked(
         &mut self,
         tid: u32,
@@ -177,9 +177,10 @@ impl StackSampler {
         copy: &mut [u8],
         buf: &mut Vec<u8>,
         is_code: &dyn Fn(u64) -> bool,
+        schedstat: bool,
     ) -> Result<Capture, Missed> {
-        let at_ns = super::sys::now_ns();
-        let (b, n) = blocked::capture(tid, copy, buf)?;
+        let taken = blocked::capture(tid, copy, buf, schedstat)?;
+        let (b, n) = (taken.blocked, taken.copied);
         let bytes = &copy[..n];
         let regs = Regs { pc: b.pc, sp: b.sp, fp: 0, lr: 0 };
         let (mut len, mut truncated) = unwind_copy(&regs, bytes, snap, &mut self.cache, &mut self.out);
@@ -204,7 +205,8 @@ impl StackSampler {
         }
         let addrs = if len == 0 { vec![b.pc] } else { self.out[..len].to_vec() };
         Ok(Capture {
-            at_ns,
+            at_ns: taken.from_ns,
+            end_ns: taken.to_ns,
             syscall: b.nr,
             generation: snap.generation,
             truncated: truncated || len == 0,

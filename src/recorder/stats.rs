@@ -241,7 +241,12 @@ pub struct OffCpuStats {
     /// capture failed, is charged to `[blocked]` alone; a preempted thread
     /// to `[waiting for CPU]` on top of its last sampled stack).
     pub with_stack: u64,
-    /// Captures given up because the thread ran during the copy.
+    /// Stacks of blocked threads captured (kept or not): every wait found
+    /// at least 5 ms long by a writer tick, and of the shorter ones about
+    /// 100 a second (the writer's cost of the mode is mostly these).
+    pub captures: u64,
+    /// Captures given up because the thread was running when tried, or was
+    /// switched in during the copy.
     pub captures_raced: u64,
     /// Captures the kernel refused (`/proc/self/task/<tid>/syscall` or
     /// `process_vm_readv`: a process that is not dumpable), and the last errno.

@@ -284,7 +284,7 @@ fn main() {
         let st = g.finish().unwrap();
         extra = format!(
             ", \"samples\": {}, \"kernel_time\": \"{}\", \"engine\": \"{}\", \"descriptors\": {}, \
-             \"writer_cpu_us\": {}, \"off_cpu_intervals\": {}, \"off_cpu_records_lost\": {}, \"off_cpu_with_stack\": {}, \"off_cpu_captures_raced\": {}, \"spool_bytes\": {}, \"warnings\": {:?}",
+             \"writer_cpu_us\": {}, \"off_cpu_intervals\": {}, \"off_cpu_records_lost\": {}, \"off_cpu_with_stack\": {}, \"off_cpu_captures_raced\": {}, \"off_cpu_captures\": {}, \"spool_bytes\": {}, \"warnings\": {:?}",
             st.samples_written,
             st.kernel_time,
             st.engine.name(),
@@ -294,6 +294,7 @@ fn main() {
             st.off_cpu.as_ref().map_or(0, |o| o.records_lost),
             st.off_cpu.as_ref().map_or(0, |o| o.with_stack),
             st.off_cpu.as_ref().map_or(0, |o| o.captures_raced),
+            st.off_cpu.as_ref().map_or(0, |o| o.captures),
             st.bytes,
             st.warnings
         );

@@ -11,11 +11,20 @@
 //! not woken.
 //!
 //! The thread must not run while its stack is copied, or the copy mixes two
-//! stacks: the number of times it was scheduled in (the third field of
-//! `/proc/self/task/<tid>/schedstat`) is read before and after, and the
-//! capture is used only if it did not change and the thread was in a system
-//! call throughout. Both files need the process to be dumpable (as a ptrace
-//! read would); a non-dumpable process gets `EACCES`, reported by `info`.
+//! stacks. [`capture`] gives the times just before the `syscall` read and
+//! just after the copy; the caller keeps the capture only if the thread's
+//! switch records (`perf_switch.rs`) show it off the CPU over that whole
+//! window: switched out before it began, and not switched in before it
+//! ended (the kernel stamps a switch-in before the thread returns to user
+//! space, so its stack cannot change before that stamp). That costs nothing
+//! here. It needs the switch-in records, so while records are being lost
+//! (ring full) the capture also proves it on its own, as it always did
+//! before: the number of times the thread was scheduled in (the third field
+//! of `/proc/self/task/<tid>/schedstat`) is read before and after, and must
+//! not change (two more `/proc` opens, two thirds of a capture's `/proc`
+//! cost). The `syscall` file needs the process to be dumpable
+//! (as a ptrace read would); a non-dumpable process gets `EACCES`, reported
+//! by `info`.
 
 use std::io::{self, Read};
 
@@ -74,10 +83,23 @@ pub(crate) enum Missed {
     Refused(i32),
 }
 
+/// A capture of a blocked thread: its registers, the bytes of its stack
+/// copied, and the window it was taken in (unix ns, the clock of the switch
+/// records): `from_ns` before `syscall` was read, `to_ns` after the copy.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Taken {
+    pub blocked: Blocked,
+    pub copied: usize,
+    pub from_ns: u64,
+    pub to_ns: u64,
+}
+
 /// Capture the stack of blocked thread `tid`: its registers, and up to
-/// `out.len()` bytes of its stack from `sp`, of which the returned count
-/// were copied. The thread did not run between the first read and the last.
-pub(crate) fn capture(tid: u32, out: &mut [u8], buf: &mut Vec<u8>) -> Result<(Blocked, usize), Missed> {
+/// `out.len()` bytes of its stack from `sp`. The copy is of one stack only
+/// if the thread did not run between [`Taken::from_ns`] and
+/// [`Taken::to_ns`], which the caller checks (see the module doc); with
+/// `schedstat`, the capture checks it too (`Missed::Ran` if it ran).
+pub(crate) fn capture(tid: u32, out: &mut [u8], buf: &mut Vec<u8>, schedstat: bool) -> Result<Taken, Missed> {
     let refused = |e: io::Error| {
         if e.raw_os_error() == Some(libc::ESRCH) || e.kind() == io::ErrorKind::NotFound {
             Missed::Ran
@@ -85,16 +107,19 @@ pub(crate) fn capture(tid: u32, out: &mut [u8], buf: &mut Vec<u8>) -> Result<(Bl
             Missed::Refused(e.raw_os_error().unwrap_or(0))
         }
     };
-    let before = timeslices(tid, buf).map_err(refused)?;
+    let before = if schedstat { Some(timeslices(tid, buf).map_err(refused)?) } else { None };
+    let from_ns = super::now_ns();
     read_small(&format!("/proc/self/task/{tid}/syscall"), buf).map_err(refused)?;
     let text = std::str::from_utf8(buf).map_err(|_| Missed::Ran)?;
-    let Some(Some(b)) = parse_syscall(text) else { return Err(Missed::Ran) };
-    let n = copy_stack(b.sp, out).map_err(|e| Missed::Refused(e.raw_os_error().unwrap_or(0)))?;
-    let after = timeslices(tid, buf).map_err(refused)?;
-    if after != before {
-        return Err(Missed::Ran);
+    let Some(Some(blocked)) = parse_syscall(text) else { return Err(Missed::Ran) };
+    let copied = copy_stack(blocked.sp, out).map_err(|e| Missed::Refused(e.raw_os_error().unwrap_or(0)))?;
+    let to_ns = super::now_ns();
+    if let Some(before) = before {
+        if timeslices(tid, buf).map_err(refused)? != before {
+            return Err(Missed::Ran);
+        }
     }
-    Ok((b, n))
+    Ok(Taken { blocked, copied, from_ns, to_ns })
 }
 
 /// Copy memory of this process from `addr` into `out` with
@@ -249,7 +274,7 @@ mod tests {
         let mut buf = Vec::new();
         let mut got = None;
         for _ in 0..200 {
-            match capture(tid, &mut out, &mut buf) {
+            match capture(tid, &mut out, &mut buf, true) {
                 Ok(c) => {
                     got = Some(c);
                     break;
@@ -264,8 +289,10 @@ mod tests {
                 }
             }
         }
-        let (b, n) = got.expect("the blocked thread was never captured");
+        let t = got.expect("the blocked thread was never captured");
+        let (b, n) = (t.blocked, t.copied);
         assert!(n >= 64, "copied {n} bytes");
+        assert!(t.from_ns <= t.to_ns);
         #[cfg(target_arch = "x86_64")]
         assert_eq!(b.nr.and_then(syscall_name), Some("futex"));
         stop_tx.send(()).unwrap();

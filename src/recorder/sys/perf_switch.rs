@@ -29,13 +29,31 @@
 //! when the recording stops is closed at the stop; one that exited is
 //! forgotten. A thread already blocked when the recording starts (it
 //! switched out before the events existed) is found at start, in
-//! `/proc/self/task/<tid>/stat`, and taken as switched out then. A thread found switched out and not yet back (it is blocked
-//! now, or preempted) is captured once (`blocked.rs`: its system call and
-//! stack, with no signal and without waking it): a thread that stays
-//! blocked costs nothing more, however long it stays. The capture belongs to
-//! the interval only if the thread was still out when it was taken; one
-//! taken after a wake-up the writer had not yet seen is moved to the next
-//! interval that contains it, or dropped.
+//! `/proc/self/task/<tid>/stat`, and taken as switched out then.
+//!
+//! # Captures
+//! At each writer tick, a thread found blocked (switched out, not
+//! preempted, and not yet back) is captured at most once an interval
+//! (`blocked.rs`: its system call and stack, with no signal and without
+//! waking it): a thread that stays blocked costs nothing more, however long
+//! it stays. Every thread out for at least [`LONG_WAIT_NS`] is captured; of
+//! those out for less (most wake before their capture is written; a program
+//! blocking 100,000 times a second has about a hundred of them at each tick)
+//! only [`SHORT_CAPTURES_PER_SECOND`], the longest out first: a sample of
+//! where the short waits are, at a bounded cost (a capture is a few tens of
+//! microseconds). The capture belongs to
+//! the interval only if the thread was out over the whole capture (from
+//! before its `syscall` read to after its stack copy): one taken after a
+//! wake-up the writer had not yet seen is moved to the next interval that
+//! contains it, or dropped; one during which the thread was switched in is
+//! dropped (its copy may mix two stacks). This check needs every switch-in
+//! record: for a second after records were lost (ring full), each capture
+//! also checks on its own that its thread was not scheduled in meanwhile
+//! (`blocked.rs`, `schedstat`). A capture taken before a loss was known is
+//! not checked again: a switch-in of its thread lost during the copy is
+//! harmless unless the thread's next switch-out is lost too (its switch-out
+//! then replaces the interval and its capture), and then that interval is
+//! wrong in any case (it spans the time the thread ran).
 
 use std::io;
 use std::os::fd::OwnedFd;
@@ -58,6 +76,19 @@ const RECORD_SWITCH: u32 = 14;
 const MISC_SWITCH_OUT: u16 = 1 << 13;
 const MISC_SWITCH_OUT_PREEMPT: u16 = 1 << 14;
 
+/// A thread found out (blocked) for at least this long by a capture pass is
+/// always captured: such a wait is worth its capture (a few microseconds of
+/// the writer's CPU for at least this much blocked time), and every wait
+/// longer than this plus the writer's tick interval gets its stack.
+pub(crate) const LONG_WAIT_NS: u64 = 5_000_000;
+
+/// Captures a second of threads out for less than [`LONG_WAIT_NS`] (most of
+/// them wake before their capture is of use; a switch-heavy program has
+/// thousands of them blocked at each tick): a sample of where short waits
+/// are, the longest first, at a bounded cost. Up to a second's worth is
+/// held for a burst.
+pub(crate) const SHORT_CAPTURES_PER_SECOND: u64 = 100;
+
 /// Data pages of each CPU's ring: 256 KiB, about 11,000 switch records (24
 /// bytes each, in or out). The writer is woken when a ring is a quarter
 /// full, so a ring holds the records of the writer's wake-up latency:
@@ -70,9 +101,13 @@ pub(crate) const SWITCH_RING_PAGES: usize = 64;
 /// unwinds the copied stack).
 #[derive(Debug, Clone)]
 pub(crate) struct Capture {
-    /// When the capture started (unix nanoseconds): the thread was off the
-    /// CPU from then until the capture ended.
+    /// When the capture started (unix nanoseconds, before the `syscall`
+    /// read).
     pub at_ns: u64,
+    /// When it ended (after the stack copy). It is kept only for an
+    /// interval that holds all of `at_ns..=end_ns`: the thread was not
+    /// switched in meanwhile.
+    pub end_ns: u64,
     /// The system call it was blocked in (`None`: outside one).
     pub syscall: Option<u64>,
     /// Module-table generation the addresses belong to.
@@ -149,6 +184,8 @@ pub(crate) struct SwitchTracker {
     epoll: Option<crate::recorder::own_fd::OwnFd>,
     pub(crate) pairing: Pairing,
     pub(crate) counts: SwitchCounts,
+    /// When a drain last found records lost (unix ns; 0: never).
+    lost_at_ns: u64,
 }
 
 /// The pairing of switch records into intervals (no descriptor: the
@@ -165,6 +202,15 @@ pub(crate) struct Pairing {
     orphans: HashMap<u32, Box<Capture>>,
     /// Finished intervals, for the writer to take.
     pub(crate) done: Vec<Interval>,
+    /// Captures dropped because their thread was switched in during the
+    /// capture.
+    pub(crate) dropped: u64,
+    /// Captures of short waits allowed now ([`SHORT_CAPTURES_PER_SECOND`]),
+    /// and when the allowance was last topped up (unix ns; 0: never).
+    short_budget: u64,
+    short_budget_at: u64,
+    /// Threads out for less than [`LONG_WAIT_NS`] at this pass: (since, tid).
+    short: Vec<(u64, u32)>,
 }
 
 impl SwitchTracker {
@@ -194,6 +240,7 @@ impl SwitchTracker {
             epoll: None,
             pairing: Pairing { threads, ..Pairing::default() },
             counts: SwitchCounts::default(),
+            lost_at_ns: 0,
         })
     }
 
@@ -274,13 +321,22 @@ impl SwitchTracker {
         });
         self.counts.lost += lost;
         self.counts.records += (p.events.len() - carried) as u64;
+        if lost > 0 {
+            self.lost_at_ns = horizon;
+        }
         p.pair(horizon);
     }
 
-    /// Threads that are out, blocked, and not yet captured in this interval
-    /// (see [`Pairing::to_capture`]).
+    /// Threads that are out, blocked, and not yet captured in this interval,
+    /// to capture now (see [`Pairing::to_capture`]).
     pub(crate) fn to_capture(&mut self, out: &mut Vec<u32>) {
-        self.pairing.to_capture(out);
+        self.pairing.to_capture(super::now_ns(), out);
+    }
+
+    /// Whether records were lost within the last second: captures must then
+    /// check on their own that their thread did not run (see the module doc).
+    pub(crate) fn losing_records(&self) -> bool {
+        self.lost_at_ns != 0 && super::now_ns().saturating_sub(self.lost_at_ns) < 1_000_000_000
     }
 
     /// Attach a capture of `tid` (taken after the last [`collect`](Self::collect)).
@@ -332,9 +388,14 @@ impl Pairing {
                 seen.recent = true;
                 if let Some(o) = seen.out.take() {
                     let mut capture = o.capture;
-                    if capture.as_ref().is_some_and(|c| c.at_ns >= time_ns) {
-                        // Taken after this wake-up: it belongs to a later interval.
-                        self.orphans.insert(tid, capture.take().expect("checked"));
+                    if let Some(c) = capture.take_if(|c| c.end_ns >= time_ns) {
+                        if c.at_ns >= time_ns {
+                            // Taken after this wake-up: it belongs to a later interval.
+                            self.orphans.insert(tid, c);
+                        } else {
+                            // Switched in during the capture: the copy may mix two stacks.
+                            self.dropped += 1;
+                        }
                     }
                     self.done.push(Interval {
                         tid,
@@ -363,26 +424,72 @@ impl Pairing {
         }
     }
 
-    /// Threads that are out, blocked, and not yet captured in this interval
-    /// (each is then marked as tried: one attempt per interval), in tid
-    /// order. Forgets the threads neither out nor named by a record since
-    /// the last call.
-    pub(crate) fn to_capture(&mut self, out: &mut Vec<u32>) {
+    /// Threads to capture at `now_ns`, in tid order: those out and blocked
+    /// (not preempted) and not yet tried in this interval, of which those out
+    /// for at least [`LONG_WAIT_NS`] all, and of the others as many as the
+    /// short-wait allowance ([`SHORT_CAPTURES_PER_SECOND`]) lets, the
+    /// longest out first. Each listed is marked as tried (one attempt per
+    /// interval); one left out may be listed at a later pass of the same
+    /// interval (as a long wait, once it is one). Forgets the threads neither
+    /// out nor named by a record since the last call.
+    pub(crate) fn to_capture(&mut self, now_ns: u64, out: &mut Vec<u32>) {
         out.clear();
+        let short = &mut self.short;
+        short.clear();
         self.threads.retain(|&tid, seen| {
             let recent = std::mem::replace(&mut seen.recent, false);
             match seen.out.as_mut() {
                 Some(o) => {
                     if !o.preempted && !o.tried {
-                        o.tried = true;
-                        out.push(tid);
+                        if now_ns.saturating_sub(o.time_ns) >= LONG_WAIT_NS {
+                            o.tried = true;
+                            out.push(tid);
+                        } else {
+                            short.push((o.time_ns, tid));
+                        }
                     }
                     true
                 }
                 None => recent,
             }
         });
+        self.refill_short_budget(now_ns);
+        if !self.short.is_empty() && self.short_budget > 0 {
+            let n = self.short.len().min(self.short_budget as usize);
+            if n < self.short.len() {
+                self.short.select_nth_unstable(n - 1);
+            }
+            for &(_, tid) in &self.short[..n] {
+                if let Some(o) = self.threads.get_mut(&tid).and_then(|s| s.out.as_mut()) {
+                    o.tried = true;
+                }
+                out.push(tid);
+            }
+            self.short_budget -= n as u64;
+        }
         out.sort_unstable();
+    }
+
+    /// Top up the short-wait allowance for the time since the last top-up
+    /// (one capture each `1 s / SHORT_CAPTURES_PER_SECOND`, at most a
+    /// second's worth held; full at the first call).
+    fn refill_short_budget(&mut self, now_ns: u64) {
+        const EACH_NS: u64 = 1_000_000_000 / SHORT_CAPTURES_PER_SECOND;
+        if self.short_budget_at == 0 || now_ns < self.short_budget_at {
+            self.short_budget = SHORT_CAPTURES_PER_SECOND;
+            self.short_budget_at = now_ns;
+            return;
+        }
+        let earned = (now_ns - self.short_budget_at) / EACH_NS;
+        if earned == 0 {
+            return;
+        }
+        self.short_budget = (self.short_budget + earned).min(SHORT_CAPTURES_PER_SECOND);
+        self.short_budget_at = if self.short_budget == SHORT_CAPTURES_PER_SECOND {
+            now_ns
+        } else {
+            self.short_budget_at + earned * EACH_NS
+        };
     }
 
     /// Forget the spool stacks of every capture held (a new segment
@@ -515,8 +622,75 @@ mod tests {
         assert_eq!(parse_record(9, &rec(9, 0, &[1, 2])), None);
     }
 
+    /// A capture pass long after the records of these tests: every wait
+    /// still out is a long one.
+    const LATER: u64 = 1 << 40;
+
+    /// A pass lists every thread out for a long wait, and of those out for a
+    /// short one only as many as the allowance lets (the longest out
+    /// first); one left out is listed at a later pass of the same interval,
+    /// and the allowance comes back with time, never above a second's worth.
+    #[test]
+    fn short_waits_are_captured_within_their_allowance_long_ones_always() {
+        const S: u64 = 1_000_000_000;
+        let mut p = Pairing::default();
+        let mut tids = Vec::new();
+        let now = 100 * S;
+        // 10 threads out for 10 ms; 1,000 out for 1 ms or less (tid 1000 the longest).
+        for tid in 0..10u32 {
+            p.events.push((now - 10_000_000, tid, 1));
+        }
+        for i in 0..1000u64 {
+            p.events.push((now - 1_000_000 + i, 1000 + i as u32, 1));
+        }
+        p.pair(u64::MAX);
+        p.to_capture(now, &mut tids);
+        let n = SHORT_CAPTURES_PER_SECOND as usize;
+        assert_eq!(tids.len(), 10 + n);
+        assert!(tids[..10].iter().copied().eq(0..10), "every long wait");
+        assert!(tids[10..].iter().copied().eq(1000..1000 + n as u32), "the longest short waits");
+        // Still short 3 ms later, the allowance spent: none listed, none tried.
+        p.to_capture(now + 3_000_000, &mut tids);
+        assert!(tids.is_empty(), "{tids:?}");
+        // Once long, the threads left out are all listed.
+        p.to_capture(now + LONG_WAIT_NS, &mut tids);
+        assert_eq!(tids.len(), 1000 - n);
+        p.to_capture(now + 10 * S, &mut tids);
+        assert!(tids.is_empty(), "each thread is tried once an interval");
+        // After a long quiet time the allowance is a second's worth, no more;
+        // 50 ms after it is spent, 5 more.
+        let t = now + 200 * S;
+        p.events.clear();
+        for i in 0..1000u64 {
+            p.events.push((t - 1000 + i, 5000 + i as u32, 1));
+        }
+        p.pair(u64::MAX);
+        p.to_capture(t, &mut tids);
+        assert_eq!(tids.len(), n);
+        p.events.clear();
+        for i in 0..1000u64 {
+            p.events.push((t + 50_000_000 - 1000 + i, 9000 + i as u32, 1));
+        }
+        p.pair(u64::MAX);
+        p.to_capture(t + 50_000_000, &mut tids);
+        assert_eq!(tids.len(), (1000 - n) + 5, "the rest of the first 1,000 (long now) and 5 short");
+        assert!(tids[1000 - n..].iter().all(|&t| (9000..9005).contains(&t)), "{:?}", &tids[1000 - n..]);
+    }
+
     fn cap(at_ns: u64) -> Capture {
-        Capture { at_ns, syscall: Some(202), generation: 0, truncated: false, addrs: vec![], stack: None }
+        cap_to(at_ns, at_ns + 10)
+    }
+
+    fn cap_to(at_ns: u64, end_ns: u64) -> Capture {
+        Capture {
+            at_ns,
+            end_ns,
+            syscall: Some(202),
+            generation: 0,
+            truncated: false,
+            addrs: vec![],
+            stack: None,
+        }
     }
 
     /// (tid, start, end, preempted, capture time) of the finished intervals.
@@ -569,10 +743,10 @@ mod tests {
         p.pair(u64::MAX);
         assert_eq!(p.done.len(), 1000);
         assert_eq!(p.threads.len(), 3, "threads 1, 2 and 4 (3 exited)");
-        p.to_capture(&mut tids);
+        p.to_capture(LATER, &mut tids);
         assert_eq!(tids, [2], "out and blocked (4 is preempted, 1 is in)");
         assert_eq!(p.threads.len(), 3, "1 had records since the last pass");
-        p.to_capture(&mut tids);
+        p.to_capture(LATER, &mut tids);
         assert!(tids.is_empty(), "2 was tried in this interval already");
         let mut left: Vec<u32> = p.threads.keys().copied().collect();
         left.sort_unstable();
@@ -593,7 +767,7 @@ mod tests {
         let mut tids = Vec::new();
         p.events.extend([(100, 1, 1), (100, 2, 1)]);
         p.pair(u64::MAX);
-        p.to_capture(&mut tids);
+        p.to_capture(LATER, &mut tids);
         assert_eq!(tids, [1, 2]);
         p.attach(1, cap(150));
         p.attach(2, cap(250));
@@ -618,6 +792,37 @@ mod tests {
         p.finish(600, &|_| true);
         assert_eq!(done(&mut p), [(3, 400, 420, false, None), (3, 500, 600, false, None)]);
         assert!(p.orphans.is_empty() && p.threads.values().all(|s| s.out.is_none()));
+    }
+
+    /// A capture during which its thread was switched in is dropped (its
+    /// copy may mix two stacks), whichever interval it would go to.
+    #[test]
+    fn a_capture_the_thread_ran_during_is_dropped() {
+        let mut p = Pairing::default();
+        let mut tids = Vec::new();
+        p.events.extend([(100, 1, 1), (100, 2, 1), (100, 3, 1)]);
+        p.pair(u64::MAX);
+        p.to_capture(LATER, &mut tids);
+        assert_eq!(tids, [1, 2, 3]);
+        // 1: copied from 150 to 250, switched in at 200. 2: the same,
+        // switched in at 260, after the copy. 3: taken from 150 to 250 after
+        // a wake-up at 120 and a new switch-out at 140, switched in at 200.
+        p.attach(1, cap_to(150, 250));
+        p.attach(2, cap_to(150, 250));
+        p.attach(3, cap_to(150, 250));
+        p.events.clear();
+        p.events.extend([(200, 1, 0), (260, 2, 0), (120, 3, 0), (140, 3, 1), (200, 3, 0)]);
+        p.pair(u64::MAX);
+        assert_eq!(
+            done(&mut p),
+            [
+                (3, 100, 120, false, None),
+                (1, 100, 200, false, None),
+                (3, 140, 200, false, None),
+                (2, 100, 260, false, Some(150))
+            ]
+        );
+        assert_eq!(p.dropped, 2);
     }
 
     /// The switch events open unprivileged and see a sleep as one interval

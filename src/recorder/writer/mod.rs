@@ -231,6 +231,9 @@ struct Run {
     /// New threads found by the listing that raised the priority, when one
     /// did (see `NEW_THREADS_PRESSURE`).
     crowd_found: Option<usize>,
+    /// When `check_signal` last asked whether the program closed the perf
+    /// events (see [`CLOSED_CHECK_EVERY`]).
+    closed_checked: Option<Instant>,
 }
 
 /// What the writer's wait returned.
@@ -344,6 +347,7 @@ pub(crate) fn main(rx: Receiver<Control>, wake: Option<Arc<OwnFd>>) -> Result<St
         priority,
         warned_priority: false,
         crowd_found: None,
+        closed_checked: None,
     };
     // The initial scan was taken before the engine started: every sample is later,
     // so generation 0 is verified from the first tick's check on.
@@ -672,7 +676,7 @@ impl Run {
     }
 
     fn tick(&mut self) {
-        self.check_signal();
+        self.check_signal(false);
         let tids = self.threads_to_scan();
         if let Some(tids) = &tids {
             let news = self.scan_threads(tids, false);
@@ -711,11 +715,17 @@ impl Run {
     /// program that calls `sigaction` without an interposer: see
     /// `sys/sigaction.rs`). If so the engine stops sending it, so the
     /// program's handler never sees our signals again, and `Stats` says so.
-    fn check_signal(&mut self) {
+    /// Whether the program closed the perf events is asked at most every
+    /// [`CLOSED_CHECK_EVERY`] (and at the end: `at_end`).
+    fn check_signal(&mut self, at_end: bool) {
         if self.signal_lost {
             return;
         }
-        if self.st.engine.closed_by_program() {
+        let closed_due = at_end || self.closed_checked.is_none_or(|t| t.elapsed() >= CLOSED_CHECK_EVERY);
+        if closed_due {
+            self.closed_checked = Some(Instant::now());
+        }
+        if closed_due && self.st.engine.closed_by_program() {
             self.signal_lost = true;
             self.st.warnings.push(format!(
                 "the program closed the recorder's perf-event descriptors {:.1} s into the recording: \
@@ -1071,7 +1081,7 @@ impl Run {
 
     fn finish(mut self) -> Result<Stats, Error> {
         // What happened to the engine's signal since the last tick.
-        self.check_signal();
+        self.check_signal(true);
         if let Ok(tids) = super::sys::list_tids() {
             self.scan_threads(&tids, true);
         }
@@ -1193,9 +1203,18 @@ const THREAD_RESCAN: Duration = Duration::from_secs(1);
 /// (the thread-timer engines) raise the writer's priority.
 const NEW_THREADS_PRESSURE: usize = 64;
 
-/// A listing of the threads (and what is done with it) waits at least this
+/// A listing of the threads waits at least this
 /// many times its last cost after it: at most 1% of the writer's time.
 const SCAN_PACE: u32 = 100;
+
+/// How often a tick asks whether the program closed the perf events'
+/// descriptors (a `readlink` of `/proc/self/fd/N` per event kind, about
+/// 3 us each here: up to a tenth of a busy writer's CPU when asked at every
+/// tick, and ticks come every millisecond while samples pour in). Nothing
+/// is done through those descriptors between the checks (the rings are
+/// memory, and `stop` checks each descriptor before closing it), so a later
+/// answer only dates the warning up to this much later.
+const CLOSED_CHECK_EVERY: Duration = Duration::from_millis(100);
 
 /// Whether thread `tid` of this process blocks signal `sig` (its `SigBlk` mask
 /// in `/proc/self/task/<tid>/status`); false when that cannot be read.

@@ -14,10 +14,12 @@
 //! CPU]` on top of the thread's last sampled stack (its own root if none).
 //!
 //! Costs: the records are a ring read per CPU per tick (and between ticks
-//! when a ring is a quarter full: the writer also waits on the rings); a capture is two
-//! `/proc` reads, a `process_vm_readv` of `user_stack_copy` bytes and an
-//! unwind, once per blocking a tick sees; a thread that stays blocked costs
-//! nothing more, and writes one interval record when it wakes.
+//! when a ring is a quarter full: the writer also waits on the rings); a capture is one
+//! `/proc` read, a `process_vm_readv` of `user_stack_copy` bytes and an
+//! unwind, at most once per blocking, for every wait a tick finds at least
+//! 5 ms long and about 100 shorter ones a second (`sys/perf_switch.rs`,
+//! "Captures"); a thread that stays blocked costs nothing more, and writes
+//! one interval record when it wakes.
 
 use rustc_hash::FxHashMap as HashMap;
 
@@ -69,7 +71,8 @@ impl OffCpu {
         OffCpuStats {
             intervals: self.intervals,
             with_stack: self.with_stack,
-            captures_raced: c.missed_ran,
+            captures: c.captured,
+            captures_raced: c.missed_ran + self.tracker.pairing.dropped,
             captures_refused: c.refused,
             refused_errno: c.refused_errno,
             records_lost: c.lost,
@@ -167,12 +170,13 @@ impl Run {
             return;
         };
         let shared = self.st.shared.clone();
+        let schedstat = o.tracker.losing_records();
         for &tid in &tids {
             let (copy, buf) = (&mut o.copy, &mut o.buf);
             let table = &self.st.table;
             let c = shared.snapshot.with_current(|snap| {
                 let is_code = |a: u64| table.resolve(a, snap.generation).is_some();
-                sampler.capture_blocked(tid, snap, copy, buf, &is_code)
+                sampler.capture_blocked(tid, snap, copy, buf, &is_code, schedstat)
             });
             let c = match c {
                 Ok(mut c) => match self.capture_stack(&c) {
