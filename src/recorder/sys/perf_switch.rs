@@ -157,6 +157,9 @@ struct Seen {
     out: Option<Out>,
     /// A record named the thread since the last `to_capture`.
     recent: bool,
+    /// The latest time of a record that named the thread (records paired
+    /// late, from another CPU's ring, may be older than the state).
+    last_ns: u64,
 }
 
 /// Counters of the off-CPU mode, for `Stats`.
@@ -186,6 +189,10 @@ pub(crate) struct SwitchTracker {
     pub(crate) counts: SwitchCounts,
     /// When a drain last found records lost (unix ns; 0: never).
     lost_at_ns: u64,
+    /// The horizon of the last `collect`: the pairing knows every switch up
+    /// to it, not later ones (a writer slow to come back from writing the
+    /// intervals took threads that had run since for long waits).
+    horizon_ns: u64,
 }
 
 /// The pairing of switch records into intervals (no descriptor: the
@@ -232,7 +239,7 @@ impl SwitchTracker {
         for &tid in &rings.opened {
             if thread_state(tid).is_some_and(|c| c == 'S' || c == 'D') {
                 let out = Out { time_ns: since_ns, preempted: false, tried: false, capture: None };
-                threads.insert(tid, Seen { out: Some(out), recent: true });
+                threads.insert(tid, Seen { out: Some(out), recent: true, last_ns: since_ns });
             }
         }
         Ok(SwitchTracker {
@@ -241,6 +248,7 @@ impl SwitchTracker {
             pairing: Pairing { threads, ..Pairing::default() },
             counts: SwitchCounts::default(),
             lost_at_ns: 0,
+            horizon_ns: 0,
         })
     }
 
@@ -324,13 +332,20 @@ impl SwitchTracker {
         if lost > 0 {
             self.lost_at_ns = horizon;
         }
+        self.horizon_ns = horizon;
         p.pair(horizon);
     }
 
     /// Threads that are out, blocked, and not yet captured in this interval,
     /// to capture now (see [`Pairing::to_capture`]).
     pub(crate) fn to_capture(&mut self, out: &mut Vec<u32>) {
-        self.pairing.to_capture(super::now_ns(), out);
+        // Waits are judged as of the last drain: what is known.
+        let known = if self.horizon_ns == 0 || self.horizon_ns == u64::MAX {
+            super::now_ns()
+        } else {
+            self.horizon_ns
+        };
+        self.pairing.to_capture(known, out);
     }
 
     /// Whether records were lost within the last second: captures must then
@@ -386,6 +401,7 @@ impl Pairing {
             0 => {
                 let Some(seen) = self.threads.get_mut(&tid) else { return };
                 seen.recent = true;
+                seen.last_ns = seen.last_ns.max(time_ns);
                 if let Some(o) = seen.out.take() {
                     let mut capture = o.capture;
                     if let Some(c) = capture.take_if(|c| c.end_ns >= time_ns) {
@@ -413,6 +429,7 @@ impl Pairing {
                 let tried = capture.is_some();
                 let seen = self.threads.entry(tid).or_default();
                 seen.recent = true;
+                seen.last_ns = seen.last_ns.max(time_ns);
                 seen.out = Some(Out { time_ns, preempted: kind == 2, tried, capture });
             }
             _ => {
@@ -426,7 +443,10 @@ impl Pairing {
 
     /// Threads to capture at `now_ns`, in tid order: those out and blocked
     /// (not preempted) and not yet tried in this interval, of which those out
-    /// for at least [`LONG_WAIT_NS`] all, and of the others as many as the
+    /// for at least [`LONG_WAIT_NS`] and named by no record in that time
+    /// all (records from two CPUs' rings can pair out of order, leaving an
+    /// older switch-out as the state of a thread that has run since: a slow
+    /// writer saw hundreds of such false long waits a second), and of the others as many as the
     /// short-wait allowance ([`SHORT_CAPTURES_PER_SECOND`]) lets, the
     /// longest out first. Each listed is marked as tried (one attempt per
     /// interval); one left out may be listed at a later pass of the same
@@ -442,8 +462,10 @@ impl Pairing {
                 Some(o) => {
                     if !o.preempted && !o.tried {
                         if now_ns.saturating_sub(o.time_ns) >= LONG_WAIT_NS {
-                            o.tried = true;
-                            out.push(tid);
+                            if now_ns.saturating_sub(seen.last_ns) >= LONG_WAIT_NS {
+                                o.tried = true;
+                                out.push(tid);
+                            }
                         } else {
                             short.push((o.time_ns, tid));
                         }
@@ -792,6 +814,27 @@ mod tests {
         p.finish(600, &|_| true);
         assert_eq!(done(&mut p), [(3, 400, 420, false, None), (3, 500, 600, false, None)]);
         assert!(p.orphans.is_empty() && p.threads.values().all(|s| s.out.is_none()));
+    }
+
+    /// A switch-out paired after newer records of its thread (from another
+    /// CPU's ring, late) leaves an old time as the thread's state: that is
+    /// no long wait while the thread had records within [`LONG_WAIT_NS`].
+    #[test]
+    fn a_late_old_switch_out_is_no_long_wait() {
+        let mut p = Pairing::default();
+        let mut tids = Vec::new();
+        let ms = 1_000_000;
+        // Thread 1 woke at 2 ms and blocked again at 3 ms (one CPU's ring);
+        // its switch-out at 1 ms comes late (the other CPU's).
+        p.events.extend([(2 * ms, 1, 0), (3 * ms, 1, 1)]);
+        p.pair(u64::MAX);
+        p.events.clear();
+        p.events.push((ms, 1, 1));
+        p.pair(u64::MAX);
+        p.to_capture(6 * ms + ms / 2, &mut tids);
+        assert!(tids.is_empty(), "out since 1 ms by the state, but named at 3 ms: {tids:?}");
+        p.to_capture(8 * ms + 1, &mut tids);
+        assert_eq!(tids, [1], "no record for 5 ms: a long wait");
     }
 
     /// A capture during which its thread was switched in is dropped (its
