@@ -110,6 +110,14 @@ pub(crate) struct Adapt {
     next_check: Instant,
 }
 
+/// How long after start the writer ticks at least every [`EARLY_TICK`]
+/// while the switch check is pending (the move, if due, comes early).
+pub(crate) const EARLY: Duration = Duration::from_secs(2);
+
+/// The longest wait between ticks in the first [`EARLY`] of a recording
+/// while the switch check is pending.
+pub(crate) const EARLY_TICK: Duration = Duration::from_millis(10);
+
 /// The least time between two checks of the switch rate (a window needs
 /// [`MIN_WINDOW_CPU`] of the program's CPU anyway).
 const CHECK_GAP: Duration = Duration::from_millis(10);

@@ -562,6 +562,13 @@ impl Run {
         let wait = adapt_wait(wait, arrived, self.st.shared.ring.capacity() as u64, interval);
         self.short = (wait < interval).then_some(wait);
         *next = (*next).min(now + wait);
+        // The automatic engine's switch check runs at the ticks: in the
+        // first seconds, tick often enough that a switch-heavy program moves
+        // within tens of milliseconds rather than two flush intervals (it
+        // pays the perf events' cost per switch until then).
+        if self.st.adapt.is_some() && self.st.started.elapsed() < adapt::EARLY {
+            *next = (*next).min(now + adapt::EARLY_TICK);
+        }
     }
 
     /// Say, once, that the writer fell behind and took a higher priority, or
