@@ -555,7 +555,12 @@ impl Run {
         let lost_now = lost.saturating_sub(self.lost_before);
         let arrived = (self.drained as u64).saturating_add(lost_now);
         self.lost_before = lost;
-        let capacity = self.st.shared.ring.capacity() as u64;
+        // The perf-stack engine's samples come through the kernel's rings,
+        // not the handler's (a token ring of 2 slots): only its losses count.
+        let capacity = match self.st.engine.kind() {
+            crate::Engine::PerfStack => u64::MAX,
+            _ => self.st.shared.ring.capacity() as u64,
+        };
         self.priority.observe(priority::pressed(arrived, lost_now, capacity), &self.st.shared.writer_boost);
         self.warn_priority(capacity);
         let wait = self.short.unwrap_or(interval);
@@ -581,6 +586,7 @@ impl Run {
         let lost = self.lost_before;
         let why = || match crowd {
             Some(n) => format!("{n} new threads at one listing, each needing its timer"),
+            None if capacity == u64::MAX => format!("{lost} samples lost to full kernel rings so far"),
             None => format!(
                 "the sample ring of {capacity} slots found half full or more; {lost} samples lost so far"
             ),
