@@ -228,3 +228,102 @@ fn a_crowd_of_runnable_threads_raises_the_writers_priority_or_says_why_not() {
         }
     }
 }
+
+/// The same crowd beside two threads handing a value back and forth, in
+/// off-CPU mode: the switch records pour into the kernel's per-CPU rings
+/// while the writer waits its turn among the crowd. A lost switch record is
+/// pressure as a lost sample is: where it may, the writer takes a higher
+/// priority (and says so); where it may not, the losses are warned. The
+/// sampling rate is low and the sample ring large, so no handler asks for
+/// the raise on the samples' behalf.
+#[test]
+fn a_crowd_beside_a_switch_heavy_pair_raises_the_writers_priority_for_switch_records() {
+    let _serial = serial();
+    if !perf_event_open_implemented() {
+        eprintln!("SKIPPED: no perf_event_open here");
+        return;
+    }
+    let (_dir, path) = spool_path("crowd_switches.spool");
+    let guard = spulse::Recorder::builder()
+        .frequency_hz(19)
+        .ring_capacity(1 << 16)
+        .off_cpu(true)
+        .engine(spulse::EngineChoice::PerfEvent)
+        .start(&path)
+        .unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let (to_b, from_a) = mpsc::sync_channel::<u64>(0);
+    let (to_a, from_b) = mpsc::sync_channel::<u64>(0);
+    let b = std::thread::spawn(move || {
+        while let Ok(v) = from_a.recv() {
+            if to_a.send(v + 1).is_err() {
+                break;
+            }
+        }
+    });
+    let a = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut trips = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                to_b.send(trips).unwrap();
+                trips = from_b.recv().unwrap();
+            }
+            trips
+        })
+    };
+    let n = 500;
+    let barrier = Arc::new(std::sync::Barrier::new(n + 1));
+    let handles: Vec<_> = (0..n)
+        .map(|_| {
+            let b = barrier.clone();
+            std::thread::Builder::new()
+                .stack_size(128 << 10)
+                .spawn(move || {
+                    b.wait();
+                    burn(0.012);
+                })
+                .unwrap()
+        })
+        .collect();
+    barrier.wait();
+    for h in handles {
+        h.join().unwrap();
+    }
+    stop.store(true, Ordering::Relaxed);
+    let trips = a.join().unwrap();
+    b.join().unwrap();
+    let stats = guard.finish().unwrap();
+    let oc = stats.off_cpu.clone().expect("the off-CPU mode ran");
+    eprintln!(
+        "{trips} round trips, {} intervals, {} switch records lost, {} samples lost, writer nice {:?}, \
+         writer CPU {:?}",
+        oc.intervals, oc.records_lost, stats.samples_lost.ring_full, stats.writer_nice, stats.writer_cpu
+    );
+    if stats.samples_lost.ring_full > 0 {
+        // Not this test's subject (a handler asked on the samples' behalf).
+        eprintln!("samples were lost too: the raise cannot be told apart");
+        return;
+    }
+    if may_lower_nice() {
+        if oc.records_lost > 0 {
+            assert!(
+                stats.writer_nice.is_some_and(|n| n < 0),
+                "{} switch records lost, priority not raised: {stats:?}",
+                oc.records_lost
+            );
+            assert!(
+                stats.warnings.iter().any(|w| w.contains("context-switch rings found half full")),
+                "{:?}",
+                stats.warnings
+            );
+        }
+    } else if oc.records_lost > 0 {
+        assert!(
+            stats.warnings.iter().any(|w| w.contains("could not raise its priority")),
+            "{} switch records lost, and no refusal warned: {:?}",
+            oc.records_lost,
+            stats.warnings
+        );
+    }
+}

@@ -211,7 +211,8 @@ pub struct Stats {
     /// spent outside the sampled threads.
     pub writer_cpu: Duration,
     /// The lowest nice value the writer thread took while it fell behind the
-    /// samples (many runnable threads sharing the CPU with it), when it took
+    /// samples or the off-CPU mode's switch records (many runnable threads
+    /// sharing the CPU with it), when it took
     /// one below its start's; a warning says so too. Only the writer's own
     /// priority changes, and only where `setpriority` allows it (root,
     /// `CAP_SYS_NICE` or `RLIMIT_NICE`).

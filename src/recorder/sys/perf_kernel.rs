@@ -279,6 +279,12 @@ impl KernelRings {
         lost
     }
 
+    /// Whether a drain found some CPU's ring half full or more since the
+    /// last call (the reader came late).
+    pub(crate) fn take_half_full(&mut self) -> bool {
+        self.rings.values_mut().fold(false, |any, r| r.take_half_full() | any)
+    }
+
     /// The descriptor of each CPU's ring (to wait on their watermark).
     pub(crate) fn ring_fds(&self) -> Vec<std::os::fd::RawFd> {
         self.rings.values().map(|r| r.raw_fd()).collect()

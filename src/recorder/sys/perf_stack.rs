@@ -135,6 +135,8 @@ pub(crate) struct StackRing {
     lost_in_records: u64,
     /// Whether the event was opened with `FORMAT_LOST`.
     lost_readable: bool,
+    /// The most bytes a drain found waiting since [`StackRing::take_half_full`].
+    fullest: u64,
 }
 
 // SAFETY: the mapping is owned by this value alone and only the thread holding
@@ -216,6 +218,7 @@ impl StackRing {
             data_size: data_bytes,
             lost_in_records: 0,
             lost_readable,
+            fullest: 0,
         };
         // The kernel says where the data area is (kernels before 4.1 leave
         // these zero: then it is the pages after the header page).
@@ -292,6 +295,14 @@ impl StackRing {
         });
     }
 
+    /// Whether a drain found the ring half full or more since the last call
+    /// (the reader came late: `writer/priority.rs`).
+    pub(super) fn take_half_full(&mut self) -> bool {
+        let half = self.fullest.saturating_mul(2) >= self.data_size as u64;
+        self.fullest = 0;
+        half
+    }
+
     /// Hand every record the ring holds but lost records to `on_record`
     /// (its type and its bytes, header included), add lost counts to `lost`,
     /// then give the space back to the kernel.
@@ -304,6 +315,7 @@ impl StackRing {
         let head = self.header_word(PAGE_DATA_HEAD);
         let mut tail = self.header_atomic(PAGE_DATA_TAIL).load(Ordering::Relaxed);
         let size = self.data_size as u64;
+        self.fullest = self.fullest.max(head.wrapping_sub(tail).min(size));
         // SAFETY: the data area lies inside the mapping (checked in `open`).
         let data = unsafe { self.base.add(self.data_offset) } as *const u8;
         // The kernel's data areas are a power of two pages: a mask, not a

@@ -189,6 +189,9 @@ pub(crate) struct SwitchTracker {
     pub(crate) counts: SwitchCounts,
     /// When a drain last found records lost (unix ns; 0: never).
     lost_at_ns: u64,
+    /// A drain found records lost or a ring half full (woken at a quarter
+    /// full, the writer came late) since [`SwitchTracker::take_pressed`].
+    pressed: bool,
     /// The horizon of the last `collect`: the pairing knows every switch up
     /// to it, not later ones (a writer slow to come back from writing the
     /// intervals took threads that had run since for long waits).
@@ -248,6 +251,7 @@ impl SwitchTracker {
             pairing: Pairing { threads, ..Pairing::default() },
             counts: SwitchCounts::default(),
             lost_at_ns: 0,
+            pressed: false,
             horizon_ns: 0,
         })
     }
@@ -332,8 +336,17 @@ impl SwitchTracker {
         if lost > 0 {
             self.lost_at_ns = horizon;
         }
+        if lost > 0 || self.rings.take_half_full() {
+            self.pressed = true;
+        }
         self.horizon_ns = horizon;
         p.pair(horizon);
+    }
+
+    /// Whether a drain since the last call found records lost or a ring half
+    /// full: the writer falls behind the switches (`writer/priority.rs`).
+    pub(crate) fn take_pressed(&mut self) -> bool {
+        std::mem::take(&mut self.pressed)
     }
 
     /// Threads that are out, blocked, and not yet captured in this interval,

@@ -209,6 +209,9 @@ struct Run {
     short: Option<Duration>,
     /// The ring-full loss count at the last tick.
     lost_before: u64,
+    /// Whether the off-CPU mode's switch rings were what raised the writer's
+    /// priority (for the warning).
+    switch_pressed: bool,
     /// Whether the losses to a full ring, and to busy unwinder caches, were
     /// said (`warn_losses`).
     warned_ring_full: bool,
@@ -337,6 +340,7 @@ pub(crate) fn main(rx: Receiver<Control>, wake: Option<Arc<OwnFd>>) -> Result<St
         drained: 0,
         short: None,
         lost_before: 0,
+        switch_pressed: false,
         warned_ring_full: false,
         warned_no_cache: false,
         stack_sampler,
@@ -561,7 +565,11 @@ impl Run {
             crate::Engine::PerfStack => u64::MAX,
             _ => self.st.shared.ring.capacity() as u64,
         };
-        self.priority.observe(priority::pressed(arrived, lost_now, capacity), &self.st.shared.writer_boost);
+        // The off-CPU mode's switch rings, woken at a quarter full, found half
+        // full or losing records: the writer gets too little CPU for them.
+        let switches = self.switch_pressure();
+        let pressed = priority::pressed(arrived, lost_now, capacity) || switches;
+        self.priority.observe(pressed, &self.st.shared.writer_boost);
         self.warn_priority(capacity);
         let wait = self.short.unwrap_or(interval);
         let wait = adapt_wait(wait, arrived, self.st.shared.ring.capacity() as u64, interval);
@@ -576,6 +584,16 @@ impl Run {
         }
     }
 
+    /// Whether the off-CPU mode's switch rings were found half full or
+    /// losing records since the last call (noted for the warning).
+    fn switch_pressure(&mut self) -> bool {
+        let pressed = self.st.off_cpu.as_mut().is_some_and(|o| o.tracker_mut().take_pressed());
+        if pressed && self.priority.raised_to().is_none() {
+            self.switch_pressed = true;
+        }
+        pressed
+    }
+
     /// Say, once, that the writer fell behind and took a higher priority, or
     /// could not.
     fn warn_priority(&mut self, capacity: u64) {
@@ -584,17 +602,23 @@ impl Run {
         }
         let crowd = self.crowd_found;
         let lost = self.lost_before;
-        let why = || match crowd {
-            Some(n) => format!("{n} new threads at one listing, each needing its timer"),
-            None if capacity == u64::MAX => format!("{lost} samples lost to full kernel rings so far"),
-            None => format!(
+        let switches = self.switch_pressed.then(|| self.st.off_cpu.as_ref().map_or(0, |o| o.tracker_lost()));
+        let why = || {
+            match (crowd, switches) {
+            (Some(n), _) => format!("{n} new threads at one listing, each needing its timer"),
+            (None, Some(n)) => format!(
+                "the off-CPU mode's context-switch rings found half full or more; {n} switch records lost so far"
+            ),
+            (None, None) if capacity == u64::MAX => format!("{lost} samples lost to full kernel rings so far"),
+            (None, None) => format!(
                 "the sample ring of {capacity} slots found half full or more; {lost} samples lost so far"
             ),
+        }
         };
         if let Some(nice) = self.priority.raised_to() {
             self.warned_priority = true;
             self.st.warnings.push(format!(
-                "the writer thread fell behind the samples ({}; many runnable threads share the CPU with it): \
+                "the writer thread fell behind ({}; many runnable threads share the CPU with it): \
                  its nice value went from {} to {nice} while it drains (only the writer's; it goes back after \
                  {} s without pressure)",
                 why(),
@@ -604,9 +628,9 @@ impl Run {
         } else if let Some(e) = self.priority.refused() {
             self.warned_priority = true;
             self.st.warnings.push(format!(
-                "the writer thread fell behind the samples ({}; many runnable threads share the CPU with it) \
+                "the writer thread fell behind ({}; many runnable threads share the CPU with it) \
                  and could not raise its priority (setpriority: {e}; CAP_SYS_NICE or a RLIMIT_NICE above \
-                 {} allows it): samples may be lost",
+                 {} allows it): samples (and off-CPU switch records) may be lost",
                 why(),
                 20 - self.priority.base()
             ));

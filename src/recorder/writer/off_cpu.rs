@@ -65,6 +65,11 @@ impl OffCpu {
         }
     }
 
+    /// Switch records lost so far (rings full).
+    pub(crate) fn tracker_lost(&self) -> u64 {
+        self.tracker.counts.lost
+    }
+
     /// What was seen so far.
     pub(crate) fn stats(&self) -> OffCpuStats {
         let c = self.tracker.counts;
@@ -154,9 +159,14 @@ impl Run {
 
     /// Between ticks, when a switch ring is a quarter full: drain the rings and
     /// pair their records (the intervals are written at the next tick).
+    /// A drain that finds a ring half full or losing records raises the
+    /// writer's priority at once: a starved writer's ticks come late.
     pub(super) fn collect_switches(&mut self) {
         if let Some(o) = self.st.off_cpu.as_mut() {
             o.tracker.collect(false);
+            if self.switch_pressure() {
+                self.priority.observe(true, &self.st.shared.writer_boost);
+            }
         }
     }
 
@@ -171,6 +181,7 @@ impl Run {
         };
         let shared = self.st.shared.clone();
         let schedstat = o.tracker.losing_records();
+
         for &tid in &tids {
             let (copy, buf) = (&mut o.copy, &mut o.buf);
             let table = &self.st.table;

@@ -12,8 +12,10 @@
 //! the pressure: a sampled thread's signal handler that finds the ring half
 //! full or full (it cannot wait for the writer's turn: it asks at once, with
 //! one `setpriority` system call, once until the priority is given back; see
-//! `WriterBoost`), and the writer's own tick (samples lost, or more than half
-//! the ring taken in one tick). The writer's work is bounded by the sampling
+//! `WriterBoost`), and the writer's own tick (samples lost, more than half
+//! the ring taken in one tick, or context-switch records of the off-CPU mode
+//! lost: its rings wake the writer at a quarter full, so a loss means the
+//! writer got no CPU for the time three quarters of a ring take to fill). The writer's work is bounded by the sampling
 //! rate (it sleeps while the ring is empty), so a higher weight only lets it
 //! take the CPU its work needs, when it needs it. Only the writer thread
 //! changes; the program's threads never do. Lowering a nice value needs
