@@ -146,6 +146,28 @@ fn eight_threads_with_thread_timers_at_4khz() {
     spulse::Snapshot::open(&path).unwrap();
 }
 
+/// `n` threads released together, each burning 12 ms of CPU; returns when
+/// all have finished.
+fn run_a_crowd(n: usize) {
+    let barrier = Arc::new(std::sync::Barrier::new(n + 1));
+    let handles: Vec<_> = (0..n)
+        .map(|_| {
+            let b = barrier.clone();
+            std::thread::Builder::new()
+                .stack_size(128 << 10)
+                .spawn(move || {
+                    b.wait();
+                    burn(0.012);
+                })
+                .unwrap()
+        })
+        .collect();
+    barrier.wait();
+    for h in handles {
+        h.join().unwrap();
+    }
+}
+
 /// Whether this process may lower a thread's nice value (root,
 /// `CAP_SYS_NICE`, or a `RLIMIT_NICE` that allows it), tried on a scratch
 /// thread.
@@ -173,24 +195,7 @@ fn a_crowd_of_runnable_threads_raises_the_writers_priority_or_says_why_not() {
     let _serial = serial();
     let (_dir, path) = spool_path("crowd.spool");
     let guard = spulse::Recorder::builder().frequency_hz(999).ring_capacity(64).start(&path).unwrap();
-    let n = 500;
-    let barrier = Arc::new(std::sync::Barrier::new(n + 1));
-    let handles: Vec<_> = (0..n)
-        .map(|_| {
-            let b = barrier.clone();
-            std::thread::Builder::new()
-                .stack_size(128 << 10)
-                .spawn(move || {
-                    b.wait();
-                    burn(0.012);
-                })
-                .unwrap()
-        })
-        .collect();
-    barrier.wait();
-    for h in handles {
-        h.join().unwrap();
-    }
+    run_a_crowd(500);
     let stats = guard.finish().unwrap();
     let lost = stats.samples_lost.ring_full;
     let all = stats.samples_written + lost;
@@ -272,24 +277,7 @@ fn a_crowd_beside_a_switch_heavy_pair_raises_the_writers_priority_for_switch_rec
             trips
         })
     };
-    let n = 500;
-    let barrier = Arc::new(std::sync::Barrier::new(n + 1));
-    let handles: Vec<_> = (0..n)
-        .map(|_| {
-            let b = barrier.clone();
-            std::thread::Builder::new()
-                .stack_size(128 << 10)
-                .spawn(move || {
-                    b.wait();
-                    burn(0.012);
-                })
-                .unwrap()
-        })
-        .collect();
-    barrier.wait();
-    for h in handles {
-        h.join().unwrap();
-    }
+    run_a_crowd(500);
     stop.store(true, Ordering::Relaxed);
     let trips = a.join().unwrap();
     b.join().unwrap();
