@@ -203,8 +203,6 @@ pub(crate) struct Pairing {
     events: Vec<(u64, u32, u8)>,
     /// Records stamped after the last drain began, for the next one.
     carry: Vec<(u64, u32, u8)>,
-    /// The runs of `events` being merged (see [`in_time_order`]).
-    runs: Vec<(usize, usize)>,
     /// Threads by tid (those out are the pending intervals).
     threads: HashMap<u32, Seen>,
     /// Captures taken after a wake-up not yet seen, by thread.
@@ -386,15 +384,16 @@ impl Pairing {
     /// stamped up to `horizon`, in time order across CPUs; keep the later
     /// ones for the next call.
     fn pair(&mut self, horizon: u64) {
-        let events = std::mem::take(&mut self.events);
-        let mut runs = std::mem::take(&mut self.runs);
-        let mut carry = std::mem::take(&mut self.carry);
-        in_time_order(&events, &mut runs, horizon, &mut carry, &mut |(time_ns, tid, kind)| {
-            self.apply(time_ns, tid, kind)
-        });
-        self.events = events;
-        self.runs = runs;
-        self.carry = carry;
+        // Records of one CPU are in order; across CPUs they are not. The
+        // stable sort finds the runs (the carried ones, one per CPU) and
+        // merges them: linear.
+        self.events.sort_by_key(|&(t, _, k)| (t, k));
+        let cut = self.events.partition_point(|&(t, _, _)| t <= horizon);
+        self.carry.extend_from_slice(&self.events[cut..]);
+        for i in 0..cut {
+            let (time_ns, tid, kind) = self.events[i];
+            self.apply(time_ns, tid, kind);
+        }
     }
 
     fn apply(&mut self, time_ns: u64, tid: u32, kind: u8) {
@@ -555,99 +554,6 @@ impl Pairing {
     }
 }
 
-/// At most this many runs of records are merged (a pass over the heads
-/// of all runs a record); more (records out of order within a ring, which
-/// the kernel does not write) are sorted.
-const MERGE_RUNS: usize = 16;
-
-/// Hand the records of `events` stamped up to `horizon` to `apply` in
-/// (time, kind) order, records of equal keys in their order in `events` (a
-/// stable sort's order), and append the later ones to `later`.
-///
-/// `events` is the carried records then each CPU's ring, each in time
-/// order: a few non-decreasing runs (found here, so nothing is assumed of
-/// the kernel's order), merged rather than sorted (the stable sort of them
-/// all was a quarter of the pairing's cost). `later` gets what is left of
-/// each run, run after run: the stable sort of it, with the next drain's
-/// records after it, orders records of equal keys as the sort of all of
-/// them would have. `runs` is scratch space.
-fn in_time_order(
-    events: &[(u64, u32, u8)],
-    runs: &mut Vec<(usize, usize)>,
-    horizon: u64,
-    later: &mut Vec<(u64, u32, u8)>,
-    apply: &mut impl FnMut((u64, u32, u8)),
-) {
-    let key = |e: &(u64, u32, u8)| (e.0, e.2);
-    runs.clear();
-    let mut start = 0;
-    for i in 1..events.len() {
-        if key(&events[i]) < key(&events[i - 1]) {
-            runs.push((start, i));
-            start = i;
-            if runs.len() >= MERGE_RUNS {
-                break;
-            }
-        }
-    }
-    if runs.len() >= MERGE_RUNS {
-        let mut sorted = events.to_vec();
-        sorted.sort_by_key(key);
-        let cut = sorted.partition_point(|&(t, _, _)| t <= horizon);
-        sorted[..cut].iter().for_each(|&e| apply(e));
-        later.extend_from_slice(&sorted[cut..]);
-        return;
-    }
-    if start < events.len() {
-        runs.push((start, events.len()));
-    }
-    loop {
-        // The run with the least head (of equal heads, the first run's), and
-        // the bound of what it may hand out before another run's turn: the
-        // least head of the others, with the run's index as the tie-break.
-        let mut best: Option<(usize, (u64, u8))> = None;
-        let mut bound = ((u64::MAX, u8::MAX), usize::MAX);
-        for (r, &(pos, end)) in runs.iter().enumerate() {
-            if pos == end {
-                continue;
-            }
-            let k = key(&events[pos]);
-            match best {
-                Some((_, bk)) if k >= bk => {
-                    if (k, r) < bound {
-                        bound = (k, r);
-                    }
-                }
-                _ => {
-                    if let Some((b, bk)) = best {
-                        bound = (bk, b);
-                    }
-                    best = Some((r, k));
-                }
-            }
-        }
-        let Some((r, _)) = best else { break };
-        let (mut pos, end) = runs[r];
-        while pos < end {
-            let e = events[pos];
-            let k = key(&e);
-            if k.0 > horizon || (k, r) > bound {
-                break;
-            }
-            apply(e);
-            pos += 1;
-        }
-        runs[r].0 = pos;
-        if pos < end && events[pos].0 > horizon && bound.0 .0 > horizon {
-            // Every head is past the horizon: the rest is for later.
-            break;
-        }
-    }
-    for &(pos, end) in runs.iter() {
-        later.extend_from_slice(&events[pos..end]);
-    }
-}
-
 /// The scheduler state letter of thread `tid` (`/proc/self/task/<tid>/stat`,
 /// after the command name's closing parenthesis); `None` if it is gone.
 fn thread_state(tid: u32) -> Option<char> {
@@ -742,54 +648,12 @@ mod tests {
     /// still out is a long one.
     const LATER: u64 = 1 << 40;
 
-    /// The records' order: what the stable sort of all of them by (time,
-    /// kind) gives, up to the horizon, for records of a few CPUs (each in
-    /// order, with many equal times) after the carried ones; what is kept
-    /// for later sorts, with the next records after it, as the sort of
-    /// everything would. Out-of-order records (many runs) are sorted.
-    #[test]
-    fn merged_records_come_in_the_stable_sort_order() {
-        let mut x = 0x2545_f491_4f6c_dd1du64;
-        let mut next = move |n: u64| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x % n
-        };
-        let mut runs = Vec::new();
-        for round in 0..2000 {
-            let mut events = Vec::new();
-            let cpus = 1 + next(4) as usize;
-            for _ in 0..cpus + 1 {
-                let mut t = next(20);
-                for _ in 0..next(12) {
-                    t += next(3);
-                    events.push((t, next(1000) as u32, next(4) as u8));
-                }
-            }
-            if round % 50 == 0 {
-                // One ring out of order: as many runs as records.
-                events.extend((0..40).map(|i| (100 - i, i as u32, 1)));
-            }
-            let horizon = if round % 7 == 0 { u64::MAX } else { next(40) };
-            let mut sorted = events.clone();
-            sorted.sort_by_key(|&(t, _, k)| (t, k));
-            let cut = sorted.partition_point(|&(t, _, _)| t <= horizon);
-            let (mut got, mut later) = (Vec::new(), vec![(7, 7, 7)]);
-            in_time_order(&events, &mut runs, horizon, &mut later, &mut |e| got.push(e));
-            assert_eq!(got, sorted[..cut], "round {round}: {events:?} up to {horizon}");
-            assert_eq!(later.remove(0), (7, 7, 7), "appended to");
-            later.sort_by_key(|&(t, _, k)| (t, k));
-            assert_eq!(later, sorted[cut..], "round {round}");
-        }
-    }
-
     /// A record carried to the next call pairs there, before the next
-    /// drain's records of its time, and as if all had been sorted at once.
+    /// drain's records of its time, as if all had been sorted at once.
     #[test]
     fn carried_records_pair_with_the_next_drain() {
         let mut p = Pairing::default();
-        // The carried run, then CPU 0's and CPU 1's.
+        // The carried records, then CPU 0's and CPU 1's.
         p.events.extend([(10, 1, 1), (20, 2, 1)]);
         p.events.extend([(30, 1, 0), (60, 1, 1)]);
         p.events.extend([(25, 2, 0), (55, 3, 2), (70, 2, 1)]);
