@@ -312,15 +312,7 @@ impl Definitions {
                 }
             }
             Record::OffCpu { thread, stack, start_us, duration_us, .. } => {
-                if has(1) {
-                    reference("thread", thread, self.threads.len())?;
-                }
-                if has(2) {
-                    reference("stack", stack, self.stack_frame.len())?;
-                }
-                if has(4) {
-                    start_us.checked_add(duration_us).ok_or(FormatErrorKind::TimestampOverflow)?;
-                }
+                self.check_off_cpu(thread, stack, start_us, duration_us, fields)?;
             }
         }
         Ok(())
@@ -603,11 +595,39 @@ impl Definitions {
         self.off_cpu.clear();
     }
 
-    /// A writer's off-CPU record: the same rules as a reader's, counted but
-    /// not kept (a recorder writes one per blocking, for as long as it runs).
-    pub(crate) fn count_off_cpu(&mut self, rec: &Record<'_>) -> Result<(), FormatErrorKind> {
-        debug_assert!(matches!(rec, Record::OffCpu { .. }));
-        self.check(rec, usize::MAX)?;
+    /// The rules of an off-CPU record's first `fields` fields (see
+    /// [`Definitions::check`]; its state is a flag, checked by the decoder).
+    fn check_off_cpu(
+        &self,
+        thread: u64,
+        stack: u64,
+        start_us: u64,
+        duration_us: u64,
+        fields: usize,
+    ) -> Rule<()> {
+        if fields >= 1 {
+            reference("thread", thread, self.threads.len())?;
+        }
+        if fields >= 2 {
+            reference("stack", stack, self.stack_frame.len())?;
+        }
+        if fields >= 4 {
+            start_us.checked_add(duration_us).ok_or(FormatErrorKind::TimestampOverflow)?;
+        }
+        Ok(())
+    }
+
+    /// A writer's off-CPU record (its fields): the same rules as a reader's,
+    /// counted but not kept (a recorder writes one per blocking, for as long
+    /// as it runs).
+    pub(crate) fn count_off_cpu(
+        &mut self,
+        thread: u64,
+        stack: u64,
+        start_us: u64,
+        duration_us: u64,
+    ) -> Result<(), FormatErrorKind> {
+        self.check_off_cpu(thread, stack, start_us, duration_us, usize::MAX)?;
         self.off_cpu_total += 1;
         Ok(())
     }

@@ -463,20 +463,46 @@ pub(crate) fn encode(rec: &Record<'_>, out: &mut Vec<u8>) {
             put_u64(out, module);
         }
         Record::OffCpu { thread, stack, start_us, duration_us, preempted } => {
-            // Written a blocking by a recorder: the buffer grows by the
-            // longest such record at once (one capacity check, not one a
-            // byte), the fields are written in place, and it is cut back to
-            // their length.
-            let at = out.len();
-            out.resize(at + 1 + 5 * varint::MAX_LEN, 0);
-            out[at] = tag::OFF_CPU;
-            let mut n = at + 1;
+            // The reference for `encode_off_cpu` (which a recorder uses).
+            out.push(tag::OFF_CPU);
             for v in [thread, stack, start_us, duration_us, preempted as u64] {
-                n += varint::write_u64(&mut out[n..], v);
+                put_u64(out, v);
             }
-            out.truncate(n);
         }
     }
+}
+
+/// Append the encoding of an off-CPU record (tag 9) to `out`: the bytes
+/// [`encode`] writes for `Record::OffCpu` with these fields, without a
+/// [`Record`] to build and match (a recorder writes one a blocking: the
+/// generic encoder was a third of the writer's cost of an interval). The
+/// buffer grows by the longest such record at once (one capacity check, not
+/// one a byte) and the fields are written in place.
+#[inline]
+pub(crate) fn encode_off_cpu(
+    out: &mut Vec<u8>,
+    thread: u64,
+    stack: u64,
+    start_us: u64,
+    duration_us: u64,
+    preempted: bool,
+) {
+    const LONGEST: usize = 1 + 4 * varint::MAX_LEN + 1;
+    out.reserve(LONGEST);
+    let spare = &mut out.spare_capacity_mut()[..LONGEST];
+    spare[0].write(tag::OFF_CPU);
+    let mut n = 1;
+    for v in [thread, stack, start_us, duration_us] {
+        n += varint::write_u64_uninit(&mut spare[n..], v);
+    }
+    // The state: 0 or 1, one byte.
+    spare[n].write(preempted as u8);
+    n += 1;
+    let len = out.len() + n;
+    // SAFETY: `len` is within the capacity (`LONGEST` bytes were reserved
+    // past the old length, and `n <= LONGEST`), and the `n` bytes after the
+    // old length were all written just above.
+    unsafe { out.set_len(len) };
 }
 
 /// Decode the stream header from the start of `buf`: returns it and its length.
@@ -516,9 +542,44 @@ pub(crate) fn encode_header(h: &crate::Header, out: &mut Vec<u8>) {
 mod tests {
     use super::*;
 
-    /// An off-CPU record (written in place in the grown buffer) has the bytes of its
-    /// fields written one varint after the other, the largest values
-    /// included, and appends to what the buffer held.
+    /// The recorder's off-CPU encoder writes the generic encoder's bytes,
+    /// at each varint length's edges of each field and at the largest
+    /// values, and appends to what the buffer held (also when it must grow).
+    #[test]
+    fn the_off_cpu_encoder_writes_the_generic_encoders_bytes() {
+        let mut edges = vec![0u64, 1, u64::MAX - 1, u64::MAX];
+        for bits in (7..64).step_by(7) {
+            edges.extend([(1u64 << bits) - 1, 1u64 << bits]);
+        }
+        edges.push(1_764_000_000_000_000);
+        let mut records = 0;
+        for (i, &a) in edges.iter().enumerate() {
+            for &b in &edges {
+                let c = edges[(i * 7 + 3) % edges.len()];
+                for fields in [[a, b, c, b], [b, a, b, c], [c, c, a, b], [b, c, c, a]] {
+                    for preempted in [false, true] {
+                        let [thread, stack, start_us, duration_us] = fields;
+                        let mut want = vec![7u8; 3];
+                        encode(
+                            &Record::OffCpu { thread, stack, start_us, duration_us, preempted },
+                            &mut want,
+                        );
+                        // Full but for a byte: the record does not fit.
+                        let mut got = Vec::with_capacity(4);
+                        got.extend_from_slice(&[7u8; 3]);
+                        encode_off_cpu(&mut got, thread, stack, start_us, duration_us, preempted);
+                        assert_eq!(got, want, "{fields:?} {preempted}");
+                        records += 1;
+                    }
+                }
+            }
+        }
+        assert!(records > 1000);
+    }
+
+    /// An off-CPU record has the bytes of its fields written one varint
+    /// after the other, the largest values included, and appends to what
+    /// the buffer held.
     #[test]
     fn off_cpu_records_encode_field_by_field() {
         for (thread, stack, start_us, duration_us, preempted) in [

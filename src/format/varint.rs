@@ -86,17 +86,18 @@ pub(crate) fn put_u64(out: &mut Vec<u8>, mut v: u64) {
     out.push(v as u8);
 }
 
-/// Write an unsigned varint at the start of `out` (at least
-/// [`MAX_LEN`] bytes); returns its length. The bytes of [`put_u64`].
+/// Write an unsigned varint at the start of `out` (at least [`MAX_LEN`]
+/// bytes, not yet initialized); returns its length. The bytes of
+/// [`put_u64`].
 #[inline]
-pub(crate) fn write_u64(out: &mut [u8], mut v: u64) -> usize {
+pub(crate) fn write_u64_uninit(out: &mut [std::mem::MaybeUninit<u8>], mut v: u64) -> usize {
     let mut i = 0;
     while v >= 0x80 {
-        out[i] = v as u8 | 0x80;
+        out[i].write(v as u8 | 0x80);
         v >>= 7;
         i += 1;
     }
-    out[i] = v as u8;
+    out[i].write(v as u8);
     i + 1
 }
 
@@ -164,8 +165,10 @@ mod tests {
             let mut ours = Vec::new();
             put_u64(&mut ours, v);
             proptest::prop_assert_eq!(&ours, &enc);
-            let mut fixed = [0u8; MAX_LEN];
-            let n = write_u64(&mut fixed, v);
+            let mut fixed = [std::mem::MaybeUninit::new(0xaau8); MAX_LEN];
+            let n = write_u64_uninit(&mut fixed, v);
+            // SAFETY: every byte of `fixed` was initialized at its creation.
+            let fixed = unsafe { std::mem::transmute::<[std::mem::MaybeUninit<u8>; MAX_LEN], [u8; MAX_LEN]>(fixed) };
             proptest::prop_assert_eq!(&fixed[..n], &enc[..]);
             let enc = i.encode_var_vec();
             proptest::prop_assert_eq!(decode_i64(&enc), Ok((i, enc.len())));

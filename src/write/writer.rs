@@ -287,17 +287,12 @@ impl<W: Write> SpoolWriter<W> {
         // runs (decoding was most of the writer's cost of an interval, and the
         // kept intervals grew without bound).
         self.check_poison()?;
-        let rec = Record::OffCpu {
-            thread: thread.get() as u64,
-            stack: stack.get() as u64,
-            start_us,
-            duration_us,
-            preempted,
-        };
-        let offset = self.len();
-        self.defs.count_off_cpu(&rec).map_err(|kind| Error::InvalidRecord { offset, kind })?;
+        let (thread, stack) = (thread.get() as u64, stack.get() as u64);
+        if let Err(kind) = self.defs.count_off_cpu(thread, stack, start_us, duration_us) {
+            return Err(Error::InvalidRecord { offset: self.len(), kind });
+        }
         let at = self.buf.len();
-        record::encode(&rec, &mut self.buf);
+        record::encode_off_cpu(&mut self.buf, thread, stack, start_us, duration_us, preempted);
         debug_assert!(
             record::decode_fields(&self.buf[at..]).is_ok_and(|(_, n)| n == self.buf.len() - at),
             "an off-CPU record that does not decode"

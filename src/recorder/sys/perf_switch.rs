@@ -661,6 +661,37 @@ mod tests {
     /// still out is a long one.
     const LATER: u64 = 1 << 40;
 
+    /// A record carried to the next call pairs there, before the next
+    /// drain's records of its time, as if all had been sorted at once.
+    #[test]
+    fn carried_records_pair_with_the_next_drain() {
+        let mut p = Pairing::default();
+        // The carried records, then CPU 0's and CPU 1's.
+        p.events.extend([(10, 1, 1), (20, 2, 1)]);
+        p.events.extend([(30, 1, 0), (60, 1, 1)]);
+        p.events.extend([(25, 2, 0), (55, 3, 2), (70, 2, 1)]);
+        p.pair(50);
+        assert_eq!(done(&mut p), [(2, 20, 25, false, None), (1, 10, 30, false, None)]);
+        let mut kept = p.carry.clone();
+        kept.sort_unstable();
+        assert_eq!(kept, [(55, 3, 2), (60, 1, 1), (70, 2, 1)]);
+        p.events.clear();
+        p.events.append(&mut p.carry);
+        p.events.extend([(58, 3, 0), (65, 1, 0)]);
+        p.events.extend([(60, 3, 1), (80, 2, 0), (90, 3, 0)]);
+        p.pair(100);
+        assert_eq!(
+            done(&mut p),
+            [
+                (3, 55, 58, true, None),
+                (1, 60, 65, false, None),
+                (2, 70, 80, false, None),
+                (3, 60, 90, false, None)
+            ]
+        );
+        assert!(p.carry.is_empty());
+    }
+
     /// A pass lists every thread out for a long wait, and of those out for a
     /// short one only as many as the allowance lets (the longest out
     /// first); one left out is listed at a later pass of the same interval,

@@ -31,6 +31,22 @@ enum FrameKey {
     Label(u32),
 }
 
+/// Slots of the recent-thread cache, direct-mapped by tid: threads of
+/// consecutive tids (most of a process's) do not evict each other up to this
+/// many. With 32, a hundred threads blocking in turn evicted each other at
+/// nearly every lookup, and the hash lookup behind was a fifth of the
+/// writer's cost of an off-CPU interval.
+const RECENT_THREADS: usize = 1024;
+
+/// The recent-thread cache (12 KiB, boxed: the interner is moved).
+struct RecentThreads(Box<[Option<(u32, ThreadId)>; RECENT_THREADS]>);
+
+impl Default for RecentThreads {
+    fn default() -> RecentThreads {
+        RecentThreads(Box::new([None; RECENT_THREADS]))
+    }
+}
+
 /// Frames, stacks and threads defined so far.
 #[derive(Default)]
 pub(crate) struct Interner {
@@ -39,9 +55,9 @@ pub(crate) struct Interner {
     frame_module: Vec<u32>,
     stacks: FxMap<(u32, u32), StackId>,
     threads: FxMap<u32, ThreadId>,
-    /// The last thread looked up in each of 32 slots (by tid): a lookup a
-    /// sample and a blocking, mostly of the same few threads.
-    recent_threads: [Option<(u32, ThreadId)>; 32],
+    /// The last thread looked up in each slot (by tid): a lookup a sample
+    /// and a blocking.
+    recent_threads: RecentThreads,
     /// Label frames (off-CPU leaves) by text.
     labels: FxMap<String, FrameId>,
     /// Raw sample words (generation, flag, addresses) -> leaf stack.
@@ -190,14 +206,14 @@ impl Interner {
         tid: u32,
         names: &ThreadNames,
     ) -> Result<ThreadId, Error> {
-        let slot = tid as usize % self.recent_threads.len();
-        if let Some((t, id)) = self.recent_threads[slot] {
+        let slot = tid as usize % RECENT_THREADS;
+        if let Some((t, id)) = self.recent_threads.0[slot] {
             if t == tid {
                 return Ok(id);
             }
         }
         if let Some(&id) = self.threads.get(&tid) {
-            self.recent_threads[slot] = Some((tid, id));
+            self.recent_threads.0[slot] = Some((tid, id));
             return Ok(id);
         }
         let name = names.get(tid).unwrap_or_else(|| {
@@ -206,7 +222,7 @@ impl Interner {
         });
         let id = w.define_thread(pid, tid, &name)?;
         self.threads.insert(tid, id);
-        self.recent_threads[slot] = Some((tid, id));
+        self.recent_threads.0[slot] = Some((tid, id));
         Ok(id)
     }
 
