@@ -951,3 +951,45 @@ mod tests {
         panic!("no attempt saw the 200 ms sleep: {}", seen.join("; "));
     }
 }
+
+#[cfg(test)]
+mod bench_pairing {
+    use super::*;
+
+    /// Bench (ignored; BENCHMARKS.md "Off-CPU mode"): pairing 100 threads' switches on 2 CPUs, drains of 5,000 records.
+    #[test]
+    #[ignore]
+    fn bench_pairing() {
+        let ms = 1_000_000u64;
+        let base = 1_764_000_000_000_000_000u64;
+        let drains: Vec<Vec<(u64, u32, u8)>> = (0..400u64)
+            .map(|d| {
+                let mut v = Vec::with_capacity(5000);
+                for c in 0..2u64 {
+                    for k in 0..1250u64 {
+                        let tid = 1000 + (c + 2 * (k % 50)) as u32;
+                        let t = base + d * 25 * ms + k * 20_000 + c * 7_000;
+                        v.push((t, tid, 1));
+                        v.push((t + 10_000, tid, 0));
+                    }
+                }
+                v
+            })
+            .collect();
+        for _ in 0..3 {
+            let mut p = Pairing::default();
+            let start = std::time::Instant::now();
+            let mut n = 0;
+            for (d, drain) in drains.iter().enumerate() {
+                p.events.clear();
+                p.events.append(&mut p.carry);
+                p.events.extend_from_slice(drain);
+                p.pair(base + (d as u64 + 1) * 25 * ms - ms / 10);
+                n += p.done.len();
+                p.done.clear();
+            }
+            let el = start.elapsed();
+            eprintln!("BENCH pairing: {n} intervals, {:.1} ns each", el.as_nanos() as f64 / n as f64);
+        }
+    }
+}

@@ -257,3 +257,28 @@ impl Run {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod bench_write {
+    /// Bench (ignored; BENCHMARKS.md "Off-CPU mode"): the interner's thread lookup and the spool's off-CPU record, 100 threads.
+    #[test]
+    #[ignore]
+    fn bench_write_interval() {
+        let names = crate::recorder::handler::ThreadNames::default();
+        for _ in 0..3 {
+            let header = crate::Header { start_time_us: 1_764_000_000_000_000, interval_us: 1000 };
+            let mut w = crate::SpoolWriter::new(std::io::sink(), header).unwrap();
+            let mut interner = super::super::intern::Interner::default();
+            let stack = interner.blocked_root(&mut w).unwrap();
+            let n = 2_000_000u64;
+            let start = std::time::Instant::now();
+            for i in 0..n {
+                let tid = 1_000_000 + (i % 100) as u32;
+                let thread = interner.thread(&mut w, 1, tid, &names).unwrap();
+                w.off_cpu(thread, stack, 1_764_000_000_000_000 + i * 10, 5 + i % 300, false).unwrap();
+            }
+            let el = start.elapsed();
+            eprintln!("BENCH write: {:.1} ns an interval", el.as_nanos() as f64 / n as f64);
+        }
+    }
+}
