@@ -41,6 +41,9 @@ fn base_name() -> &'static str {
 /// The side a round runs on: 0 the base allocator, 1 `Sampled<base>`, 2 the
 /// base allocator with jemalloc's profiler on.
 static SIDE: AtomicU8 = AtomicU8::new(0);
+/// `HEAP_AA=1`: side 1 is the base allocator too (an A/A run: the bench's own
+/// bias and noise between two identical sides).
+static AA: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 static INNER: Sampled<Base> = Sampled::new(BASE);
 
 struct Switch;
@@ -52,7 +55,7 @@ struct Switch;
 unsafe impl GlobalAlloc for Switch {
     #[inline]
     unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-        if SIDE.load(Ordering::Relaxed) == 1 {
+        if SIDE.load(Ordering::Relaxed) == 1 && !AA.load(Ordering::Relaxed) {
             // SAFETY: our caller's contract, passed on unchanged.
             unsafe { INNER.alloc(l) }
         } else {
@@ -62,7 +65,7 @@ unsafe impl GlobalAlloc for Switch {
     }
     #[inline]
     unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
-        if SIDE.load(Ordering::Relaxed) == 1 {
+        if SIDE.load(Ordering::Relaxed) == 1 && !AA.load(Ordering::Relaxed) {
             // SAFETY: our caller's contract, passed on unchanged.
             unsafe { INNER.dealloc(p, l) }
         } else {
@@ -72,7 +75,7 @@ unsafe impl GlobalAlloc for Switch {
     }
     #[inline]
     unsafe fn realloc(&self, p: *mut u8, l: Layout, n: usize) -> *mut u8 {
-        if SIDE.load(Ordering::Relaxed) == 1 {
+        if SIDE.load(Ordering::Relaxed) == 1 && !AA.load(Ordering::Relaxed) {
             // SAFETY: our caller's contract, passed on unchanged.
             unsafe { INNER.realloc(p, l, n) }
         } else {
@@ -128,6 +131,7 @@ fn main() {
     if let Some(r) = std::env::var("HEAP_RATE").ok().and_then(|r| r.parse().ok()) {
         spulse::heap::set_sample_rate(Some(r));
     }
+    AA.store(std::env::var_os("HEAP_AA").is_some_and(|v| v == "1"), Ordering::Relaxed);
     let base = base_name();
     let mut sides = vec![base.to_string(), format!("Sampled<{base}>")];
     if jemalloc_prof(Some(false)) {

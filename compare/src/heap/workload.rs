@@ -75,12 +75,19 @@ fn many_threads_small(per_thread: usize) {
     }
 }
 
+/// The `threads` workload's allocations per thread: `HEAP_PER_THREAD`, else 1 M.
+fn per_thread() -> usize {
+    std::env::var("HEAP_PER_THREAD").ok().and_then(|v| v.parse().ok()).unwrap_or(1_000_000)
+}
+
 /// The workloads by name, with their default sizes.
 pub fn all() -> Vec<(&'static str, Box<dyn Fn()>)> {
     vec![
         ("serde_json", Box::new(|| serde_json_round_trip(60))),
         ("btreemap", Box::new(|| btreemap_churn(3_000_000))),
-        ("threads", Box::new(|| many_threads_small(1_000_000))),
+        // HEAP_PER_THREAD=n: another number of allocations per thread (the
+        // threads are created anew each round).
+        ("threads", Box::new(|| many_threads_small(per_thread()))),
     ]
 }
 
