@@ -184,7 +184,10 @@ impl Run {
         // (`sigwait`, `signalfd`). One seen once is looked at again at the
         // next tick: a thread being created blocks every signal for a moment.
         let tids = sys::list_tids().unwrap_or_default();
-        let found = tids.iter().copied().find(|&t| t != writer_tid && super::blocks_signal(t, libc::SIGPROF));
+        let found = tids
+            .iter()
+            .copied()
+            .find(|&t| t != writer_tid && super::threads::blocks_signal(t, libc::SIGPROF));
         let Some(blocking) = settle(&mut adapt.suspect, found) else { return };
         // One try: whatever comes of it, the engine stays as it then is.
         self.st.adapt = None;

@@ -1,11 +1,15 @@
 //! The writer thread: every flush interval it drains the ring, resolves and
 //! interns what the handler captured, tracks modules coming and going, and
 //! appends to the spool; at stop it drains everything, flushes and syncs.
-//! This file is one concern, the run loop of that one thread (`Run`), kept
-//! whole at about 1,000 lines: its steps share `Run`'s state and read in the
-//! order a tick runs them. Control messages, the timeline, rotation and
-//! interning are beside it (`control.rs`, `timeline.rs`, `rotation.rs`,
-//! `intern.rs`).
+//! This file is the run loop of that one thread (`Run`): its steps share
+//! `Run`'s state and read in the order a tick runs them. Beside it, each a
+//! concern of its own with its part of `Run`: the loaded objects and their
+//! generations (`objects.rs`, with the rule that keeps a sample from being
+//! attributed to the wrong library), the process's threads and the engine's
+//! signal (`threads.rs`), the off-CPU mode (`off_cpu.rs`), control messages,
+//! the timeline, rotation, interning, the writer's priority and the automatic
+//! engine's switch check (`control.rs`, `timeline.rs`, `rotation.rs`,
+//! `intern.rs`, `priority.rs`, `adapt.rs`).
 //!
 //! Order of work in one tick, and why:
 //! 1. drain the ring and write the samples (each resolved against the module
@@ -35,42 +39,17 @@
 //! control message writes; a ring half full wakes it for steps 1, 2 and 4's
 //! check without the flush (`Run::drain_step`), so rings stay small.
 //!
-//! # No sample attributed to the wrong library
-//! The handler unwinds with the snapshot it finds and stamps the sample with that
-//! snapshot's generation, but the loader may have changed the address space since
-//! (a library closed and another mapped at the same address) before this thread
-//! noticed. So every tick records *when* the loader state was last known to equal
-//! the current generation: `verified[g]` is the time taken just before reading the
-//! loader's counters and finding them unchanged (the counters move before a new
-//! object's code can run). A sample `(g, t)`:
-//! * with `t <= verified[g]` ran while generation `g` was exactly the address
-//!   space: resolved against that generation (and cached);
-//! * with `t` after the current tick's check: held back to the next tick, when the
-//!   check will have covered it (at stop, the final check covers everything);
-//! * otherwise it is in doubt, and each frame is checked on its own: a module of
-//!   generation `g` counts only if it was still mapped at `t` (never removed, or
-//!   `t <= verified[removed - 1]`); a module that appeared later counts only if
-//!   every transition since `g` was exact (the loader's add/remove counters moved
-//!   by exactly the objects the rescan found, so no object came and went unseen)
-//!   and it was still mapped at `t`. A frame that fails is written as an absolute
-//!   address: unattributed, never misattributed.
-//!
-//! "Never removed" only holds if every removal was seen. When the counters moved
-//! by more than the rescan explains (an object came and went between two ticks,
-//! or was closed and reopened at the same address, which looks like no change),
-//! the time between the last check that found the counters unchanged and this
-//! check is an *unseen window*: no module is certain for a sample taken inside
-//! it, whatever its generation, so its frames are written as absolute addresses.
-
 mod adapt;
 mod control;
 mod intern;
+mod objects;
 mod off_cpu;
 mod priority;
 mod rotation;
+mod threads;
 mod timeline;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::io::Write;
 use std::os::fd::AsRawFd;
 use std::sync::atomic::Ordering;
@@ -81,18 +60,20 @@ use std::time::{Duration, Instant};
 use super::engine::Engine;
 use super::handler::ring::{Consumer, RawSample};
 use super::handler::{self, Retired, Shared};
-use super::modules::{self, LoadedObject, ModuleEntry, ModuleTable};
+use super::modules::{self, ModuleTable};
 use super::own_fd::OwnFd;
 use super::stack_sampler::StackSampler;
 use super::stats::{LostSamples, Stats};
 use super::sys;
 use super::sys::perf_stack::Woken;
-use crate::{Error, Frame, NewModule, RecorderError, SpoolWriter};
+use crate::{Error, Frame, RecorderError, SpoolWriter};
 pub(crate) use adapt::Adapt;
 pub(crate) use control::{channel, Control, ControlSender};
 use intern::Interner;
+pub(crate) use objects::define_objects;
 pub(crate) use off_cpu::OffCpu;
 pub(crate) use rotation::Rotation;
+use threads::{blocking_warning, thread_cpu_ticks, ThreadSeen, NEW_THREADS_PRESSURE};
 use timeline::{HeldSample, Timeline};
 
 /// Where the spool's bytes go. The writer thread appends to it, and at the end
@@ -157,20 +138,6 @@ pub(crate) struct WriterState {
     pub off_cpu: Option<OffCpu>,
     /// The automatic engine's switch check, while it runs perf events.
     pub adapt: Option<Adapt>,
-}
-
-/// A module change found by a rescan, applied around the drain.
-struct Change {
-    gen: u64,
-    removed: Vec<usize>,
-    removed_starts: Vec<u64>,
-    added: Vec<LoadedObject>,
-    /// Indexes into `added` of objects that reuse a still-active span.
-    deferred: Vec<usize>,
-}
-
-fn overlaps(a: &modules::ExecSegment, b: &modules::ExecSegment) -> bool {
-    a.avma < b.avma + b.size && b.avma < a.avma + a.size
 }
 
 struct Run {
@@ -252,49 +219,6 @@ enum Event {
     Switches,
     /// Nothing to do yet: wait again.
     Again,
-}
-
-/// What is known of one thread of the process.
-#[derive(Default, Clone, Copy)]
-struct ThreadSeen {
-    sampled: bool,
-    /// Sampled in user mode (by the signal; kernel-time samples need none).
-    user_sampled: bool,
-    blocking: bool,
-}
-
-/// Define module records for a scan's objects (generation `gen`) and add them
-/// to the table.
-pub(crate) fn define_objects(
-    out: &mut Out,
-    table: &mut ModuleTable,
-    pid: u32,
-    objects: &[&LoadedObject],
-    gen: u64,
-) -> Result<(), Error> {
-    for o in objects {
-        for seg in &o.segments {
-            let id = out.define_module(&NewModule {
-                pid,
-                start: seg.avma,
-                size: seg.size,
-                file_offset: seg.file_offset,
-                generation: gen,
-                path: &o.key.path,
-                build_id: &o.build_id,
-            })?;
-            table.push(ModuleEntry {
-                id,
-                key: o.key.clone(),
-                build_id: o.build_id.clone(),
-                seg: seg.clone(),
-                gen_added: gen,
-                gen_removed: None,
-                retired: false,
-            });
-        }
-    }
-    Ok(())
 }
 
 /// The thread body: wait for `Start`, then run until `Stop`. `wake` is the
@@ -482,60 +406,6 @@ impl Run {
     /// none: a length comparison.
     fn publish_warnings(&mut self) {
         self.st.publisher.publish(&mut self.st.warnings);
-    }
-
-    /// Note the threads alive now (`tids`); a thread seen for the first time is
-    /// checked for blocking the profiling signal (`at_end`: every thread never
-    /// sampled is checked again). Returns how many threads were new.
-    fn scan_threads(&mut self, tids: &[u32], at_end: bool) -> usize {
-        let mut news = 0;
-        let writer = self.st.shared.writer_tid.load(Ordering::Relaxed);
-        // The perf-stack engine sends no signal: no thread can block it.
-        let sig = match self.st.engine.kind() {
-            crate::Engine::PerfEvent => Some(libc::SIGTRAP),
-            crate::Engine::PerfStack => None,
-            _ => Some(libc::SIGPROF),
-        };
-        for &tid in tids {
-            if tid == writer {
-                continue;
-            }
-            let new = !self.threads.contains_key(&tid);
-            news += new as usize;
-            let t = self.threads.entry(tid).or_default();
-            if let Some(sig) = sig {
-                if (new || (at_end && !t.user_sampled)) && !t.blocking {
-                    t.blocking = blocks_signal(tid, sig);
-                }
-            }
-        }
-        news
-    }
-
-    /// The threads alive now, when this tick should list them: on every tick
-    /// for an engine that needs it, else when the handler has named a thread
-    /// since the last listing (a thread new to it) or [`THREAD_RESCAN`] has
-    /// passed (to find threads that block the signal and so are never sampled,
-    /// and to let go of the events of threads that exited). Listing
-    /// `/proc/self/task` was two thirds of an idle writer's CPU time, and it
-    /// costs in proportion to the threads (about a millisecond for 2,000,
-    /// three quarters of the writer's time when 2,000 new threads made every
-    /// tick list them): listings are paced so that they take at most
-    /// 1/[`SCAN_PACE`] of the time (`scan_gap`).
-    fn threads_to_scan(&mut self) -> Option<Vec<u32>> {
-        let named = self.st.shared.names.added();
-        let since = self.scanned_at.elapsed();
-        let due = self.st.engine.needs_every_scan() || named != self.named_at_scan || since >= THREAD_RESCAN;
-        if !due || since < self.scan_gap {
-            return None;
-        }
-        self.named_at_scan = named;
-        self.scanned_at = Instant::now();
-        let tids = super::sys::list_tids().ok();
-        // The listing's own cost (what is done once per new thread, such as
-        // creating its timer, is not paced).
-        self.scan_gap = self.scanned_at.elapsed().saturating_mul(SCAN_PACE).min(THREAD_RESCAN);
-        tids
     }
 
     /// The work due at `next`: a tick, and a new segment when one is due.
@@ -748,195 +618,8 @@ impl Run {
         }
     }
 
-    /// Whether the program replaced our handler of the engine's signal (a
-    /// program that calls `sigaction` without an interposer: see
-    /// `sys/sigaction.rs`). If so the engine stops sending it, so the
-    /// program's handler never sees our signals again, and `Stats` says so.
-    /// Whether the program closed the perf events is asked at most every
-    /// [`CLOSED_CHECK_EVERY`] (and at the end: `at_end`).
-    fn check_signal(&mut self, at_end: bool) {
-        if self.signal_lost {
-            return;
-        }
-        let closed_due = at_end || self.closed_checked.is_none_or(|t| t.elapsed() >= CLOSED_CHECK_EVERY);
-        if closed_due {
-            self.closed_checked = Some(Instant::now());
-        }
-        if closed_due && self.st.engine.closed_by_program() {
-            self.signal_lost = true;
-            self.st.warnings.push(format!(
-                "the program closed the recorder's perf-event descriptors {:.1} s into the recording: \
-                 sampling stopped there",
-                self.st.started.elapsed().as_secs_f64()
-            ));
-            return;
-        }
-        let Some(sig) = self.st.engine.signal() else { return };
-        if sig == libc::SIGTRAP && handler::trap_deferred() {
-            self.signal_lost = true;
-            self.st.engine.stop_signals();
-            self.st.warnings.push(format!(
-                "a thread that blocks SIGTRAP was sent one {:.1} s into the recording; it was left pending \
-                 for the program, so the perf-event engine stopped there (user time is not sampled after it)",
-                self.st.started.elapsed().as_secs_f64()
-            ));
-            return;
-        }
-        if handler::holds(sig) {
-            return;
-        }
-        self.signal_lost = true;
-        self.st.engine.stop_signals();
-        let name = if sig == libc::SIGTRAP { "SIGTRAP" } else { "SIGPROF" };
-        self.st.warnings.push(format!(
-            "the program installed its own {name} handler {:.1} s into the recording: the {} engine stopped \
-             there (user time is not sampled after it; record under `spulse record` or LD_PRELOAD, which \
-             keep the program's handler and go on sampling)",
-            self.st.started.elapsed().as_secs_f64(),
-            self.st.engine.kind().name(),
-        ));
-    }
-
-    fn retire(&mut self, idx: usize) {
-        if self.st.table.entries[idx].retired {
-            return;
-        }
-        let id = self.st.table.entries[idx].id;
-        if self.error.is_none() {
-            let r = self.st.out.deactivate_module(id);
-            self.note(r);
-        }
-        self.st.table.retire(idx);
-        self.interner.forget_module(id);
-    }
-
-    /// Define an object's modules, first retiring any still-active module whose
-    /// span it reuses (those belong to objects already gone).
-    fn define_object(&mut self, o: &LoadedObject, gen: u64) {
-        let stale: Vec<usize> = (0..self.st.table.entries.len())
-            .filter(|&i| {
-                let e = &self.st.table.entries[i];
-                !e.retired && o.segments.iter().any(|s| overlaps(s, &e.seg))
-            })
-            .collect();
-        for i in stale {
-            self.retire(i);
-        }
-        if self.error.is_none() {
-            let pid = self.st.pid;
-            let r = define_objects(&mut self.st.out, &mut self.st.table, pid, &[o], gen);
-            self.note(r);
-        }
-    }
-
-    /// Phase 1 of a module change (before the drain): if the loader's counters
-    /// moved, rescan; mark vanished objects removed as of the next generation and
-    /// write the module records of new objects that reuse no active span at once,
-    /// so samples already in the ring that ran in them can be resolved.
-    fn scan_modules(&mut self) -> Option<Change> {
-        // Taken before the counters are read: if they did not move, the address
-        // space at this time was exactly the current generation's.
-        let checked_at = sys::now_us();
-        self.horizon = checked_at;
-        let dl = modules::dl_counters();
-        let g = self.st.generation as usize;
-        if dl == self.st.dl {
-            self.timeline.verified[g] = self.timeline.verified[g].max(checked_at);
-            return None;
-        }
-        let prev_dl = self.st.dl;
-        self.st.dl = dl;
-        let known: HashSet<modules::ObjectKey> =
-            self.st.table.entries.iter().filter(|e| e.gen_removed.is_none()).map(|e| e.key.clone()).collect();
-        // Objects already in the table are listed without copying their data again.
-        let objects = modules::scan(&self.st.exe_path, &|k| known.contains(k), false);
-        let gen = self.st.generation + 1;
-        let present: HashSet<&modules::ObjectKey> = objects.iter().map(|o| &o.key).collect();
-        let removed: Vec<usize> = (0..self.st.table.entries.len())
-            .filter(|&i| {
-                let e = &self.st.table.entries[i];
-                e.gen_removed.is_none() && !present.contains(&e.key)
-            })
-            .collect();
-        let added: Vec<LoadedObject> = objects.into_iter().filter(|o| !known.contains(&o.key)).collect();
-        self.st.table_memory = added.iter().fold(self.st.table_memory, |m, o| m.add(o.table_memory));
-        if removed.is_empty() && added.is_empty() {
-            // The counters moved but the objects are the same (say, a library
-            // opened and closed between two ticks): the state now is the current
-            // generation again, but not continuously since the last check.
-            self.unseen_objects = true;
-            self.timeline.unseen_window(g, checked_at);
-            return None;
-        }
-        let removed_objects: HashSet<&modules::ObjectKey> =
-            removed.iter().map(|&i| &self.st.table.entries[i].key).collect();
-        let explained = dl.0.wrapping_sub(prev_dl.0) == added.len() as u64
-            && dl.1.wrapping_sub(prev_dl.1) == removed_objects.len() as u64;
-        let exact = !std::mem::take(&mut self.unseen_objects) && explained;
-        drop(removed_objects);
-        if !explained {
-            self.timeline.unseen_window(g, checked_at);
-        }
-        // The new generation is verified only from the next check on.
-        self.timeline.verified.push(0);
-        self.timeline.exact.push(exact);
-        // The unwinder keys modules by the start of their whole range: the lowest
-        // executable segment of the object.
-        let mut starts: HashMap<modules::ObjectKey, u64> = HashMap::new();
-        for &i in &removed {
-            let e = &mut self.st.table.entries[i];
-            e.gen_removed = Some(gen);
-            let s = starts.entry(e.key.clone()).or_insert(u64::MAX);
-            *s = (*s).min(e.seg.avma);
-        }
-        let mut deferred = Vec::new();
-        for (k, o) in added.iter().enumerate() {
-            let reuses = self
-                .st
-                .table
-                .entries
-                .iter()
-                .any(|e| !e.retired && o.segments.iter().any(|s| overlaps(s, &e.seg)));
-            if reuses {
-                deferred.push(k);
-            } else {
-                self.define_object(o, gen);
-            }
-        }
-        Some(Change { gen, removed, removed_starts: starts.into_values().collect(), added, deferred })
-    }
-
-    /// Phase 2 (after the drain): write the deactivations queued by the previous
-    /// tick, retire the modules whose span a new object reuses and define that
-    /// object, queue the other removals for the next tick, and publish the new
-    /// unwinder snapshot.
-    fn apply_module_change(&mut self, change: Option<Change>) {
-        let pending = std::mem::take(&mut self.pending_retire);
-        for idx in pending {
-            self.retire(idx);
-        }
-        let Some(ch) = change else { return };
-        for &k in &ch.deferred {
-            self.define_object(&ch.added[k], ch.gen);
-        }
-        for &i in &ch.removed {
-            if !self.st.table.entries[i].retired {
-                self.pending_retire.push(i);
-            }
-        }
-        let added: Vec<&LoadedObject> = ch.added.iter().collect();
-        let next = self
-            .st
-            .shared
-            .snapshot
-            .with_current(|cur| modules::next_snapshot(cur, &ch.removed_starts, &added, ch.gen));
-        self.retired.push(self.st.shared.snapshot.replace(Box::new(next)));
-        self.st.generation = ch.gen;
-        self.interner.clear_stack_cache();
-    }
-
     /// Write what the ring holds. Unless `all`, samples taken after this tick's
-    /// loader check are held for the next tick (see the module doc).
+    /// loader check are held for the next tick (see `objects.rs`).
     fn drain(&mut self, all: bool) {
         let held = std::mem::take(&mut self.held);
         for h in &held {
@@ -1231,68 +914,6 @@ fn adapt_wait(wait: Duration, arrived: u64, capacity: u64, interval: Duration) -
         wait
     };
     next.clamp(Duration::from_millis(1).min(interval), interval)
-}
-
-/// Longest time between two listings of the process's threads.
-const THREAD_RESCAN: Duration = Duration::from_secs(1);
-
-/// New threads found by one listing that make an engine needing every scan
-/// (the thread-timer engines) raise the writer's priority.
-const NEW_THREADS_PRESSURE: usize = 64;
-
-/// A listing of the threads waits at least this
-/// many times its last cost after it: at most 1% of the writer's time.
-const SCAN_PACE: u32 = 100;
-
-/// How often a tick asks whether the program closed the perf events'
-/// descriptors (a `readlink` of `/proc/self/fd/N` per event kind, about
-/// 3 us each here: up to a tenth of a busy writer's CPU when asked at every
-/// tick, and ticks come every millisecond while samples pour in). Nothing
-/// is done through those descriptors between the checks (the rings are
-/// memory, and `stop` checks each descriptor before closing it), so a later
-/// answer only dates the warning up to this much later.
-const CLOSED_CHECK_EVERY: Duration = Duration::from_millis(100);
-
-/// Whether thread `tid` of this process blocks signal `sig` (its `SigBlk` mask
-/// in `/proc/self/task/<tid>/status`); false when that cannot be read.
-fn blocks_signal(tid: u32, sig: i32) -> bool {
-    let Ok(status) = std::fs::read_to_string(format!("/proc/self/task/{tid}/status")) else { return false };
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("SigBlk:"))
-        .and_then(|m| u64::from_str_radix(m.trim(), 16).ok())
-        .is_some_and(|mask| sig >= 1 && mask & (1u64 << (sig - 1)) != 0)
-}
-
-/// User plus system CPU time of thread `tid` of this process, in clock ticks
-/// (`/proc/self/task/<tid>/stat`); `None` when it is gone.
-fn thread_cpu_ticks(tid: u32) -> Option<u64> {
-    let s = std::fs::read_to_string(format!("/proc/self/task/{tid}/stat")).ok()?;
-    // After the command name's closing parenthesis: state is field 3, utime
-    // and stime are fields 14 and 15.
-    let mut f = s.rsplit_once(')')?.1.split_ascii_whitespace().skip(11);
-    let utime: u64 = f.next()?.parse().ok()?;
-    let stime: u64 = f.next()?.parse().ok()?;
-    Some(utime + stime)
-}
-
-/// The warning for threads seen blocking the engine's signal (`sig`).
-fn blocking_warning(n: usize, sig: i32) -> String {
-    let (name, how) = if sig == libc::SIGTRAP {
-        (
-            "SIGTRAP",
-            "under `spulse record` or LD_PRELOAD spulse keeps SIGTRAP out of the real masks set by \
-             `pthread_sigmask`/`sigprocmask`, so these blocked it otherwise (a raw system call, spulse embedded \
-             as a library, or a SIGTRAP left pending for them)",
-        )
-    } else {
-        ("SIGPROF", "the timer engines cannot sample a thread that blocks it")
-    };
-    format!(
-        "{n} thread{} blocked the profiling signal ({name}) and were not sampled while they did (their CPU \
-         time then is missing from the profile); {how}",
-        if n == 1 { "" } else { "s" }
-    )
 }
 
 #[cfg(test)]

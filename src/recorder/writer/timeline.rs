@@ -5,7 +5,7 @@
 use crate::recorder::handler::ring::RawSample;
 use crate::recorder::modules::ModuleEntry;
 
-/// What the writer knows of the loader state over time (see the module doc).
+/// What the writer knows of the loader state over time (see `objects.rs`).
 #[derive(Default)]
 pub(super) struct Timeline {
     /// Per generation: latest time (unix us) the loader state was known to equal it.

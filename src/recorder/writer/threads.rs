@@ -1,0 +1,186 @@
+//! The writer's upkeep of the process's threads: when to list
+//! `/proc/self/task` (paced by its own cost), what is known of each thread
+//! (sampled, blocking the engine's signal), and whether the program took the
+//! engine's signal or descriptors away (step 3 of a tick, `mod.rs`).
+
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use super::Run;
+use crate::recorder::handler;
+
+/// What is known of one thread of the process.
+#[derive(Default, Clone, Copy)]
+pub(super) struct ThreadSeen {
+    pub(super) sampled: bool,
+    /// Sampled in user mode (by the signal; kernel-time samples need none).
+    pub(super) user_sampled: bool,
+    pub(super) blocking: bool,
+}
+
+impl Run {
+    /// Note the threads alive now (`tids`); a thread seen for the first time is
+    /// checked for blocking the profiling signal (`at_end`: every thread never
+    /// sampled is checked again). Returns how many threads were new.
+    pub(super) fn scan_threads(&mut self, tids: &[u32], at_end: bool) -> usize {
+        let mut news = 0;
+        let writer = self.st.shared.writer_tid.load(Ordering::Relaxed);
+        // The perf-stack engine sends no signal: no thread can block it.
+        let sig = match self.st.engine.kind() {
+            crate::Engine::PerfEvent => Some(libc::SIGTRAP),
+            crate::Engine::PerfStack => None,
+            _ => Some(libc::SIGPROF),
+        };
+        for &tid in tids {
+            if tid == writer {
+                continue;
+            }
+            let new = !self.threads.contains_key(&tid);
+            news += new as usize;
+            let t = self.threads.entry(tid).or_default();
+            if let Some(sig) = sig {
+                if (new || (at_end && !t.user_sampled)) && !t.blocking {
+                    t.blocking = blocks_signal(tid, sig);
+                }
+            }
+        }
+        news
+    }
+
+    /// The threads alive now, when this tick should list them: on every tick
+    /// for an engine that needs it, else when the handler has named a thread
+    /// since the last listing (a thread new to it) or [`THREAD_RESCAN`] has
+    /// passed (to find threads that block the signal and so are never sampled,
+    /// and to let go of the events of threads that exited). Listing
+    /// `/proc/self/task` was two thirds of an idle writer's CPU time, and it
+    /// costs in proportion to the threads (about a millisecond for 2,000,
+    /// three quarters of the writer's time when 2,000 new threads made every
+    /// tick list them): listings are paced so that they take at most
+    /// 1/[`SCAN_PACE`] of the time (`scan_gap`).
+    pub(super) fn threads_to_scan(&mut self) -> Option<Vec<u32>> {
+        let named = self.st.shared.names.added();
+        let since = self.scanned_at.elapsed();
+        let due = self.st.engine.needs_every_scan() || named != self.named_at_scan || since >= THREAD_RESCAN;
+        if !due || since < self.scan_gap {
+            return None;
+        }
+        self.named_at_scan = named;
+        self.scanned_at = Instant::now();
+        let tids = super::sys::list_tids().ok();
+        // The listing's own cost (what is done once per new thread, such as
+        // creating its timer, is not paced).
+        self.scan_gap = self.scanned_at.elapsed().saturating_mul(SCAN_PACE).min(THREAD_RESCAN);
+        tids
+    }
+
+    /// Whether the program replaced our handler of the engine's signal (a
+    /// program that calls `sigaction` without an interposer: see
+    /// `sys/sigaction.rs`). If so the engine stops sending it, so the
+    /// program's handler never sees our signals again, and `Stats` says so.
+    /// Whether the program closed the perf events is asked at most every
+    /// [`CLOSED_CHECK_EVERY`] (and at the end: `at_end`).
+    pub(super) fn check_signal(&mut self, at_end: bool) {
+        if self.signal_lost {
+            return;
+        }
+        let closed_due = at_end || self.closed_checked.is_none_or(|t| t.elapsed() >= CLOSED_CHECK_EVERY);
+        if closed_due {
+            self.closed_checked = Some(Instant::now());
+        }
+        if closed_due && self.st.engine.closed_by_program() {
+            self.signal_lost = true;
+            self.st.warnings.push(format!(
+                "the program closed the recorder's perf-event descriptors {:.1} s into the recording: \
+                 sampling stopped there",
+                self.st.started.elapsed().as_secs_f64()
+            ));
+            return;
+        }
+        let Some(sig) = self.st.engine.signal() else { return };
+        if sig == libc::SIGTRAP && handler::trap_deferred() {
+            self.signal_lost = true;
+            self.st.engine.stop_signals();
+            self.st.warnings.push(format!(
+                "a thread that blocks SIGTRAP was sent one {:.1} s into the recording; it was left pending \
+                 for the program, so the perf-event engine stopped there (user time is not sampled after it)",
+                self.st.started.elapsed().as_secs_f64()
+            ));
+            return;
+        }
+        if handler::holds(sig) {
+            return;
+        }
+        self.signal_lost = true;
+        self.st.engine.stop_signals();
+        let name = if sig == libc::SIGTRAP { "SIGTRAP" } else { "SIGPROF" };
+        self.st.warnings.push(format!(
+            "the program installed its own {name} handler {:.1} s into the recording: the {} engine stopped \
+             there (user time is not sampled after it; record under `spulse record` or LD_PRELOAD, which \
+             keep the program's handler and go on sampling)",
+            self.st.started.elapsed().as_secs_f64(),
+            self.st.engine.kind().name(),
+        ));
+    }
+}
+
+/// Longest time between two listings of the process's threads.
+const THREAD_RESCAN: Duration = Duration::from_secs(1);
+
+/// New threads found by one listing that make an engine needing every scan
+/// (the thread-timer engines) raise the writer's priority.
+pub(super) const NEW_THREADS_PRESSURE: usize = 64;
+
+/// A listing of the threads waits at least this
+/// many times its last cost after it: at most 1% of the writer's time.
+const SCAN_PACE: u32 = 100;
+
+/// How often a tick asks whether the program closed the perf events'
+/// descriptors (a `readlink` of `/proc/self/fd/N` per event kind, about
+/// 3 us each here: up to a tenth of a busy writer's CPU when asked at every
+/// tick, and ticks come every millisecond while samples pour in). Nothing
+/// is done through those descriptors between the checks (the rings are
+/// memory, and `stop` checks each descriptor before closing it), so a later
+/// answer only dates the warning up to this much later.
+const CLOSED_CHECK_EVERY: Duration = Duration::from_millis(100);
+
+/// Whether thread `tid` of this process blocks signal `sig` (its `SigBlk` mask
+/// in `/proc/self/task/<tid>/status`); false when that cannot be read.
+pub(super) fn blocks_signal(tid: u32, sig: i32) -> bool {
+    let Ok(status) = std::fs::read_to_string(format!("/proc/self/task/{tid}/status")) else { return false };
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("SigBlk:"))
+        .and_then(|m| u64::from_str_radix(m.trim(), 16).ok())
+        .is_some_and(|mask| sig >= 1 && mask & (1u64 << (sig - 1)) != 0)
+}
+
+/// User plus system CPU time of thread `tid` of this process, in clock ticks
+/// (`/proc/self/task/<tid>/stat`); `None` when it is gone.
+pub(super) fn thread_cpu_ticks(tid: u32) -> Option<u64> {
+    let s = std::fs::read_to_string(format!("/proc/self/task/{tid}/stat")).ok()?;
+    // After the command name's closing parenthesis: state is field 3, utime
+    // and stime are fields 14 and 15.
+    let mut f = s.rsplit_once(')')?.1.split_ascii_whitespace().skip(11);
+    let utime: u64 = f.next()?.parse().ok()?;
+    let stime: u64 = f.next()?.parse().ok()?;
+    Some(utime + stime)
+}
+
+/// The warning for threads seen blocking the engine's signal (`sig`).
+pub(super) fn blocking_warning(n: usize, sig: i32) -> String {
+    let (name, how) = if sig == libc::SIGTRAP {
+        (
+            "SIGTRAP",
+            "under `spulse record` or LD_PRELOAD spulse keeps SIGTRAP out of the real masks set by \
+             `pthread_sigmask`/`sigprocmask`, so these blocked it otherwise (a raw system call, spulse embedded \
+             as a library, or a SIGTRAP left pending for them)",
+        )
+    } else {
+        ("SIGPROF", "the timer engines cannot sample a thread that blocks it")
+    };
+    format!(
+        "{n} thread{} blocked the profiling signal ({name}) and were not sampled while they did (their CPU \
+         time then is missing from the profile); {how}",
+        if n == 1 { "" } else { "s" }
+    )
+}
