@@ -131,7 +131,7 @@ fn tiny_definitions_cost_a_bounded_multiple_of_their_size() {
             }),
         ];
         for (reader, run) in readers {
-            let peak = peak_during(|| run()).0;
+            let peak = peak_during(run).0;
             println!("{reader} on {what}: {:.1} bytes of heap per byte", peak as f64 / data.len() as f64);
             assert!(peak <= PER_BYTE * data.len() + FIXED, "{reader} on {what}: peak heap {peak}");
         }
@@ -254,6 +254,7 @@ fn hostile_packed_files_cost_at_most_the_stated_bound() {
             _ => blocks << 16,
         };
         // Replay holds one block at a time: its bound has no term per sample.
+        #[allow(clippy::type_complexity)]
         let readers: [(&str, usize, &dyn Fn() -> Result<usize, spulse::Error>); 3] = [
             ("Snapshot::from_bytes", samples, &|| spulse::Snapshot::from_bytes(&data).map(|s| s.len())),
             ("Snapshot::open", samples, &|| spulse::Snapshot::open(file.path()).map(|s| s.len())),

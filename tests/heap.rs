@@ -251,10 +251,10 @@ fn churn(bytes: usize) {
     let mut done = 0;
     let mut i = 0usize;
     while done < bytes {
-        let size = if i % 8 == 0 { 40 * 1024 } else { 1024 };
+        let size = if i.is_multiple_of(8) { 40 * 1024 } else { 1024 };
         let mut v = Vec::<u8>::with_capacity(size);
         v.push(i as u8);
-        if i % 2 == 0 {
+        if i.is_multiple_of(2) {
             kept.push(v);
         } else {
             // Grow it: a realloc of a possibly sampled block.

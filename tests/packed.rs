@@ -919,6 +919,7 @@ fn a_bad_stack_table_is_an_error_at_its_offset() {
         &Snapshot::from_bytes(&spool).unwrap(),
         &check_readers(&with_stack_table(&packed, &table)).unwrap(),
     );
+    #[allow(clippy::type_complexity)]
     let cases: Vec<(&str, Vec<(u64, u64, u64)>)> = vec![
         // The first record after the 18-byte header is the thread's.
         ("inside a record", table.iter().map(|n| (19, n.1, n.2)).collect()),

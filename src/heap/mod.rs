@@ -492,6 +492,7 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for Sampled<A> {
     }
 
     #[inline]
+    #[allow(clippy::nonminimal_bool)] // reads as the two fast-path conditions
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         let reached = !sampler::charge(new_size);
         if !reached && !(aligned_as_sampled(ptr) && live::maybe_sampled(ptr)) {

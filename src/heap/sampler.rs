@@ -330,7 +330,7 @@ mod tests {
         // rate + U2 - U1 (U uniform on [0, rate)): mean rate, and below
         // rate / 2 with probability 1/8.
         let rate = 1000;
-        let got = points(rate, std::iter::repeat(1).take(2_000_000));
+        let got = points(rate, std::iter::repeat_n(1, 2_000_000));
         let at: Vec<usize> = got.iter().enumerate().filter(|g| g.1 .1 == 1).map(|g| g.0).collect();
         assert!(got.iter().all(|g| g.1 <= 1));
         let gaps: Vec<f64> = at.windows(2).map(|w| (w[1] - w[0]) as f64).collect();
@@ -347,7 +347,7 @@ mod tests {
         // each end, whose point may or may not be inside: 9 to 12 points,
         // 10.5 on average (the variance is at most 2 * 1/4 a block).
         let rate = 4096;
-        let got = points(rate, std::iter::repeat(10 * rate + rate / 2).take(1000));
+        let got = points(rate, std::iter::repeat_n(10 * rate + rate / 2, 1000));
         assert!(got.iter().all(|g| (9..=12).contains(&g.1)), "{got:?}");
         let mean = got.iter().map(|g| g.1 as f64).sum::<f64>() / got.len() as f64;
         assert!((mean - 10.5).abs() < 0.1, "{mean}");

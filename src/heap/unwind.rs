@@ -271,7 +271,7 @@ fn walk(state: &State, top: u64, out: &mut [u64]) -> usize {
     let cache = unsafe { &mut *cache.get() };
     let sp = regs.sp;
     let mut read_stack = |addr: u64| -> Result<u64, ()> {
-        if addr % 8 != 0 || addr < sp || addr.checked_add(8).map_or(true, |e| e > top) {
+        if !addr.is_multiple_of(8) || addr < sp || addr.checked_add(8).is_none_or(|e| e > top) {
             return Err(());
         }
         // SAFETY: [sp, top) is this thread's live stack above the frame of

@@ -494,7 +494,7 @@ impl RecorderBuilder {
             ));
         }
         let copy = self.user_stack_copy;
-        if copy == 0 || copy % 8 != 0 || copy >= sys::perf_stack::MAX_STACK_COPY {
+        if copy == 0 || !copy.is_multiple_of(8) || copy >= sys::perf_stack::MAX_STACK_COPY {
             return Err(invalid(
                 "user_stack_copy",
                 format!(

@@ -111,7 +111,7 @@ impl Gen {
             self.frame(1, a, b);
         }
         let f = (c % self.m.frames.len() as u64) as usize;
-        let mut parent = if a % 4 == 0 || self.m.stacks.is_empty() {
+        let mut parent = if a.is_multiple_of(4) || self.m.stacks.is_empty() {
             None
         } else {
             Some((b % self.m.stacks.len() as u64) as usize)
@@ -130,7 +130,7 @@ impl Gen {
 
     fn thread(&mut self, a: u64, b: u64) -> usize {
         let pid = PIDS[(a % 2) as usize];
-        let name = if b % 3 == 0 { String::new() } else { format!("wörker-{}", b % 100) };
+        let name = if b.is_multiple_of(3) { String::new() } else { format!("wörker-{}", b % 100) };
         let id = self.w.define_thread(pid, (a % 100_000) as u32, &name).unwrap();
         self.m.threads.push((pid, (a % 100_000) as u32, name));
         self.mark();

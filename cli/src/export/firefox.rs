@@ -165,9 +165,9 @@ pub fn profile(job: &Job<'_>, sym: &mut Symbolizer) -> Result<(Value, Samples, u
     // Processes (named after their executable) and threads.
     let mut exe_names: HashMap<u32, String> = HashMap::new();
     for m in defs.modules() {
-        if !exe_names.contains_key(&m.pid) {
+        if let std::collections::hash_map::Entry::Vacant(e) = exe_names.entry(m.pid) {
             if let Some(exe) = crate::processes::program_module(defs, m.pid) {
-                exe_names.insert(m.pid, module_name(exe));
+                e.insert(module_name(exe));
             }
         }
     }

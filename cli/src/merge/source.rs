@@ -20,6 +20,7 @@ use super::{is_io, named, MergeError, Shared};
 /// grows, or (for [`merge_files`](super::merge_files) only) a packed file, a complete recording
 /// that never grows, checked whole by [`Snapshot`] and handed out in batches
 /// as a `Tail` would.
+#[allow(clippy::large_enum_variant)] // one per source, held for the whole merge
 pub(super) enum Reader {
     Spool(Tail),
     Packed { snap: Box<Snapshot>, next: usize, batch: Vec<Sample>, off_cpu: (usize, usize) },

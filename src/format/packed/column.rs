@@ -244,7 +244,7 @@ impl Column {
         start: usize,
         n: usize,
     ) -> Result<usize, String> {
-        debug_assert!(start % 8 == 0 && start + n <= self.count);
+        debug_assert!(start.is_multiple_of(8) && start + n <= self.count);
         let k = self.code_width;
         if k == 0 {
             return Ok(n);
@@ -435,7 +435,7 @@ impl Column {
     ) {
         let (k, wi, n) = (self.code_width, self.index_width, out.len());
         let d = self.dict.len();
-        debug_assert!(start % 8 == 0 && start + n <= self.count);
+        debug_assert!(start.is_multiple_of(8) && start + n <= self.count);
         if n == 0 || d == 0 {
             return;
         }

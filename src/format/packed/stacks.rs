@@ -119,6 +119,7 @@ pub(crate) fn decode_stack_table(count: u64, raw_len: u32, payload: &[u8]) -> Re
     }
     let mut at = 0u64;
     let mut nodes = Vec::with_capacity(n);
+    #[allow(clippy::needless_range_loop)] // `i` is the node's index in three columns
     for i in 0..n {
         at = at.checked_add(vals[0][i]).ok_or_else(|| format!("node {i}: its position overflows 64 bits"))?;
         let parent = match vals[1][i] {

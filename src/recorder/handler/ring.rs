@@ -129,7 +129,8 @@ impl Ring {
     /// reads it, then `q` plus the capacity or more.
     #[inline]
     pub(crate) fn half_full(&self, claim: &Claim<'_>) -> bool {
-        let Some(q) = claim.pos.checked_sub((self.mask + 1) / 2) else { return false };
+        // Half the capacity (`mask + 1`, a power of two).
+        let Some(q) = claim.pos.checked_sub(self.mask.div_ceil(2)) else { return false };
         self.seqs[q & self.mask].seq.load(Ordering::Relaxed) <= q.wrapping_add(1)
     }
 

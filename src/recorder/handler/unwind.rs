@@ -295,7 +295,7 @@ mod tests {
         let base = stack.as_ptr() as u64;
         let mut read = |a: u64| -> Result<u64, ()> {
             let i = a.wrapping_sub(base) / 8;
-            if a % 8 == 0 && a >= base && i < 4 {
+            if a.is_multiple_of(8) && a >= base && i < 4 {
                 Ok(stack[i as usize])
             } else {
                 Err(())

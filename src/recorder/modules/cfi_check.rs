@@ -163,7 +163,7 @@ pub(crate) fn filter_eh_frame_hdr(
     // The start of the dropped range still open (the entry before was dropped).
     let mut open: Option<u64> = None;
     while let Some((start, fde_ptr)) = iter.next().ok()? {
-        match start.direct().ok().filter(|&s| prev_start.map_or(true, |p| p < s)) {
+        match start.direct().ok().filter(|&s| prev_start.is_none_or(|p| p < s)) {
             Some(s) => {
                 if let (Some(from), Some(r)) = (open.take(), ranges.as_mut()) {
                     r.push(from..s);

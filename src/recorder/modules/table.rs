@@ -39,10 +39,10 @@ impl ModuleTable {
             if addr >= e.seg.avma + e.seg.size {
                 continue;
             }
-            if e.gen_added <= gen && e.gen_removed.map_or(true, |r| gen < r) {
+            if e.gen_added <= gen && e.gen_removed.is_none_or(|r| gen < r) {
                 return (!e.retired).then_some(e);
             }
-            if e.gen_added > gen && !e.retired && later.map_or(true, |l| e.gen_added < l.gen_added) {
+            if e.gen_added > gen && !e.retired && later.is_none_or(|l| e.gen_added < l.gen_added) {
                 later = Some(e);
             }
         }

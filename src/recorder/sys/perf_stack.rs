@@ -225,7 +225,7 @@ impl StackRing {
         let (off, size) = (ring.header_word(PAGE_DATA_OFFSET), ring.header_word(PAGE_DATA_SIZE));
         if off != 0 && size != 0 {
             let (off, size) = (off as usize, size as usize);
-            if off.checked_add(size).map_or(true, |end| end > map_len) || !size.is_power_of_two() {
+            if off.checked_add(size).is_none_or(|end| end > map_len) || !size.is_power_of_two() {
                 return Err(io::Error::new(
                     io::ErrorKind::InvalidData,
                     "perf ring data area outside the mapping",

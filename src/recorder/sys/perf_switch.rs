@@ -149,13 +149,13 @@ struct Out {
 /// A thread the switch records named: out (and since when) or not. An
 /// entry stays while its thread switches (one lookup a record, no insertion
 /// and removal a blocking); it goes when its thread exits, or at a
-/// [`SwitchTracker::to_capture`] when its thread is not out and had no
+/// [`SwitchTracker::due_captures`] when its thread is not out and had no
 /// record since the one before (so the map holds the threads out or active
 /// lately, not every thread that ever ran).
 #[derive(Debug, Default)]
 struct Seen {
     out: Option<Out>,
-    /// A record named the thread since the last `to_capture`.
+    /// A record named the thread since the last `due_captures`.
     recent: bool,
     /// The latest time of a record that named the thread (records paired
     /// late, from another CPU's ring, may be older than the state).
@@ -350,15 +350,15 @@ impl SwitchTracker {
     }
 
     /// Threads that are out, blocked, and not yet captured in this interval,
-    /// to capture now (see [`Pairing::to_capture`]).
-    pub(crate) fn to_capture(&mut self, out: &mut Vec<u32>) {
+    /// to capture now (see [`Pairing::due_captures`]).
+    pub(crate) fn due_captures(&mut self, out: &mut Vec<u32>) {
         // Waits are judged as of the last drain: what is known.
         let known = if self.horizon_ns == 0 || self.horizon_ns == u64::MAX {
             super::now_ns()
         } else {
             self.horizon_ns
         };
-        self.pairing.to_capture(known, out);
+        self.pairing.due_captures(known, out);
     }
 
     /// Whether records were lost within the last second: captures must then
@@ -465,7 +465,7 @@ impl Pairing {
     /// interval); one left out may be listed at a later pass of the same
     /// interval (as a long wait, once it is one). Forgets the threads neither
     /// out nor named by a record since the last call.
-    pub(crate) fn to_capture(&mut self, now_ns: u64, out: &mut Vec<u32>) {
+    pub(crate) fn due_captures(&mut self, now_ns: u64, out: &mut Vec<u32>) {
         out.clear();
         let short = &mut self.short;
         short.clear();
@@ -710,18 +710,18 @@ mod tests {
             p.events.push((now - 1_000_000 + i, 1000 + i as u32, 1));
         }
         p.pair(u64::MAX);
-        p.to_capture(now, &mut tids);
+        p.due_captures(now, &mut tids);
         let n = SHORT_CAPTURES_PER_SECOND as usize;
         assert_eq!(tids.len(), 10 + n);
         assert!(tids[..10].iter().copied().eq(0..10), "every long wait");
         assert!(tids[10..].iter().copied().eq(1000..1000 + n as u32), "the longest short waits");
         // Still short 3 ms later, the allowance spent: none listed, none tried.
-        p.to_capture(now + 3_000_000, &mut tids);
+        p.due_captures(now + 3_000_000, &mut tids);
         assert!(tids.is_empty(), "{tids:?}");
         // Once long, the threads left out are all listed.
-        p.to_capture(now + LONG_WAIT_NS, &mut tids);
+        p.due_captures(now + LONG_WAIT_NS, &mut tids);
         assert_eq!(tids.len(), 1000 - n);
-        p.to_capture(now + 10 * S, &mut tids);
+        p.due_captures(now + 10 * S, &mut tids);
         assert!(tids.is_empty(), "each thread is tried once an interval");
         // After a long quiet time the allowance is a second's worth, no more;
         // 50 ms after it is spent, 5 more.
@@ -731,14 +731,14 @@ mod tests {
             p.events.push((t - 1000 + i, 5000 + i as u32, 1));
         }
         p.pair(u64::MAX);
-        p.to_capture(t, &mut tids);
+        p.due_captures(t, &mut tids);
         assert_eq!(tids.len(), n);
         p.events.clear();
         for i in 0..1000u64 {
             p.events.push((t + 50_000_000 - 1000 + i, 9000 + i as u32, 1));
         }
         p.pair(u64::MAX);
-        p.to_capture(t + 50_000_000, &mut tids);
+        p.due_captures(t + 50_000_000, &mut tids);
         assert_eq!(tids.len(), (1000 - n) + 5, "the rest of the first 1,000 (long now) and 5 short");
         assert!(tids[1000 - n..].iter().all(|&t| (9000..9005).contains(&t)), "{:?}", &tids[1000 - n..]);
     }
@@ -809,10 +809,10 @@ mod tests {
         p.pair(u64::MAX);
         assert_eq!(p.done.len(), 1000);
         assert_eq!(p.threads.len(), 3, "threads 1, 2 and 4 (3 exited)");
-        p.to_capture(LATER, &mut tids);
+        p.due_captures(LATER, &mut tids);
         assert_eq!(tids, [2], "out and blocked (4 is preempted, 1 is in)");
         assert_eq!(p.threads.len(), 3, "1 had records since the last pass");
-        p.to_capture(LATER, &mut tids);
+        p.due_captures(LATER, &mut tids);
         assert!(tids.is_empty(), "2 was tried in this interval already");
         let mut left: Vec<u32> = p.threads.keys().copied().collect();
         left.sort_unstable();
@@ -833,7 +833,7 @@ mod tests {
         let mut tids = Vec::new();
         p.events.extend([(100, 1, 1), (100, 2, 1)]);
         p.pair(u64::MAX);
-        p.to_capture(LATER, &mut tids);
+        p.due_captures(LATER, &mut tids);
         assert_eq!(tids, [1, 2]);
         p.attach(1, cap(150));
         p.attach(2, cap(250));
@@ -875,9 +875,9 @@ mod tests {
         p.events.clear();
         p.events.push((ms, 1, 1));
         p.pair(u64::MAX);
-        p.to_capture(6 * ms + ms / 2, &mut tids);
+        p.due_captures(6 * ms + ms / 2, &mut tids);
         assert!(tids.is_empty(), "out since 1 ms by the state, but named at 3 ms: {tids:?}");
-        p.to_capture(8 * ms + 1, &mut tids);
+        p.due_captures(8 * ms + 1, &mut tids);
         assert_eq!(tids, [1], "no record for 5 ms: a long wait");
     }
 
@@ -889,7 +889,7 @@ mod tests {
         let mut tids = Vec::new();
         p.events.extend([(100, 1, 1), (100, 2, 1), (100, 3, 1)]);
         p.pair(u64::MAX);
-        p.to_capture(LATER, &mut tids);
+        p.due_captures(LATER, &mut tids);
         assert_eq!(tids, [1, 2, 3]);
         // 1: copied from 150 to 250, switched in at 200. 2: the same,
         // switched in at 260, after the copy. 3: taken from 150 to 250 after

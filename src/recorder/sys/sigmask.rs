@@ -94,7 +94,7 @@ pub(crate) fn inherit_blocks_trap() {
 }
 
 fn set_flag(k: libc::pthread_key_t, on: bool) {
-    let v = if on { 1usize as *const c_void } else { std::ptr::null() };
+    let v = if on { std::ptr::dangling::<c_void>() } else { std::ptr::null() };
     // SAFETY: a key we created; below 32 it is a plain write of this
     // thread's control block (cannot fail for a valid key).
     unsafe { libc::pthread_setspecific(k, v) };

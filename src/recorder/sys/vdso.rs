@@ -34,7 +34,7 @@ pub(crate) fn symbol(name: &str) -> Option<Symbol> {
     // SAFETY: sysconf has no preconditions.
     let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
     let page = u64::try_from(page).ok().filter(|p| p.is_power_of_two())?;
-    if base == 0 || base % page != 0 || !mapped(base, page) {
+    if base == 0 || !base.is_multiple_of(page) || !mapped(base, page) {
         return None;
     }
     // SAFETY: the page at `base` is mapped (just checked); the vDSO is

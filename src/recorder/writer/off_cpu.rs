@@ -174,7 +174,7 @@ impl Run {
     /// blocking, and define its stack in the spool now.
     fn capture_blocked(&mut self, o: &mut OffCpu) {
         let mut tids = std::mem::take(&mut o.tids);
-        o.tracker.to_capture(&mut tids);
+        o.tracker.due_captures(&mut tids);
         let Some(mut sampler) = self.stack_sampler.take() else {
             o.tids = tids;
             return;
