@@ -357,12 +357,15 @@ fn child_server_process() {
     let _workers = if mode == "workers" { server::spawn_workers(&stop) } else { Vec::new() };
     // "blocked": a recorder in off-CPU mode runs, and a thread waits for the
     // whole life of the process (see `wall_window_counts_a_thread_blocked_throughout`).
+    // ("blocked" under LD_PRELOAD: the preloaded library records instead.)
     let _recording = (mode == "blocked").then(|| {
         let dir = std::env::var_os("TMPDIR").expect("the child's TMPDIR");
-        let guard = spulse::Recorder::builder()
-            .off_cpu(true)
-            .start(Path::new(&dir).join("recording.spool"))
-            .expect("the child records");
+        let guard = std::env::var_os("LD_PRELOAD").is_none().then(|| {
+            spulse::Recorder::builder()
+                .off_cpu(true)
+                .start(Path::new(&dir).join("recording.spool"))
+                .expect("the child records")
+        });
         let (tx, rx) = std::sync::mpsc::channel::<()>();
         std::thread::Builder::new()
             .name("blocked-whole".into())
@@ -796,7 +799,34 @@ fn wall_endpoint_has_off_cpu_time() {
 /// saw intervals written before it closed.)
 #[test]
 fn wall_window_counts_a_thread_blocked_throughout() {
-    let mut c = ChildServer::start("blocked", &[]);
+    wall_window_with_a_thread_blocked_throughout(&[]);
+}
+
+/// The same, with the preloaded library recording the child (`SPULSE_OFF_CPU=1`):
+/// the window asks it through `spulse_preload_split_off_cpu`.
+#[test]
+fn wall_window_from_a_preloaded_recording_counts_a_thread_blocked_throughout() {
+    let lib = std::env::current_exe().unwrap().parent().unwrap().join("libspulse_preload.so");
+    if !lib.exists() {
+        let why = format!("{} is not built", lib.display());
+        if std::env::var("CI").is_ok_and(|v| v == "true") {
+            panic!("{why}: the workspace's test build builds it (cargo test --workspace)");
+        }
+        let _ = writeln!(std::io::stderr(), "SKIPPED in tests/http.rs: the preloaded wall window ({why})");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let template = dir.path().join("pre-{pid}.spool");
+    let one = std::ffi::OsStr::new("1");
+    wall_window_with_a_thread_blocked_throughout(&[
+        ("LD_PRELOAD", lib.as_os_str()),
+        ("SPULSE_OUTPUT", template.as_os_str()),
+        ("SPULSE_OFF_CPU", one),
+    ]);
+}
+
+fn wall_window_with_a_thread_blocked_throughout(env: &[(&str, &std::ffi::OsStr)]) {
+    let mut c = ChildServer::start("blocked", env);
     // Let the thread block and the recorder see it.
     std::thread::sleep(Duration::from_millis(300));
     let (status, body) = get(c.addr, "/debug/pprof/wall?seconds=2");
