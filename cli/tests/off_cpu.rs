@@ -118,6 +118,28 @@ fn exports_weigh_by_time() {
     let text = std::fs::read_to_string(&folded).unwrap();
     assert!(text.lines().any(|l| l.ends_with("hot_b;[blocked: futex] 600000")), "{text}");
     assert!(text.lines().any(|l| l.ends_with("hot_a;[waiting for CPU] 250000")), "{text}");
+    // speedscope: weights in microseconds in every mode (CPU samples count
+    // their interval; with --off-cpu/--wall the intervals their duration).
+    for (mode, want) in [
+        (None, 400 * INTERVAL_US),
+        (Some("--off-cpu"), 850_000),
+        (Some("--wall"), 400 * INTERVAL_US + 850_000),
+    ] {
+        let ss = p.dir.path().join("off.speedscope.json");
+        let mut args = vec!["export", f, "-o", s(&ss)];
+        args.extend(mode);
+        ok(&args);
+        let v: Value = serde_json::from_str(&std::fs::read_to_string(&ss).unwrap()).unwrap();
+        let profiles = v["profiles"].as_array().unwrap();
+        assert!(profiles.iter().all(|p| p["unit"] == "microseconds"));
+        let sum: u64 = profiles
+            .iter()
+            .flat_map(|p| p["weights"].as_array().unwrap().iter().map(|w| w.as_u64().unwrap()))
+            .sum();
+        assert_eq!(sum, want, "speedscope {mode:?}");
+        let end: u64 = profiles.iter().map(|p| p["endValue"].as_u64().unwrap()).sum();
+        assert_eq!(end, want, "speedscope {mode:?} endValue");
+    }
     // A CPU-only spool's pprof keeps two sample types.
     let (plain_p, plain) = fixture();
     let out = plain_p.dir.path().join("plain.pb.gz");
