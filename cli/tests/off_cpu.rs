@@ -140,6 +140,16 @@ fn exports_weigh_by_time() {
         let end: u64 = profiles.iter().map(|p| p["endValue"].as_u64().unwrap()).sum();
         assert_eq!(end, want, "speedscope {mode:?} endValue");
     }
+    // svg: widths in microseconds, said so (not "samples"); the summary line too.
+    let svg = p.dir.path().join("off.svg");
+    let o = spulse(&["export", f, "--off-cpu", "-o", s(&svg)]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stderr(&o).contains("export: 850000 us of time written"), "{}", stderr(&o));
+    let text = std::fs::read_to_string(&svg).unwrap();
+    assert!(text.contains("all (850,000 us, 100%)"), "{}", &text[..text.len().min(3000)]);
+    let o = spulse(&["export", f, "-o", s(&svg)]);
+    assert!(stderr(&o).contains("export: 400 samples written"), "{}", stderr(&o));
+    assert!(std::fs::read_to_string(&svg).unwrap().contains("all (400 samples, 100%)"));
     // A CPU-only spool's pprof keeps two sample types.
     let (plain_p, plain) = fixture();
     let out = plain_p.dir.path().join("plain.pb.gz");
