@@ -763,11 +763,16 @@ fn client_disconnect_cancels_the_window() {
 fn wall_endpoint_has_off_cpu_time() {
     let stop = Arc::new(AtomicBool::new(false));
     let s2 = stop.clone();
-    let sleeper = std::thread::spawn(move || {
-        while !s2.load(Ordering::SeqCst) {
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    });
+    // Named: the other tests of this binary run in the same process, and
+    // may sleep during the window too.
+    let sleeper = std::thread::Builder::new()
+        .name("wall-sleeper".into())
+        .spawn(move || {
+            while !s2.load(Ordering::SeqCst) {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        })
+        .unwrap();
     let srv = spulse::http::serve("127.0.0.1:0").expect("serve on an ephemeral port");
     let (status, body) = get(srv.local_addr(), "/debug/pprof/wall?seconds=1");
     stop.store(true, Ordering::SeqCst);
@@ -780,6 +785,7 @@ fn wall_endpoint_has_off_cpu_time() {
     let slept: i64 = p
         .sample
         .iter()
+        .filter(|smp| smp.label.iter().any(|l| s(l.key) == "thread" && s(l.str) == "wall-sleeper"))
         .filter(|smp| {
             let loc = &p.location[smp.location_id[0] as usize - 1];
             loc.line.iter().any(|l| {
@@ -826,9 +832,11 @@ fn wall_window_from_a_preloaded_recording_counts_a_thread_blocked_throughout() {
 }
 
 fn wall_window_with_a_thread_blocked_throughout(env: &[(&str, &std::ffi::OsStr)]) {
+    // (No sleep here: this process's other tests may be cutting a wall
+    // window that counts its sleeps. The thread blocked before the child
+    // served; the recorder captures it at its first tick, long before the
+    // window's end.)
     let mut c = ChildServer::start("blocked", env);
-    // Let the thread block and the recorder see it.
-    std::thread::sleep(Duration::from_millis(300));
     let (status, body) = get(c.addr, "/debug/pprof/wall?seconds=2");
     assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
     let p = decode(&body);
