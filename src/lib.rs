@@ -46,6 +46,12 @@ pub use recorder::interpose as __interpose;
 #[doc(hidden)]
 pub use recorder::live_spool_of_this_copy as __preload_live_spool;
 
+/// For `libspulse_preload.so` only, not part of the API: ask this copy's
+/// running recorder to write the waits still open up to a time (see
+/// `src/recorder/sys/preloaded.rs`).
+#[doc(hidden)]
+pub use recorder::request_off_cpu_split as __preload_split_off_cpu;
+
 /// Hooks for spulse's own tests and benchmarks, compiled only with the
 /// `testing` cargo feature (off by default). **Unstable**: not part of the
 /// API, may change or go in any release; do not enable it in a build you ship.

@@ -355,6 +355,26 @@ fn child_server_process() {
     let Ok(mode) = std::env::var(CHILD_ENV) else { return };
     let stop = Arc::new(AtomicBool::new(false));
     let _workers = if mode == "workers" { server::spawn_workers(&stop) } else { Vec::new() };
+    // "blocked": a recorder in off-CPU mode runs, and a thread waits for the
+    // whole life of the process (see `wall_window_counts_a_thread_blocked_throughout`).
+    // ("blocked" under LD_PRELOAD: the preloaded library records instead.)
+    let _recording = (mode == "blocked").then(|| {
+        let dir = std::env::var_os("TMPDIR").expect("the child's TMPDIR");
+        let guard = std::env::var_os("LD_PRELOAD").is_none().then(|| {
+            spulse::Recorder::builder()
+                .off_cpu(true)
+                .start(Path::new(&dir).join("recording.spool"))
+                .expect("the child records")
+        });
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        std::thread::Builder::new()
+            .name("blocked-whole".into())
+            .spawn(move || {
+                let _ = rx.recv();
+            })
+            .unwrap();
+        (guard, tx)
+    });
     let srv = spulse::http::serve("127.0.0.1:0").expect("the child serves");
     println!("\nLISTENING {}", srv.local_addr());
     std::io::stdout().flush().unwrap();
@@ -743,11 +763,16 @@ fn client_disconnect_cancels_the_window() {
 fn wall_endpoint_has_off_cpu_time() {
     let stop = Arc::new(AtomicBool::new(false));
     let s2 = stop.clone();
-    let sleeper = std::thread::spawn(move || {
-        while !s2.load(Ordering::SeqCst) {
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    });
+    // Named: the other tests of this binary run in the same process, and
+    // may sleep during the window too.
+    let sleeper = std::thread::Builder::new()
+        .name("wall-sleeper".into())
+        .spawn(move || {
+            while !s2.load(Ordering::SeqCst) {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        })
+        .unwrap();
     let srv = spulse::http::serve("127.0.0.1:0").expect("serve on an ephemeral port");
     let (status, body) = get(srv.local_addr(), "/debug/pprof/wall?seconds=1");
     stop.store(true, Ordering::SeqCst);
@@ -760,6 +785,7 @@ fn wall_endpoint_has_off_cpu_time() {
     let slept: i64 = p
         .sample
         .iter()
+        .filter(|smp| smp.label.iter().any(|l| s(l.key) == "thread" && s(l.str) == "wall-sleeper"))
         .filter(|smp| {
             let loc = &p.location[smp.location_id[0] as usize - 1];
             loc.line.iter().any(|l| {
@@ -769,4 +795,85 @@ fn wall_endpoint_has_off_cpu_time() {
         .map(|smp| smp.value[2])
         .sum();
     assert!((700_000_000..=1_100_000_000).contains(&slept), "{slept} ns of off-CPU sleep in a 1 s window");
+}
+
+/// A wall-clock window cut from a running recorder (off-CPU mode) counts a
+/// thread that stays blocked from before the window to after it (the child's
+/// `blocked-whole`, waiting on a channel no one sends to): the whole window
+/// of off-CPU time, in the futex it waits in. (It counted nothing: the
+/// recorder writes an interval when its thread wakes, and the window only
+/// saw intervals written before it closed.)
+#[test]
+fn wall_window_counts_a_thread_blocked_throughout() {
+    wall_window_with_a_thread_blocked_throughout(&[]);
+}
+
+/// The same, with the preloaded library recording the child (`SPULSE_OFF_CPU=1`):
+/// the window asks it through `spulse_preload_split_off_cpu`.
+#[test]
+fn wall_window_from_a_preloaded_recording_counts_a_thread_blocked_throughout() {
+    let lib = std::env::current_exe().unwrap().parent().unwrap().join("libspulse_preload.so");
+    if !lib.exists() {
+        let why = format!("{} is not built", lib.display());
+        if std::env::var("CI").is_ok_and(|v| v == "true") {
+            panic!("{why}: the workspace's test build builds it (cargo test --workspace)");
+        }
+        let _ = writeln!(std::io::stderr(), "SKIPPED in tests/http.rs: the preloaded wall window ({why})");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let template = dir.path().join("pre-{pid}.spool");
+    let one = std::ffi::OsStr::new("1");
+    wall_window_with_a_thread_blocked_throughout(&[
+        ("LD_PRELOAD", lib.as_os_str()),
+        ("SPULSE_OUTPUT", template.as_os_str()),
+        ("SPULSE_OFF_CPU", one),
+    ]);
+}
+
+fn wall_window_with_a_thread_blocked_throughout(env: &[(&str, &std::ffi::OsStr)]) {
+    // (No sleep here: this process's other tests may be cutting a wall
+    // window that counts its sleeps. The thread blocked before the child
+    // served; the recorder captures it at its first tick, long before the
+    // window's end.)
+    let mut c = ChildServer::start("blocked", env);
+    let (status, body) = get(c.addr, "/debug/pprof/wall?seconds=2");
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+    let p = decode(&body);
+    let s = |i: i64| p.string_table[i as usize].as_str();
+    let thread = |smp: &spulse::pprof::proto::Sample| {
+        smp.label.iter().find(|l| s(l.key) == "thread").map_or("", |l| s(l.str))
+    };
+    let leaf = |smp: &spulse::pprof::proto::Sample| {
+        let l = &p.location[smp.location_id[0] as usize - 1].line[0];
+        s(p.function[l.function_id as usize - 1].name)
+    };
+    let waited: i64 =
+        p.sample.iter().filter(|smp| thread(smp) == "blocked-whole").map(|smp| smp.value[2]).sum();
+    let in_futex: i64 = p
+        .sample
+        .iter()
+        .filter(|smp| thread(smp) == "blocked-whole" && leaf(smp) == "[blocked: futex]")
+        .map(|smp| smp.value[2])
+        .sum();
+    let stacks: Vec<(String, i64)> = p
+        .sample
+        .iter()
+        .filter(|smp| smp.value[2] > 0)
+        .map(|smp| {
+            let names: Vec<&str> = smp
+                .location_id
+                .iter()
+                .flat_map(|&id| p.location[id as usize - 1].line.iter())
+                .map(|l| s(p.function[l.function_id as usize - 1].name))
+                .collect();
+            (names.join(" <- "), smp.value[2])
+        })
+        .collect();
+    assert!(
+        (1_800_000_000..=2_100_000_000).contains(&waited),
+        "{waited} ns of off-CPU time of the blocked thread in a 2 s window; off-CPU stacks: {stacks:#?}"
+    );
+    assert_eq!(in_futex, waited, "charged to the futex it waits in: {stacks:#?}");
+    c.assert_alive("a wall profile with a running recorder");
 }

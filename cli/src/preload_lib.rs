@@ -75,13 +75,22 @@ pub fn locate(embedded: &[u8]) -> Result<(PathBuf, Option<tempfile::TempDir>), C
              goes to a temporary directory for this recording"
         ),
     }
+    let (p, tmp) = install_in_temp_dir(embedded)?;
+    Ok((p, Some(tmp)))
+}
+
+/// Install the library in a new private temporary directory (mode 0700 from
+/// its creation: tempfile's own default is 0777 less the umask, which
+/// `install_verified` refuses, rightly, under the usual umask 022).
+fn install_in_temp_dir(embedded: &[u8]) -> Result<(PathBuf, tempfile::TempDir), CliError> {
     let tmp = tempfile::Builder::new()
         .prefix("spulse-preload-")
+        .permissions(std::fs::Permissions::from_mode(0o700))
         .tempdir()
         .map_err(|e| CliError::other(format!("cannot create a directory for {LIB_NAME}: {e}")))?;
     let p = install_verified(tmp.path(), embedded)
         .map_err(|e| CliError::other(format!("{}: {e}", tmp.path().display())))?;
-    Ok((p, Some(tmp)))
+    Ok((p, tmp))
 }
 
 /// `$XDG_CACHE_HOME`, else `$HOME/.cache` (absolute paths only).

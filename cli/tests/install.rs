@@ -89,3 +89,43 @@ fn installed_spulse_records_with_nothing_beside_it() {
     run("3.spool");
     assert!(std::fs::metadata(&lib).unwrap().len() > 100_000);
 }
+
+/// With no usable cache directory (here `XDG_CACHE_HOME` under a regular
+/// file; for an unprivileged user, typically a `HOME` it cannot write), the
+/// library goes to a private temporary directory for the recording, and the
+/// recording works under the usual umask 022 (the directory was created with
+/// the umask's 0755 and then refused by its own 0700 check).
+#[test]
+fn without_a_cache_directory_the_library_goes_to_a_private_temporary_one() {
+    let work = tempfile::tempdir().unwrap();
+    let bin = work.path().join("spulse");
+    // Alone in its directory, so the embedded copy is used (not target/'s deps/).
+    if std::fs::hard_link(env!("CARGO_BIN_EXE_spulse"), &bin).is_err() {
+        std::fs::copy(env!("CARGO_BIN_EXE_spulse"), &bin).unwrap();
+    }
+    let not_a_dir = work.path().join("file");
+    std::fs::write(&not_a_dir, b"").unwrap();
+    let tmp = work.path().join("tmp");
+    std::fs::create_dir(&tmp).unwrap();
+    let out = work.path().join("t.spool");
+    let o = Command::new("sh")
+        .args(["-c", "umask 022; exec \"$0\" \"$@\""])
+        .arg(&bin)
+        .args(["record", "-o"])
+        .arg(&out)
+        .args(["--", "sh", "-c", "i=0; while [ $i -lt 100000 ]; do i=$((i+1)); done"])
+        .env("XDG_CACHE_HOME", not_a_dir.join("cache"))
+        .env("TMPDIR", &tmp)
+        .env_remove("SPULSE_PRELOAD_LIB")
+        .current_dir(work.path())
+        .output()
+        .unwrap();
+    let err = stderr(&o);
+    assert!(o.status.success(), "{err}");
+    assert!(err.contains("goes to a temporary directory for this recording"), "{err}");
+    assert!(err.contains("recorded 1 process"), "{err}");
+    assert!(spulse::Snapshot::open(&out).unwrap().samples().len() > 0, "no samples");
+    // The temporary directory is gone with the recording.
+    let left: Vec<_> = std::fs::read_dir(&tmp).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert!(left.iter().all(|n| !n.to_string_lossy().starts_with("spulse-preload-")), "{left:?}");
+}

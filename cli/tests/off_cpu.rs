@@ -118,6 +118,38 @@ fn exports_weigh_by_time() {
     let text = std::fs::read_to_string(&folded).unwrap();
     assert!(text.lines().any(|l| l.ends_with("hot_b;[blocked: futex] 600000")), "{text}");
     assert!(text.lines().any(|l| l.ends_with("hot_a;[waiting for CPU] 250000")), "{text}");
+    // speedscope: weights in microseconds in every mode (CPU samples count
+    // their interval; with --off-cpu/--wall the intervals their duration).
+    for (mode, want) in [
+        (None, 400 * INTERVAL_US),
+        (Some("--off-cpu"), 850_000),
+        (Some("--wall"), 400 * INTERVAL_US + 850_000),
+    ] {
+        let ss = p.dir.path().join("off.speedscope.json");
+        let mut args = vec!["export", f, "-o", s(&ss)];
+        args.extend(mode);
+        ok(&args);
+        let v: Value = serde_json::from_str(&std::fs::read_to_string(&ss).unwrap()).unwrap();
+        let profiles = v["profiles"].as_array().unwrap();
+        assert!(profiles.iter().all(|p| p["unit"] == "microseconds"));
+        let sum: u64 = profiles
+            .iter()
+            .flat_map(|p| p["weights"].as_array().unwrap().iter().map(|w| w.as_u64().unwrap()))
+            .sum();
+        assert_eq!(sum, want, "speedscope {mode:?}");
+        let end: u64 = profiles.iter().map(|p| p["endValue"].as_u64().unwrap()).sum();
+        assert_eq!(end, want, "speedscope {mode:?} endValue");
+    }
+    // svg: widths in microseconds, said so (not "samples"); the summary line too.
+    let svg = p.dir.path().join("off.svg");
+    let o = spulse(&["export", f, "--off-cpu", "-o", s(&svg)]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stderr(&o).contains("export: 850000 us of time written"), "{}", stderr(&o));
+    let text = std::fs::read_to_string(&svg).unwrap();
+    assert!(text.contains("all (850,000 us, 100%)"), "{}", &text[..text.len().min(3000)]);
+    let o = spulse(&["export", f, "-o", s(&svg)]);
+    assert!(stderr(&o).contains("export: 400 samples written"), "{}", stderr(&o));
+    assert!(std::fs::read_to_string(&svg).unwrap().contains("all (400 samples, 100%)"));
     // A CPU-only spool's pprof keeps two sample types.
     let (plain_p, plain) = fixture();
     let out = plain_p.dir.path().join("plain.pb.gz");

@@ -96,6 +96,16 @@ pub unsafe extern "C" fn spulse_preload_live_spool(buf: *mut u8, cap: usize, flu
     bytes.len()
 }
 
+/// Ask the recording of this process to write, within a flush interval, the
+/// part up to `at_ns` (unix nanoseconds) of every off-CPU wait still open:
+/// the `http` endpoint of a spulse copy in the program calls it (found with
+/// `dlsym`) when a wall-clock window it cut from this recording closes, so
+/// that threads still blocked are counted in it. Only stores the value.
+#[no_mangle]
+pub extern "C" fn spulse_preload_split_off_cpu(at_ns: u64) {
+    spulse::__preload_split_off_cpu(at_ns);
+}
+
 /// The running recording of this process.
 static GUARD: Mutex<Option<spulse::Guard>> = Mutex::new(None);
 

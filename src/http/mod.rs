@@ -113,7 +113,10 @@ pub const PROFILE_PATH: &str = "/debug/pprof/profile";
 /// waited, `RecorderBuilder::off_cpu`), with a third pprof sample type,
 /// `off-cpu` in nanoseconds, as fgprof gives. Off-CPU time is there when the
 /// running recorder records it, or when no recorder runs (the window's own
-/// temporary recording turns the mode on).
+/// temporary recording turns the mode on). A running recorder writes a wait
+/// when its thread wakes: when the window closes it asks the recorder to
+/// write the part up to the window's end of every wait still open, so a
+/// thread blocked across the whole window counts the whole window.
 pub const WALL_PATH: &str = "/debug/pprof/wall";
 
 /// The window when a request gives no `seconds`.

@@ -153,14 +153,21 @@ pub(super) fn collect(
     let abandoned = |why: &str| {
         Error::io(None, io::Error::new(io::ErrorKind::Interrupted, format!("profile abandoned: {why}")))
     };
-    let (path, flush, mut temp) = match crate::recorder::live_spool() {
-        Some((path, flush)) => (path, flush, None),
+    // How to ask the running recorder to write the waits still open at the
+    // window's end (off-CPU mode; see `recorder::request_off_cpu_split`):
+    // a thread blocked past the end is written only when it wakes otherwise.
+    let split: fn(u64) = crate::recorder::request_off_cpu_split;
+    let (path, flush, mut temp, split) = match crate::recorder::live_spool() {
+        Some((path, flush)) => (path, flush, None, Some(split)),
         None => match crate::recorder::preload_live_spool() {
-            Some(Ok((path, flush))) => (path, flush, None),
+            Some(Ok((path, flush))) => {
+                (path, flush, None, Some(crate::recorder::preload_split_off_cpu as fn(u64)))
+            }
             Some(Err(why)) => return Err(Error::io(None, io::Error::other(why))),
             None => {
+                // Its stop closes every wait still open.
                 let t = TempRecording::start(wall)?;
-                (t.path.clone(), Duration::ZERO, Some(t))
+                (t.path.clone(), Duration::ZERO, Some(t), None)
             }
         },
     };
@@ -191,6 +198,9 @@ pub(super) fn collect(
     while start.elapsed() < duration {
         poll(&mut c)?;
         wait().map_err(abandoned)?;
+    }
+    if let (true, Some(split)) = (wall, split) {
+        split(window.start_us.saturating_add(window.duration_us).saturating_mul(1000));
     }
     match &mut temp {
         Some(t) => {

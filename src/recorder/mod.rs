@@ -82,7 +82,7 @@ mod warnings;
 mod writer;
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -104,6 +104,8 @@ pub use stats::{
 pub use sys::preloaded::live_spool_of_this_copy;
 #[cfg(feature = "http")]
 pub(crate) use sys::preloaded::preload_live_spool;
+#[cfg(feature = "http")]
+pub(crate) use sys::preloaded::preload_split_off_cpu;
 
 /// Start recording to `path` with the defaults.
 ///
@@ -151,6 +153,26 @@ pub(crate) fn set_live_segment(path: &Path) {
             *p = path.to_path_buf();
         }
     }
+}
+
+/// A request to the running recorder's writer (off-CPU mode): write the part
+/// up to this time (unix ns; 0: none) of every wait still open, at its next
+/// tick. The `http` endpoint's wall-clock window asks it when it closes,
+/// so that threads blocked past its end are counted in it.
+static OFF_CPU_SPLIT_AT_NS: AtomicU64 = AtomicU64::new(0);
+
+/// Ask the recorder running in this process (if in off-CPU mode) to write,
+/// within a flush interval, the part up to `at_ns` (unix ns) of every wait
+/// still open (see [`OFF_CPU_SPLIT_AT_NS`]).
+pub fn request_off_cpu_split(at_ns: u64) {
+    OFF_CPU_SPLIT_AT_NS.store(at_ns, Ordering::SeqCst);
+}
+
+/// The pending split request, if any (taken by the writer: see
+/// [`request_off_cpu_split`]); put back with [`request_off_cpu_split`] when
+/// it cannot be served yet.
+pub(crate) fn take_off_cpu_split() -> Option<u64> {
+    Some(OFF_CPU_SPLIT_AT_NS.swap(0, Ordering::SeqCst)).filter(|&t| t != 0)
 }
 
 /// The spool path and flush interval of the recorder running in this process,

@@ -91,7 +91,12 @@ pub fn run(args: &ExportArgs) -> Result<(), CliError> {
     if let Some(w) =
         output::write(target, &out_name, "export", |out| write_export(args, replay, &inputs.name, out))?
     {
-        eprintln!("spulse: export: {} samples written to {} ({} bytes)", w.value, w.name, w.bytes);
+        // The collapsed, svg and speedscope exports weigh by time with
+        // --off-cpu/--wall: their count is microseconds, not samples.
+        let by_time = args.time.mode().is_time()
+            && matches!(format, Format::Collapsed | Format::Svg | Format::Speedscope);
+        let what = if by_time { "us of time" } else { "samples" };
+        eprintln!("spulse: export: {} {what} written to {} ({} bytes)", w.value, w.name, w.bytes);
     }
     Ok(())
 }

@@ -1,6 +1,7 @@
 //! speedscope's JSON file format: one sampled profile per thread, frames shared.
 //! Samples are aggregated per distinct stack (weights in microseconds: count ×
-//! interval), which keeps the file small; speedscope's "left heavy" and
+//! interval; with `--off-cpu`/`--wall`, CPU samples and off-CPU intervals by
+//! their time), which keeps the file small; speedscope's "left heavy" and
 //! "sandwich" views are unaffected, the "time order" view shows stacks in
 //! aggregate order instead of time order. Inlined functions are frames of
 //! their own, under the function they were inlined into.
@@ -41,19 +42,23 @@ fn title(defs: &Definitions, thread: Option<ThreadId>) -> String {
 /// Write a speedscope file of the selected samples, one profile per thread.
 pub fn export(job: &Job<'_>, sym: &mut Symbolizer, out: &mut dyn Write) -> Result<u64, CliError> {
     let agg = job.aggregate(sym, true)?;
-    write(job.replay, &agg, sym, job.title, out).map_err(|e| job.write_error(e))?;
+    // With --off-cpu/--wall the counts are microseconds already.
+    let per_count = if job.filter.time.is_time() { 1 } else { job.replay.interval_us().max(1) };
+    write(job.replay, &agg, per_count, sym, job.title, out).map_err(|e| job.write_error(e))?;
     Ok(agg.total)
 }
 
-/// Write a speedscope file. `agg` must be a per-thread aggregation.
+/// Write a speedscope file. `agg` must be a per-thread aggregation; each of
+/// its counts weighs `per_count` microseconds (a sample's interval, or 1 when
+/// the counts are microseconds: `--off-cpu`, `--wall`).
 fn write(
     defs: &Definitions,
     agg: &Aggregate,
+    per_count: u64,
     sym: &mut Symbolizer,
     name: &str,
     out: &mut dyn Write,
 ) -> std::io::Result<()> {
-    let interval = defs.interval_us().max(1);
     // The aggregation's entries, grouped by thread in first-seen order.
     let mut order: Vec<Option<ThreadId>> = Vec::new();
     let mut by_thread: HashMap<Option<ThreadId>, Vec<(usize, spulse::StackId, u64)>> = HashMap::new();
@@ -97,7 +102,7 @@ fn write(
         write!(out, "],\"weights\":[")?;
         let mut end = 0u64;
         for (i, &(_, _, count)) in entries.iter().enumerate() {
-            let w = count * interval;
+            let w = count * per_count;
             end += w;
             write!(out, "{}{w}", if i > 0 { "," } else { "" })?;
         }

@@ -26,7 +26,9 @@ pub const TEXT_BUDGET: usize = 64 << 20;
 /// Write an SVG flame graph of the selected samples.
 pub fn export(job: &Job<'_>, sym: &mut Symbolizer, out: &mut dyn Write) -> Result<u64, CliError> {
     let agg = job.aggregate(sym, job.shape.thread_root)?;
-    write(job.replay, &agg, sym, job.shape, job.title, out).map_err(|e| job.write_error(e))?;
+    // With --off-cpu/--wall the widths are microseconds, not samples.
+    let count_name = if job.filter.time.is_time() { "us" } else { "samples" };
+    write(job.replay, &agg, sym, job.shape, job.title, count_name, out).map_err(|e| job.write_error(e))?;
     Ok(agg.total)
 }
 
@@ -37,6 +39,7 @@ fn write(
     sym: &mut Symbolizer,
     shape: Shape,
     title: &str,
+    count_name: &str,
     out: &mut dyn Write,
 ) -> std::io::Result<()> {
     let tree = CallTree::build_shaped(defs, agg, sym, Shape { inlines: true, by_name: true, ..shape });
@@ -49,7 +52,7 @@ fn write(
         .collect();
     let mut opts = inferno::flamegraph::Options::default();
     opts.title = xml_text(title).into_owned();
-    opts.count_name = "samples".to_string();
+    opts.count_name = count_name.to_string();
     if lines.is_empty() {
         // inferno refuses empty input; an empty profile still gets a valid SVG.
         return inferno::flamegraph::from_lines(&mut opts, std::iter::once("[no samples] 1"), out);

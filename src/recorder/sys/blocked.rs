@@ -23,8 +23,9 @@
 //! of `/proc/self/task/<tid>/schedstat`) is read before and after, and must
 //! not change (two more `/proc` opens, two thirds of a capture's `/proc`
 //! cost). The `syscall` file needs the process to be dumpable
-//! (as a ptrace read would); a non-dumpable process gets `EACCES`, reported
-//! by `info`.
+//! (as a ptrace read would); a non-dumpable process gets `EACCES` (unless
+//! the recorder runs as root), reported by `info`. A thread of a dumpable
+//! process that gives `EACCES` is exiting, and is counted as gone ([`missed`]).
 
 use std::io::{self, Read};
 
@@ -101,10 +102,10 @@ pub(crate) struct Taken {
 /// `schedstat`, the capture checks it too (`Missed::Ran` if it ran).
 pub(crate) fn capture(tid: u32, out: &mut [u8], buf: &mut Vec<u8>, schedstat: bool) -> Result<Taken, Missed> {
     let refused = |e: io::Error| {
-        if e.raw_os_error() == Some(libc::ESRCH) || e.kind() == io::ErrorKind::NotFound {
+        if e.kind() == io::ErrorKind::NotFound {
             Missed::Ran
         } else {
-            Missed::Refused(e.raw_os_error().unwrap_or(0))
+            missed(e.raw_os_error().unwrap_or(0), process_dumpable)
         }
     };
     let before = if schedstat { Some(timeslices(tid, buf).map_err(refused)?) } else { None };
@@ -112,7 +113,7 @@ pub(crate) fn capture(tid: u32, out: &mut [u8], buf: &mut Vec<u8>, schedstat: bo
     read_small(&format!("/proc/self/task/{tid}/syscall"), buf).map_err(refused)?;
     let text = std::str::from_utf8(buf).map_err(|_| Missed::Ran)?;
     let Some(Some(blocked)) = parse_syscall(text) else { return Err(Missed::Ran) };
-    let copied = copy_stack(blocked.sp, out).map_err(|e| Missed::Refused(e.raw_os_error().unwrap_or(0)))?;
+    let copied = copy_stack(blocked.sp, out).map_err(refused)?;
     let to_ns = super::now_ns();
     if let Some(before) = before {
         if timeslices(tid, buf).map_err(refused)? != before {
@@ -120,6 +121,30 @@ pub(crate) fn capture(tid: u32, out: &mut [u8], buf: &mut Vec<u8>, schedstat: bo
         }
     }
     Ok(Taken { blocked, copied, from_ns, to_ns })
+}
+
+/// Why a read of thread `tid`'s `/proc` files or stack failed with `errno`.
+///
+/// A thread that is exiting has already given up its memory (`exit_mm`)
+/// while it can still be switched out (blocked in the rest of its exit);
+/// the kernel then makes its `/proc` files root's, as it does a
+/// non-dumpable process's, and a reader that is not root gets `EACCES`. In a
+/// process that is dumpable, that is the only way to get `EACCES` (or
+/// `EPERM`) on our own threads: the thread is going, not refused to us (an
+/// unprivileged recording of 2,000 short threads had one such capture, said
+/// to be "not dumpable" before).
+fn missed(errno: i32, dumpable: impl Fn() -> bool) -> Missed {
+    match errno {
+        libc::ESRCH | libc::ENOENT => Missed::Ran,
+        libc::EACCES | libc::EPERM if dumpable() => Missed::Ran,
+        e => Missed::Refused(e),
+    }
+}
+
+/// Whether this process is dumpable (`PR_GET_DUMPABLE` is 1, "user").
+fn process_dumpable() -> bool {
+    // SAFETY: PR_GET_DUMPABLE takes no further argument and only returns a value.
+    unsafe { libc::prctl(libc::PR_GET_DUMPABLE) == 1 }
 }
 
 /// Copy memory of this process from `addr` into `out` with
@@ -259,6 +284,21 @@ mod tests {
         assert_eq!(parse_syscall("202 0x1"), None);
         assert_eq!(parse_syscall(""), None);
         assert_eq!(parse_syscall("x 0x1 0x2"), None);
+    }
+
+    #[test]
+    fn an_exiting_thread_is_gone_not_refused() {
+        // EACCES in a dumpable process: the thread is exiting (its /proc
+        // files are root's once its memory is gone).
+        assert_eq!(missed(libc::EACCES, || true), Missed::Ran);
+        assert_eq!(missed(libc::EPERM, || true), Missed::Ran);
+        // In a non-dumpable one: refused, and said.
+        assert_eq!(missed(libc::EACCES, || false), Missed::Refused(libc::EACCES));
+        assert_eq!(missed(libc::ESRCH, || false), Missed::Ran);
+        // Anything else is a refusal, whatever the process.
+        assert_eq!(missed(libc::EFAULT, || true), Missed::Refused(libc::EFAULT));
+        // This test process is dumpable (it runs as any other).
+        assert!(process_dumpable());
     }
 
     #[test]

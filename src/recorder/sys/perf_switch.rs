@@ -383,6 +383,17 @@ impl SwitchTracker {
         }
     }
 
+    /// Write the part up to `at_ns` of every wait still open
+    /// ([`Pairing::split_open`]), if the last drain knows every switch up to
+    /// `at_ns`; `false` (nothing done) if not yet.
+    pub(crate) fn split_open(&mut self, at_ns: u64) -> bool {
+        if self.horizon_ns < at_ns {
+            return false;
+        }
+        self.pairing.split_open(at_ns);
+        true
+    }
+
     /// Close the intervals of threads still out at `end_ns` (the recording
     /// stops), but for threads that no longer exist or are running.
     pub(crate) fn finish(&mut self, end_ns: u64) {
@@ -525,6 +536,31 @@ impl Pairing {
         } else {
             self.short_budget_at + earned * EACH_NS
         };
+    }
+
+    /// Write the part up to `at_ns` of every wait still open that began
+    /// before it, and start the rest of each at `at_ns` (a reader cutting a
+    /// window there sees the time of threads still waiting, which would
+    /// otherwise be written only when they wake). `at_ns` must not be later
+    /// than the last drain's horizon (every switch up to it is known). The
+    /// part written keeps the wait's capture if that capture ended by
+    /// `at_ns` (a later one is checked when the thread wakes); the rest keeps
+    /// it in any case. In tid order.
+    pub(crate) fn split_open(&mut self, at_ns: u64) {
+        let first = self.done.len();
+        for (&tid, seen) in self.threads.iter_mut() {
+            let Some(o) = seen.out.as_mut().filter(|o| o.time_ns < at_ns) else { continue };
+            let capture = o.capture.as_ref().filter(|c| c.end_ns <= at_ns).cloned();
+            self.done.push(Interval {
+                tid,
+                start_ns: o.time_ns,
+                end_ns: at_ns,
+                preempted: o.preempted,
+                capture,
+            });
+            o.time_ns = at_ns;
+        }
+        self.done[first..].sort_unstable_by_key(|i| i.tid);
     }
 
     /// Forget the spool stacks of every capture held (a new segment
@@ -765,6 +801,34 @@ mod tests {
             .drain(..)
             .map(|i| (i.tid, i.start_ns, i.end_ns, i.preempted, i.capture.map(|c| c.at_ns)))
             .collect()
+    }
+
+    /// A split writes the part up to its time of each wait open before it
+    /// (with its capture if that ended by then), and the rest follows as
+    /// its own interval when the thread wakes, with the capture: the parts
+    /// add up to the wait. A thread that switched out after the split time,
+    /// or is not out, is left alone.
+    #[test]
+    fn a_split_writes_the_open_waits_up_to_its_time() {
+        let mut p = Pairing::default();
+        p.events.extend([(10, 1, 1), (20, 2, 2), (30, 3, 1), (40, 3, 0), (150, 4, 1)]);
+        p.pair(u64::MAX);
+        p.attach(1, cap(50));
+        assert_eq!(done(&mut p), [(3, 30, 40, false, None)]);
+        p.split_open(100);
+        assert_eq!(done(&mut p), [(1, 10, 100, false, Some(50)), (2, 20, 100, true, None)]);
+        // A capture that ends after the split time goes with the rest only.
+        p.attach(2, cap_to(90, 120));
+        p.events.clear();
+        p.events.extend([(200, 1, 0), (210, 2, 0), (220, 4, 0)]);
+        p.pair(u64::MAX);
+        assert_eq!(
+            done(&mut p),
+            [(1, 100, 200, false, Some(50)), (2, 100, 210, true, Some(90)), (4, 150, 220, false, None)]
+        );
+        // Nothing open: nothing written.
+        p.split_open(300);
+        assert!(p.done.is_empty());
     }
 
     /// Two CPUs' records, each in order, interleave in time: each switch-out

@@ -107,3 +107,26 @@ pub(crate) fn preload_live_spool() -> Option<Result<(std::path::PathBuf, std::ti
     }
     Some(Err("libspulse_preload.so's spool path kept changing while it was read".into()))
 }
+
+/// Name of the function the preload library exports to ask its recorder to
+/// write the waits still open (see [`preload_split_off_cpu`]).
+const SPLIT_SYMBOL: &std::ffi::CStr = c"spulse_preload_split_off_cpu";
+
+/// When the preload library records this process: ask its recorder to write
+/// the part up to `at_ns` (unix ns) of every wait still open (off-CPU mode;
+/// `crate::recorder::request_off_cpu_split` in that copy). Nothing if the
+/// library is older and does not export it.
+#[cfg_attr(not(feature = "http"), allow(dead_code))]
+pub(crate) fn preload_split_off_cpu(at_ns: u64) {
+    // SAFETY: dlsym with RTLD_DEFAULT and a NUL-terminated name has no other
+    // precondition; it runs on the caller's thread (never in a signal handler).
+    let sym = unsafe { libc::dlsym(libc::RTLD_DEFAULT, SPLIT_SYMBOL.as_ptr()) };
+    if sym.is_null() {
+        return;
+    }
+    // SAFETY: the preload crate defines `spulse_preload_split_off_cpu` as an
+    // `extern "C" fn(u64)` that only stores the value atomically; the library
+    // is preloaded and never unloaded.
+    let f: extern "C" fn(u64) = unsafe { std::mem::transmute::<*mut libc::c_void, extern "C" fn(u64)>(sym) };
+    f(at_ns);
+}

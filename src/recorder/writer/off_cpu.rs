@@ -105,6 +105,13 @@ impl Run {
         o.tracker.collect(end);
         if end {
             o.tracker.finish(crate::recorder::sys::now_ns());
+        } else if let Some(at_ns) = crate::recorder::take_off_cpu_split() {
+            // A window closing at `at_ns` (the `http` endpoint): the waits
+            // still open are written up to it. Put back if this drain does
+            // not reach it yet.
+            if !o.tracker.split_open(at_ns) {
+                crate::recorder::request_off_cpu_split(at_ns);
+            }
         }
         let mut done = std::mem::take(&mut o.tracker.pairing.done);
         for iv in &done {
