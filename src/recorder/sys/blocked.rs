@@ -168,8 +168,92 @@ pub(crate) fn copy_stack(addr: u64, out: &mut [u8]) -> io::Result<usize> {
 /// The name of system call `nr` of this architecture, for the blocking
 /// system calls (and a few common others); `None` for the rest.
 pub(crate) fn syscall_name(nr: u64) -> Option<&'static str> {
-    SYSCALLS.iter().find(|(n, _)| *n == nr).map(|(_, s)| *s)
+    if let Some((_, s)) = SYSCALLS.iter().find(|(n, _)| *n == nr) {
+        return Some(s);
+    }
+    MORE.iter().chain(MORE_ARCH).find(|(n, _)| *n as u64 == nr).map(|(_, s)| *s)
 }
+
+/// System calls a thread is found in less often (process creation, memory
+/// and file management that can wait on I/O or locks), by the C library's
+/// numbers for this architecture: `make` forking children showed `[blocked:
+/// syscall 435]` before they had names.
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+const MORE: &[(libc::c_long, &str)] = &[
+    (libc::SYS_clone, "clone"),
+    (libc::SYS_clone3, "clone3"),
+    (libc::SYS_execve, "execve"),
+    (libc::SYS_execveat, "execveat"),
+    (libc::SYS_exit, "exit"),
+    (libc::SYS_exit_group, "exit_group"),
+    (libc::SYS_fcntl, "fcntl"),
+    (libc::SYS_ioctl, "ioctl"),
+    (libc::SYS_mmap, "mmap"),
+    (libc::SYS_munmap, "munmap"),
+    (libc::SYS_mremap, "mremap"),
+    (libc::SYS_mprotect, "mprotect"),
+    (libc::SYS_msync, "msync"),
+    (libc::SYS_madvise, "madvise"),
+    (libc::SYS_brk, "brk"),
+    (libc::SYS_mlock, "mlock"),
+    (libc::SYS_mlockall, "mlockall"),
+    (libc::SYS_lseek, "lseek"),
+    (libc::SYS_fstat, "fstat"),
+    (libc::SYS_newfstatat, "newfstatat"),
+    (libc::SYS_statx, "statx"),
+    (libc::SYS_getdents64, "getdents64"),
+    (libc::SYS_truncate, "truncate"),
+    (libc::SYS_ftruncate, "ftruncate"),
+    (libc::SYS_fallocate, "fallocate"),
+    (libc::SYS_sendfile, "sendfile"),
+    (libc::SYS_splice, "splice"),
+    (libc::SYS_tee, "tee"),
+    (libc::SYS_vmsplice, "vmsplice"),
+    (libc::SYS_sync_file_range, "sync_file_range"),
+    (libc::SYS_syncfs, "syncfs"),
+    (libc::SYS_copy_file_range, "copy_file_range"),
+    (libc::SYS_preadv, "preadv"),
+    (libc::SYS_pwritev, "pwritev"),
+    (libc::SYS_preadv2, "preadv2"),
+    (libc::SYS_pwritev2, "pwritev2"),
+    (libc::SYS_openat2, "openat2"),
+    (libc::SYS_close_range, "close_range"),
+    (libc::SYS_mkdirat, "mkdirat"),
+    (libc::SYS_unlinkat, "unlinkat"),
+    (libc::SYS_renameat2, "renameat2"),
+    (libc::SYS_socket, "socket"),
+    (libc::SYS_shutdown, "shutdown"),
+    (libc::SYS_epoll_ctl, "epoll_ctl"),
+    (libc::SYS_kill, "kill"),
+    (libc::SYS_tgkill, "tgkill"),
+    (libc::SYS_ptrace, "ptrace"),
+    (libc::SYS_process_vm_readv, "process_vm_readv"),
+    (libc::SYS_process_vm_writev, "process_vm_writev"),
+    (libc::SYS_getrandom, "getrandom"),
+];
+#[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+const MORE: &[(libc::c_long, &str)] = &[];
+
+/// The same, for system calls x86_64 has and aarch64 does not.
+#[cfg(target_arch = "x86_64")]
+const MORE_ARCH: &[(libc::c_long, &str)] = &[
+    (libc::SYS_fork, "fork"),
+    (libc::SYS_vfork, "vfork"),
+    (libc::SYS_open, "open"),
+    (libc::SYS_creat, "creat"),
+    (libc::SYS_stat, "stat"),
+    (libc::SYS_lstat, "lstat"),
+    (libc::SYS_access, "access"),
+    (libc::SYS_readlink, "readlink"),
+    (libc::SYS_rename, "rename"),
+    (libc::SYS_mkdir, "mkdir"),
+    (libc::SYS_rmdir, "rmdir"),
+    (libc::SYS_unlink, "unlink"),
+    (libc::SYS_getdents, "getdents"),
+    (libc::SYS_renameat, "renameat"),
+];
+#[cfg(not(target_arch = "x86_64"))]
+const MORE_ARCH: &[(libc::c_long, &str)] = &[];
 
 #[cfg(target_arch = "x86_64")]
 const SYSCALLS: &[(u64, &str)] = &[
@@ -273,6 +357,30 @@ const SYSCALLS: &[(u64, &str)] = &[];
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn process_creation_and_file_calls_have_names() {
+        assert_eq!(syscall_name(libc::SYS_clone3 as u64), Some("clone3"));
+        assert_eq!(syscall_name(libc::SYS_clone as u64), Some("clone"));
+        assert_eq!(syscall_name(libc::SYS_fcntl as u64), Some("fcntl"));
+        assert_eq!(syscall_name(libc::SYS_futex as u64), Some("futex"));
+        #[cfg(target_arch = "x86_64")]
+        {
+            assert_eq!(syscall_name(58), Some("vfork"));
+            assert_eq!(syscall_name(435), Some("clone3"));
+        }
+        // Every number has one name.
+        let all: Vec<(u64, &str)> = SYSCALLS
+            .iter()
+            .copied()
+            .chain(MORE.iter().chain(MORE_ARCH).map(|&(n, s)| (n as u64, s)))
+            .collect();
+        for (i, a) in all.iter().enumerate() {
+            for b in &all[i + 1..] {
+                assert!(a.0 != b.0 || a.1 == b.1, "{} is both {} and {}", a.0, a.1, b.1);
+            }
+        }
+    }
 
     #[test]
     fn syscall_lines_parse() {
