@@ -69,7 +69,12 @@
 //! lock is taken only to build the unwinder, once, and a child forked during
 //! that build does not redo it: its samples then have no stack), at thread exit and
 //! in thread-local destructors (the sampler's thread-locals are `const` and
-//! have no destructor). Nothing in the sampler waits for another thread, but
+//! have no destructor), and in signal handlers (an allocation interrupting
+//! the sampler on its thread is not sampled; one on an alternate signal
+//! stack, `SA_ONSTACK`, or on any stack other than the thread's own, is
+//! sampled without its stack: the unwinder needs up to ~18 KiB of stack, and
+//! Rust's alternate stacks have 8 KiB; the wrapped allocator must of course
+//! be one that may be called there, which glibc's `malloc` is not). Nothing in the sampler waits for another thread, but
 //! for a bounded spin (an insert into the live table waits up to 512 spins
 //! for a filter bucket that another thread is clearing).
 
@@ -147,7 +152,10 @@ pub struct Stats {
     /// bytes are never subtracted.
     pub untracked_blocks: u64,
     /// Samples recorded without their stack (unwinder not built yet or
-    /// being rebuilt, all unwinder caches in use, no stack bounds).
+    /// being rebuilt, all unwinder caches in use, no stack bounds, or an
+    /// allocation made off the thread's own stack or with less than 32 KiB
+    /// of it left: in a signal handler on an alternate signal stack, on a
+    /// coroutine's stack).
     pub without_stack: u64,
     /// Replaced unwinders leaked because a walk was using them.
     pub unwinders_leaked: u64,
