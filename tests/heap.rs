@@ -556,18 +556,20 @@ fn altstack_child() {
 /// failure alone.
 #[test]
 fn allocation_in_a_handler_on_the_alternate_signal_stack() {
-    const CHILD: &str = "SPULSE_HEAP_ALTSTACK_CHILD";
+    in_child("allocation_in_a_handler_on_the_alternate_signal_stack", altstack_child);
+}
+
+/// Run `child` in a child process running test `name` alone (a fresh
+/// process: its own tables and rate, and a crash is this test's failure
+/// alone); here, check it passed.
+fn in_child(name: &str, child: fn()) {
+    const CHILD: &str = "SPULSE_HEAP_TEST_CHILD";
     if std::env::var_os(CHILD).is_some() {
-        altstack_child();
+        child();
         return;
     }
     let out = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "allocation_in_a_handler_on_the_alternate_signal_stack",
-            "--nocapture",
-            "--test-threads=1",
-        ])
+        .args(["--exact", name, "--nocapture", "--test-threads=1"])
         .env(CHILD, "1")
         .output()
         .unwrap();
@@ -579,4 +581,44 @@ fn allocation_in_a_handler_on_the_alternate_signal_stack() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(String::from_utf8_lossy(&out.stdout).contains("1 passed"), "the child ran the test");
+}
+
+/// Keeps `n` sampled 64-byte blocks live in `kept`.
+#[inline(never)]
+fn fills_the_live_table(kept: &mut Vec<Box<[u8; 64]>>, n: usize) {
+    black_box(5u32);
+    for i in 0..n {
+        kept.push(black_box(Box::new([i as u8; 64])));
+    }
+}
+
+/// More sampled blocks live than the table of live blocks holds: the ones
+/// it cannot take are counted allocated and left out of the in-use figures
+/// (they were kept in them forever, their frees unseen: once all were freed,
+/// 10,000 blocks still showed as in use).
+#[test]
+fn a_full_live_table_leaves_no_phantom_in_use() {
+    in_child("a_full_live_table_leaves_no_phantom_in_use", || {
+        let n = spulse::heap::LIVE_CAPACITY + 10_000;
+        let mut kept = Vec::with_capacity(n);
+        spulse::heap::set_sample_rate(Some(1));
+        // A thread of its own: its grid is laid at rate 1 from its first byte.
+        let kept = std::thread::spawn(move || {
+            fills_the_live_table(&mut kept, n);
+            kept
+        })
+        .join()
+        .unwrap();
+        let st = spulse::heap::stats();
+        assert!(st.untracked_blocks >= 10_000, "{st:?}");
+        let live = cum(&decode(&spulse::heap::profile().unwrap()), "fills_the_live_table");
+        assert_eq!(live[0], n as i64, "every block counted allocated: {live:?}");
+        assert_eq!(live[1], 64 * n as i64);
+        // In use: the tracked blocks, a lower bound.
+        assert!(live[2] <= (n - 10_000) as i64 && live[2] >= (n / 2) as i64, "{live:?} {st:?}");
+        drop(kept);
+        let freed = cum(&decode(&spulse::heap::profile().unwrap()), "fills_the_live_table");
+        assert_eq!((freed[2], freed[3]), (0, 0), "in use once all are freed: {freed:?}");
+        assert_eq!(freed[..2], live[..2]);
+    });
 }

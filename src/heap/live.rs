@@ -36,8 +36,8 @@
 //! holds the block's address, the estimated bytes and allocations it stands
 //! for (fixed point) and its stack's index. A block that finds no free slot in
 //! its window is not tracked: its allocation is still counted, and
-//! [`dropped`] counts it (its bytes then never show as freed: the in-use
-//! figures of its stack are overstated by it).
+//! [`dropped`] counts it (the sampler then counts it freed at once: the
+//! in-use figures of its stack leave it out).
 //!
 //! Memory: [`CAPACITY`] slots of 32 bytes (2 MiB) plus the filter (2 KiB
 //! of bits, 16 KiB of counts),

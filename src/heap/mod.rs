@@ -61,7 +61,9 @@
 //! plus, once the first sample is taken, the unwinder: eight framehop caches
 //! (about 33 KB each) and a copy of the loaded libraries' unwind tables (as
 //! the CPU recorder keeps). Beyond the capacities samples are still counted
-//! but lose their stack or their in-use tracking ([`stats`] says how many).
+//! but lose their stack or their in-use tracking ([`stats`] says how many;
+//! an untracked block is left out of the in-use figures, which are then a
+//! lower bound, rather than kept in them after its free).
 //!
 //! Safe with the CPU recorder (its signal handler never allocates; the two
 //! share no lock), with `fork` (no lock of its own anywhere: a child forked
@@ -148,8 +150,9 @@ pub struct Stats {
     pub samples: u64,
     /// Sampled blocks live now (in the table).
     pub live_blocks: u64,
-    /// Sampled blocks not tracked for lack of a table slot: their in-use
-    /// bytes are never subtracted.
+    /// Sampled blocks not tracked for lack of a table slot: counted in the
+    /// allocated figures, and counted freed at once (the in-use figures
+    /// leave them out: while the table is full, they are a lower bound).
     pub untracked_blocks: u64,
     /// Samples recorded without their stack (unwinder not built yet or
     /// being rebuilt, all unwinder caches in use, no stack bounds, or an
@@ -226,7 +229,14 @@ fn record(p: *mut u8, size: usize, points: u64, tag: u32) -> bool {
         let stack = stacks::intern(&addrs[..n]);
         stacks::add_alloc(stack, objects, bytes);
         SAMPLES.fetch_add(1, Ordering::Relaxed);
-        live::insert(p, live::Block { bytes, objects, stack, offset: tag })
+        let tracked = live::insert(p, live::Block { bytes, objects, stack, offset: tag });
+        if !tracked {
+            // Its free will not be seen: counted freed now, so that the
+            // stack's in-use figures do not keep it forever (a table full
+            // for good would otherwise show every later sample as a leak).
+            stacks::add_free(stack, objects, bytes);
+        }
+        tracked
     })
     .unwrap_or(false)
 }
