@@ -544,9 +544,40 @@ fn altstack_child() {
             let ss = libc::stack_t { ss_sp: std::ptr::null_mut(), ss_flags: libc::SS_DISABLE, ss_size: 0 };
             libc::sigaltstack(&ss, std::ptr::null_mut());
         }
+        on_an_altstack_inside_the_threads_stack();
     })
     .join()
     .unwrap();
+}
+
+/// The same with the alternate stack an array of this frame, inside the
+/// thread's stack, more than 32 KiB above its end: the stack bounds hold
+/// there, and the walk would overflow the array into the frames below it.
+#[inline(never)]
+fn on_an_altstack_inside_the_threads_stack() {
+    let mut local = [0u8; ALTSTACK_SIZE];
+    let stack = black_box(&mut local);
+    ALTSTACK_LOW.store(stack.as_ptr() as usize, std::sync::atomic::Ordering::Relaxed);
+    // SAFETY: the array outlives its use: the alternate stack is disabled
+    // before this frame returns.
+    unsafe {
+        let ss = libc::stack_t { ss_sp: stack.as_mut_ptr().cast(), ss_flags: 0, ss_size: ALTSTACK_SIZE };
+        assert_eq!(libc::sigaltstack(&ss, std::ptr::null_mut()), 0);
+    }
+    let (on, before) = (ON_ALTSTACK.load(std::sync::atomic::Ordering::Relaxed), spulse::heap::stats());
+    for _ in 0..100 {
+        // SAFETY: the handler is installed.
+        assert_eq!(unsafe { libc::raise(libc::SIGUSR2) }, 0);
+    }
+    let after = spulse::heap::stats();
+    // SAFETY: disables this thread's alternate stack.
+    unsafe {
+        let ss = libc::stack_t { ss_sp: std::ptr::null_mut(), ss_flags: libc::SS_DISABLE, ss_size: 0 };
+        libc::sigaltstack(&ss, std::ptr::null_mut());
+    }
+    assert_eq!(ON_ALTSTACK.load(std::sync::atomic::Ordering::Relaxed) - on, 100, "ran on the array");
+    assert!(after.without_stack - before.without_stack >= 100, "{before:?} {after:?}");
+    black_box(&local);
 }
 
 /// An allocation in a signal handler running on an 8 KiB alternate signal

@@ -19,9 +19,10 @@
 //! `pthread_getattr_np` reports it (once per thread, kept in a `const`
 //! thread-local). Both are mapped for as long as the walk runs. There is no
 //! walk (the sample has no stack) unless `sp` lies on that stack with at least
-//! [`STACK_RESERVE`] of it left below: an allocation made on another stack (a
-//! signal handler on an alternate signal stack, Rust's being 8 KiB; a
-//! coroutine) would otherwise walk with a stack too small for the unwinder
+//! [`STACK_RESERVE`] of it left below, and off any alternate signal stack
+//! (`sigaltstack` says so, one system call per sample: such a stack may lie
+//! inside the thread's): an allocation made on another stack (a signal
+//! handler on an alternate signal stack, Rust's being 8 KiB; a coroutine) would otherwise walk with a stack too small for the unwinder
 //! (up to ~18 KiB deep, gimli's evaluation storage lives on the stack) and
 //! read `[sp, top)` across whatever lies between that stack and the thread's.
 
@@ -226,16 +227,30 @@ fn stack_bounds() -> (u64, u64) {
 
 /// The end of the stack a walk starting here may read (`[sp, top)`), if the
 /// calling code runs on its thread's own stack with [`STACK_RESERVE`] left
-/// below `sp`; 0 if not (another stack, too little left, bounds unknown).
+/// below `sp`, and not on an alternate signal stack; 0 if not (another
+/// stack, too little left, bounds unknown, on the alternate stack).
 #[inline(never)]
 fn walkable_top() -> u64 {
     let (low, top) = stack_bounds();
     let here = 0u8;
     let sp = std::hint::black_box(&here) as *const u8 as u64;
-    if top != 0 && sp < top && sp >= low.saturating_add(STACK_RESERVE) {
-        top
-    } else {
+    if top == 0 || sp >= top || sp < low.saturating_add(STACK_RESERVE) {
+        return 0;
+    }
+    // An alternate signal stack may lie inside the thread's stack (an array
+    // of a frame of it): there the bounds hold, but the walk would overflow
+    // the alternate stack into the live frames below it. One system call per
+    // sample (no lock, async-signal-safe).
+    // SAFETY: with a null new stack, sigaltstack only writes the current one
+    // into `cur`, which we own.
+    let on_alt = unsafe {
+        let mut cur: libc::stack_t = std::mem::zeroed();
+        libc::sigaltstack(std::ptr::null(), &mut cur) != 0 || cur.ss_flags & libc::SS_ONSTACK != 0
+    };
+    if on_alt {
         0
+    } else {
+        top
     }
 }
 
