@@ -516,7 +516,7 @@ fn altstack_child() {
             let ss = libc::stack_t { ss_sp: stack.as_mut_ptr().cast(), ss_flags: 0, ss_size: ALTSTACK_SIZE };
             assert_eq!(libc::sigaltstack(&ss, std::ptr::null_mut()), 0);
             let mut sa: libc::sigaction = std::mem::zeroed();
-            sa.sa_sigaction = allocating_handler as usize;
+            sa.sa_sigaction = allocating_handler as *const () as usize;
             sa.sa_flags = libc::SA_ONSTACK;
             assert_eq!(libc::sigaction(libc::SIGUSR2, &sa, std::ptr::null_mut()), 0);
         }
@@ -614,7 +614,8 @@ fn in_child(name: &str, child: fn()) {
     assert!(String::from_utf8_lossy(&out.stdout).contains("1 passed"), "the child ran the test");
 }
 
-/// Keeps `n` sampled 64-byte blocks live in `kept`.
+/// Keeps `n` sampled 64-byte blocks live in `kept` (boxed: one allocation each).
+#[allow(clippy::vec_box)]
 #[inline(never)]
 fn fills_the_live_table(kept: &mut Vec<Box<[u8; 64]>>, n: usize) {
     black_box(5u32);
