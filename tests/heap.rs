@@ -478,3 +478,179 @@ fn the_endpoint_serves_the_heap_profile() {
         );
     }
 }
+
+/// Set by the handler of [`allocation_in_a_handler_on_the_alternate_signal_stack`]:
+/// the handler ran on the alternate stack, and the sample count its
+/// allocation left.
+static ON_ALTSTACK: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+static ALTSTACK_LOW: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+const ALTSTACK_SIZE: usize = 8192;
+
+extern "C" fn allocating_handler(_: libc::c_int) {
+    let here = 0u8;
+    let sp = black_box(&here) as *const u8 as usize;
+    let low = ALTSTACK_LOW.load(std::sync::atomic::Ordering::Relaxed);
+    if (low..low + ALTSTACK_SIZE).contains(&sp) {
+        ON_ALTSTACK.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+    // Sampled (rate 1): the allocator is called on the alternate stack.
+    black_box(Vec::<u8>::with_capacity(3000));
+}
+
+/// The child's part of [`allocation_in_a_handler_on_the_alternate_signal_stack`].
+fn altstack_child() {
+    spulse::heap::set_sample_rate(Some(1));
+    // The unwinder built, and a sample on an ordinary stack has its stack.
+    churn(MB);
+    assert!(cum(&decode(&spulse::heap::profile().unwrap()), "churn")[1] > 0);
+    std::thread::spawn(|| {
+        // An 8 KiB alternate stack (Rust's own size on x86_64, SIGSTKSZ) and
+        // a handler that runs on it and allocates; the signal raised here, on
+        // this thread, outside the allocator (so glibc's malloc, which is not
+        // async-signal-safe, is not interrupted).
+        let stack = vec![0u8; ALTSTACK_SIZE].leak();
+        ALTSTACK_LOW.store(stack.as_ptr() as usize, std::sync::atomic::Ordering::Relaxed);
+        // SAFETY: plain libc calls with valid arguments; the alternate stack
+        // is leaked, so it outlives the thread.
+        unsafe {
+            let ss = libc::stack_t { ss_sp: stack.as_mut_ptr().cast(), ss_flags: 0, ss_size: ALTSTACK_SIZE };
+            assert_eq!(libc::sigaltstack(&ss, std::ptr::null_mut()), 0);
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            sa.sa_sigaction = allocating_handler as *const () as usize;
+            sa.sa_flags = libc::SA_ONSTACK;
+            assert_eq!(libc::sigaction(libc::SIGUSR2, &sa, std::ptr::null_mut()), 0);
+        }
+        let before = spulse::heap::stats();
+        for _ in 0..100 {
+            // SAFETY: the handler is installed.
+            assert_eq!(unsafe { libc::raise(libc::SIGUSR2) }, 0);
+        }
+        let after = spulse::heap::stats();
+        assert_eq!(
+            ON_ALTSTACK.load(std::sync::atomic::Ordering::Relaxed),
+            100,
+            "the handler ran on the alternate stack"
+        );
+        assert!(after.samples - before.samples >= 100, "{before:?} {after:?}");
+        assert!(
+            after.without_stack - before.without_stack >= 100,
+            "sampled without a stack: {before:?} {after:?}"
+        );
+        // Back on the thread's own stack, samples have stacks again.
+        churn(MB);
+        assert_eq!(spulse::heap::stats().without_stack, after.without_stack);
+        // SAFETY: disables this thread's alternate stack.
+        unsafe {
+            let ss = libc::stack_t { ss_sp: std::ptr::null_mut(), ss_flags: libc::SS_DISABLE, ss_size: 0 };
+            libc::sigaltstack(&ss, std::ptr::null_mut());
+        }
+        on_an_altstack_inside_the_threads_stack();
+    })
+    .join()
+    .unwrap();
+}
+
+/// The same with the alternate stack an array of this frame, inside the
+/// thread's stack, more than 32 KiB above its end: the stack bounds hold
+/// there, and the walk would overflow the array into the frames below it.
+#[inline(never)]
+fn on_an_altstack_inside_the_threads_stack() {
+    let mut local = [0u8; ALTSTACK_SIZE];
+    let stack = black_box(&mut local);
+    ALTSTACK_LOW.store(stack.as_ptr() as usize, std::sync::atomic::Ordering::Relaxed);
+    // SAFETY: the array outlives its use: the alternate stack is disabled
+    // before this frame returns.
+    unsafe {
+        let ss = libc::stack_t { ss_sp: stack.as_mut_ptr().cast(), ss_flags: 0, ss_size: ALTSTACK_SIZE };
+        assert_eq!(libc::sigaltstack(&ss, std::ptr::null_mut()), 0);
+    }
+    let (on, before) = (ON_ALTSTACK.load(std::sync::atomic::Ordering::Relaxed), spulse::heap::stats());
+    for _ in 0..100 {
+        // SAFETY: the handler is installed.
+        assert_eq!(unsafe { libc::raise(libc::SIGUSR2) }, 0);
+    }
+    let after = spulse::heap::stats();
+    // SAFETY: disables this thread's alternate stack.
+    unsafe {
+        let ss = libc::stack_t { ss_sp: std::ptr::null_mut(), ss_flags: libc::SS_DISABLE, ss_size: 0 };
+        libc::sigaltstack(&ss, std::ptr::null_mut());
+    }
+    assert_eq!(ON_ALTSTACK.load(std::sync::atomic::Ordering::Relaxed) - on, 100, "ran on the array");
+    assert!(after.without_stack - before.without_stack >= 100, "{before:?} {after:?}");
+    black_box(&local);
+}
+
+/// An allocation in a signal handler running on an 8 KiB alternate signal
+/// stack (`SA_ONSTACK`): sampled without its stack, rather than unwound with
+/// an unwinder that needs ~18 KiB of stack (it overflowed the alternate
+/// stack: SIGSEGV). Run in a child process, so a crash is this test's
+/// failure alone.
+#[test]
+fn allocation_in_a_handler_on_the_alternate_signal_stack() {
+    in_child("allocation_in_a_handler_on_the_alternate_signal_stack", altstack_child);
+}
+
+/// Run `child` in a child process running test `name` alone (a fresh
+/// process: its own tables and rate, and a crash is this test's failure
+/// alone); here, check it passed.
+fn in_child(name: &str, child: fn()) {
+    const CHILD: &str = "SPULSE_HEAP_TEST_CHILD";
+    if std::env::var_os(CHILD).is_some() {
+        child();
+        return;
+    }
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", name, "--nocapture", "--test-threads=1"])
+        .env(CHILD, "1")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "child: {:?}\n{}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("1 passed"), "the child ran the test");
+}
+
+/// Keeps `n` sampled 64-byte blocks live in `kept` (boxed: one allocation each).
+#[allow(clippy::vec_box)]
+#[inline(never)]
+fn fills_the_live_table(kept: &mut Vec<Box<[u8; 64]>>, n: usize) {
+    black_box(5u32);
+    for i in 0..n {
+        kept.push(black_box(Box::new([i as u8; 64])));
+    }
+}
+
+/// More sampled blocks live than the table of live blocks holds: the ones
+/// it cannot take are counted allocated and left out of the in-use figures
+/// (they were kept in them forever, their frees unseen: once all were freed,
+/// 10,000 blocks still showed as in use).
+#[test]
+fn a_full_live_table_leaves_no_phantom_in_use() {
+    in_child("a_full_live_table_leaves_no_phantom_in_use", || {
+        let n = spulse::heap::LIVE_CAPACITY + 10_000;
+        let mut kept = Vec::with_capacity(n);
+        spulse::heap::set_sample_rate(Some(1));
+        // A thread of its own: its grid is laid at rate 1 from its first byte.
+        let kept = std::thread::spawn(move || {
+            fills_the_live_table(&mut kept, n);
+            kept
+        })
+        .join()
+        .unwrap();
+        let st = spulse::heap::stats();
+        assert!(st.untracked_blocks >= 10_000, "{st:?}");
+        let live = cum(&decode(&spulse::heap::profile().unwrap()), "fills_the_live_table");
+        assert_eq!(live[0], n as i64, "every block counted allocated: {live:?}");
+        assert_eq!(live[1], 64 * n as i64);
+        // In use: the tracked blocks, a lower bound.
+        assert!(live[2] <= (n - 10_000) as i64 && live[2] >= (n / 2) as i64, "{live:?} {st:?}");
+        drop(kept);
+        let freed = cum(&decode(&spulse::heap::profile().unwrap()), "fills_the_live_table");
+        assert_eq!((freed[2], freed[3]), (0, 0), "in use once all are freed: {freed:?}");
+        assert_eq!(freed[..2], live[..2]);
+    });
+}

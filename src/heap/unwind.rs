@@ -17,7 +17,14 @@
 //! A walk reads stack memory only inside `[sp, top)` of the calling thread:
 //! `sp` read at the start of the walk, `top` the end of the thread's stack as
 //! `pthread_getattr_np` reports it (once per thread, kept in a `const`
-//! thread-local). Both are mapped for as long as the walk runs.
+//! thread-local). Both are mapped for as long as the walk runs. There is no
+//! walk (the sample has no stack) unless `sp` lies on that stack with at least
+//! [`STACK_RESERVE`] of it left below, and off any alternate signal stack
+//! (`sigaltstack` says so, one system call per sample: such a stack may lie
+//! inside the thread's): an allocation made on another stack (a signal
+//! handler on an alternate signal stack, Rust's being 8 KiB; a coroutine) would otherwise walk with a stack too small for the unwinder
+//! (up to ~18 KiB deep, gimli's evaluation storage lives on the stack) and
+//! read `[sp, top)` across whatever lies between that stack and the thread's.
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
@@ -76,10 +83,14 @@ pub(crate) static NO_STACK: AtomicU64 = AtomicU64::new(0);
 /// Replaced unwinders that could not be freed (a walk was running).
 pub(crate) static LEAKED: AtomicU64 = AtomicU64::new(0);
 
+/// Stack a walk wants left below its caller's `sp` (the unwinder needs up to
+/// ~18 KiB: measured 17.7 KiB for a walk that misses framehop's cache).
+pub const STACK_RESERVE: u64 = 32 << 10;
+
 thread_local! {
-    /// The top (highest address) of this thread's stack; 0 until read, 1 if
-    /// it could not be read.
-    static STACK_TOP: Cell<u64> = const { Cell::new(0) };
+    /// This thread's stack, `[low, top)`: `top` 0 until read, 1 if it could
+    /// not be read.
+    static STACK: Cell<(u64, u64)> = const { Cell::new((0, 0)) };
 }
 
 fn build() -> State {
@@ -178,36 +189,69 @@ fn coarse_ns() -> u64 {
     (ts.tv_sec as u64).wrapping_mul(1_000_000_000).wrapping_add(ts.tv_nsec as u64)
 }
 
-/// The top of the calling thread's stack (0 if unknown).
-fn stack_top() -> u64 {
-    let t = STACK_TOP.with(Cell::get);
-    if t > 1 {
-        return t;
+/// The calling thread's stack, `[low, top)` (`top` 0 if unknown).
+fn stack_bounds() -> (u64, u64) {
+    let (low, top) = STACK.with(Cell::get);
+    if top > 1 {
+        return (low, top);
     }
-    if t == 1 {
-        return 0;
+    if top == 1 {
+        return (0, 0);
     }
     // SAFETY: pthread_getattr_np fills `attr` for the calling thread (glibc
     // allocates with its own malloc, not through this allocator); the stack
     // address and size are read from it, then it is destroyed.
-    let top = unsafe {
+    let (low, top) = unsafe {
         let mut attr: libc::pthread_attr_t = std::mem::zeroed();
         if libc::pthread_getattr_np(libc::pthread_self(), &mut attr) != 0 {
-            0
+            (0, 0)
         } else {
             let mut addr: *mut libc::c_void = std::ptr::null_mut();
             let mut size: libc::size_t = 0;
             let ok = libc::pthread_attr_getstack(&attr, &mut addr, &mut size) == 0;
             libc::pthread_attr_destroy(&mut attr);
             if ok {
-                (addr as u64).saturating_add(size as u64)
+                (addr as u64, (addr as u64).saturating_add(size as u64))
             } else {
-                0
+                (0, 0)
             }
         }
     };
-    STACK_TOP.with(|c| c.set(if top > 1 { top } else { 1 }));
-    top
+    STACK.with(|c| c.set(if top > 1 { (low, top) } else { (0, 1) }));
+    if top > 1 {
+        (low, top)
+    } else {
+        (0, 0)
+    }
+}
+
+/// The end of the stack a walk starting here may read (`[sp, top)`), if the
+/// calling code runs on its thread's own stack with [`STACK_RESERVE`] left
+/// below `sp`, and not on an alternate signal stack; 0 if not (another
+/// stack, too little left, bounds unknown, on the alternate stack).
+#[inline(never)]
+fn walkable_top() -> u64 {
+    let (low, top) = stack_bounds();
+    let here = 0u8;
+    let sp = std::hint::black_box(&here) as *const u8 as u64;
+    if top == 0 || sp >= top || sp < low.saturating_add(STACK_RESERVE) {
+        return 0;
+    }
+    // An alternate signal stack may lie inside the thread's stack (an array
+    // of a frame of it): there the bounds hold, but the walk would overflow
+    // the alternate stack into the live frames below it. One system call per
+    // sample (no lock, async-signal-safe).
+    // SAFETY: with a null new stack, sigaltstack only writes the current one
+    // into `cur`, which we own.
+    let on_alt = unsafe {
+        let mut cur: libc::stack_t = std::mem::zeroed();
+        libc::sigaltstack(std::ptr::null(), &mut cur) != 0 || cur.ss_flags & libc::SS_ONSTACK != 0
+    };
+    if on_alt {
+        0
+    } else {
+        top
+    }
 }
 
 /// Registers of the caller of this function's caller... precisely: the pc,
@@ -232,7 +276,7 @@ pub(crate) fn capture(out: &mut [u64]) -> usize {
         NO_STACK.fetch_add(1, Ordering::Relaxed);
         return 0;
     }
-    let top = stack_top();
+    let top = walkable_top();
     READERS.fetch_add(1, Ordering::SeqCst);
     let state = STATE.load(Ordering::SeqCst);
     let (n, unknown) = if state.is_null() || top == 0 {
