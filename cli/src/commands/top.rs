@@ -200,7 +200,7 @@ pub fn run(args: &TopArgs) -> Result<(), CliError> {
     let us_per = if time { 1 } else { replay.interval_us() };
     if time && replay.definitions().off_cpu_count() == 0 {
         eprintln!(
-            "spulse: {}: no off-CPU intervals (recorded without --off-cpu): {}",
+            "spulse: {}: no off-CPU intervals (recorded without --off-cpu, or none was written: `spulse info` says why): {}",
             crate::display::escape(&inputs.name.display().to_string()),
             if filter.time == crate::select::TimeMode::Wall { "CPU time only" } else { "nothing to show" }
         );
