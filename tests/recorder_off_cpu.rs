@@ -561,10 +561,15 @@ fn a_closed_epoll_set_does_not_make_the_writer_spin() {
             }
         }
     }
-    std::thread::sleep(Duration::from_millis(600));
+    std::thread::sleep(Duration::from_millis(1200));
     let stats = guard.finish().unwrap();
     assert!(closed >= 1, "no epoll set to close");
-    assert!(stats.writer_cpu < Duration::from_millis(150), "writer CPU {:?} in 0.6 s", stats.writer_cpu);
+    // A spinning writer takes the whole 1.2 s. One that does not takes its
+    // start (the module scan and checks) and its ticks: 100-175 ms in a debug
+    // build over 0.6 s, so 150 ms in 0.6 s was too tight
+    // for the debug build at CI's load (107-174 ms at 387ba03 as at its
+    // successors, 3 of 4 runs over).
+    assert!(stats.writer_cpu < Duration::from_millis(400), "writer CPU {:?} in 1.2 s", stats.writer_cpu);
 }
 
 #[inline(never)]
