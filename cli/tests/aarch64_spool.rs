@@ -85,7 +85,12 @@ fn aarch64_spool_symbolized_by_build_id() {
     let get = |name: &str| *rows.get(name).unwrap_or_else(|| panic!("{name} not in top: {rows:?}")) as f64;
     let (parse, compress) = (get("quickstart::parse_records"), get("quickstart::compress_block"));
     let share = parse / (parse + compress);
-    assert!((0.65..0.85).contains(&share), "parse share {share:.3}: {parse} vs {compress}");
+    // Natively about 0.78. Under qemu-user a signal is delivered when the
+    // emulator leaves a chain of translated blocks, so which of the two
+    // loops a sample lands in follows the code's layout: 0.72 at 612abf6
+    // and 0.94 at 9c8ebc6, which only added a table the example never reads.
+    // Both functions must hold samples, parse the larger share.
+    assert!(compress > 0.0 && (0.55..0.99).contains(&share), "parse share {share:.3}: {parse} vs {compress}");
     assert!(parse + compress >= 0.9 * samples as f64, "the workers' time is in the hot functions");
 
     // Folded stacks (root first; inlined callees such as `black_box` follow
