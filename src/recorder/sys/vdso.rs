@@ -278,9 +278,9 @@ mod tests {
         let alias = symbol("clock_gettime").expect("clock_gettime not found");
         assert_eq!(alias.addr, s.addr);
         // Calling it as a function gives the time libc gives.
+        type ClockGettime = extern "C" fn(libc::clockid_t, *mut libc::timespec) -> libc::c_int;
         // SAFETY: the vDSO's clock_gettime has the C signature of clock_gettime.
-        let f: extern "C" fn(libc::clockid_t, *mut libc::timespec) -> libc::c_int =
-            unsafe { std::mem::transmute(s.addr as usize) };
+        let f: ClockGettime = unsafe { std::mem::transmute(s.addr as usize) };
         let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
         assert_eq!(f(libc::CLOCK_MONOTONIC, &mut ts), 0);
         let mut now = libc::timespec { tv_sec: 0, tv_nsec: 0 };
