@@ -663,24 +663,31 @@ fn spulse_output_in_the_environment_is_not_the_window() {
     }
 }
 
+/// `libspulse_preload.so` beside the test binary; if it is not built, a
+/// failure under CI=true, else a loud SKIPPED naming `case` and `None`.
+fn preload_library(case: &str) -> Option<std::path::PathBuf> {
+    let lib = std::env::current_exe().unwrap().parent().unwrap().join("libspulse_preload.so");
+    if lib.exists() {
+        return Some(lib);
+    }
+    let why = format!("{} is not built", lib.display());
+    if std::env::var("CI").is_ok_and(|v| v == "true") {
+        panic!("{why}: the workspace's test build builds it (cargo test --workspace)");
+    }
+    let _ = writeln!(
+        std::io::stderr(),
+        "SKIPPED in tests/http.rs: {case} ({why}; `cargo build --release -p spulse-preload` builds it; \
+         with CI=true this fails)"
+    );
+    None
+}
+
 /// The program is recorded by `libspulse_preload.so` (LD_PRELOAD, as under
 /// `spulse record`): the window is cut from that recording (the endpoint
 /// answered 500, "already recorded by libspulse_preload.so").
 #[test]
 fn preloaded_recording_serves_the_window() {
-    let lib = std::env::current_exe().unwrap().parent().unwrap().join("libspulse_preload.so");
-    if !lib.exists() {
-        let why = format!("{} is not built", lib.display());
-        if std::env::var("CI").is_ok_and(|v| v == "true") {
-            panic!("{why}: the workspace's test build builds it (cargo test --workspace)");
-        }
-        let _ = writeln!(
-            std::io::stderr(),
-            "SKIPPED in tests/http.rs: the preloaded-recording case ({why}; `cargo build --release -p \
-             spulse-preload` builds it; with CI=true this fails)"
-        );
-        return;
-    }
+    let Some(lib) = preload_library("the preloaded-recording case") else { return };
     let dir = tempfile::tempdir().unwrap();
     let template = dir.path().join("pre-{pid}.spool");
     let mut c = ChildServer::start(
@@ -812,15 +819,7 @@ fn wall_window_counts_a_thread_blocked_throughout() {
 /// the window asks it through `spulse_preload_split_off_cpu`.
 #[test]
 fn wall_window_from_a_preloaded_recording_counts_a_thread_blocked_throughout() {
-    let lib = std::env::current_exe().unwrap().parent().unwrap().join("libspulse_preload.so");
-    if !lib.exists() {
-        let why = format!("{} is not built", lib.display());
-        if std::env::var("CI").is_ok_and(|v| v == "true") {
-            panic!("{why}: the workspace's test build builds it (cargo test --workspace)");
-        }
-        let _ = writeln!(std::io::stderr(), "SKIPPED in tests/http.rs: the preloaded wall window ({why})");
-        return;
-    }
+    let Some(lib) = preload_library("the preloaded wall window") else { return };
     let dir = tempfile::tempdir().unwrap();
     let template = dir.path().join("pre-{pid}.spool");
     let one = std::ffi::OsStr::new("1");
