@@ -235,9 +235,15 @@ pub struct Stats {
 /// What the off-CPU mode saw ([`Stats::off_cpu`]).
 #[derive(Debug, Clone, Default)]
 pub struct OffCpuStats {
-    /// Off-CPU intervals written.
+    /// Off-CPU interval records written (FORMAT.md, tag 9): one a wait, but
+    /// for the short waits without a stack (under 5 ms, `[blocked]` or
+    /// `[waiting for CPU]` alone), which are summed into one record per
+    /// thread and state at each writer tick.
     pub intervals: u64,
-    /// Of those, intervals whose stack was captured (the others: a thread
+    /// Waits measured (each switch-out paired with its switch-in, or closed
+    /// when the recording stopped), summed or not.
+    pub waits: u64,
+    /// Of the intervals, those whose stack was captured (the others: a thread
     /// that woke before the writer's next tick saw it blocked, or whose
     /// capture failed, is charged to `[blocked]` alone; a preempted thread
     /// to `[waiting for CPU]` on top of its last sampled stack).

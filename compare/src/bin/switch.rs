@@ -284,13 +284,14 @@ fn main() {
         let st = g.finish().unwrap();
         extra = format!(
             ", \"samples\": {}, \"kernel_time\": \"{}\", \"engine\": \"{}\", \"descriptors\": {}, \
-             \"writer_cpu_us\": {}, \"off_cpu_intervals\": {}, \"off_cpu_records_lost\": {}, \"off_cpu_with_stack\": {}, \"off_cpu_captures_raced\": {}, \"off_cpu_captures\": {}, \"spool_bytes\": {}, \"warnings\": {:?}",
+             \"writer_cpu_us\": {}, \"off_cpu_intervals\": {}, \"off_cpu_waits\": {}, \"off_cpu_records_lost\": {}, \"off_cpu_with_stack\": {}, \"off_cpu_captures_raced\": {}, \"off_cpu_captures\": {}, \"spool_bytes\": {}, \"warnings\": {:?}",
             st.samples_written,
             st.kernel_time,
             st.engine.name(),
             st.descriptors,
             st.writer_cpu.as_micros(),
             st.off_cpu.as_ref().map_or(0, |o| o.intervals),
+            st.off_cpu.as_ref().map_or(0, |o| o.waits),
             st.off_cpu.as_ref().map_or(0, |o| o.records_lost),
             st.off_cpu.as_ref().map_or(0, |o| o.with_stack),
             st.off_cpu.as_ref().map_or(0, |o| o.captures_raced),

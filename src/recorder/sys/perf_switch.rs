@@ -89,13 +89,37 @@ pub(crate) const LONG_WAIT_NS: u64 = 5_000_000;
 /// held for a burst.
 pub(crate) const SHORT_CAPTURES_PER_SECOND: u64 = 100;
 
-/// Data pages of each CPU's ring: 256 KiB, about 11,000 switch records (24
+/// Waits shorter than this that got no stack (uncaptured blocked waits, and
+/// preempted ones) are summed per thread and state until the writer's next
+/// tick, and written as one interval each (FORMAT.md, tag 9: `start_us` the
+/// first one's start, `duration_us` their sum): a thread blocking 1,000
+/// times a second writes about ten records a second instead of 1,000, and
+/// the spool and the writer pay per tick, not per switch, for the waits that
+/// are `[blocked]` or `[waiting for CPU]` alone. Totals stay exact; such a
+/// record sits at its first wait's start (its waits lie between that and
+/// the tick). Longer waits, and every wait with a stack, are written one by
+/// one.
+pub(crate) const SUM_BELOW_NS: u64 = LONG_WAIT_NS;
+
+/// Data pages of each CPU's ring: 1 MiB, about 43,000 switch records (24
 /// bytes each, in or out). The writer is woken when a ring is a quarter
 /// full, so a ring holds the records of the writer's wake-up latency:
 /// records are lost (and counted) only when the writer gets no CPU for the
-/// time a CPU takes to write 8,000 switch records (about 30 ms of a futex
-/// ping-pong here).
-pub(crate) const SWITCH_RING_PAGES: usize = 64;
+/// time a CPU takes to write 32,000 switch records (about 120 ms of a futex
+/// ping-pong here). Larger batches are cheaper: each wake-up finds the
+/// writer's tables cold, and with 256 KiB rings (a wake-up every 64 KiB) the
+/// writer used 2.8-3.3% of a core at 100,000 blockings a second against
+/// 2.2-2.4% with these (BENCHMARKS.md, "Off-CPU mode"). The kernel counts the
+/// rings against `perf_event_mlock_kb` (516 KiB a CPU by default) and then
+/// `RLIMIT_MEMLOCK`: where it refuses them, [`SWITCH_RING_PAGES_SMALL`] are
+/// used.
+pub(crate) const SWITCH_RING_PAGES: usize = 256;
+
+/// Data pages of each CPU's ring where the kernel refuses
+/// [`SWITCH_RING_PAGES`] (an unprivileged process with a small
+/// `RLIMIT_MEMLOCK`): 256 KiB, the writer woken every 64 KiB, records lost
+/// after about 30 ms of a futex ping-pong without the writer.
+pub(crate) const SWITCH_RING_PAGES_SMALL: usize = 64;
 
 /// What the capture of a blocked thread found (filled by the writer, which
 /// unwinds the copied stack).
@@ -160,6 +184,36 @@ struct Seen {
     /// The latest time of a record that named the thread (records paired
     /// late, from another CPU's ring, may be older than the state).
     last_ns: u64,
+    /// Its short waits without a stack since the last
+    /// [`Pairing::flush_sums`] ([`SUM_BELOW_NS`]): blocked, preempted.
+    sums: [Option<Sum>; 2],
+}
+
+/// Short waits of one thread in one state, summed ([`SUM_BELOW_NS`]).
+#[derive(Debug, Clone, Copy)]
+struct Sum {
+    /// The first one's start (unix ns).
+    start_ns: u64,
+    /// Their durations, each truncated to microseconds at both ends as a
+    /// single interval's is (so the sum is what their records would add up to).
+    us: u64,
+}
+
+impl Sum {
+    /// As an interval: at the first wait's start, as long as their sum.
+    fn interval(self, tid: u32, preempted: bool) -> Interval {
+        let end_ns = (self.start_ns / 1000).saturating_add(self.us).saturating_mul(1000);
+        Interval { tid, start_ns: self.start_ns, end_ns: end_ns.max(self.start_ns), preempted, capture: None }
+    }
+}
+
+/// Push `seen`'s sums, if any, as intervals of `tid` (blocked first).
+fn flush_seen(tid: u32, seen: &mut Seen, done: &mut Vec<Interval>) {
+    for (i, sum) in seen.sums.iter_mut().enumerate() {
+        if let Some(sum) = sum.take() {
+            done.push(sum.interval(tid, i == 1));
+        }
+    }
 }
 
 /// Counters of the off-CPU mode, for `Stats`.
@@ -221,6 +275,14 @@ pub(crate) struct Pairing {
     short_budget_at: u64,
     /// Threads out for less than [`LONG_WAIT_NS`] at this pass: (since, tid).
     short: Vec<(u64, u32)>,
+    /// Waits without a stack shorter than this are summed
+    /// ([`SUM_BELOW_NS`] when recording; 0, none, in the pairing's own tests).
+    sum_below_ns: u64,
+    /// Threads with sums to flush.
+    summed: Vec<u32>,
+    /// Waits measured (switch-out paired with its switch-in, or closed at
+    /// the end), summed or not.
+    pub(crate) waits: u64,
 }
 
 impl SwitchTracker {
@@ -236,19 +298,29 @@ impl SwitchTracker {
     /// wait is charged from then; if it woke meanwhile, its switch records
     /// (written, since the events were in place) close or replace that.
     pub(crate) fn start(skip: u32, budget: usize) -> io::Result<SwitchTracker> {
-        let rings = KernelRings::start_with(skip, budget, SWITCH_RING_PAGES, &open_switch_event)?;
+        let start = |pages: usize| {
+            KernelRings::start_with(skip, budget, pages, &|tid, cpu| open_switch_event(tid, cpu, pages))
+        };
+        let rings = match start(SWITCH_RING_PAGES) {
+            // The locked-memory limit (`mmap` refused): the smaller rings.
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EPERM | libc::ENOMEM)) => {
+                start(SWITCH_RING_PAGES_SMALL)?
+            }
+            r => r?,
+        };
         let since_ns = super::now_ns();
         let mut threads = HashMap::default();
         for &tid in &rings.opened {
             if thread_state(tid).is_some_and(|c| c == 'S' || c == 'D') {
                 let out = Out { time_ns: since_ns, preempted: false, tried: false, capture: None };
-                threads.insert(tid, Seen { out: Some(out), recent: true, last_ns: since_ns });
+                threads
+                    .insert(tid, Seen { out: Some(out), recent: true, last_ns: since_ns, sums: [None; 2] });
             }
         }
         Ok(SwitchTracker {
             rings,
             epoll: None,
-            pairing: Pairing { threads, ..Pairing::default() },
+            pairing: Pairing { threads, sum_below_ns: SUM_BELOW_NS, ..Pairing::default() },
             counts: SwitchCounts::default(),
             lost_at_ns: 0,
             pressed: false,
@@ -427,6 +499,7 @@ impl Pairing {
                 seen.recent = true;
                 seen.last_ns = seen.last_ns.max(time_ns);
                 if let Some(o) = seen.out.take() {
+                    self.waits += 1;
                     let mut capture = o.capture;
                     if let Some(c) = capture.take_if(|c| c.end_ns >= time_ns) {
                         if c.at_ns >= time_ns {
@@ -437,13 +510,27 @@ impl Pairing {
                             self.dropped += 1;
                         }
                     }
-                    self.done.push(Interval {
-                        tid,
-                        start_ns: o.time_ns,
-                        end_ns: time_ns.max(o.time_ns),
-                        preempted: o.preempted,
-                        capture,
-                    });
+                    let end_ns = time_ns.max(o.time_ns);
+                    if capture.is_none() && end_ns - o.time_ns < self.sum_below_ns {
+                        let us = end_ns / 1000 - o.time_ns / 1000;
+                        if seen.sums.iter().all(Option::is_none) {
+                            self.summed.push(tid);
+                        }
+                        match &mut seen.sums[o.preempted as usize] {
+                            Some(sum) => sum.us += us,
+                            empty => *empty = Some(Sum { start_ns: o.time_ns, us }),
+                        }
+                    } else {
+                        // Its sums first: a thread's records stay in time order.
+                        flush_seen(tid, seen, &mut self.done);
+                        self.done.push(Interval {
+                            tid,
+                            start_ns: o.time_ns,
+                            end_ns,
+                            preempted: o.preempted,
+                            capture,
+                        });
+                    }
                 }
             }
             1 | 2 => {
@@ -457,7 +544,9 @@ impl Pairing {
                 seen.out = Some(Out { time_ns, preempted: kind == 2, tried, capture });
             }
             _ => {
-                self.threads.remove(&tid);
+                if let Some(mut seen) = self.threads.remove(&tid) {
+                    flush_seen(tid, &mut seen, &mut self.done);
+                }
                 if !self.orphans.is_empty() {
                     self.orphans.remove(&tid);
                 }
@@ -496,7 +585,8 @@ impl Pairing {
                     }
                     true
                 }
-                None => recent,
+                // (Sums are flushed before each pass; kept in any case.)
+                None => recent || seen.sums.iter().any(Option::is_some),
             }
         });
         self.refill_short_budget(now_ns);
@@ -538,6 +628,18 @@ impl Pairing {
         };
     }
 
+    /// Push every thread's sums of short waits ([`SUM_BELOW_NS`]) as
+    /// intervals, in tid order (the writer's tick, before it writes them).
+    pub(crate) fn flush_sums(&mut self) {
+        self.summed.sort_unstable();
+        for &tid in &self.summed {
+            if let Some(seen) = self.threads.get_mut(&tid) {
+                flush_seen(tid, seen, &mut self.done);
+            }
+        }
+        self.summed.clear();
+    }
+
     /// Write the part up to `at_ns` of every wait still open that began
     /// before it, and start the rest of each at `at_ns` (a reader cutting a
     /// window there sees the time of threads still waiting, which would
@@ -545,8 +647,10 @@ impl Pairing {
     /// than the last drain's horizon (every switch up to it is known). The
     /// part written keeps the wait's capture if that capture ended by
     /// `at_ns` (a later one is checked when the thread wakes); the rest keeps
-    /// it in any case. In tid order.
+    /// it in any case. In tid order, after every thread's sums of short
+    /// waits ([`Pairing::flush_sums`]).
     pub(crate) fn split_open(&mut self, at_ns: u64) {
+        self.flush_sums();
         let first = self.done.len();
         for (&tid, seen) in self.threads.iter_mut() {
             let Some(o) = seen.out.as_mut().filter(|o| o.time_ns < at_ns) else { continue };
@@ -583,14 +687,17 @@ impl Pairing {
     }
 
     /// Close the intervals of threads still out at `end_ns` for which
-    /// `off_now` holds, in tid order; forget the others.
+    /// `off_now` holds, in tid order (after the sums of short waits);
+    /// forget the others.
     fn finish(&mut self, end_ns: u64, off_now: &dyn Fn(u32) -> bool) {
+        self.flush_sums();
         let mut tids: Vec<u32> =
             self.threads.iter().filter(|(_, s)| s.out.is_some()).map(|(&tid, _)| tid).collect();
         tids.sort_unstable();
         for tid in tids {
             let o = self.threads.get_mut(&tid).and_then(|s| s.out.take()).expect("listed");
             if off_now(tid) && end_ns > o.time_ns {
+                self.waits += 1;
                 self.done.push(Interval {
                     tid,
                     start_ns: o.time_ns,
@@ -637,9 +744,9 @@ fn parse_record(kind: u32, rec: &[u8]) -> Option<(u64, u32, u8)> {
     }
 }
 
-/// Open `tid`'s switch event on `cpu`.
-fn open_switch_event(tid: u32, cpu: i32) -> io::Result<(OwnedFd, bool)> {
-    let data_bytes = SWITCH_RING_PAGES * super::perf_stack::page_size();
+/// Open `tid`'s switch event on `cpu`, for a ring of `pages` data pages.
+fn open_switch_event(tid: u32, cpu: i32, pages: usize) -> io::Result<(OwnedFd, bool)> {
+    let data_bytes = pages * super::perf_stack::page_size();
     let mut attr = PerfEventAttr {
         type_: PERF_TYPE_SOFTWARE,
         size: std::mem::size_of::<PerfEventAttr>() as u32,
@@ -801,6 +908,58 @@ mod tests {
             .drain(..)
             .map(|i| (i.tid, i.start_ns, i.end_ns, i.preempted, i.capture.map(|c| c.at_ns)))
             .collect()
+    }
+
+    /// Short waits without a stack are summed per thread and state until the
+    /// flush, exactly as their records would add up (each truncated to
+    /// microseconds at both ends), at the first one's start; a long or
+    /// captured wait is written alone, after its thread's sums, and an exit
+    /// flushes its thread's sums. Every wait is counted.
+    #[test]
+    fn short_waits_without_a_stack_are_summed_per_thread_and_state() {
+        let mut p = Pairing { sum_below_ns: SUM_BELOW_NS, ..Pairing::default() };
+        let t0 = 1_000_000_000u64;
+        let long = t0 + 5_000 + SUM_BELOW_NS;
+        p.events = vec![
+            (t0 + 999, 1, 1),
+            (t0 + 2_001, 1, 0), // 2 us as its own record
+            (t0 + 1_000, 3, 1),
+            (t0 + 2_000, 3, 0),
+            (t0 + 3_000, 3, 1), // captured below
+            (t0 + 1_000, 4, 1),
+            (t0 + 3_000, 4, 0),
+        ];
+        p.pair(t0 + 3_000);
+        p.attach(3, cap_to(t0 + 3_100, t0 + 3_200));
+        p.events = vec![
+            (t0 + 4_000, 3, 0),
+            (t0 + 5_000, 4, 3), // exits
+            (t0 + 5_000, 2, 1),
+            (long, 2, 0), // not short
+            (t0 + 10_000, 1, 1),
+            (t0 + 13_000, 1, 0), // 3 us
+            (t0 + 20_000, 1, 2),
+            (t0 + 21_000, 1, 0), // 1 us preempted
+        ];
+        p.pair(u64::MAX);
+        assert_eq!(
+            done(&mut p),
+            vec![
+                (3, t0 + 1_000, t0 + 2_000, false, None),
+                (3, t0 + 3_000, t0 + 4_000, false, Some(t0 + 3_100)),
+                (4, t0 + 1_000, t0 + 3_000, false, None),
+                (2, t0 + 5_000, long, false, None),
+            ]
+        );
+        p.flush_sums();
+        assert_eq!(
+            done(&mut p),
+            vec![(1, t0 + 999, t0 + 5_000, false, None), (1, t0 + 20_000, t0 + 21_000, true, None)]
+        );
+        assert_eq!(p.waits, 7);
+        // Nothing is left to flush.
+        p.flush_sums();
+        assert!(p.done.is_empty());
     }
 
     /// A split writes the part up to its time of each wait open before it
@@ -1040,20 +1199,26 @@ mod bench_pairing {
                 v
             })
             .collect();
-        for _ in 0..3 {
-            let mut p = Pairing::default();
+        for (round, sum_below_ns) in
+            [0, SUM_BELOW_NS, 0, SUM_BELOW_NS, 0, SUM_BELOW_NS].into_iter().enumerate()
+        {
+            let mut p = Pairing { sum_below_ns, ..Pairing::default() };
             let start = std::time::Instant::now();
-            let mut n = 0;
             for (d, drain) in drains.iter().enumerate() {
                 p.events.clear();
                 p.events.append(&mut p.carry);
                 p.events.extend_from_slice(drain);
                 p.pair(base + (d as u64 + 1) * 25 * ms - ms / 10);
-                n += p.done.len();
+                if d % 4 == 3 {
+                    // A writer tick: the sums become intervals.
+                    p.flush_sums();
+                }
                 p.done.clear();
             }
+            let n = p.waits;
             let el = start.elapsed();
-            eprintln!("BENCH pairing: {n} intervals, {:.1} ns each", el.as_nanos() as f64 / n as f64);
+            let what = if round % 2 == 0 { "one by one" } else { "summed" };
+            eprintln!("BENCH pairing ({what}): {n} waits, {:.1} ns each", el.as_nanos() as f64 / n as f64);
         }
     }
 }

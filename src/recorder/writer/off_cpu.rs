@@ -12,6 +12,8 @@
 //! capture (the thread woke before a tick saw it blocked, or the capture
 //! failed) is charged to `[blocked]` alone; a preempted one to `[waiting for
 //! CPU]` on top of the thread's last sampled stack (its own root if none).
+//! Such waits shorter than 5 ms are summed per thread and state and written
+//! once a tick (`sys/perf_switch.rs`, `SUM_BELOW_NS`); the others one by one.
 //!
 //! Costs: the records are a ring read per CPU per tick (and between ticks
 //! when a ring is a quarter full: the writer also waits on the rings); a capture is one
@@ -19,7 +21,8 @@
 //! unwind, at most once per blocking, for every wait a tick finds at least
 //! 5 ms long and about 100 shorter ones a second (`sys/perf_switch.rs`,
 //! "Captures"); a thread that stays blocked costs nothing more, and writes
-//! one interval record when it wakes.
+//! one interval record when it wakes (or, for a short wait without a stack,
+//! adds to its thread's sum for the tick).
 
 use rustc_hash::FxHashMap as HashMap;
 
@@ -75,6 +78,7 @@ impl OffCpu {
         let c = self.tracker.counts;
         OffCpuStats {
             intervals: self.intervals,
+            waits: self.tracker.pairing.waits,
             with_stack: self.with_stack,
             captures: c.captured,
             captures_raced: c.missed_ran + self.tracker.pairing.dropped,
@@ -113,6 +117,9 @@ impl Run {
                 crate::recorder::request_off_cpu_split(at_ns);
             }
         }
+        // The short waits summed since the last tick, one interval per
+        // thread and state (`SUM_BELOW_NS`).
+        o.tracker.pairing.flush_sums();
         let mut done = std::mem::take(&mut o.tracker.pairing.done);
         for iv in &done {
             if self.error.is_some() {
