@@ -739,3 +739,101 @@ fn short_waits_cost_a_bounded_number_of_captures() {
     let sampled = blocked_in(&snap, "wait_in_short_sleeps", "[blocked: clock_nanosleep]");
     assert!(!sampled.is_empty(), "no short wait was charged to its stack");
 }
+
+/// The perf-event mappings of this process (`anon_inode:[perf_event]` in
+/// `/proc/self/maps`), their lengths in bytes.
+fn perf_mappings() -> Vec<u64> {
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+    maps.lines()
+        .filter(|l| l.ends_with("anon_inode:[perf_event]"))
+        .filter_map(|l| {
+            let (from, to) = l.split_whitespace().next()?.split_once('-')?;
+            Some(u64::from_str_radix(to, 16).ok()? - u64::from_str_radix(from, 16).ok()?)
+        })
+        .collect()
+}
+
+/// Where the locked-memory limit refuses the switch rings of 1 MiB a CPU
+/// (an unprivileged process with `ulimit -l 64`; the kernel's
+/// `perf_event_mlock_kb` lets a user lock 516 KiB a CPU), the mode runs on
+/// rings of 256 KiB. The role runs with `RLIMIT_MEMLOCK` at 64 KiB, as uid
+/// 65534 when this runs as root (root's `CAP_IPC_LOCK` ignores the limit).
+#[test]
+fn a_small_locked_memory_limit_falls_back_to_smaller_rings() {
+    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::process::CommandExt;
+    if !perf_event_open_implemented() {
+        eprintln!("SKIPPED: no perf_event_open here");
+        return;
+    }
+    let paranoid = std::fs::read_to_string("/proc/sys/kernel/perf_event_paranoid").unwrap_or_default();
+    if paranoid.trim().parse::<i32>().is_ok_and(|p| p > 2) {
+        assert!(std::env::var_os("CI").is_none(), "perf_event_paranoid {paranoid}: CI needs 2 or less");
+        eprintln!(
+            "SKIPPED: perf_event_paranoid {} refuses an unprivileged process its own events",
+            paranoid.trim()
+        );
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    let path = dir.path().join("memlock.spool");
+    let exe = std::env::current_exe().unwrap();
+    // SAFETY: geteuid has no preconditions.
+    let mut c = if unsafe { libc::geteuid() } == 0 {
+        let mut c = std::process::Command::new("setpriv");
+        c.args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"]).arg(&exe);
+        c
+    } else {
+        std::process::Command::new(&exe)
+    };
+    c.args(["--exact", "small_memlock_role", "--nocapture", "--test-threads", "1"])
+        .env("SPULSE_TEST_MEMLOCK_SPOOL", &path);
+    // SAFETY: the closure only calls setrlimit (async-signal-safe) in the child before exec.
+    unsafe {
+        c.pre_exec(|| {
+            let rl = libc::rlimit { rlim_cur: 64 << 10, rlim_max: 64 << 10 };
+            if libc::setrlimit(libc::RLIMIT_MEMLOCK, &rl) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let out = c.output().unwrap_or_else(|e| panic!("running {} (setpriv as root): {e}", exe.display()));
+    let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    eprintln!("{}", text.lines().find(|l| l.contains("ROLE OK")).unwrap_or(""));
+    assert!(out.status.success() && text.contains("ROLE OK"), "{text}");
+}
+
+#[test]
+fn small_memlock_role() {
+    let Some(path) = std::env::var_os("SPULSE_TEST_MEMLOCK_SPOOL") else { return };
+    let guard = spulse::Recorder::builder().off_cpu(true).start(&path).unwrap();
+    let maps = perf_mappings();
+    let t = std::thread::spawn(|| {
+        for _ in 0..5 {
+            std::thread::sleep(Duration::from_millis(40));
+        }
+        gettid()
+    });
+    let tid = t.join().unwrap();
+    let stats = guard.finish().unwrap();
+    let oc = stats.off_cpu.unwrap_or_else(|| panic!("the off-CPU mode did not run: {:?}", stats.warnings));
+    // SAFETY: sysconf reads a constant.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as u64;
+    let small = (1 + 64) * page;
+    assert!(
+        !maps.is_empty() && maps.iter().all(|&m| m == small),
+        "perf mappings {maps:?}, {small} each expected"
+    );
+    let snap = Snapshot::open(&path).unwrap();
+    let slept: u64 = snap
+        .definitions()
+        .off_cpu_intervals()
+        .iter()
+        .filter(|o| snap.thread(o.thread).tid == tid && o.state == OffCpuState::Blocked)
+        .map(|o| o.duration_us)
+        .sum();
+    assert!((190_000..400_000).contains(&slept), "{slept} us of 200 ms slept ({oc:?})");
+    println!("ROLE OK: rings of {small} bytes, {slept} us slept");
+}
