@@ -169,6 +169,12 @@ struct Run {
     /// The least time between two listings: [`SCAN_PACE`] times what the
     /// last one took (see `threads_to_scan`).
     scan_gap: Duration,
+    /// The time between two listings asked by nothing but the clock: from
+    /// [`threads::THREAD_RESCAN`], doubled after each that found the same
+    /// threads, up to `THREAD_RESCAN_MAX` (see `threads_to_scan`).
+    rescan_every: Duration,
+    /// Threads the last listing found.
+    listed: usize,
     /// Ring slots the last drain took.
     drained: usize,
     /// The shortened wait while the ring fills faster than the interval
@@ -261,6 +267,8 @@ pub(crate) fn main(rx: Receiver<Control>, wake: Option<Arc<OwnFd>>) -> Result<St
         named_at_scan: 0,
         scanned_at: Instant::now(),
         scan_gap: Duration::ZERO,
+        rescan_every: threads::THREAD_RESCAN,
+        listed: 0,
         drained: 0,
         short: None,
         lost_before: 0,

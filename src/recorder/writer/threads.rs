@@ -49,19 +49,24 @@ impl Run {
 
     /// The threads alive now, when this tick should list them: on every tick
     /// for an engine that needs it, else when the handler has named a thread
-    /// since the last listing (a thread new to it) or [`THREAD_RESCAN`] has
+    /// since the last listing (a thread new to it) or `rescan_every` has
     /// passed (to find threads that block the signal and so are never sampled,
-    /// and to let go of the events of threads that exited). Listing
+    /// and to let go of the events of threads that exited): [`THREAD_RESCAN`],
+    /// doubled after each such listing that found the threads the one before
+    /// found (no thread new, none gone) up to [`THREAD_RESCAN_MAX`], and
+    /// back to [`THREAD_RESCAN`] when they change. Listing
     /// `/proc/self/task` was two thirds of an idle writer's CPU time, and it
     /// costs in proportion to the threads (about a millisecond for 2,000,
     /// three quarters of the writer's time when 2,000 new threads made every
-    /// tick list them): listings are paced so that they take at most
+    /// tick list them; with 1,100 threads that stay, a listing a second was
+    /// 8% of the off-CPU mode's writer at 100,000 blockings a second):
+    /// listings are paced so that they take at most
     /// 1/[`SCAN_PACE`] of the time (`scan_gap`).
     pub(super) fn threads_to_scan(&mut self) -> Option<Vec<u32>> {
         let named = self.st.shared.names.added();
         let since = self.scanned_at.elapsed();
-        let due = self.st.engine.needs_every_scan() || named != self.named_at_scan || since >= THREAD_RESCAN;
-        if !due || since < self.scan_gap {
+        let asked = self.st.engine.needs_every_scan() || named != self.named_at_scan;
+        if !(asked || since >= self.rescan_every) || since < self.scan_gap {
             return None;
         }
         self.named_at_scan = named;
@@ -70,6 +75,19 @@ impl Run {
         // The listing's own cost (what is done once per new thread, such as
         // creating its timer, is not paced).
         self.scan_gap = self.scanned_at.elapsed().saturating_mul(SCAN_PACE).min(THREAD_RESCAN);
+        if let Some(tids) = &tids {
+            let writer = self.st.shared.writer_tid.load(Ordering::Relaxed);
+            let same = tids.len() == self.listed
+                && tids.iter().all(|t| *t == writer || self.threads.contains_key(t));
+            self.rescan_every = if same && !asked {
+                self.rescan_every.saturating_mul(2).min(THREAD_RESCAN_MAX)
+            } else if same {
+                self.rescan_every
+            } else {
+                THREAD_RESCAN
+            };
+            self.listed = tids.len();
+        }
         tids
     }
 
@@ -123,8 +141,15 @@ impl Run {
     }
 }
 
-/// Longest time between two listings of the process's threads.
-const THREAD_RESCAN: Duration = Duration::from_secs(1);
+/// Time between two listings of the process's threads when nothing else
+/// asks for one, while they change (see `threads_to_scan`).
+pub(super) const THREAD_RESCAN: Duration = Duration::from_secs(1);
+
+/// The longest time between two listings, reached while the threads stay the
+/// same: a thread that blocks the engine's signal (never sampled) is found
+/// at most this late (and always at the end), a thread of the perf-stack or
+/// thread-timer engines is listed at every tick in any case.
+const THREAD_RESCAN_MAX: Duration = Duration::from_secs(8);
 
 /// New threads found by one listing that make an engine needing every scan
 /// (the thread-timer engines) raise the writer's priority.
