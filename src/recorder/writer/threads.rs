@@ -79,13 +79,7 @@ impl Run {
             let writer = self.st.shared.writer_tid.load(Ordering::Relaxed);
             let same = tids.len() == self.listed
                 && tids.iter().all(|t| *t == writer || self.threads.contains_key(t));
-            self.rescan_every = if same && !asked {
-                self.rescan_every.saturating_mul(2).min(THREAD_RESCAN_MAX)
-            } else if same {
-                self.rescan_every
-            } else {
-                THREAD_RESCAN
-            };
+            self.rescan_every = next_rescan(self.rescan_every, same, asked);
             self.listed = tids.len();
         }
         tids
@@ -138,6 +132,19 @@ impl Run {
             self.st.started.elapsed().as_secs_f64(),
             self.st.engine.kind().name(),
         ));
+    }
+}
+
+/// The time to the next clock-driven listing after one that found the
+/// threads of the one before (`same`) or not, and was `asked` for (a thread
+/// newly named, an engine that lists at every tick) or driven by the clock:
+/// doubled up to [`THREAD_RESCAN_MAX`] by a clock-driven listing that found
+/// nothing new, back to [`THREAD_RESCAN`] when the threads changed.
+fn next_rescan(every: Duration, same: bool, asked: bool) -> Duration {
+    match (same, asked) {
+        (true, false) => every.saturating_mul(2).min(THREAD_RESCAN_MAX),
+        (true, true) => every,
+        (false, _) => THREAD_RESCAN,
     }
 }
 
@@ -208,4 +215,25 @@ pub(super) fn blocking_warning(n: usize, sig: i32) -> String {
          time then is missing from the profile); {how}",
         if n == 1 { "" } else { "s" }
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Clock-driven listings that find the same threads back off to 8 s;
+    /// one asked for keeps the pace; a change brings it back to 1 s.
+    #[test]
+    fn listings_back_off_while_the_threads_stay_and_return_when_they_change() {
+        let mut every = THREAD_RESCAN;
+        let mut seen = vec![];
+        for _ in 0..5 {
+            every = next_rescan(every, true, false);
+            seen.push(every.as_secs());
+        }
+        assert_eq!(seen, [2, 4, 8, 8, 8]);
+        assert_eq!(next_rescan(every, true, true), THREAD_RESCAN_MAX);
+        assert_eq!(next_rescan(every, false, false), THREAD_RESCAN);
+        assert_eq!(next_rescan(every, false, true), THREAD_RESCAN);
+    }
 }
