@@ -375,6 +375,24 @@ fn child_server_process() {
             .unwrap();
         (guard, tx)
     });
+    // "sleepers": a recorder in off-CPU mode with a flush interval of 2 s,
+    // and a thread sleeping 1 ms at a time for the life of the process (see
+    // `wall_window_cuts_summed_short_waits_at_its_edges`).
+    let _sleepers = (mode == "sleepers").then(|| {
+        let dir = std::env::var_os("TMPDIR").expect("the child's TMPDIR");
+        let guard = spulse::Recorder::builder()
+            .off_cpu(true)
+            .flush_interval(Duration::from_secs(2))
+            .start(Path::new(&dir).join("recording.spool"))
+            .expect("the child records");
+        std::thread::Builder::new()
+            .name("short-sleeper".into())
+            .spawn(|| loop {
+                std::thread::sleep(Duration::from_millis(1));
+            })
+            .unwrap();
+        guard
+    });
     let srv = spulse::http::serve("127.0.0.1:0").expect("the child serves");
     println!("\nLISTENING {}", srv.local_addr());
     std::io::stdout().flush().unwrap();
@@ -875,4 +893,33 @@ fn wall_window_with_a_thread_blocked_throughout(env: &[(&str, &std::ffi::OsStr)]
     );
     assert_eq!(in_futex, waited, "charged to the futex it waits in: {stacks:#?}");
     c.assert_alive("a wall profile with a running recorder");
+}
+
+/// A thread sleeping 1 ms at a time (short waits, summed into one record a
+/// tick: FORMAT.md, tag 9) under a recorder whose ticks are 2 s apart: a 1 s
+/// wall window counts its time off the CPU within the window, about the
+/// whole window (the window asks the recorder to cut the sums at its start
+/// and end). This thread is off the CPU nearly all the time, so a sum placed
+/// at its first wait across the start would still land mostly inside: the
+/// cut itself is checked by `a_split_cuts_the_sums_where_the_records_reach_it`
+/// (`src/recorder/sys/perf_switch.rs`).
+#[test]
+fn wall_window_cuts_summed_short_waits_at_its_edges() {
+    let mut c = ChildServer::start("sleepers", &[]);
+    // Sums under way before the window opens.
+    std::thread::sleep(Duration::from_millis(1500));
+    let (status, body) = get(c.addr, "/debug/pprof/wall?seconds=1");
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+    let p = decode(&body);
+    let s = |i: i64| p.string_table[i as usize].as_str();
+    let off: i64 = p
+        .sample
+        .iter()
+        .filter(|smp| smp.label.iter().any(|l| s(l.key) == "thread" && s(l.str) == "short-sleeper"))
+        .map(|smp| smp.value[2])
+        .sum();
+    // Its CPU time (and the truncation of each wait to microseconds) is
+    // what it lacks of the whole window.
+    assert!((850_000_000..=1_020_000_000).contains(&off), "{off} ns off the CPU in a 1 s window");
+    c.assert_alive("a wall profile cutting summed waits");
 }

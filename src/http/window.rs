@@ -177,6 +177,12 @@ pub(super) fn collect(
     while !tail.poll()?.is_empty() {}
     let start = Instant::now();
     let window = Window { start_us: now_us(), duration_us: duration.as_micros() as u64 };
+    if let (true, Some(split)) = (wall, split) {
+        // At the start too: the short waits summed before it are written
+        // then, and those after it sum anew (FORMAT.md, tag 9), so that
+        // none is placed across the window's start.
+        split(window.start_us.saturating_mul(1000));
+    }
     let mut c = Collected {
         tail,
         window,

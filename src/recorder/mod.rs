@@ -155,24 +155,37 @@ pub(crate) fn set_live_segment(path: &Path) {
     }
 }
 
-/// A request to the running recorder's writer (off-CPU mode): write the part
-/// up to this time (unix ns; 0: none) of every wait still open, at its next
-/// tick. The `http` endpoint's wall-clock window asks it when it closes,
-/// so that threads blocked past its end are counted in it.
-static OFF_CPU_SPLIT_AT_NS: AtomicU64 = AtomicU64::new(0);
+/// Requests to the running recorder's writer (off-CPU mode): write the part
+/// up to each time (unix ns; 0: none) of every wait still open, and the sums
+/// of short waits up to it, when a drain reaches it (at its next tick or
+/// ring wake-up). The `http` endpoint's wall-clock window asks it when it
+/// opens and when it closes, so that threads blocked past its end are
+/// counted in it and no summed record straddles either edge. Up to four
+/// are held (two windows' edges); a request finding them all taken
+/// replaces the last.
+static OFF_CPU_SPLITS_AT_NS: [AtomicU64; 4] = [const { AtomicU64::new(0) }; 4];
 
 /// Ask the recorder running in this process (if in off-CPU mode) to write,
 /// within a flush interval, the part up to `at_ns` (unix ns) of every wait
-/// still open (see [`OFF_CPU_SPLIT_AT_NS`]).
+/// still open (see [`OFF_CPU_SPLITS_AT_NS`]).
 pub fn request_off_cpu_split(at_ns: u64) {
-    OFF_CPU_SPLIT_AT_NS.store(at_ns, Ordering::SeqCst);
+    let free = OFF_CPU_SPLITS_AT_NS
+        .iter()
+        .any(|slot| slot.compare_exchange(0, at_ns, Ordering::SeqCst, Ordering::SeqCst).is_ok());
+    if !free {
+        OFF_CPU_SPLITS_AT_NS[OFF_CPU_SPLITS_AT_NS.len() - 1].store(at_ns, Ordering::SeqCst);
+    }
 }
 
-/// The pending split request, if any (taken by the writer: see
-/// [`request_off_cpu_split`]); put back with [`request_off_cpu_split`] when
-/// it cannot be served yet.
-pub(crate) fn take_off_cpu_split() -> Option<u64> {
-    Some(OFF_CPU_SPLIT_AT_NS.swap(0, Ordering::SeqCst)).filter(|&t| t != 0)
+/// The pending split requests, each once (taken by the writer: see
+/// [`request_off_cpu_split`]).
+pub(crate) fn take_off_cpu_splits(mut each: impl FnMut(u64)) {
+    for slot in &OFF_CPU_SPLITS_AT_NS {
+        let at = slot.swap(0, Ordering::SeqCst);
+        if at != 0 {
+            each(at);
+        }
+    }
 }
 
 /// The spool path and flush interval of the recorder running in this process,
@@ -631,8 +644,14 @@ fn start_inner(b: &RecorderBuilder, path: &Path) -> Result<Guard, Error> {
     }
     // The off-CPU mode's switch events, within what the engine left of the budget.
     let switches = if off_cpu {
-        match sys::perf_switch::SwitchTracker::start(writer_tid, budget.saturating_sub(engine.descriptors()))
-        {
+        // The larger switch rings, unless they would take the locked memory
+        // the perf-stack engine's rings of threads created later need.
+        let large = engine.kind() != crate::Engine::PerfStack || sys::can_lock_memory();
+        match sys::perf_switch::SwitchTracker::start(
+            writer_tid,
+            budget.saturating_sub(engine.descriptors()),
+            large,
+        ) {
             Ok(mut t) => {
                 // The writer drains a quarter-full ring at once: on the
                 // engine's epoll set if it has one, else on one of its own.

@@ -234,6 +234,7 @@ pub struct Stats {
 
 /// What the off-CPU mode saw ([`Stats::off_cpu`]).
 #[derive(Debug, Clone, Default)]
+#[non_exhaustive]
 pub struct OffCpuStats {
     /// Off-CPU interval records written (FORMAT.md, tag 9): one a wait, but
     /// for the short waits without a stack (under 5 ms, `[blocked]` or

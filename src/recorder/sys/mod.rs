@@ -87,6 +87,19 @@ pub(crate) fn thread_cpu_time() -> std::time::Duration {
 }
 
 /// Every thread id of this process.
+/// Whether this process may lock memory beyond its limits (`CAP_IPC_LOCK`
+/// in its effective set, `/proc/self/status`): perf rings then cost no
+/// locked-memory allowance.
+pub(crate) fn can_lock_memory() -> bool {
+    const CAP_IPC_LOCK: u32 = 14;
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
+        .is_some_and(|caps| caps & (1 << CAP_IPC_LOCK) != 0)
+}
+
 pub(crate) fn list_tids() -> io::Result<Vec<u32>> {
     let mut v = Vec::new();
     for e in std::fs::read_dir("/proc/self/task")? {

@@ -112,7 +112,9 @@ pub(crate) const SUM_BELOW_NS: u64 = LONG_WAIT_NS;
 /// 2.2-2.4% with these (BENCHMARKS.md, "Off-CPU mode"). The kernel counts the
 /// rings against `perf_event_mlock_kb` (516 KiB a CPU by default) and then
 /// `RLIMIT_MEMLOCK`: where it refuses them, [`SWITCH_RING_PAGES_SMALL`] are
-/// used.
+/// used, and also with the perf-stack engine in a process without
+/// `CAP_IPC_LOCK` (its ring of 260 KiB for each thread created later is
+/// counted against the same limits).
 pub(crate) const SWITCH_RING_PAGES: usize = 256;
 
 /// Data pages of each CPU's ring where the kernel refuses
@@ -187,6 +189,8 @@ struct Seen {
     /// Its short waits without a stack since the last
     /// [`Pairing::flush_sums`] ([`SUM_BELOW_NS`]): blocked, preempted.
     sums: [Option<Sum>; 2],
+    /// In [`Pairing::summed`] (listed once until its sums are flushed).
+    listed: bool,
 }
 
 /// Short waits of one thread in one state, summed ([`SUM_BELOW_NS`]).
@@ -207,12 +211,19 @@ impl Sum {
     }
 }
 
-/// Push `seen`'s sums, if any, as intervals of `tid` (blocked first).
+/// Push `seen`'s sums, if any, as intervals of `tid`, the one that began
+/// first first (the two may overlap in time: each sits at its first wait).
 fn flush_seen(tid: u32, seen: &mut Seen, done: &mut Vec<Interval>) {
-    for (i, sum) in seen.sums.iter_mut().enumerate() {
-        if let Some(sum) = sum.take() {
-            done.push(sum.interval(tid, i == 1));
-        }
+    let [blocked, preempted] = [seen.sums[0].take(), seen.sums[1].take()];
+    let (first, second) = match (blocked, preempted) {
+        (Some(b), Some(p)) if p.start_ns < b.start_ns => ((p, true), Some((b, false))),
+        (Some(b), p) => ((b, false), p.map(|p| (p, true))),
+        (None, Some(p)) => ((p, true), None),
+        (None, None) => return,
+    };
+    done.push(first.0.interval(tid, first.1));
+    if let Some((sum, preempted)) = second {
+        done.push(sum.interval(tid, preempted));
     }
 }
 
@@ -246,6 +257,9 @@ pub(crate) struct SwitchTracker {
     /// A drain found records lost or a ring half full (woken at a quarter
     /// full, the writer came late) since [`SwitchTracker::take_pressed`].
     pressed: bool,
+    /// Split times asked for and not reached yet by a drain (unix ns; see
+    /// [`SwitchTracker::request_split`]).
+    splits: Vec<u64>,
     /// The horizon of the last `collect`: the pairing knows every switch up
     /// to it, not later ones (a writer slow to come back from writing the
     /// intervals took threads that had run since for long waits).
@@ -297,11 +311,16 @@ impl SwitchTracker {
     /// and captured at the writer's next tick as any blocked thread. Its
     /// wait is charged from then; if it woke meanwhile, its switch records
     /// (written, since the events were in place) close or replace that.
-    pub(crate) fn start(skip: u32, budget: usize) -> io::Result<SwitchTracker> {
+    ///
+    /// The rings are [`SWITCH_RING_PAGES`] (`large`) or
+    /// [`SWITCH_RING_PAGES_SMALL`] a CPU; the small ones too where the kernel
+    /// refuses the large (locked-memory limit).
+    pub(crate) fn start(skip: u32, budget: usize, large: bool) -> io::Result<SwitchTracker> {
         let start = |pages: usize| {
             KernelRings::start_with(skip, budget, pages, &|tid, cpu| open_switch_event(tid, cpu, pages))
         };
-        let rings = match start(SWITCH_RING_PAGES) {
+        let first = if large { SWITCH_RING_PAGES } else { SWITCH_RING_PAGES_SMALL };
+        let rings = match start(first) {
             // The locked-memory limit (`mmap` refused): the smaller rings.
             Err(e) if matches!(e.raw_os_error(), Some(libc::EPERM | libc::ENOMEM)) => {
                 start(SWITCH_RING_PAGES_SMALL)?
@@ -313,8 +332,10 @@ impl SwitchTracker {
         for &tid in &rings.opened {
             if thread_state(tid).is_some_and(|c| c == 'S' || c == 'D') {
                 let out = Out { time_ns: since_ns, preempted: false, tried: false, capture: None };
-                threads
-                    .insert(tid, Seen { out: Some(out), recent: true, last_ns: since_ns, sums: [None; 2] });
+                threads.insert(
+                    tid,
+                    Seen { out: Some(out), recent: true, last_ns: since_ns, sums: [None; 2], listed: false },
+                );
             }
         }
         Ok(SwitchTracker {
@@ -324,6 +345,7 @@ impl SwitchTracker {
             counts: SwitchCounts::default(),
             lost_at_ns: 0,
             pressed: false,
+            splits: Vec::new(),
             horizon_ns: 0,
         })
     }
@@ -412,7 +434,19 @@ impl SwitchTracker {
             self.pressed = true;
         }
         self.horizon_ns = horizon;
-        p.pair(horizon);
+        p.pair_split(horizon, &mut self.splits);
+    }
+
+    /// Write the part up to `at_ns` of every wait still open, and the sums
+    /// of short waits up to it, as the drain that reaches `at_ns` pairs its
+    /// records ([`Pairing::split_open`]): a reader cutting a window there
+    /// (the `http` endpoint) finds every wait before it written, none after.
+    /// At most 16 are held (a caller asking for times far ahead cannot grow
+    /// the list).
+    pub(crate) fn request_split(&mut self, at_ns: u64) {
+        if self.splits.len() < 16 {
+            self.splits.push(at_ns);
+        }
     }
 
     /// Whether a drain since the last call found records lost or a ring half
@@ -455,17 +489,6 @@ impl SwitchTracker {
         }
     }
 
-    /// Write the part up to `at_ns` of every wait still open
-    /// ([`Pairing::split_open`]), if the last drain knows every switch up to
-    /// `at_ns`; `false` (nothing done) if not yet.
-    pub(crate) fn split_open(&mut self, at_ns: u64) -> bool {
-        if self.horizon_ns < at_ns {
-            return false;
-        }
-        self.pairing.split_open(at_ns);
-        true
-    }
-
     /// Close the intervals of threads still out at `end_ns` (the recording
     /// stops), but for threads that no longer exist or are running.
     pub(crate) fn finish(&mut self, end_ns: u64) {
@@ -479,14 +502,38 @@ impl Pairing {
     /// Pair the records of [`Pairing::events`] (each CPU's in time order)
     /// stamped up to `horizon`, in time order across CPUs; keep the later
     /// ones for the next call.
+    #[cfg(test)]
     fn pair(&mut self, horizon: u64) {
+        self.pair_split(horizon, &mut Vec::new());
+    }
+
+    /// [`Pairing::pair`], splitting at each time of `splits` up to `horizon`
+    /// when the records reach it ([`Pairing::split_open`]: the sums of
+    /// short waits and the open waits are written up to there); the later
+    /// split times stay in `splits`.
+    fn pair_split(&mut self, horizon: u64, splits: &mut Vec<u64>) {
         // Records of one CPU are in order; across CPUs they are not. The
         // stable sort finds the runs (the carried ones, one per CPU) and
         // merges them: linear.
         self.events.sort_by_key(|&(t, _, k)| (t, k));
         let cut = self.events.partition_point(|&(t, _, _)| t <= horizon);
         self.carry.extend_from_slice(&self.events[cut..]);
-        for i in 0..cut {
+        let mut from = 0;
+        if !splits.is_empty() {
+            splits.sort_unstable();
+            let reached = splits.partition_point(|&at| at <= horizon);
+            for at in splits.drain(..reached) {
+                let upto = self.events[..cut].partition_point(|&(t, _, _)| t <= at).max(from);
+                self.apply_range(from, upto);
+                from = upto;
+                self.split_open(at);
+            }
+        }
+        self.apply_range(from, cut);
+    }
+
+    fn apply_range(&mut self, from: usize, to: usize) {
+        for i in from..to {
             let (time_ns, tid, kind) = self.events[i];
             self.apply(time_ns, tid, kind);
         }
@@ -513,7 +560,8 @@ impl Pairing {
                     let end_ns = time_ns.max(o.time_ns);
                     if capture.is_none() && end_ns - o.time_ns < self.sum_below_ns {
                         let us = end_ns / 1000 - o.time_ns / 1000;
-                        if seen.sums.iter().all(Option::is_none) {
+                        if !seen.listed {
+                            seen.listed = true;
                             self.summed.push(tid);
                         }
                         match &mut seen.sums[o.preempted as usize] {
@@ -635,6 +683,7 @@ impl Pairing {
         for &tid in &self.summed {
             if let Some(seen) = self.threads.get_mut(&tid) {
                 flush_seen(tid, seen, &mut self.done);
+                seen.listed = false;
             }
         }
         self.summed.clear();
@@ -962,6 +1011,39 @@ mod tests {
         assert!(p.done.is_empty());
     }
 
+    /// A split asked for is made when the drain's records reach its time:
+    /// the sums of the short waits before it are written as they stand
+    /// then (all before the split time), the wait open across it is cut
+    /// there, and the waits after it sum anew; a split beyond the drain's
+    /// horizon waits for a later drain.
+    #[test]
+    fn a_split_cuts_the_sums_where_the_records_reach_it() {
+        let mut p = Pairing { sum_below_ns: SUM_BELOW_NS, ..Pairing::default() };
+        let t0 = 1_000_000_000u64;
+        let at = t0 + 10_000;
+        p.events = vec![
+            (t0, 1, 1),
+            (t0 + 2_000, 1, 0), // 2 us before the split
+            (t0 + 4_000, 1, 1),
+            (t0 + 5_000, 1, 0), // 1 us before
+            (t0 + 8_000, 1, 1),
+            (t0 + 13_000, 1, 0), // across the split: 2 us before, 3 after
+            (t0 + 20_000, 1, 1),
+            (t0 + 21_000, 1, 0), // 1 us after
+        ];
+        let mut splits = vec![t0 + 1_000_000, at];
+        p.pair_split(t0 + 500_000, &mut splits);
+        assert_eq!(splits, vec![t0 + 1_000_000], "the later split waits");
+        assert_eq!(
+            done(&mut p),
+            vec![(1, t0, t0 + 3_000, false, None), (1, t0 + 8_000, at, false, None)],
+            "the sum before the split (3 us at the first wait's start), then the open wait's part"
+        );
+        p.flush_sums();
+        assert_eq!(done(&mut p), vec![(1, at, at + 4_000, false, None)], "after the split: 3 + 1 us from it");
+        assert_eq!(p.waits, 4);
+    }
+
     /// A split writes the part up to its time of each wait open before it
     /// (with its capture if that ended by then), and the rest follows as
     /// its own interval when the thread wakes, with the capture: the parts
@@ -1144,7 +1226,7 @@ mod tests {
     fn a_sleep_is_one_exact_interval() {
         let mut seen = Vec::new();
         for _ in 0..5 {
-            let mut t = match SwitchTracker::start(0, 1024) {
+            let mut t = match SwitchTracker::start(0, 1024, true) {
                 Ok(t) => t,
                 Err(e) => {
                     eprintln!("SKIPPED: switch events refused here: {e}");

@@ -106,16 +106,12 @@ impl Run {
         if end {
             o.tracker.stop();
         }
+        // A window closing at the time asked (the `http` endpoint): the
+        // drain that reaches it writes the waits up to it.
+        crate::recorder::take_off_cpu_splits(|at_ns| o.tracker.request_split(at_ns));
         o.tracker.collect(end);
         if end {
             o.tracker.finish(crate::recorder::sys::now_ns());
-        } else if let Some(at_ns) = crate::recorder::take_off_cpu_split() {
-            // A window closing at `at_ns` (the `http` endpoint): the waits
-            // still open are written up to it. Put back if this drain does
-            // not reach it yet.
-            if !o.tracker.split_open(at_ns) {
-                crate::recorder::request_off_cpu_split(at_ns);
-            }
         }
         // The short waits summed since the last tick, one interval per
         // thread and state (`SUM_BELOW_NS`).
@@ -177,6 +173,7 @@ impl Run {
     /// writer's priority at once: a starved writer's ticks come late.
     pub(super) fn collect_switches(&mut self) {
         if let Some(o) = self.st.off_cpu.as_mut() {
+            crate::recorder::take_off_cpu_splits(|at_ns| o.tracker.request_split(at_ns));
             o.tracker.collect(false);
             if self.switch_pressure() {
                 self.priority.observe(true, &self.st.shared.writer_boost);
