@@ -427,10 +427,12 @@ fn stats_report_the_writer_threads_own_cpu_time() {
     let _serial = serial();
     let (_dir, path) = spool_path("writer_cpu.spool");
     let g = spulse::Recorder::builder().frequency_hz(999).start(&path).unwrap();
-    burn(0.3);
+    // A second: the writer's fixed cost (the loaded objects' unwind tables)
+    // was 155 ms of a 0.3 s recording in CI's loaded debug run.
+    burn(1.0);
     let stats = g.finish().unwrap();
     eprintln!("{stats:?}");
-    assert!(stats.samples_written > 100, "{stats:?}");
+    assert!(stats.samples_written > 300, "{stats:?}");
     // The writer drained and wrote every sample: it used some CPU, and far
     // less than the recording lasted (it sleeps between flushes).
     assert!(stats.writer_cpu > Duration::ZERO, "{stats:?}");
