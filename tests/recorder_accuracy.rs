@@ -189,11 +189,15 @@ fn perf_stack_engine_three_to_one_at_999hz() {
 /// per scheduler tick, so the count only reaches the CPU time x frequency because
 /// each signal is recorded as 1 + overrun samples. Weighted samples are fewer
 /// independent observations (about 250 a CPU-second), hence twice the CPU time
-/// and the wider ratio tolerance: 0.05 is about 4 standard deviations of the
-/// share over ~1,500 signals (a 1.5 s run failed once at 0.806 on a loaded machine).
+/// and the wider ratio tolerance (a 1.5 s run failed once at 0.806 on a loaded
+/// machine). The signals come at scheduler ticks, so the share also wanders
+/// with how the loop's calls fall against the 4 ms ticks: CI's run of
+/// 776f9b7's successor read 0.697, five quiet runs 0.697-0.777 (2026-12-04),
+/// wider than the ~0.011 standard deviation of ~1,500 independent signals;
+/// hence 0.08.
 #[test]
 fn thread_cpu_timer_engine_weights_overruns() {
-    check(spulse::EngineChoice::ThreadCpuTimer, spulse::Engine::ThreadCpuTimer, Until::Cpu(3.0), 0.90, 0.05);
+    check(spulse::EngineChoice::ThreadCpuTimer, spulse::Engine::ThreadCpuTimer, Until::Cpu(3.0), 0.90, 0.08);
 }
 
 /// The last resort, forced: `setitimer(ITIMER_PROF)` has no overrun count, so at
