@@ -740,6 +740,16 @@ fn short_waits_cost_a_bounded_number_of_captures() {
     assert!(!sampled.is_empty(), "no short wait was charged to its stack");
 }
 
+/// Set `RLIMIT_MEMLOCK` to 64 KiB (in a child before its exec).
+fn lower_memlock() -> std::io::Result<()> {
+    let rl = libc::rlimit { rlim_cur: 64 << 10, rlim_max: 64 << 10 };
+    // SAFETY: setrlimit reads the struct we pass.
+    if unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &rl) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// The perf-event mappings of this process (`anon_inode:[perf_event]` in
 /// `/proc/self/maps`), their lengths in bytes.
 fn perf_mappings() -> Vec<u64> {
@@ -800,16 +810,8 @@ fn a_small_locked_memory_limit_falls_back_to_smaller_rings() {
     };
     c.args(["--exact", "small_memlock_role", "--nocapture", "--test-threads", "1"])
         .env("SPULSE_TEST_MEMLOCK_SPOOL", &path);
-    // SAFETY: the closure only calls setrlimit (async-signal-safe) in the child before exec.
-    unsafe {
-        c.pre_exec(|| {
-            let rl = libc::rlimit { rlim_cur: 64 << 10, rlim_max: 64 << 10 };
-            if libc::setrlimit(libc::RLIMIT_MEMLOCK, &rl) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
+    // SAFETY: `lower_memlock` only calls setrlimit (async-signal-safe) in the child before exec.
+    unsafe { c.pre_exec(lower_memlock) };
     let out = c.output().unwrap_or_else(|e| panic!("running {} (setpriv as root): {e}", exe.display()));
     let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
     eprintln!("{}", text.lines().find(|l| l.contains("ROLE OK")).unwrap_or(""));
