@@ -850,3 +850,55 @@ fn small_memlock_role() {
     assert!((190_000..400_000).contains(&slept), "{slept} us of 200 ms slept ({oc:?})");
     println!("ROLE OK: rings of {small} bytes, {slept} us slept");
 }
+
+/// A per-thread engine (timers, perf-stack events) learns of a new thread
+/// from its fork record in the off-CPU mode, not from a listing of
+/// `/proc/self/task` at every tick: the clock-driven listings back off (1, 2,
+/// 4, 8 s) while the threads stay, and a thread created between two of them
+/// is sampled from its start all the same.
+#[test]
+fn a_thread_created_between_listings_is_sampled() {
+    let _g = serial();
+    if !perf_event_open_implemented() {
+        eprintln!("SKIPPED: no perf_event_open here");
+        return;
+    }
+    new_thread_sampled(spulse::EngineChoice::ThreadCpuTimer, spulse::Engine::ThreadCpuTimer);
+}
+
+#[test]
+fn a_thread_created_between_listings_is_sampled_with_perf_stack() {
+    let _g = serial();
+    if !perf_event_open_implemented() {
+        eprintln!("SKIPPED: no perf_event_open here");
+        return;
+    }
+    let (choice, engine) =
+        perf_stack_engine_for("a_thread_created_between_listings_is_sampled_with_perf_stack");
+    new_thread_sampled(choice, engine);
+}
+
+fn new_thread_sampled(choice: spulse::EngineChoice, engine: spulse::Engine) {
+    let (_dir, path) = spool_path("new-thread.spool");
+    let guard =
+        spulse::Recorder::builder().engine(choice).frequency_hz(100).off_cpu(true).start(&path).unwrap();
+    // Past the listing at 1 s; the next one by the clock alone is at 3 s.
+    std::thread::sleep(Duration::from_millis(1300));
+    let (tid, cpu) = std::thread::spawn(|| {
+        let t0 = thread_cpu_seconds();
+        burn(0.4);
+        (gettid(), thread_cpu_seconds() - t0)
+    })
+    .join()
+    .unwrap();
+    let stats = guard.finish().unwrap();
+    assert_eq!(stats.engine, engine, "{:?}", stats.warnings);
+    let snap = Snapshot::open(&path).unwrap();
+    let n = per_thread(&snap).get(&tid).copied().unwrap_or(0);
+    // 100 Hz of its CPU time: about 40 samples.
+    let expected = cpu * 100.0;
+    assert!(
+        n as f64 >= 0.3 * expected,
+        "{n} samples of a thread that burned {cpu:.3} s (about {expected:.0})"
+    );
+}

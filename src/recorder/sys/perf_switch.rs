@@ -72,6 +72,7 @@ const FLAG_TASK: u64 = 1 << 13;
 const FLAG_SAMPLE_ID_ALL: u64 = 1 << 18;
 const FLAG_CONTEXT_SWITCH: u64 = 1 << 26;
 const RECORD_EXIT: u32 = 4;
+const RECORD_FORK: u32 = 7;
 const RECORD_SWITCH: u32 = 14;
 const MISC_SWITCH_OUT: u16 = 1 << 13;
 const MISC_SWITCH_OUT_PREEMPT: u16 = 1 << 14;
@@ -264,13 +265,16 @@ pub(crate) struct SwitchTracker {
     /// to it, not later ones (a writer slow to come back from writing the
     /// intervals took threads that had run since for long waits).
     horizon_ns: u64,
+    /// `counts.lost` at the last [`SwitchTracker::take_threads_changed`].
+    lost_at_take: u64,
 }
 
 /// The pairing of switch records into intervals (no descriptor: the
 /// tracker drains the rings into [`Pairing::events`]).
 #[derive(Default)]
 pub(crate) struct Pairing {
-    /// (time, tid, kind) of the last drain: 0 in, 1 out, 2 out preempted, 3 exit.
+    /// (time, tid, kind) of the last drain: 0 in, 1 out, 2 out preempted, 3
+    /// exit, 4 a thread (or a child process) created.
     events: Vec<(u64, u32, u8)>,
     /// Records stamped after the last drain began, for the next one.
     carry: Vec<(u64, u32, u8)>,
@@ -297,6 +301,9 @@ pub(crate) struct Pairing {
     /// Waits measured (switch-out paired with its switch-in, or closed at
     /// the end), summed or not.
     pub(crate) waits: u64,
+    /// Threads created or ended (fork and exit records) since
+    /// [`SwitchTracker::take_threads_changed`].
+    threads_changed: bool,
 }
 
 impl SwitchTracker {
@@ -347,6 +354,7 @@ impl SwitchTracker {
             pressed: false,
             splits: Vec::new(),
             horizon_ns: 0,
+            lost_at_take: 0,
         })
     }
 
@@ -447,6 +455,20 @@ impl SwitchTracker {
         if self.splits.len() < 16 {
             self.splits.push(at_ns);
         }
+    }
+
+    /// Whether the records drained since the last call may tell of a thread
+    /// created or ended: a fork or exit record was read, records were lost
+    /// (one of those may have been among them), or some thread alive at
+    /// start has no event (its new threads write no fork record). While this
+    /// says no, every thread of the process is one the writer listed before
+    /// (the events are inherited by every thread created later, and each
+    /// creation writes a fork record), so an engine that acts for each new
+    /// thread need not list `/proc/self/task` (`writer/threads.rs`).
+    pub(crate) fn take_threads_changed(&mut self) -> bool {
+        let lost = self.counts.lost != self.lost_at_take;
+        self.lost_at_take = self.counts.lost;
+        std::mem::take(&mut self.pairing.threads_changed) || lost || self.rings.missed > 0
     }
 
     /// Whether a drain since the last call found records lost or a ring half
@@ -591,7 +613,9 @@ impl Pairing {
                 seen.last_ns = seen.last_ns.max(time_ns);
                 seen.out = Some(Out { time_ns, preempted: kind == 2, tried, capture });
             }
+            4 => self.threads_changed = true,
             _ => {
+                self.threads_changed = true;
                 if let Some(mut seen) = self.threads.remove(&tid) {
                     flush_seen(tid, &mut seen, &mut self.done);
                 }
@@ -783,11 +807,11 @@ fn parse_record(kind: u32, rec: &[u8]) -> Option<(u64, u32, u8)> {
             };
             Some((time, tid, k))
         }
-        RECORD_EXIT => {
+        RECORD_EXIT | RECORD_FORK => {
             // header, pid, ppid, tid, ptid (u32 each), time.
             let tid = (word(rec, 16)? & 0xffff_ffff) as u32;
             let time = word(rec, 24)?;
-            Some((time, tid, 3))
+            Some((time, tid, if kind == RECORD_EXIT { 3 } else { 4 }))
         }
         _ => None,
     }

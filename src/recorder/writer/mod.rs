@@ -164,6 +164,9 @@ struct Run {
     python_inside: bool,
     /// The handler's count of named threads at the last thread listing.
     named_at_scan: u64,
+    /// The switch records told of a thread created or ended since the last
+    /// listing (`threads.rs`).
+    threads_changed: bool,
     /// When the threads were last listed.
     scanned_at: Instant,
     /// The least time between two listings: [`SCAN_PACE`] times what the
@@ -265,6 +268,7 @@ pub(crate) fn main(rx: Receiver<Control>, wake: Option<Arc<OwnFd>>) -> Result<St
         threads: HashMap::new(),
         python_inside: false,
         named_at_scan: 0,
+        threads_changed: true,
         scanned_at: Instant::now(),
         scan_gap: Duration::ZERO,
         rescan_every: threads::THREAD_RESCAN,
