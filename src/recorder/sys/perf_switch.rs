@@ -7,8 +7,10 @@
 //! thread of ours leaves the CPU (`PERF_RECORD_MISC_SWITCH_OUT`, with
 //! `PERF_RECORD_MISC_SWITCH_OUT_PREEMPT` when it was preempted while
 //! runnable) and each time it comes back; `sample_id_all` stamps each with
-//! the thread and a `CLOCK_REALTIME` time, and `task = 1` adds the exit of
-//! each thread. `exclude_kernel` keeps it within what an unprivileged process
+//! the thread and a `CLOCK_REALTIME` time, and `task = 1` adds the creation
+//! and the exit of each thread (the writer lists `/proc/self/task` for a
+//! per-thread engine only when those tell of a change:
+//! [`SwitchTracker::take_threads_changed`]). `exclude_kernel` keeps it within what an unprivileged process
 //! may open at `perf_event_paranoid` 2 (the switch records are written all
 //! the same). The events are laid out as the kernel-time events
 //! (`perf_kernel.rs`, whose rings this reuses): inherited, one per CPU for
