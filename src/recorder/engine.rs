@@ -30,18 +30,26 @@ impl Engine {
         }
     }
 
-    /// Periodic upkeep (new threads for per-thread timers and perf-stack events).
-    pub(crate) fn tick(&mut self, tids: &[u32]) {
+    /// Periodic upkeep (new threads for per-thread timers and perf-stack
+    /// events). Whether every thread of `tids` is covered: `false` when a
+    /// timer could not be created, to be tried again at the next listing (a
+    /// perf-stack event refused is given up on, `PerThreadEvents`).
+    pub(crate) fn tick(&mut self, tids: &[u32]) -> bool {
         match self {
             Engine::Threads(t) => t.rescan(tids),
-            Engine::PerfStack(s) => s.rescan(tids),
-            _ => {}
+            Engine::PerfStack(s) => {
+                s.rescan(tids);
+                true
+            }
+            _ => true,
         }
     }
 
     /// Whether a thread created since the last tick goes unsampled until the
     /// writer lists the threads (one timer or one perf-stack event per thread,
-    /// none inherited), so the listing must be taken on every tick. The perf
+    /// none inherited), so the listing must be taken on every tick (in the
+    /// off-CPU mode: at every tick whose switch records tell of a thread
+    /// created or ended, `writer/threads.rs`). The perf
     /// engine's inherited events sample a new thread from its first
     /// instruction, and its first sample tells the writer that the thread
     /// exists.

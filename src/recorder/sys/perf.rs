@@ -260,7 +260,8 @@ impl Drop for PerfEngine {
 
 /// Events that need one descriptor per thread (no inheritance): one opened for
 /// every thread found in `/proc/self/task` at start and at each [`rescan`]
-/// (every writer tick) for threads created since, and closed once their thread
+/// (the writer's listings: every tick, or in the off-CPU mode each tick whose
+/// switch records tell of a thread created or ended) for threads created since, and closed once their thread
 /// is gone. Used by the perf-stack engine
 /// (`perf_stack.rs`); `T` is what each thread holds.
 ///

@@ -29,7 +29,8 @@
 //! # Threads
 //! A sampling event with a mapped ring cannot be inherited (the kernel refuses
 //! to map inherited per-thread events), so one is opened per thread, at start
-//! and at every writer tick for threads created since
+//! and at the writer's next tick for threads created since (its listing of
+//! the threads: every tick, or in the off-CPU mode when a fork record says so)
 //! ([`super::perf::PerThreadEvents`], shared with the kernel-time events): a
 //! thread's first flush interval is not sampled. A thread's event goes when
 //! the thread is gone; its ring is drained once more first.

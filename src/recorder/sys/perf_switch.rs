@@ -233,7 +233,7 @@ fn flush_seen(tid: u32, seen: &mut Seen, done: &mut Vec<Interval>) {
 /// Counters of the off-CPU mode, for `Stats`.
 #[derive(Debug, Default, Clone, Copy)]
 pub(crate) struct SwitchCounts {
-    /// Switch records read.
+    /// Switch records read (and thread creation and exit records).
     pub records: u64,
     /// Records the kernel could not write (ring full).
     pub lost: u64,
@@ -871,6 +871,9 @@ mod tests {
         assert_eq!(parse_record(14, &rec(14, pre, &[tid_word, 1000])), Some((1000, 42, 2)));
         assert_eq!(parse_record(14, &rec(14, 0, &[tid_word, 2000])), Some((2000, 42, 0)));
         assert_eq!(parse_record(4, &rec(4, 0, &[(7 << 32) | 7, (9 << 32) | 42, 3000])), Some((3000, 42, 3)));
+        // A fork: pid, ppid, tid, ptid, time (the new thread 43, created by 42).
+        assert_eq!(parse_record(7, &rec(7, 0, &[(7 << 32) | 7, (42 << 32) | 43, 4000])), Some((4000, 43, 4)));
+        assert_eq!(parse_record(7, &rec(7, 0, &[(7 << 32) | 7, (42 << 32) | 43])), None, "cut short");
         assert_eq!(parse_record(14, &rec(14, 0, &[tid_word])), None, "cut short");
         assert_eq!(parse_record(9, &rec(9, 0, &[1, 2])), None);
     }
@@ -1153,6 +1156,27 @@ mod tests {
         p.events.extend([(30_000, 1, 1), (30_010, 1, 0)]);
         p.pair(u64::MAX);
         assert_eq!(p.done.last().map(|i| (i.tid, i.start_ns, i.end_ns)), Some((1, 30_000, 30_010)));
+    }
+
+    /// Fork and exit records tell that the threads changed (the writer then
+    /// lists them for a per-thread engine); switches alone do not. A fork
+    /// adds no thread entry (its first switch does).
+    #[test]
+    fn fork_and_exit_records_tell_of_changed_threads() {
+        let mut p = Pairing::default();
+        p.events.extend([(10, 1, 1), (15, 1, 0)]);
+        p.pair(u64::MAX);
+        assert!(!std::mem::take(&mut p.threads_changed), "switches alone");
+        p.events.clear();
+        p.events.extend([(20, 9, 4)]);
+        p.pair(u64::MAX);
+        assert!(std::mem::take(&mut p.threads_changed), "a fork");
+        assert!(!p.threads.contains_key(&9));
+        p.events.clear();
+        p.events.extend([(30, 1, 1), (35, 1, 0), (40, 1, 3)]);
+        p.pair(u64::MAX);
+        assert!(std::mem::take(&mut p.threads_changed), "an exit");
+        assert_eq!(p.done.len(), 2);
     }
 
     /// A capture belongs to the interval it was taken in; one taken after a

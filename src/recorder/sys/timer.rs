@@ -113,7 +113,9 @@ impl ThreadTimers {
     }
 
     /// Cover threads created since the last call; forget those that exited.
-    pub(crate) fn rescan(&mut self, tids: &[u32]) {
+    /// Whether every thread of `tids` has its timer (a refused `timer_create`,
+    /// such as `EAGAIN`, is tried again at the next call).
+    pub(crate) fn rescan(&mut self, tids: &[u32]) -> bool {
         // A set: with thousands of threads, a scan of the list per timer
         // was millions of comparisons every tick.
         let alive: std::collections::HashSet<u32> = tids.iter().copied().collect();
@@ -124,11 +126,13 @@ impl ThreadTimers {
                 unsafe { libc::syscall(libc::SYS_timer_delete, id) };
             }
         }
+        let mut all = true;
         for &tid in tids {
             if tid != self.skip && !self.timers.contains_key(&tid) {
-                let _ = self.create(tid);
+                all &= self.create(tid).is_ok();
             }
         }
+        all
     }
 
     /// Delete every timer.

@@ -614,7 +614,10 @@ impl Run {
         self.apply_module_change(change);
         self.adapt_engine();
         if let Some(tids) = &tids {
-            self.st.engine.tick(tids);
+            if !self.st.engine.tick(tids) {
+                // A thread left without its timer: list again at the next tick.
+                self.threads_changed = true;
+            }
         }
         handler::reclaim(&mut self.retired);
         self.flush_out();

@@ -89,9 +89,10 @@ impl Run {
             return None;
         }
         self.named_at_scan = named;
-        self.threads_changed = false;
         self.scanned_at = Instant::now();
         let tids = super::sys::list_tids().ok();
+        // (A failed listing, such as `EMFILE`, leaves the change to the next tick.)
+        self.threads_changed &= tids.is_none();
         // The listing's own cost (what is done once per new thread, such as
         // creating its timer, is not paced).
         self.scan_gap = self.scanned_at.elapsed().saturating_mul(SCAN_PACE).min(THREAD_RESCAN);
@@ -174,8 +175,9 @@ pub(super) const THREAD_RESCAN: Duration = Duration::from_secs(1);
 
 /// The longest time between two listings, reached while the threads stay the
 /// same: a thread that blocks the engine's signal (never sampled) is found
-/// at most this late (and always at the end), a thread of the perf-stack or
-/// thread-timer engines is listed at every tick in any case.
+/// at most this late (and always at the end); a thread of the perf-stack or
+/// thread-timer engines is listed at the next tick in any case (every tick,
+/// or in the off-CPU mode the next one whose switch records tell of it).
 const THREAD_RESCAN_MAX: Duration = Duration::from_secs(8);
 
 /// New threads found by one listing that make an engine needing every scan
