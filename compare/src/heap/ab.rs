@@ -51,10 +51,11 @@ static INNER: Sampled<Base> = Sampled::new(BASE);
 
 struct Switch;
 
-// SAFETY: every call goes to the base allocator, directly or through Sampled
-// (which passes it on unchanged); a block is freed by the side that
-// allocated it (the flag changes only between rounds, when no block of the
-// round lives; sides 0, 2 and 3 are the same allocator).
+// Every call goes to the base allocator, directly or through Sampled (which
+// passes it on unchanged); a block is freed by the side that allocated it
+// (the flag changes only between rounds, when no block of the round lives;
+// sides 0, 2 and 3 are the same allocator).
+// SAFETY: so the base allocator's contract holds for every call, as above.
 unsafe impl GlobalAlloc for Switch {
     #[inline]
     unsafe fn alloc(&self, l: Layout) -> *mut u8 {
