@@ -57,6 +57,7 @@
 //! then replaces the interval and its capture), and then that interval is
 //! wrong in any case (it spans the time the thread ran).
 
+use std::collections::hash_map::Entry;
 use std::io;
 use std::os::fd::OwnedFd;
 
@@ -119,6 +120,10 @@ pub(crate) const SUM_BELOW_NS: u64 = LONG_WAIT_NS;
 /// `CAP_IPC_LOCK` (its ring of 260 KiB for each thread created later is
 /// counted against the same limits).
 pub(crate) const SWITCH_RING_PAGES: usize = 256;
+
+/// A thread out this long without a record, and captured (or preempted),
+/// is parked ([`Pairing::parked`]) at the next capture pass.
+pub(crate) const PARK_NS: u64 = 100_000_000;
 
 /// Data pages of each CPU's ring where the kernel refuses
 /// [`SWITCH_RING_PAGES`] (an unprivileged process with a small
@@ -280,8 +285,16 @@ pub(crate) struct Pairing {
     events: Vec<(u64, u32, u8)>,
     /// Records stamped after the last drain began, for the next one.
     carry: Vec<(u64, u32, u8)>,
-    /// Threads by tid (those out are the pending intervals).
+    /// Threads by tid (those out are the pending intervals), but the
+    /// parked ones.
     threads: HashMap<u32, Seen>,
+    /// Threads out for [`PARK_NS`] or more without a record, captured or
+    /// preempted and without sums, by tid: kept apart so that the map each
+    /// switch record looks up holds the threads that switch, not a pool of
+    /// idle ones (1,000 idle threads in it made each wait's pairing 60%
+    /// dearer: the switching threads' entries spread over a table ten times
+    /// larger). A record of a parked thread brings it back.
+    parked: HashMap<u32, Seen>,
     /// Captures taken after a wake-up not yet seen, by thread.
     orphans: HashMap<u32, Box<Capture>>,
     /// Finished intervals, for the writer to take.
@@ -295,6 +308,8 @@ pub(crate) struct Pairing {
     short_budget_at: u64,
     /// Threads out for less than [`LONG_WAIT_NS`] at this pass: (since, tid).
     short: Vec<(u64, u32)>,
+    /// Threads to park at this pass.
+    to_park: Vec<u32>,
     /// Waits without a stack shorter than this are summed
     /// ([`SUM_BELOW_NS`] when recording; 0, none, in the pairing's own tests).
     sum_below_ns: u64,
@@ -566,7 +581,13 @@ impl Pairing {
     fn apply(&mut self, time_ns: u64, tid: u32, kind: u8) {
         match kind {
             0 => {
-                let Some(seen) = self.threads.get_mut(&tid) else { return };
+                let seen = match self.threads.entry(tid) {
+                    Entry::Occupied(e) => e.into_mut(),
+                    Entry::Vacant(e) => match self.parked.remove(&tid) {
+                        Some(seen) => e.insert(seen),
+                        None => return,
+                    },
+                };
                 seen.recent = true;
                 seen.last_ns = seen.last_ns.max(time_ns);
                 if let Some(o) = seen.out.take() {
@@ -610,7 +631,12 @@ impl Pairing {
                 let orphan = if self.orphans.is_empty() { None } else { self.orphans.remove(&tid) };
                 let capture = orphan.filter(|c| c.at_ns > time_ns);
                 let tried = capture.is_some();
-                let seen = self.threads.entry(tid).or_default();
+                let seen = match self.threads.entry(tid) {
+                    Entry::Occupied(e) => e.into_mut(),
+                    // New, forgotten or parked (a parked one's wait is
+                    // replaced: its switch-in was lost).
+                    Entry::Vacant(e) => e.insert(self.parked.remove(&tid).unwrap_or_default()),
+                };
                 seen.recent = true;
                 seen.last_ns = seen.last_ns.max(time_ns);
                 seen.out = Some(Out { time_ns, preempted: kind == 2, tried, capture });
@@ -620,6 +646,9 @@ impl Pairing {
                 self.threads_changed = true;
                 if let Some(mut seen) = self.threads.remove(&tid) {
                     flush_seen(tid, &mut seen, &mut self.done);
+                }
+                if !self.parked.is_empty() {
+                    self.parked.remove(&tid);
                 }
                 if !self.orphans.is_empty() {
                     self.orphans.remove(&tid);
@@ -638,16 +667,24 @@ impl Pairing {
     /// longest out first. Each listed is marked as tried (one attempt per
     /// interval); one left out may be listed at a later pass of the same
     /// interval (as a long wait, once it is one). Forgets the threads neither
-    /// out nor named by a record since the last call.
+    /// out nor named by a record since the last call, and parks those out
+    /// and named by no record for [`PARK_NS`] once tried or if preempted
+    /// ([`Pairing::parked`]: a parked thread is never due again in the same
+    /// interval, so the passes skip them).
     pub(crate) fn due_captures(&mut self, now_ns: u64, out: &mut Vec<u32>) {
         out.clear();
         let short = &mut self.short;
         short.clear();
+        let to_park = &mut self.to_park;
+        to_park.clear();
         self.threads.retain(|&tid, seen| {
             let recent = std::mem::replace(&mut seen.recent, false);
+            let quiet = !seen.listed && now_ns.saturating_sub(seen.last_ns) >= PARK_NS;
             match seen.out.as_mut() {
                 Some(o) => {
-                    if !o.preempted && !o.tried {
+                    if quiet && (o.tried || o.preempted) && seen.sums.iter().all(Option::is_none) {
+                        to_park.push(tid);
+                    } else if !o.preempted && !o.tried {
                         if now_ns.saturating_sub(o.time_ns) >= LONG_WAIT_NS {
                             if now_ns.saturating_sub(seen.last_ns) >= LONG_WAIT_NS {
                                 o.tried = true;
@@ -663,6 +700,17 @@ impl Pairing {
                 None => recent || seen.sums.iter().any(Option::is_some),
             }
         });
+        if !self.to_park.is_empty() {
+            for &tid in &self.to_park {
+                if let Some(seen) = self.threads.remove(&tid) {
+                    self.parked.insert(tid, seen);
+                }
+            }
+            // A table that held the idle threads is dense again.
+            if self.threads.capacity() > 4 * self.threads.len() + 64 {
+                self.threads.shrink_to(2 * self.threads.len());
+            }
+        }
         self.refill_short_budget(now_ns);
         if !self.short.is_empty() && self.short_budget > 0 {
             let n = self.short.len().min(self.short_budget as usize);
@@ -727,7 +775,7 @@ impl Pairing {
     pub(crate) fn split_open(&mut self, at_ns: u64) {
         self.flush_sums();
         let first = self.done.len();
-        for (&tid, seen) in self.threads.iter_mut() {
+        for (&tid, seen) in self.threads.iter_mut().chain(self.parked.iter_mut()) {
             let Some(o) = seen.out.as_mut().filter(|o| o.time_ns < at_ns) else { continue };
             let capture = o.capture.as_ref().filter(|c| c.end_ns <= at_ns).cloned();
             self.done.push(Interval {
@@ -746,17 +794,23 @@ impl Pairing {
     /// begins: its stacks are defined afresh); each is defined again from
     /// its addresses when its interval is written.
     pub(crate) fn forget_stacks(&mut self) {
-        let outs =
-            self.threads.values_mut().filter_map(|s| s.out.as_mut()).filter_map(|o| o.capture.as_mut());
+        let outs = (self.threads.values_mut().chain(self.parked.values_mut()))
+            .filter_map(|s| s.out.as_mut())
+            .filter_map(|o| o.capture.as_mut());
         let rest = self.orphans.values_mut().chain(self.done.iter_mut().filter_map(|i| i.capture.as_mut()));
         for c in outs.chain(rest) {
             c.stack = None;
         }
     }
 
-    /// Attach capture `c` to `tid`'s interval, if it is out.
+    /// Attach capture `c` to `tid`'s interval, if it is out (a thread listed
+    /// for a capture may be parked at the pass that listed it).
     fn attach(&mut self, tid: u32, c: Capture) {
-        if let Some(o) = self.threads.get_mut(&tid).and_then(|s| s.out.as_mut()) {
+        let seen = match self.threads.get_mut(&tid) {
+            Some(seen) => Some(seen),
+            None => self.parked.get_mut(&tid),
+        };
+        if let Some(o) = seen.and_then(|s| s.out.as_mut()) {
             o.capture = Some(Box::new(c));
         }
     }
@@ -766,6 +820,7 @@ impl Pairing {
     /// forget the others.
     fn finish(&mut self, end_ns: u64, off_now: &dyn Fn(u32) -> bool) {
         self.flush_sums();
+        self.threads.extend(self.parked.drain());
         let mut tids: Vec<u32> =
             self.threads.iter().filter(|(_, s)| s.out.is_some()).map(|(&tid, _)| tid).collect();
         tids.sort_unstable();
@@ -881,6 +936,7 @@ mod tests {
     /// A capture pass long after the records of these tests: every wait
     /// still out is a long one.
     const LATER: u64 = 1 << 40;
+    const MS: u64 = 1_000_000;
 
     /// A record carried to the next call pairs there, before the next
     /// drain's records of its time, as if all had been sorted at once.
@@ -1142,20 +1198,79 @@ mod tests {
         p.events.extend([(20_000, 2, 1), (20_001, 3, 1), (20_002, 4, 2), (20_003, 3, 3)]);
         p.pair(u64::MAX);
         assert_eq!(p.done.len(), 1000);
-        assert_eq!(p.threads.len(), 3, "threads 1, 2 and 4 (3 exited)");
+        assert_eq!(tracked(&p), [1, 2, 4], "3 exited");
         p.due_captures(LATER, &mut tids);
         assert_eq!(tids, [2], "out and blocked (4 is preempted, 1 is in)");
-        assert_eq!(p.threads.len(), 3, "1 had records since the last pass");
+        assert_eq!(tracked(&p), [1, 2, 4], "1 had records since the last pass");
         p.due_captures(LATER, &mut tids);
         assert!(tids.is_empty(), "2 was tried in this interval already");
-        let mut left: Vec<u32> = p.threads.keys().copied().collect();
-        left.sort_unstable();
-        assert_eq!(left, [2, 4], "1 is in and idle since the last pass: forgotten");
+        assert_eq!(tracked(&p), [2, 4], "1 is in and idle since the last pass: forgotten");
         // It comes back with its next switch-out.
         p.events.clear();
         p.events.extend([(30_000, 1, 1), (30_010, 1, 0)]);
         p.pair(u64::MAX);
         assert_eq!(p.done.last().map(|i| (i.tid, i.start_ns, i.end_ns)), Some((1, 30_000, 30_010)));
+    }
+
+    /// The tids of the threads the pairing holds, parked or not.
+    fn tracked(p: &Pairing) -> Vec<u32> {
+        let mut v: Vec<u32> = p.threads.keys().chain(p.parked.keys()).copied().collect();
+        v.sort_unstable();
+        v
+    }
+
+    /// A thread out for long without a record, once tried, is parked apart
+    /// from the switching ones (whose table shrinks back): its wake-up still
+    /// closes its wait exactly, a split and the end still write it, and a
+    /// capture listed at the pass that parked it is still attached.
+    #[test]
+    fn idle_threads_are_parked_and_their_waits_stay_exact() {
+        let mut p = Pairing::default();
+        let mut tids = Vec::new();
+        // 1,000 idle threads out at 1 ms; thread 1 switching.
+        p.events.extend((0..1000u32).map(|i| (MS, 100 + i, 1)));
+        p.events.extend([(2 * MS, 1, 1), (2 * MS + 10, 1, 0)]);
+        p.pair(u64::MAX);
+        let big = p.threads.capacity();
+        p.due_captures(LONG_WAIT_NS + 2 * MS, &mut tids);
+        assert_eq!(tids.len(), 1000, "every idle thread listed once");
+        assert!(p.parked.is_empty(), "not quiet for {PARK_NS} ns yet");
+        let at = PARK_NS + 2 * MS;
+        p.events.clear();
+        p.events.extend([(at - 20, 1, 1), (at - 10, 1, 0)]);
+        p.pair(at);
+        p.due_captures(at, &mut tids);
+        assert!(tids.is_empty());
+        assert_eq!(p.parked.len(), 1000, "tried and quiet: parked");
+        assert_eq!(p.threads.keys().copied().collect::<Vec<_>>(), [1], "the switching one stays");
+        assert!(p.threads.capacity() * 8 <= big, "{} of {big}", p.threads.capacity());
+        // A capture listed at that pass still finds its thread.
+        p.attach(100, cap_to(at + 1, at + 2));
+        // A split writes parked waits too.
+        p.done.clear();
+        p.split_open(at + 10);
+        assert_eq!(p.done.len(), 1000);
+        assert!(p.done.iter().all(|i| i.start_ns == MS && i.end_ns == at + 10));
+        p.done.clear();
+        // Thread 100 wakes: its wait is exact (from the split) and carries
+        // the capture; it switches again from the hot table.
+        p.events.clear();
+        p.events.extend([(at + 50, 100, 0), (at + 60, 100, 1)]);
+        p.pair(u64::MAX);
+        assert_eq!(p.done.len(), 1);
+        assert_eq!((p.done[0].tid, p.done[0].start_ns, p.done[0].end_ns), (100, at + 10, at + 50));
+        assert_eq!(p.done[0].capture.as_ref().map(|c| c.at_ns), Some(at + 1));
+        assert!(p.threads.contains_key(&100) && !p.parked.contains_key(&100));
+        // An exit forgets a parked thread.
+        p.events.clear();
+        p.events.push((at + 70, 101, 3));
+        p.pair(u64::MAX);
+        assert!(!p.parked.contains_key(&101));
+        // The end closes every wait still open, parked or not.
+        p.done.clear();
+        p.finish(at + 100, &|_| true);
+        assert_eq!(p.done.len(), 999, "100's second wait and 998 still parked");
+        assert!(p.parked.is_empty());
     }
 
     /// Fork and exit records tell that the threads changed (the writer then
@@ -1311,7 +1426,8 @@ mod tests {
 mod bench_pairing {
     use super::*;
 
-    /// Bench (ignored; BENCHMARKS.md "Off-CPU mode"): pairing 100 threads' switches on 2 CPUs, drains of 5,000 records.
+    /// Bench (ignored; BENCHMARKS.md "Off-CPU mode"): pairing 100 threads' switches on 2 CPUs, drains of 5,000 records,
+    /// with 1,000 idle threads out since before.
     #[test]
     #[ignore]
     fn bench_pairing() {
@@ -1335,6 +1451,10 @@ mod bench_pairing {
             [0, SUM_BELOW_NS, 0, SUM_BELOW_NS, 0, SUM_BELOW_NS].into_iter().enumerate()
         {
             let mut p = Pairing { sum_below_ns, ..Pairing::default() };
+            // The goal's pool of 1,000 idle threads, out since before.
+            p.events.extend((0..1000u32).map(|t| (base - ms, 5000 + t * 7, 1)));
+            p.pair(base - ms / 2);
+            let mut tids = Vec::new();
             let start = std::time::Instant::now();
             for (d, drain) in drains.iter().enumerate() {
                 p.events.clear();
@@ -1342,8 +1462,9 @@ mod bench_pairing {
                 p.events.extend_from_slice(drain);
                 p.pair(base + (d as u64 + 1) * 25 * ms - ms / 10);
                 if d % 4 == 3 {
-                    // A writer tick: the sums become intervals.
+                    // A writer tick: the sums become intervals, captures are listed.
                     p.flush_sums();
+                    p.due_captures(base + (d as u64 + 1) * 25 * ms, &mut tids);
                 }
                 p.done.clear();
             }
