@@ -95,6 +95,7 @@ mod pool;
 mod pprof;
 mod sampler;
 mod stacks;
+mod tls;
 mod unwind;
 
 #[cfg(feature = "pprof")]

@@ -90,6 +90,12 @@ pub(crate) fn grid() -> u64 {
 /// it failed.
 #[inline(always)]
 pub(crate) fn charge(size: usize) -> bool {
+    let off = super::tls::offset();
+    if off != 0 {
+        // SAFETY: a nonzero offset is `BYTES_LEFT`'s from the thread
+        // pointer in every thread (`tls::learn`).
+        return unsafe { super::tls::sub(off, size) } >= 0;
+    }
     BYTES_LEFT.with(|left| {
         let l = left.get().wrapping_sub(size as i64);
         left.set(l);
@@ -163,6 +169,7 @@ fn take(size: usize, own_rate: usize) -> u64 {
 /// The allocation reaches the pending point (or this is the thread's first
 /// allocation, or sampling is off).
 fn slow(left: &Cell<i64>, size: usize, own_rate: usize) -> u64 {
+    super::tls::learn(left.as_ptr());
     let rate = rate(own_rate);
     if BUSY.with(Cell::get) || rate == 0 {
         // Not counted: an allocation of the sampler itself (its bytes given
@@ -370,6 +377,31 @@ mod tests {
         })
         .join()
         .unwrap();
+    }
+
+    #[test]
+    fn the_fast_path_counts_on_each_threads_own_count() {
+        // The first slow path learns the count's offset (the tests are an
+        // executable holding this code, on x86-64 or aarch64).
+        let _ = take(1, 1 << 20);
+        if cfg!(any(target_arch = "x86_64", target_arch = "aarch64")) {
+            assert_ne!(super::super::tls::offset(), 0, "offset learnt");
+        }
+        let each = || {
+            BYTES_LEFT.with(|c| c.set(1_000));
+            assert!(charge(300));
+            assert_eq!(left(), 700, "the fast path took from this thread's count");
+            assert!(!charge(800));
+            assert_eq!(left(), -100);
+            BYTES_LEFT.with(|c| c.set(0));
+        };
+        each();
+        // Threads started after it was learnt, several at once.
+        let threads: Vec<_> = (0..4).map(|_| std::thread::spawn(each)).collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        each();
     }
 
     #[test]

@@ -1,0 +1,135 @@
+//! The fast path's thread-local count, reached without a call.
+//!
+//! A `thread_local!` is read through its `LocalKey`'s accessor, a function
+//! that the compiler inlines only where its copy sits in the same codegen
+//! unit as the caller. The allocation fast path is inlined into every
+//! allocating function of the program, most of them in other units (a
+//! release build has 16): there each allocation called the accessor, and
+//! that call was most of what `Sampled` cost (`compare/heap_ab 61 threads`,
+//! pinned: +6.5-7.2% over `System` with the call, +1.7-3.7% when one
+//! codegen unit let every site inline it).
+//!
+//! Where spulse's code is part of the main executable, its thread-locals
+//! are in the executable's static TLS block, at one offset from the thread
+//! pointer in every thread (what the local-exec TLS model compiles to). The
+//! first slow path measures that offset once ([`learn`], checking through
+//! the auxiliary vector that this code is the executable's); from then on the
+//! fast path reads the count at the thread pointer plus that offset. Where
+//! the code is in a shared library (its TLS may be allocated per thread on
+//! demand), or on another architecture, the offset stays unknown and the
+//! fast path goes through the accessor as before.
+
+use std::sync::atomic::{AtomicBool, AtomicIsize, Ordering};
+
+/// The count's offset from the thread pointer, the same in every thread; 0
+/// while unknown or where it is not a constant (see the module doc).
+static OFFSET: AtomicIsize = AtomicIsize::new(0);
+/// [`learn`] ran (once a process).
+static LOOKED: AtomicBool = AtomicBool::new(false);
+
+/// The count's offset from the thread pointer, 0 if not known.
+#[inline(always)]
+pub(crate) fn offset() -> isize {
+    OFFSET.load(Ordering::Relaxed)
+}
+
+/// This thread's thread pointer.
+#[inline(always)]
+fn thread_pointer() -> usize {
+    let tp: usize;
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: reads the TCB's self-pointer at `fs:0` (the x86-64 TLS ABI),
+    // which every thread has; no other effect.
+    unsafe {
+        std::arch::asm!("mov {}, qword ptr fs:[0]", out(reg) tp, options(nostack, readonly, preserves_flags, pure));
+    }
+    #[cfg(target_arch = "aarch64")]
+    // SAFETY: reads the thread pointer register; no other effect.
+    unsafe {
+        std::arch::asm!("mrs {}, tpidr_el0", out(reg) tp, options(nostack, nomem, preserves_flags, pure));
+    }
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+    {
+        tp = 0;
+    }
+    tp
+}
+
+/// Take `size` from the count at offset `off` from this thread's thread
+/// pointer; the count left.
+///
+/// # Safety
+///
+/// `off` is a nonzero [`offset`]: the count's offset in every thread.
+#[inline(always)]
+pub(crate) unsafe fn sub(off: isize, size: usize) -> i64 {
+    let p = thread_pointer().wrapping_add_signed(off) as *mut i64;
+    // SAFETY: the caller's contract: `p` is this thread's count, an `i64`
+    // only this thread touches (a `Cell` of its own thread-local).
+    unsafe {
+        let left = p.read().wrapping_sub(size as i64);
+        p.write(left);
+        left
+    }
+}
+
+/// Learn the offset of this thread's count `count` (its thread-local's
+/// address), once a process, if it is a constant: this code is part of the
+/// main executable (static TLS), on x86-64 or aarch64. Allocation-free and
+/// lock-free (the allocator's slow path calls it).
+#[cold]
+pub(crate) fn learn(count: *const i64) {
+    if LOOKED.load(Ordering::Relaxed) || LOOKED.swap(true, Ordering::Relaxed) {
+        return;
+    }
+    if !cfg!(any(target_arch = "x86_64", target_arch = "aarch64"))
+        || !in_main_executable(learn as fn(*const i64) as usize)
+    {
+        return;
+    }
+    let off = (count as usize).wrapping_sub(thread_pointer()) as isize;
+    if off != 0 {
+        OFFSET.store(off, Ordering::Relaxed);
+    }
+}
+
+/// Whether `addr` is in a loadable segment of the main executable, and that
+/// executable has a TLS segment (its program headers, from the auxiliary
+/// vector: no loader lock, no allocation).
+fn in_main_executable(addr: usize) -> bool {
+    const PT_LOAD: u32 = 1;
+    const PT_PHDR: u32 = 6;
+    const PT_TLS: u32 = 7;
+    // SAFETY: getauxval only reads the auxiliary vector.
+    let (phdr, phnum) = unsafe { (libc::getauxval(libc::AT_PHDR), libc::getauxval(libc::AT_PHNUM)) };
+    if phdr == 0 || phnum == 0 || phnum > 4096 {
+        return false;
+    }
+    // SAFETY: the kernel maps the executable's program headers at AT_PHDR,
+    // AT_PHNUM of them, for the life of the process.
+    let headers = unsafe { std::slice::from_raw_parts(phdr as *const libc::Elf64_Phdr, phnum as usize) };
+    let Some(own) = headers.iter().find(|h| h.p_type == PT_PHDR) else { return false };
+    let bias = (phdr as usize).wrapping_sub(own.p_vaddr as usize);
+    let has_tls = headers.iter().any(|h| h.p_type == PT_TLS);
+    let holds = headers.iter().filter(|h| h.p_type == PT_LOAD).any(|h| {
+        let start = bias.wrapping_add(h.p_vaddr as usize);
+        addr >= start && addr - start < h.p_memsz as usize
+    });
+    has_tls && holds
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The tests run in an executable that holds this code; libc's code is
+    /// not the executable's. (`sampler.rs` tests the offset itself.)
+    #[test]
+    fn this_code_is_found_in_the_executable_and_libc_is_not() {
+        assert!(in_main_executable(learn as fn(*const i64) as usize));
+        assert!(!in_main_executable(
+            libc::malloc as unsafe extern "C" fn(usize) -> *mut libc::c_void as usize
+        ));
+        assert!(!in_main_executable(0));
+    }
+}
