@@ -33,22 +33,27 @@ pub(crate) fn offset() -> isize {
     OFFSET.load(Ordering::Relaxed)
 }
 
+/// The targets where the offset is learnt: 64-bit x86-64 (not x32) and
+/// aarch64 (elsewhere [`thread_pointer`] is 0 and nothing is learnt).
+const SUPPORTED: bool =
+    cfg!(all(any(target_arch = "x86_64", target_arch = "aarch64"), target_pointer_width = "64"));
+
 /// This thread's thread pointer.
 #[inline(always)]
 fn thread_pointer() -> usize {
     let tp: usize;
-    #[cfg(target_arch = "x86_64")]
+    #[cfg(all(target_arch = "x86_64", target_pointer_width = "64"))]
     // SAFETY: reads the TCB's self-pointer at `fs:0` (the x86-64 TLS ABI),
     // which every thread has; no other effect.
     unsafe {
         std::arch::asm!("mov {}, qword ptr fs:[0]", out(reg) tp, options(nostack, readonly, preserves_flags, pure));
     }
-    #[cfg(target_arch = "aarch64")]
+    #[cfg(all(target_arch = "aarch64", target_pointer_width = "64"))]
     // SAFETY: reads the thread pointer register; no other effect.
     unsafe {
         std::arch::asm!("mrs {}, tpidr_el0", out(reg) tp, options(nostack, nomem, preserves_flags, pure));
     }
-    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+    #[cfg(not(all(any(target_arch = "x86_64", target_arch = "aarch64"), target_pointer_width = "64")))]
     {
         tp = 0;
     }
@@ -63,9 +68,14 @@ fn thread_pointer() -> usize {
 /// `off` is a nonzero [`offset`]: the count's offset in every thread.
 #[inline(always)]
 pub(crate) unsafe fn sub(off: isize, size: usize) -> i64 {
-    let p = thread_pointer().wrapping_add_signed(off) as *mut i64;
+    // The cell's address is an integer here (the thread pointer plus a
+    // constant, as the local-exec TLS model computes it); `learn` exposed the
+    // learning thread's cell, and every thread's cell is reached through the
+    // same integer arithmetic by the compiled accessor too.
+    let p: *mut i64 = std::ptr::with_exposed_provenance_mut(thread_pointer().wrapping_add_signed(off));
     // SAFETY: the caller's contract: `p` is this thread's count, an `i64`
-    // only this thread touches (a `Cell` of its own thread-local).
+    // only this thread touches (a `Cell` of its own thread-local, never
+    // borrowed mutably: `Cell` allows writes through another pointer).
     unsafe {
         let left = p.read().wrapping_sub(size as i64);
         p.write(left);
@@ -75,47 +85,66 @@ pub(crate) unsafe fn sub(off: isize, size: usize) -> i64 {
 
 /// Learn the offset of this thread's count `count` (its thread-local's
 /// address), once a process, if it is a constant: this code is part of the
-/// main executable (static TLS), on x86-64 or aarch64. Allocation-free and
-/// lock-free (the allocator's slow path calls it).
+/// main executable, on 64-bit x86-64 or aarch64, and the offset falls in the
+/// executable's static TLS block (where a target emulates TLS, the count is
+/// a block of its own per thread, elsewhere: then nothing is learnt).
+/// Allocation-free and lock-free (the allocator's slow path calls it).
 #[cold]
 pub(crate) fn learn(count: *const i64) {
     if LOOKED.load(Ordering::Relaxed) || LOOKED.swap(true, Ordering::Relaxed) {
         return;
     }
-    if !cfg!(any(target_arch = "x86_64", target_arch = "aarch64"))
-        || !in_main_executable(learn as fn(*const i64) as usize)
-    {
+    if !SUPPORTED {
         return;
     }
-    let off = (count as usize).wrapping_sub(thread_pointer()) as isize;
-    if off != 0 {
+    let Some(tls) = executable_tls(learn as fn(*const i64) as usize) else { return };
+    let off = count.expose_provenance().wrapping_sub(thread_pointer()) as isize;
+    if off != 0 && in_static_block(off, tls) {
         OFFSET.store(off, Ordering::Relaxed);
     }
 }
 
-/// Whether `addr` is in a loadable segment of the main executable, and that
-/// executable has a TLS segment (its program headers, from the auxiliary
-/// vector: no loader lock, no allocation).
-fn in_main_executable(addr: usize) -> bool {
+/// Whether `off` from the thread pointer lies in the main executable's
+/// static TLS block of `memsz` bytes aligned to `align` (`tls`): below the
+/// thread pointer on x86-64 (TLS variant II, the block ends at the thread
+/// pointer, its start rounded to the alignment), above the 16-byte thread
+/// control block on aarch64 (variant I, the block starts at 16 rounded up to
+/// the alignment).
+fn in_static_block(off: isize, (memsz, align): (u64, u64)) -> bool {
+    let align = align.max(1);
+    let span = memsz.saturating_add(align).min(isize::MAX as u64) as isize;
+    if cfg!(target_arch = "x86_64") {
+        (-span..0).contains(&off)
+    } else {
+        (16..16 + span).contains(&off)
+    }
+}
+
+/// The size and alignment of the main executable's TLS segment, if `addr`
+/// is in one of its loadable segments and it has one (its program headers,
+/// from the auxiliary vector: no loader lock, no allocation). `None` also
+/// where the headers have no `PT_PHDR` (GNU ld's static executables):
+/// the accessor is then used as before.
+fn executable_tls(addr: usize) -> Option<(u64, u64)> {
     const PT_LOAD: u32 = 1;
     const PT_PHDR: u32 = 6;
     const PT_TLS: u32 = 7;
     // SAFETY: getauxval only reads the auxiliary vector.
     let (phdr, phnum) = unsafe { (libc::getauxval(libc::AT_PHDR), libc::getauxval(libc::AT_PHNUM)) };
     if phdr == 0 || phnum == 0 || phnum > 4096 {
-        return false;
+        return None;
     }
     // SAFETY: the kernel maps the executable's program headers at AT_PHDR,
     // AT_PHNUM of them, for the life of the process.
     let headers = unsafe { std::slice::from_raw_parts(phdr as *const libc::Elf64_Phdr, phnum as usize) };
-    let Some(own) = headers.iter().find(|h| h.p_type == PT_PHDR) else { return false };
+    let own = headers.iter().find(|h| h.p_type == PT_PHDR)?;
     let bias = (phdr as usize).wrapping_sub(own.p_vaddr as usize);
-    let has_tls = headers.iter().any(|h| h.p_type == PT_TLS);
+    let tls = headers.iter().find(|h| h.p_type == PT_TLS)?;
     let holds = headers.iter().filter(|h| h.p_type == PT_LOAD).any(|h| {
         let start = bias.wrapping_add(h.p_vaddr as usize);
         addr >= start && addr - start < h.p_memsz as usize
     });
-    has_tls && holds
+    holds.then_some((tls.p_memsz, tls.p_align))
 }
 
 #[cfg(test)]
@@ -126,10 +155,29 @@ mod tests {
     /// not the executable's. (`sampler.rs` tests the offset itself.)
     #[test]
     fn this_code_is_found_in_the_executable_and_libc_is_not() {
-        assert!(in_main_executable(learn as fn(*const i64) as usize));
-        assert!(!in_main_executable(
-            libc::malloc as unsafe extern "C" fn(usize) -> *mut libc::c_void as usize
-        ));
-        assert!(!in_main_executable(0));
+        assert!(executable_tls(learn as fn(*const i64) as usize).is_some());
+        assert!(executable_tls(libc::malloc as unsafe extern "C" fn(usize) -> *mut libc::c_void as usize)
+            .is_none());
+        assert!(executable_tls(0).is_none());
+    }
+
+    /// An offset outside the executable's static TLS block (a count
+    /// allocated per thread elsewhere, as emulated TLS does) is not taken.
+    #[test]
+    fn only_an_offset_in_the_static_block_is_taken() {
+        let tls = (0x200, 64);
+        if cfg!(target_arch = "x86_64") {
+            assert!(in_static_block(-0x60, tls));
+            assert!(in_static_block(-0x240, tls));
+            assert!(!in_static_block(-0x241, tls));
+            assert!(!in_static_block(8, tls));
+        } else {
+            assert!(in_static_block(16, tls));
+            assert!(in_static_block(0x200, tls));
+            assert!(!in_static_block(8, tls));
+            assert!(!in_static_block(0x1000, tls));
+        }
+        assert!(!in_static_block(0x7f00_0000_0000, tls), "a heap block far from the thread pointer");
+        assert!(!in_static_block(-0x7f00_0000_0000, tls));
     }
 }

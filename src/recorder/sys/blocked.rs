@@ -55,16 +55,27 @@ fn read_task_file(tid: u32, file: &str, buf: &mut Vec<u8>) -> io::Result<()> {
     write!(w, "/proc/self/task/{tid}/{file}").map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
     buf.clear();
     buf.reserve(SMALL);
-    // SAFETY: `path` is NUL-terminated (its last byte is never written);
-    // the descriptor is ours from here until the `close` below.
-    let fd = unsafe { libc::open(path.as_ptr().cast(), libc::O_RDONLY | libc::O_CLOEXEC) };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: `buf` has room for `SMALL` bytes (reserved above), which
-    // `read` writes at most.
-    let n = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), SMALL) };
-    let err = io::Error::last_os_error();
+    let fd = loop {
+        // SAFETY: `path` is NUL-terminated (its last byte is never written);
+        // the descriptor is ours from here until the `close` below.
+        let fd = unsafe { libc::open(path.as_ptr().cast(), libc::O_RDONLY | libc::O_CLOEXEC) };
+        if fd >= 0 {
+            break fd;
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    };
+    let (n, err) = loop {
+        // SAFETY: `buf` has room for `SMALL` bytes (reserved above), which
+        // `read` writes at most.
+        let n = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), SMALL) };
+        let err = io::Error::last_os_error();
+        if n >= 0 || err.kind() != io::ErrorKind::Interrupted {
+            break (n, err);
+        }
+    };
     // SAFETY: `fd` is the descriptor we opened above, closed once.
     unsafe { libc::close(fd) };
     if n < 0 {

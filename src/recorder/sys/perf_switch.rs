@@ -803,8 +803,9 @@ impl Pairing {
         }
     }
 
-    /// Attach capture `c` to `tid`'s interval, if it is out (a thread listed
-    /// for a capture may be parked at the pass that listed it).
+    /// Attach capture `c` to `tid`'s interval, if it is out (parked or not:
+    /// a pass lists only threads not tried yet, which it does not park, so a
+    /// capture's thread is normally in the switching table).
     fn attach(&mut self, tid: u32, c: Capture) {
         let seen = match self.threads.get_mut(&tid) {
             Some(seen) => Some(seen),
