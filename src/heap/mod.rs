@@ -470,6 +470,12 @@ impl<A: GlobalAlloc> Sampled<A> {
     }
 }
 
+// The fast paths (no sample point reached, block not sampled) end in a tail
+// call to `A`: the count is taken before the allocation. An allocation that
+// fails on the fast path has its bytes counted all the same (fewer than the
+// bytes left to the pending point: the grid shifts by that much); one that
+// reaches the point and fails is not counted.
+
 // SAFETY: every call is passed on to `A`, with the caller's arguments, except
 // for sampled blocks: those are page-aligned (so aligned as the caller
 // asked), either a page of the pool (a block of `A`'s the pool keeps, for a
@@ -481,12 +487,6 @@ impl<A: GlobalAlloc> Sampled<A> {
 // is given back, so `A`'s guarantees are ours. The bookkeeping never touches
 // the blocks' memory, except the zeroing of a pool page for `alloc_zeroed`
 // and the copy of a reallocation that moves a block to or from a sampled one.
-//
-// The fast paths (no sample point reached, block not sampled) end in a tail
-// call to `A`: the count is taken before the allocation. An allocation that
-// fails on the fast path has its bytes counted all the same (fewer than the
-// bytes left to the pending point: the grid shifts by that much); one that
-// reaches the point and fails is not counted.
 unsafe impl<A: GlobalAlloc> GlobalAlloc for Sampled<A> {
     #[inline]
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
