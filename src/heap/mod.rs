@@ -87,7 +87,7 @@
 //! for a filter bucket that another thread is clearing).
 
 use std::alloc::{GlobalAlloc, Layout};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicIsize, AtomicU64, Ordering};
 
 mod live;
 mod pool;
@@ -122,18 +122,23 @@ pub struct Sampled<A> {
     rate: usize,
     /// Where small sampled blocks live.
     pool: pool::Pool,
+    /// The fast path's count's offset from the thread pointer
+    /// ([`tls::offset`]), copied here by the slow path once known (0 until
+    /// then): a field of the allocator, itself a static of the program, is
+    /// one load where the library's static is two (through the GOT).
+    offset: AtomicIsize,
 }
 
 impl<A> Sampled<A> {
     /// Wrap `inner`, sampling every [`DEFAULT_RATE`] bytes on average.
     pub const fn new(inner: A) -> Sampled<A> {
-        Sampled { inner, rate: DEFAULT_RATE, pool: pool::Pool::new() }
+        Sampled { inner, rate: DEFAULT_RATE, pool: pool::Pool::new(), offset: AtomicIsize::new(0) }
     }
 
     /// Wrap `inner`, sampling every `rate` bytes on average (0: never; 1:
     /// every allocation).
     pub const fn with_rate(inner: A, rate: usize) -> Sampled<A> {
-        Sampled { inner, rate, pool: pool::Pool::new() }
+        Sampled { inner, rate, pool: pool::Pool::new(), offset: AtomicIsize::new(0) }
     }
 
     /// The wrapped allocator.
@@ -326,6 +331,15 @@ impl<A: GlobalAlloc> Sampled<A> {
         }
     }
 
+    /// Copy the count's offset ([`tls::offset`], learnt by the first slow
+    /// path) into this allocator, for its fast path.
+    #[cold]
+    fn take_offset(&self) {
+        if self.offset.load(Ordering::Relaxed) == 0 {
+            self.offset.store(tls::offset(), Ordering::Relaxed);
+        }
+    }
+
     /// The rest of an allocation whose bytes reach this thread's pending
     /// sample point ([`sampler::charge`] said so): count the points, then
     /// allocate (a sampled block page-aligned, [`sampled_alloc`](Self::sampled_alloc)) and sample.
@@ -338,6 +352,7 @@ impl<A: GlobalAlloc> Sampled<A> {
     unsafe fn alloc_reaching(&self, layout: Layout, zeroed: bool) -> *mut u8 {
         let saved = sampler::save();
         let points = sampler::points(layout.size(), self.rate);
+        self.take_offset();
         // SAFETY: our caller's contract (`sampled_alloc`'s is `A`'s).
         let (p, tag) = unsafe {
             if points == 0 {
@@ -410,6 +425,7 @@ impl<A: GlobalAlloc> Sampled<A> {
             if aligned_as_sampled(ptr) && live::maybe_sampled(ptr) { live::offset_of(ptr) } else { None };
         let saved = sampler::save();
         let points = if reached { sampler::points(new_size, self.rate) } else { 0 };
+        self.take_offset();
         // Whether a failure is to give this reallocation's bytes back.
         let mut undo = reached;
         let fail = |undo: bool| {
@@ -490,7 +506,7 @@ impl<A: GlobalAlloc> Sampled<A> {
 unsafe impl<A: GlobalAlloc> GlobalAlloc for Sampled<A> {
     #[inline]
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        if sampler::charge(layout.size()) {
+        if sampler::charge(self.offset.load(Ordering::Relaxed), layout.size()) {
             // SAFETY: our caller's contract is `A`'s.
             return unsafe { self.inner.alloc(layout) };
         }
@@ -500,7 +516,7 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for Sampled<A> {
 
     #[inline]
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        if sampler::charge(layout.size()) {
+        if sampler::charge(self.offset.load(Ordering::Relaxed), layout.size()) {
             // SAFETY: our caller's contract is `A`'s.
             return unsafe { self.inner.alloc_zeroed(layout) };
         }
@@ -523,7 +539,7 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for Sampled<A> {
     #[inline]
     #[allow(clippy::nonminimal_bool)] // reads as the two fast-path conditions
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        let reached = !sampler::charge(new_size);
+        let reached = !sampler::charge(self.offset.load(Ordering::Relaxed), new_size);
         if !reached && !(aligned_as_sampled(ptr) && live::maybe_sampled(ptr)) {
             // SAFETY: our caller's contract is `A`'s (the block is not sampled).
             return unsafe { self.inner.realloc(ptr, layout, new_size) };

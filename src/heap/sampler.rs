@@ -81,7 +81,9 @@ pub(crate) fn grid() -> u64 {
     GRID.with(Cell::get)
 }
 
-/// Count `size` bytes about to be allocated by this thread: true if they
+/// Count `size` bytes about to be allocated by this thread (`off`: the
+/// count's offset from the thread pointer, [`super::tls::offset`] or 0):
+/// true if they
 /// hold no sample point (the fast path, one thread-local decrement and a
 /// sign test, done before the allocation so that the wrapper can hand over
 /// to the inner allocator with a tail call). False: the allocation reaches
@@ -89,8 +91,7 @@ pub(crate) fn grid() -> u64 {
 /// is off); then [`points`] once the allocation succeeded, or [`refund`] if
 /// it failed.
 #[inline(always)]
-pub(crate) fn charge(size: usize) -> bool {
-    let off = super::tls::offset();
+pub(crate) fn charge(off: isize, size: usize) -> bool {
     if off != 0 {
         // SAFETY: a nonzero offset is `BYTES_LEFT`'s from the thread
         // pointer in every thread (`tls::learn`).
@@ -159,7 +160,7 @@ pub(crate) fn left() -> i64 {
 /// the allocation holds (0: not sampled).
 #[cfg(test)]
 fn take(size: usize, own_rate: usize) -> u64 {
-    if charge(size) {
+    if charge(super::tls::offset(), size) {
         0
     } else {
         points(size, own_rate)
@@ -389,9 +390,9 @@ mod tests {
         }
         let each = || {
             BYTES_LEFT.with(|c| c.set(1_000));
-            assert!(charge(300));
+            assert!(charge(super::super::tls::offset(), 300));
             assert_eq!(left(), 700, "the fast path took from this thread's count");
-            assert!(!charge(800));
+            assert!(!charge(super::super::tls::offset(), 800));
             assert_eq!(left(), -100);
             BYTES_LEFT.with(|c| c.set(0));
         };
