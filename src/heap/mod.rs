@@ -87,7 +87,7 @@
 //! for a filter bucket that another thread is clearing).
 
 use std::alloc::{GlobalAlloc, Layout};
-use std::sync::atomic::{AtomicIsize, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 mod live;
 mod pool;
@@ -122,23 +122,22 @@ pub struct Sampled<A> {
     rate: usize,
     /// Where small sampled blocks live.
     pool: pool::Pool,
-    /// The fast path's count's offset from the thread pointer
-    /// ([`tls::offset`]), copied here by the slow path once known (0 until
-    /// then): a field of the allocator, itself a static of the program, is
-    /// one load where the library's static is two (through the GOT).
-    offset: AtomicIsize,
+    /// The fast path's count's offset from the thread pointer, copied here
+    /// by this allocator's slow path once learnt (0 until then: the
+    /// thread-local's accessor is used).
+    offset: tls::OffsetCopy,
 }
 
 impl<A> Sampled<A> {
     /// Wrap `inner`, sampling every [`DEFAULT_RATE`] bytes on average.
     pub const fn new(inner: A) -> Sampled<A> {
-        Sampled { inner, rate: DEFAULT_RATE, pool: pool::Pool::new(), offset: AtomicIsize::new(0) }
+        Sampled { inner, rate: DEFAULT_RATE, pool: pool::Pool::new(), offset: tls::OffsetCopy::new() }
     }
 
     /// Wrap `inner`, sampling every `rate` bytes on average (0: never; 1:
     /// every allocation).
     pub const fn with_rate(inner: A, rate: usize) -> Sampled<A> {
-        Sampled { inner, rate, pool: pool::Pool::new(), offset: AtomicIsize::new(0) }
+        Sampled { inner, rate, pool: pool::Pool::new(), offset: tls::OffsetCopy::new() }
     }
 
     /// The wrapped allocator.
@@ -331,15 +330,6 @@ impl<A: GlobalAlloc> Sampled<A> {
         }
     }
 
-    /// Copy the count's offset ([`tls::offset`], learnt by the first slow
-    /// path) into this allocator, for its fast path.
-    #[cold]
-    fn take_offset(&self) {
-        if self.offset.load(Ordering::Relaxed) == 0 {
-            self.offset.store(tls::offset(), Ordering::Relaxed);
-        }
-    }
-
     /// The rest of an allocation whose bytes reach this thread's pending
     /// sample point ([`sampler::charge`] said so): count the points, then
     /// allocate (a sampled block page-aligned, [`sampled_alloc`](Self::sampled_alloc)) and sample.
@@ -352,7 +342,8 @@ impl<A: GlobalAlloc> Sampled<A> {
     unsafe fn alloc_reaching(&self, layout: Layout, zeroed: bool) -> *mut u8 {
         let saved = sampler::save();
         let points = sampler::points(layout.size(), self.rate);
-        self.take_offset();
+        // (`points` learnt the offset if this is the process's first.)
+        self.offset.refresh();
         // SAFETY: our caller's contract (`sampled_alloc`'s is `A`'s).
         let (p, tag) = unsafe {
             if points == 0 {
@@ -425,7 +416,7 @@ impl<A: GlobalAlloc> Sampled<A> {
             if aligned_as_sampled(ptr) && live::maybe_sampled(ptr) { live::offset_of(ptr) } else { None };
         let saved = sampler::save();
         let points = if reached { sampler::points(new_size, self.rate) } else { 0 };
-        self.take_offset();
+        self.offset.refresh();
         // Whether a failure is to give this reallocation's bytes back.
         let mut undo = reached;
         let fail = |undo: bool| {
@@ -506,7 +497,7 @@ impl<A: GlobalAlloc> Sampled<A> {
 unsafe impl<A: GlobalAlloc> GlobalAlloc for Sampled<A> {
     #[inline]
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        if sampler::charge(self.offset.load(Ordering::Relaxed), layout.size()) {
+        if sampler::charge(&self.offset, layout.size()) {
             // SAFETY: our caller's contract is `A`'s.
             return unsafe { self.inner.alloc(layout) };
         }
@@ -516,7 +507,7 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for Sampled<A> {
 
     #[inline]
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        if sampler::charge(self.offset.load(Ordering::Relaxed), layout.size()) {
+        if sampler::charge(&self.offset, layout.size()) {
             // SAFETY: our caller's contract is `A`'s.
             return unsafe { self.inner.alloc_zeroed(layout) };
         }
@@ -539,7 +530,7 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for Sampled<A> {
     #[inline]
     #[allow(clippy::nonminimal_bool)] // reads as the two fast-path conditions
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        let reached = !sampler::charge(self.offset.load(Ordering::Relaxed), new_size);
+        let reached = !sampler::charge(&self.offset, new_size);
         if !reached && !(aligned_as_sampled(ptr) && live::maybe_sampled(ptr)) {
             // SAFETY: our caller's contract is `A`'s (the block is not sampled).
             return unsafe { self.inner.realloc(ptr, layout, new_size) };
@@ -599,6 +590,12 @@ mod tests {
                 // SAFETY: allocated above with `l`.
                 unsafe { s.dealloc(p, l) };
             };
+            // The slow paths above copied the learnt offset into the
+            // allocator: its fast path reads the count without the accessor.
+            assert_eq!(s.offset.get(), tls::offset());
+            if cfg!(any(target_arch = "x86_64", target_arch = "aarch64")) {
+                assert_ne!(s.offset.get(), 0, "the offset is learnt in a test executable");
+            }
             let left = sampler::left();
             FAIL.store(true, Ordering::Relaxed);
             let past = Layout::from_size_align(left as usize + 1, 8).unwrap();

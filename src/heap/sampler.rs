@@ -82,19 +82,20 @@ pub(crate) fn grid() -> u64 {
 }
 
 /// Count `size` bytes about to be allocated by this thread (`off`: the
-/// count's offset from the thread pointer, [`super::tls::offset`] or 0):
-/// true if they
-/// hold no sample point (the fast path, one thread-local decrement and a
+/// allocator's copy of the count's offset from the thread pointer): true if
+/// they hold no sample point (the fast path, one thread-local decrement and a
 /// sign test, done before the allocation so that the wrapper can hand over
 /// to the inner allocator with a tail call). False: the allocation reaches
 /// the pending point (or this is the thread's first allocation, or sampling
 /// is off); then [`points`] once the allocation succeeded, or [`refund`] if
 /// it failed.
 #[inline(always)]
-pub(crate) fn charge(off: isize, size: usize) -> bool {
+pub(crate) fn charge(off: &super::tls::OffsetCopy, size: usize) -> bool {
+    let off = off.get();
     if off != 0 {
-        // SAFETY: a nonzero offset is `BYTES_LEFT`'s from the thread
-        // pointer in every thread (`tls::learn`).
+        // SAFETY: a nonzero `OffsetCopy` holds the learnt offset, which is
+        // `BYTES_LEFT`'s from the thread pointer in every thread
+        // (`tls::learn`, `OffsetCopy::refresh`).
         return unsafe { super::tls::sub(off, size) } >= 0;
     }
     BYTES_LEFT.with(|left| {
@@ -160,7 +161,9 @@ pub(crate) fn left() -> i64 {
 /// the allocation holds (0: not sampled).
 #[cfg(test)]
 fn take(size: usize, own_rate: usize) -> u64 {
-    if charge(super::tls::offset(), size) {
+    static COPY: super::tls::OffsetCopy = super::tls::OffsetCopy::new();
+    COPY.refresh();
+    if charge(&COPY, size) {
         0
     } else {
         points(size, own_rate)
@@ -388,11 +391,14 @@ mod tests {
         if cfg!(any(target_arch = "x86_64", target_arch = "aarch64")) {
             assert_ne!(super::super::tls::offset(), 0, "offset learnt");
         }
+        static COPY: super::super::tls::OffsetCopy = super::super::tls::OffsetCopy::new();
+        COPY.refresh();
+        assert_eq!(COPY.get(), super::super::tls::offset(), "the copy takes the learnt offset");
         let each = || {
             BYTES_LEFT.with(|c| c.set(1_000));
-            assert!(charge(super::super::tls::offset(), 300));
+            assert!(charge(&COPY, 300));
             assert_eq!(left(), 700, "the fast path took from this thread's count");
-            assert!(!charge(super::super::tls::offset(), 800));
+            assert!(!charge(&COPY, 800));
             assert_eq!(left(), -100);
             BYTES_LEFT.with(|c| c.set(0));
         };

@@ -12,9 +12,11 @@
 //! Where spulse's code is part of the main executable, its thread-locals
 //! are in the executable's static TLS block, at one offset from the thread
 //! pointer in every thread (what the local-exec TLS model compiles to). The
-//! first slow path measures that offset once ([`learn`], checking through
-//! the auxiliary vector that this code is the executable's); from then on the
-//! fast path reads the count at the thread pointer plus that offset. Where
+//! first slow path of any allocator measures that offset once ([`learn`],
+//! checking through the auxiliary vector that this code is the
+//! executable's); each allocator copies it into itself at its next slow path
+//! ([`OffsetCopy`]), and from then on its fast path reads the count at the
+//! thread pointer plus that offset. Where
 //! the code is in a shared library (its TLS may be allocated per thread on
 //! demand), or on another architecture, the offset stays unknown and the
 //! fast path goes through the accessor as before.
@@ -28,9 +30,38 @@ static OFFSET: AtomicIsize = AtomicIsize::new(0);
 static LOOKED: AtomicBool = AtomicBool::new(false);
 
 /// The count's offset from the thread pointer, 0 if not known.
-#[inline(always)]
 pub(crate) fn offset() -> isize {
     OFFSET.load(Ordering::Relaxed)
+}
+
+/// A copy of the learnt offset where the fast path reads it with one load:
+/// a field of the allocator (usually a static of the program, reached
+/// `%rip`-relative; the library's own static is reached through the GOT, a
+/// load more). It only ever holds 0 or the learnt offset ([`OffsetCopy::refresh`]
+/// is its only setter, and stores only a nonzero [`offset`]).
+#[derive(Debug, Default)]
+pub(crate) struct OffsetCopy(AtomicIsize);
+
+impl OffsetCopy {
+    pub(crate) const fn new() -> OffsetCopy {
+        OffsetCopy(AtomicIsize::new(0))
+    }
+
+    /// The copy: 0, or the count's offset in every thread.
+    #[inline(always)]
+    pub(crate) fn get(&self) -> isize {
+        self.0.load(Ordering::Relaxed)
+    }
+
+    /// Take the learnt offset, if it is known (0 is never stored: a thread
+    /// that looked before another learnt it cannot undo that one's copy).
+    #[cold]
+    pub(crate) fn refresh(&self) {
+        let learnt = offset();
+        if learnt != 0 && self.get() == 0 {
+            self.0.store(learnt, Ordering::Relaxed);
+        }
+    }
 }
 
 /// The targets where the offset is learnt: 64-bit x86-64 (not x32) and
@@ -65,7 +96,8 @@ fn thread_pointer() -> usize {
 ///
 /// # Safety
 ///
-/// `off` is a nonzero [`offset`]: the count's offset in every thread.
+/// `off` is a nonzero [`offset`] (or an [`OffsetCopy`] of it): the count's
+/// offset in every thread.
 #[inline(always)]
 pub(crate) unsafe fn sub(off: isize, size: usize) -> i64 {
     // The cell's address is an integer here (the thread pointer plus a
