@@ -71,6 +71,16 @@
 //! an untracked block is left out of the in-use figures, which are then a
 //! lower bound, rather than kept in them after its free).
 //!
+//! Heap samples are not written to the spool (a recording made with a
+//! `Sampled` allocator stays as it would be without one): a heap profile is a
+//! state, what is live now and what was allocated since the start, read whole
+//! as pprof ([`profile`], `/debug/pprof/heap`, `RecorderBuilder::heap_profile`),
+//! and the sampler runs inside the program's allocations on every thread,
+//! with no way to the spool's writer but a channel of its own. A timeline of
+//! allocations (the Firefox Profiler's native-allocation and memory tracks)
+//! would need both: a spool record documented as an extension in FORMAT.md,
+//! and a lock-free ring from the sampler to the writer.
+//!
 //! Safe with the CPU recorder (its signal handler never allocates; the two
 //! share no lock), with `fork` (no lock of its own anywhere: a child forked
 //! in the middle of a sample loses at most that sample's slots; the loader's

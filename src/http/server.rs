@@ -90,7 +90,7 @@ struct Job {
 }
 
 /// Listen on `addr` and answer `GET /debug/pprof/profile?seconds=N` (see
-/// the [module documentation](self)): a thread named `spulse-http` accepts
+/// the [module documentation](crate::http)): a thread named `spulse-http` accepts
 /// connections, threads named `spulse-http-c` (at most [`MAX_CONNECTIONS`],
 /// started on demand) read and answer them, and one named `spulse-http-w`
 /// collects and symbolizes the profile windows.

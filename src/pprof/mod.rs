@@ -1,7 +1,7 @@
 //! The pprof encoder (cargo feature `pprof`): a gzipped `profile.proto`
 //! (its messages in [`proto`], defined with prost derive macros, field
 //! numbers from pprof's `profile.proto`). `spulse export --format pprof` and the `http`
-//! endpoint both write through [`write`].
+//! endpoint both write through [`write()`].
 //!
 //! One pprof sample per distinct (context, stack) of the [`Counts`]; when the
 //! context names a thread, labelled `pid`, `tid` and `thread` (name) (value 0:

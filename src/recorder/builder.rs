@@ -176,7 +176,7 @@ impl RecorderBuilder {
     /// intervals (FORMAT.md, tag 9); `spulse top --off-cpu` and `--wall` show
     /// them. A thread that stays blocked costs nothing while it does. Where
     /// the events are refused, the recording goes on without and
-    /// [`Stats::warnings`] says why; [`Stats::off_cpu`] counts what was seen.
+    /// [`Stats::warnings`](crate::Stats::warnings) says why; [`Stats::off_cpu`](crate::Stats::off_cpu) counts what was seen.
     pub fn off_cpu(mut self, on: bool) -> Self {
         self.off_cpu = Some(on);
         self
@@ -187,7 +187,7 @@ impl RecorderBuilder {
     /// that ends in kernel mode becomes a sample with a kernel-mode leaf frame
     /// on top of the user stack that entered the kernel; where the kernel
     /// refuses kernel-mode counting the recorder samples user time only and
-    /// says so in [`Stats::kernel_time`]. The timer engines always count both.
+    /// says so in [`Stats::kernel_time`](crate::Stats::kernel_time). The timer engines always count both.
     pub fn kernel_time(mut self, on: bool) -> Self {
         self.kernel_time = Some(on);
         self
@@ -275,7 +275,7 @@ impl RecorderBuilder {
     /// Each thread's ring maps one page more; rings take at most 64 MiB in
     /// all (threads beyond get none). The writer drains the rings when one is
     /// half full; samples that find their ring full are lost
-    /// ([`LostSamples::ring_full`]).
+    /// ([`LostSamples::ring_full`](crate::LostSamples::ring_full)).
     pub fn perf_stack_ring_pages(mut self, pages: usize) -> Self {
         self.perf_stack_ring_pages = pages;
         self
@@ -305,7 +305,7 @@ impl RecorderBuilder {
     }
 
     /// Call `callback` with each warning (what did not go as configured, one
-    /// sentence: the sentences of [`Stats::warnings`](super::Stats::warnings),
+    /// sentence: the sentences of [`Stats::warnings`](crate::Stats::warnings)(super::Stats::warnings),
     /// each once, in the same order) as the recorder finds it: those found at
     /// start as soon as the writer thread runs, those that arise while
     /// recording (the program taking the engine's signal or descriptors
@@ -319,7 +319,7 @@ impl RecorderBuilder {
     /// handler: it may allocate, lock and log, but while it runs the writer
     /// does not drain samples, so it should return quickly (a slow callback
     /// fills the ring and loses samples, counted in
-    /// [`LostSamples::ring_full`](super::LostSamples::ring_full)). A callback
+    /// [`LostSamples::ring_full`](crate::LostSamples::ring_full)(super::LostSamples::ring_full)). A callback
     /// that panics is not called again (a warning says so). It must not
     /// wait for the recorder: finishing or dropping the [`Guard`] there, or
     /// calling [`python_runtime_enter`](crate::python_runtime_enter), waits
@@ -327,7 +327,7 @@ impl RecorderBuilder {
     /// itself never writes warnings to stderr or to any descriptor it did not
     /// open (stderr belongs to the program, which may have closed it or
     /// reused its number): printing or logging them is the program's choice,
-    /// here or from [`Stats::warnings`](super::Stats::warnings).
+    /// here or from [`Stats::warnings`](crate::Stats::warnings)(super::Stats::warnings).
     ///
     /// ```no_run
     /// let guard = spulse::Recorder::builder()

@@ -167,7 +167,7 @@ static OFF_CPU_SPLITS_AT_NS: [AtomicU64; 4] = [const { AtomicU64::new(0) }; 4];
 
 /// Ask the recorder running in this process (if in off-CPU mode) to write,
 /// within a flush interval, the part up to `at_ns` (unix ns) of every wait
-/// still open (see [`OFF_CPU_SPLITS_AT_NS`]).
+/// still open (see `OFF_CPU_SPLITS_AT_NS`).
 pub fn request_off_cpu_split(at_ns: u64) {
     let free = OFF_CPU_SPLITS_AT_NS
         .iter()

@@ -36,7 +36,7 @@ pub enum EngineChoice {
     ProcessTimer,
     /// Opt-in, never chosen by `Auto`: per-thread `perf_event_open` task-clock
     /// events (user time) that copy the user registers and the top of the
-    /// user stack ([`RecorderBuilder::user_stack_copy`]) into a ring mapped
+    /// user stack ([`RecorderBuilder::user_stack_copy`](crate::RecorderBuilder::user_stack_copy)) into a ring mapped
     /// from each event; no signal and no handler: the writer thread unwinds
     /// the copies. Threads that block signals are sampled too; threads created
     /// after start are covered from the next flush on. Fails if refused.
@@ -103,7 +103,7 @@ pub enum KernelTime {
     /// the user stack (`user_stack_copy` bytes) into a ring per CPU, and the
     /// writer thread unwinds them.
     Sampled,
-    /// User time only: switched off ([`RecorderBuilder::kernel_time`] or
+    /// User time only: switched off ([`RecorderBuilder::kernel_time`](crate::RecorderBuilder::kernel_time) or
     /// `SPULSE_KERNEL_TIME=0`).
     Off,
     /// User time only: kernel-mode counting could not be set up, because the
@@ -187,7 +187,7 @@ pub struct Stats {
     pub own_samples_dropped: u64,
     /// Perf-event descriptors the engine held: at most an eighth of the
     /// soft `RLIMIT_NOFILE` at start (the descriptor budget; see
-    /// [`RecorderBuilder::engine`]).
+    /// [`RecorderBuilder::engine`](crate::RecorderBuilder::engine)).
     pub descriptors: u64,
     /// What did not go as configured, one sentence each: an engine refused
     /// and the one that ran instead, kernel time refused, threads left
@@ -201,10 +201,10 @@ pub struct Stats {
     /// [`RecorderError::WriteStopped`](crate::RecorderError::WriteStopped)
     /// holds them.) `spulse record` prints them.
     pub warnings: Vec<String>,
-    /// Spool files written: 1, or with [`RecorderBuilder::rotate`] the number
+    /// Spool files written: 1, or with [`RecorderBuilder::rotate`](crate::RecorderBuilder::rotate) the number
     /// of segments created (deleted ones included).
     pub segments_written: u64,
-    /// Segments deleted by [`RecorderBuilder::retain`].
+    /// Segments deleted by [`RecorderBuilder::retain`](crate::RecorderBuilder::retain).
     pub segments_deleted: u64,
     /// CPU time of the recorder's writer thread (draining the ring, interning
     /// stacks, writing, its periodic checks): the part of the profiler's cost
@@ -227,7 +227,7 @@ pub struct Stats {
     /// mapped, not copied: the main executable's (it stays mapped, read-only,
     /// for the life of the process). Not part of the recorder's memory.
     pub unwind_tables_mapped: u64,
-    /// What the off-CPU mode ([`RecorderBuilder::off_cpu`]) saw; `None` when
+    /// What the off-CPU mode ([`RecorderBuilder::off_cpu`](crate::RecorderBuilder::off_cpu)) saw; `None` when
     /// it was off or its events were refused (then a warning says why).
     pub off_cpu: Option<OffCpuStats>,
 }

@@ -20,7 +20,7 @@ impl Backing {
     }
 }
 
-/// A shared range of a [`Backing`]: the data the DWARF reader reads.
+/// A shared range of a `Backing` (a mapped file or bytes in memory): the data the DWARF reader reads.
 #[derive(Debug, Clone)]
 pub struct Bytes {
     data: Rc<Backing>,
