@@ -493,17 +493,19 @@ impl<A: GlobalAlloc> Sampled<A> {
 // bytes left to the pending point: the grid shifts by that much); one that
 // reaches the point and fails is not counted.
 
-// SAFETY: every call is passed on to `A`, with the caller's arguments, except
-// for sampled blocks: those are page-aligned (so aligned as the caller
+// How sampled blocks are kept: page-aligned (so aligned as the caller
 // asked), either a page of the pool (a block of `A`'s the pool keeps, for a
 // layout that fits a page) or a grown layout's block of `A`
 // (`sampled_layout`) holding the caller's at a recorded offset, given back
 // to the pool or to `A` at that offset with that same grown layout. The table
 // of live blocks says which blocks are sampled: a sampled block is handed
 // out only once it is in the table, and taken out of it only just before it
-// is given back, so `A`'s guarantees are ours. The bookkeeping never touches
-// the blocks' memory, except the zeroing of a pool page for `alloc_zeroed`
-// and the copy of a reallocation that moves a block to or from a sampled one.
+// is given back. The bookkeeping never touches the blocks' memory, except the
+// zeroing of a pool page for `alloc_zeroed` and the copy of a reallocation
+// that moves a block to or from a sampled one.
+
+// SAFETY: every call is passed on to `A` with the caller's arguments, except
+// for sampled blocks, kept as said just above: `A`'s guarantees are ours.
 unsafe impl<A: GlobalAlloc> GlobalAlloc for Sampled<A> {
     #[inline]
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {

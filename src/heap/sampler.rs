@@ -93,9 +93,8 @@ pub(crate) fn grid() -> u64 {
 pub(crate) fn charge(off: &super::tls::OffsetCopy, size: usize) -> bool {
     let off = off.get();
     if off != 0 {
-        // SAFETY: a nonzero `OffsetCopy` holds the learnt offset, which is
-        // `BYTES_LEFT`'s from the thread pointer in every thread
-        // (`tls::learn`, `OffsetCopy::refresh`).
+        // SAFETY: a nonzero `OffsetCopy` is `BYTES_LEFT`'s offset from the
+        // thread pointer in every thread (`tls::learn`, `OffsetCopy::refresh`).
         return unsafe { super::tls::sub(off, size) } >= 0;
     }
     BYTES_LEFT.with(|left| {
