@@ -19,7 +19,7 @@
 //! when a ring is a quarter full: the writer also waits on the rings); a capture is one
 //! `/proc` read, a `process_vm_readv` of `user_stack_copy` bytes and an
 //! unwind, at most once per blocking, for every wait a tick finds at least
-//! 5 ms long and about 100 shorter ones a second (`sys/perf_switch.rs`,
+//! 5 ms long and about 25 shorter ones a second (`sys/perf_switch.rs`,
 //! "Captures"); a thread that stays blocked costs nothing more, and writes
 //! one interval record when it wakes (or, for a short wait without a stack,
 //! adds to its thread's sum for the tick).
