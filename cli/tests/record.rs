@@ -119,6 +119,36 @@ fn run_role(role: &str) -> ! {
             report();
             exit(5)
         }
+        "exits_without_atexit" => {
+            // A child that ends with `_exit`, one that execs, and the root
+            // ending with `_exit`: none runs the preload's `atexit` handler,
+            // and each one's last wait is still open when it ends.
+            // SAFETY: fork; the child reports, sleeps and calls `_exit`.
+            let a = unsafe { libc::fork() };
+            if a == 0 {
+                report();
+                std::thread::sleep(ms(400));
+                // SAFETY: ends the process without its atexit handlers.
+                unsafe { libc::_exit(0) }
+            }
+            // SAFETY: fork; the child reports, sleeps and execs.
+            let b = unsafe { libc::fork() };
+            if b == 0 {
+                report();
+                std::thread::sleep(ms(400));
+                let e = Command::new("/bin/true").exec();
+                panic!("exec /bin/true: {e}");
+            }
+            for pid in [a, b] {
+                let mut st = 0;
+                // SAFETY: waits for our forked child.
+                unsafe { libc::waitpid(pid, &mut st, 0) };
+            }
+            report();
+            std::thread::sleep(ms(500));
+            // SAFETY: ends the process without its atexit handlers.
+            unsafe { libc::_exit(3) }
+        }
         "kill_tree" => {
             let dir = PathBuf::from(std::env::var_os(RESULTS).unwrap());
             let mut victim = role_cmd("victim").spawn().unwrap();
@@ -429,6 +459,31 @@ fn tree_fork_exec_and_nonzero_exit() {
             "pid {p} has no module for the test program"
         );
     }
+}
+
+/// A process that ends with `_exit` or `exec` runs no `atexit` handler: the
+/// preload finishes its recording in those calls, so a wait still open then
+/// (a shell's `wait4` for its last command) is in the spool, not lost.
+fn exits_without_atexit_keep_their_last_wait() {
+    let r = record_role("exits_without_atexit", &["--off-cpu"]);
+    assert_eq!(r.out.status.code(), Some(3), "stderr: {}", stderr(&r.out));
+    let s = open_complete(&r.spool);
+    let reps = reports(&r.results);
+    assert_eq!(reps.len(), 3, "root and two children: {reps:?}");
+    let mut blocked: HashMap<u32, u64> = reps.keys().map(|&p| (p, 0)).collect();
+    for o in s.definitions().off_cpu_intervals() {
+        if o.state == spulse::OffCpuState::Blocked {
+            if let Some(us) = blocked.get_mut(&s.thread(o.thread).pid) {
+                *us += o.duration_us;
+            }
+        }
+    }
+    let mut us: Vec<u64> = blocked.values().copied().collect();
+    us.sort_unstable();
+    // Each child slept 400 ms before `_exit` or `exec`; the root waited for
+    // them, then slept 500 ms before `_exit`.
+    assert!(us[0] >= 380_000 && us[1] >= 380_000, "children blocked {us:?} us: {blocked:?}");
+    assert!(us[2] >= 850_000, "root blocked {} us: {blocked:?}", us[2]);
 }
 
 fn sigkilled_child_keeps_samples() {
@@ -798,6 +853,7 @@ fn main() {
     let tests: &[(&str, fn())] = &[
         ("tree_fork_exec_and_nonzero_exit", tree_fork_exec_and_nonzero_exit),
         ("sigkilled_child_keeps_samples", sigkilled_child_keeps_samples),
+        ("exits_without_atexit_keep_their_last_wait", exits_without_atexit_keep_their_last_wait),
         ("garbage_from_a_child_never_corrupts", garbage_from_a_child_never_corrupts),
         ("cfi_verdicts_are_cached_across_recordings", cfi_verdicts_are_cached_across_recordings),
         ("embedded_start_is_refused_and_recorded_once", embedded_start_is_refused_and_recorded_once),

@@ -14,8 +14,10 @@
 //!   `SPULSE_RETAIN` (segments) make it a rotating recording, whose
 //!   `SPULSE_OUTPUT` then needs `{seq}` as well (see `RecorderBuilder::rotate`).
 //! * At `exit` (an `atexit` handler) it finishes the recording: stop, drain,
-//!   flush, sync. A process that dies by a signal or `_exit` keeps what was
-//!   flushed (the recorder flushes every 100 ms).
+//!   flush, sync. `_exit`, `_Exit` and the `exec` functions are interposed
+//!   to finish it first too, where the writer can be woken at once (the
+//!   off-CPU mode, the perf-stack engine; `exits.rs`). A process that dies
+//!   by a signal keeps what was flushed (the recorder flushes every 100 ms).
 //! * In a child made by `fork` it starts a new recorder for the child (the
 //!   parent's recorder withdraws itself in the child). A program started by
 //!   `exec` loads this library again and starts afresh.
@@ -51,6 +53,7 @@
 //! prints while the command runs; at exit `<pid>.<ns>.stats` holds the
 //! counts and every warning again.
 
+mod exits;
 mod signals;
 
 use std::ffi::{CStr, OsStr};
@@ -134,6 +137,9 @@ fn cpu_so_far() -> (u64, u64) {
 }
 
 extern "C" fn init() {
+    // Before anything else: the interposed `exec` functions need them even
+    // where this library records nothing.
+    exits::resolve();
     let (user, sys) = cpu_so_far();
     BEFORE_USER_US.store(user, Ordering::Relaxed);
     BEFORE_SYS_US.store(sys, Ordering::Relaxed);

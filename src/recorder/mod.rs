@@ -71,6 +71,7 @@
 
 mod builder;
 mod engine;
+mod exit_request;
 mod handler;
 pub(crate) mod modules;
 mod output;
@@ -101,6 +102,7 @@ pub use stats::{
     warnings_path, write_warnings, EngineChoice, KernelTime, LostSamples, OffCpuStats, Stats,
     SWITCH_HEAVY_PER_CPU_SECOND,
 };
+pub use exit_request::finish_before_exit;
 pub use sys::preloaded::live_spool_of_this_copy;
 #[cfg(feature = "http")]
 pub(crate) use sys::preloaded::preload_live_spool;
@@ -509,11 +511,14 @@ fn start_inner(b: &RecorderBuilder, path: &Path) -> Result<Guard, Error> {
         w.as_raw_fd()
     });
     let (tid_tx, tid_rx) = mpsc::sync_channel::<u32>(1);
+    exit_request::arm(wake_fd);
     let join = std::thread::Builder::new()
         .name("spulse-writer".into())
         .spawn(move || {
             let _ = tid_tx.send(sys::gettid());
-            writer::main(rx, wake)
+            let r = writer::main(rx, wake);
+            exit_request::writer_done();
+            r
         })
         .map_err(|e| {
             Error::Recorder(RecorderError::WriterFailed { what: "could not be spawned", source: Some(e) })

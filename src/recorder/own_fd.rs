@@ -83,6 +83,12 @@ fn identity(fd: RawFd) -> Option<Identity> {
     Some(Identity { dev: st.st_dev, ino: st.st_ino, kind: st.st_mode & libc::S_IFMT })
 }
 
+/// `fd`'s device, inode and file type, as plain words (for a check made
+/// where no [`OwnFd`] can be reached: `exit_request.rs`). Async-signal-safe.
+pub(crate) fn identity_words(fd: RawFd) -> Option<(u64, u64, u32)> {
+    identity(fd).map(|id| (id.dev, id.ino, id.kind))
+}
+
 /// A descriptor the recorder opened, used only while it still refers to what
 /// it was opened as (see the module doc).
 #[derive(Debug)]

@@ -330,6 +330,11 @@ impl Run {
     /// perf-stack engine, rings that reached their watermark; with the
     /// off-CPU mode, a switch ring a quarter full.
     fn next_event(&mut self, rx: &Receiver<Control>, next: Instant) -> Event {
+        // An `_exit` or `exec` is waiting for the recording to be finished
+        // (`exit_request.rs`).
+        if super::exit_request::requested() {
+            return Event::Closed;
+        }
         let wait = next.saturating_duration_since(Instant::now());
         let switch_wait = self.st.off_cpu.as_mut().is_some_and(|o| o.tracker_mut().can_wait());
         if self.st.engine.stack_events().is_none() && !switch_wait {
