@@ -99,7 +99,11 @@ pub unsafe extern "C" fn execve(path: *const c_char, argv: Argv, envp: Argv) -> 
     before_image_ends();
     // SAFETY: the C library's `execve`, which has this signature; the
     // caller's contract, passed on.
-    unsafe { std::mem::transmute::<usize, unsafe extern "C" fn(*const c_char, Argv, Argv) -> c_int>(p)(path, argv, envp) }
+    unsafe {
+        std::mem::transmute::<usize, unsafe extern "C" fn(*const c_char, Argv, Argv) -> c_int>(p)(
+            path, argv, envp,
+        )
+    }
 }
 
 /// `execv(3)`.
@@ -138,7 +142,11 @@ pub unsafe extern "C" fn execvpe(file: *const c_char, argv: Argv, envp: Argv) ->
     before_image_ends();
     // SAFETY: the C library's `execvpe`, which has this signature; the
     // caller's contract, passed on.
-    unsafe { std::mem::transmute::<usize, unsafe extern "C" fn(*const c_char, Argv, Argv) -> c_int>(p)(file, argv, envp) }
+    unsafe {
+        std::mem::transmute::<usize, unsafe extern "C" fn(*const c_char, Argv, Argv) -> c_int>(p)(
+            file, argv, envp,
+        )
+    }
 }
 
 /// `fexecve(3)`.
@@ -151,5 +159,7 @@ pub unsafe extern "C" fn fexecve(fd: c_int, argv: Argv, envp: Argv) -> c_int {
     before_image_ends();
     // SAFETY: the C library's `fexecve`, which has this signature; the
     // caller's contract, passed on.
-    unsafe { std::mem::transmute::<usize, unsafe extern "C" fn(c_int, Argv, Argv) -> c_int>(p)(fd, argv, envp) }
+    unsafe {
+        std::mem::transmute::<usize, unsafe extern "C" fn(c_int, Argv, Argv) -> c_int>(p)(fd, argv, envp)
+    }
 }

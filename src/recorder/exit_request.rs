@@ -89,7 +89,8 @@ pub fn finish_before_exit(timeout: Duration) -> bool {
     if fd < 0 {
         return false;
     }
-    let id = (WAKE_DEV.load(Ordering::SeqCst), WAKE_INO.load(Ordering::SeqCst), WAKE_KIND.load(Ordering::SeqCst));
+    let id =
+        (WAKE_DEV.load(Ordering::SeqCst), WAKE_INO.load(Ordering::SeqCst), WAKE_KIND.load(Ordering::SeqCst));
     if own_fd::identity_words(fd) != Some(id) {
         return false;
     }

@@ -97,12 +97,12 @@ use writer::{Control, ControlSender, WriterState};
 
 use builder::{Checked, MAX_SIGNAL_WEIGHT, MAX_UNWIND_CACHES, PER_THREAD_ENGINE_FLUSH_INTERVAL};
 pub use builder::{Recorder, RecorderBuilder};
+pub use exit_request::finish_before_exit;
 use output::create_spool;
 pub use stats::{
     warnings_path, write_warnings, EngineChoice, KernelTime, LostSamples, OffCpuStats, Stats,
     SWITCH_HEAVY_PER_CPU_SECOND,
 };
-pub use exit_request::finish_before_exit;
 pub use sys::preloaded::live_spool_of_this_copy;
 #[cfg(feature = "http")]
 pub(crate) use sys::preloaded::preload_live_spool;

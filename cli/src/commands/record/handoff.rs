@@ -189,6 +189,21 @@ fn open_entry(path: &Path) -> Result<(File, std::fs::Metadata), Option<String>> 
     Ok((f, m))
 }
 
+/// Most characters of one warning line a process wrote that the collector
+/// shows (the recorder's longest warnings are about 500).
+pub(super) const WARNING_CHARS_MAX: usize = 1000;
+
+/// One warning line a process wrote, made safe to print: control characters
+/// dropped, cut at [`WARNING_CHARS_MAX`] characters with `…` to say so.
+pub(super) fn warning_line(line: &str) -> String {
+    let mut chars = line.chars().filter(|c| !c.is_control());
+    let mut out: String = chars.by_ref().take(WARNING_CHARS_MAX).collect();
+    if chars.next().is_some() {
+        out.push('…');
+    }
+    out
+}
+
 /// Most bytes of a process's live warnings file (`<pid>.<ns>.warnings`) the
 /// collector reads, in all (the preloaded library writes no more).
 pub(super) const LIVE_WARNINGS_MAX: u64 = 16 * 1024;
@@ -218,7 +233,7 @@ pub(super) fn read_new_lines(path: &Path, offset: u64) -> (Vec<String>, u64) {
     };
     let lines = buf[..end]
         .split(|&b| b == b'\n')
-        .map(|l| String::from_utf8_lossy(l).chars().filter(|c| !c.is_control()).take(400).collect::<String>())
+        .map(|l| warning_line(&String::from_utf8_lossy(l)))
         .filter(|l| !l.trim().is_empty())
         .collect();
     (lines, offset + end as u64 + 1)
@@ -243,6 +258,12 @@ mod tests {
         let big = dir.path().join("3.4.warnings");
         std::fs::write(&big, vec![b'x'; 100_000]).unwrap();
         assert_eq!(read_new_lines(&big, 0), (Vec::new(), LIVE_WARNINGS_MAX));
+        // A long line is cut, and says so.
+        let long = dir.path().join("9.9.warnings");
+        std::fs::write(&long, format!("{}\n{}\n", "y".repeat(WARNING_CHARS_MAX), "z".repeat(1500))).unwrap();
+        let (lines, _) = read_new_lines(&long, 0);
+        assert_eq!(lines[0], "y".repeat(WARNING_CHARS_MAX), "a line of the bound is whole");
+        assert_eq!(lines[1], format!("{}…", "z".repeat(WARNING_CHARS_MAX)));
         // A symlink to a file of lines, and a FIFO, give nothing (and do not block).
         let link = dir.path().join("5.6.warnings");
         std::os::unix::fs::symlink(&p, &link).unwrap();

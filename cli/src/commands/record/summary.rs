@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::path::Path;
 
 use super::collector::Collector;
-use super::handoff::{parse_name, read_small};
+use super::handoff::{parse_name, read_small, warning_line};
 
 pub(super) struct Summary {
     pub(super) processes: usize,
@@ -63,7 +63,7 @@ impl Collector {
                     before_us.0 += field(2).unwrap_or(0).min(day);
                     before_us.1 += field(3).unwrap_or(0).min(day);
                     for w in rest.lines().filter(|l| !l.trim().is_empty()).take(16) {
-                        let w: String = w.chars().filter(|c| !c.is_control()).take(400).collect();
+                        let w = warning_line(w);
                         match reported.iter_mut().find(|(m, _)| *m == w) {
                             Some((_, pids)) => pids.push(d.pid),
                             None => reported.push((w, vec![d.pid])),
