@@ -903,3 +903,35 @@ fn new_thread_sampled(choice: spulse::EngineChoice, engine: spulse::Engine) {
         "{n} samples of a thread that burned {cpu:.3} s (about {expected:.0})"
     );
 }
+
+/// A thread seen only blocked (it never ran long enough to be sampled), which
+/// exits as soon as its wait ends, keeps its name: the wait is written after
+/// the thread is gone, so the name is taken when the thread is captured.
+#[test]
+fn a_thread_seen_only_blocked_keeps_its_name() {
+    let _g = serial();
+    if !perf_event_open_implemented() {
+        eprintln!("SKIPPED: no perf_event_open here");
+        return;
+    }
+    let _defer = DeferThreshold::set(u64::MAX);
+    let (_dir, path) = spool_path("named.spool");
+    let guard = spulse::Recorder::builder().off_cpu(true).start(&path).unwrap();
+    let h = std::thread::Builder::new()
+        .name("only-waits".into())
+        .spawn(|| std::thread::sleep(Duration::from_millis(400)))
+        .unwrap();
+    // Gone well before the recording ends.
+    h.join().unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    guard.finish().unwrap();
+    let snap = Snapshot::open(&path).unwrap();
+    let long: Vec<(String, u64)> = snap
+        .definitions()
+        .off_cpu_intervals()
+        .iter()
+        .filter(|o| o.state == OffCpuState::Blocked && o.duration_us >= 350_000)
+        .map(|o| (snap.thread(o.thread).name.clone(), o.duration_us))
+        .collect();
+    assert!(long.iter().any(|(name, _)| name == "only-waits"), "long waits by thread name: {long:?}");
+}

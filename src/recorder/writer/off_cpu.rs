@@ -200,6 +200,13 @@ impl Run {
                 let is_code = |a: u64| table.resolve(a, snap.generation).is_some();
                 sampler.capture_blocked(tid, snap, copy, buf, &is_code, schedstat)
             });
+            if c.is_ok() {
+                // Its name now, while it lives: the interval is written when
+                // the wait ends, maybe at the thread's exit, when
+                // `/proc/self/task/<tid>/comm` is gone (once a thread).
+                let r = self.interner.thread(&mut self.st.out, self.st.pid, tid, &shared.names);
+                self.note(r);
+            }
             let c = match c {
                 Ok(mut c) => match self.capture_stack(&c) {
                     Ok(stack) => {
