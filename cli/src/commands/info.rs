@@ -202,7 +202,14 @@ pub fn run(args: &InfoArgs) -> Result<(), CliError> {
             )?;
         }
         if off.intervals == 0 {
-            writeln!(out, "off-CPU:         not recorded (spulse record --off-cpu, SPULSE_OFF_CPU=1)")?;
+            // The spool has no record of the mode itself: a recording with
+            // it whose events the program closed at once has no interval either.
+            writeln!(
+                out,
+                "off-CPU:         none in the spool: recorded without the off-CPU mode (spulse record \
+                 --off-cpu, SPULSE_OFF_CPU=1), or with it and no wait was written (the warnings say why if the \
+                 mode stopped, such as the program closing its descriptors)"
+            )?;
         } else {
             writeln!(
                 out,
