@@ -92,7 +92,8 @@ fn top_off_cpu_wall_and_cpu() {
     let (_plain_dir, plain) = fixture();
     let o = spulse(&["top", s(&plain), "--off-cpu"]);
     assert!(stderr(&o).contains("no off-CPU intervals"), "{}", stderr(&o));
-    assert!(ok(&["info", s(&plain)]).contains("off-CPU:         none in the spool: recorded without the off-CPU mode"));
+    assert!(ok(&["info", s(&plain)])
+        .contains("off-CPU:         none in the spool: recorded without the off-CPU mode"));
 }
 
 #[test]

@@ -264,7 +264,9 @@ impl RecorderBuilder {
     /// KiB; a multiple of 8, 8..65536: the kernel's sample record has a 16-bit
     /// size). The unwinder reads only the copy: a stack whose frames reach
     /// beyond it is written truncated. Each copy costs the sampled thread the
-    /// time to copy it and takes ring space.
+    /// time to copy it and takes ring space. The off-CPU mode's captures of
+    /// blocked threads copy at least 64 KiB (the writer copies them, once a
+    /// blocking).
     pub fn user_stack_copy(mut self, bytes: u32) -> Self {
         self.user_stack_copy = bytes;
         self

@@ -138,6 +138,12 @@ struct Running {
     heap_profile: Option<PathBuf>,
 }
 
+/// Least bytes of a blocked thread's stack the off-CPU mode's capture copies
+/// (`user_stack_copy` if larger). The writer copies them, not the thread,
+/// once a capture: 64 KiB with `process_vm_readv` is about a microsecond,
+/// and a 16 KiB copy cut node's event loop a few frames above `main`.
+const OFF_CPU_STACK_COPY: u32 = 64 << 10;
+
 static RUNNING: AtomicBool = AtomicBool::new(false);
 static PYTHON_TX: Mutex<Option<ControlSender>> = Mutex::new(None);
 static PYTHON_INSIDE: AtomicBool = AtomicBool::new(false);
@@ -725,7 +731,7 @@ fn start_inner(b: &RecorderBuilder, path: &Path) -> Result<Guard, Error> {
         rotation: rotation
             .map(|plan| writer::Rotation::new(plan, path, &file_id, b.mode, b.overwrite, interval_us)),
         stack_sampler: needs_sampler.then(|| stack_sampler::StackSampler::new(b.max_stack_depth)),
-        off_cpu: switches.map(|t| writer::OffCpu::new(t, b.user_stack_copy)),
+        off_cpu: switches.map(|t| writer::OffCpu::new(t, b.user_stack_copy.max(OFF_CPU_STACK_COPY))),
         adapt,
         own_code: handler::return_trampoline(),
         warnings,
