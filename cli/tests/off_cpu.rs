@@ -94,6 +94,22 @@ fn top_off_cpu_wall_and_cpu() {
     assert!(stderr(&o).contains("no off-CPU intervals"), "{}", stderr(&o));
     assert!(ok(&["info", s(&plain)])
         .contains("off-CPU:         none in the spool: recorded without the off-CPU mode"));
+    // A recording of a process that only waited: its duration runs to the
+    // end of its last wait (it has no sample).
+    let waits = p.dir.path().join("waits.spool");
+    let mut w = SpoolWriter::new(
+        std::fs::File::create(&waits).unwrap(),
+        Header { start_time_us: START_US, interval_us: INTERVAL_US },
+    )
+    .unwrap();
+    let t = w.define_thread(PID, 1001, "sh").unwrap();
+    let wait4 = w.define_label("blocked: wait4").unwrap();
+    let st = w.define_stack(None, wait4).unwrap();
+    w.off_cpu(t, st, START_US + 3_000, 1_000_000, false).unwrap();
+    w.into_inner().unwrap();
+    let info: Value = serde_json::from_str(&ok(&["info", s(&waits), "--json"])).unwrap();
+    assert_eq!(info["samples"], 0);
+    assert_eq!(info["duration_us"], 1_003_000);
 }
 
 #[test]

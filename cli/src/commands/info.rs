@@ -69,8 +69,11 @@ pub fn run(args: &InfoArgs) -> Result<(), CliError> {
     }
     bar.finish_and_clear();
     let samples = n;
-    let duration_us = if samples > 0 { last.saturating_sub(defs.start_time_us()) } else { 0 };
     let off = OffCpuSummary::of(defs);
+    // To the last sample or the end of the last off-CPU wait (a recording
+    // of a process that only waited has no sample).
+    let end_us = if samples > 0 { last.max(off.end_us) } else { off.end_us };
+    let duration_us = end_us.saturating_sub(defs.start_time_us());
     let generations: BTreeSet<u64> = defs.modules().iter().map(|m| m.generation).collect();
     let deactivated: HashMap<u32, u64> =
         defs.deactivations().iter().map(|d| (d.module.get(), d.samples_before)).collect();
@@ -181,7 +184,7 @@ pub fn run(args: &InfoArgs) -> Result<(), CliError> {
         // The spool header is only the start time and the requested interval:
         // which engine ran is reported by the recorder's `Stats`, not the file.
         writeln!(out, "engine:          not recorded in the spool")?;
-        writeln!(out, "duration:        {:.3} s (start to last sample)", duration_us as f64 / 1e6)?;
+        writeln!(out, "duration:        {:.3} s (start to last sample or wait)", duration_us as f64 / 1e6)?;
         writeln!(out, "samples:         {samples}")?;
         // The file cannot say whether system time was sampled: the recorder's
         // `Stats::kernel_time` does. What follows from the samples is stated.
@@ -337,13 +340,17 @@ struct OffCpuSummary {
     /// Blocked time whose stack is more than its label (the stack was read).
     with_stack_us: u64,
     preempted_us: u64,
+    /// The latest end of an interval (unix us; 0: none).
+    end_us: u64,
 }
 
 impl OffCpuSummary {
     fn of(defs: &spulse::Definitions) -> OffCpuSummary {
-        let mut s = OffCpuSummary { intervals: 0, blocked_us: 0, with_stack_us: 0, preempted_us: 0 };
+        let mut s =
+            OffCpuSummary { intervals: 0, blocked_us: 0, with_stack_us: 0, preempted_us: 0, end_us: 0 };
         for o in defs.off_cpu_intervals() {
             s.intervals += 1;
+            s.end_us = s.end_us.max(o.start_us.saturating_add(o.duration_us));
             match o.state {
                 spulse::OffCpuState::Preempted => {
                     s.preempted_us = s.preempted_us.saturating_add(o.duration_us)
