@@ -145,6 +145,9 @@ fn run_role(role: &str) -> ! {
                 unsafe { libc::waitpid(pid, &mut st, 0) };
             }
             report();
+            // A failed exec returns its error; the process is recorded on.
+            let e = Command::new("/nonexistent/spulse-test").exec();
+            assert_eq!(e.kind(), std::io::ErrorKind::NotFound, "{e}");
             std::thread::sleep(ms(500));
             // SAFETY: ends the process without its atexit handlers.
             unsafe { libc::_exit(3) }
@@ -463,7 +466,8 @@ fn tree_fork_exec_and_nonzero_exit() {
 
 /// A process that ends with `_exit` or `exec` runs no `atexit` handler: the
 /// preload finishes its recording in those calls, so a wait still open then
-/// (a shell's `wait4` for its last command) is in the spool, not lost.
+/// (a shell's `wait4` for its last command) is in the spool, not lost; after
+/// an `exec` that fails, the process is recorded on.
 fn exits_without_atexit_keep_their_last_wait() {
     let r = record_role("exits_without_atexit", &["--off-cpu"]);
     assert_eq!(r.out.status.code(), Some(3), "stderr: {}", stderr(&r.out));
@@ -481,7 +485,7 @@ fn exits_without_atexit_keep_their_last_wait() {
     let mut us: Vec<u64> = blocked.values().copied().collect();
     us.sort_unstable();
     // Each child slept 400 ms before `_exit` or `exec`; the root waited for
-    // them, then slept 500 ms before `_exit`.
+    // them, failed an `exec`, then slept 500 ms before `_exit`.
     assert!(us[0] >= 380_000 && us[1] >= 380_000, "children blocked {us:?} us: {blocked:?}");
     assert!(us[2] >= 850_000, "root blocked {} us: {blocked:?}", us[2]);
 }

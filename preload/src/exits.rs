@@ -12,8 +12,9 @@
 //! execs or exits, has another pid and is left alone), and only where the
 //! writer can be woken at once (the off-CPU mode, the perf-stack engine):
 //! elsewhere the call goes straight on. A failed `exec` returns its error
-//! as usual; the recording has then ended (the `atexit` handler still
-//! writes its stats at `exit`).
+//! as usual (`errno` kept), and the process, still running, is recorded
+//! anew in a spool of its own, as after a successful `exec` (a shell that
+//! runs a script without `#!` in its own process after `execve` fails).
 //!
 //! `_exit` is the `exit_group` system call itself, as in the C library; the
 //! `exec` functions are the C library's, looked up when this library loads
@@ -53,13 +54,29 @@ pub(crate) fn resolve() {
     }
 }
 
-/// Finish the recording if this is the process it records.
-fn before_image_ends() {
+/// Finish the recording if this is the process it records; whether it was
+/// finished.
+fn before_image_ends() -> bool {
     // SAFETY: getpid has no preconditions (a system call in this C library).
     let pid = unsafe { libc::getpid() } as u32;
-    if pid != 0 && crate::spulse_preload_recorded_pid.load(Ordering::SeqCst) == pid {
-        spulse::__preload_finish_before_exit(FINISH_WITHIN);
+    pid != 0
+        && crate::spulse_preload_recorded_pid.load(Ordering::SeqCst) == pid
+        && spulse::__preload_finish_before_exit(FINISH_WITHIN)
+}
+
+/// An `exec` failed after [`before_image_ends`] finished the recording
+/// (`finished`): the process goes on, so its recording is closed as at
+/// `exit` and a new one started, with `errno` kept for the caller.
+fn after_failed_exec(finished: bool) {
+    if !finished {
+        return;
     }
+    // SAFETY: reads this thread's errno, an lvalue the C library provides.
+    let errno = unsafe { *libc::__errno_location() };
+    crate::at_exit();
+    crate::start_here();
+    // SAFETY: as above, written back.
+    unsafe { *libc::__errno_location() = errno };
 }
 
 /// The C library's function in `slot`, or `ENOSYS` for the caller.
@@ -76,7 +93,7 @@ fn real(slot: &AtomicUsize) -> Option<usize> {
 /// `_exit(2)`.
 #[no_mangle]
 pub extern "C" fn _exit(status: c_int) -> ! {
-    before_image_ends();
+    let _ = before_image_ends();
     loop {
         // SAFETY: exit_group ends the process; it does not return.
         unsafe { libc::syscall(libc::SYS_exit_group, status as libc::c_long) };
@@ -89,21 +106,29 @@ pub extern "C" fn _Exit(status: c_int) -> ! {
     _exit(status)
 }
 
+/// The C library's `exec` functions' signatures.
+type Exec = unsafe extern "C" fn(*const c_char, Argv, Argv) -> c_int;
+type ExecNoEnv = unsafe extern "C" fn(*const c_char, Argv) -> c_int;
+type ExecFd = unsafe extern "C" fn(c_int, Argv, Argv) -> c_int;
+
+/// Finish the recording, call the C library's function in `slot` (`call`),
+/// and if it returns (it failed), record the process anew.
+fn around_exec(slot: &AtomicUsize, call: impl FnOnce(usize) -> c_int) -> c_int {
+    let Some(p) = real(slot) else { return -1 };
+    let finished = before_image_ends();
+    let rc = call(p);
+    after_failed_exec(finished);
+    rc
+}
+
 /// `execve(2)`.
 ///
 /// # Safety
 /// As `execve(2)`.
 #[no_mangle]
 pub unsafe extern "C" fn execve(path: *const c_char, argv: Argv, envp: Argv) -> c_int {
-    let Some(p) = real(&REAL_EXECVE) else { return -1 };
-    before_image_ends();
-    // SAFETY: the C library's `execve`, which has this signature; the
-    // caller's contract, passed on.
-    unsafe {
-        std::mem::transmute::<usize, unsafe extern "C" fn(*const c_char, Argv, Argv) -> c_int>(p)(
-            path, argv, envp,
-        )
-    }
+    // SAFETY: the C library's `execve`, of this signature; the caller's contract, passed on.
+    around_exec(&REAL_EXECVE, |p| unsafe { std::mem::transmute::<usize, Exec>(p)(path, argv, envp) })
 }
 
 /// `execv(3)`.
@@ -112,11 +137,8 @@ pub unsafe extern "C" fn execve(path: *const c_char, argv: Argv, envp: Argv) -> 
 /// As `execv(3)`.
 #[no_mangle]
 pub unsafe extern "C" fn execv(path: *const c_char, argv: Argv) -> c_int {
-    let Some(p) = real(&REAL_EXECV) else { return -1 };
-    before_image_ends();
-    // SAFETY: the C library's `execv`, which has this signature; the
-    // caller's contract, passed on.
-    unsafe { std::mem::transmute::<usize, unsafe extern "C" fn(*const c_char, Argv) -> c_int>(p)(path, argv) }
+    // SAFETY: the C library's `execv`, of this signature; the caller's contract, passed on.
+    around_exec(&REAL_EXECV, |p| unsafe { std::mem::transmute::<usize, ExecNoEnv>(p)(path, argv) })
 }
 
 /// `execvp(3)`.
@@ -125,11 +147,8 @@ pub unsafe extern "C" fn execv(path: *const c_char, argv: Argv) -> c_int {
 /// As `execvp(3)`.
 #[no_mangle]
 pub unsafe extern "C" fn execvp(file: *const c_char, argv: Argv) -> c_int {
-    let Some(p) = real(&REAL_EXECVP) else { return -1 };
-    before_image_ends();
-    // SAFETY: the C library's `execvp`, which has this signature; the
-    // caller's contract, passed on.
-    unsafe { std::mem::transmute::<usize, unsafe extern "C" fn(*const c_char, Argv) -> c_int>(p)(file, argv) }
+    // SAFETY: the C library's `execvp`, of this signature; the caller's contract, passed on.
+    around_exec(&REAL_EXECVP, |p| unsafe { std::mem::transmute::<usize, ExecNoEnv>(p)(file, argv) })
 }
 
 /// `execvpe(3)`.
@@ -138,15 +157,8 @@ pub unsafe extern "C" fn execvp(file: *const c_char, argv: Argv) -> c_int {
 /// As `execvpe(3)`.
 #[no_mangle]
 pub unsafe extern "C" fn execvpe(file: *const c_char, argv: Argv, envp: Argv) -> c_int {
-    let Some(p) = real(&REAL_EXECVPE) else { return -1 };
-    before_image_ends();
-    // SAFETY: the C library's `execvpe`, which has this signature; the
-    // caller's contract, passed on.
-    unsafe {
-        std::mem::transmute::<usize, unsafe extern "C" fn(*const c_char, Argv, Argv) -> c_int>(p)(
-            file, argv, envp,
-        )
-    }
+    // SAFETY: the C library's `execvpe`, of this signature; the caller's contract, passed on.
+    around_exec(&REAL_EXECVPE, |p| unsafe { std::mem::transmute::<usize, Exec>(p)(file, argv, envp) })
 }
 
 /// `fexecve(3)`.
@@ -155,11 +167,6 @@ pub unsafe extern "C" fn execvpe(file: *const c_char, argv: Argv, envp: Argv) ->
 /// As `fexecve(3)`.
 #[no_mangle]
 pub unsafe extern "C" fn fexecve(fd: c_int, argv: Argv, envp: Argv) -> c_int {
-    let Some(p) = real(&REAL_FEXECVE) else { return -1 };
-    before_image_ends();
-    // SAFETY: the C library's `fexecve`, which has this signature; the
-    // caller's contract, passed on.
-    unsafe {
-        std::mem::transmute::<usize, unsafe extern "C" fn(c_int, Argv, Argv) -> c_int>(p)(fd, argv, envp)
-    }
+    // SAFETY: the C library's `fexecve`, of this signature; the caller's contract, passed on.
+    around_exec(&REAL_FEXECVE, |p| unsafe { std::mem::transmute::<usize, ExecFd>(p)(fd, argv, envp) })
 }

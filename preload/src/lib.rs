@@ -160,7 +160,7 @@ extern "C" fn init() {
     }
 }
 
-extern "C" fn at_exit() {
+pub(crate) extern "C" fn at_exit() {
     spulse_preload_recorded_pid.store(0, Ordering::SeqCst);
     let guard = match GUARD.lock() {
         Ok(mut g) => g.take(),
@@ -282,7 +282,7 @@ extern "C" fn in_child() {
     start_here();
 }
 
-fn start_here() {
+pub(crate) fn start_here() {
     // SAFETY: getpid has no preconditions.
     let pid = unsafe { libc::getpid() } as u32;
     let dir = std::env::var_os("SPULSE_RECORD_DIR").filter(|d| !d.is_empty()).map(PathBuf::from);
