@@ -15,6 +15,11 @@
 //! as usual (`errno` kept), and the process, still running, is recorded
 //! anew in a spool of its own, as after a successful `exec` (a shell that
 //! runs a script without `#!` in its own process after `execve` fails).
+//! That restart is not async-signal-safe (it starts a recorder): an `exec`
+//! that fails in a signal handler which interrupted `malloc` could block
+//! there, as `exit` in such a handler can with the `atexit` handler.
+//! A recording that did not finish within the bound (or was not asked to)
+//! goes on after a failed `exec`.
 //!
 //! `_exit` is the `exit_group` system call itself, as in the C library; the
 //! `exec` functions are the C library's, looked up when this library loads
@@ -22,7 +27,7 @@
 //! `execl`, `execlp` and `execle` (variadic) are not interposed: the C
 //! library's call its `execve` internally, which no interposer sees.
 
-use std::ffi::{c_char, c_int};
+use std::ffi::{c_char, c_int, CStr};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
@@ -79,9 +84,16 @@ fn after_failed_exec(finished: bool) {
     unsafe { *libc::__errno_location() = errno };
 }
 
-/// The C library's function in `slot`, or `ENOSYS` for the caller.
-fn real(slot: &AtomicUsize) -> Option<usize> {
-    let p = slot.load(Ordering::Acquire);
+/// The C library's function `name`, kept in `slot`, or `ENOSYS` for the
+/// caller. Looked up here if [`resolve`] has not run yet (a constructor of
+/// the program's that runs before this library's and execs).
+fn real(slot: &AtomicUsize, name: &CStr) -> Option<usize> {
+    let mut p = slot.load(Ordering::Acquire);
+    if p == 0 {
+        // SAFETY: as in `resolve`.
+        p = unsafe { libc::dlsym(libc::RTLD_NEXT, name.as_ptr()) } as usize;
+        slot.store(p, Ordering::Release);
+    }
     if p == 0 {
         // SAFETY: sets this thread's errno, an lvalue the C library provides.
         unsafe { *libc::__errno_location() = libc::ENOSYS };
@@ -113,8 +125,8 @@ type ExecFd = unsafe extern "C" fn(c_int, Argv, Argv) -> c_int;
 
 /// Finish the recording, call the C library's function in `slot` (`call`),
 /// and if it returns (it failed), record the process anew.
-fn around_exec(slot: &AtomicUsize, call: impl FnOnce(usize) -> c_int) -> c_int {
-    let Some(p) = real(slot) else { return -1 };
+fn around_exec(slot: &AtomicUsize, name: &CStr, call: impl FnOnce(usize) -> c_int) -> c_int {
+    let Some(p) = real(slot, name) else { return -1 };
     let finished = before_image_ends();
     let rc = call(p);
     after_failed_exec(finished);
@@ -128,7 +140,9 @@ fn around_exec(slot: &AtomicUsize, call: impl FnOnce(usize) -> c_int) -> c_int {
 #[no_mangle]
 pub unsafe extern "C" fn execve(path: *const c_char, argv: Argv, envp: Argv) -> c_int {
     // SAFETY: the C library's `execve`, of this signature; the caller's contract, passed on.
-    around_exec(&REAL_EXECVE, |p| unsafe { std::mem::transmute::<usize, Exec>(p)(path, argv, envp) })
+    around_exec(&REAL_EXECVE, c"execve", |p| unsafe {
+        std::mem::transmute::<usize, Exec>(p)(path, argv, envp)
+    })
 }
 
 /// `execv(3)`.
@@ -138,7 +152,7 @@ pub unsafe extern "C" fn execve(path: *const c_char, argv: Argv, envp: Argv) -> 
 #[no_mangle]
 pub unsafe extern "C" fn execv(path: *const c_char, argv: Argv) -> c_int {
     // SAFETY: the C library's `execv`, of this signature; the caller's contract, passed on.
-    around_exec(&REAL_EXECV, |p| unsafe { std::mem::transmute::<usize, ExecNoEnv>(p)(path, argv) })
+    around_exec(&REAL_EXECV, c"execv", |p| unsafe { std::mem::transmute::<usize, ExecNoEnv>(p)(path, argv) })
 }
 
 /// `execvp(3)`.
@@ -148,7 +162,9 @@ pub unsafe extern "C" fn execv(path: *const c_char, argv: Argv) -> c_int {
 #[no_mangle]
 pub unsafe extern "C" fn execvp(file: *const c_char, argv: Argv) -> c_int {
     // SAFETY: the C library's `execvp`, of this signature; the caller's contract, passed on.
-    around_exec(&REAL_EXECVP, |p| unsafe { std::mem::transmute::<usize, ExecNoEnv>(p)(file, argv) })
+    around_exec(&REAL_EXECVP, c"execvp", |p| unsafe {
+        std::mem::transmute::<usize, ExecNoEnv>(p)(file, argv)
+    })
 }
 
 /// `execvpe(3)`.
@@ -158,7 +174,9 @@ pub unsafe extern "C" fn execvp(file: *const c_char, argv: Argv) -> c_int {
 #[no_mangle]
 pub unsafe extern "C" fn execvpe(file: *const c_char, argv: Argv, envp: Argv) -> c_int {
     // SAFETY: the C library's `execvpe`, of this signature; the caller's contract, passed on.
-    around_exec(&REAL_EXECVPE, |p| unsafe { std::mem::transmute::<usize, Exec>(p)(file, argv, envp) })
+    around_exec(&REAL_EXECVPE, c"execvpe", |p| unsafe {
+        std::mem::transmute::<usize, Exec>(p)(file, argv, envp)
+    })
 }
 
 /// `fexecve(3)`.
@@ -168,5 +186,7 @@ pub unsafe extern "C" fn execvpe(file: *const c_char, argv: Argv, envp: Argv) ->
 #[no_mangle]
 pub unsafe extern "C" fn fexecve(fd: c_int, argv: Argv, envp: Argv) -> c_int {
     // SAFETY: the C library's `fexecve`, of this signature; the caller's contract, passed on.
-    around_exec(&REAL_FEXECVE, |p| unsafe { std::mem::transmute::<usize, ExecFd>(p)(fd, argv, envp) })
+    around_exec(&REAL_FEXECVE, c"fexecve", |p| unsafe {
+        std::mem::transmute::<usize, ExecFd>(p)(fd, argv, envp)
+    })
 }

@@ -43,12 +43,14 @@ static WAKE_FD: AtomicI32 = AtomicI32::new(-1);
 static WAKE_DEV: AtomicU64 = AtomicU64::new(0);
 static WAKE_INO: AtomicU64 = AtomicU64::new(0);
 static WAKE_KIND: AtomicU32 = AtomicU32::new(0);
+/// The writer thread's tid (0: none): an exit it makes itself (the program's
+/// signal handler ran on it) cannot wait for it.
+static WRITER_TID: AtomicU32 = AtomicU32::new(0);
 
 /// A recorder starts (its writer thread about to run); `wake` is its
 /// writer's eventfd, if it waits on one.
 pub(crate) fn arm(wake: Option<RawFd>) {
     REQUESTED.store(false, Ordering::SeqCst);
-    DONE.store(false, Ordering::SeqCst);
     WAKE_FD.store(-1, Ordering::SeqCst);
     if let Some((fd, (dev, ino, kind))) = wake.and_then(|fd| Some((fd, own_fd::identity_words(fd)?))) {
         WAKE_DEV.store(dev, Ordering::SeqCst);
@@ -58,11 +60,26 @@ pub(crate) fn arm(wake: Option<RawFd>) {
     }
 }
 
-/// The writer thread has returned (after an exit's request, a `Guard`'s
-/// stop, or a failure).
-pub(crate) fn writer_done() {
-    WAKE_FD.store(-1, Ordering::SeqCst);
-    DONE.store(true, Ordering::SeqCst);
+/// Held by the writer thread while it runs: dropped when it ends (after an
+/// exit's request, a `Guard`'s stop, a failure, or a panic).
+pub(crate) struct WriterThread(());
+
+impl WriterThread {
+    /// (Not done until it is running: a writer that could not be spawned
+    /// is never waited for.)
+    pub(crate) fn started(tid: u32) -> WriterThread {
+        WRITER_TID.store(tid, Ordering::SeqCst);
+        DONE.store(false, Ordering::SeqCst);
+        WriterThread(())
+    }
+}
+
+impl Drop for WriterThread {
+    fn drop(&mut self) {
+        WAKE_FD.store(-1, Ordering::SeqCst);
+        WRITER_TID.store(0, Ordering::SeqCst);
+        DONE.store(true, Ordering::SeqCst);
+    }
 }
 
 /// Whether an exit asked the writer to finish (the writer checks it each
@@ -74,8 +91,10 @@ pub(crate) fn requested() -> bool {
 /// Ask the writer of the recorder running in this process to finish now, as
 /// `Guard::finish` does, and wait until it has, at most `timeout`; for an
 /// exit that runs no `atexit` handler (see the module doc). Returns whether
-/// the writer finished. Returns at once where no writer runs, or where it
-/// cannot be woken at once (no eventfd).
+/// the writer finished. Returns at once where no writer runs, where it
+/// cannot be woken at once (no eventfd), or on the writer thread itself (a
+/// program's signal handler that ran there). The bound is counted in
+/// sleeps of 200 us (no clock is read), so it is about `timeout`.
 ///
 /// Async-signal-safe. The caller must be the process that started the
 /// recorder (a `vfork` child shares this memory: it must not call this).
@@ -86,7 +105,9 @@ pub fn finish_before_exit(timeout: Duration) -> bool {
         return true;
     }
     let fd = WAKE_FD.load(Ordering::SeqCst);
-    if fd < 0 {
+    // SAFETY: gettid has no preconditions.
+    let me = unsafe { libc::gettid() } as u32;
+    if fd < 0 || me == WRITER_TID.load(Ordering::SeqCst) {
         return false;
     }
     let id =
@@ -103,6 +124,9 @@ pub fn finish_before_exit(timeout: Duration) -> bool {
     let mut waited = Duration::ZERO;
     while !DONE.load(Ordering::SeqCst) {
         if waited >= timeout {
+            // Withdrawn: a process that goes on (a failed `exec`) keeps its
+            // recording, unless the writer already began to finish.
+            REQUESTED.store(false, Ordering::SeqCst);
             return false;
         }
         let ts = libc::timespec { tv_sec: 0, tv_nsec: STEP.as_nanos() as libc::c_long };

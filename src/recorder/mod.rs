@@ -521,10 +521,10 @@ fn start_inner(b: &RecorderBuilder, path: &Path) -> Result<Guard, Error> {
     let join = std::thread::Builder::new()
         .name("spulse-writer".into())
         .spawn(move || {
+            // Said when the thread ends, by a panic too.
+            let _done = exit_request::WriterThread::started(sys::gettid());
             let _ = tid_tx.send(sys::gettid());
-            let r = writer::main(rx, wake);
-            exit_request::writer_done();
-            r
+            writer::main(rx, wake)
         })
         .map_err(|e| {
             Error::Recorder(RecorderError::WriterFailed { what: "could not be spawned", source: Some(e) })

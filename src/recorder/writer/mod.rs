@@ -562,6 +562,10 @@ impl Run {
     ) -> bool {
         let mut stop = false;
         let checked = d.check(&mut || {
+            if super::exit_request::requested() {
+                stop = true;
+                return false;
+            }
             loop {
                 match rx.try_recv() {
                     Ok(Control::Stop) | Err(TryRecvError::Disconnected) => {
