@@ -52,10 +52,11 @@ pub use recorder::live_spool_of_this_copy as __preload_live_spool;
 #[doc(hidden)]
 pub use recorder::request_off_cpu_split as __preload_split_off_cpu;
 
-/// For `libspulse_preload.so` only, not part of the API: finish the running
-/// recording before an `_exit` or `exec` (see `src/recorder/exit_request.rs`).
+/// For `libspulse_preload.so` only, not part of the API: write out the
+/// running recording before an `_exit` or `exec` (see
+/// `src/recorder/exit_request.rs`).
 #[doc(hidden)]
-pub use recorder::finish_before_exit as __preload_finish_before_exit;
+pub use recorder::flush_before_exit as __preload_flush_before_exit;
 
 /// Hooks for spulse's own tests and benchmarks, compiled only with the
 /// `testing` cargo feature (off by default). **Unstable**: not part of the

@@ -152,6 +152,34 @@ fn run_role(role: &str) -> ! {
             // SAFETY: ends the process without its atexit handlers.
             unsafe { libc::_exit(3) }
         }
+        "exec_in_handler" => {
+            // A handler that execs (async-signal-safe; it fails here) at every
+            // SIGALRM while the main thread allocates: the exec's request to
+            // the writer may come while this thread holds the allocator's lock.
+            extern "C" fn on_alarm(_: libc::c_int) {
+                let path = c"/nonexistent/spulse-test";
+                let argv = [path.as_ptr(), std::ptr::null()];
+                // SAFETY: execv with a NUL-terminated path and argv; it fails.
+                unsafe { libc::execv(path.as_ptr(), argv.as_ptr()) };
+            }
+            // SAFETY: a handler that only calls execv; a 5 ms interval timer.
+            unsafe {
+                libc::signal(libc::SIGALRM, on_alarm as *const () as libc::sighandler_t);
+                let every = libc::timeval { tv_sec: 0, tv_usec: 5_000 };
+                let it = libc::itimerval { it_interval: every, it_value: every };
+                libc::setitimer(libc::ITIMER_REAL, &it, std::ptr::null_mut());
+            }
+            let t0 = Instant::now();
+            let mut kept = Vec::new();
+            while t0.elapsed() < ms(1000) {
+                let v: Vec<u8> = Vec::with_capacity(16 + kept.len() % 2000);
+                kept.push(v);
+                if kept.len() > 64 {
+                    kept.clear();
+                }
+            }
+            exit(0)
+        }
         "kill_tree" => {
             let dir = PathBuf::from(std::env::var_os(RESULTS).unwrap());
             let mut victim = role_cmd("victim").spawn().unwrap();
@@ -488,6 +516,38 @@ fn exits_without_atexit_keep_their_last_wait() {
     // them, failed an `exec`, then slept 500 ms before `_exit`.
     assert!(us[0] >= 380_000 && us[1] >= 380_000, "children blocked {us:?} us: {blocked:?}");
     assert!(us[2] >= 850_000, "root blocked {} us: {blocked:?}", us[2]);
+}
+
+/// A program whose signal handler calls `exec` (which fails) 200 times a
+/// second while its main thread allocates runs as without the recorder: the
+/// interposed `exec`'s wait for the writer is bounded and not repeated while
+/// unanswered, and nothing the handler does waits on the allocator.
+fn exec_in_a_signal_handler_does_not_hang() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_spulse"))
+        .args(["record", "--off-cpu", "-o"])
+        .arg(dir.path().join("out.spool"))
+        .arg("--")
+        .arg(me())
+        .env(ROLE, "exec_in_handler")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    // It runs 1 s; the bound is for a loaded machine (it could hang for good).
+    let t0 = Instant::now();
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        if t0.elapsed() > Duration::from_secs(60) {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("still running after 60 s: the program hung");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(status.code(), Some(0));
 }
 
 fn sigkilled_child_keeps_samples() {
@@ -858,6 +918,7 @@ fn main() {
         ("tree_fork_exec_and_nonzero_exit", tree_fork_exec_and_nonzero_exit),
         ("sigkilled_child_keeps_samples", sigkilled_child_keeps_samples),
         ("exits_without_atexit_keep_their_last_wait", exits_without_atexit_keep_their_last_wait),
+        ("exec_in_a_signal_handler_does_not_hang", exec_in_a_signal_handler_does_not_hang),
         ("garbage_from_a_child_never_corrupts", garbage_from_a_child_never_corrupts),
         ("cfi_verdicts_are_cached_across_recordings", cfi_verdicts_are_cached_across_recordings),
         ("embedded_start_is_refused_and_recorded_once", embedded_start_is_refused_and_recorded_once),

@@ -1,25 +1,20 @@
-//! `_exit`, `_Exit` and the `exec` family, interposed: each first finishes
-//! the recording of this process (`spulse::__preload_finish_before_exit`),
-//! since none of them runs the `atexit` handler that does it at `exit`.
-//! Without this, a process ending with `_exit` (a shell, a forked child,
-//! Python's `os._exit`) or replaced by `exec` lost what its writer had not
-//! written yet: in the off-CPU mode, every wait still open, such as a
-//! shell's whole `wait4` for its last command.
+//! `_exit`, `_Exit` and the `exec` family, interposed: each first has the
+//! recording of this process written out
+//! (`spulse::__preload_flush_before_exit`: a writer tick now, the off-CPU
+//! waits still open written up to now), since none of them runs the
+//! `atexit` handler that finishes it at `exit`. Without this, a process
+//! ending with `_exit` (a shell, a forked child, Python's `os._exit`) or
+//! replaced by `exec` lost what its writer had not written yet: in the
+//! off-CPU mode, every wait still open, such as another thread's.
 //!
-//! The finishing is async-signal-safe and bounded ([`FINISH_WITHIN`]: see
-//! `src/recorder/exit_request.rs`), done only in the process this library
-//! records (a `vfork` child, which shares its parent's memory until it
-//! execs or exits, has another pid and is left alone), and only where the
+//! The request is async-signal-safe and bounded ([`FLUSH_WITHIN`]; see
+//! `src/recorder/exit_request.rs`: a writer that cannot answer in time is
+//! not waited for again until it has), made only in the process this
+//! library records (a `vfork` child, which shares its parent's memory until
+//! it execs or exits, has another pid and is left alone), and only where the
 //! writer can be woken at once (the off-CPU mode, the perf-stack engine):
-//! elsewhere the call goes straight on. A failed `exec` returns its error
-//! as usual (`errno` kept), and the process, still running, is recorded
-//! anew in a spool of its own, as after a successful `exec` (a shell that
-//! runs a script without `#!` in its own process after `execve` fails).
-//! That restart is not async-signal-safe (it starts a recorder): an `exec`
-//! that fails in a signal handler which interrupted `malloc` could block
-//! there, as `exit` in such a handler can with the `atexit` handler.
-//! A recording that did not finish within the bound (or was not asked to)
-//! goes on after a failed `exec`.
+//! elsewhere the call goes straight on. The recording is not stopped: after
+//! an `exec` that fails it simply goes on.
 //!
 //! `_exit` is the `exit_group` system call itself, as in the C library; the
 //! `exec` functions are the C library's, looked up when this library loads
@@ -31,9 +26,9 @@ use std::ffi::{c_char, c_int, CStr};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-/// The longest an `_exit` or `exec` waits for the writer to finish (a
-/// drain, the open waits closed, a flush; about a millisecond here).
-const FINISH_WITHIN: Duration = Duration::from_secs(2);
+/// The longest an `_exit` or `exec` waits for the writer's tick (a drain,
+/// the open waits written, a flush: about a millisecond here).
+const FLUSH_WITHIN: Duration = Duration::from_millis(200);
 
 static REAL_EXECVE: AtomicUsize = AtomicUsize::new(0);
 static REAL_EXECV: AtomicUsize = AtomicUsize::new(0);
@@ -59,29 +54,13 @@ pub(crate) fn resolve() {
     }
 }
 
-/// Finish the recording if this is the process it records; whether it was
-/// finished.
-fn before_image_ends() -> bool {
+/// Have the recording written out if this is the process it records.
+fn before_image_ends() {
     // SAFETY: getpid has no preconditions (a system call in this C library).
     let pid = unsafe { libc::getpid() } as u32;
-    pid != 0
-        && crate::spulse_preload_recorded_pid.load(Ordering::SeqCst) == pid
-        && spulse::__preload_finish_before_exit(FINISH_WITHIN)
-}
-
-/// An `exec` failed after [`before_image_ends`] finished the recording
-/// (`finished`): the process goes on, so its recording is closed as at
-/// `exit` and a new one started, with `errno` kept for the caller.
-fn after_failed_exec(finished: bool) {
-    if !finished {
-        return;
+    if pid != 0 && crate::spulse_preload_recorded_pid.load(Ordering::SeqCst) == pid {
+        spulse::__preload_flush_before_exit(FLUSH_WITHIN);
     }
-    // SAFETY: reads this thread's errno, an lvalue the C library provides.
-    let errno = unsafe { *libc::__errno_location() };
-    crate::at_exit();
-    crate::start_here();
-    // SAFETY: as above, written back.
-    unsafe { *libc::__errno_location() = errno };
 }
 
 /// The C library's function `name`, kept in `slot`, or `ENOSYS` for the
@@ -105,7 +84,7 @@ fn real(slot: &AtomicUsize, name: &CStr) -> Option<usize> {
 /// `_exit(2)`.
 #[no_mangle]
 pub extern "C" fn _exit(status: c_int) -> ! {
-    let _ = before_image_ends();
+    before_image_ends();
     loop {
         // SAFETY: exit_group ends the process; it does not return.
         unsafe { libc::syscall(libc::SYS_exit_group, status as libc::c_long) };
@@ -123,14 +102,12 @@ type Exec = unsafe extern "C" fn(*const c_char, Argv, Argv) -> c_int;
 type ExecNoEnv = unsafe extern "C" fn(*const c_char, Argv) -> c_int;
 type ExecFd = unsafe extern "C" fn(c_int, Argv, Argv) -> c_int;
 
-/// Finish the recording, call the C library's function in `slot` (`call`),
-/// and if it returns (it failed), record the process anew.
+/// Have the recording written out, then call the C library's function in
+/// `slot` (`call`).
 fn around_exec(slot: &AtomicUsize, name: &CStr, call: impl FnOnce(usize) -> c_int) -> c_int {
     let Some(p) = real(slot, name) else { return -1 };
-    let finished = before_image_ends();
-    let rc = call(p);
-    after_failed_exec(finished);
-    rc
+    before_image_ends();
+    call(p)
 }
 
 /// `execve(2)`.

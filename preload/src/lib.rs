@@ -15,8 +15,8 @@
 //!   `SPULSE_OUTPUT` then needs `{seq}` as well (see `RecorderBuilder::rotate`).
 //! * At `exit` (an `atexit` handler) it finishes the recording: stop, drain,
 //!   flush, sync. `_exit`, `_Exit` and the `exec` functions are interposed
-//!   to finish it first too, where the writer can be woken at once (the
-//!   off-CPU mode, the perf-stack engine; `exits.rs`). A process that dies
+//!   to have it written out first, where the writer can be woken at once
+//!   (the off-CPU mode, the perf-stack engine; `exits.rs`). A process that dies
 //!   by a signal keeps what was flushed (the recorder flushes every 100 ms).
 //! * In a child made by `fork` it starts a new recorder for the child (the
 //!   parent's recorder withdraws itself in the child). A program started by
@@ -160,7 +160,7 @@ extern "C" fn init() {
     }
 }
 
-pub(crate) extern "C" fn at_exit() {
+extern "C" fn at_exit() {
     spulse_preload_recorded_pid.store(0, Ordering::SeqCst);
     let guard = match GUARD.lock() {
         Ok(mut g) => g.take(),
@@ -282,7 +282,7 @@ extern "C" fn in_child() {
     start_here();
 }
 
-pub(crate) fn start_here() {
+fn start_here() {
     // SAFETY: getpid has no preconditions.
     let pid = unsafe { libc::getpid() } as u32;
     let dir = std::env::var_os("SPULSE_RECORD_DIR").filter(|d| !d.is_empty()).map(PathBuf::from);

@@ -1,28 +1,29 @@
-//! Finishing the recording before an exit that runs no `atexit` handler.
+//! Writing out the recording before an exit that runs no `atexit` handler.
 //!
 //! `_exit`, `_Exit` and the `exec` family end a process image without
 //! `exit`'s handlers, so a recording finished at `exit` (the preload's
 //! `atexit` handler) would lose what its writer had not written yet: up to
 //! a flush interval of samples and, in the off-CPU mode, every wait still
-//! open, however long (a shell's 1 s `wait4` before its `_exit`).
-//! `libspulse_preload.so` interposes those calls and first calls
-//! [`finish_before_exit`], which asks the writer thread to stop as
-//! `Guard::finish` does (drain, close the waits still open at now, flush)
-//! and waits for it, a bounded time.
+//! open, however long. `libspulse_preload.so` interposes those calls and
+//! first calls [`flush_before_exit`], which asks the writer thread for a
+//! tick now (drain, pair the switch records, write the waits still open up
+//! to now, flush) and waits for it, a bounded time. The recording goes on:
+//! an `exec` that fails leaves it running as before.
 //!
-//! Everything on the caller's side is async-signal-safe (atomics, `fstat`,
-//! `write`, `nanosleep`): `_exit` and `execve` may be called from a signal
-//! handler, in the child of a multithreaded `fork`, or in a `vfork` child
-//! sharing the recorder's memory (the preload calls this only in the process
-//! it records: a `vfork` child has another pid). The work is the writer
-//! thread's; if it cannot finish in time (it waits for a lock the caller
-//! holds, such as the allocator's when a handler interrupted `malloc`), the
-//! caller goes on to exit after the bound and the spool keeps what was
-//! flushed, as before.
+//! Everything on the caller's side is async-signal-safe (atomics,
+//! `clock_gettime`, `fstat`, `write`, `nanosleep`): `_exit` and `execve` may
+//! be called from a signal handler, in the child of a multithreaded `fork`,
+//! or in a `vfork` child sharing the recorder's memory (the preload calls
+//! this only in the process it records: a `vfork` child has another pid).
+//! The work is the writer thread's. If it cannot answer in time (it waits
+//! for a lock the caller holds, such as the allocator's when a handler
+//! interrupted `malloc`), the caller goes on after the bound, and later
+//! calls do not wait again until the writer has answered: a program whose
+//! handler execs at every signal is delayed once, not at every signal.
 //!
 //! The writer is woken at once only where it waits on an eventfd (the
-//! off-CPU mode, the perf-stack engine); elsewhere the request returns at
-//! once and nothing changes (at most a flush interval of samples is lost):
+//! off-CPU mode, the perf-stack engine); elsewhere the call returns at once
+//! and nothing changes (at most a flush interval of samples is lost):
 //! waiting for the next tick would delay every exit of a short process.
 
 use std::os::fd::RawFd;
@@ -31,8 +32,10 @@ use std::time::Duration;
 
 use super::own_fd;
 
-/// An exit asked the writer to finish.
-static REQUESTED: AtomicBool = AtomicBool::new(false);
+/// Ticks asked for by exits, and those the writer has done (each tick
+/// answers every request made before it began).
+static ASKED: AtomicU64 = AtomicU64::new(0);
+static ANSWERED: AtomicU64 = AtomicU64::new(0);
 /// The writer thread of the running recorder has finished (or was never
 /// started): what it wrote is all there will be.
 static DONE: AtomicBool = AtomicBool::new(true);
@@ -50,7 +53,7 @@ static WRITER_TID: AtomicU32 = AtomicU32::new(0);
 /// A recorder starts (its writer thread about to run); `wake` is its
 /// writer's eventfd, if it waits on one.
 pub(crate) fn arm(wake: Option<RawFd>) {
-    REQUESTED.store(false, Ordering::SeqCst);
+    ANSWERED.store(ASKED.load(Ordering::SeqCst), Ordering::SeqCst);
     WAKE_FD.store(-1, Ordering::SeqCst);
     if let Some((fd, (dev, ino, kind))) = wake.and_then(|fd| Some((fd, own_fd::identity_words(fd)?))) {
         WAKE_DEV.store(dev, Ordering::SeqCst);
@@ -82,32 +85,45 @@ impl Drop for WriterThread {
     }
 }
 
-/// Whether an exit asked the writer to finish (the writer checks it each
-/// time it wakes).
-pub(crate) fn requested() -> bool {
-    REQUESTED.load(Ordering::Relaxed)
+/// The requests made so far, if some is not answered yet: the writer then
+/// ticks now, and says so with [`answered`] and this number.
+pub(crate) fn pending() -> Option<u64> {
+    let asked = ASKED.load(Ordering::SeqCst);
+    (asked > ANSWERED.load(Ordering::SeqCst)).then_some(asked)
 }
 
-/// Ask the writer of the recorder running in this process to finish now, as
-/// `Guard::finish` does, and wait until it has, at most `timeout`; for an
-/// exit that runs no `atexit` handler (see the module doc). Returns whether
-/// the writer finished. Returns at once where no writer runs, where it
-/// cannot be woken at once (no eventfd), or on the writer thread itself (a
-/// program's signal handler that ran there). The bound is counted in
-/// sleeps of 200 us (no clock is read), so it is about `timeout`.
+/// The writer's tick for the requests up to `asked` ([`pending`]) is done:
+/// what they asked for is in the spool.
+pub(crate) fn answered(asked: u64) {
+    ANSWERED.fetch_max(asked, Ordering::SeqCst);
+}
+
+/// A monotonic clock reading in nanoseconds (async-signal-safe).
+fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime writes the timespec we pass.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    (ts.tv_sec as u64).saturating_mul(1_000_000_000).saturating_add(ts.tv_nsec as u64)
+}
+
+/// Ask the writer of the recorder running in this process for a tick now
+/// (drain, write the off-CPU waits still open up to now, flush) and wait
+/// until it is done, at most `timeout`; for an exit that runs no `atexit`
+/// handler (see the module doc). Returns whether it was done. Returns at
+/// once where no writer runs, where it cannot be woken at once (no
+/// eventfd), on the writer thread itself (a program's signal handler that
+/// ran there), or while an earlier request is still unanswered.
 ///
 /// Async-signal-safe. The caller must be the process that started the
 /// recorder (a `vfork` child shares this memory: it must not call this).
-/// The recorder is not usable afterwards: the `Guard`'s `finish` then
-/// reports what the writer wrote.
-pub fn finish_before_exit(timeout: Duration) -> bool {
+pub fn flush_before_exit(timeout: Duration) -> bool {
     if DONE.load(Ordering::SeqCst) {
-        return true;
+        return false;
     }
     let fd = WAKE_FD.load(Ordering::SeqCst);
     // SAFETY: gettid has no preconditions.
     let me = unsafe { libc::gettid() } as u32;
-    if fd < 0 || me == WRITER_TID.load(Ordering::SeqCst) {
+    if fd < 0 || me == WRITER_TID.load(Ordering::SeqCst) || pending().is_some() {
         return false;
     }
     let id =
@@ -115,24 +131,23 @@ pub fn finish_before_exit(timeout: Duration) -> bool {
     if own_fd::identity_words(fd) != Some(id) {
         return false;
     }
-    REQUESTED.store(true, Ordering::SeqCst);
+    // The waits still open are written up to now (lock-free slots).
+    super::request_off_cpu_split(super::sys::now_ns());
+    let mine = ASKED.fetch_add(1, Ordering::SeqCst) + 1;
     let one = 1u64;
     // SAFETY: writes 8 bytes from our u64 to the writer's eventfd, checked
     // above to be the file the recorder opened.
     unsafe { libc::write(fd, &one as *const u64 as *const libc::c_void, 8) };
-    const STEP: Duration = Duration::from_micros(200);
-    let mut waited = Duration::ZERO;
-    while !DONE.load(Ordering::SeqCst) {
-        if waited >= timeout {
-            // Withdrawn: a process that goes on (a failed `exec`) keeps its
-            // recording, unless the writer already began to finish.
-            REQUESTED.store(false, Ordering::SeqCst);
+    let until = monotonic_ns().saturating_add(timeout.as_nanos() as u64);
+    loop {
+        if ANSWERED.load(Ordering::SeqCst) >= mine {
+            return true;
+        }
+        if DONE.load(Ordering::SeqCst) || monotonic_ns() >= until {
             return false;
         }
-        let ts = libc::timespec { tv_sec: 0, tv_nsec: STEP.as_nanos() as libc::c_long };
+        let ts = libc::timespec { tv_sec: 0, tv_nsec: 100_000 };
         // SAFETY: nanosleep reads our timespec; no remainder is asked for.
         unsafe { libc::nanosleep(&ts, std::ptr::null_mut()) };
-        waited += STEP;
     }
-    true
 }

@@ -228,6 +228,9 @@ enum Event {
     Switches,
     /// Nothing to do yet: wait again.
     Again,
+    /// An `_exit` or `exec` asked for a tick now: the requests up to this
+    /// number (`exit_request.rs`).
+    Flush(u64),
 }
 
 /// The thread body: wait for `Start`, then run until `Stop`. `wake` is the
@@ -319,6 +322,12 @@ pub(crate) fn main(rx: Receiver<Control>, wake: Option<Arc<OwnFd>>) -> Result<St
                 let interval = run.st.interval;
                 run.scheduled(&mut next, interval)
             }
+            // A tick now for an `_exit` or `exec` (`exit_request.rs`); the
+            // clock's ticks stay as they were.
+            Event::Flush(asked) => {
+                run.tick();
+                super::exit_request::answered(asked);
+            }
         }
         run.publish_warnings();
     }
@@ -330,10 +339,9 @@ impl Run {
     /// perf-stack engine, rings that reached their watermark; with the
     /// off-CPU mode, a switch ring a quarter full.
     fn next_event(&mut self, rx: &Receiver<Control>, next: Instant) -> Event {
-        // An `_exit` or `exec` is waiting for the recording to be finished
-        // (`exit_request.rs`).
-        if super::exit_request::requested() {
-            return Event::Closed;
+        // An `_exit` or `exec` is waiting for a tick (`exit_request.rs`).
+        if let Some(asked) = super::exit_request::pending() {
+            return Event::Flush(asked);
         }
         let wait = next.saturating_duration_since(Instant::now());
         let switch_wait = self.st.off_cpu.as_mut().is_some_and(|o| o.tracker_mut().can_wait());
@@ -562,9 +570,9 @@ impl Run {
     ) -> bool {
         let mut stop = false;
         let checked = d.check(&mut || {
-            if super::exit_request::requested() {
-                stop = true;
-                return false;
+            if let Some(asked) = super::exit_request::pending() {
+                self.tick();
+                super::exit_request::answered(asked);
             }
             loop {
                 match rx.try_recv() {
