@@ -151,9 +151,9 @@ extern "C" fn init() {
     signals::init();
     signals::init_masks(true);
     start_here();
-    // SAFETY: both register plain `extern "C"` functions with no arguments;
-    // they stay valid for the life of the process (this library is never
-    // unloaded while the process runs: it is preloaded).
+    // Both functions stay valid for the life of the process: this library is
+    // preloaded, never unloaded while the process runs.
+    // SAFETY: both register plain `extern "C"` functions with no arguments.
     unsafe {
         libc::atexit(at_exit);
         libc::pthread_atfork(None, None, Some(in_child));
