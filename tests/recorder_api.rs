@@ -466,3 +466,57 @@ fn a_filling_ring_brings_the_writer_back_before_its_interval() {
         stats.duration
     );
 }
+
+/// How many times the spool at `path` changed size in `window`, polled
+/// every millisecond while a thread burns CPU (so every tick has samples to
+/// write).
+fn file_writes_while_burning(path: &std::path::Path, window: Duration) -> usize {
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let s = stop.clone();
+    let burner = std::thread::spawn(move || {
+        let mut x = 0u64;
+        while !s.load(std::sync::atomic::Ordering::Relaxed) {
+            x = black_box(x.wrapping_mul(6364136223846793005).wrapping_add(1));
+        }
+    });
+    let start = std::time::Instant::now();
+    let mut last = std::fs::metadata(path).unwrap().len();
+    let mut changes = 0;
+    while start.elapsed() < window {
+        std::thread::sleep(Duration::from_millis(1));
+        let len = std::fs::metadata(path).unwrap().len();
+        if len != last {
+            changes += 1;
+            last = len;
+        }
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    burner.join().unwrap();
+    changes
+}
+
+/// The per-thread timer engine ticks every 50 ms by default (a new thread's
+/// timer comes at the next tick), but writes the spool file at the default
+/// flush interval, 100 ms: each write after a pause costs the kernel tens of
+/// microseconds. A flush interval asked for is kept.
+#[test]
+fn the_file_is_written_at_the_flush_interval_not_every_tick() {
+    let _serial = serial();
+    let (_dir, path) = spool_path("writes.spool");
+    let g = spulse::Recorder::builder().engine(EngineChoice::ThreadCpuTimer).start(&path).unwrap();
+    let default = file_writes_while_burning(&path, Duration::from_secs(2));
+    g.finish().unwrap();
+    let (_dir2, path2) = spool_path("writes20.spool");
+    let g = spulse::Recorder::builder()
+        .engine(EngineChoice::ThreadCpuTimer)
+        .flush_interval(Duration::from_millis(20))
+        .start(&path2)
+        .unwrap();
+    let asked = file_writes_while_burning(&path2, Duration::from_secs(2));
+    g.finish().unwrap();
+    eprintln!("file writes in 2 s: {default} by default, {asked} at a 20 ms interval");
+    // 20 at 100 ms (40 if every 50 ms tick wrote), 100 at 20 ms; a loaded
+    // machine delays ticks (fewer writes), never adds any.
+    assert!((3..=28).contains(&default), "{default} writes in 2 s by default");
+    assert!(asked > 40, "{asked} writes in 2 s at a 20 ms flush interval");
+}

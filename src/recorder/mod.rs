@@ -623,6 +623,9 @@ fn start_inner(b: &RecorderBuilder, path: &Path) -> Result<Guard, Error> {
     // An engine that covers a new thread only when the writer next lists the
     // threads (per-thread timers, perf-stack events) keeps the shorter default
     // interval, so a new thread's unsampled start stays at most 50 ms.
+    // The spool file is written at most this far apart (the interval asked
+    // for, or the default's 100 ms), even where the writer ticks more often.
+    let file_flush = flush;
     let flush = if b.flush_interval.is_none() && engine.needs_every_scan() {
         flush.min(PER_THREAD_ENGINE_FLUSH_INTERVAL)
     } else {
@@ -724,6 +727,7 @@ fn start_inner(b: &RecorderBuilder, path: &Path) -> Result<Guard, Error> {
         generation: 0,
         dl,
         interval: flush,
+        file_flush,
         started: Instant::now(),
         pid,
         sync_at_finish: b.sync_at_finish,
@@ -746,7 +750,7 @@ fn start_inner(b: &RecorderBuilder, path: &Path) -> Result<Guard, Error> {
     cleanup.disarm();
     *PYTHON_TX.lock().unwrap_or_else(|e| e.into_inner()) = Some(tx.clone());
     PYTHON_INSIDE.store(false, Ordering::SeqCst);
-    *LIVE_SPOOL.lock().unwrap_or_else(|e| e.into_inner()) = Some((pid, path.to_path_buf(), flush));
+    *LIVE_SPOOL.lock().unwrap_or_else(|e| e.into_inner()) = Some((pid, path.to_path_buf(), file_flush));
     Ok(Guard {
         inner: Some(Running {
             tx,

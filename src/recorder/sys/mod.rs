@@ -24,6 +24,7 @@ pub(crate) mod preloaded;
 pub(crate) mod sigaction;
 pub(crate) mod sigmask;
 pub(crate) mod tcb;
+mod tid_map;
 pub(crate) mod timer;
 // Used on aarch64 only (x86_64 finds its trampoline in the action); tested on both.
 #[cfg_attr(not(target_arch = "aarch64"), allow(dead_code))]

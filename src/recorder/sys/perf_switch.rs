@@ -41,9 +41,12 @@
 //! it stays. Every thread out for at least [`LONG_WAIT_NS`] is captured; of
 //! those out for less (most wake before their capture is written; a program
 //! blocking 100,000 times a second has about a hundred of them at each tick)
-//! only [`SHORT_CAPTURES_PER_SECOND`], the longest out first: a sample of
-//! where the short waits are, at a bounded cost (a capture is a few tens of
-//! microseconds). The capture belongs to
+//! only [`SHORT_CAPTURES_PER_SECOND`], chosen at random among them: a
+//! sample of where the short waits are, at a bounded cost (a capture is a
+//! few tens of microseconds). Each thread out is as likely to be chosen, so
+//! the captures fall where blocked time is; the longest out first chose,
+//! among threads sleeping 1 ms at a time, those about to wake (92% of the
+//! captures were of a thread that had run again). The capture belongs to
 //! the interval only if the thread was out over the whole capture (from
 //! before its `syscall` read to after its stack copy): one taken after a
 //! wake-up the writer had not yet seen is moved to the next interval that
@@ -57,7 +60,6 @@
 //! then replaces the interval and its capture), and then that interval is
 //! wrong in any case (it spans the time the thread ran).
 
-use std::collections::hash_map::Entry;
 use std::io;
 use std::os::fd::OwnedFd;
 
@@ -69,6 +71,7 @@ use super::perf_kernel::KernelRings;
 use super::perf_stack::{
     open_counting_lost, word, FLAG_USE_CLOCKID, FLAG_WATERMARK, SAMPLE_TID, SAMPLE_TIME,
 };
+use super::tid_map::TidMap;
 
 const PERF_COUNT_SW_DUMMY: u64 = 9;
 const FLAG_TASK: u64 = 1 << 13;
@@ -89,11 +92,14 @@ pub(crate) const LONG_WAIT_NS: u64 = 5_000_000;
 /// Captures a second of threads out for less than [`LONG_WAIT_NS`] (most of
 /// them wake before their capture is of use; a switch-heavy program has
 /// thousands of them blocked at each tick): a sample of where short waits
-/// are, the longest first, at a bounded cost. Up to a second's worth is
+/// are, chosen at random, at a bounded cost. Up to a second's worth is
 /// held for a burst. A capture costs the writer 20-50 us on the VM of
-/// BENCHMARKS.md ("Off-CPU mode"): at 100 a second they were a seventh of
-/// its time under 100,000 blockings a second, at 25 about 0.05% of a core.
-pub(crate) const SHORT_CAPTURES_PER_SECOND: u64 = 25;
+/// BENCHMARKS.md ("Off-CPU mode"), more when it succeeds (the stack copy
+/// and its unwinding): at 100 a second they were a seventh of its time
+/// under 100,000 blockings a second. Chosen at random, 10 a second find
+/// their thread still blocked more often than 25 chosen longest out first
+/// did (which mostly found it running again), and cost less.
+pub(crate) const SHORT_CAPTURES_PER_SECOND: u64 = 10;
 
 /// Waits shorter than this that got no stack (uncaptured blocked waits, and
 /// preempted ones) are summed per thread and state until the writer's next
@@ -289,7 +295,7 @@ pub(crate) struct Pairing {
     carry: Vec<(u64, u32, u8)>,
     /// Threads by tid (those out are the pending intervals), but the
     /// parked ones.
-    threads: HashMap<u32, Seen>,
+    threads: TidMap<Seen>,
     /// Threads out for [`PARK_NS`] or more without a record, captured or
     /// preempted and without sums, by tid: kept apart so that the map each
     /// switch record looks up holds the threads that switch, not a pool of
@@ -307,9 +313,12 @@ pub(crate) struct Pairing {
     /// Captures of short waits allowed now ([`SHORT_CAPTURES_PER_SECOND`]),
     /// and when the allowance was last topped up (unix ns; 0: never).
     short_budget: u64,
+    /// The state of the random choice of short waits to capture
+    /// (xorshift64; never zero once drawn from).
+    short_rng: u64,
     short_budget_at: u64,
-    /// Threads out for less than [`LONG_WAIT_NS`] at this pass: (since, tid).
-    short: Vec<(u64, u32)>,
+    /// Threads out for less than [`LONG_WAIT_NS`] at this pass.
+    short: Vec<u32>,
     /// Threads to park at this pass.
     to_park: Vec<u32>,
     /// Waits without a stack shorter than this are summed
@@ -354,7 +363,7 @@ impl SwitchTracker {
             r => r?,
         };
         let since_ns = super::now_ns();
-        let mut threads = HashMap::default();
+        let mut threads = TidMap::default();
         for &tid in &rings.opened {
             if thread_state(tid).is_some_and(|c| c == 'S' || c == 'D') {
                 let out = Out { time_ns: since_ns, preempted: false, tried: false, capture: None };
@@ -585,12 +594,9 @@ impl Pairing {
     fn apply(&mut self, time_ns: u64, tid: u32, kind: u8) {
         match kind {
             0 => {
-                let seen = match self.threads.entry(tid) {
-                    Entry::Occupied(e) => e.into_mut(),
-                    Entry::Vacant(e) => match self.parked.remove(&tid) {
-                        Some(seen) => e.insert(seen),
-                        None => return,
-                    },
+                let parked = &mut self.parked;
+                let Some(seen) = self.threads.get_or_insert_with(tid, || parked.remove(&tid)) else {
+                    return;
                 };
                 seen.recent = true;
                 seen.last_ns = seen.last_ns.max(time_ns);
@@ -635,12 +641,13 @@ impl Pairing {
                 let orphan = if self.orphans.is_empty() { None } else { self.orphans.remove(&tid) };
                 let capture = orphan.filter(|c| c.at_ns > time_ns);
                 let tried = capture.is_some();
-                let seen = match self.threads.entry(tid) {
-                    Entry::Occupied(e) => e.into_mut(),
-                    // New, forgotten or parked (a parked one's wait is
-                    // replaced: its switch-in was lost).
-                    Entry::Vacant(e) => e.insert(self.parked.remove(&tid).unwrap_or_default()),
-                };
+                // New, forgotten or parked (a parked one's wait is replaced:
+                // its switch-in was lost).
+                let parked = &mut self.parked;
+                let seen = self
+                    .threads
+                    .get_or_insert_with(tid, || Some(parked.remove(&tid).unwrap_or_default()))
+                    .expect("made");
                 seen.recent = true;
                 seen.last_ns = seen.last_ns.max(time_ns);
                 seen.out = Some(Out { time_ns, preempted: kind == 2, tried, capture });
@@ -648,7 +655,7 @@ impl Pairing {
             4 => self.threads_changed = true,
             _ => {
                 self.threads_changed = true;
-                if let Some(mut seen) = self.threads.remove(&tid) {
+                if let Some(mut seen) = self.threads.remove(tid) {
                     flush_seen(tid, &mut seen, &mut self.done);
                 }
                 if !self.parked.is_empty() {
@@ -667,8 +674,8 @@ impl Pairing {
     /// all (records from two CPUs' rings can pair out of order, leaving an
     /// older switch-out as the state of a thread that has run since: a slow
     /// writer saw hundreds of such false long waits a second), and of the others as many as the
-    /// short-wait allowance ([`SHORT_CAPTURES_PER_SECOND`]) lets, the
-    /// longest out first. Each listed is marked as tried (one attempt per
+    /// short-wait allowance ([`SHORT_CAPTURES_PER_SECOND`]) lets, chosen at
+    /// random (see the module doc). Each listed is marked as tried (one attempt per
     /// interval); one left out may be listed at a later pass of the same
     /// interval (as a long wait, once it is one). Forgets the threads neither
     /// out nor named by a record since the last call, and parks those out
@@ -681,7 +688,7 @@ impl Pairing {
         short.clear();
         let to_park = &mut self.to_park;
         to_park.clear();
-        self.threads.retain(|&tid, seen| {
+        self.threads.retain(|tid, seen| {
             let recent = std::mem::replace(&mut seen.recent, false);
             let quiet = !seen.listed && now_ns.saturating_sub(seen.last_ns) >= PARK_NS;
             match seen.out.as_mut() {
@@ -695,7 +702,7 @@ impl Pairing {
                                 out.push(tid);
                             }
                         } else {
-                            short.push((o.time_ns, tid));
+                            short.push(tid);
                         }
                     }
                     true
@@ -706,7 +713,7 @@ impl Pairing {
         });
         if !self.to_park.is_empty() {
             for &tid in &self.to_park {
-                if let Some(seen) = self.threads.remove(&tid) {
+                if let Some(seen) = self.threads.remove(tid) {
                     self.parked.insert(tid, seen);
                 }
             }
@@ -718,11 +725,21 @@ impl Pairing {
         self.refill_short_budget(now_ns);
         if !self.short.is_empty() && self.short_budget > 0 {
             let n = self.short.len().min(self.short_budget as usize);
-            if n < self.short.len() {
-                self.short.select_nth_unstable(n - 1);
+            // The first `n` of a random permutation (Fisher-Yates, cut short).
+            for k in 0..n {
+                let x = match self.short_rng {
+                    0 => 0x9e37_79b9_7f4a_7c15,
+                    x => x,
+                };
+                let x = x ^ (x << 13);
+                let x = x ^ (x >> 7);
+                let x = x ^ (x << 17);
+                self.short_rng = x;
+                let j = k + (x % (self.short.len() - k) as u64) as usize;
+                self.short.swap(k, j);
             }
-            for &(_, tid) in &self.short[..n] {
-                if let Some(o) = self.threads.get_mut(&tid).and_then(|s| s.out.as_mut()) {
+            for &tid in &self.short[..n] {
+                if let Some(o) = self.threads.get_mut(tid).and_then(|s| s.out.as_mut()) {
                     o.tried = true;
                 }
                 out.push(tid);
@@ -759,7 +776,7 @@ impl Pairing {
     pub(crate) fn flush_sums(&mut self) {
         self.summed.sort_unstable();
         for &tid in &self.summed {
-            if let Some(seen) = self.threads.get_mut(&tid) {
+            if let Some(seen) = self.threads.get_mut(tid) {
                 flush_seen(tid, seen, &mut self.done);
                 seen.listed = false;
             }
@@ -779,7 +796,8 @@ impl Pairing {
     pub(crate) fn split_open(&mut self, at_ns: u64) {
         self.flush_sums();
         let first = self.done.len();
-        for (&tid, seen) in self.threads.iter_mut().chain(self.parked.iter_mut()) {
+        let parked = self.parked.iter_mut().map(|(&tid, seen)| (tid, seen));
+        for (tid, seen) in self.threads.iter_mut().chain(parked) {
             let Some(o) = seen.out.as_mut().filter(|o| o.time_ns < at_ns) else { continue };
             let capture = o.capture.as_ref().filter(|c| c.end_ns <= at_ns).cloned();
             self.done.push(Interval {
@@ -811,7 +829,7 @@ impl Pairing {
     /// a pass lists only threads not tried yet, which it does not park, so a
     /// capture's thread is normally in the switching table).
     fn attach(&mut self, tid: u32, c: Capture) {
-        let seen = match self.threads.get_mut(&tid) {
+        let seen = match self.threads.get_mut(tid) {
             Some(seen) => Some(seen),
             None => self.parked.get_mut(&tid),
         };
@@ -825,12 +843,14 @@ impl Pairing {
     /// forget the others.
     fn finish(&mut self, end_ns: u64, off_now: &dyn Fn(u32) -> bool) {
         self.flush_sums();
-        self.threads.extend(self.parked.drain());
+        for (tid, seen) in self.parked.drain() {
+            self.threads.insert(tid, seen);
+        }
         let mut tids: Vec<u32> =
-            self.threads.iter().filter(|(_, s)| s.out.is_some()).map(|(&tid, _)| tid).collect();
+            self.threads.iter().filter(|(_, s)| s.out.is_some()).map(|(tid, _)| tid).collect();
         tids.sort_unstable();
         for tid in tids {
-            let o = self.threads.get_mut(&tid).and_then(|s| s.out.take()).expect("listed");
+            let o = self.threads.get_mut(tid).and_then(|s| s.out.take()).expect("listed");
             if off_now(tid) && end_ns > o.time_ns {
                 self.waits += 1;
                 self.done.push(Interval {
@@ -975,8 +995,8 @@ mod tests {
     }
 
     /// A pass lists every thread out for a long wait, and of those out for a
-    /// short one only as many as the allowance lets (the longest out
-    /// first); one left out is listed at a later pass of the same interval,
+    /// short one only as many as the allowance lets (chosen at random,
+    /// not the longest out first); one left out is listed at a later pass of the same interval,
     /// and the allowance comes back with time, never above a second's worth.
     #[test]
     fn short_waits_are_captured_within_their_allowance_long_ones_always() {
@@ -984,7 +1004,8 @@ mod tests {
         let mut p = Pairing::default();
         let mut tids = Vec::new();
         let now = 100 * S;
-        // 10 threads out for 10 ms; 1,000 out for 1 ms or less (tid 1000 the longest).
+        // 10 threads out for 10 ms; 1,000 out for 1 ms or less (tid 1000 the
+        // longest, 1999 the latest out).
         for tid in 0..10u32 {
             p.events.push((now - 10_000_000, tid, 1));
         }
@@ -996,7 +1017,11 @@ mod tests {
         let n = SHORT_CAPTURES_PER_SECOND as usize;
         assert_eq!(tids.len(), 10 + n);
         assert!(tids[..10].iter().copied().eq(0..10), "every long wait");
-        assert!(tids[10..].iter().copied().eq(1000..1000 + n as u32), "the longest short waits");
+        let short = &tids[10..];
+        assert!(short.windows(2).all(|w| w[0] < w[1]) && short.iter().all(|t| (1000..2000).contains(t)));
+        // Chosen at random: both halves of the 1,000 are drawn from, not the
+        // longest out first (the draws are seeded: the same every run).
+        assert!(short.iter().any(|&t| t < 1500) && short.iter().any(|&t| t >= 1500), "{short:?}");
         // Still short 3 ms later, the allowance spent: none listed, none tried.
         p.due_captures(now + 3_000_000, &mut tids);
         assert!(tids.is_empty(), "{tids:?}");
@@ -1023,7 +1048,7 @@ mod tests {
         p.pair(u64::MAX);
         p.due_captures(t + five, &mut tids);
         assert_eq!(tids.len(), (1000 - n) + 5, "the rest of the first 1,000 (long now) and 5 short");
-        assert!(tids[1000 - n..].iter().all(|&t| (9000..9005).contains(&t)), "{:?}", &tids[1000 - n..]);
+        assert!(tids[1000 - n..].iter().all(|&t| (9000..10000).contains(&t)), "{:?}", &tids[1000 - n..]);
     }
 
     fn cap(at_ns: u64) -> Capture {
@@ -1220,7 +1245,7 @@ mod tests {
 
     /// The tids of the threads the pairing holds, parked or not.
     fn tracked(p: &Pairing) -> Vec<u32> {
-        let mut v: Vec<u32> = p.threads.keys().chain(p.parked.keys()).copied().collect();
+        let mut v: Vec<u32> = p.threads.keys().chain(p.parked.keys().copied()).collect();
         v.sort_unstable();
         v
     }
@@ -1248,7 +1273,7 @@ mod tests {
         p.due_captures(at, &mut tids);
         assert!(tids.is_empty());
         assert_eq!(p.parked.len(), 1000, "tried and quiet: parked");
-        assert_eq!(p.threads.keys().copied().collect::<Vec<_>>(), [1], "the switching one stays");
+        assert_eq!(p.threads.keys().collect::<Vec<_>>(), [1], "the switching one stays");
         assert!(p.threads.capacity() * 8 <= big, "{} of {big}", p.threads.capacity());
         // A capture listed at that pass still finds its thread.
         p.attach(100, cap_to(at + 1, at + 2));
@@ -1266,7 +1291,7 @@ mod tests {
         assert_eq!(p.done.len(), 1);
         assert_eq!((p.done[0].tid, p.done[0].start_ns, p.done[0].end_ns), (100, at + 10, at + 50));
         assert_eq!(p.done[0].capture.as_ref().map(|c| c.at_ns), Some(at + 1));
-        assert!(p.threads.contains_key(&100) && !p.parked.contains_key(&100));
+        assert!(p.threads.contains_key(100) && !p.parked.contains_key(&100));
         // An exit forgets a parked thread.
         p.events.clear();
         p.events.push((at + 70, 101, 3));
@@ -1292,7 +1317,7 @@ mod tests {
         p.events.extend([(20, 9, 4)]);
         p.pair(u64::MAX);
         assert!(std::mem::take(&mut p.threads_changed), "a fork");
-        assert!(!p.threads.contains_key(&9));
+        assert!(!p.threads.contains_key(9));
         p.events.clear();
         p.events.extend([(30, 1, 1), (35, 1, 0), (40, 1, 3)]);
         p.pair(u64::MAX);
@@ -1333,7 +1358,7 @@ mod tests {
         p.pair(u64::MAX);
         p.finish(600, &|_| true);
         assert_eq!(done(&mut p), [(3, 400, 420, false, None), (3, 500, 600, false, None)]);
-        assert!(p.orphans.is_empty() && p.threads.values().all(|s| s.out.is_none()));
+        assert!(p.orphans.is_empty() && p.threads.iter().all(|(_, s)| s.out.is_none()));
     }
 
     /// A switch-out paired after newer records of its thread (from another
