@@ -935,3 +935,50 @@ fn a_thread_seen_only_blocked_keeps_its_name() {
         .collect();
     assert!(long.iter().any(|(name, _)| name == "only-waits"), "long waits by thread name: {long:?}");
 }
+
+/// A thread that waits across segments (rotation every 100 ms, a sleep of
+/// 450 ms) and exits at once: its wait is written in a later segment than
+/// the one that named it, after it is gone from `/proc`, and still under
+/// its name (the writer keeps the names of the threads still waiting
+/// across rotations). Before, that segment named it "".
+#[test]
+fn a_thread_that_waits_across_segments_then_exits_keeps_its_name() {
+    let _g = serial();
+    if !perf_event_open_implemented() {
+        eprintln!("SKIPPED: no perf_event_open here");
+        return;
+    }
+    let _defer = DeferThreshold::set(u64::MAX);
+    let dir = tempfile::tempdir().unwrap();
+    let guard = spulse::Recorder::builder()
+        .off_cpu(true)
+        .rotate(Duration::from_millis(100))
+        .start(dir.path().join("n-{seq}.spool"))
+        .unwrap();
+    let h = std::thread::Builder::new()
+        .name("spans-segments".into())
+        .spawn(|| {
+            std::thread::sleep(Duration::from_millis(450));
+            gettid()
+        })
+        .unwrap();
+    let tid = h.join().unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    guard.finish().unwrap();
+    let mut long = Vec::new();
+    for e in std::fs::read_dir(dir.path()).unwrap() {
+        let p = e.unwrap().path();
+        if p.extension().is_none_or(|x| x != "spool") {
+            continue;
+        }
+        let snap = Snapshot::open(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+        for o in snap.definitions().off_cpu_intervals() {
+            let t = snap.thread(o.thread);
+            if t.tid == tid && o.state == OffCpuState::Blocked && o.duration_us >= 100_000 {
+                long.push((t.name.clone(), o.duration_us));
+            }
+        }
+    }
+    assert!(!long.is_empty(), "the 450 ms wait was not written");
+    assert!(long.iter().all(|(name, _)| name == "spans-segments"), "{long:?}");
+}

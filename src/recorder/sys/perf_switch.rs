@@ -825,6 +825,14 @@ impl Pairing {
         }
     }
 
+    /// Whether `tid` is out now (its wait not yet written), parked or not.
+    pub(crate) fn is_out(&self, tid: u32) -> bool {
+        match self.threads.get(tid) {
+            Some(seen) => seen.out.is_some(),
+            None => self.parked.get(&tid).is_some_and(|seen| seen.out.is_some()),
+        }
+    }
+
     /// Attach capture `c` to `tid`'s interval, if it is out (parked or not:
     /// a pass lists only threads not tried yet, which it does not park, so a
     /// capture's thread is normally in the switching table).

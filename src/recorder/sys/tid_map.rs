@@ -79,6 +79,10 @@ impl<V> TidMap<V> {
         self.find(tid).is_some()
     }
 
+    pub(crate) fn get(&self, tid: u32) -> Option<&V> {
+        self.vals[self.find(tid)?].as_ref()
+    }
+
     pub(crate) fn get_mut(&mut self, tid: u32) -> Option<&mut V> {
         let i = self.find(tid)?;
         self.vals[i].as_mut()

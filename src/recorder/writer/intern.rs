@@ -55,6 +55,12 @@ pub(crate) struct Interner {
     frame_module: Vec<u32>,
     stacks: FxMap<(u32, u32), StackId>,
     threads: FxMap<u32, ThreadId>,
+    /// The name each thread of `threads` was defined with, and those of the
+    /// segment before ([`Interner::next_segment`]): a thread defined again
+    /// in a new segment after it exited (an off-CPU wait paired after the
+    /// exit) has no `/proc` entry left to read its name from.
+    names: FxMap<u32, Box<str>>,
+    earlier_names: FxMap<u32, Box<str>>,
     /// The last thread looked up in each slot (by tid): a lookup a sample
     /// and a blocking.
     recent_threads: RecentThreads,
@@ -217,13 +223,33 @@ impl Interner {
             return Ok(id);
         }
         let name = names.get(tid).unwrap_or_else(|| {
-            let n = std::fs::read_to_string(format!("/proc/self/task/{tid}/comm")).unwrap_or_default();
-            n.trim_end_matches('\n').to_string()
+            match std::fs::read_to_string(format!("/proc/self/task/{tid}/comm")) {
+                Ok(n) => n.trim_end_matches('\n').to_string(),
+                // Gone: the name of the segment before, if it had the thread.
+                Err(_) => self.earlier_names.get(&tid).map(|n| n.to_string()).unwrap_or_default(),
+            }
         });
         let id = w.define_thread(pid, tid, &name)?;
         self.threads.insert(tid, id);
+        self.names.insert(tid, name.into());
         self.recent_threads.0[slot] = Some((tid, id));
         Ok(id)
+    }
+
+    /// An empty interner for the next segment (rotation), which keeps the
+    /// names of this segment's threads for those that exit before the new
+    /// segment defines them, and of the earlier ones those for which
+    /// `waiting` holds (an off-CPU wait still open, which may be written
+    /// segments later, after its thread exited). Bounded by the threads of
+    /// one segment and those waiting.
+    pub(crate) fn next_segment(self, waiting: impl Fn(u32) -> bool) -> Interner {
+        let mut names = self.names;
+        for (tid, name) in self.earlier_names {
+            if waiting(tid) {
+                names.entry(tid).or_insert(name);
+            }
+        }
+        Interner { earlier_names: names, ..Interner::default() }
     }
 
     /// Forget every cached path to frames of a retired module.

@@ -69,6 +69,11 @@ impl OffCpu {
     }
 
     /// Switch records lost so far (rings full).
+    /// Whether thread `tid` is off the CPU now, its wait not yet written.
+    pub(crate) fn is_waiting(&self, tid: u32) -> bool {
+        self.tracker.pairing.is_out(tid)
+    }
+
     pub(crate) fn tracker_lost(&self) -> u64 {
         self.tracker.counts.lost
     }

@@ -6,7 +6,6 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use super::intern::Interner;
 use super::{Run, Sink};
 use crate::recorder::builder::RotationPlan;
 use crate::recorder::output::{create_spool, segment_path};
@@ -205,7 +204,9 @@ impl Run {
         // order (the order they were defined in, so spans never overlap).
         let r = self.define_active_modules(&path);
         self.note(r);
-        self.interner = Interner::default();
+        let off_cpu = self.st.off_cpu.as_ref();
+        let waiting = |tid| off_cpu.is_some_and(|o| o.is_waiting(tid));
+        self.interner = std::mem::take(&mut self.interner).next_segment(waiting);
         self.off_cpu_new_segment();
         if self.python_inside && self.error.is_none() {
             let r = self.st.out.python_runtime(self.st.pid, header.start_time_us, true);
