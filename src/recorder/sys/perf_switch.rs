@@ -293,6 +293,9 @@ pub(crate) struct Pairing {
     events: Vec<(u64, u32, u8)>,
     /// Records stamped after the last drain began, for the next one.
     carry: Vec<(u64, u32, u8)>,
+    /// The events merged in time order (swapped with `events`; kept for its
+    /// capacity).
+    merged: Vec<(u64, u32, u8)>,
     /// Threads by tid (those out are the pending intervals), but the
     /// parked ones.
     threads: TidMap<Seen>,
@@ -566,8 +569,17 @@ impl Pairing {
         // stable sort finds the runs (the carried ones, one per CPU) and
         // merges them: linear. By time alone (a 5% cheaper pairing than by
         // time and kind): records of one time keep their ring's order, and
-        // two of one thread are never of one time on two CPUs.
-        self.events.sort_by_key(|&(t, _, _)| t);
+        // two of one thread are never of one time on two CPUs. The usual
+        // batch (two CPUs' runs, nothing carried) is merged into a buffer
+        // kept for the next: no allocation and no copy back (the sort
+        // allocated its scratch, as large as the batch, at every drain).
+        match two_runs(&self.events) {
+            Some(mid) => {
+                merge_runs(&self.events[..mid], &self.events[mid..], &mut self.merged);
+                std::mem::swap(&mut self.events, &mut self.merged);
+            }
+            None => self.events.sort_by_key(|&(t, _, _)| t),
+        }
         let cut = self.events.partition_point(|&(t, _, _)| t <= horizon);
         self.carry.extend_from_slice(&self.events[cut..]);
         let mut from = 0;
@@ -873,6 +885,39 @@ impl Pairing {
     }
 }
 
+/// Where the second of exactly two runs in time order of `events` begins
+/// (`None`: fewer or more runs).
+fn two_runs(events: &[(u64, u32, u8)]) -> Option<usize> {
+    let mut mid = None;
+    for i in 1..events.len() {
+        if events[i].0 < events[i - 1].0 {
+            if mid.is_some() {
+                return None;
+            }
+            mid = Some(i);
+        }
+    }
+    mid
+}
+
+/// `a` and `b` (each in time order) merged into `out` in time order, `a`'s
+/// record first of two of one time (as a stable sort of `a` then `b`).
+fn merge_runs(a: &[(u64, u32, u8)], b: &[(u64, u32, u8)], out: &mut Vec<(u64, u32, u8)>) {
+    out.clear();
+    out.reserve(a.len() + b.len());
+    let (mut i, mut j) = (0, 0);
+    while i < a.len() && j < b.len() {
+        let (x, y) = (a[i], b[j]);
+        // Branch-free: which run comes next is as good as random.
+        let from_b = y.0 < x.0;
+        out.push(if from_b { y } else { x });
+        j += usize::from(from_b);
+        i += usize::from(!from_b);
+    }
+    out.extend_from_slice(&a[i..]);
+    out.extend_from_slice(&b[j..]);
+}
+
 /// The scheduler state letter of thread `tid` (`/proc/self/task/<tid>/stat`,
 /// after the command name's closing parenthesis); `None` if it is gone.
 fn thread_state(tid: u32) -> Option<char> {
@@ -964,6 +1009,48 @@ mod tests {
         assert_eq!(parse_record(7, &rec(7, 0, &[(7 << 32) | 7, (42 << 32) | 43])), None, "cut short");
         assert_eq!(parse_record(14, &rec(14, 0, &[tid_word])), None, "cut short");
         assert_eq!(parse_record(9, &rec(9, 0, &[1, 2])), None);
+    }
+
+    /// Two runs are merged as the stable sort by time would order them
+    /// (ties: the first run's record first); other batches are told apart.
+    #[test]
+    fn two_runs_merge_as_a_stable_sort_would() {
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = |m: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % m
+        };
+        let mut out = Vec::new();
+        for _ in 0..500 {
+            let (na, nb) = (next(40), next(40));
+            let mut run = |n: u64, tid: u32| {
+                let mut t = 0;
+                (0..n)
+                    .map(|i| {
+                        t += next(3);
+                        (t, tid, i as u8)
+                    })
+                    .collect::<Vec<_>>()
+            };
+            let a = run(na, 1);
+            let b = run(nb, 2);
+            let mut all = a.clone();
+            all.extend_from_slice(&b);
+            let mut want = all.clone();
+            want.sort_by_key(|&(t, _, _)| t);
+            match two_runs(&all) {
+                Some(mid) => {
+                    assert!(mid > 0 && mid < all.len());
+                    merge_runs(&all[..mid], &all[mid..], &mut out);
+                    assert_eq!(out, want);
+                }
+                // One run (b's first not before a's last, or one empty).
+                None => assert_eq!(all, want),
+            }
+        }
+        assert_eq!(two_runs(&[(3, 1, 0), (2, 1, 0), (1, 1, 0)]), None, "three runs");
     }
 
     /// A capture pass long after the records of these tests: every wait
