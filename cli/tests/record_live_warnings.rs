@@ -136,6 +136,10 @@ fn a_warning_is_printed_while_the_command_runs_and_once() {
     let printed = lines.iter().filter(|l| l.contains("writing the spool")).count();
     assert_eq!(printed, 1, "printed once, not again in the summary: {text}");
     assert!(text.contains("closed or reused by the program"), "{text}");
+    // The failure's line says what it cost and points at the warning, which
+    // says why: the cause is printed once.
+    assert_eq!(text.matches("closed or reused").count(), 1, "{text}");
+    assert!(text.contains("stopped writing early") && text.contains("samples written before"), "{text}");
     // The file beside the output still holds every warning.
     let beside = std::fs::read_to_string(spulse::warnings_path(&out)).unwrap();
     assert!(beside.contains("writing the spool"), "{beside}");

@@ -180,16 +180,27 @@ extern "C" fn at_exit() {
             Ok(_) => {}
             Err(e) => {
                 if collected {
-                    let (written, lost, warnings) = match &e {
+                    let (written, lost, warnings, message) = match &e {
+                        // Why it stopped is the warning the writer gave then
+                        // (among `warnings`, which `spulse record` prints
+                        // once): the failure says what it cost, not why again.
                         spulse::Error::Recorder(spulse::RecorderError::WriteStopped {
                             samples_written,
                             samples_lost,
                             warnings,
                             ..
-                        }) => (*samples_written, *samples_lost, &warnings[..]),
-                        _ => (0, 0, &[][..]),
+                        }) => (
+                            *samples_written,
+                            *samples_lost,
+                            &warnings[..],
+                            format!(
+                                "the recording stopped writing early (its warning says why); the spool holds the {samples_written} samples written before, \
+                                 {samples_lost} taken afterwards were lost"
+                            ),
+                        ),
+                        _ => (0, 0, &[][..], e.to_string()),
                     };
-                    write_stats(&stats_path, written, lost, Some(&e.to_string()), warnings);
+                    write_stats(&stats_path, written, lost, Some(&message), warnings);
                 } else {
                     let _ = writeln!(std::io::stderr(), "spulse: finishing the recording failed: {e}");
                 }
