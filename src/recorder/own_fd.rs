@@ -179,8 +179,9 @@ impl Write for SpoolFile {
         self.file().write(buf)
     }
 
-    /// Called at every flush of the writer (each tick), so a descriptor
-    /// taken away is found even when there is nothing to write.
+    /// Called at every flush of the writer (each time the file is due:
+    /// every flush interval), so a descriptor taken away is found even when
+    /// there is nothing to write.
     fn flush(&mut self) -> io::Result<()> {
         self.check()
     }

@@ -656,10 +656,12 @@ impl Pairing {
                 // New, forgotten or parked (a parked one's wait is replaced:
                 // its switch-in was lost).
                 let parked = &mut self.parked;
-                let seen = self
-                    .threads
-                    .get_or_insert_with(tid, || Some(parked.remove(&tid).unwrap_or_default()))
-                    .expect("made");
+                let Some(seen) =
+                    self.threads.get_or_insert_with(tid, || Some(parked.remove(&tid).unwrap_or_default()))
+                else {
+                    // Not a thread id (`u32::MAX`): no record of ours says so.
+                    return;
+                };
                 seen.recent = true;
                 seen.last_ns = seen.last_ns.max(time_ns);
                 seen.out = Some(Out { time_ns, preempted: kind == 2, tried, capture });
@@ -719,7 +721,8 @@ impl Pairing {
                     }
                     true
                 }
-                // (Sums are flushed before each pass; kept in any case.)
+                // (Sums are flushed before each tick's pass, but those of
+                // the records drained just before it are not: kept.)
                 None => recent || seen.sums.iter().any(Option::is_some),
             }
         });
@@ -835,6 +838,12 @@ impl Pairing {
         for c in outs.chain(rest) {
             c.stack = None;
         }
+    }
+
+    /// The threads with a wait paired and not yet written: in
+    /// [`Pairing::done`], or summed ([`Pairing::summed`]).
+    pub(crate) fn unwritten(&self) -> impl Iterator<Item = u32> + '_ {
+        self.done.iter().map(|i| i.tid).chain(self.summed.iter().copied())
     }
 
     /// Whether `tid` is out now (its wait not yet written), parked or not.

@@ -60,7 +60,7 @@ impl<V> TidMap<V> {
     /// The slot holding `tid`.
     #[inline]
     fn find(&self, tid: u32) -> Option<usize> {
-        if self.keys.is_empty() {
+        if self.keys.is_empty() || tid == EMPTY {
             return None;
         }
         let mask = self.keys.len() - 1;
@@ -89,13 +89,17 @@ impl<V> TidMap<V> {
     }
 
     /// `tid`'s value; if it has none, the one `make` gives (then held), or
-    /// `None` if `make` gives none.
+    /// `None` if `make` gives none (or `tid` is `u32::MAX`, which marks the
+    /// empty slots: no thread has it).
     #[inline]
     pub(crate) fn get_or_insert_with(
         &mut self,
         tid: u32,
         make: impl FnOnce() -> Option<V>,
     ) -> Option<&mut V> {
+        if tid == EMPTY {
+            return None;
+        }
         let i = match self.find(tid) {
             Some(i) => i,
             None => self.put_new(tid, make()?),
@@ -103,8 +107,12 @@ impl<V> TidMap<V> {
         self.vals[i].as_mut()
     }
 
-    /// Hold `v` for `tid`; the value it replaces, if any.
+    /// Hold `v` for `tid`; the value it replaces, if any (`tid` `u32::MAX`
+    /// is not held: it marks the empty slots).
     pub(crate) fn insert(&mut self, tid: u32, v: V) -> Option<V> {
+        if tid == EMPTY {
+            return Some(v);
+        }
         match self.find(tid) {
             Some(i) => self.vals[i].replace(v),
             None => {
@@ -276,5 +284,9 @@ mod tests {
             m.remove(t);
         }
         assert!(m.is_empty() && m.iter().next().is_none());
+        // `u32::MAX` marks the empty slots: never held.
+        assert_eq!(m.insert(u32::MAX, 7), Some(7));
+        assert!(m.get_or_insert_with(u32::MAX, || Some(7)).is_none());
+        assert!(m.get_mut(u32::MAX).is_none() && m.is_empty());
     }
 }

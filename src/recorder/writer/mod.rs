@@ -445,6 +445,10 @@ impl Run {
     fn scheduled(&mut self, next: &mut Instant, interval: Duration) {
         self.tick();
         if self.st.rotation.as_ref().is_some_and(|r| Instant::now() >= r.due) {
+            // The segment left must be complete, and a failure to write it
+            // must stop the rotation (`rotate` checks for one): the tick's
+            // write may have waited for the file's interval.
+            self.flush_out(true);
             self.rotate();
         }
         self.warn_losses();

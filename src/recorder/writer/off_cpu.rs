@@ -74,6 +74,12 @@ impl OffCpu {
         self.tracker.pairing.is_out(tid)
     }
 
+    /// The threads with a wait paired and not yet written (by the drain just
+    /// before the captures; the next tick writes them).
+    pub(crate) fn unwritten(&self) -> impl Iterator<Item = u32> + '_ {
+        self.tracker.pairing.unwritten()
+    }
+
     pub(crate) fn tracker_lost(&self) -> u64 {
         self.tracker.counts.lost
     }

@@ -204,8 +204,12 @@ impl Run {
         // order (the order they were defined in, so spans never overlap).
         let r = self.define_active_modules(&path);
         self.note(r);
+        // Threads whose waits are still to be written, maybe after they
+        // exit: out now, or paired by the drain before the captures.
         let off_cpu = self.st.off_cpu.as_ref();
-        let waiting = |tid| off_cpu.is_some_and(|o| o.is_waiting(tid));
+        let unwritten: rustc_hash::FxHashSet<u32> =
+            off_cpu.map(|o| o.unwritten().collect()).unwrap_or_default();
+        let waiting = |tid| unwritten.contains(&tid) || off_cpu.is_some_and(|o| o.is_waiting(tid));
         self.interner = std::mem::take(&mut self.interner).next_segment(waiting);
         self.off_cpu_new_segment();
         if self.python_inside && self.error.is_none() {
