@@ -673,6 +673,34 @@ fn exit_status_propagates() {
     assert_eq!(defaults.len(), 2);
 }
 
+/// An option `record` does not have, before the command, is an error that
+/// names it (it was taken for the command: "--rotate: command not found");
+/// the command's own options pass through, with or without `--`.
+fn unknown_options_are_refused_and_the_commands_pass_through() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_spulse"))
+        .args(["record", "--rotate", "100ms", "-o"])
+        .arg(dir.path().join("r.spool"))
+        .args(["--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("unexpected argument '--rotate'"), "{}", stderr(&o));
+    assert!(!dir.path().join("r.spool").exists());
+    for (i, with_dashes) in [false, true].into_iter().enumerate() {
+        let spool = dir.path().join(format!("e{i}.spool"));
+        let mut c = Command::new(env!("CARGO_BIN_EXE_spulse"));
+        c.args(["record", "-o"]).arg(&spool);
+        if with_dashes {
+            c.arg("--");
+        }
+        let o = c.args(["/bin/echo", "-n", "a", "--b"]).output().unwrap();
+        assert!(o.status.success(), "{}", stderr(&o));
+        assert_eq!(String::from_utf8_lossy(&o.stdout), "a --b");
+        open_complete(&spool);
+    }
+}
+
 /// The CPU time the children of this process have used (user + system),
 /// as far as they were waited for.
 fn children_cpu() -> Duration {
@@ -923,6 +951,10 @@ fn main() {
         ("cfi_verdicts_are_cached_across_recordings", cfi_verdicts_are_cached_across_recordings),
         ("embedded_start_is_refused_and_recorded_once", embedded_start_is_refused_and_recorded_once),
         ("exit_status_propagates", exit_status_propagates),
+        (
+            "unknown_options_are_refused_and_the_commands_pass_through",
+            unknown_options_are_refused_and_the_commands_pass_through,
+        ),
         ("cpu_before_the_recorder_is_said", cpu_before_the_recorder_is_said),
         ("static_binary_is_refused", static_binary_is_refused),
         ("follow_works_live_on_a_multiprocess_recording", follow_works_live_on_a_multiprocess_recording),

@@ -87,7 +87,7 @@ pub struct RecordArgs {
     #[arg(long)]
     pub off_cpu: bool,
     /// The command to record, and its arguments.
-    #[arg(required = true, value_name = "CMD", allow_hyphen_values = true)]
+    #[arg(required = true, value_name = "CMD")]
     pub command: Vec<OsString>,
 }
 
