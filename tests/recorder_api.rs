@@ -242,16 +242,16 @@ fn foreign_sigprof_is_chained_to_the_previous_disposition() {
     let stats = g.finish().unwrap();
     assert!(stats.samples_written > 0, "the recorder recorded nothing: {stats:?}");
     // After stop, our own stray signals would be ignored, foreign ones still chained.
-    // SAFETY: raise only sends SIGPROF to this thread; the recorder is stopped,
-    // so the disposition in place is the one saved before it (SIG_IGN).
+    // The recorder is stopped: the disposition in place is the one saved before it (SIG_IGN).
+    // SAFETY: raise only sends SIGPROF to this thread, which ignores it.
     unsafe { libc::raise(libc::SIGPROF) };
     let _ = prev;
 }
 
 /// The lowest usable address of the calling thread's stack.
 fn stack_lo() -> usize {
-    // SAFETY: standard attribute queries on the calling thread; the attr is
-    // initialized by pthread_getattr_np and destroyed afterwards.
+    // The attr is initialized by pthread_getattr_np and destroyed afterwards.
+    // SAFETY: standard attribute queries on the calling thread.
     unsafe {
         let mut attr: libc::pthread_attr_t = std::mem::zeroed();
         assert_eq!(libc::pthread_getattr_np(libc::pthread_self(), &mut attr), 0);
@@ -393,8 +393,7 @@ fn handler_restored_without_siginfo_is_reinstalled() {
     let (dir, path) = spool_path("first.spool");
     spulse::Recorder::builder().engine(EngineChoice::ThreadCpuTimer).start(&path).unwrap().finish().unwrap();
     extern "C" fn foreign(_: i32) {}
-    // SAFETY: a trivial handler, then the previous (our) handler put back
-    // with `signal()`, which drops SA_SIGINFO.
+    // SAFETY: a trivial handler, then ours put back with `signal()` (which drops SA_SIGINFO).
     unsafe {
         let ours = libc::signal(libc::SIGPROF, foreign as extern "C" fn(i32) as usize);
         libc::signal(libc::SIGPROF, ours);
@@ -518,5 +517,6 @@ fn the_file_is_written_at_the_flush_interval_not_every_tick() {
     // 20 at 100 ms (40 if every 50 ms tick wrote), 100 at 20 ms; a loaded
     // machine delays ticks (fewer writes), never adds any.
     assert!((3..=28).contains(&default), "{default} writes in 2 s by default");
-    assert!(asked > 40, "{asked} writes in 2 s at a 20 ms flush interval");
+    // (More than the default could ever write, with room for a loaded machine.)
+    assert!(asked > 30, "{asked} writes in 2 s at a 20 ms flush interval");
 }

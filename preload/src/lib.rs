@@ -88,8 +88,8 @@ pub unsafe extern "C" fn spulse_preload_live_spool(buf: *mut u8, cap: usize, flu
     let Some((path, flush)) = live else { return 0 };
     let bytes = path.as_os_str().as_bytes();
     if bytes.len() <= cap && !buf.is_null() {
-        // SAFETY: the caller gives `cap` writable bytes at `buf`, and
-        // `bytes.len() <= cap`; a Rust path never overlaps its buffer.
+        // `bytes.len() <= cap`; a Rust path never overlaps the caller's buffer.
+        // SAFETY: the caller gives `cap` writable bytes at `buf`.
         unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), buf, bytes.len()) };
     }
     if !flush_us.is_null() {

@@ -54,8 +54,8 @@ pub(crate) fn move_high(fd: OwnedFd) -> OwnedFd {
     if fd.as_raw_fd() >= target {
         return fd;
     }
-    // SAFETY: F_DUPFD_CLOEXEC on a descriptor we own returns a new descriptor
-    // (the lowest free one >= target) or -1; it does not touch `fd`.
+    // F_DUPFD_CLOEXEC returns a new descriptor (the lowest free one >= target) or -1.
+    // SAFETY: a descriptor we own; the call does not touch `fd`.
     let high = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, target) };
     if high < 0 {
         return fd;
@@ -128,8 +128,7 @@ impl AsRawFd for OwnFd {
 impl Drop for OwnFd {
     fn drop(&mut self) {
         if self.is_ours() {
-            // SAFETY: the descriptor still refers to what we opened (checked
-            // just above), and this is its only owner.
+            // SAFETY: still what we opened (checked just above), and this is its only owner.
             drop(unsafe { OwnedFd::from_raw_fd(self.fd) });
         }
         // Otherwise the number is not ours any more: closing it would close
@@ -157,8 +156,8 @@ impl SpoolFile {
 
     /// The file, borrowed for one call (never dropped: closing is `OwnFd`'s).
     fn file(&self) -> ManuallyDrop<File> {
-        // SAFETY: the descriptor is open and ours for the duration of the
-        // borrow (callers check `is_ours` first); ManuallyDrop never closes it.
+        // Callers check `is_ours` first; ManuallyDrop never closes it.
+        // SAFETY: the descriptor is open and ours for the duration of the borrow.
         ManuallyDrop::new(unsafe { File::from_raw_fd(self.fd.as_raw_fd()) })
     }
 

@@ -81,8 +81,7 @@ use std::io;
 /// CPU time the calling thread has used.
 pub(crate) fn thread_cpu_time() -> std::time::Duration {
     let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: clock_gettime writes the timespec we pass; the thread CPU clock
-    // exists on every Linux.
+    // SAFETY: clock_gettime writes the timespec we pass; the thread CPU clock exists on every Linux.
     unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
     std::time::Duration::new(ts.tv_sec.max(0) as u64, ts.tv_nsec.clamp(0, 999_999_999) as u32)
 }

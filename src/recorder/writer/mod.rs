@@ -376,8 +376,8 @@ impl Run {
             Woken::Other => {
                 if let Some(w) = self.wake.as_ref().filter(|w| w.is_ours()) {
                     let mut n = 0u64;
-                    // SAFETY: reads 8 bytes into our u64 from a non-blocking
-                    // eventfd we keep open (resets its count).
+                    // Resets the eventfd's count.
+                    // SAFETY: 8 bytes into our u64, from a non-blocking eventfd we keep open.
                     unsafe { libc::read(w.as_raw_fd(), &mut n as *mut u64 as *mut libc::c_void, 8) };
                 }
                 Event::Again

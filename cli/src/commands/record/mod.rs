@@ -123,8 +123,7 @@ pub fn run(args: &RecordArgs, embedded_lib: &[u8]) -> Result<i32, CliError> {
     };
     let dir = HandoffDir::create()?;
 
-    // SAFETY: prctl(PR_SET_CHILD_SUBREAPER, 1) only changes who adopts this
-    // process's orphaned descendants.
+    // SAFETY: prctl(PR_SET_CHILD_SUBREAPER, 1) only changes who adopts this process's orphaned descendants.
     unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
     // SIGINT, SIGTERM and SIGHUP are forwarded to the tree, which ends by
     // itself; the collector keeps merging until it has (see `forward_signal`).
