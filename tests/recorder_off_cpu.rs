@@ -739,6 +739,30 @@ fn short_waits_cost_a_bounded_number_of_captures() {
     assert!(oc.captures <= bound, "{} captures, more than {bound}", oc.captures);
     let sampled = blocked_in(&snap, "wait_in_short_sleeps", "[blocked: clock_nanosleep]");
     assert!(!sampled.is_empty(), "no short wait was charged to its stack");
+    // The sums have a root of their own, `[blocked, under 5 ms]`; `[blocked]`
+    // alone is one wait each, of 5 ms or more but for those the stop closed
+    // (one a thread at most).
+    let root_label = |o: &spulse::OffCpuInterval| {
+        let node = snap.stack(o.stack);
+        match (node.parent, snap.frame(node.frame)) {
+            (None, spulse::Frame::Label(l)) => Some(snap.label(l).to_string()),
+            _ => None,
+        }
+    };
+    let blocked = |o: &&spulse::OffCpuInterval| o.state == OffCpuState::Blocked;
+    let sums = ivs
+        .iter()
+        .filter(blocked)
+        .filter(|o| root_label(o).as_deref() == Some("blocked, under 5 ms"))
+        .count();
+    let short_singles = ivs
+        .iter()
+        .filter(blocked)
+        .filter(|o| root_label(o).as_deref() == Some("blocked") && o.duration_us < 5_000)
+        .count();
+    eprintln!("{sums} sums, {short_singles} short waits written alone");
+    assert!(sums >= 50, "{sums} sums of the 50 threads' short waits");
+    assert!(short_singles <= 50, "{short_singles} short waits without a stack written alone");
 }
 
 /// Set `RLIMIT_MEMLOCK` to 64 KiB (in a child before its exec).

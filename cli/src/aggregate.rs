@@ -9,6 +9,7 @@ use spulse::{Definitions, Replay, Sample, StackId};
 
 use crate::input::{progress, PROGRESS_STEP};
 use crate::select::{Context, Contexts, Filter, Selector, TimeMode};
+use crate::spread::Spread;
 use crate::CliError;
 
 /// A multiplicative hasher for the small integer keys of the per-thread counts
@@ -62,6 +63,19 @@ pub struct Aggregate {
     /// Off-CPU microseconds per (context, stack) of the selected intervals,
     /// whatever the mode (the pprof export's `off-cpu` sample type).
     pub off_cpu: IdMap<(u32, StackId), u64>,
+    /// With `--spread-blocked`: what the estimate moved.
+    pub spread: Option<SpreadTotals>,
+}
+
+/// What `--spread-blocked` did in an aggregation.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SpreadTotals {
+    /// Microseconds blocked without a stack charged to captured stacks.
+    pub moved_us: u64,
+    /// Microseconds blocked without a stack kept (threads without a capture).
+    pub kept_us: u64,
+    /// The waits with a stack the estimate drew on.
+    pub captures: u64,
 }
 
 impl Aggregate {
@@ -88,6 +102,7 @@ impl Aggregate {
             total,
             time_range: None,
             off_cpu: IdMap::default(),
+            spread: None,
         }
     }
 
@@ -155,8 +170,10 @@ pub fn aggregate(replay: &Replay, filter: &Filter, per_thread: bool) -> Result<A
     }
     bar.finish_and_clear();
     let mut off_cpu = IdMap::default();
+    let mut spread = filter.spread_blocked.then(|| Spread::new(defs, filter));
     {
-        // Off-CPU intervals, each at its start, weighing its duration.
+        // Off-CPU intervals, each at its start, weighing its duration (split
+        // over the thread's captured stacks with `--spread-blocked`).
         let mut select = Selector::new(filter, defs.start_time_us());
         for o in defs.off_cpu_intervals() {
             let s = Sample { time_us: o.start_us, thread: o.thread, stack: o.stack };
@@ -165,9 +182,17 @@ pub fn aggregate(replay: &Replay, filter: &Filter, per_thread: bool) -> Result<A
                 continue;
             }
             let ctx = contexts.id(defs, &sel);
-            *off_cpu.entry((ctx, o.stack)).or_insert(0) += o.duration_us;
+            let mut charge = |stack: StackId, d: u64| {
+                *off_cpu.entry((ctx, stack)).or_insert(0) += d;
+                if mode.is_time() {
+                    add(&mut counts, ctx, stack, d);
+                }
+            };
+            match &mut spread {
+                Some(sp) => sp.charge(defs, o, &mut charge),
+                None => charge(o.stack, o.duration_us),
+            }
             if mode.is_time() {
-                add(&mut counts, ctx, o.stack, o.duration_us);
                 total += o.duration_us;
                 tmin = tmin.min(o.start_us);
                 tmax = tmax.max(o.start_us.saturating_add(o.duration_us));
@@ -180,5 +205,10 @@ pub fn aggregate(replay: &Replay, filter: &Filter, per_thread: bool) -> Result<A
         total,
         time_range: (total > 0).then_some((tmin, tmax)),
         off_cpu,
+        spread: spread.map(|s| SpreadTotals {
+            moved_us: s.moved_us,
+            kept_us: s.kept_us,
+            captures: s.captures,
+        }),
     })
 }

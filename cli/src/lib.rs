@@ -5,6 +5,7 @@
 //! - [`select`]: which samples count (thread, pid, time window) and the
 //!   context (process, Python-runtime state) their stacks are symbolized in;
 //!   every command selects through it.
+//! - [`spread`]: `--spread-blocked`, the estimate of where stackless blocked time went.
 //! - [`aggregate`]: streaming the selected samples of a `Replay` into counts per stack.
 //! - [`symbolize`]: offline symbolization of frames (addr2line + object, perf maps).
 //! - [`report`]: function tables (`top`) and folded stacks built from the above.
@@ -30,6 +31,7 @@ pub mod preload_lib;
 pub mod processes;
 pub mod report;
 pub mod select;
+pub mod spread;
 pub mod symbolize;
 
 pub use error::CliError;

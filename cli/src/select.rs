@@ -41,6 +41,9 @@ pub struct Filter {
     pub to_us: Option<u64>,
     /// What is counted: CPU samples (the default), off-CPU time or both.
     pub time: TimeMode,
+    /// Charge each thread's stackless `[blocked]` time to the stacks its
+    /// captured waits were in (`--spread-blocked`, [`crate::spread`]).
+    pub spread_blocked: bool,
 }
 
 /// What a profile counts (`--off-cpu`, `--wall`).

@@ -284,3 +284,179 @@ fn firefox_export_weighs_off_cpu_time_in_its_own_category() {
     assert!(close(weight_where(&samples, |_| true), 1250.0), "{samples:?}");
     assert_eq!(samples.iter().map(|s| s.cpu_delta_us).sum::<u64>(), 400 * INTERVAL_US);
 }
+
+/// A spool for `--spread-blocked`: thread `main` (1001) has waits with a
+/// stack, three under hot_a and one under hot_b in its first second (1 ms
+/// each) and one more under hot_b after 2 s (6 ms); waits without one, 400 ms
+/// of short waits in 8 sums in the first second (`[blocked, under 5 ms]`, or
+/// `[blocked]` in a recording from before that label, `sums_apart` false)
+/// and one 100 ms wait after 2 s; 30 ms preempted under hot_a. Thread `idle`
+/// (1002) has one 70 ms wait without a stack and none with one.
+fn spread_spool(p: &Program, path: &std::path::Path, sums_apart: bool) {
+    let file = std::fs::File::create(path).unwrap();
+    let mut w = SpoolWriter::new(file, Header { start_time_us: START_US, interval_us: INTERVAL_US }).unwrap();
+    let module_path = p.path.as_os_str().as_encoded_bytes().to_vec();
+    let m = define_program(&mut w, p, PID, &module_path, &p.build_id);
+    let (s_a, s_b) = define_hot_stacks(&mut w, p, m);
+    let t1 = w.define_thread(PID, 1001, "main").unwrap();
+    let t2 = w.define_thread(PID, 1002, "idle").unwrap();
+    let sleep = w.define_label("blocked: clock_nanosleep").unwrap();
+    let blocked = w.define_label("blocked").unwrap();
+    let cpu = w.define_label("waiting for CPU").unwrap();
+    let s_sleep_a = w.define_stack(Some(s_a), sleep).unwrap();
+    let s_sleep_b = w.define_stack(Some(s_b), sleep).unwrap();
+    let s_blocked = w.define_stack(None, blocked).unwrap();
+    let s_sums = if sums_apart {
+        let short = w.define_label("blocked, under 5 ms").unwrap();
+        w.define_stack(None, short).unwrap()
+    } else {
+        s_blocked
+    };
+    let s_cpu = w.define_stack(Some(s_a), cpu).unwrap();
+    let ms = 1000;
+    w.sample(START_US + ms, t1, s_a).unwrap();
+    for (i, st) in [s_sleep_a, s_sleep_b, s_sleep_a, s_sleep_a].into_iter().enumerate() {
+        w.off_cpu(t1, st, START_US + 10 * ms + i as u64 * 100 * ms, ms, false).unwrap();
+    }
+    for i in 0..8u64 {
+        w.off_cpu(t1, s_sums, START_US + 50 * ms + i * 110 * ms, 50 * ms, false).unwrap();
+    }
+    w.off_cpu(t1, s_cpu, START_US + 500 * ms, 30 * ms, true).unwrap();
+    w.off_cpu(t2, s_blocked, START_US + 600 * ms, 70 * ms, false).unwrap();
+    w.sample(START_US + 2000 * ms, t1, s_b).unwrap();
+    w.off_cpu(t1, s_sleep_b, START_US + 2010 * ms, 6 * ms, false).unwrap();
+    w.off_cpu(t1, s_blocked, START_US + 2100 * ms, 100 * ms, false).unwrap();
+    w.into_inner().unwrap();
+}
+
+/// `--spread-blocked` charges each thread's blocked time without a stack to
+/// the stacks of that thread's waits with one, in proportion to their number
+/// (among the waits the filter selects; the sums of short waits to the
+/// short waits, a longer wait to the longer ones), to the microsecond, in
+/// `top`, the collapsed, pprof and Firefox exports; it leaves a thread with
+/// no wait with a stack, and preempted time, as they are; totals do not
+/// change.
+#[test]
+fn spread_blocked_charges_stackless_time_to_the_captured_stacks() {
+    let p = program();
+    let path = p.dir.path().join("spread.spool");
+    spread_spool(&p, &path, true);
+    let f = s(&path);
+    let us = |rows: &[Value], name: &str, what: &str| row(rows, name)[what].as_u64().unwrap();
+    // As measured: 400 ms of sums, 170 ms of [blocked].
+    let plain = rows(&ok(&["top", f, "--off-cpu", "--json", "-n", "0"]));
+    assert_eq!(us(&plain, "[blocked, under 5 ms]", "self_us"), 400_000);
+    assert_eq!(us(&plain, "[blocked]", "self_us"), 170_000);
+    assert_eq!(us(&plain, "hot_a", "total_us"), 3_000 + 30_000);
+    // Spread: the sums go 3/4 to hot_a, 1/4 to hot_b (the short waits);
+    // main's 100 ms wait to hot_b (its only wait of 5 ms or more); idle's
+    // 70 ms stay.
+    let spread = rows(&ok(&["top", f, "--off-cpu", "--spread-blocked", "--json", "-n", "0"]));
+    assert_eq!(us(&spread, "[blocked]", "self_us"), 70_000);
+    assert!(!spread.iter().any(|r| r["function"] == "[blocked, under 5 ms]"), "{spread:?}");
+    assert_eq!(us(&spread, "hot_a", "total_us"), 3_000 + 300_000 + 30_000);
+    assert_eq!(us(&spread, "hot_b", "total_us"), 7_000 + 100_000 + 100_000);
+    assert_eq!(us(&spread, "[blocked: clock_nanosleep]", "self_us"), 10_000 + 500_000);
+    assert_eq!(us(&spread, "[waiting for CPU]", "self_us"), 30_000);
+    let table = ok(&["top", f, "--off-cpu", "--spread-blocked"]);
+    assert!(table.starts_with("610.0 ms off-CPU\n500.0 ms blocked without a stack"), "{table}");
+    assert!(table.contains("(--spread-blocked: an estimate); 70.0 ms kept"), "{table}");
+    // The window's own waits set the proportions: before 1.5 s, only the
+    // short ones.
+    let early =
+        rows(&ok(&["top", f, "--off-cpu", "--spread-blocked", "--to", "1500000", "--json", "-n", "0"]));
+    assert_eq!(us(&early, "hot_a", "total_us"), 3_000 + 300_000 + 30_000);
+    assert_eq!(us(&early, "hot_b", "total_us"), 1_000 + 100_000);
+    // One thread: idle keeps its [blocked].
+    let idle =
+        rows(&ok(&["top", f, "--off-cpu", "--spread-blocked", "--thread", "idle", "--json", "-n", "0"]));
+    assert_eq!(us(&idle, "[blocked]", "self_us"), 70_000);
+    // --wall: the CPU samples beside the same spread.
+    let wall = rows(&ok(&["top", f, "--wall", "--spread-blocked", "--json", "-n", "0"]));
+    assert_eq!(us(&wall, "hot_b", "total_us"), INTERVAL_US + 207_000);
+    // CPU samples have no [blocked]: refused.
+    let o = spulse(&["top", f, "--spread-blocked"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("--spread-blocked needs --off-cpu or --wall"), "{}", stderr(&o));
+    // info points at it.
+    assert!(ok(&["info", f]).contains("`top --off-cpu --spread-blocked` estimates where"));
+    // Collapsed: hot_b's line holds its waits and its shares, to the microsecond.
+    let folded = p.dir.path().join("spread.folded");
+    ok(&["export", f, "--off-cpu", "--spread-blocked", "-o", s(&folded)]);
+    let text = std::fs::read_to_string(&folded).unwrap();
+    assert!(text.lines().any(|l| l.ends_with("hot_b;[blocked: clock_nanosleep] 207000")), "{text}");
+    assert!(text.lines().any(|l| l == "[blocked] 70000"), "{text}");
+    // pprof (in the CPU mode too): the off-cpu values move, their sum stays.
+    let pb = p.dir.path().join("spread.pb.gz");
+    ok(&["export", f, "--spread-blocked", "-o", s(&pb)]);
+    let prof = read_pprof(&pb);
+    assert_eq!(prof.sample.iter().map(|s| s.value[2]).sum::<i64>(), 610_000_000);
+    let leaf_only: i64 = prof.sample.iter().filter(|s| s.location_id.len() == 1).map(|s| s.value[2]).sum();
+    assert_eq!(leaf_only, 70_000_000, "only idle's [blocked] is a stack of one frame");
+    // Firefox: an interval without a stack becomes one sample per stack it
+    // is charged to (the sums two each, the 100 ms wait one).
+    let out = p.dir.path().join("spread.json");
+    ok(&["export", f, "--format", "firefox", "--off-cpu", "--spread-blocked", "-o", s(&out)]);
+    let (_, samples) = fx_samples(&serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap());
+    assert_eq!(samples.len(), 5 + 8 * 2 + 1 + 1 + 1, "{samples:?}");
+    let close = |a: f64, b: f64| (a - b).abs() < 1e-6;
+    assert!(close(weight_where(&samples, |_| true), 610.0), "{samples:?}");
+    assert!(close(weight_where(&samples, |s| s.leaf == "[blocked]"), 70.0), "{samples:?}");
+    // A CPU view of another format is refused.
+    let o = spulse(&["export", f, "--spread-blocked", "-o", s(&folded)]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+
+    // A recording whose sums are [blocked] too: every wait with a stack
+    // speaks for all of main's 500 ms, 3/5 for hot_a, 2/5 for hot_b.
+    let old = p.dir.path().join("old.spool");
+    spread_spool(&p, &old, false);
+    let spread = rows(&ok(&["top", s(&old), "--off-cpu", "--spread-blocked", "--json", "-n", "0"]));
+    assert_eq!(us(&spread, "hot_a", "total_us"), 3_000 + 300_000 + 30_000);
+    assert_eq!(us(&spread, "hot_b", "total_us"), 7_000 + 200_000);
+    assert_eq!(us(&spread, "[blocked]", "self_us"), 70_000);
+}
+
+/// A C program that sleeps 10 ms 150 times, always in `nap`.
+const NAPPER: &str = r#"
+#include <time.h>
+__attribute__((noinline)) void nap(void) {
+  struct timespec t = {0, 10000000};
+  nanosleep(&t, 0);
+  __asm__ volatile("");
+}
+int main(void) {
+  for (int i = 0; i < 150; i++) nap();
+  return 0;
+}
+"#;
+
+/// Recorded for real: 10 ms sleeps are measured exactly, but most have no
+/// stack (a tick must find them in progress); with `--spread-blocked` the
+/// thread's stackless time goes where its waits with a stack were, `nap`.
+#[test]
+fn spread_blocked_puts_a_recorded_sleepers_waits_under_its_sleep() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("napper.c");
+    std::fs::write(&src, NAPPER).unwrap();
+    let exe = dir.path().join("napper");
+    let o =
+        std::process::Command::new("cc").args(["-O1", "-o"]).arg(&exe).arg(&src).output().expect("run cc");
+    assert!(o.status.success(), "cc: {}", stderr(&o));
+    let out = dir.path().join("nap.spool");
+    ok(&["record", "--off-cpu", "-o", s(&out), "--", s(&exe)]);
+    let f = s(&out);
+    let total_us = |rows: &[Value], name: &str| {
+        rows.iter().find(|r| r["function"] == name).map_or(0, |r| r["total_us"].as_u64().unwrap())
+    };
+    let plain = rows(&ok(&["top", f, "--off-cpu", "--json", "-n", "0"]));
+    let blocked = total_us(&plain, "main");
+    let stackless = total_us(&plain, "[blocked]") + total_us(&plain, "[blocked, under 5 ms]");
+    // 150 sleeps of at least 10 ms each.
+    assert!(blocked + stackless >= 1_500_000, "main {blocked} us, [blocked] {stackless} us: {plain:?}");
+    let spread = rows(&ok(&["top", f, "--off-cpu", "--spread-blocked", "--json", "-n", "0"]));
+    let nap = total_us(&spread, "nap");
+    let left = total_us(&spread, "[blocked]") + total_us(&spread, "[blocked, under 5 ms]");
+    assert_eq!(total_us(&spread, "main") + left, blocked + stackless, "totals do not change: {spread:?}");
+    assert!(nap * 10 >= (blocked + stackless) * 9, "nap {nap} us of {} us: {spread:?}", blocked + stackless);
+    assert_eq!(left, 0, "the thread had waits with a stack: {spread:?}");
+}

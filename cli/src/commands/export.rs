@@ -70,6 +70,11 @@ pub fn run(args: &ExportArgs) -> Result<(), CliError> {
     args.filter.filter().check_window()?;
     let format = args.format()?;
     format.exporter(&args.output)?;
+    if args.time.spread_blocked && !args.time.mode().is_time() && format != Format::Pprof {
+        return Err(CliError::input(
+            "--spread-blocked needs --off-cpu or --wall (or the pprof format, whose off-cpu values it changes)",
+        ));
+    }
     if (args.per_thread || args.per_process) && !matches!(format, Format::Collapsed | Format::Svg) {
         return Err(CliError::input(format!(
             "--{} adds root frames to the collapsed and svg exports only (pprof, Firefox and \
@@ -173,7 +178,7 @@ fn write_export(
     let output = escape(&args.output.display().to_string()).into_owned();
     let shape =
         Shape { process_root: args.per_process, thread_root: args.per_thread, ..args.symbols.shape() };
-    let filter = crate::select::Filter { time: args.time.mode(), ..args.filter.filter() };
+    let filter = args.time.filter(args.filter.filter());
     let job = Job { replay, filter: &filter, title: &title, output: &output, shape };
     (args.format()?.exporter(&args.output)?)(&job, &mut sym, out)
 }

@@ -92,6 +92,13 @@ pub struct TimeArgs {
     /// off-CPU time, in microseconds.
     #[arg(long)]
     pub wall: bool,
+    /// With --off-cpu or --wall (and in the pprof export's off-cpu values):
+    /// charge each thread's `[blocked]` time, the waits whose stack was not
+    /// read, to the stacks of that thread's waits that were, in proportion to
+    /// how many were read in each. An estimate, as a sampling profiler's is;
+    /// the totals stay exact. Without it, `[blocked]` is shown as measured.
+    #[arg(long)]
+    pub spread_blocked: bool,
 }
 
 impl TimeArgs {
@@ -103,6 +110,11 @@ impl TimeArgs {
             (_, true) => TimeMode::Wall,
             _ => TimeMode::Cpu,
         }
+    }
+
+    /// `filter` counting what these options ask for.
+    pub fn filter(&self, filter: Filter) -> Filter {
+        Filter { time: self.mode(), spread_blocked: self.spread_blocked, ..filter }
     }
 }
 

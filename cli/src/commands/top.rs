@@ -6,7 +6,7 @@ use clap::{Args, ValueEnum};
 use serde_json::json;
 
 use super::{with_stdout, FilterArgs, InputArgs, LimitArgs, SymbolArgs, TimeArgs};
-use crate::aggregate::aggregate;
+use crate::aggregate::{aggregate, SpreadTotals};
 use crate::display::{escape, fit};
 use crate::input::open_inputs;
 use crate::processes::processes;
@@ -188,8 +188,13 @@ impl TopArgs {
 
 /// Run `spulse top`.
 pub fn run(args: &TopArgs) -> Result<(), CliError> {
-    let filter = Filter { time: args.time.mode(), ..args.filter.filter() };
+    let filter = args.time.filter(args.filter.filter());
     filter.check_window()?;
+    if filter.spread_blocked && !filter.time.is_time() {
+        return Err(CliError::input(
+            "--spread-blocked needs --off-cpu or --wall (CPU samples have no [blocked])",
+        ));
+    }
     let inputs = open_inputs(&args.input.files)?;
     let replay = &inputs.replay;
     filter.validate(replay, &inputs.name)?;
@@ -206,7 +211,7 @@ pub fn run(args: &TopArgs) -> Result<(), CliError> {
         );
     }
     if !args.per_process {
-        let (stats, total) = table(replay, &filter, args, &mut sym)?;
+        let (stats, total, spread) = table(replay, &filter, args, &mut sym)?;
         return with_stdout(|out| {
             if args.json {
                 writeln!(
@@ -222,6 +227,9 @@ pub fn run(args: &TopArgs) -> Result<(), CliError> {
                     crate::select::TimeMode::Wall => {
                         writeln!(out, "{} ms wall-clock (CPU and off-CPU)", ms(total))?
                     }
+                }
+                if let Some(line) = spread_line(spread) {
+                    writeln!(out, "{line}")?;
                 }
                 write_table_in(out, &stats, &sym, total, args.limit.n, width, time)
             }
@@ -242,44 +250,62 @@ pub fn run(args: &TopArgs) -> Result<(), CliError> {
         if filter.pid.is_some_and(|pid| pid != p.pid) || p.threads == 0 {
             continue;
         }
-        let (stats, total) = table(replay, &Filter { pid: Some(p.pid), ..filter }, args, &mut sym)?;
-        sections.push((p, stats, total));
+        let (stats, total, spread) = table(replay, &Filter { pid: Some(p.pid), ..filter }, args, &mut sym)?;
+        sections.push((p, stats, total, spread));
     }
     with_stdout(|out| {
         if args.json {
             let v: Vec<_> = sections
                 .iter()
-                .map(|(p, stats, total)| {
+                .map(|(p, stats, total, _)| {
                     json!({"pid": p.pid, "program": p.program, "samples": total, "ended": p.ended,
                            "functions": json_rows(stats, &sym, *total, args.limit.n, us_per)})
                 })
                 .collect();
             return writeln!(out, "{}", serde_json::to_string_pretty(&v).expect("json"));
         }
-        for (i, (p, stats, total)) in sections.iter().enumerate() {
+        for (i, (p, stats, total, spread)) in sections.iter().enumerate() {
             if i > 0 {
                 writeln!(out)?;
             }
             let what = if time { format!("{} ms", ms(*total)) } else { format!("{total} samples") };
             writeln!(out, "process {} ({}): {what}", p.pid, escape(&p.program))?;
+            if let Some(line) = spread_line(*spread) {
+                writeln!(out, "{line}")?;
+            }
             write_table_in(out, stats, &sym, *total, args.limit.n, width, time)?;
         }
         Ok(())
     })
 }
 
-/// Aggregate, symbolize and sort the samples `filter` selects.
+/// Aggregate, symbolize and sort the samples `filter` selects; with
+/// `--spread-blocked`, also the microseconds it moved and kept.
 fn table(
     replay: &spulse::Replay,
     filter: &Filter,
     args: &TopArgs,
     sym: &mut Symbolizer,
-) -> Result<(Vec<FunctionStats>, u64), CliError> {
+) -> Result<(Vec<FunctionStats>, u64, Option<SpreadTotals>), CliError> {
     let agg = aggregate(replay, filter, false)?;
     symbolize_all(replay, &agg, sym);
     let mut stats = top_with(replay, &agg, sym, args.shape());
     sort_stats(&mut stats, args.sort);
-    Ok((stats, agg.total))
+    Ok((stats, agg.total, agg.spread))
+}
+
+/// The header line saying what `--spread-blocked` estimated.
+fn spread_line(spread: Option<SpreadTotals>) -> Option<String> {
+    let t = spread?;
+    let mut line = format!(
+        "{} ms blocked without a stack ([blocked], [blocked, under 5 ms]) charged to the stacks of their threads' {} wait(s) with one (--spread-blocked: an estimate)",
+        ms(t.moved_us),
+        t.captures
+    );
+    if t.kept_us > 0 {
+        line.push_str(&format!("; {} ms kept (threads with no wait with a stack)", ms(t.kept_us)));
+    }
+    Some(line)
 }
 
 /// The JSON rows of a top table: `self` and `total` as counted (samples, or

@@ -219,7 +219,11 @@ pub fn profile(job: &Job<'_>, sym: &mut Symbolizer) -> Result<(Value, Samples, u
         // Off-CPU intervals, each a sample at its start weighing its
         // duration, its leaf in the off-CPU category (selected as the
         // aggregation selects them).
+        // With --spread-blocked, a stackless blocked interval becomes one
+        // sample per captured stack it is charged to, all at its start.
+        let mut spread = filter.spread_blocked.then(|| crate::spread::Spread::new(defs, filter));
         let mut select = Selector::new(filter, start_us);
+        let mut parts = Vec::new();
         for o in defs.off_cpu_intervals() {
             let s = spulse::Sample { time_us: o.start_us, thread: o.thread, stack: o.stack };
             let Some(sel) = select.next_at(defs, &s, o.samples_before) else { continue };
@@ -233,13 +237,15 @@ pub fn profile(job: &Job<'_>, sym: &mut Symbolizer) -> Result<(Value, Samples, u
                 spulse::OffCpuState::Blocked => Leaf::Blocked,
                 spulse::OffCpuState::Preempted => Leaf::WaitingForCpu,
             };
-            let stack = stacks.intern(&mut profile, defs, sym, (ci, &ctx), th, o.stack, leaf);
-            per_thread[o.thread.index()].push(
-                stack,
-                ns_since(o.start_us, start_us),
-                time,
-                Some(o.duration_us),
-            )?;
+            parts.clear();
+            match &mut spread {
+                Some(sp) => sp.charge(defs, o, |stack, d| parts.push((stack, d))),
+                None => parts.push((o.stack, o.duration_us)),
+            }
+            for &(part, d) in &parts {
+                let stack = stacks.intern(&mut profile, defs, sym, (ci, &ctx), th, part, leaf);
+                per_thread[o.thread.index()].push(stack, ns_since(o.start_us, start_us), time, Some(d))?;
+            }
             selected += 1;
         }
     }

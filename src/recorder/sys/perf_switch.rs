@@ -176,6 +176,8 @@ pub(crate) struct Interval {
     /// Where it blocked, if a capture was taken while it was out (boxed:
     /// most intervals have none, and an interval is moved a few times).
     pub capture: Option<Box<Capture>>,
+    /// A sum of short waits without a stack ([`SUM_BELOW_NS`]), not one wait.
+    pub summed: bool,
 }
 
 /// A thread switched out and not seen back yet.
@@ -223,7 +225,14 @@ impl Sum {
     /// As an interval: at the first wait's start, as long as their sum.
     fn interval(self, tid: u32, preempted: bool) -> Interval {
         let end_ns = (self.start_ns / 1000).saturating_add(self.us).saturating_mul(1000);
-        Interval { tid, start_ns: self.start_ns, end_ns: end_ns.max(self.start_ns), preempted, capture: None }
+        Interval {
+            tid,
+            start_ns: self.start_ns,
+            end_ns: end_ns.max(self.start_ns),
+            preempted,
+            capture: None,
+            summed: true,
+        }
     }
 }
 
@@ -644,6 +653,7 @@ impl Pairing {
                             end_ns,
                             preempted: o.preempted,
                             capture,
+                            summed: false,
                         });
                     }
                 }
@@ -742,14 +752,7 @@ impl Pairing {
             let n = self.short.len().min(self.short_budget as usize);
             // The first `n` of a random permutation (Fisher-Yates, cut short).
             for k in 0..n {
-                let x = match self.short_rng {
-                    0 => 0x9e37_79b9_7f4a_7c15,
-                    x => x,
-                };
-                let x = x ^ (x << 13);
-                let x = x ^ (x >> 7);
-                let x = x ^ (x << 17);
-                self.short_rng = x;
+                let x = self.random();
                 let j = k + (x % (self.short.len() - k) as u64) as usize;
                 self.short.swap(k, j);
             }
@@ -762,6 +765,20 @@ impl Pairing {
             self.short_budget -= n as u64;
         }
         out.sort_unstable();
+    }
+
+    /// The next number of the tracker's random sequence (xorshift64: the
+    /// choice of short waits to capture, the writer's tick jitter).
+    pub(crate) fn random(&mut self) -> u64 {
+        let x = match self.short_rng {
+            0 => 0x9e37_79b9_7f4a_7c15,
+            x => x,
+        };
+        let x = x ^ (x << 13);
+        let x = x ^ (x >> 7);
+        let x = x ^ (x << 17);
+        self.short_rng = x;
+        x
     }
 
     /// Top up the short-wait allowance for the time since the last top-up
@@ -821,6 +838,7 @@ impl Pairing {
                 end_ns: at_ns,
                 preempted: o.preempted,
                 capture,
+                summed: false,
             });
             o.time_ns = at_ns;
         }
@@ -888,6 +906,7 @@ impl Pairing {
                     end_ns,
                     preempted: o.preempted,
                     capture: o.capture,
+                    summed: false,
                 });
             }
         }

@@ -76,8 +76,14 @@ pub(crate) struct Interner {
     /// by its text, a hash of the string each interval, was a tenth of the
     /// writer's cost of one).
     blocked_root: Option<StackId>,
+    /// The `[blocked, under 5 ms]` root (sums of short waits without a stack).
+    short_root: Option<StackId>,
     waiting_label: Option<FrameId>,
 }
+
+/// The label of the sums of short waits without a stack (FORMAT.md, frame kind 3).
+pub(crate) const SHORT_BLOCKED_LABEL: &str = "blocked, under 5 ms";
+const _: () = assert!(crate::recorder::sys::perf_switch::SUM_BELOW_NS == 5_000_000, "the label says 5 ms");
 
 impl Interner {
     /// The id of `frame`, defining it if new.
@@ -125,6 +131,18 @@ impl Interner {
         let f = self.label(w, "blocked")?;
         let s = self.node(w, None, f)?;
         self.blocked_root = Some(s);
+        Ok(s)
+    }
+
+    /// The stack `[blocked, under 5 ms]` alone (a root: a sum of short
+    /// waits without a stack, FORMAT.md), defining it if new.
+    pub(crate) fn short_blocked_root<W: Write>(&mut self, w: &mut SpoolWriter<W>) -> Result<StackId, Error> {
+        if let Some(s) = self.short_root {
+            return Ok(s);
+        }
+        let f = self.label(w, SHORT_BLOCKED_LABEL)?;
+        let s = self.node(w, None, f)?;
+        self.short_root = Some(s);
         Ok(s)
     }
 

@@ -489,6 +489,18 @@ impl Run {
         if self.st.adapt.is_some() && self.st.started.elapsed() < adapt::EARLY {
             *next = (*next).min(now + adapt::EARLY_TICK);
         }
+        // In off-CPU mode, each wait is made up to a tenth longer or shorter
+        // (at random, zero on average), so that the waits the ticks' captures
+        // find are not phase-locked to a program's own period: a thread
+        // sleeping 10 ms, ticked every 10 or 50 ms, was found at the same
+        // point of its cycle at every tick, and `--spread-blocked` took that
+        // point for its profile.
+        if let Some(o) = self.st.off_cpu.as_mut() {
+            let wait = next.saturating_duration_since(now);
+            let span = (wait / 5).as_nanos() as u64;
+            let r = o.tracker_mut().pairing.random() % span.max(1);
+            *next = now + wait - wait / 10 + Duration::from_nanos(r);
+        }
     }
 
     /// Whether the off-CPU mode's switch rings were found half full or

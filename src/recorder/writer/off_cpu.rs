@@ -277,6 +277,7 @@ impl Run {
                     None => self.capture_stack(c)?,
                 }
             }
+            (false, None) if iv.summed => self.interner.short_blocked_root(&mut self.st.out)?,
             (false, None) => self.interner.blocked_root(&mut self.st.out)?,
             (true, _) => {
                 let f = self.interner.waiting_label(&mut self.st.out)?;
