@@ -169,8 +169,9 @@ impl RecorderBuilder {
     /// where it waited: the stack it blocked in, with the system call as a
     /// `[blocked: futex]` leaf (read from `/proc/self/task/<tid>/syscall` and
     /// a copy of its stack, at most once per blocking, without waking it:
-    /// every wait a writer tick finds 5 ms long, and about 25 shorter ones a
-    /// second, the others charged to `[blocked]`), or
+    /// every wait a writer tick finds 5 ms long, and about 10 shorter ones a
+    /// second, the others charged to `[blocked]`, or summed under `[blocked,
+    /// under 5 ms]` when shorter than 5 ms), or
     /// `[waiting for CPU]` when it was preempted. Needs no privilege
     /// (`perf_event_paranoid` 2 is enough). The spool then holds off-CPU
     /// intervals (FORMAT.md, tag 9); `spulse top --off-cpu` and `--wall` show

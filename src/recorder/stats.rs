@@ -237,8 +237,8 @@ pub struct Stats {
 #[non_exhaustive]
 pub struct OffCpuStats {
     /// Off-CPU interval records written (FORMAT.md, tag 9): one a wait, but
-    /// for the short waits without a stack (under 5 ms, `[blocked]` or
-    /// `[waiting for CPU]` alone), which are summed into one record per
+    /// for the short waits without a stack (under 5 ms, `[blocked, under 5
+    /// ms]` or `[waiting for CPU]`), which are summed into one record per
     /// thread and state at each writer tick.
     pub intervals: u64,
     /// Waits measured (each switch-out paired with its switch-in, or closed
@@ -246,7 +246,8 @@ pub struct OffCpuStats {
     pub waits: u64,
     /// Of the intervals, those whose stack was captured (the others: a thread
     /// that woke before the writer's next tick saw it blocked, or whose
-    /// capture failed, is charged to `[blocked]` alone; a preempted thread
+    /// capture failed, is charged to `[blocked]` alone, or to `[blocked, under
+    /// 5 ms]` with its other short waits; a preempted thread
     /// to `[waiting for CPU]` on top of its last sampled stack).
     pub with_stack: u64,
     /// Stacks of blocked threads captured (kept or not): every wait found

@@ -107,7 +107,7 @@ pub(crate) const SHORT_CAPTURES_PER_SECOND: u64 = 10;
 /// first one's start, `duration_us` their sum): a thread blocking 1,000
 /// times a second writes about ten records a second instead of 1,000, and
 /// the spool and the writer pay per tick, not per switch, for the waits that
-/// are `[blocked]` or `[waiting for CPU]` alone. Totals stay exact; such a
+/// are `[blocked, under 5 ms]` or `[waiting for CPU]`. Totals stay exact; such a
 /// record sits at its first wait's start (its waits lie between that and
 /// the tick). Longer waits, and every wait with a stack, are written one by
 /// one.

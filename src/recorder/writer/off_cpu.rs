@@ -13,13 +13,14 @@
 //! failed) is charged to `[blocked]` alone; a preempted one to `[waiting for
 //! CPU]` on top of the thread's last sampled stack (its own root if none).
 //! Such waits shorter than 5 ms are summed per thread and state and written
-//! once a tick (`sys/perf_switch.rs`, `SUM_BELOW_NS`); the others one by one.
+//! once a tick (`sys/perf_switch.rs`, `SUM_BELOW_NS`), the blocked ones under
+//! `[blocked, under 5 ms]` alone; the others one by one.
 //!
 //! Costs: the records are a ring read per CPU per tick (and between ticks
 //! when a ring is a quarter full: the writer also waits on the rings); a capture is one
 //! `/proc` read, a `process_vm_readv` of `user_stack_copy` bytes and an
 //! unwind, at most once per blocking, for every wait a tick finds at least
-//! 5 ms long and about 25 shorter ones a second (`sys/perf_switch.rs`,
+//! 5 ms long and about 10 shorter ones a second (`sys/perf_switch.rs`,
 //! "Captures"); a thread that stays blocked costs nothing more, and writes
 //! one interval record when it wakes (or, for a short wait without a stack,
 //! adds to its thread's sum for the tick).
