@@ -16,6 +16,7 @@ mod pack;
 pub mod pprof;
 mod read;
 mod recorder;
+pub mod spread;
 #[cfg(feature = "pprof")]
 pub mod symbolize;
 mod write;

@@ -378,13 +378,15 @@ fn child_server_process() {
     // "sleepers": a recorder in off-CPU mode with a flush interval of 2 s,
     // and a thread sleeping 1 ms at a time for the life of the process (see
     // `wall_window_cuts_summed_short_waits_at_its_edges`).
-    let _sleepers = (mode == "sleepers").then(|| {
+    // "sleepers-spread": the same with the default flush interval (see
+    // `wall_window_spreads_blocked_time_when_asked`).
+    let _sleepers = (mode == "sleepers" || mode == "sleepers-spread").then(|| {
         let dir = std::env::var_os("TMPDIR").expect("the child's TMPDIR");
-        let guard = spulse::Recorder::builder()
-            .off_cpu(true)
-            .flush_interval(Duration::from_secs(2))
-            .start(Path::new(&dir).join("recording.spool"))
-            .expect("the child records");
+        let mut b = spulse::Recorder::builder().off_cpu(true);
+        if mode == "sleepers" {
+            b = b.flush_interval(Duration::from_secs(2));
+        }
+        let guard = b.start(Path::new(&dir).join("recording.spool")).expect("the child records");
         std::thread::Builder::new()
             .name("short-sleeper".into())
             .spawn(|| loop {
@@ -922,4 +924,34 @@ fn wall_window_cuts_summed_short_waits_at_its_edges() {
     // what it lacks of the whole window.
     assert!((850_000_000..=1_020_000_000).contains(&off), "{off} ns off the CPU in a 1 s window");
     c.assert_alive("a wall profile cutting summed waits");
+}
+
+/// `GET /debug/pprof/wall?seconds=1&spread_blocked=1`: a thread sleeping
+/// 1 ms at a time has nearly all its time summed without a stack (`[blocked,
+/// under 5 ms]`); asked to, the window charges it to the stacks of its sleeps
+/// that have one, `[blocked: clock_nanosleep]`, and its total stays.
+#[test]
+fn wall_window_spreads_blocked_time_when_asked() {
+    let mut c = ChildServer::start("sleepers-spread", &[]);
+    std::thread::sleep(Duration::from_millis(500));
+    let (status, body) = get(c.addr, "/debug/pprof/wall?seconds=1&spread_blocked=1");
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+    let p = decode(&body);
+    let s = |i: i64| p.string_table[i as usize].as_str();
+    let leaf = |smp: &spulse::pprof::proto::Sample| {
+        let loc = &p.location[smp.location_id[0] as usize - 1];
+        loc.line.first().map_or("", |l| s(p.function[l.function_id as usize - 1].name)).to_string()
+    };
+    let mine: Vec<_> = p
+        .sample
+        .iter()
+        .filter(|smp| smp.label.iter().any(|l| s(l.key) == "thread" && s(l.str) == "short-sleeper"))
+        .collect();
+    let off: i64 = mine.iter().map(|smp| smp.value[2]).sum();
+    let in_sleep: i64 =
+        mine.iter().filter(|smp| leaf(smp) == "[blocked: clock_nanosleep]").map(|smp| smp.value[2]).sum();
+    assert!((850_000_000..=1_020_000_000).contains(&off), "{off} ns off the CPU in a 1 s window");
+    assert!(in_sleep * 10 >= off * 9, "{in_sleep} of {off} ns charged to the sleep's stacks");
+    assert!(s(p.comment[0]).ends_with("&spread_blocked=1"), "{:?}", s(p.comment[0]));
+    c.assert_alive("a wall profile with spread_blocked=1");
 }

@@ -208,7 +208,7 @@ pub fn aggregate(replay: &Replay, filter: &Filter, per_thread: bool) -> Result<A
         spread: spread.map(|s| SpreadTotals {
             moved_us: s.moved_us,
             kept_us: s.kept_us,
-            captures: s.captures,
+            captures: s.captures(),
         }),
     })
 }

@@ -21,7 +21,8 @@
 //! fetches.
 //!
 //! Answers: `200` with the profile; `400` for a `seconds` that is not a
-//! whole number (digits only) in `1..=MAX_SECONDS`, for a `GET` that
+//! whole number (digits only) in `1..=MAX_SECONDS`, for a `spread_blocked`
+//! other than `0` or `1` or given to the CPU profile, for a `GET` that
 //! declares a body, or for a malformed request; `404` for any other path;
 //! `405` with `Allow: GET` for a method other than `GET`; `408` for a request
 //! head not complete within [`HEAD_TIMEOUT`]; `409` with `Retry-After` (the
@@ -116,7 +117,12 @@ pub const PROFILE_PATH: &str = "/debug/pprof/profile";
 /// temporary recording turns the mode on). A running recorder writes a wait
 /// when its thread wakes: when the window closes it asks the recorder to
 /// write the part up to the window's end of every wait still open, so a
-/// thread blocked across the whole window counts the whole window.
+/// thread blocked across the whole window counts the whole window. With
+/// `spread_blocked=1` (`?seconds=N&spread_blocked=1`) each thread's blocked
+/// time without a stack (`[blocked]`, `[blocked, under 5 ms]`) is charged to
+/// the stacks of its waits with one in the window, in proportion
+/// ([`crate::spread`]; the `--spread-blocked` of `spulse top`); `0`, the
+/// default, leaves it as measured.
 pub const WALL_PATH: &str = "/debug/pprof/wall";
 
 /// The window when a request gives no `seconds`.
@@ -214,7 +220,7 @@ pub fn profile(duration: Duration) -> Result<Vec<u8>, Error> {
         }));
     }
     let _collecting = Collecting::take(duration)?;
-    let window = window::collect(duration, false, &mut || {
+    let window = window::collect(duration, false, false, &mut || {
         std::thread::sleep(POLL);
         Ok(())
     })?;

@@ -7,13 +7,25 @@ use crate::{Error, RecorderError};
 /// What a request asks for.
 #[derive(Debug, PartialEq)]
 pub(super) enum Route {
-    /// A profile of this many seconds; wall-clock (`WALL_PATH`) or CPU.
-    Profile(u64, bool),
+    /// A profile window.
+    Profile(Ask),
     /// The heap profile (`spulse::heap`).
     #[cfg(feature = "heap")]
     Heap,
     /// An answer without a profile.
     Refuse(Refusal),
+}
+
+/// What a profile request asks for.
+#[derive(Debug, PartialEq, Clone, Copy)]
+pub(super) struct Ask {
+    /// The window's length.
+    pub(super) seconds: u64,
+    /// Wall-clock (`WALL_PATH`: CPU and off-CPU) rather than CPU.
+    pub(super) wall: bool,
+    /// `spread_blocked=1`: blocked time without a stack charged to each
+    /// thread's waits with one (`crate::spread`; wall-clock only).
+    pub(super) spread_blocked: bool,
 }
 
 /// An answer without a profile: status, text, and an extra header.
@@ -60,9 +72,32 @@ pub(super) fn route(head: &Head) -> Route {
         return Route::Refuse(refuse(400, format!("a GET of {PROFILE_PATH} takes no request body\n")));
     }
     let mut seconds = None;
+    let mut spread_blocked = None;
     for (key, value) in
         query.split('&').filter(|p| !p.is_empty()).map(|p| p.split_once('=').unwrap_or((p, "")))
     {
+        if key == "spread_blocked" {
+            if !wall {
+                return Route::Refuse(refuse(
+                    400,
+                    format!("spread_blocked applies to {WALL_PATH} (CPU profiles have no blocked time)\n"),
+                ));
+            }
+            if spread_blocked.is_some() {
+                return Route::Refuse(refuse(400, "spread_blocked is given more than once\n".into()));
+            }
+            spread_blocked = match value {
+                "1" => Some(true),
+                "0" => Some(false),
+                _ => {
+                    return Route::Refuse(refuse(
+                        400,
+                        format!("bad spread_blocked=\"{}\": expected 0 or 1\n", shown(value)),
+                    ))
+                }
+            };
+            continue;
+        }
         if key != "seconds" {
             continue;
         }
@@ -87,7 +122,11 @@ pub(super) fn route(head: &Head) -> Route {
             }
         }
     }
-    Route::Profile(seconds.unwrap_or(DEFAULT_SECONDS), wall)
+    Route::Profile(Ask {
+        seconds: seconds.unwrap_or(DEFAULT_SECONDS),
+        wall,
+        spread_blocked: spread_blocked.unwrap_or(false),
+    })
 }
 
 /// `GET /debug/pprof/heap` (query parameters, such as Go's `gc=1`, are
@@ -174,7 +213,7 @@ mod tests {
     fn refused(url: &str) -> (u16, String) {
         match get(url) {
             Route::Refuse(r) => (r.status, r.text),
-            Route::Profile(n, _) => panic!("{url}: a profile of {n} s, expected a refusal"),
+            Route::Profile(a) => panic!("{url}: a profile of {} s, expected a refusal", a.seconds),
             #[cfg(feature = "heap")]
             Route::Heap => panic!("a heap profile"),
         }
@@ -182,7 +221,7 @@ mod tests {
 
     fn seconds(url: &str) -> u64 {
         match get(url) {
-            Route::Profile(n, _) => n,
+            Route::Profile(a) => a.seconds,
             Route::Refuse(r) => panic!("{url}: refused {}: {}", r.status, r.text),
             #[cfg(feature = "heap")]
             Route::Heap => panic!("a heap profile"),
@@ -192,8 +231,14 @@ mod tests {
     #[test]
     fn routes_the_profile_path_and_its_seconds() {
         assert_eq!(seconds("/debug/pprof/profile"), DEFAULT_SECONDS);
-        assert_eq!(get("/debug/pprof/wall?seconds=3"), Route::Profile(3, true));
-        assert_eq!(get("/debug/pprof/profile?seconds=3"), Route::Profile(3, false));
+        let ask = |seconds, wall, spread_blocked| Route::Profile(Ask { seconds, wall, spread_blocked });
+        assert_eq!(get("/debug/pprof/wall?seconds=3"), ask(3, true, false));
+        assert_eq!(get("/debug/pprof/profile?seconds=3"), ask(3, false, false));
+        assert_eq!(get("/debug/pprof/wall?seconds=3&spread_blocked=1"), ask(3, true, true));
+        assert_eq!(get("/debug/pprof/wall?spread_blocked=0"), ask(DEFAULT_SECONDS, true, false));
+        assert_eq!(refused("/debug/pprof/profile?spread_blocked=1").0, 400);
+        assert_eq!(refused("/debug/pprof/wall?spread_blocked=yes").0, 400);
+        assert_eq!(refused("/debug/pprof/wall?spread_blocked=1&spread_blocked=1").0, 400);
         assert_eq!(refused("/debug/pprof/wall?seconds=0").0, 400);
         assert_eq!(seconds("/debug/pprof/profile?seconds=3"), 3);
         assert_eq!(seconds("/debug/pprof/profile?debug=0&seconds=300"), 300);

@@ -14,7 +14,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use super::connection::{answer_and_close, client_gone, poll_fd, read_head};
-use super::routes::{answer, error_refusal, refuse, route, text_answer, Refusal, Route};
+use super::routes::{answer, error_refusal, refuse, route, text_answer, Ask, Refusal, Route};
 use super::window::collect;
 use super::{Collecting, MAX_CONNECTIONS, POLL};
 use crate::symbolize::{Options, Symbolizer};
@@ -85,8 +85,7 @@ struct Job {
     stream: TcpStream,
     _slot: Slot,
     collecting: Collecting,
-    seconds: u64,
-    wall: bool,
+    ask: Ask,
 }
 
 /// Listen on `addr` and answer `GET /debug/pprof/profile?seconds=N` (see
@@ -236,10 +235,10 @@ fn serve_connection(mut s: TcpStream, slot: Slot, accepted: Instant, jobs: &Send
     let head_only = head.method == "HEAD";
     let r = match route(&head) {
         Route::Refuse(r) => r,
-        Route::Profile(seconds, wall) => match Collecting::take(Duration::from_secs(seconds)) {
+        Route::Profile(ask) => match Collecting::take(Duration::from_secs(ask.seconds)) {
             Ok(collecting) => {
                 // The window thread answers; if it is gone, the server is stopping.
-                let _ = jobs.send(Job { stream: s, _slot: slot, collecting, seconds, wall });
+                let _ = jobs.send(Job { stream: s, _slot: slot, collecting, ask });
                 return;
             }
             Err(e) => error_refusal(&e),
@@ -270,12 +269,12 @@ fn serve_connection(mut s: TcpStream, slot: Slot, accepted: Instant, jobs: &Send
 fn windows(jobs: &Receiver<Job>, shared: &Shared) {
     let mut sym = Symbolizer::new(Options::default());
     let stop = &shared.stop;
-    while let Ok(Job { stream, _slot, collecting, seconds, wall }) = jobs.recv() {
+    while let Ok(Job { stream, _slot, collecting, ask }) = jobs.recv() {
         if stop.load(Ordering::SeqCst) {
             continue;
         }
         let mut abandoned = false;
-        let made = collect(Duration::from_secs(seconds), wall, &mut || {
+        let made = collect(Duration::from_secs(ask.seconds), ask.wall, ask.spread_blocked, &mut || {
             if client_gone(&stream, POLL) {
                 abandoned = true;
                 Err("the client closed the connection")

@@ -11,8 +11,9 @@ use std::time::{Duration, Instant};
 
 use super::{now_us, POLL, PROFILE_PATH, WALL_PATH};
 use crate::pprof::{Counts, Window};
+use crate::spread::BlockedSpread;
 use crate::symbolize::{Context, Symbolizer};
-use crate::{Error, Guard, Recorder, Sample, StackId, Tail, ThreadId};
+use crate::{Error, Guard, OffCpuState, Recorder, Sample, StackId, Tail, ThreadId};
 
 /// A recorder this module started for one window, and its temporary spool
 /// (removed on drop).
@@ -76,6 +77,9 @@ pub(super) struct Collected {
     wall: bool,
     off: HashMap<(usize, StackId), u64>,
     sorted_off: Vec<(usize, StackId, u64)>,
+    /// With `spread_blocked=1`: the window's waits with a stack, to charge
+    /// its blocked time without a stack to ([`crate::spread`]).
+    spread: Option<BlockedSpread>,
 }
 
 impl Counts for Collected {
@@ -109,6 +113,9 @@ impl Collected {
                 }
                 let c = self.context(o.thread);
                 *self.off.entry((c, o.stack)).or_insert(0) += to - from;
+                if let Some(spread) = &mut self.spread {
+                    spread.observe(self.tail.definitions(), &o);
+                }
             }
         }
     }
@@ -134,7 +141,9 @@ impl Collected {
         sym.next_spool();
         let mut out = Vec::new();
         let path = if self.wall { WALL_PATH } else { PROFILE_PATH };
-        let comment = format!("spulse {path}?seconds={}", self.window.duration_us.div_ceil(1_000_000));
+        let spread = if self.spread.is_some() { "&spread_blocked=1" } else { "" };
+        let comment =
+            format!("spulse {path}?seconds={}{spread}", self.window.duration_us.div_ceil(1_000_000));
         crate::pprof::write(self.tail.definitions(), self, self.window, sym, &comment, &mut out)
             .map_err(|e| Error::io(None, e))?;
         Ok(out)
@@ -148,6 +157,7 @@ impl Collected {
 pub(super) fn collect(
     duration: Duration,
     wall: bool,
+    spread_blocked: bool,
     wait: &mut dyn FnMut() -> Result<(), &'static str>,
 ) -> Result<Collected, Error> {
     let abandoned = |why: &str| {
@@ -193,6 +203,7 @@ pub(super) fn collect(
         wall,
         off: HashMap::new(),
         sorted_off: Vec::new(),
+        spread: (wall && spread_blocked).then(BlockedSpread::default),
     };
     let mut batch: Vec<Sample> = Vec::new();
     let mut poll = |c: &mut Collected| -> Result<bool, Error> {
@@ -231,6 +242,24 @@ pub(super) fn collect(
     let mut sorted: Vec<_> = c.counts.iter().map(|(&(ctx, s), &n)| (ctx, s, n)).collect();
     sorted.sort_unstable_by_key(|&(ctx, s, _)| (ctx, s.index()));
     c.sorted = sorted;
+    if let Some(spread) = &c.spread {
+        // Each context is one thread: its time without a stack goes to its
+        // waits with one (the charge is linear, so charging the sum of a
+        // stack's time is charging each part of it).
+        let defs = c.tail.definitions();
+        let mut moved: HashMap<(usize, StackId), u64> = HashMap::with_capacity(c.off.len());
+        for (&(ctx, stack), &us) in &c.off {
+            match c.contexts[ctx].thread {
+                Some(thread) => {
+                    spread.charge(defs, thread, stack, OffCpuState::Blocked, us, |s, d| {
+                        *moved.entry((ctx, s)).or_insert(0) += d;
+                    });
+                }
+                None => *moved.entry((ctx, stack)).or_insert(0) += us,
+            }
+        }
+        c.off = moved;
+    }
     let mut sorted: Vec<_> = c.off.iter().map(|(&(ctx, s), &n)| (ctx, s, n)).collect();
     sorted.sort_unstable_by_key(|&(ctx, s, _)| (ctx, s.index()));
     c.sorted_off = sorted;

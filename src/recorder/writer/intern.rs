@@ -14,6 +14,7 @@ use std::io::Write;
 use rustc_hash::FxHashMap as FxMap;
 
 use crate::recorder::handler::ThreadNames;
+use crate::spread::SHORT_BLOCKED_LABEL;
 use crate::{Error, Frame, FrameId, ModuleId, SpoolWriter, StackId, ThreadId};
 
 const NO_PARENT: u32 = u32::MAX;
@@ -81,8 +82,7 @@ pub(crate) struct Interner {
     waiting_label: Option<FrameId>,
 }
 
-/// The label of the sums of short waits without a stack (FORMAT.md, frame kind 3).
-pub(crate) const SHORT_BLOCKED_LABEL: &str = "blocked, under 5 ms";
+// The label names the recorder's threshold for sums.
 const _: () = assert!(crate::recorder::sys::perf_switch::SUM_BELOW_NS == 5_000_000, "the label says 5 ms");
 
 impl Interner {
