@@ -378,6 +378,12 @@ fn spread_blocked_charges_stackless_time_to_the_captured_stacks() {
     let o = spulse(&["top", f, "--spread-blocked"]);
     assert_eq!(o.status.code(), Some(2));
     assert!(stderr(&o).contains("--spread-blocked needs --off-cpu or --wall"), "{}", stderr(&o));
+    // Without it, top says (on stderr) that most blocked time has no stack:
+    // 570 of 580 ms.
+    let o = spulse(&["top", f, "--off-cpu"]);
+    assert!(stderr(&o).contains("spulse: 98% of the blocked time has no stack"), "{}", stderr(&o));
+    let o = spulse(&["top", f, "--off-cpu", "--spread-blocked"]);
+    assert!(!stderr(&o).contains("has no stack"), "{}", stderr(&o));
     // info points at it.
     assert!(ok(&["info", f]).contains("`top --off-cpu --spread-blocked` estimates where"));
     // Collapsed: hot_b's line holds its waits and its shares, to the microsecond.

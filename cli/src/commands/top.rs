@@ -210,6 +210,9 @@ pub fn run(args: &TopArgs) -> Result<(), CliError> {
             if filter.time == crate::select::TimeMode::Wall { "CPU time only" } else { "nothing to show" }
         );
     }
+    if time && !filter.spread_blocked {
+        hint_spread(replay.definitions());
+    }
     if !args.per_process {
         let (stats, total, spread) = table(replay, &filter, args, &mut sym)?;
         return with_stdout(|out| {
@@ -292,6 +295,24 @@ fn table(
     let mut stats = top_with(replay, &agg, sym, args.shape());
     sort_stats(&mut stats, args.sort);
     Ok((stats, agg.total, agg.spread))
+}
+
+/// Say on stderr when a fifth or more of the spool's blocked time has no
+/// stack, that `--spread-blocked` estimates where it went.
+fn hint_spread(defs: &spulse::Definitions) {
+    let (mut blocked, mut stackless) = (0u64, 0u64);
+    for o in defs.off_cpu_intervals().iter().filter(|o| o.state == spulse::OffCpuState::Blocked) {
+        blocked = blocked.saturating_add(o.duration_us);
+        if spulse::spread::is_stackless(defs, o.stack, o.state) {
+            stackless = stackless.saturating_add(o.duration_us);
+        }
+    }
+    if blocked > 0 && stackless.saturating_mul(5) >= blocked {
+        eprintln!(
+            "spulse: {:.0}% of the blocked time has no stack ([blocked], [blocked, under 5 ms]: waits no tick of the recorder saw); --spread-blocked estimates where it went",
+            100.0 * stackless as f64 / blocked as f64
+        );
+    }
 }
 
 /// The header line saying what `--spread-blocked` estimated.
