@@ -11,25 +11,33 @@
 //! samples of where the thread was blocked. [`BlockedSpread`] charges each
 //! of a thread's intervals without a stack to the stacks of that thread's
 //! waits with one, in proportion to how many were found in each, as a
-//! sampling profiler charges time to the stacks its samples saw:
+//! sampling profiler charges time to the stacks its samples saw.
 //!
-//! - `[blocked, under 5 ms]` to its waits with a stack shorter than 5 ms (a
-//!   tick captures a random sample of the short waits it finds, so these
-//!   are an even sample of them), or to all of them if it has none;
-//! - `[blocked]` to those of 5 ms or more (a tick captures each such wait it
-//!   finds 5 ms old), or to all of them if it has none; in a recording made
-//!   before `[blocked, under 5 ms]` existed, where `[blocked]` holds the sums
-//!   too, to all of them.
+//! The waits are compared by length (strata): a tick captures every wait it
+//! finds 5 ms old, but only a sample of the younger ones, so a wait's chance
+//! of a stack grows with its length faster than its time does, and a site of
+//! 12 ms waits would take time from a site of 6 ms waits of the same thread.
+//! Within waits of about one length the chance is the same, so:
+//!
+//! - `[blocked, under 5 ms]` goes to the thread's waits with a stack shorter
+//!   than 5 ms (each such wait a tick finds is as likely to be captured);
+//! - a `[blocked]` wait to those of about its length: strata of 5-7.5 ms,
+//!   7.5-11.25 ms and so on, each half as long again as the one before;
+//! - where the thread has no wait with a stack in that stratum, to those of
+//!   the nearest stratum that has some.
 //!
 //! A thread with no wait with a stack keeps its intervals as they are, and
-//! preempted time (`[waiting for CPU]`) is never moved. The figures measured
+//! preempted time (`[waiting for CPU]`) is never moved. Sites whose waits are
+//! of different lengths come out exact; sites of the same length are a true
+//! sample (about 10 short waits with a stack a second for a whole process),
+//! whose error shrinks with the recording's length. The figures measured
 //! against known waits are in BENCHMARKS.md ("Where the blocked time without
 //! a stack went").
 //!
 //! ```
 //! use spulse::spread::BlockedSpread;
 //! # fn show(defs: &spulse::Definitions) {
-//! let mut spread = BlockedSpread::new(defs);
+//! let mut spread = BlockedSpread::new();
 //! for o in defs.off_cpu_intervals() {
 //!     spread.observe(defs, o);
 //! }
@@ -55,6 +63,22 @@ pub const BLOCKED_LABEL: &str = "blocked";
 /// Waits shorter than this (microseconds) are summed by the recorder when
 /// they have no stack.
 const SHORT_US: u64 = 5_000;
+
+/// Strata: 0 for the short waits (under [`SHORT_US`]), then waits of 5 ms
+/// and more by length, each stratum half as long again as the one before
+/// (5-7.5 ms, 7.5-11.25 ms, ...), the last open-ended (from about 2.2 s).
+const STRATA: usize = 17;
+
+/// The stratum of a wait of `us` microseconds.
+fn stratum_of(us: u64) -> usize {
+    let mut bound = SHORT_US;
+    let mut k = 0;
+    while k < STRATA - 1 && us >= bound {
+        bound = bound.saturating_mul(3) / 2;
+        k += 1;
+    }
+    k
+}
 
 /// How the stack of a blocked interval reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -90,12 +114,12 @@ pub fn is_stackless(defs: &Definitions, stack: StackId, state: OffCpuState) -> b
 }
 
 /// A thread's captured stacks, each with the number of waits it was found
-/// in: shorter than 5 ms, and 5 ms or more.
+/// in per stratum.
 #[derive(Debug, Default, Clone)]
 struct Captures {
-    stacks: Vec<(StackId, [u64; 2])>,
+    stacks: Vec<(StackId, [u32; STRATA])>,
     index: HashMap<StackId, usize>,
-    sums: [u64; 2],
+    sums: [u64; STRATA],
 }
 
 /// What [`BlockedSpread::charge`] did with an interval.
@@ -109,56 +133,68 @@ pub enum Charged {
     Kept,
 }
 
+/// Which of a thread's waits with a stack speak for an interval without
+/// one ([`BlockedSpread::stratum`]): those of about its length, or all.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Stratum(u8);
+
 /// The waits with a stack of each thread, to charge the waits without one
 /// to (module documentation).
 #[derive(Debug, Default, Clone)]
 pub struct BlockedSpread {
     threads: HashMap<ThreadId, Captures>,
-    /// Whether the recording writes its sums apart (`[blocked, under 5 ms]`).
-    sums_apart: bool,
     captures: u64,
 }
 
 impl BlockedSpread {
-    /// An estimate for a recording with these definitions (they say whether
-    /// it writes its sums of short waits apart). Feed it the waits with
-    /// [`BlockedSpread::observe`] before charging any.
-    pub fn new(defs: &Definitions) -> BlockedSpread {
-        let sums_apart = defs
-            .frames()
-            .iter()
-            .any(|f| matches!(f, Frame::Label(l) if defs.label(*l) == SHORT_BLOCKED_LABEL));
-        BlockedSpread { sums_apart, ..BlockedSpread::default() }
+    /// An empty estimate: feed it the waits with [`BlockedSpread::observe`]
+    /// before charging any.
+    pub fn new() -> BlockedSpread {
+        BlockedSpread::default()
     }
 
-    /// Count interval `o` if it is a wait with a stack (and note a sum of
-    /// short waits: the recording writes them apart). Call it for every
+    /// Count interval `o` if it is a wait with a stack. Call it for every
     /// interval the view shows.
     pub fn observe(&mut self, defs: &Definitions, o: &OffCpuInterval) {
-        match kind(defs, o.stack, o.state) {
-            Kind::ShortStackless => self.sums_apart = true,
-            Kind::Captured => {
-                let c = self.threads.entry(o.thread).or_default();
-                let i = match c.index.get(&o.stack) {
-                    Some(&i) => i,
-                    None => {
-                        c.stacks.push((o.stack, [0; 2]));
-                        c.index.insert(o.stack, c.stacks.len() - 1);
-                        c.stacks.len() - 1
-                    }
-                };
-                let long = usize::from(o.duration_us >= SHORT_US);
-                c.stacks[i].1[long] += 1;
-                c.sums[long] += 1;
-                self.captures += 1;
-            }
-            _ => {}
+        if kind(defs, o.stack, o.state) != Kind::Captured {
+            return;
         }
+        let c = self.threads.entry(o.thread).or_default();
+        let i = match c.index.get(&o.stack) {
+            Some(&i) => i,
+            None => {
+                c.stacks.push((o.stack, [0; STRATA]));
+                c.index.insert(o.stack, c.stacks.len() - 1);
+                c.stacks.len() - 1
+            }
+        };
+        let k = stratum_of(o.duration_us);
+        c.stacks[i].1[k] = c.stacks[i].1[k].saturating_add(1);
+        c.sums[k] += 1;
+        self.captures += 1;
     }
 
     /// The waits with a stack observed.
     pub fn captures(&self) -> u64 {
         self.captures
+    }
+
+    /// The stratum an interval's time is charged by, or `None` when it keeps
+    /// its own stack (it has one, or is preempted). A sum of short waits
+    /// goes by the short waits with a stack; a single wait without one by
+    /// those of about its length, `duration_us`.
+    pub fn stratum(
+        &self,
+        defs: &Definitions,
+        stack: StackId,
+        state: OffCpuState,
+        duration_us: u64,
+    ) -> Option<Stratum> {
+        match kind(defs, stack, state) {
+            Kind::ShortStackless => Some(Stratum(0)),
+            Kind::Stackless => Some(Stratum(stratum_of(duration_us).max(1) as u8)),
+            _ => None,
+        }
     }
 
     /// Charge `duration_us` of `thread` off the CPU in `stack` and `state`:
@@ -175,34 +211,66 @@ impl BlockedSpread {
         duration_us: u64,
         mut f: impl FnMut(StackId, u64),
     ) -> Charged {
-        // Which waits with a stack speak for it: short ones, long ones, or all.
-        let class = match kind(defs, stack, state) {
-            Kind::ShortStackless => Some(0),
-            Kind::Stackless if self.sums_apart => Some(1),
-            Kind::Stackless => None,
-            _ => {
+        match self.stratum(defs, stack, state, duration_us) {
+            None => {
                 f(stack, duration_us);
-                return Charged::Own;
+                Charged::Own
             }
-        };
-        let Some(c) = self.threads.get(&thread).filter(|c| c.sums[0] + c.sums[1] > 0) else {
-            f(stack, duration_us);
+            Some(st) => self.charge_stratum(thread, st, duration_us, |s, us| f(s.unwrap_or(stack), us)),
+        }
+    }
+
+    /// Charge `us` microseconds without a stack of `thread` in stratum `st`
+    /// ([`BlockedSpread::stratum`]; the charge is linear, so the time of
+    /// many intervals of one stratum may be charged at once): `f(Some(stack),
+    /// share)` for each captured stack, in proportion to its waits of the
+    /// stratum (the nearest stratum with any, the shorter one first at equal
+    /// distance), or `f(None, us)` if the thread has no wait with a stack.
+    pub fn charge_stratum(
+        &self,
+        thread: ThreadId,
+        st: Stratum,
+        us: u64,
+        mut f: impl FnMut(Option<StackId>, u64),
+    ) -> Charged {
+        let Some(c) = self.threads.get(&thread).filter(|c| c.sums.iter().any(|&n| n > 0)) else {
+            f(None, us);
             return Charged::Kept;
         };
-        let weight = |n: &[u64; 2]| match class {
-            Some(k) if c.sums[k] > 0 => n[k],
-            _ => n[0] + n[1],
-        };
-        let sum = weight(&c.sums) as u128;
+        // The stratum speaking for it: its own, or the nearest with captures
+        // (one exists: the thread has some).
+        let k = st.0 as usize;
+        let k = (0..STRATA)
+            .flat_map(|d| [k.checked_sub(d), Some(k + d)])
+            .flatten()
+            .find(|&j| j < STRATA && c.sums[j] > 0)
+            .unwrap_or(k);
+        let sum = c.sums[k] as u128;
         let (mut cum, mut given) = (0u128, 0u64);
         for (s, n) in &c.stacks {
-            cum += weight(n) as u128;
-            let upto = (duration_us as u128 * cum / sum) as u64;
+            cum += n[k] as u128;
+            let upto = (us as u128 * cum / sum) as u64;
             if upto > given {
-                f(*s, upto - given);
+                f(Some(*s), upto - given);
                 given = upto;
             }
         }
         Charged::Moved
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn strata_grow_by_half() {
+        assert_eq!(stratum_of(0), 0);
+        assert_eq!(stratum_of(4_999), 0);
+        assert_eq!(stratum_of(5_000), 1);
+        assert_eq!(stratum_of(7_499), 1);
+        assert_eq!(stratum_of(7_500), 2);
+        assert_eq!(stratum_of(11_250), 3);
+        assert_eq!(stratum_of(u64::MAX), STRATA - 1);
     }
 }

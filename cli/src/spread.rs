@@ -21,7 +21,7 @@ impl Spread {
     /// The waits with a stack among the intervals `filter` selects, per thread.
     pub fn new(defs: &Definitions, filter: &Filter) -> Spread {
         let mut select = Selector::new(filter, defs.start_time_us());
-        let mut spread = BlockedSpread::new(defs);
+        let mut spread = BlockedSpread::new();
         for o in defs.off_cpu_intervals() {
             let s = Sample { time_us: o.start_us, thread: o.thread, stack: o.stack };
             if select.next_at(defs, &s, o.samples_before).is_some() {

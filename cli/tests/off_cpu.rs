@@ -285,14 +285,14 @@ fn firefox_export_weighs_off_cpu_time_in_its_own_category() {
     assert_eq!(samples.iter().map(|s| s.cpu_delta_us).sum::<u64>(), 400 * INTERVAL_US);
 }
 
-/// A spool for `--spread-blocked`: thread `main` (1001) has waits with a
-/// stack, three under hot_a and one under hot_b in its first second (1 ms
-/// each) and one more under hot_b after 2 s (6 ms); waits without one, 400 ms
-/// of short waits in 8 sums in the first second (`[blocked, under 5 ms]`, or
-/// `[blocked]` in a recording from before that label, `sums_apart` false)
-/// and one 100 ms wait after 2 s; 30 ms preempted under hot_a. Thread `idle`
-/// (1002) has one 70 ms wait without a stack and none with one.
-fn spread_spool(p: &Program, path: &std::path::Path, sums_apart: bool) {
+/// A spool for `--spread-blocked`. Thread `main` (1001): waits with a stack,
+/// three under hot_a and one under hot_b in its first second (1 ms each),
+/// and after 2 s one under hot_b (6 ms) and one under hot_a (40 ms); waits
+/// without one, 400 ms of short waits in 8 sums in the first second
+/// (`[blocked, under 5 ms]`), and after 2 s a 100 ms and a 6.5 ms wait
+/// (`[blocked]`); 30 ms preempted under hot_a. Thread `idle` (1002): one
+/// 70 ms wait without a stack and none with one.
+fn spread_spool(p: &Program, path: &std::path::Path) {
     let file = std::fs::File::create(path).unwrap();
     let mut w = SpoolWriter::new(file, Header { start_time_us: START_US, interval_us: INTERVAL_US }).unwrap();
     let module_path = p.path.as_os_str().as_encoded_bytes().to_vec();
@@ -302,16 +302,12 @@ fn spread_spool(p: &Program, path: &std::path::Path, sums_apart: bool) {
     let t2 = w.define_thread(PID, 1002, "idle").unwrap();
     let sleep = w.define_label("blocked: clock_nanosleep").unwrap();
     let blocked = w.define_label("blocked").unwrap();
+    let short = w.define_label("blocked, under 5 ms").unwrap();
     let cpu = w.define_label("waiting for CPU").unwrap();
     let s_sleep_a = w.define_stack(Some(s_a), sleep).unwrap();
     let s_sleep_b = w.define_stack(Some(s_b), sleep).unwrap();
     let s_blocked = w.define_stack(None, blocked).unwrap();
-    let s_sums = if sums_apart {
-        let short = w.define_label("blocked, under 5 ms").unwrap();
-        w.define_stack(None, short).unwrap()
-    } else {
-        s_blocked
-    };
+    let s_sums = w.define_stack(None, short).unwrap();
     let s_cpu = w.define_stack(Some(s_a), cpu).unwrap();
     let ms = 1000;
     w.sample(START_US + ms, t1, s_a).unwrap();
@@ -325,14 +321,17 @@ fn spread_spool(p: &Program, path: &std::path::Path, sums_apart: bool) {
     w.off_cpu(t2, s_blocked, START_US + 600 * ms, 70 * ms, false).unwrap();
     w.sample(START_US + 2000 * ms, t1, s_b).unwrap();
     w.off_cpu(t1, s_sleep_b, START_US + 2010 * ms, 6 * ms, false).unwrap();
+    w.off_cpu(t1, s_sleep_a, START_US + 2030 * ms, 40 * ms, false).unwrap();
     w.off_cpu(t1, s_blocked, START_US + 2100 * ms, 100 * ms, false).unwrap();
+    w.off_cpu(t1, s_blocked, START_US + 2300 * ms, 6_500, false).unwrap();
     w.into_inner().unwrap();
 }
 
 /// `--spread-blocked` charges each thread's blocked time without a stack to
 /// the stacks of that thread's waits with one, in proportion to their number
-/// (among the waits the filter selects; the sums of short waits to the
-/// short waits, a longer wait to the longer ones), to the microsecond, in
+/// among those of about the same length (the sums of short waits to the
+/// short waits, a longer wait to those of its stratum or the nearest one
+/// with any) and among those the filter selects, to the microsecond, in
 /// `top`, the collapsed, pprof and Firefox exports; it leaves a thread with
 /// no wait with a stack, and preempted time, as they are; totals do not
 /// change.
@@ -340,29 +339,32 @@ fn spread_spool(p: &Program, path: &std::path::Path, sums_apart: bool) {
 fn spread_blocked_charges_stackless_time_to_the_captured_stacks() {
     let p = program();
     let path = p.dir.path().join("spread.spool");
-    spread_spool(&p, &path, true);
+    spread_spool(&p, &path);
     let f = s(&path);
     let us = |rows: &[Value], name: &str, what: &str| row(rows, name)[what].as_u64().unwrap();
-    // As measured: 400 ms of sums, 170 ms of [blocked].
+    // As measured: 400 ms of sums, 176.5 ms of [blocked].
     let plain = rows(&ok(&["top", f, "--off-cpu", "--json", "-n", "0"]));
     assert_eq!(us(&plain, "[blocked, under 5 ms]", "self_us"), 400_000);
-    assert_eq!(us(&plain, "[blocked]", "self_us"), 170_000);
-    assert_eq!(us(&plain, "hot_a", "total_us"), 3_000 + 30_000);
-    // Spread: the sums go 3/4 to hot_a, 1/4 to hot_b (the short waits);
-    // main's 100 ms wait to hot_b (its only wait of 5 ms or more); idle's
-    // 70 ms stay.
+    assert_eq!(us(&plain, "[blocked]", "self_us"), 176_500);
+    assert_eq!(us(&plain, "hot_a", "total_us"), 3_000 + 40_000 + 30_000);
+    // Spread: the sums go 3/4 to hot_a, 1/4 to hot_b (the short waits); the
+    // 6.5 ms wait to hot_b (its 6 ms wait), the 100 ms one to hot_a (its
+    // 40 ms wait is in the nearest stratum with any); idle's 70 ms stay.
     let spread = rows(&ok(&["top", f, "--off-cpu", "--spread-blocked", "--json", "-n", "0"]));
     assert_eq!(us(&spread, "[blocked]", "self_us"), 70_000);
     assert!(!spread.iter().any(|r| r["function"] == "[blocked, under 5 ms]"), "{spread:?}");
-    assert_eq!(us(&spread, "hot_a", "total_us"), 3_000 + 300_000 + 30_000);
-    assert_eq!(us(&spread, "hot_b", "total_us"), 7_000 + 100_000 + 100_000);
-    assert_eq!(us(&spread, "[blocked: clock_nanosleep]", "self_us"), 10_000 + 500_000);
+    assert_eq!(us(&spread, "hot_a", "total_us"), 3_000 + 40_000 + 300_000 + 100_000 + 30_000);
+    assert_eq!(us(&spread, "hot_b", "total_us"), 1_000 + 6_000 + 100_000 + 6_500);
+    assert_eq!(us(&spread, "[blocked: clock_nanosleep]", "self_us"), 50_000 + 506_500);
     assert_eq!(us(&spread, "[waiting for CPU]", "self_us"), 30_000);
     let table = ok(&["top", f, "--off-cpu", "--spread-blocked"]);
-    assert!(table.starts_with("610.0 ms off-CPU\n500.0 ms blocked without a stack"), "{table}");
-    assert!(table.contains("(--spread-blocked: an estimate); 70.0 ms kept"), "{table}");
-    // The window's own waits set the proportions: before 1.5 s, only the
-    // short ones.
+    assert!(table.starts_with("656.5 ms off-CPU\n506.5 ms blocked without a stack"), "{table}");
+    assert!(
+        table.contains("their threads' 6 wait(s) with one (--spread-blocked: an estimate); 70.0 ms kept"),
+        "{table}"
+    );
+    // The window's own waits set the proportions: before 1.5 s, the short
+    // ones only.
     let early =
         rows(&ok(&["top", f, "--off-cpu", "--spread-blocked", "--to", "1500000", "--json", "-n", "0"]));
     assert_eq!(us(&early, "hot_a", "total_us"), 3_000 + 300_000 + 30_000);
@@ -371,17 +373,26 @@ fn spread_blocked_charges_stackless_time_to_the_captured_stacks() {
     let idle =
         rows(&ok(&["top", f, "--off-cpu", "--spread-blocked", "--thread", "idle", "--json", "-n", "0"]));
     assert_eq!(us(&idle, "[blocked]", "self_us"), 70_000);
+    let table = ok(&["top", f, "--off-cpu", "--spread-blocked", "--thread", "idle"]);
+    assert!(
+        table.contains("\n70.0 ms blocked without a stack kept: none of its threads had a wait with one"),
+        "{table}"
+    );
+    // A CPU-only spool: nothing to say about it.
+    let (_plain_dir, cpu_only) = fixture();
+    let table = ok(&["top", s(&cpu_only), "--off-cpu", "--spread-blocked"]);
+    assert!(!table.contains("without a stack"), "{table}");
     // --wall: the CPU samples beside the same spread.
     let wall = rows(&ok(&["top", f, "--wall", "--spread-blocked", "--json", "-n", "0"]));
-    assert_eq!(us(&wall, "hot_b", "total_us"), INTERVAL_US + 207_000);
+    assert_eq!(us(&wall, "hot_b", "total_us"), INTERVAL_US + 113_500);
     // CPU samples have no [blocked]: refused.
     let o = spulse(&["top", f, "--spread-blocked"]);
     assert_eq!(o.status.code(), Some(2));
     assert!(stderr(&o).contains("--spread-blocked needs --off-cpu or --wall"), "{}", stderr(&o));
     // Without it, top says (on stderr) that most blocked time has no stack:
-    // 570 of 580 ms.
+    // 576.5 of 626.5 ms.
     let o = spulse(&["top", f, "--off-cpu"]);
-    assert!(stderr(&o).contains("spulse: 98% of the blocked time has no stack"), "{}", stderr(&o));
+    assert!(stderr(&o).contains("spulse: 92% of the blocked time has no stack"), "{}", stderr(&o));
     let o = spulse(&["top", f, "--off-cpu", "--spread-blocked"]);
     assert!(!stderr(&o).contains("has no stack"), "{}", stderr(&o));
     // info points at it.
@@ -390,36 +401,27 @@ fn spread_blocked_charges_stackless_time_to_the_captured_stacks() {
     let folded = p.dir.path().join("spread.folded");
     ok(&["export", f, "--off-cpu", "--spread-blocked", "-o", s(&folded)]);
     let text = std::fs::read_to_string(&folded).unwrap();
-    assert!(text.lines().any(|l| l.ends_with("hot_b;[blocked: clock_nanosleep] 207000")), "{text}");
+    assert!(text.lines().any(|l| l.ends_with("hot_b;[blocked: clock_nanosleep] 113500")), "{text}");
     assert!(text.lines().any(|l| l == "[blocked] 70000"), "{text}");
     // pprof (in the CPU mode too): the off-cpu values move, their sum stays.
     let pb = p.dir.path().join("spread.pb.gz");
     ok(&["export", f, "--spread-blocked", "-o", s(&pb)]);
     let prof = read_pprof(&pb);
-    assert_eq!(prof.sample.iter().map(|s| s.value[2]).sum::<i64>(), 610_000_000);
+    assert_eq!(prof.sample.iter().map(|s| s.value[2]).sum::<i64>(), 656_500_000);
     let leaf_only: i64 = prof.sample.iter().filter(|s| s.location_id.len() == 1).map(|s| s.value[2]).sum();
     assert_eq!(leaf_only, 70_000_000, "only idle's [blocked] is a stack of one frame");
     // Firefox: an interval without a stack becomes one sample per stack it
-    // is charged to (the sums two each, the 100 ms wait one).
+    // is charged to (the sums two each, the two single waits one each).
     let out = p.dir.path().join("spread.json");
     ok(&["export", f, "--format", "firefox", "--off-cpu", "--spread-blocked", "-o", s(&out)]);
     let (_, samples) = fx_samples(&serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap());
-    assert_eq!(samples.len(), 5 + 8 * 2 + 1 + 1 + 1, "{samples:?}");
+    assert_eq!(samples.len(), 6 + 8 * 2 + 2 + 1 + 1, "{samples:?}");
     let close = |a: f64, b: f64| (a - b).abs() < 1e-6;
-    assert!(close(weight_where(&samples, |_| true), 610.0), "{samples:?}");
+    assert!(close(weight_where(&samples, |_| true), 656.5), "{samples:?}");
     assert!(close(weight_where(&samples, |s| s.leaf == "[blocked]"), 70.0), "{samples:?}");
     // A CPU view of another format is refused.
     let o = spulse(&["export", f, "--spread-blocked", "-o", s(&folded)]);
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
-
-    // A recording whose sums are [blocked] too: every wait with a stack
-    // speaks for all of main's 500 ms, 3/5 for hot_a, 2/5 for hot_b.
-    let old = p.dir.path().join("old.spool");
-    spread_spool(&p, &old, false);
-    let spread = rows(&ok(&["top", s(&old), "--off-cpu", "--spread-blocked", "--json", "-n", "0"]));
-    assert_eq!(us(&spread, "hot_a", "total_us"), 3_000 + 300_000 + 30_000);
-    assert_eq!(us(&spread, "hot_b", "total_us"), 7_000 + 200_000);
-    assert_eq!(us(&spread, "[blocked]", "self_us"), 70_000);
 }
 
 /// A C program that sleeps 10 ms 150 times, always in `nap`.

@@ -11,9 +11,9 @@ use std::time::{Duration, Instant};
 
 use super::{now_us, POLL, PROFILE_PATH, WALL_PATH};
 use crate::pprof::{Counts, Window};
-use crate::spread::BlockedSpread;
+use crate::spread::{BlockedSpread, Stratum};
 use crate::symbolize::{Context, Symbolizer};
-use crate::{Error, Guard, OffCpuState, Recorder, Sample, StackId, Tail, ThreadId};
+use crate::{Error, Guard, Recorder, Sample, StackId, Tail, ThreadId};
 
 /// A recorder this module started for one window, and its temporary spool
 /// (removed on drop).
@@ -78,8 +78,10 @@ pub(super) struct Collected {
     off: HashMap<(usize, StackId), u64>,
     sorted_off: Vec<(usize, StackId, u64)>,
     /// With `spread_blocked=1`: the window's waits with a stack, to charge
-    /// its blocked time without a stack to ([`crate::spread`]).
+    /// its blocked time without a stack to ([`crate::spread`]), and that time
+    /// by (context, its stack, the stratum of the wait's length).
     spread: Option<BlockedSpread>,
+    stackless: HashMap<(usize, StackId, Stratum), u64>,
 }
 
 impl Counts for Collected {
@@ -112,10 +114,15 @@ impl Collected {
                     continue;
                 }
                 let c = self.context(o.thread);
-                *self.off.entry((c, o.stack)).or_insert(0) += to - from;
                 if let Some(spread) = &mut self.spread {
-                    spread.observe(self.tail.definitions(), &o);
+                    let defs = self.tail.definitions();
+                    spread.observe(defs, &o);
+                    if let Some(st) = spread.stratum(defs, o.stack, o.state, o.duration_us) {
+                        *self.stackless.entry((c, o.stack, st)).or_insert(0) += to - from;
+                        continue;
+                    }
                 }
+                *self.off.entry((c, o.stack)).or_insert(0) += to - from;
             }
         }
     }
@@ -204,6 +211,7 @@ pub(super) fn collect(
         off: HashMap::new(),
         sorted_off: Vec::new(),
         spread: (wall && spread_blocked).then(BlockedSpread::default),
+        stackless: HashMap::new(),
     };
     let mut batch: Vec<Sample> = Vec::new();
     let mut poll = |c: &mut Collected| -> Result<bool, Error> {
@@ -244,21 +252,19 @@ pub(super) fn collect(
     c.sorted = sorted;
     if let Some(spread) = &c.spread {
         // Each context is one thread: its time without a stack goes to its
-        // waits with one (the charge is linear, so charging the sum of a
-        // stack's time is charging each part of it).
-        let defs = c.tail.definitions();
-        let mut moved: HashMap<(usize, StackId), u64> = HashMap::with_capacity(c.off.len());
-        for (&(ctx, stack), &us) in &c.off {
+        // waits with one (the charge is linear, so the time of a stratum is
+        // charged at once).
+        for (&(ctx, stack, st), &us) in &c.stackless {
+            let off = &mut c.off;
             match c.contexts[ctx].thread {
                 Some(thread) => {
-                    spread.charge(defs, thread, stack, OffCpuState::Blocked, us, |s, d| {
-                        *moved.entry((ctx, s)).or_insert(0) += d;
+                    spread.charge_stratum(thread, st, us, |s, d| {
+                        *off.entry((ctx, s.unwrap_or(stack))).or_insert(0) += d;
                     });
                 }
-                None => *moved.entry((ctx, stack)).or_insert(0) += us,
+                None => *off.entry((ctx, stack)).or_insert(0) += us,
             }
         }
-        c.off = moved;
     }
     let mut sorted: Vec<_> = c.off.iter().map(|(&(ctx, s), &n)| (ctx, s, n)).collect();
     sorted.sort_unstable_by_key(|&(ctx, s, _)| (ctx, s.index()));

@@ -317,7 +317,14 @@ fn hint_spread(defs: &spulse::Definitions) {
 
 /// The header line saying what `--spread-blocked` estimated.
 fn spread_line(spread: Option<SpreadTotals>) -> Option<String> {
-    let t = spread?;
+    // Nothing without a stack in the view: nothing to say.
+    let t = spread.filter(|t| t.moved_us + t.kept_us > 0)?;
+    if t.moved_us == 0 {
+        return Some(format!(
+            "{} ms blocked without a stack kept: none of its threads had a wait with one (--spread-blocked)",
+            ms(t.kept_us)
+        ));
+    }
     let mut line = format!(
         "{} ms blocked without a stack ([blocked], [blocked, under 5 ms]) charged to the stacks of their threads' {} wait(s) with one (--spread-blocked: an estimate)",
         ms(t.moved_us),

@@ -41,10 +41,11 @@
 //! it stays. Every thread out for at least [`LONG_WAIT_NS`] is captured; of
 //! those out for less (most wake before their capture is written; a program
 //! blocking 100,000 times a second has about a hundred of them at each tick)
-//! only [`SHORT_CAPTURES_PER_SECOND`], chosen at random among them: a
+//! about [`SHORT_CAPTURES_PER_SECOND`], chosen at random among them: a
 //! sample of where the short waits are, at a bounded cost (a capture is a
-//! few tens of microseconds). Each thread out is as likely to be chosen, so
-//! the captures fall where blocked time is; the longest out first chose,
+//! few tens of microseconds). Each thread out is as likely to be chosen, at
+//! every pass, whatever the number out with it ([`Pairing::choose_short`]),
+//! so the captures fall where blocked time is; the longest out first chose,
 //! among threads sleeping 1 ms at a time, those about to wake (92% of the
 //! captures were of a thread that had run again). The capture belongs to
 //! the interval only if the thread was out over the whole capture (from
@@ -322,13 +323,16 @@ pub(crate) struct Pairing {
     /// Captures dropped because their thread was switched in during the
     /// capture.
     pub(crate) dropped: u64,
-    /// Captures of short waits allowed now ([`SHORT_CAPTURES_PER_SECOND`]),
-    /// and when the allowance was last topped up (unix ns; 0: never).
-    short_budget: u64,
+    /// The short waits' sampling ([`Pairing::choose_short`]): the time of
+    /// the last pass (unix ns; 0: none yet), the mean number of threads out
+    /// for a short wait at a pass (smoothed over about a second), and the
+    /// credit carried from pass to pass (systematic sampling).
+    short_at: u64,
+    short_mean: f64,
+    short_credit: f64,
     /// The state of the random choice of short waits to capture
     /// (xorshift64; never zero once drawn from).
     short_rng: u64,
-    short_budget_at: u64,
     /// Threads out for less than [`LONG_WAIT_NS`] at this pass.
     short: Vec<u32>,
     /// Threads to park at this pass.
@@ -747,24 +751,58 @@ impl Pairing {
                 self.threads.shrink_to(2 * self.threads.len());
             }
         }
-        self.refill_short_budget(now_ns);
-        if !self.short.is_empty() && self.short_budget > 0 {
-            let n = self.short.len().min(self.short_budget as usize);
-            // The first `n` of a random permutation (Fisher-Yates, cut short).
-            for k in 0..n {
-                let x = self.random();
-                let j = k + (x % (self.short.len() - k) as u64) as usize;
-                self.short.swap(k, j);
+        let n = self.choose_short(now_ns);
+        for &tid in &self.short[..n] {
+            if let Some(o) = self.threads.get_mut(tid).and_then(|s| s.out.as_mut()) {
+                o.tried = true;
             }
-            for &tid in &self.short[..n] {
-                if let Some(o) = self.threads.get_mut(tid).and_then(|s| s.out.as_mut()) {
-                    o.tried = true;
-                }
-                out.push(tid);
-            }
-            self.short_budget -= n as u64;
+            out.push(tid);
         }
         out.sort_unstable();
+    }
+
+    /// Move the short waits to capture at this pass to the front of
+    /// `self.short` and say how many. Each thread out for a short wait is
+    /// chosen with the same probability, whatever the others do: the
+    /// allowance of the time since the last pass ([`SHORT_CAPTURES_PER_SECOND`])
+    /// over the mean number of such threads at a pass, not over this pass's
+    /// number. (Dividing by this pass's number made a wait's chance depend
+    /// on how many threads waited with it: the waits of a lock, which come
+    /// in crowds, and those of a sleep, which do not, were captured at
+    /// different rates, and `--spread-blocked` charged them unevenly.) In a
+    /// random order, by systematic sampling with the credit carried over, so
+    /// that the number taken stays within one of the allowance; at most
+    /// [`SHORT_CAPTURES_PER_SECOND`] at one pass.
+    fn choose_short(&mut self, now_ns: u64) -> usize {
+        let n = self.short.len();
+        let dt_s = if self.short_at == 0 { 0.0 } else { now_ns.saturating_sub(self.short_at) as f64 / 1e9 };
+        self.short_at = now_ns;
+        // The mean over about a second of passes (the first pass: its own).
+        let a = if self.short_mean == 0.0 { 1.0 } else { dt_s.min(1.0) };
+        self.short_mean += a * (n as f64 - self.short_mean);
+        if n == 0 || self.short_mean <= 0.0 {
+            return 0;
+        }
+        let allowance = SHORT_CAPTURES_PER_SECOND as f64 * dt_s.min(1.0);
+        let p = (allowance / self.short_mean).min(1.0);
+        // A random order (Fisher-Yates), then every candidate adds `p` to
+        // the credit and is taken each time it reaches 1.
+        for k in 0..n.saturating_sub(1) {
+            let j = k + (self.random() % (n - k) as u64) as usize;
+            self.short.swap(k, j);
+        }
+        let mut taken = 0;
+        for k in 0..n {
+            self.short_credit += p;
+            if self.short_credit >= 1.0 && taken < SHORT_CAPTURES_PER_SECOND as usize {
+                self.short_credit -= 1.0;
+                self.short.swap(taken, k);
+                taken += 1;
+            }
+        }
+        // Credit left unspent by the cap is not carried.
+        self.short_credit = self.short_credit.min(1.0);
+        taken
     }
 
     /// The next number of the tracker's random sequence (xorshift64: the
@@ -779,28 +817,6 @@ impl Pairing {
         let x = x ^ (x << 17);
         self.short_rng = x;
         x
-    }
-
-    /// Top up the short-wait allowance for the time since the last top-up
-    /// (one capture each `1 s / SHORT_CAPTURES_PER_SECOND`, at most a
-    /// second's worth held; full at the first call).
-    fn refill_short_budget(&mut self, now_ns: u64) {
-        const EACH_NS: u64 = 1_000_000_000 / SHORT_CAPTURES_PER_SECOND;
-        if self.short_budget_at == 0 || now_ns < self.short_budget_at {
-            self.short_budget = SHORT_CAPTURES_PER_SECOND;
-            self.short_budget_at = now_ns;
-            return;
-        }
-        let earned = (now_ns - self.short_budget_at) / EACH_NS;
-        if earned == 0 {
-            return;
-        }
-        self.short_budget = (self.short_budget + earned).min(SHORT_CAPTURES_PER_SECOND);
-        self.short_budget_at = if self.short_budget == SHORT_CAPTURES_PER_SECOND {
-            now_ns
-        } else {
-            self.short_budget_at + earned * EACH_NS
-        };
     }
 
     /// Push every thread's sums of short waits ([`SUM_BELOW_NS`]) as
@@ -1118,17 +1134,16 @@ mod tests {
     }
 
     /// A pass lists every thread out for a long wait, and of those out for a
-    /// short one only as many as the allowance lets (chosen at random,
-    /// not the longest out first); one left out is listed at a later pass of the same interval,
-    /// and the allowance comes back with time, never above a second's worth.
+    /// short one a sample: each with the same chance whatever the number out
+    /// with it, about [`SHORT_CAPTURES_PER_SECOND`] a second in all; one left
+    /// out is listed at a later pass of the same interval once it is long.
     #[test]
-    fn short_waits_are_captured_within_their_allowance_long_ones_always() {
+    fn short_waits_are_sampled_evenly_within_their_allowance_long_ones_always() {
         const S: u64 = 1_000_000_000;
         let mut p = Pairing::default();
         let mut tids = Vec::new();
         let now = 100 * S;
-        // 10 threads out for 10 ms; 1,000 out for 1 ms or less (tid 1000 the
-        // longest, 1999 the latest out).
+        // 10 threads out for 10 ms; 1,000 out for 1 ms or less.
         for tid in 0..10u32 {
             p.events.push((now - 10_000_000, tid, 1));
         }
@@ -1137,41 +1152,45 @@ mod tests {
         }
         p.pair(u64::MAX);
         p.due_captures(now, &mut tids);
-        let n = SHORT_CAPTURES_PER_SECOND as usize;
-        assert_eq!(tids.len(), 10 + n);
-        assert!(tids[..10].iter().copied().eq(0..10), "every long wait");
-        let short = &tids[10..];
-        assert!(short.windows(2).all(|w| w[0] < w[1]) && short.iter().all(|t| (1000..2000).contains(t)));
-        // Chosen at random: both halves of the 1,000 are drawn from, not the
-        // longest out first (the draws are seeded: the same every run).
-        assert!(short.iter().any(|&t| t < 1500) && short.iter().any(|&t| t >= 1500), "{short:?}");
-        // Still short 3 ms later, the allowance spent: none listed, none tried.
-        p.due_captures(now + 3_000_000, &mut tids);
-        assert!(tids.is_empty(), "{tids:?}");
-        // Once long, the threads left out are all listed.
-        p.due_captures(now + LONG_WAIT_NS, &mut tids);
-        assert_eq!(tids.len(), 1000 - n);
+        assert!(tids.iter().copied().eq(0..10), "every long wait, no short one at the first pass: {tids:?}");
+        // 50 ms later the short ones are long: all listed, once.
+        p.due_captures(now + 50_000_000, &mut tids);
+        assert_eq!(tids.len(), 1000);
         p.due_captures(now + 10 * S, &mut tids);
         assert!(tids.is_empty(), "each thread is tried once an interval");
-        // After a long quiet time the allowance is a second's worth, no more;
-        // five captures' time after it is spent, 5 more.
-        let five = 5 * (1_000_000_000 / SHORT_CAPTURES_PER_SECOND);
-        let t = now + 200 * S;
-        p.events.clear();
-        for i in 0..1000u64 {
-            p.events.push((t - 1000 + i, 5000 + i as u32, 1));
+        // Passes 50 ms apart for 100 s, alternately with 1 and 9 threads
+        // newly out (each back in before the next pass): the lone ones are
+        // taken as often as those of a crowd, 10 a second in all.
+        let mut p = Pairing::default();
+        let (mut lone, mut crowd) = (0u64, 0u64);
+        let mut tid = 1u32;
+        for pass in 0..2000u64 {
+            let t = now + pass * 50_000_000;
+            let n = if pass % 2 == 0 { 1 } else { 9 };
+            let first = tid;
+            for _ in 0..n {
+                p.events.push((t - 1_000, tid, 1));
+                tid += 1;
+            }
+            p.pair(u64::MAX);
+            p.due_captures(t, &mut tids);
+            let taken = tids.iter().filter(|&&x| x >= first).count() as u64;
+            if n == 1 {
+                lone += taken;
+            } else {
+                crowd += taken;
+            }
+            for x in first..tid {
+                p.events.push((t + 1_000, x, 0));
+            }
+            p.pair(u64::MAX);
         }
-        p.pair(u64::MAX);
-        p.due_captures(t, &mut tids);
-        assert_eq!(tids.len(), n);
-        p.events.clear();
-        for i in 0..1000u64 {
-            p.events.push((t + five - 1000 + i, 9000 + i as u32, 1));
-        }
-        p.pair(u64::MAX);
-        p.due_captures(t + five, &mut tids);
-        assert_eq!(tids.len(), (1000 - n) + 5, "the rest of the first 1,000 (long now) and 5 short");
-        assert!(tids[1000 - n..].iter().all(|&t| (9000..10000).contains(&t)), "{:?}", &tids[1000 - n..]);
+        let (lone_rate, crowd_rate) = (lone as f64 / 1000.0, crowd as f64 / 9000.0);
+        assert!((950..=1010).contains(&(lone + crowd)), "{} taken in 100 s", lone + crowd);
+        assert!(
+            (lone_rate / crowd_rate - 1.0).abs() < 0.25,
+            "a lone thread taken at {lone_rate:.3}, one of a crowd at {crowd_rate:.3}"
+        );
     }
 
     fn cap(at_ns: u64) -> Capture {
