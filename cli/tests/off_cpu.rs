@@ -15,16 +15,26 @@ use common::*;
 use serde_json::Value;
 use spulse::{Header, SpoolWriter};
 
-/// The standard program's stacks: 300 CPU samples of main;hot_a (1 ms each),
-/// 100 of main;hot_b, and off-CPU: 600 ms blocked in futex under hot_b and
-/// 250 ms waiting for a CPU under hot_a, in intervals of 50 ms.
-fn spool(p: &Program, path: &std::path::Path) {
+/// A spool at `path` with the standard program's module and hot stacks
+/// (main;hot_a, main;hot_b) and its thread `main` (1001) defined.
+fn hot_spool(
+    p: &Program,
+    path: &std::path::Path,
+) -> (SpoolWriter<std::fs::File>, spulse::StackId, spulse::StackId, spulse::ThreadId) {
     let file = std::fs::File::create(path).unwrap();
     let mut w = SpoolWriter::new(file, Header { start_time_us: START_US, interval_us: INTERVAL_US }).unwrap();
     let module_path = p.path.as_os_str().as_encoded_bytes().to_vec();
     let m = define_program(&mut w, p, PID, &module_path, &p.build_id);
     let (s_a, s_b) = define_hot_stacks(&mut w, p, m);
     let t1 = w.define_thread(PID, 1001, "main").unwrap();
+    (w, s_a, s_b, t1)
+}
+
+/// The standard program's stacks: 300 CPU samples of main;hot_a (1 ms each),
+/// 100 of main;hot_b, and off-CPU: 600 ms blocked in futex under hot_b and
+/// 250 ms waiting for a CPU under hot_a, in intervals of 50 ms.
+fn spool(p: &Program, path: &std::path::Path) {
+    let (mut w, s_a, s_b, t1) = hot_spool(p, path);
     let futex = w.define_label("blocked: futex").unwrap();
     let cpu = w.define_label("waiting for CPU").unwrap();
     let s_futex = w.define_stack(Some(s_b), futex).unwrap();
@@ -293,12 +303,7 @@ fn firefox_export_weighs_off_cpu_time_in_its_own_category() {
 /// (`[blocked]`); 30 ms preempted under hot_a. Thread `idle` (1002): one
 /// 70 ms wait without a stack and none with one.
 fn spread_spool(p: &Program, path: &std::path::Path) {
-    let file = std::fs::File::create(path).unwrap();
-    let mut w = SpoolWriter::new(file, Header { start_time_us: START_US, interval_us: INTERVAL_US }).unwrap();
-    let module_path = p.path.as_os_str().as_encoded_bytes().to_vec();
-    let m = define_program(&mut w, p, PID, &module_path, &p.build_id);
-    let (s_a, s_b) = define_hot_stacks(&mut w, p, m);
-    let t1 = w.define_thread(PID, 1001, "main").unwrap();
+    let (mut w, s_a, s_b, t1) = hot_spool(p, path);
     let t2 = w.define_thread(PID, 1002, "idle").unwrap();
     let sleep = w.define_label("blocked: clock_nanosleep").unwrap();
     let blocked = w.define_label("blocked").unwrap();
