@@ -120,6 +120,11 @@ struct Captures {
     stacks: Vec<(StackId, [u32; STRATA])>,
     index: HashMap<StackId, usize>,
     sums: [u64; STRATA],
+    /// The last wait with a stack counted: its stack and end (a wait the
+    /// recorder split at a live reader's window edge is written as parts,
+    /// each starting where the one before ended, with the same stack: it is
+    /// counted once).
+    last: Option<(StackId, u64)>,
 }
 
 /// What [`BlockedSpread::charge`] did with an interval.
@@ -153,13 +158,18 @@ impl BlockedSpread {
         BlockedSpread::default()
     }
 
-    /// Count interval `o` if it is a wait with a stack. Call it for every
-    /// interval the view shows.
+    /// Count interval `o` if it is a wait with a stack (a part of a split
+    /// wait that continues the one counted just before, once). Call it for
+    /// every interval the view shows, in the order of the spool.
     pub fn observe(&mut self, defs: &Definitions, o: &OffCpuInterval) {
         if kind(defs, o.stack, o.state) != Kind::Captured {
             return;
         }
         let c = self.threads.entry(o.thread).or_default();
+        let end = o.start_us.saturating_add(o.duration_us);
+        if std::mem::replace(&mut c.last, Some((o.stack, end))) == Some((o.stack, o.start_us)) {
+            return;
+        }
         let i = match c.index.get(&o.stack) {
             Some(&i) => i,
             None => {

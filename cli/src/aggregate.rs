@@ -193,7 +193,7 @@ pub fn aggregate(replay: &Replay, filter: &Filter, per_thread: bool) -> Result<A
                 None => charge(o.stack, o.duration_us),
             }
             if mode.is_time() {
-                total += o.duration_us;
+                total = total.saturating_add(o.duration_us);
                 tmin = tmin.min(o.start_us);
                 tmax = tmax.max(o.start_us.saturating_add(o.duration_us));
             }

@@ -40,8 +40,8 @@ impl Spread {
     pub fn charge(&mut self, defs: &Definitions, o: &OffCpuInterval, f: impl FnMut(StackId, u64)) {
         match self.spread.charge(defs, o.thread, o.stack, o.state, o.duration_us, f) {
             Charged::Own => {}
-            Charged::Moved => self.moved_us += o.duration_us,
-            Charged::Kept => self.kept_us += o.duration_us,
+            Charged::Moved => self.moved_us = self.moved_us.saturating_add(o.duration_us),
+            Charged::Kept => self.kept_us = self.kept_us.saturating_add(o.duration_us),
         }
     }
 }

@@ -397,7 +397,7 @@ fn spread_blocked_charges_stackless_time_to_the_captured_stacks() {
     // Without it, top says (on stderr) that most blocked time has no stack:
     // 576.5 of 626.5 ms.
     let o = spulse(&["top", f, "--off-cpu"]);
-    assert!(stderr(&o).contains("spulse: 92% of the blocked time has no stack"), "{}", stderr(&o));
+    assert!(stderr(&o).contains("spulse: 92% of the spool's blocked time has no stack"), "{}", stderr(&o));
     let o = spulse(&["top", f, "--off-cpu", "--spread-blocked"]);
     assert!(!stderr(&o).contains("has no stack"), "{}", stderr(&o));
     // info points at it.
@@ -427,6 +427,25 @@ fn spread_blocked_charges_stackless_time_to_the_captured_stacks() {
     // A CPU view of another format is refused.
     let o = spulse(&["export", f, "--spread-blocked", "-o", s(&folded)]);
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+
+    // A wait with a stack written in two parts (the recorder splits the waits
+    // open at a live reader's window edge) counts once: one wait under
+    // hot_b, one under hot_a, so 40 ms of short waits go half to each.
+    let split = p.dir.path().join("split.spool");
+    let (mut w, s_a, s_b, t1) = hot_spool(&p, &split);
+    let sleep = w.define_label("blocked: clock_nanosleep").unwrap();
+    let short = w.define_label("blocked, under 5 ms").unwrap();
+    let (s_sleep_a, s_sleep_b) =
+        (w.define_stack(Some(s_a), sleep).unwrap(), w.define_stack(Some(s_b), sleep).unwrap());
+    let s_sums = w.define_stack(None, short).unwrap();
+    w.off_cpu(t1, s_sleep_b, START_US + 1_000, 2_000, false).unwrap();
+    w.off_cpu(t1, s_sleep_b, START_US + 3_000, 2_000, false).unwrap();
+    w.off_cpu(t1, s_sleep_a, START_US + 10_000, 2_000, false).unwrap();
+    w.off_cpu(t1, s_sums, START_US + 20_000, 40_000, false).unwrap();
+    w.into_inner().unwrap();
+    let spread = rows(&ok(&["top", s(&split), "--off-cpu", "--spread-blocked", "--json", "-n", "0"]));
+    assert_eq!(us(&spread, "hot_a", "total_us"), 2_000 + 20_000);
+    assert_eq!(us(&spread, "hot_b", "total_us"), 4_000 + 20_000);
 }
 
 /// A C program that sleeps 10 ms 150 times, always in `nap`.

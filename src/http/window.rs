@@ -235,7 +235,8 @@ pub(super) fn collect(
         }
         None => {
             // A sample taken before the window closed reaches the spool
-            // within one flush interval of the running recorder.
+            // within about one flush interval of the running recorder (a
+            // tenth more in off-CPU mode, whose ticks are jittered).
             let drained = Instant::now() + flush * 2 + POLL;
             loop {
                 while poll(&mut c)? {}

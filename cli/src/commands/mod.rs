@@ -93,10 +93,11 @@ pub struct TimeArgs {
     #[arg(long)]
     pub wall: bool,
     /// With --off-cpu or --wall (and in the pprof export's off-cpu values):
-    /// charge each thread's `[blocked]` time, the waits whose stack was not
-    /// read, to the stacks of that thread's waits that were, in proportion to
-    /// how many were read in each. An estimate, as a sampling profiler's is;
-    /// the totals stay exact. Without it, `[blocked]` is shown as measured.
+    /// charge each thread's blocked time whose stack was not read (`[blocked]`,
+    /// `[blocked, under 5 ms]`) to the stacks of that thread's waits that were
+    /// read, in proportion to how many were read in each among the waits of
+    /// about the same length. An estimate, as a sampling profiler's is; the
+    /// totals stay exact. Without it, that time is shown as measured.
     #[arg(long)]
     pub spread_blocked: bool,
 }

@@ -309,7 +309,7 @@ fn hint_spread(defs: &spulse::Definitions) {
     }
     if blocked > 0 && stackless.saturating_mul(5) >= blocked {
         eprintln!(
-            "spulse: {:.0}% of the blocked time has no stack ([blocked], [blocked, under 5 ms]: waits no tick of the recorder saw); --spread-blocked estimates where it went",
+            "spulse: {:.0}% of the spool's blocked time has no stack ([blocked], [blocked, under 5 ms]: waits no tick of the recorder saw); --spread-blocked estimates where it went",
             100.0 * stackless as f64 / blocked as f64
         );
     }
@@ -318,7 +318,7 @@ fn hint_spread(defs: &spulse::Definitions) {
 /// The header line saying what `--spread-blocked` estimated.
 fn spread_line(spread: Option<SpreadTotals>) -> Option<String> {
     // Nothing without a stack in the view: nothing to say.
-    let t = spread.filter(|t| t.moved_us + t.kept_us > 0)?;
+    let t = spread.filter(|t| t.moved_us > 0 || t.kept_us > 0)?;
     if t.moved_us == 0 {
         return Some(format!(
             "{} ms blocked without a stack kept: none of its threads had a wait with one (--spread-blocked)",

@@ -189,6 +189,9 @@ struct Out {
     /// A capture was attempted (taken or not) during this interval.
     tried: bool,
     capture: Option<Box<Capture>>,
+    /// `time_ns` is where [`Pairing::split_open`] cut the wait, not its
+    /// start: the rest is written on its own, never summed as a short wait.
+    split: bool,
 }
 
 /// A thread the switch records named: out (and since when) or not. An
@@ -382,7 +385,8 @@ impl SwitchTracker {
         let mut threads = TidMap::default();
         for &tid in &rings.opened {
             if thread_state(tid).is_some_and(|c| c == 'S' || c == 'D') {
-                let out = Out { time_ns: since_ns, preempted: false, tried: false, capture: None };
+                let out =
+                    Out { time_ns: since_ns, preempted: false, tried: false, capture: None, split: false };
                 threads.insert(
                     tid,
                     Seen { out: Some(out), recent: true, last_ns: since_ns, sums: [None; 2], listed: false },
@@ -638,7 +642,7 @@ impl Pairing {
                         }
                     }
                     let end_ns = time_ns.max(o.time_ns);
-                    if capture.is_none() && end_ns - o.time_ns < self.sum_below_ns {
+                    if capture.is_none() && !o.split && end_ns - o.time_ns < self.sum_below_ns {
                         let us = end_ns / 1000 - o.time_ns / 1000;
                         if !seen.listed {
                             seen.listed = true;
@@ -678,7 +682,7 @@ impl Pairing {
                 };
                 seen.recent = true;
                 seen.last_ns = seen.last_ns.max(time_ns);
-                seen.out = Some(Out { time_ns, preempted: kind == 2, tried, capture });
+                seen.out = Some(Out { time_ns, preempted: kind == 2, tried, capture, split: false });
             }
             4 => self.threads_changed = true,
             _ => {
@@ -800,8 +804,8 @@ impl Pairing {
                 taken += 1;
             }
         }
-        // Credit left unspent by the cap is not carried.
-        self.short_credit = self.short_credit.min(1.0);
+        // (The cap never binds: the mean includes this pass's number with
+        // the weight of its time, so `p * n` is at most the allowance.)
         taken
     }
 
@@ -857,6 +861,7 @@ impl Pairing {
                 summed: false,
             });
             o.time_ns = at_ns;
+            o.split = true;
         }
         self.done[first..].sort_unstable_by_key(|i| i.tid);
     }
@@ -1294,11 +1299,16 @@ mod tests {
         assert_eq!(splits, vec![t0 + 1_000_000], "the later split waits");
         assert_eq!(
             done(&mut p),
-            vec![(1, t0, t0 + 3_000, false, None), (1, t0 + 8_000, at, false, None)],
-            "the sum before the split (3 us at the first wait's start), then the open wait's part"
+            vec![
+                (1, t0, t0 + 3_000, false, None),
+                (1, t0 + 8_000, at, false, None),
+                (1, at, at + 3_000, false, None)
+            ],
+            "the sum before the split (3 us at the first wait's start), then the open wait's part, and its \
+             rest on its own (never summed: a wait cut by a split is not a short one)"
         );
         p.flush_sums();
-        assert_eq!(done(&mut p), vec![(1, at, at + 4_000, false, None)], "after the split: 3 + 1 us from it");
+        assert_eq!(done(&mut p), vec![(1, t0 + 20_000, t0 + 21_000, false, None)], "after the split: 1 us");
         assert_eq!(p.waits, 4);
     }
 

@@ -454,7 +454,9 @@ impl Run {
         self.warn_losses();
         self.publish_warnings();
         // Fixed rate: the next tick is one interval after this one was due,
-        // not after it finished, so flushes never drift apart.
+        // not after it finished, so ticks do not drift later (in off-CPU
+        // mode, the jitter below makes the schedule a random walk with no
+        // drift on average).
         *next += interval;
         let now = Instant::now();
         if *next <= now {
