@@ -167,7 +167,7 @@ impl BlockedSpread {
         }
         let c = self.threads.entry(o.thread).or_default();
         let end = o.start_us.saturating_add(o.duration_us);
-        if std::mem::replace(&mut c.last, Some((o.stack, end))) == Some((o.stack, o.start_us)) {
+        if c.last.replace((o.stack, end)) == Some((o.stack, o.start_us)) {
             return;
         }
         let i = match c.index.get(&o.stack) {
