@@ -355,7 +355,9 @@ fn spread_blocked_charges_stackless_time_to_the_captured_stacks() {
     // Spread: the sums go 3/4 to hot_a, 1/4 to hot_b (the short waits); the
     // 6.5 ms wait to hot_b (its 6 ms wait), the 100 ms one to hot_a (its
     // 40 ms wait is in the nearest stratum with any); idle's 70 ms stay.
-    let spread = rows(&ok(&["top", f, "--off-cpu", "--spread-blocked", "--json", "-n", "0"]));
+    let o = spulse(&["top", f, "--off-cpu", "--spread-blocked", "--json", "-n", "0"]);
+    assert!(stderr(&o).contains("spulse: 506.5 ms blocked without a stack"), "{}", stderr(&o));
+    let spread = rows(&stdout(&o));
     assert_eq!(us(&spread, "[blocked]", "self_us"), 70_000);
     assert!(!spread.iter().any(|r| r["function"] == "[blocked, under 5 ms]"), "{spread:?}");
     assert_eq!(us(&spread, "hot_a", "total_us"), 3_000 + 40_000 + 300_000 + 100_000 + 30_000);
@@ -374,6 +376,13 @@ fn spread_blocked_charges_stackless_time_to_the_captured_stacks() {
         rows(&ok(&["top", f, "--off-cpu", "--spread-blocked", "--to", "1500000", "--json", "-n", "0"]));
     assert_eq!(us(&early, "hot_a", "total_us"), 3_000 + 300_000 + 30_000);
     assert_eq!(us(&early, "hot_b", "total_us"), 1_000 + 100_000);
+    // Per process, the JSON says what the estimate moved.
+    let per: Value =
+        serde_json::from_str(&ok(&["top", f, "--off-cpu", "--spread-blocked", "--per-process", "--json"]))
+            .unwrap();
+    assert_eq!(per[0]["spread_blocked"]["moved_us"], 506_500, "{per}");
+    assert_eq!(per[0]["spread_blocked"]["kept_us"], 70_000, "{per}");
+    assert_eq!(per[0]["spread_blocked"]["waits_with_a_stack"], 6, "{per}");
     // One thread: idle keeps its [blocked].
     let idle =
         rows(&ok(&["top", f, "--off-cpu", "--spread-blocked", "--thread", "idle", "--json", "-n", "0"]));

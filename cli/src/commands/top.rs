@@ -217,6 +217,10 @@ pub fn run(args: &TopArgs) -> Result<(), CliError> {
         let (stats, total, spread) = table(replay, &filter, args, &mut sym)?;
         return with_stdout(|out| {
             if args.json {
+                // The rows are the estimate's: say so beside them.
+                if let Some(line) = spread_line(spread) {
+                    eprintln!("spulse: {line}");
+                }
                 writeln!(
                     out,
                     "{}",
@@ -260,9 +264,14 @@ pub fn run(args: &TopArgs) -> Result<(), CliError> {
         if args.json {
             let v: Vec<_> = sections
                 .iter()
-                .map(|(p, stats, total, _)| {
-                    json!({"pid": p.pid, "program": p.program, "samples": total, "ended": p.ended,
-                           "functions": json_rows(stats, &sym, *total, args.limit.n, us_per)})
+                .map(|(p, stats, total, spread)| {
+                    let mut v = json!({"pid": p.pid, "program": p.program, "samples": total, "ended": p.ended,
+                           "functions": json_rows(stats, &sym, *total, args.limit.n, us_per)});
+                    if let Some(t) = spread {
+                        v["spread_blocked"] =
+                            json!({"moved_us": t.moved_us, "kept_us": t.kept_us, "waits_with_a_stack": t.captures});
+                    }
+                    v
                 })
                 .collect();
             return writeln!(out, "{}", serde_json::to_string_pretty(&v).expect("json"));
