@@ -459,9 +459,9 @@ fn thread_cpu_us() -> u64 {
 
 /// The voluntary and involuntary context switches of the calling thread.
 fn thread_switches() -> u64 {
-    // SAFETY: getrusage writes the rusage struct we pass.
+    // SAFETY: rusage is plain integers, for which all zeros is a valid value.
     let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: as above; RUSAGE_THREAD reports on the calling thread.
+    // SAFETY: getrusage writes the rusage struct we pass; RUSAGE_THREAD reports on the calling thread.
     unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut ru) };
     (ru.ru_nvcsw + ru.ru_nivcsw) as u64
 }
