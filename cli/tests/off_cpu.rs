@@ -356,7 +356,8 @@ fn spread_blocked_charges_stackless_time_to_the_captured_stacks() {
     // 6.5 ms wait to hot_b (its 6 ms wait), the 100 ms one to hot_a (its
     // 40 ms wait is in the nearest stratum with any); idle's 70 ms stay.
     let o = spulse(&["top", f, "--off-cpu", "--spread-blocked", "--json", "-n", "0"]);
-    assert!(stderr(&o).contains("spulse: 506.5 ms blocked without a stack"), "{}", stderr(&o));
+    assert!(stderr(&o).contains("spulse: 506.5 ms blocked, no stack: estimated"), "{}", stderr(&o));
+    assert!(stderr(&o).contains("\nspulse: 70.0 ms blocked, no stack: kept"), "{}", stderr(&o));
     let spread = rows(&stdout(&o));
     assert_eq!(us(&spread, "[blocked]", "self_us"), 70_000);
     assert!(!spread.iter().any(|r| r["function"] == "[blocked, under 5 ms]"), "{spread:?}");
@@ -365,11 +366,15 @@ fn spread_blocked_charges_stackless_time_to_the_captured_stacks() {
     assert_eq!(us(&spread, "[blocked: clock_nanosleep]", "self_us"), 50_000 + 506_500);
     assert_eq!(us(&spread, "[waiting for CPU]", "self_us"), 30_000);
     let table = ok(&["top", f, "--off-cpu", "--spread-blocked"]);
-    assert!(table.starts_with("656.5 ms off-CPU\n506.5 ms blocked without a stack"), "{table}");
     assert!(
-        table.contains("their threads' 6 wait(s) with one (--spread-blocked: an estimate); 70.0 ms kept"),
+        table.starts_with(
+            "656.5 ms off-CPU\n506.5 ms blocked, no stack: estimated from 6 wait(s) with one (--spread-blocked)\n\
+             70.0 ms blocked, no stack: kept (no wait of its threads had one)\n"
+        ),
         "{table}"
     );
+    // The header fits an 80-column terminal.
+    assert!(table.lines().take(3).all(|l| l.chars().count() <= 80), "{table}");
     // The window's own waits set the proportions: before 1.5 s, the short
     // ones only.
     let early =
@@ -389,13 +394,13 @@ fn spread_blocked_charges_stackless_time_to_the_captured_stacks() {
     assert_eq!(us(&idle, "[blocked]", "self_us"), 70_000);
     let table = ok(&["top", f, "--off-cpu", "--spread-blocked", "--thread", "idle"]);
     assert!(
-        table.contains("\n70.0 ms blocked without a stack kept: none of its threads had a wait with one"),
+        table.contains("\n70.0 ms blocked, no stack: kept (no wait of its threads had one)\n"),
         "{table}"
     );
     // A CPU-only spool: nothing to say about it.
     let (_plain_dir, cpu_only) = fixture();
     let table = ok(&["top", s(&cpu_only), "--off-cpu", "--spread-blocked"]);
-    assert!(!table.contains("without a stack"), "{table}");
+    assert!(!table.contains("no stack"), "{table}");
     // --wall: the CPU samples beside the same spread.
     let wall = rows(&ok(&["top", f, "--wall", "--spread-blocked", "--json", "-n", "0"]));
     assert_eq!(us(&wall, "hot_b", "total_us"), INTERVAL_US + 113_500);

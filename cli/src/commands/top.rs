@@ -218,7 +218,7 @@ pub fn run(args: &TopArgs) -> Result<(), CliError> {
         return with_stdout(|out| {
             if args.json {
                 // The rows are the estimate's: say so beside them.
-                if let Some(line) = spread_line(spread) {
+                for line in spread_line(spread).iter().flat_map(|l| l.lines()) {
                     eprintln!("spulse: {line}");
                 }
                 writeln!(
@@ -318,7 +318,8 @@ fn hint_spread(defs: &spulse::Definitions) {
     }
     if blocked > 0 && stackless.saturating_mul(5) >= blocked {
         eprintln!(
-            "spulse: {:.0}% of the spool's blocked time has no stack ([blocked], [blocked, under 5 ms]: waits no tick of the recorder saw); --spread-blocked estimates where it went",
+            "spulse: {:.0}% of the spool's blocked time has no stack (waits no tick of the\n\
+             spulse: recorder saw); --spread-blocked estimates where it went",
             100.0 * stackless as f64 / blocked as f64
         );
     }
@@ -328,19 +329,21 @@ fn hint_spread(defs: &spulse::Definitions) {
 fn spread_line(spread: Option<SpreadTotals>) -> Option<String> {
     // Nothing without a stack in the view: nothing to say.
     let t = spread.filter(|t| t.moved_us > 0 || t.kept_us > 0)?;
+    // Lines that fit 80 columns: what moved and on what; what stayed.
+    let kept = |t: SpreadTotals| {
+        format!("{} ms blocked, no stack: kept (no wait of its threads had one)", ms(t.kept_us))
+    };
     if t.moved_us == 0 {
-        return Some(format!(
-            "{} ms blocked without a stack kept: none of its threads had a wait with one (--spread-blocked)",
-            ms(t.kept_us)
-        ));
+        return Some(kept(t));
     }
     let mut line = format!(
-        "{} ms blocked without a stack ([blocked], [blocked, under 5 ms]) charged to the stacks of their threads' {} wait(s) with one (--spread-blocked: an estimate)",
+        "{} ms blocked, no stack: estimated from {} wait(s) with one (--spread-blocked)",
         ms(t.moved_us),
         t.captures
     );
     if t.kept_us > 0 {
-        line.push_str(&format!("; {} ms kept (threads with no wait with a stack)", ms(t.kept_us)));
+        line.push('\n');
+        line.push_str(&kept(t));
     }
     Some(line)
 }
