@@ -904,7 +904,7 @@ fn wall_window_with_a_thread_blocked_throughout(env: &[(&str, &std::ffi::OsStr)]
 /// and end). This thread is off the CPU nearly all the time, so a sum placed
 /// at its first wait across the start would still land mostly inside: the
 /// cut itself is checked by `a_split_cuts_the_sums_where_the_records_reach_it`
-/// (`src/recorder/sys/perf_switch.rs`).
+/// (`src/recorder/sys/pairing.rs`).
 #[test]
 fn wall_window_cuts_summed_short_waits_at_its_edges() {
     let mut c = ChildServer::start("sleepers", &[]);

@@ -20,9 +20,9 @@ use super::handler::unwind::{unwind_into, Regs};
 use super::handler::Counters;
 use super::modules::{NativeCache, UnwindSnapshot};
 use super::sys::blocked::{self, Missed};
+use super::sys::pairing::Capture;
 use super::sys::perf_kernel::KernelRings;
 use super::sys::perf_stack::{StackEvents, StackSample};
-use super::sys::perf_switch::Capture;
 
 /// One unwound sample waiting to be written; its addresses are
 /// `addrs[start..start + len]` of the batch.

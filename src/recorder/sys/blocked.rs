@@ -1,5 +1,5 @@
 //! A blocked thread's stack, read without a signal: the off-CPU mode's
-//! capture (`perf_switch.rs` says when a thread is blocked).
+//! capture (`pairing.rs` says when a thread is blocked).
 //!
 //! `/proc/self/task/<tid>/syscall` gives a thread that is not running the
 //! system call it is in, its arguments, and its user stack pointer and

@@ -5,7 +5,8 @@
 //! `perf_stack.rs` the perf-stack engine's events and their mapped rings; `timer.rs`
 //! arms the per-thread POSIX CPU timers and the process itimer; `tcb.rs` probes
 //! glibc's thread control block; `maps.rs` finds the main thread's stack;
-//! `perf_switch.rs` (the off-CPU mode's context-switch records) and
+//! `perf_switch.rs` (the off-CPU mode's context-switch records), `pairing.rs`
+//! (their pairing into intervals, and which blocked threads to capture) and
 //! `blocked.rs` (a blocked thread's system call and stack, read without a
 //! signal); `vdso.rs` finds a symbol of the vDSO (aarch64's signal return
 //! trampoline). The
@@ -16,6 +17,7 @@
 
 pub(crate) mod blocked;
 pub(crate) mod maps;
+pub(crate) mod pairing;
 pub(crate) mod perf;
 pub(crate) mod perf_kernel;
 pub(crate) mod perf_stack;

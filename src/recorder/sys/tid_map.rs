@@ -1,5 +1,5 @@
 //! A map from thread ids to values for the off-CPU pairing
-//! (`perf_switch.rs`), which looks up a thread for each of the hundreds of
+//! (`pairing.rs`), which looks up a thread for each of the hundreds of
 //! thousands of switch records a second a switch-heavy program writes.
 //!
 //! Open addressing with linear probing over two arrays: the keys (4 bytes

@@ -83,7 +83,7 @@ pub(crate) struct Interner {
 }
 
 // The label names the recorder's threshold for sums.
-const _: () = assert!(crate::recorder::sys::perf_switch::SUM_BELOW_NS == 5_000_000, "the label says 5 ms");
+const _: () = assert!(crate::recorder::sys::pairing::SUM_BELOW_NS == 5_000_000, "the label says 5 ms");
 
 impl Interner {
     /// The id of `frame`, defining it if new.

@@ -1,6 +1,6 @@
 //! The writer's part of the off-CPU mode (`RecorderBuilder::off_cpu`): at
 //! each tick, after the samples are drained, pair the context-switch records
-//! into off-CPU intervals (`sys/perf_switch.rs`), write the finished ones
+//! into off-CPU intervals (`sys/perf_switch.rs`, `sys/pairing.rs`), write the finished ones
 //! (FORMAT.md, tag 9), and capture each thread found blocked and not yet
 //! captured (`sys/blocked.rs`, unwound by `stack_sampler.rs`).
 //!
@@ -13,14 +13,14 @@
 //! failed) is charged to `[blocked]` alone; a preempted one to `[waiting for
 //! CPU]` on top of the thread's last sampled stack (its own root if none).
 //! Such waits shorter than 5 ms are summed per thread and state and written
-//! once a tick (`sys/perf_switch.rs`, `SUM_BELOW_NS`), the blocked ones under
+//! once a tick (`sys/pairing.rs`, `SUM_BELOW_NS`), the blocked ones under
 //! `[blocked, under 5 ms]` alone; the others one by one.
 //!
 //! Costs: the records are a ring read per CPU per tick (and between ticks
 //! when a ring is a quarter full: the writer also waits on the rings); a capture is one
 //! `/proc` read, a `process_vm_readv` of `user_stack_copy` bytes and an
 //! unwind, at most once per blocking, for every wait a tick finds at least
-//! 5 ms long and about 10 shorter ones a second (`sys/perf_switch.rs`,
+//! 5 ms long and about 10 shorter ones a second (`sys/pairing.rs`,
 //! "Captures"); a thread that stays blocked costs nothing more, and writes
 //! one interval record when it wakes (or, for a short wait without a stack,
 //! adds to its thread's sum for the tick).
@@ -31,7 +31,8 @@ use super::Run;
 use crate::recorder::handler::ring::RawSample;
 use crate::recorder::stats::OffCpuStats;
 use crate::recorder::sys::blocked::syscall_name;
-use crate::recorder::sys::perf_switch::{Capture, Interval, SwitchTracker};
+use crate::recorder::sys::pairing::{Capture, Interval};
+use crate::recorder::sys::perf_switch::SwitchTracker;
 use crate::{Error, StackId};
 
 /// The off-CPU mode's state in the writer.
