@@ -23,6 +23,7 @@ fn burn(p: &Plugin, cpu: f64) {
 
 #[test]
 fn dlopen_dlclose_same_address_two_generations() {
+    let _one = serial();
     let (dir, path) = spool_path("dl.spool");
     let alpha = build_plugin(dir.path(), "plugin_alpha").expect("build libplugin_alpha.so");
     let beta = build_plugin(dir.path(), "plugin_beta").expect("build libplugin_beta.so");
@@ -98,6 +99,54 @@ fn dlopen_dlclose_same_address_two_generations() {
     assert!(in_a >= 200 && in_b >= 200, "samples in the libraries: alpha {in_a}, beta {in_b}");
     assert!(deep_a as f64 >= 0.9 * in_a as f64, "alpha stacks stop in the library");
     assert!(deep_b as f64 >= 0.9 * in_b as f64, "beta stacks stop in the library");
+}
+
+/// A library opened and closed between two of the writer's checks (`ld`
+/// does so with its LTO plugin at every link; a program probing a plugin
+/// at start) is an unseen change, but with one object gone and none other
+/// removed the modules mapped on both sides stayed mapped: the samples taken
+/// meanwhile in the test executable are attributed to it, not written as
+/// bare addresses (they were, every one of them, for a process that ended
+/// before the next check).
+#[test]
+fn a_library_opened_and_closed_between_checks_leaves_the_program_attributed() {
+    let _one = serial();
+    let (dir, path) = spool_path("blip.spool");
+    let alpha = build_plugin(dir.path(), "plugin_alpha").expect("build libplugin_alpha.so");
+    // One engine (no early switch-check ticks) and a long flush interval:
+    // the writer checks the loader about once a second.
+    let guard = spulse::Recorder::builder()
+        .frequency_hz(999)
+        .engine(spulse::EngineChoice::PerfEvent)
+        .flush_interval(Duration::from_secs(1))
+        .start(&path)
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    let tid = gettid();
+    let t0 = spulse_now_us();
+    Plugin::open(&alpha, "plugin_alpha").unwrap().close();
+    burn_cpu(0.3, 10_000, Duration::from_secs(10));
+    let t1 = spulse_now_us();
+    let stats = guard.finish().unwrap();
+
+    let snap = spulse::Snapshot::open(&path).unwrap();
+    let exe = std::fs::canonicalize(std::env::current_exe().unwrap()).unwrap();
+    let in_exe = |m: ModuleId| {
+        use std::os::unix::ffi::OsStrExt;
+        std::path::Path::new(std::ffi::OsStr::from_bytes(&snap.module(m).path)) == exe
+    };
+    let (mut burnt, mut attributed) = (0, 0);
+    for s in snap.samples().filter(|s| snap.thread(s.thread).tid == tid && (t0..=t1).contains(&s.time_us)) {
+        burnt += 1;
+        // (The leaf may be the kernel or the vDSO: the burn reads its CPU clock.)
+        let reaches_exe = snap
+            .stack_frames(s.stack)
+            .any(|f| matches!(snap.frame(f), Frame::Module { module, .. } if in_exe(module)));
+        attributed += reaches_exe as u32;
+    }
+    eprintln!("{attributed} of {burnt} samples in the executable; {stats:?}");
+    assert!(burnt >= 100, "{burnt} samples of the burn");
+    assert!(attributed as f64 >= 0.98 * burnt as f64, "{attributed} of {burnt} samples in the executable");
 }
 
 /// The start-up and teardown code the toolchain links into every shared

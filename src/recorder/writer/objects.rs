@@ -27,8 +27,12 @@
 //! by more than the rescan explains (an object came and went between two ticks,
 //! or was closed and reopened at the same address, which looks like no change),
 //! the time between the last check that found the counters unchanged and this
-//! check is an *unseen window*: no module is certain for a sample taken inside
-//! it, whatever its generation, so its frames are written as absolute addresses.
+//! check is an *unseen window*. For a sample taken inside it, whatever its
+//! generation, only a module mapped on both sides of the window is certain, and
+//! only if the loader removed at most one object more than the rescan found
+//! (`timeline::Unseen::stable`: a library opened and closed between two ticks
+//! leaves the program's other modules certain); other frames are written as
+//! absolute addresses.
 
 use std::collections::{HashMap, HashSet};
 
@@ -154,7 +158,8 @@ impl Run {
             // opened and closed between two ticks): the state now is the current
             // generation again, but not continuously since the last check.
             self.unseen_objects = true;
-            self.timeline.unseen_window(g, checked_at);
+            let stable = dl.1.wrapping_sub(prev_dl.1) <= 1;
+            self.timeline.unseen_window(g, g as u64, checked_at, stable);
             return None;
         }
         let removed_objects: HashSet<&modules::ObjectKey> =
@@ -162,9 +167,12 @@ impl Run {
         let explained = dl.0.wrapping_sub(prev_dl.0) == added.len() as u64
             && dl.1.wrapping_sub(prev_dl.1) == removed_objects.len() as u64;
         let exact = !std::mem::take(&mut self.unseen_objects) && explained;
+        // (Objects on both sides of the window stayed mapped if at most one
+        // removal more than those seen happened: `Unseen::stable`.)
+        let stable = dl.1.wrapping_sub(prev_dl.1) <= removed_objects.len() as u64 + 1;
         drop(removed_objects);
         if !explained {
-            self.timeline.unseen_window(g, checked_at);
+            self.timeline.unseen_window(g, gen, checked_at, stable);
         }
         // The new generation is verified only from the next check on.
         self.timeline.verified.push(0);
