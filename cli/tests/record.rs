@@ -632,6 +632,67 @@ fn cfi_verdicts_are_cached_across_recordings() {
     assert!(deepest_in_exe >= 3, "stacks unwind through the program: {deepest_in_exe} frames at most");
 }
 
+/// A program without a build id (the Rust toolchain's `librustc_driver` and
+/// `libLLVM` have none, and their checks were a third of a short `rustc`'s
+/// CPU) has its verdict cached too, keyed by its unwind table's bytes: the
+/// second recording adds and rewrites nothing, and a rebuild with other code
+/// gets a verdict of its own.
+fn cfi_verdicts_of_a_program_without_a_build_id_are_cached() {
+    let work = tempfile::tempdir().unwrap();
+    let dir = work.path().join("cfi");
+    let build = |body: &str| {
+        let src = work.path().join("spin.c");
+        std::fs::write(
+            &src,
+            format!("int main(void) {{ volatile unsigned long x = 0; {body} return 0; }}\n"),
+        )
+        .unwrap();
+        let exe = work.path().join("spin");
+        let o = Command::new("cc")
+            .args(["-O1", "-Wl,--build-id=none", "-o"])
+            .arg(&exe)
+            .arg(&src)
+            .output()
+            .expect("run cc");
+        assert!(o.status.success(), "cc: {}", String::from_utf8_lossy(&o.stderr));
+        exe
+    };
+    let record = |exe: &Path| {
+        let spool = work.path().join("spin.spool");
+        let _ = std::fs::remove_file(&spool);
+        let out = Command::new(env!("CARGO_BIN_EXE_spulse"))
+            .args(["record", "-o"])
+            .arg(&spool)
+            .arg("--")
+            .arg(exe)
+            .env("SPULSE_CFI_CACHE", &dir)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(0), "stderr: {}", stderr(&out));
+    };
+    // The file names begin with the id's first 20 bytes in hex: for an
+    // object without a build id, those of "no build id; eh_fram".
+    let prefix: String = b"no build id; eh_fram".iter().map(|b| format!("{b:02x}")).collect();
+    let listing = || -> BTreeMap<String, std::time::SystemTime> {
+        std::fs::read_dir(&dir)
+            .unwrap()
+            .flatten()
+            .map(|e| (e.file_name().into_string().unwrap(), e.metadata().unwrap().modified().unwrap()))
+            .filter(|(n, _)| n.starts_with(&prefix))
+            .collect()
+    };
+    let exe = build("for (x = 0; x < 1000000; x++) ;");
+    record(&exe);
+    let first = listing();
+    assert_eq!(first.len(), 1, "one verdict for the program without a build id: {first:?}");
+    record(&exe);
+    assert_eq!(listing(), first, "the second recording rewrote or added its verdict");
+    // Other code, another table: a verdict of its own.
+    let exe = build("for (x = 0; x < 1000000; x++) ; for (x = 0; x < 1000; x += 3) x ^= 1;");
+    record(&exe);
+    assert_eq!(listing().len(), 2, "{:?}", listing());
+}
+
 fn embedded_start_is_refused_and_recorded_once() {
     let r = record_role("embedded", &[]);
     assert_eq!(r.out.status.code(), Some(0), "stderr: {}", stderr(&r.out));
@@ -949,6 +1010,10 @@ fn main() {
         ("exec_in_a_signal_handler_does_not_hang", exec_in_a_signal_handler_does_not_hang),
         ("garbage_from_a_child_never_corrupts", garbage_from_a_child_never_corrupts),
         ("cfi_verdicts_are_cached_across_recordings", cfi_verdicts_are_cached_across_recordings),
+        (
+            "cfi_verdicts_of_a_program_without_a_build_id_are_cached",
+            cfi_verdicts_of_a_program_without_a_build_id_are_cached,
+        ),
         ("embedded_start_is_refused_and_recorded_once", embedded_start_is_refused_and_recorded_once),
         ("exit_status_propagates", exit_status_propagates),
         (

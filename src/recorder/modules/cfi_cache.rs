@@ -9,7 +9,11 @@
 //! and keyed by what the verdict depends on: the object's GNU build id, the
 //! sizes and stated addresses of `.eh_frame_hdr` and `.eh_frame`, a hash of
 //! the search table, and this crate's version (whose `cfi_check` rules made
-//! the verdict). An object without a build id is never cached. A file that is
+//! the verdict). An object without a build id (the Rust toolchain's
+//! `librustc_driver` and `libLLVM`, whose checks were a third of a short
+//! `rustc`'s CPU under `spulse record`) is keyed by two hashes of its whole
+//! `.eh_frame` instead, which the verdict depends on (a few ms for their
+//! 6-8 MB, against about 100 ms for their checks). A file that is
 //! missing, short, oversized or does not repeat its key is ignored and
 //! rewritten; files are written to a temporary name and renamed, so a reader
 //! never sees half of one. The directory is created with mode 0700: the
@@ -21,6 +25,46 @@ use std::hash::{Hash, Hasher};
 use std::io::Read;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::PathBuf;
+
+/// What stands for the build id of an object without one: this, then two
+/// 64-bit hashes of its `.eh_frame` ([`content_id`]).
+const CONTENT_ID: &[u8] = b"no build id; eh_frame hashes ";
+
+/// [`CONTENT_ID`] and two hashes of `bytes` taken 8 bytes at a time, each
+/// word mixed into two states by different multiply-rotate rounds (about 1
+/// ns a word: SipHash of the toolchain's 14 MB of tables took 20 ms of a
+/// short `rustc`), each state finished with the length and a final mix.
+/// Not meant to resist a forger (whoever can make the recorded program load
+/// a library owns it already), but two tables that differ collide in both
+/// only by accident, and then only if their search tables' SipHash and
+/// every size and address of the key agree too.
+fn content_id(bytes: &[u8]) -> Vec<u8> {
+    const P1: u64 = 0x9e37_79b9_7f4a_7c15;
+    const P2: u64 = 0xc2b2_ae3d_27d4_eb4f;
+    let mix = |mut h: u64| {
+        h ^= h >> 33;
+        h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
+        h ^= h >> 33;
+        h = h.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+        h ^ (h >> 33)
+    };
+    let (mut a, mut b) = (P2, P1);
+    let mut words = bytes.chunks_exact(8);
+    for w in &mut words {
+        let w = u64::from_le_bytes(w.try_into().expect("8 bytes"));
+        a = (a ^ w).wrapping_mul(P1).rotate_left(31);
+        b = b.wrapping_add(w).rotate_left(27).wrapping_mul(P2);
+    }
+    let mut last = [0u8; 8];
+    last[..words.remainder().len()].copy_from_slice(words.remainder());
+    let w = u64::from_le_bytes(last);
+    let n = bytes.len() as u64;
+    let (a, b) = (mix(a ^ w ^ n), mix(b.wrapping_add(w).wrapping_add(n.rotate_left(32))));
+    let mut id = CONTENT_ID.to_vec();
+    id.extend_from_slice(&a.to_le_bytes());
+    id.extend_from_slice(&b.to_le_bytes());
+    id
+}
 
 /// The environment variable that names the cache directory.
 pub(crate) const ENV: &str = "SPULSE_CFI_CACHE";
@@ -43,7 +87,8 @@ pub(crate) struct Key {
 }
 
 impl Key {
-    /// The key of an object's tables; `None` without a build id.
+    /// The key of an object's tables (`Option` for callers that may have
+    /// no key to give: this one always has one).
     pub(crate) fn new(
         build_id: &[u8],
         hdr: &[u8],
@@ -52,13 +97,11 @@ impl Key {
         eh_frame_svma: u64,
         text_svma: u64,
     ) -> Option<Key> {
-        if build_id.is_empty() {
-            return None;
-        }
+        let build_id = if build_id.is_empty() { content_id(eh_frame) } else { build_id.to_vec() };
         let mut h = std::hash::DefaultHasher::new();
         hdr.hash(&mut h);
         Some(Key {
-            build_id: build_id.to_vec(),
+            build_id,
             hdr_svma,
             hdr_len: hdr.len() as u64,
             eh_frame_svma,
@@ -69,6 +112,8 @@ impl Key {
     }
 
     /// The key's bytes as a file repeats them: the crate version, then the fields.
+    /// (A content id and a build id never meet: one begins with
+    /// [`CONTENT_ID`], which no 16- or 20-byte GNU build id is as long as.)
     fn encode(&self) -> Vec<u8> {
         let mut out = Vec::new();
         let version = env!("CARGO_PKG_VERSION").as_bytes();
@@ -220,8 +265,25 @@ mod tests {
         assert_eq!(cache.load(&key(b"\x01\x03")), None);
         let other = Key::new(b"\x01\x02", &[1, 2, 3, 5], 0x1000, &[0; 64], 0x2000, 0x3000).unwrap();
         assert_eq!(cache.load(&other), None);
-        // No build id, no caching.
-        assert!(Key::new(b"", &[1], 0, &[], 0, 0).is_none());
+        // No build id: keyed by the unwind table's bytes, one entry per content.
+        let plain = |eh: &[u8]| Key::new(b"", &[1, 2, 3, 4], 0x1000, eh, 0x2000, 0x3000).unwrap();
+        cache.store(&plain(&[7; 64]), &[5]);
+        assert_eq!(cache.load(&plain(&[7; 64])), Some(vec![5]));
+        let mut changed = [7u8; 64];
+        changed[40] = 8;
+        assert_eq!(cache.load(&plain(&changed)), None, "one byte of .eh_frame changed");
+        assert_eq!(cache.load(&plain(&[7; 65])), None, "one byte longer");
+        // Every single-bit change of a table moves both hashes.
+        let base: Vec<u8> = (0..61u32).map(|i| (i * 37 % 251) as u8).collect();
+        let id = content_id(&base);
+        for bit in 0..base.len() * 8 {
+            let mut t = base.clone();
+            t[bit / 8] ^= 1 << (bit % 8);
+            let other = content_id(&t);
+            let n = CONTENT_ID.len();
+            assert!(other[n..n + 8] != id[n..n + 8] && other[n + 8..] != id[n + 8..], "bit {bit}");
+        }
+        assert_eq!(cache.load(&k), Some(vec![3, 9, 12]), "the build-id entry stays");
         use std::os::unix::fs::PermissionsExt;
         let mode = std::fs::metadata(dir.path().join("cfi")).unwrap().permissions().mode();
         assert_eq!(mode & 0o777, 0o700);
