@@ -693,6 +693,117 @@ fn cfi_verdicts_of_a_program_without_a_build_id_are_cached() {
     assert_eq!(listing().len(), 2, "{:?}", listing());
 }
 
+/// Start `spulse record -o DIR/out.spool -- sh -c SCRIPT` (SCRIPT may use
+/// `$PIDS`, a file in DIR), wait until `$PIDS` has `lines` lines.
+fn record_sh(dir: &Path, script: &str, lines: usize) -> std::process::Child {
+    let child = Command::new(env!("CARGO_BIN_EXE_spulse"))
+        .args(["record", "-o"])
+        .arg(dir.join("out.spool"))
+        .args(["--", "sh", "-c", script])
+        .env("PIDS", dir.join("pids"))
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t0 = std::time::Instant::now();
+    while std::fs::read_to_string(dir.join("pids")).map_or(0, |s| s.lines().count()) < lines {
+        assert!(t0.elapsed() < Duration::from_secs(20), "the command did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child
+}
+
+/// Wait up to `limit` for `child`; its exit code and how long it took.
+fn wait_for(child: &mut std::process::Child, limit: Duration) -> (Option<i32>, Duration) {
+    let t0 = std::time::Instant::now();
+    loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            return (st.code(), t0.elapsed());
+        }
+        if t0.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            return (None, t0.elapsed());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn pids_in(dir: &Path) -> Vec<i32> {
+    std::fs::read_to_string(dir.join("pids")).unwrap().lines().filter_map(|l| l.trim().parse().ok()).collect()
+}
+
+fn running(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .is_ok_and(|s| s.rsplit_once(')').is_some_and(|(_, r)| !r.trim_start().starts_with('Z')))
+}
+
+/// SIGTERM to `spulse record` reaches the whole tree, a grandchild too: the
+/// command ends as a whole and `record` with it, at once (before, only its
+/// children got the signal, and the collector waited for the orphaned
+/// grandchild to finish by itself). A second signal stops the waiting for a
+/// tree that ignores the first.
+fn signals_reach_the_whole_tree_and_a_second_one_stops_the_wait() {
+    let work = tempfile::tempdir().unwrap();
+    let mut rec = record_sh(work.path(), "sleep 60 & echo $! >> \"$PIDS\"; wait; echo after", 1);
+    // SAFETY: kill on the pid of our own child.
+    unsafe { libc::kill(rec.id() as i32, libc::SIGTERM) };
+    let (code, took) = wait_for(&mut rec, Duration::from_secs(30));
+    assert_eq!(code, Some(143), "took {took:?}");
+    assert!(took < Duration::from_secs(10), "record waited {took:?} for the tree");
+    let grandchild = pids_in(work.path())[0];
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(!running(grandchild), "the grandchild {grandchild} still runs");
+
+    // A tree that ignores SIGTERM (an ignored signal stays ignored across exec).
+    let work = tempfile::tempdir().unwrap();
+    // (The shell burns some CPU first: samples to find in the output.)
+    let script = "trap '' TERM; i=0; while [ $i -lt 30000 ]; do i=$((i+1)); done; \
+                  sleep 60 & echo $! >> \"$PIDS\"; wait";
+    let mut rec = record_sh(work.path(), script, 1);
+    // Past the recorders' flush interval (100 ms): the burn is in the spools.
+    std::thread::sleep(Duration::from_millis(400));
+    // SAFETY: kill on the pid of our own child.
+    unsafe { libc::kill(rec.id() as i32, libc::SIGTERM) };
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(rec.try_wait().unwrap().is_none(), "record ended while the tree runs");
+    // SAFETY: as above.
+    unsafe { libc::kill(rec.id() as i32, libc::SIGTERM) };
+    let (code, took) = wait_for(&mut rec, Duration::from_secs(30));
+    let sleeper = pids_in(work.path())[0];
+    // SAFETY: kill on the sleeper, which the recorder left running (checked running just below).
+    let left = running(sleeper);
+    unsafe { libc::kill(sleeper, libc::SIGKILL) };
+    assert_eq!(code, Some(143), "took {took:?}");
+    assert!(took < Duration::from_secs(10), "a second signal did not stop the wait: {took:?}");
+    assert!(left, "the tree ignoring SIGTERM was still running");
+    let s = open_complete(&work.path().join("out.spool"));
+    assert!(!check_pids(&s).is_empty(), "what was recorded before is in the output");
+}
+
+/// A spool the recorded program put in the handoff directory under the pid
+/// of a process outside the tree (one that runs on: here this test itself)
+/// is read as it is, never waited for: `record` ends with its command.
+fn a_spool_under_a_foreign_pid_is_not_waited_for() {
+    let work = tempfile::tempdir().unwrap();
+    let first = work.path().join("first.spool");
+    let o = Command::new(env!("CARGO_BIN_EXE_spulse"))
+        .args(["record", "-o"])
+        .arg(&first)
+        .args(["--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "stderr: {}", stderr(&o));
+    let script = format!(
+        "cp \"{}\" \"$SPULSE_RECORD_DIR/{}.0.spool\"; echo done >> \"$PIDS\"",
+        first.display(),
+        std::process::id()
+    );
+    let mut rec = record_sh(work.path(), &script, 1);
+    let (code, took) = wait_for(&mut rec, Duration::from_secs(30));
+    assert_eq!(code, Some(0), "took {took:?}");
+    assert!(took < Duration::from_secs(10), "record waited {took:?} for a process outside the tree");
+}
+
 fn embedded_start_is_refused_and_recorded_once() {
     let r = record_role("embedded", &[]);
     assert_eq!(r.out.status.code(), Some(0), "stderr: {}", stderr(&r.out));
@@ -1015,6 +1126,11 @@ fn main() {
             cfi_verdicts_of_a_program_without_a_build_id_are_cached,
         ),
         ("embedded_start_is_refused_and_recorded_once", embedded_start_is_refused_and_recorded_once),
+        (
+            "signals_reach_the_whole_tree_and_a_second_one_stops_the_wait",
+            signals_reach_the_whole_tree_and_a_second_one_stops_the_wait,
+        ),
+        ("a_spool_under_a_foreign_pid_is_not_waited_for", a_spool_under_a_foreign_pid_is_not_waited_for),
         ("exit_status_propagates", exit_status_propagates),
         (
             "unknown_options_are_refused_and_the_commands_pass_through",

@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use spulse::SpoolWriter;
 
 use super::handoff::{check_entry, parse_name, read_new_lines};
-use super::process::{alive, proc_starttime};
+use super::process::{alive, in_tree, proc_starttime};
 use crate::merge::{MergeError, Source};
 
 /// One per-process spool file and how far it got.
@@ -92,10 +92,11 @@ impl Collector {
                 });
                 continue;
             }
-            self.entries.insert(
-                (pid, ns),
-                Entry { path, starttime: proc_starttime(pid), state: EntryState::Waiting },
-            );
+            // A pid outside the recorded tree (a spool the program wrote
+            // under another process's pid) is read as it is, never waited
+            // for: its process may never end.
+            let starttime = proc_starttime(pid).filter(|_| in_tree(pid));
+            self.entries.insert((pid, ns), Entry { path, starttime, state: EntryState::Waiting });
         }
     }
 
@@ -131,8 +132,14 @@ impl Collector {
     }
 
     /// Merge what every current spool gained into `out`; finish the spools
-    /// whose process ended. Without `out` (writing it failed), drop every spool.
-    pub(super) fn tick(&mut self, out: Option<&mut SpoolWriter<File>>) -> Result<(), spulse::Error> {
+    /// whose process ended (all of them once `tree_gone`: the tree has exited,
+    /// so no process of it can still write). Without `out` (writing it
+    /// failed), drop every spool.
+    pub(super) fn tick(
+        &mut self,
+        out: Option<&mut SpoolWriter<File>>,
+        tree_gone: bool,
+    ) -> Result<(), spulse::Error> {
         let Some(out) = out else {
             for ((pid, _), entry) in std::mem::take(&mut self.entries) {
                 let _ = std::fs::remove_file(&entry.path);
@@ -161,7 +168,7 @@ impl Collector {
             let entry = self.entries.get_mut(&(pid, ns)).expect("key from the map");
             // Decide "ended" before the last read: once it has ended, nothing
             // more can be appended, so the read below gets everything.
-            let ended = superseded || !alive(pid, entry.starttime);
+            let ended = superseded || tree_gone || !alive(pid, entry.starttime);
             if let EntryState::Waiting = entry.state {
                 match Source::open(&entry.path, pid) {
                     Ok(s) => entry.state = EntryState::Open(Box::new(s)),

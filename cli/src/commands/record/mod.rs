@@ -197,16 +197,23 @@ pub fn run(args: &RecordArgs, embedded_lib: &[u8]) -> Result<i32, CliError> {
     // Set once writing the output failed: merging stops, the tree stays
     // supervised (reaped, signals forwarded) until it exits.
     let mut out_failed: Option<String> = None;
+    // Signals received (forwarded to the tree), and the last of them.
+    let (mut signals, mut last_signal) = (0u32, 0i32);
     loop {
         if let Some(sig) = take_signal() {
             forward_signal(sig);
+            signals += 1;
+            last_signal = sig;
         }
         reap(cmd_pid, &mut cmd_status);
         let tree_gone = cmd_status.is_some() && !have_children();
+        // A second signal: the collector stops waiting for a tree that does
+        // not end (what it wrote so far is merged).
+        let give_up = signals >= 2 && !tree_gone;
         collector.scan();
-        let mut step = |collector: &mut Collector, out_failed: &mut Option<String>| {
+        let mut step = |collector: &mut Collector, out_failed: &mut Option<String>, ended: bool| {
             if out_failed.is_none() {
-                if let Err(e) = collector.tick(Some(&mut out)).and_then(|()| out.flush()) {
+                if let Err(e) = collector.tick(Some(&mut out), ended).and_then(|()| out.flush()) {
                     let msg = out_err(&e);
                     let _ = writeln!(
                         std::io::stderr(),
@@ -217,22 +224,35 @@ pub fn run(args: &RecordArgs, embedded_lib: &[u8]) -> Result<i32, CliError> {
                 }
             }
             if out_failed.is_some() {
-                let _ = collector.tick(None);
+                let _ = collector.tick(None, ended);
             }
         };
-        step(&mut collector, &mut out_failed);
+        step(&mut collector, &mut out_failed, false);
         print_live_warnings(&mut collector);
-        if tree_gone && collector.all_done() {
-            // One more look: a process may have created its spool just before exiting.
+        if tree_gone || give_up {
+            // One more look: a process may have created its spool just
+            // before exiting. Then every spool is finished: no process of
+            // the tree can still write (or, given up, none is waited for).
             collector.scan();
-            step(&mut collector, &mut out_failed);
-            print_live_warnings(&mut collector);
-            if collector.all_done() {
-                break;
+            step(&mut collector, &mut out_failed, true);
+            // (A pass finishes the oldest spool of each pid: a later exec
+            // image of one waits for the next.)
+            while !collector.all_done() {
+                step(&mut collector, &mut out_failed, true);
             }
+            print_live_warnings(&mut collector);
+            if give_up {
+                let _ = writeln!(
+                    std::io::stderr(),
+                    "spulse: a second signal: stopped waiting for the command, which still runs (unrecorded from here)"
+                );
+            }
+            break;
         }
         wait_tick(pidfd.as_ref(), cmd_status.is_none());
     }
+    // Given up on a command still running: the status a signal gives.
+    let cmd_status = cmd_status.or((last_signal != 0).then_some(128 + last_signal));
     let finished = match out_failed {
         Some(m) => Err(m),
         None => out

@@ -19,6 +19,31 @@ pub(super) fn proc_starttime(pid: u32) -> Option<u64> {
     fields.nth(18)?.parse().ok()
 }
 
+/// The parent of process `pid` (field 4 of `/proc/<pid>/stat`), `None` if
+/// it is gone.
+fn proc_ppid(pid: u32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat[stat.rfind(')')? + 1..].split_whitespace().nth(1)?.parse().ok()
+}
+
+/// Whether `pid` is the collector's descendant (the recorded tree: as a
+/// subreaper it adopts every orphan of the tree). A process outside it,
+/// whose spool the recorded program put in the handoff directory under that
+/// pid, must not be waited for: it may run forever (pid 1).
+pub(super) fn in_tree(pid: u32) -> bool {
+    let me = std::process::id();
+    let mut p = pid;
+    // (Bounded: a chain longer than any real tree ends the walk.)
+    for _ in 0..4096 {
+        match proc_ppid(p) {
+            Some(parent) if parent == me => return true,
+            Some(parent) if parent > 1 => p = parent,
+            _ => return false,
+        }
+    }
+    false
+}
+
 /// Whether the process first seen with `starttime` still runs (not a zombie,
 /// and its pid not taken by another process).
 pub(super) fn alive(pid: u32, starttime: Option<u64>) -> bool {
@@ -110,11 +135,28 @@ pub(super) fn take_signal() -> Option<i32> {
     (sig != 0).then_some(sig)
 }
 
-/// Pass `sig` on to the collector's children (CMD and the orphans it
-/// adopted), which end the tree as they would have ended it unrecorded; the
+/// The children of process `pid` (`/proc/<pid>/task/*/children`).
+fn children_of(pid: &str) -> Vec<u32> {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return Vec::new() };
+    let mut out = Vec::new();
+    for t in tasks.flatten() {
+        let Ok(list) = std::fs::read_to_string(t.path().join("children")) else { continue };
+        out.extend(list.split_whitespace().filter_map(|p| p.parse::<u32>().ok()));
+    }
+    out
+}
+
+/// Pass `sig` on to every process of the tree (CMD, its descendants, and
+/// the orphans the collector adopted): signalling `spulse record` stops the
+/// command it records, however deep (before, only its children got it, and
+/// a grandchild, once adopted, kept the collector waiting for it). The
 /// collector keeps merging until they have exited. A SIGINT that the
 /// terminal sent to the whole foreground process group (the collector's
 /// group is the terminal's) already reached them and is not sent again.
+///
+/// A descendant is signalled through a pidfd, and only if it is still of
+/// the tree once the pidfd holds it: a pid that ended and was taken by an
+/// unrelated process meanwhile is not signalled.
 pub(super) fn forward_signal(sig: i32) {
     if sig == libc::SIGINT {
         // SAFETY: tcgetpgrp and getpgrp only read process state.
@@ -123,12 +165,37 @@ pub(super) fn forward_signal(sig: i32) {
             return;
         }
     }
-    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else { return };
-    for t in tasks.flatten() {
-        let Ok(list) = std::fs::read_to_string(t.path().join("children")) else { continue };
-        for pid in list.split_whitespace().filter_map(|p| p.parse::<i32>().ok()) {
-            // SAFETY: kill on a child of ours (unreaped, so its pid is not reused).
-            unsafe { libc::kill(pid, sig) };
+    let me = std::process::id();
+    let mut queue: Vec<(u32, u32)> = children_of("self").into_iter().map(|c| (me, c)).collect();
+    let mut sent = 0usize;
+    // (Bounded: a tree forking faster than the walk cannot keep it going.)
+    while let Some((parent, pid)) = queue.pop() {
+        if sent >= 100_000 {
+            break;
         }
+        sent += 1;
+        queue.extend(children_of(&pid.to_string()).into_iter().map(|c| (pid, c)));
+        if parent == me {
+            // SAFETY: kill on a child of ours (unreaped, so its pid is not reused).
+            unsafe { libc::kill(pid as i32, sig) };
+            continue;
+        }
+        let Some(fd) = pidfd_open(pid) else { continue };
+        // Still of the tree (its parent may have ended since, signalled
+        // just before: it is then the collector's, adopted).
+        if !in_tree(pid) {
+            continue;
+        }
+        use std::os::fd::AsRawFd;
+        // SAFETY: pidfd_send_signal on a pidfd we own, with no siginfo.
+        unsafe {
+            libc::syscall(
+                libc::SYS_pidfd_send_signal,
+                fd.as_raw_fd(),
+                sig,
+                std::ptr::null::<libc::siginfo_t>(),
+                0,
+            )
+        };
     }
 }
