@@ -770,8 +770,8 @@ fn signals_reach_the_whole_tree_and_a_second_one_stops_the_wait() {
     unsafe { libc::kill(rec.id() as i32, libc::SIGTERM) };
     let (code, took) = wait_for(&mut rec, Duration::from_secs(30));
     let sleeper = pids_in(work.path())[0];
-    // SAFETY: kill on the sleeper, which the recorder left running (checked running just below).
     let left = running(sleeper);
+    // SAFETY: kill on the sleeper this test's tree started and the recorder left running.
     unsafe { libc::kill(sleeper, libc::SIGKILL) };
     assert_eq!(code, Some(143), "took {took:?}");
     assert!(took < Duration::from_secs(10), "a second signal did not stop the wait: {took:?}");
