@@ -81,6 +81,11 @@ pub const MAX_DECOMPRESSED_BYTES: u64 = 2 << 30;
 /// The largest perf map read (`/tmp/perf-<pid>.map`); the rest is ignored.
 pub const MAX_PERF_MAP_BYTES: u64 = 256 << 20;
 
+/// The most lines of one perf map kept (the rest are ignored): its index
+/// then takes about 130 MB at most (about 32 bytes a line), its names at most
+/// what was read.
+pub const MAX_PERF_MAP_LINES: usize = 4 << 20;
+
 /// One function as shown to the user.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Function {
@@ -633,10 +638,7 @@ mod tests {
         assert_eq!(parse_hex("0x1f"), Some(31));
         assert_eq!(parse_hex("1F"), Some(31));
         assert_eq!(parse_hex("zz"), None);
-        let m = PerfMap {
-            entries: vec![(0x1000, 0x1100, "old".into()), (0x1000, 0x1080, "new".into())],
-            path: "perf-1.map".into(),
-        };
+        let m = PerfMap::new([(0x1000, 0x1100, "old"), (0x1000, 0x1080, "new")], "perf-1.map".into());
         assert_eq!(m.lookup(0x1010), Some("new"), "later lines win");
         assert_eq!(m.lookup(0x1090), Some("old"));
         assert_eq!(m.lookup(0x1100), None, "end is exclusive");
