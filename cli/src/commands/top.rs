@@ -253,11 +253,30 @@ pub fn run(args: &TopArgs) -> Result<(), CliError> {
         }
     }
     let mut sections = Vec::new();
+    // Without --spread-blocked, one pass over the samples, split by process;
+    // with it (its totals are per aggregation), each process alone.
+    let mut split = if filter.spread_blocked {
+        None
+    } else {
+        let agg = aggregate(replay, &filter, false)?;
+        symbolize_all(replay, &agg, &mut sym);
+        Some(agg.split_by_pid())
+    };
     for p in processes(replay, &per_thread) {
         if filter.pid.is_some_and(|pid| pid != p.pid) || p.threads == 0 {
             continue;
         }
-        let (stats, total, spread) = table(replay, &Filter { pid: Some(p.pid), ..filter }, args, &mut sym)?;
+        let (stats, total, spread) = match &mut split {
+            Some(by_pid) => match by_pid.remove(&p.pid) {
+                Some(agg) => {
+                    let mut stats = top_with(replay, &agg, &mut sym, args.shape());
+                    sort_stats(&mut stats, args.sort);
+                    (stats, agg.total, None)
+                }
+                None => (Vec::new(), 0, None),
+            },
+            None => table(replay, &Filter { pid: Some(p.pid), ..filter }, args, &mut sym)?,
+        };
         sections.push((p, stats, total, spread));
     }
     with_stdout(|out| {
