@@ -137,7 +137,7 @@ impl Aggregate {
                 spread: None,
             });
             ids.push(a.contexts.len() as u32);
-            a.contexts.push(c.clone());
+            a.contexts.push(*c);
         }
         for (c, s, n) in self.iter() {
             let a = out.get_mut(&self.contexts[c].pid).expect("every context's pid");
