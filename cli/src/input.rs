@@ -23,6 +23,7 @@ const SPINNER_TICK: std::time::Duration = std::time::Duration::from_millis(100);
 /// spool whose final record is incomplete is read up to it, with a one-line
 /// warning on stderr.
 pub fn open_replay(path: &Path) -> Result<Replay, CliError> {
+    warn_if_recording(path);
     // Opening validates the whole file; show that something is happening.
     let spinner = if interactive() {
         let s = ProgressBar::new_spinner().with_message("validating");
@@ -62,6 +63,22 @@ pub fn open_inputs(files: &[PathBuf]) -> Result<Inputs, CliError> {
         [one] => return Ok(Inputs { replay: open_replay(one)?, name: one.clone() }),
         [first, rest @ ..] => (first, rest),
     };
+    // One file given twice (by two names, a link) would count twice.
+    let mut ids: Vec<((u64, u64), &PathBuf)> = Vec::new();
+    for f in files {
+        use std::os::unix::fs::MetadataExt;
+        if let Ok(m) = std::fs::metadata(f) {
+            if let Some((_, other)) = ids.iter().find(|(id, _)| *id == (m.dev(), m.ino())) {
+                return Err(CliError::input(format!(
+                    "{} and {} are the same file: its samples would count twice",
+                    escape(&other.display().to_string()),
+                    escape(&f.display().to_string())
+                )));
+            }
+            ids.push(((m.dev(), m.ino()), f));
+        }
+        warn_if_recording(f);
+    }
     let tmp = tempfile::Builder::new()
         .prefix("spulse-merged-")
         .suffix(".spool")
@@ -86,6 +103,14 @@ pub fn open_inputs(files: &[PathBuf]) -> Result<Inputs, CliError> {
         }
     };
     drop(out);
+    for (a, b) in &merged.same_start {
+        eprintln!(
+            "spulse: warning: {} and {} start at the same microsecond: most likely one recording given \
+             twice (a spool and its packed copy?), whose samples are then counted twice",
+            escape(&a.display().to_string()),
+            escape(&b.display().to_string())
+        );
+    }
     for (path, valid_len) in &merged.truncated {
         warn_truncated(path, *valid_len);
     }
@@ -102,6 +127,20 @@ pub fn open_inputs(files: &[PathBuf]) -> Result<Inputs, CliError> {
     drop(tmp);
     let name = PathBuf::from(format!("{} (+{} more)", first.display(), rest.len()));
     Ok(Inputs { replay, name })
+}
+
+/// Say on stderr when a recorder still writes `path` (it holds the spool's
+/// lock): what is read is what it holds so far (`pack` of it is not the
+/// whole recording), and `spulse follow` shows it live.
+fn warn_if_recording(path: &Path) {
+    let running = std::fs::File::open(path).ok().and_then(|f| spulse::recording_running(&f).ok());
+    if running == Some(true) {
+        eprintln!(
+            "spulse: warning: {}: still being recorded: this reads what it holds so far \
+             (spulse follow shows it live)",
+            escape(&path.display().to_string())
+        );
+    }
 }
 
 /// Print the one-line truncated-tail warning.

@@ -387,3 +387,69 @@ fn killed_export_leaves_no_temporary_file() {
     let (status, err) = export_ended_by("-KILL");
     assert_eq!(status.signal(), Some(libc::SIGKILL), "{err}");
 }
+
+/// A spool of more threads than the Firefox export holds (its tables are per
+/// thread: 100,000 threads of one sample each ran out of memory at 2 GB) is
+/// refused with a sentence that names the other formats, which export it.
+#[test]
+fn firefox_export_refuses_more_threads_than_it_holds() {
+    let dir = tempfile::tempdir().unwrap();
+    let spool = dir.path().join("threads.spool");
+    let file = std::fs::File::create(&spool).unwrap();
+    let mut w =
+        SpoolWriter::new(file, spulse::Header { start_time_us: 1_700_000_000_000_000, interval_us: 1000 })
+            .unwrap();
+    let frame = w.define_frame(Frame::Absolute { address: 0x1000, kernel: false }).unwrap();
+    let stack = w.define_stack(None, frame).unwrap();
+    for i in 0..10_001u32 {
+        let t = w.define_thread(7, 100 + i, "w").unwrap();
+        w.sample(1_700_000_000_000_000 + u64::from(i), t, stack).unwrap();
+    }
+    w.into_inner().unwrap();
+    let out = dir.path().join("t.json");
+    let o = spulse(&["export", s(&spool), "--format", "firefox", "-o", s(&out)]);
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(err.contains("10001 threads") && err.contains("at most 10000") && err.contains("pprof"), "{err}");
+    assert!(!out.exists());
+    let o = spulse(&["export", s(&spool), "--format", "pprof", "-o", s(&dir.path().join("t.pb.gz"))]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+}
+
+/// Inputs that would mislead: one file given twice (by two names) is
+/// refused, a spool beside its packed copy (the same start time) is read with
+/// a warning that it counts twice, and a spool a recorder still writes (it
+/// holds the spool's lock) is read with a warning that it is not complete.
+#[test]
+fn inputs_given_twice_or_still_recorded_are_said() {
+    let (p, spool) = fixture();
+    let dir = p.dir.path();
+    let link = dir.join("again.spool");
+    std::os::unix::fs::symlink(&spool, &link).unwrap();
+    let o = spulse(&["top", s(&spool), s(&link)]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("are the same file"), "{}", stderr(&o));
+
+    let packed = dir.join("copy.spk");
+    let o = spulse(&["pack", s(&spool), "-o", s(&packed)]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let o = spulse(&["top", s(&spool), s(&packed)]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(stderr(&o).contains("start at the same microsecond"), "{}", stderr(&o));
+    let o = spulse(&["top", s(&spool)]);
+    assert!(!stderr(&o).contains("warning"), "{}", stderr(&o));
+
+    // The recorder's lock, held as a running recorder holds it.
+    let held = std::fs::File::open(&spool).unwrap();
+    use std::os::fd::AsRawFd;
+    // SAFETY: flock on a descriptor `held` keeps open.
+    assert_eq!(unsafe { libc::flock(held.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) }, 0);
+    for args in [&["info", s(&spool)][..], &["pack", s(&spool), "-o", s(&dir.join("live.spk"))]] {
+        let o = spulse(args);
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+        assert!(stderr(&o).contains("still being recorded"), "{args:?}: {}", stderr(&o));
+    }
+    drop(held);
+    let o = spulse(&["info", s(&spool)]);
+    assert!(!stderr(&o).contains("still being recorded"), "{}", stderr(&o));
+}

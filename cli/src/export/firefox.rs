@@ -83,6 +83,10 @@ fn ns_since(time_us: u64, start_us: u64) -> u64 {
 /// A source file and line (0: unknown).
 type SourceLine = (Option<Rc<str>>, u32);
 
+/// The most threads a spool exported as a Firefox profile may define (see
+/// [`profile`]): about 230 MB of per-thread tables.
+pub const MAX_THREADS: usize = 10_000;
+
 /// Build and write the profile of the selected samples as JSON. Samples are
 /// streamed from the spool into [`Samples`] (12 bytes a sample), and each
 /// thread's samples table is written from there straight to `out`.
@@ -170,6 +174,17 @@ pub fn profile(job: &Job<'_>, sym: &mut Symbolizer) -> Result<(Value, Samples, u
                 e.insert(module_name(exe));
             }
         }
+    }
+    // The format keeps tables per thread (about 23 KB each in the library
+    // and the document, sampled or not): a spool of 100,000 threads of one
+    // sample each ran out of memory at 2 GB, where the other formats take
+    // 60 MB.
+    if defs.threads().len() > MAX_THREADS {
+        return Err(CliError::input(format!(
+            "{} threads: the Firefox Profiler format keeps tables for each thread, and this export takes at most \
+             {MAX_THREADS}; export this spool as pprof, speedscope, collapsed or svg",
+            defs.threads().len()
+        )));
     }
     let mut processes: HashMap<u32, fx::ProcessHandle> = HashMap::new();
     let mut threads: Vec<fx::ThreadHandle> = Vec::new();

@@ -103,6 +103,9 @@ pub struct Merged {
     pub dropped: u64,
     /// Sources that end inside a record: path and the end of their valid part.
     pub truncated: Vec<(PathBuf, u64)>,
+    /// Sources whose headers have the same start time (to the microsecond):
+    /// most likely one recording twice, such as a spool and its packed copy.
+    pub same_start: Vec<(PathBuf, PathBuf)>,
 }
 
 /// Merge the complete spools `paths` into `out` (a new spool whose header
@@ -131,11 +134,16 @@ pub fn merge_files(paths: &[PathBuf], out: File) -> Result<(SpoolWriter<File>, M
         });
     }
     order.sort();
+    let same_start: Vec<(PathBuf, PathBuf)> = order
+        .windows(2)
+        .filter(|w| w[0].0 == w[1].0)
+        .map(|w| (paths[w[0].1].clone(), paths[w[1].1].clone()))
+        .collect();
     let mut waiting: VecDeque<(u64, usize)> = order.into();
     let header = header.unwrap_or(Header { start_time_us: 0, interval_us: 1 });
     let mut out = SpoolWriter::new(out, header).map_err(MergeError::Output)?;
     let mut sh = Shared::merging();
-    let mut merged = Merged { samples: 0, dropped: 0, truncated: Vec::new() };
+    let mut merged = Merged { samples: 0, dropped: 0, truncated: Vec::new(), same_start };
     let mut sources: Vec<Option<Source>> = paths.iter().map(|_| None).collect();
     // Each open source's next sample, earliest first (ties: the source given first).
     let mut next: BinaryHeap<Reverse<(u64, usize)>> = BinaryHeap::new();
