@@ -325,4 +325,12 @@ fn record_writes_svg_and_pprof() {
         assert!(stderr(&o).contains(bad[0]), "{}", stderr(&o));
         assert!(!marker.exists() && !out.exists(), "{args:?} ran the command");
     }
+    // An export never replaces an older recording.
+    let before = std::fs::read(&spool).unwrap();
+    let out = dir.path().join("never.spool");
+    let o = spulse(&["record", "-o", s(&out), "--svg", s(&spool), "--", "touch", s(&marker)]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("refusing to overwrite a recording"), "{}", stderr(&o));
+    assert_eq!(std::fs::read(&spool).unwrap(), before);
+    assert!(!marker.exists() && !out.exists(), "the command ran");
 }

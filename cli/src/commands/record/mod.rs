@@ -359,6 +359,18 @@ fn check_exports(args: &RecordArgs) -> Result<(), CliError> {
         if !dir.is_dir() {
             return Err(CliError::input(format!("{flag} {}: no such directory {}", shown(), dir.display())));
         }
+        // An export replaces an older export, never a recording (a spool or
+        // a packed file: their magic begins with `SPULS`).
+        let mut head = [0u8; 5];
+        let recording = std::fs::File::open(path)
+            .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut head))
+            .is_ok_and(|()| &head == b"SPULS");
+        if recording {
+            return Err(CliError::input(format!(
+                "{flag} {}: refusing to overwrite a recording (a spool or packed file) with an export",
+                shown()
+            )));
+        }
         seen.push(path);
     }
     Ok(())
