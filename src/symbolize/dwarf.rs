@@ -98,16 +98,7 @@ impl DebugData {
             .dwos
             .borrow_mut()
             .entry(key)
-            .or_insert_with(|| {
-                let backing = if len == 0 {
-                    Backing::Owned(Vec::new())
-                } else {
-                    // SAFETY: as in `map_regular`: a private read-only mapping of
-                    // the regular file just opened and checked.
-                    Backing::Map(unsafe { memmap2::MmapOptions::new().map(&file) }.ok()?)
-                };
-                Some(Bytes::whole(Rc::new(backing)))
-            })
+            .or_insert_with(|| Some(Bytes::whole(Rc::new(file_bytes(&file, len)?))))
             .clone()?;
         let mut dwarf = load_dwo_sections(&data)?;
         let header = dwarf.units().next().ok()??;

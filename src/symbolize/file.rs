@@ -81,18 +81,35 @@ pub(super) fn open_regular(path: &Path, max: u64, extra: i32) -> Option<(File, (
     Some((file, (meta.dev(), meta.ino()), meta.len()))
 }
 
-/// Map a regular file (see [`open_regular`]) read-only.
+/// Files up to this size are read into memory rather than mapped: a mapped
+/// file that another process truncates while it is read (`cp` over a
+/// library in place) ends the reader with SIGBUS (9 runs of 60 in a
+/// helper's trial), a copy cannot. Larger files (the Rust toolchain's
+/// `libLLVM`, 150 MB) are still mapped.
+const READ_BELOW_BYTES: u64 = 32 << 20;
+
+/// Map a regular file (see [`open_regular`]) read-only, or read it if it is
+/// small ([`READ_BELOW_BYTES`]).
 pub(super) fn map_regular(path: &Path) -> Option<(Rc<Backing>, (u64, u64))> {
     let (file, key, len) = open_regular(path, MAX_FILE_BYTES, 0)?;
-    let backing = if len == 0 {
+    Some((Rc::new(file_bytes(&file, len)?), key))
+}
+
+/// The bytes of `file` (opened with [`open_regular`], `len` long): read if
+/// small ([`READ_BELOW_BYTES`]), mapped otherwise.
+pub(super) fn file_bytes(file: &File, len: u64) -> Option<Backing> {
+    Some(if len == 0 {
         Backing::Owned(Vec::new())
+    } else if len <= READ_BELOW_BYTES {
+        let mut v = Vec::with_capacity(len as usize);
+        file.take(len).read_to_end(&mut v).ok()?;
+        Backing::Owned(v)
     } else {
         // SAFETY: a private read-only mapping of a regular file we opened; the
         // bytes are only ever read through `Bytes`, never as Rust references
         // that another process's writes could invalidate the type of.
-        Backing::Map(unsafe { memmap2::MmapOptions::new().map(&file) }.ok()?)
-    };
-    Some((Rc::new(backing), key))
+        Backing::Map(unsafe { memmap2::MmapOptions::new().map(file) }.ok()?)
+    })
 }
 
 /// An opened, parsed object file, shared by every path that names it.

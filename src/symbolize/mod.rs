@@ -332,12 +332,7 @@ impl Symbolizer {
         if let Some(p) = self.parsed.get(&key) {
             return p.clone();
         }
-        let backing = match file.metadata().ok()?.len() {
-            0 => Backing::Owned(Vec::new()),
-            // SAFETY: as in `map_regular`: a private read-only mapping of the
-            // regular file just opened and checked.
-            _ => Backing::Map(unsafe { memmap2::MmapOptions::new().map(&file) }.ok()?),
-        };
+        let backing = file_bytes(&file, file.metadata().ok()?.len())?;
         let p = parse(Bytes::whole(Rc::new(backing)), path).map(Rc::new);
         self.parsed.insert(key, p.clone());
         p
