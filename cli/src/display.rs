@@ -102,3 +102,12 @@ mod tests {
         assert_eq!(fit("abc", 0), "");
     }
 }
+
+/// `n` and `word`, with an `s` unless `n` is 1 ("1 sample", "2 samples").
+pub fn count(n: u64, word: &str) -> String {
+    if n == 1 {
+        format!("1 {word}")
+    } else {
+        format!("{n} {word}s")
+    }
+}

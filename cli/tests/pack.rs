@@ -15,7 +15,7 @@ fn packed_fixture() -> (Program, std::path::PathBuf, std::path::PathBuf) {
     let o = spulse(&["pack", s(&spool), "-o", s(&spk)]);
     assert!(o.status.success(), "{}", stderr(&o));
     let msg = stderr(&o);
-    assert!(msg.contains("spulse: pack: 400 samples in 1 blocks written to"), "{msg}");
+    assert!(msg.contains("spulse: pack: 400 samples in 1 block written to"), "{msg}");
     (p, spool, spk)
 }
 

@@ -103,7 +103,18 @@ pub fn profile() -> Result<Vec<u8>, Error> {
 pub fn write_profile(path: impl AsRef<Path>) -> Result<(), Error> {
     let path = path.as_ref();
     let bytes = profile()?;
-    std::fs::write(path, bytes).map_err(|e| Error::io(Some(path), e))
+    // Mode 0600, as the spool's: the profile names the program's functions
+    // and files.
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+        .map_err(|e| Error::io(Some(path), e))?;
+    f.write_all(&bytes).map_err(|e| Error::io(Some(path), e))
 }
 
 fn build(sym: &mut Symbolizer) -> Result<Vec<u8>, Error> {

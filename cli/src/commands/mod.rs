@@ -83,13 +83,14 @@ impl FilterArgs {
 /// for a recording made with `spulse record --off-cpu`.
 #[derive(Debug, Clone, Copy, Default, Args)]
 pub struct TimeArgs {
-    /// Count off-CPU time only (blocked and waiting for a CPU), in
-    /// microseconds, charged to where each thread waited (`[blocked: futex]`,
-    /// `[waiting for CPU]`). Needs a recording made with `--off-cpu`.
+    /// Count off-CPU time only (blocked and waiting for a CPU; microseconds,
+    /// shown in milliseconds in `top`'s table), charged to where each thread
+    /// waited (`[blocked: futex]`, `[waiting for CPU]`). Needs a recording
+    /// made with `--off-cpu`.
     #[arg(long, conflicts_with = "wall")]
     pub off_cpu: bool,
     /// Count wall-clock time: CPU samples (one sampling interval each) plus
-    /// off-CPU time, in microseconds.
+    /// off-CPU time (microseconds, shown in milliseconds in `top`'s table).
     #[arg(long)]
     pub wall: bool,
     /// With --off-cpu or --wall (and in the pprof export's off-cpu values):
@@ -119,12 +120,23 @@ impl TimeArgs {
     }
 }
 
+/// A directory that exists (a mistyped `--symbols` would otherwise be
+/// searched in vain, silently).
+fn existing_dir(s: &str) -> Result<PathBuf, String> {
+    let p = PathBuf::from(s);
+    match std::fs::metadata(&p) {
+        Ok(m) if m.is_dir() => Ok(p),
+        Ok(_) => Err("not a directory".into()),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
 /// Symbol search options shared by the commands that name functions.
 #[derive(Debug, Clone, Args)]
 pub struct SymbolArgs {
     /// Also look for debug files in DIR (by module name, `NAME.debug`, the
     /// module's debug link, or a `.build-id/xx/rest.debug` tree). Repeatable.
-    #[arg(long = "symbols", value_name = "DIR")]
+    #[arg(long = "symbols", value_name = "DIR", value_parser = existing_dir)]
     pub symbols: Vec<PathBuf>,
     /// Do not read symbols or debug info: show every module frame as
     /// `module+0xADDR`, ADDR being its address in the module's own ELF address

@@ -43,9 +43,9 @@ pub fn run(args: &PackArgs) -> Result<(), CliError> {
     if let Some(w) = written {
         let s = w.value;
         eprintln!(
-            "spulse: pack: {} samples in {} blocks written to {} ({} bytes, {:.1}% of the spool's {} bytes)",
-            s.samples,
-            s.blocks,
+            "spulse: pack: {} in {} written to {} ({} bytes, {:.1}% of the spool's {} bytes)",
+            crate::display::count(s.samples, "sample"),
+            crate::display::count(s.blocks, "block"),
             w.name,
             w.bytes,
             100.0 * w.bytes as f64 / s.spool_bytes.max(1) as f64,

@@ -229,7 +229,9 @@ pub fn run(args: &TopArgs) -> Result<(), CliError> {
                 )
             } else {
                 match filter.time {
-                    crate::select::TimeMode::Cpu => writeln!(out, "{total} samples")?,
+                    crate::select::TimeMode::Cpu => {
+                        writeln!(out, "{}", crate::display::count(total, "sample"))?
+                    }
                     crate::select::TimeMode::OffCpu => writeln!(out, "{} ms off-CPU", ms(total))?,
                     crate::select::TimeMode::Wall => {
                         writeln!(out, "{} ms wall-clock (CPU and off-CPU)", ms(total))?
@@ -299,7 +301,8 @@ pub fn run(args: &TopArgs) -> Result<(), CliError> {
             if i > 0 {
                 writeln!(out)?;
             }
-            let what = if time { format!("{} ms", ms(*total)) } else { format!("{total} samples") };
+            let what =
+                if time { format!("{} ms", ms(*total)) } else { crate::display::count(*total, "sample") };
             writeln!(out, "process {} ({}): {what}", p.pid, escape(&p.program))?;
             if let Some(line) = spread_line(*spread) {
                 writeln!(out, "{line}")?;

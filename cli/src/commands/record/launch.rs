@@ -116,7 +116,13 @@ pub(super) fn default_output(cmd: &OsString, pid: u32) -> Result<(File, PathBuf)
         match create_new(&path) {
             Ok(f) => return Ok((f, path)),
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
-            Err(e) => return Err(CliError::other(format!("{}: {e}", path.display()))),
+            Err(e) => {
+                let dir = std::env::current_dir().map_or_else(|_| ".".into(), |d| d.display().to_string());
+                return Err(CliError::other(format!(
+                    "{}: {e} (the default output goes to the current directory, {dir}; -o PATH puts it elsewhere)",
+                    path.display()
+                )));
+            }
         }
     }
     Err(CliError::other(format!("no free output name for {program}-{pid}.spool in the current directory")))

@@ -116,9 +116,7 @@ pub fn run(args: &RecordArgs, embedded_lib: &[u8]) -> Result<i32, CliError> {
     };
     // An explicit output is created before CMD starts, so a bad path costs nothing.
     let mut early_out = match &args.output {
-        Some(p) => {
-            Some((create_new(p).map_err(|e| CliError::other(format!("{}: {e}", p.display())))?, p.clone()))
-        }
+        Some(p) => Some((create_new(p).map_err(|e| output_error(p, &e))?, p.clone())),
         None => None,
     };
     let dir = HandoffDir::create()?;
@@ -318,6 +316,21 @@ pub fn run(args: &RecordArgs, embedded_lib: &[u8]) -> Result<i32, CliError> {
         Some(code) if status == 0 => code,
         _ => status,
     })
+}
+
+/// Why the output `p` could not be created, with the way out where there is one.
+fn output_error(p: &Path, e: &std::io::Error) -> CliError {
+    let shown = crate::display::escape(&p.display().to_string()).into_owned();
+    let why = match e.kind() {
+        std::io::ErrorKind::AlreadyExists if p.is_dir() => {
+            "is a directory: -o names the spool file to create".into()
+        }
+        std::io::ErrorKind::AlreadyExists => {
+            "already exists: spulse record never overwrites a file (remove it, or choose another name)".into()
+        }
+        _ => e.to_string(),
+    };
+    CliError::other(format!("{shown}: {why}"))
 }
 
 /// Print, as they arrive, the warnings the recorded processes' recorders
