@@ -77,6 +77,15 @@ pub fn fit(s: &str, width: usize) -> Cow<'_, str> {
     Cow::Borrowed(s)
 }
 
+/// `n` and `word`, with an `s` unless `n` is 1 ("1 sample", "2 samples").
+pub fn count(n: u64, word: &str) -> String {
+    if n == 1 {
+        format!("1 {word}")
+    } else {
+        format!("{n} {word}s")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -100,14 +109,5 @@ mod tests {
         // Wide characters take two columns each.
         assert_eq!(fit("日本語テキスト", 6), "日本…");
         assert_eq!(fit("abc", 0), "");
-    }
-}
-
-/// `n` and `word`, with an `s` unless `n` is 1 ("1 sample", "2 samples").
-pub fn count(n: u64, word: &str) -> String {
-    if n == 1 {
-        format!("1 {word}")
-    } else {
-        format!("{n} {word}s")
     }
 }
