@@ -192,9 +192,13 @@ pub fn aggregate(replay: &Replay, filter: &Filter, per_thread: bool) -> Result<A
             if *slot == 0 {
                 seen.push((ctx, stack));
             }
-            *slot += w;
+            // (Saturating: a spool's durations are untrusted.)
+            *slot = slot.saturating_add(w);
         }
-        Counts::Sparse(m) => *m.entry((ctx, stack)).or_insert(0) += w,
+        Counts::Sparse(m) => {
+            let n: &mut u64 = m.entry((ctx, stack)).or_insert(0);
+            *n = n.saturating_add(w);
+        }
     };
     let samples = if mode == TimeMode::OffCpu { None } else { Some(replay.samples()) };
     for s in samples.into_iter().flatten() {
@@ -225,7 +229,8 @@ pub fn aggregate(replay: &Replay, filter: &Filter, per_thread: bool) -> Result<A
             }
             let ctx = contexts.id(defs, &sel);
             let mut charge = |stack: StackId, d: u64| {
-                *off_cpu.entry((ctx, stack)).or_insert(0) += d;
+                let n: &mut u64 = off_cpu.entry((ctx, stack)).or_insert(0);
+                *n = n.saturating_add(d);
                 if mode.is_time() {
                     add(&mut counts, ctx, stack, d);
                 }

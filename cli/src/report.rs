@@ -241,7 +241,8 @@ impl CallTree {
                 placed.insert((c, id), node);
             }
             if node != NO_NODE {
-                t.self_count[node as usize] += count;
+                // (Saturating: a spool's weights are untrusted.)
+                t.self_count[node as usize] = t.self_count[node as usize].saturating_add(count);
             }
         }
         t
@@ -273,7 +274,7 @@ impl CallTree {
         for n in (0..self.nodes.len()).rev() {
             let p = self.nodes[n].0;
             if p != NO_NODE {
-                sub[p as usize] += sub[n];
+                sub[p as usize] = sub[p as usize].saturating_add(sub[n]);
             }
         }
         sub
@@ -348,10 +349,10 @@ impl CallTree {
             match v {
                 Some((node, func)) => {
                     let e = stats.entry(func).or_default();
-                    e.0 += self.self_count[node as usize];
+                    e.0 = e.0.saturating_add(self.self_count[node as usize]);
                     let a = active.entry(func).or_insert(0);
                     if *a == 0 {
-                        e.1 += sub[node as usize];
+                        e.1 = e.1.saturating_add(sub[node as usize]);
                     }
                     *a += 1;
                     path.push(func);

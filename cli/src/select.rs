@@ -154,7 +154,10 @@ pub struct Selected {
 /// picked up as they appear.
 pub struct Selector {
     filter: Filter,
-    /// The time window in absolute microseconds.
+    /// The spool's start (unix us); `from` and `to`, the time window, are offsets from it,
+    /// compared as offsets (absolute times saturated at a start near the
+    /// end of time, and a sample at the start fell after `--to 5`).
+    start: u64,
     from: Option<u64>,
     to: Option<u64>,
     /// Per thread index: whether the thread passes the thread and pid filters.
@@ -176,8 +179,9 @@ impl Selector {
     pub fn new(filter: &Filter, start_time_us: u64) -> Selector {
         Selector {
             filter: *filter,
-            from: filter.from_us.map(|f| start_time_us.saturating_add(f)),
-            to: filter.to_us.map(|t| start_time_us.saturating_add(t)),
+            start: start_time_us,
+            from: filter.from_us,
+            to: filter.to_us,
             wanted: Vec::new(),
             registered: 0,
             applied: 0,
@@ -217,8 +221,8 @@ impl Selector {
             self.add_threads(defs);
         }
         if !self.wanted[t]
-            || self.from.is_some_and(|f| s.time_us < f)
-            || self.to.is_some_and(|e| s.time_us >= e)
+            || self.from.is_some_and(|f| s.time_us.saturating_sub(self.start) < f)
+            || self.to.is_some_and(|e| s.time_us.saturating_sub(self.start) >= e)
         {
             return None;
         }

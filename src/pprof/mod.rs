@@ -35,6 +35,13 @@ use proto::{Function, Label, Line, Location, Mapping, Profile, Sample, ValueType
 /// Nanoseconds per microsecond: spool times are microseconds, pprof's nanoseconds.
 const NS_PER_US: i64 = 1000;
 
+/// `us` microseconds in nanoseconds, as pprof's signed values: saturated at
+/// `i64::MAX` (a spool's durations and interval are untrusted: a cast
+/// turned the largest into negative times).
+fn ns(us: u64) -> i64 {
+    i64::try_from(us).unwrap_or(i64::MAX).saturating_mul(NS_PER_US)
+}
+
 #[derive(Default)]
 struct Strings {
     table: Vec<String>,
@@ -180,7 +187,7 @@ pub fn write(
     comment: &str,
     out: &mut dyn Write,
 ) -> std::io::Result<()> {
-    let period = (defs.interval_us() as i64).saturating_mul(NS_PER_US);
+    let period = ns(defs.interval_us());
     let head = Head {
         sample_types: &[("samples", "count"), ("cpu", "nanoseconds")],
         period_type: ("cpu", "nanoseconds"),
@@ -188,7 +195,7 @@ pub fn write(
         trim_inlined: None,
     };
     let values = |n: u64| {
-        let n = n as i64;
+        let n = i64::try_from(n).unwrap_or(i64::MAX);
         vec![n, n.saturating_mul(period)]
     };
     write_with(defs, counts, &head, &values, window, sym, comment, out)
@@ -238,8 +245,8 @@ pub(crate) fn write_with(
             unit: strings.get(head.period_type.1),
         }),
         period: head.period,
-        time_nanos: (window.start_us as i64).saturating_mul(NS_PER_US),
-        duration_nanos: (window.duration_us as i64).saturating_mul(NS_PER_US),
+        time_nanos: ns(window.start_us),
+        duration_nanos: ns(window.duration_us),
         ..Default::default()
     };
     p.comment.push(strings.get(comment));
@@ -321,7 +328,7 @@ pub(crate) fn write_with(
         }
         let value = if is_off {
             let mut v = vec![0; head_types];
-            v.push((count as i64).saturating_mul(NS_PER_US));
+            v.push(ns(count));
             v
         } else {
             let mut v = values(count);
