@@ -453,3 +453,38 @@ fn inputs_given_twice_or_still_recorded_are_said() {
     let o = spulse(&["info", s(&spool)]);
     assert!(!stderr(&o).contains("still being recorded"), "{}", stderr(&o));
 }
+
+/// Weights a spool may hold but no recorder writes (an off-CPU interval of
+/// 2^63 us and more, a start at the end of time) give saturated figures,
+/// never wrapped ones: pprof values stay non-negative, a function's total is
+/// never below its self time, and `--to` keeps a sample at the start.
+#[test]
+fn huge_weights_and_times_saturate() {
+    let dir = tempfile::tempdir().unwrap();
+    let spool = dir.path().join("huge.spool");
+    let start = u64::MAX - 10;
+    let file = std::fs::File::create(&spool).unwrap();
+    let mut w = SpoolWriter::new(file, spulse::Header { start_time_us: start, interval_us: 1000 }).unwrap();
+    let t = w.define_thread(1, 1, "t").unwrap();
+    let frame = w.define_frame(Frame::Absolute { address: 0x1000, kernel: false }).unwrap();
+    let stack = w.define_stack(None, frame).unwrap();
+    w.sample(start, t, stack).unwrap();
+    w.off_cpu(t, stack, 0, u64::MAX / 2 + 1, false).unwrap();
+    w.off_cpu(t, stack, 0, u64::MAX / 2 + 1, false).unwrap();
+    w.into_inner().unwrap();
+
+    let pb = dir.path().join("huge.pb.gz");
+    let o = spulse(&["export", s(&spool), "--wall", "--format", "pprof", "-o", s(&pb)]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let profile = read_pprof(&pb);
+    assert!(profile.sample.iter().all(|smp| smp.value.iter().all(|&v| v >= 0)), "{:?}", profile.sample);
+    assert!(profile.sample.iter().any(|smp| smp.value.contains(&i64::MAX)), "{:?}", profile.sample);
+
+    let rows: serde_json::Value =
+        serde_json::from_str(&ok(&["top", s(&spool), "--wall", "--json", "-n", "0"])).unwrap();
+    for r in rows.as_array().unwrap() {
+        assert!(r["total_us"].as_u64() >= r["self_us"].as_u64(), "{r}");
+    }
+    assert!(ok(&["top", s(&spool), "--to", "5"]).starts_with("1 sample\n"));
+    assert!(ok(&["top", s(&spool), "--from", "5"]).starts_with("0 samples\n"));
+}
