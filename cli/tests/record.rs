@@ -766,7 +766,7 @@ fn signals_reach_the_whole_tree_and_a_second_one_stops_the_wait() {
     unsafe { libc::kill(rec.id() as i32, libc::SIGTERM) };
     std::thread::sleep(Duration::from_millis(500));
     assert!(rec.try_wait().unwrap().is_none(), "record ended while the tree runs");
-    // SAFETY: as above.
+    // SAFETY: kill on the pid of our own child, not yet reaped.
     unsafe { libc::kill(rec.id() as i32, libc::SIGTERM) };
     let (code, took) = wait_for(&mut rec, Duration::from_secs(30));
     let sleeper = pids_in(work.path())[0];
