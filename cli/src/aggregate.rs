@@ -40,7 +40,8 @@ impl std::hash::Hasher for IdHasher {
     }
 }
 
-/// The most contexts (processes) counted densely (see [`aggregate`]).
+/// The most contexts counted densely (see [`aggregate`]; two a process,
+/// with and without its perf map).
 const DENSE_CONTEXTS: usize = 64;
 
 type IdMap<K, V> = HashMap<K, V, std::hash::BuildHasherDefault<IdHasher>>;
@@ -210,7 +211,7 @@ pub fn aggregate(replay: &Replay, filter: &Filter, per_thread: bool) -> Result<A
         let Some(sel) = select.next(defs, &s) else { continue };
         let ctx = contexts.id(defs, &sel);
         add(&mut counts, ctx, s.stack, sample_weight);
-        total += sample_weight;
+        total = total.saturating_add(sample_weight);
         tmin = tmin.min(s.time_us);
         tmax = tmax.max(s.time_us);
     }

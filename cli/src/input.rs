@@ -133,7 +133,17 @@ pub fn open_inputs(files: &[PathBuf]) -> Result<Inputs, CliError> {
 /// lock): what is read is what it holds so far (`pack` of it is not the
 /// whole recording), and `spulse follow` shows it live.
 fn warn_if_recording(path: &Path) {
-    let running = std::fs::File::open(path).ok().and_then(|f| spulse::recording_running(&f).ok());
+    // Only a regular file, opened without blocking (a FIFO or a device is
+    // refused later by the reader, never waited on here).
+    if !std::fs::metadata(path).is_ok_and(|m| m.is_file()) {
+        return;
+    }
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY | libc::O_CLOEXEC)
+        .open(path);
+    let running = file.ok().and_then(|f| spulse::recording_running(&f).ok());
     if running == Some(true) {
         eprintln!(
             "spulse: warning: {}: still being recorded: this reads what it holds so far \

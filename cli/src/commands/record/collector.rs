@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use spulse::SpoolWriter;
 
 use super::handoff::{check_entry, parse_name, read_new_lines};
-use super::process::{alive, in_tree, proc_starttime};
+use super::process::{alive, proc_starttime};
 use crate::merge::{MergeError, Source};
 
 /// One per-process spool file and how far it got.
@@ -92,10 +92,13 @@ impl Collector {
                 });
                 continue;
             }
-            // A pid outside the recorded tree (a spool the program wrote
-            // under another process's pid) is read as it is, never waited
-            // for: its process may never end.
-            let starttime = proc_starttime(pid).filter(|_| in_tree(pid));
+            // (A pid outside the recorded tree, such as a spool the program
+            // wrote under another process's pid, or a process of the tree
+            // in a pid namespace whose pid here is another process's, is
+            // merged while that process lives and finished once the tree
+            // has exited: never waited for beyond it, never cut short while
+            // the tree runs.)
+            let starttime = proc_starttime(pid);
             self.entries.insert((pid, ns), Entry { path, starttime, state: EntryState::Waiting });
         }
     }

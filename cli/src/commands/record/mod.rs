@@ -195,19 +195,25 @@ pub fn run(args: &RecordArgs, embedded_lib: &[u8]) -> Result<i32, CliError> {
     // Set once writing the output failed: merging stops, the tree stays
     // supervised (reaped, signals forwarded) until it exits.
     let mut out_failed: Option<String> = None;
-    // Signals received (forwarded to the tree), and the last of them.
-    let (mut signals, mut last_signal) = (0u32, 0i32);
+    // Signals forwarded to the tree, the last of them, and when the second
+    // came.
+    let (mut signals, mut last_signal, mut second_at) = (0u32, 0i32, None);
     loop {
         if let Some(sig) = take_signal() {
-            forward_signal(sig);
-            signals += 1;
-            last_signal = sig;
+            if forward_signal(sig) {
+                signals += 1;
+                last_signal = sig;
+                if signals == 2 {
+                    second_at = Some(std::time::Instant::now());
+                }
+            }
         }
         reap(cmd_pid, &mut cmd_status);
         let tree_gone = cmd_status.is_some() && !have_children();
-        // A second signal: the collector stops waiting for a tree that does
-        // not end (what it wrote so far is merged).
-        let give_up = signals >= 2 && !tree_gone;
+        // A second signal forwarded: the collector stops waiting for a tree
+        // that does not end, after a second of grace for one that is ending
+        // (what it wrote so far is merged).
+        let give_up = !tree_gone && second_at.is_some_and(|t| t.elapsed() >= GIVE_UP_GRACE);
         collector.scan();
         let mut step = |collector: &mut Collector, out_failed: &mut Option<String>, ended: bool| {
             if out_failed.is_none() {
@@ -318,6 +324,10 @@ pub fn run(args: &RecordArgs, embedded_lib: &[u8]) -> Result<i32, CliError> {
     })
 }
 
+/// How long the tree has, after a second signal forwarded to it, before the
+/// collector stops waiting for it.
+const GIVE_UP_GRACE: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// Why the output `p` could not be created, with the way out where there is one.
 fn output_error(p: &Path, e: &std::io::Error) -> CliError {
     let shown = crate::display::escape(&p.display().to_string()).into_owned();
@@ -374,10 +384,17 @@ fn check_exports(args: &RecordArgs) -> Result<(), CliError> {
         }
         // An export replaces an older export, never a recording (a spool or
         // a packed file: their magic begins with `SPULS`).
+        // (Only a regular file is read, without blocking: `--svg /dev/stdout`
+        // or a FIFO is never opened here.)
+        use std::os::unix::fs::OpenOptionsExt;
         let mut head = [0u8; 5];
-        let recording = std::fs::File::open(path)
-            .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut head))
-            .is_ok_and(|()| &head == b"SPULS");
+        let recording = std::fs::metadata(path).is_ok_and(|m| m.is_file())
+            && std::fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY | libc::O_CLOEXEC)
+                .open(path)
+                .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut head))
+                .is_ok_and(|()| &head == b"SPULS");
         if recording {
             return Err(CliError::input(format!(
                 "{flag} {}: refusing to overwrite a recording (a spool or packed file) with an export",

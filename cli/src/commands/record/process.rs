@@ -109,11 +109,15 @@ pub(super) fn wait_tick(pidfd: Option<&std::os::fd::OwnedFd>, cmd_running: bool)
     }
 }
 
-/// The last of SIGINT, SIGTERM, SIGHUP received (0: none), for the main loop.
+/// The last of SIGINT, SIGTERM, SIGHUP received (0: none), for the main
+/// loop, and how many arrived since it last looked (two within one of its
+/// ticks are two).
 static SIGNAL: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+static SIGNALS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
 
 extern "C" fn on_signal(sig: libc::c_int) {
     SIGNAL.store(sig, std::sync::atomic::Ordering::SeqCst);
+    SIGNALS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
 }
 
 /// Catch SIGINT, SIGTERM and SIGHUP (the recorded command gets the default
@@ -130,8 +134,16 @@ pub(super) fn install_signal_handlers() {
     }
 }
 
+/// The last signal received since the last call, if any. Two received
+/// between calls are handed out one per call.
 pub(super) fn take_signal() -> Option<i32> {
-    let sig = SIGNAL.swap(0, std::sync::atomic::Ordering::SeqCst);
+    use std::sync::atomic::Ordering::SeqCst;
+    let pending = SIGNALS.load(SeqCst);
+    if pending == 0 {
+        return None;
+    }
+    SIGNALS.fetch_sub(1, SeqCst);
+    let sig = SIGNAL.load(SeqCst);
     (sig != 0).then_some(sig)
 }
 
@@ -156,37 +168,61 @@ fn children_of(pid: &str) -> Vec<u32> {
 ///
 /// A descendant is signalled through a pidfd, and only if it is still of
 /// the tree once the pidfd holds it: a pid that ended and was taken by an
-/// unrelated process meanwhile is not signalled.
-pub(super) fn forward_signal(sig: i32) {
+/// unrelated process meanwhile is not signalled ([`signal_descendant`]).
+/// Returns whether the signal was forwarded (a SIGINT the terminal sent to
+/// the whole group was not: it reached the tree already).
+pub(super) fn forward_signal(sig: i32) -> bool {
     if sig == libc::SIGINT {
         // SAFETY: tcgetpgrp and getpgrp only read process state.
         let foreground = unsafe { libc::tcgetpgrp(libc::STDIN_FILENO) == libc::getpgrp() };
         if foreground {
-            return;
+            return false;
         }
     }
     let me = std::process::id();
-    let mut queue: Vec<(u32, u32)> = children_of("self").into_iter().map(|c| (me, c)).collect();
-    let mut sent = 0usize;
-    // (Bounded: a tree forking faster than the walk cannot keep it going.)
-    while let Some((parent, pid)) = queue.pop() {
-        if sent >= 100_000 {
+    let mut signalled: std::collections::HashSet<u32> = std::collections::HashSet::new();
+    // A process whose parent ended during a walk (signalled just before) is
+    // adopted by the collector: the next round finds it among its children.
+    // (Bounded: a tree forking faster than the walks cannot keep them going.)
+    for _round in 0..3 {
+        let before = signalled.len();
+        let mut queue: Vec<(u32, u32)> = children_of("self").into_iter().map(|c| (me, c)).collect();
+        while let Some((parent, pid)) = queue.pop() {
+            if signalled.len() >= 100_000 {
+                return true;
+            }
+            queue.extend(children_of(&pid.to_string()).into_iter().map(|c| (pid, c)));
+            if !signalled.insert(pid) {
+                continue;
+            }
+            if parent == me {
+                // SAFETY: kill on a child of ours (unreaped, so its pid is not reused).
+                unsafe { libc::kill(pid as i32, sig) };
+                continue;
+            }
+            signal_descendant(pid, sig);
+        }
+        if signalled.len() == before {
             break;
         }
-        sent += 1;
-        queue.extend(children_of(&pid.to_string()).into_iter().map(|c| (pid, c)));
-        if parent == me {
-            // SAFETY: kill on a child of ours (unreaped, so its pid is not reused).
-            unsafe { libc::kill(pid as i32, sig) };
-            continue;
-        }
-        let Some(fd) = pidfd_open(pid) else { continue };
-        // Still of the tree (its parent may have ended since, signalled
-        // just before: it is then the collector's, adopted).
-        if !in_tree(pid) {
-            continue;
-        }
-        use std::os::fd::AsRawFd;
+    }
+    true
+}
+
+/// Send `sig` to `pid`, a descendant found in the walk, if it is still of the
+/// tree: through a pidfd (so that a pid taken by an unrelated process after
+/// the check is not signalled), or where the kernel has none (before 5.3;
+/// ENOSYS) with `kill` right after the check.
+fn signal_descendant(pid: u32, sig: i32) {
+    let fd = pidfd_open(pid);
+    let no_pidfd = fd.is_none() && std::io::Error::last_os_error().raw_os_error() == Some(libc::ENOSYS);
+    // (Its parent may have ended since, signalled just before: it is then
+    // the collector's, adopted, and still of the tree.)
+    if !in_tree(pid) {
+        return;
+    }
+    use std::os::fd::AsRawFd;
+    if let Some(fd) = fd {
         // SAFETY: pidfd_send_signal on a pidfd we own, with no siginfo.
         unsafe {
             libc::syscall(
@@ -197,5 +233,8 @@ pub(super) fn forward_signal(sig: i32) {
                 0,
             )
         };
+    } else if no_pidfd {
+        // SAFETY: kill on a process checked just above to be of the tree.
+        unsafe { libc::kill(pid as i32, sig) };
     }
 }
