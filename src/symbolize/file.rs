@@ -105,9 +105,9 @@ pub(super) fn file_bytes(file: &File, len: u64) -> Option<Backing> {
         file.take(len).read_to_end(&mut v).ok()?;
         Backing::Owned(v)
     } else {
-        // SAFETY: a private read-only mapping of a regular file we opened; the
-        // bytes are only ever read through `Bytes`, never as Rust references
-        // that another process's writes could invalidate the type of.
+        // (Its bytes are only ever read through `Bytes`, never as Rust
+        // references that another process's writes could invalidate the type of.)
+        // SAFETY: a private read-only mapping of a regular file we opened and checked.
         Backing::Map(unsafe { memmap2::MmapOptions::new().map(file) }.ok()?)
     })
 }
