@@ -406,6 +406,41 @@ fn a_non_utf8_tmpdir_still_records() {
     assert!(s.samples().count() > 50, "{} samples", s.samples().count());
 }
 
+/// A command started in a new pid namespace with the system's `/proc`
+/// (`unshare -pf`, no `--mount-proc`): its threads are listed there under
+/// the outer namespace's ids, which its own perf events and timers do not
+/// know; it is sampled all the same (before: no sample at all).
+#[test]
+fn a_program_in_a_new_pid_namespace_is_sampled() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        assert!(!in_ci(), "CI runs as root");
+        eprintln!("SKIPPED: a new pid namespace needs root here");
+        return;
+    }
+    if !oracle("unshare", &["unshare", "--version"], "util-linux") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let exe = victim(tmp.path());
+    for off_cpu in [false, true] {
+        let out = tmp.path().join(format!("ns-{off_cpu}.spool"));
+        let mut args: Vec<&OsStr> = vec!["-o".as_ref(), out.as_os_str()];
+        if off_cpu {
+            args.push("--off-cpu".as_ref());
+        }
+        args.extend(["--", "unshare", "-pf"].map(OsStr::new));
+        let mut c = record(tmp.path(), tmp.path(), &args);
+        c.arg(&exe).args(["burn", "0.3"]);
+        let o = run_bounded(c, Duration::from_secs(60));
+        let err = stderr(&o);
+        assert!(o.status.success(), "{err}");
+        let s = spulse::Snapshot::open(&out).unwrap();
+        let n = s.samples().count();
+        assert!(n > 50, "off-CPU mode {off_cpu}: {n} samples of 0.3 s burnt in a new pid namespace; {err}");
+    }
+}
+
 /// A SIGKILLed `spulse record` leaves its directory: processes the orphaned
 /// tree starts afterwards do not record into it (it stops growing), and the
 /// next `spulse record` removes it.

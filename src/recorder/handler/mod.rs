@@ -634,6 +634,7 @@ extern "C" fn after_fork_in_child() {
     // the child start a recorder of its own.
     STATE.store(std::ptr::null_mut(), Ordering::SeqCst);
     crate::recorder::forget_parent_recorder_after_fork();
+    crate::recorder::sys::procfs::forget_after_fork();
 }
 
 fn register_atfork() {

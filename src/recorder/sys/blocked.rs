@@ -52,7 +52,8 @@ fn read_task_file(tid: u32, file: &str, buf: &mut Vec<u8>) -> io::Result<()> {
     let mut path = [0u8; 64];
     let room = path.len() - 1; // the last byte stays NUL
     let mut w = &mut path[..room];
-    write!(w, "/proc/self/task/{tid}/{file}").map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    write!(w, "/proc/self/task/{}/{file}", super::procfs::task_name(tid))
+        .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
     buf.clear();
     buf.reserve(SMALL);
     let fd = loop {

@@ -8,7 +8,8 @@
 //! `perf_switch.rs` (the off-CPU mode's context-switch records), `pairing.rs`
 //! (their pairing into intervals, and which blocked threads to capture) and
 //! `blocked.rs` (a blocked thread's system call and stack, read without a
-//! signal); `vdso.rs` finds a symbol of the vDSO (aarch64's signal return
+//! signal); `procfs.rs` names this process's threads under a `/proc` of
+//! another pid namespace; `vdso.rs` finds a symbol of the vDSO (aarch64's signal return
 //! trampoline). The
 //! functions here that the signal handler calls ([`gettid`], [`now_us`],
 //! [`sigaction::previous_of`] and [`sigmask::program_blocks_trap`]) are
@@ -23,6 +24,7 @@ pub(crate) mod perf_kernel;
 pub(crate) mod perf_stack;
 pub(crate) mod perf_switch;
 pub(crate) mod preloaded;
+pub(crate) mod procfs;
 pub(crate) mod sigaction;
 pub(crate) mod sigmask;
 pub(crate) mod tcb;
@@ -31,6 +33,8 @@ pub(crate) mod timer;
 // Used on aarch64 only (x86_64 finds its trampoline in the action); tested on both.
 #[cfg_attr(not(target_arch = "aarch64"), allow(dead_code))]
 pub(crate) mod vdso;
+
+pub(crate) use procfs::list_tids;
 
 use std::os::fd::{AsRawFd, BorrowedFd};
 
@@ -78,8 +82,6 @@ pub(crate) fn now_ns() -> u64 {
     (ts.tv_sec as u64).wrapping_mul(1_000_000_000).wrapping_add(ts.tv_nsec as u64)
 }
 
-use std::io;
-
 /// CPU time the calling thread has used.
 pub(crate) fn thread_cpu_time() -> std::time::Duration {
     let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
@@ -88,7 +90,6 @@ pub(crate) fn thread_cpu_time() -> std::time::Duration {
     std::time::Duration::new(ts.tv_sec.max(0) as u64, ts.tv_nsec.clamp(0, 999_999_999) as u32)
 }
 
-/// Every thread id of this process.
 /// Whether this process may lock memory beyond its limits (`CAP_IPC_LOCK`
 /// in its effective set, `/proc/self/status`): perf rings then cost no
 /// locked-memory allowance.
@@ -100,17 +101,6 @@ pub(crate) fn can_lock_memory() -> bool {
         .find_map(|l| l.strip_prefix("CapEff:"))
         .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
         .is_some_and(|caps| caps & (1 << CAP_IPC_LOCK) != 0)
-}
-
-pub(crate) fn list_tids() -> io::Result<Vec<u32>> {
-    let mut v = Vec::new();
-    for e in std::fs::read_dir("/proc/self/task")? {
-        let e = e?;
-        if let Some(t) = e.file_name().to_str().and_then(|s| s.parse().ok()) {
-            v.push(t);
-        }
-    }
-    Ok(v)
 }
 
 /// This process's id.

@@ -319,7 +319,7 @@ impl SwitchTracker {
 /// The scheduler state letter of thread `tid` (`/proc/self/task/<tid>/stat`,
 /// after the command name's closing parenthesis); `None` if it is gone.
 fn thread_state(tid: u32) -> Option<char> {
-    let s = std::fs::read_to_string(format!("/proc/self/task/{tid}/stat")).ok()?;
+    let s = std::fs::read_to_string(super::procfs::task_path(tid, "stat")).ok()?;
     s.rsplit_once(')')?.1.trim_start().chars().next()
 }
 

@@ -241,7 +241,7 @@ impl Interner {
             return Ok(id);
         }
         let name = names.get(tid).unwrap_or_else(|| {
-            match std::fs::read_to_string(format!("/proc/self/task/{tid}/comm")) {
+            match std::fs::read_to_string(crate::recorder::sys::procfs::task_path(tid, "comm")) {
                 Ok(n) => n.trim_end_matches('\n').to_string(),
                 // Gone: the name of the segment before, if it had the thread.
                 Err(_) => self.earlier_names.get(&tid).map(|n| n.to_string()).unwrap_or_default(),

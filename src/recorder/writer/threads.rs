@@ -200,7 +200,9 @@ const CLOSED_CHECK_EVERY: Duration = Duration::from_millis(100);
 /// Whether thread `tid` of this process blocks signal `sig` (its `SigBlk` mask
 /// in `/proc/self/task/<tid>/status`); false when that cannot be read.
 pub(super) fn blocks_signal(tid: u32, sig: i32) -> bool {
-    let Ok(status) = std::fs::read_to_string(format!("/proc/self/task/{tid}/status")) else { return false };
+    let Ok(status) = std::fs::read_to_string(crate::recorder::sys::procfs::task_path(tid, "status")) else {
+        return false;
+    };
     status
         .lines()
         .find_map(|l| l.strip_prefix("SigBlk:"))
@@ -211,7 +213,7 @@ pub(super) fn blocks_signal(tid: u32, sig: i32) -> bool {
 /// User plus system CPU time of thread `tid` of this process, in clock ticks
 /// (`/proc/self/task/<tid>/stat`); `None` when it is gone.
 pub(super) fn thread_cpu_ticks(tid: u32) -> Option<u64> {
-    let s = std::fs::read_to_string(format!("/proc/self/task/{tid}/stat")).ok()?;
+    let s = std::fs::read_to_string(crate::recorder::sys::procfs::task_path(tid, "stat")).ok()?;
     // After the command name's closing parenthesis: state is field 3, utime
     // and stime are fields 14 and 15.
     let mut f = s.rsplit_once(')')?.1.split_ascii_whitespace().skip(11);
