@@ -388,6 +388,35 @@ fn a_process_that_switches_user_says_why_it_is_not_recorded() {
     );
 }
 
+/// `setpriv` keeps capabilities for its calling thread only while it changes
+/// user, then changes group: the C library makes each change in every thread
+/// and aborts the process when one is refused, as the recorder's writer was
+/// (SIGABRT, exit 134, under `spulse record` only). Now it runs as
+/// unrecorded, and the command it starts as another user says why it is
+/// not recorded.
+#[test]
+fn setpriv_dropping_root_is_not_aborted() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        assert!(!in_ci(), "CI runs as root");
+        eprintln!("SKIPPED: switching user needs root");
+        return;
+    }
+    if !oracle("setpriv", &["setpriv", "--version"], "util-linux") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let exe = victim(tmp.path());
+    std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let out = tmp.path().join("o.spool");
+    let mut c = record(tmp.path(), tmp.path(), &["-o".as_ref(), out.as_os_str(), "--".as_ref()]);
+    c.args(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]).arg(&exe).args(["burn", "0.1"]);
+    let o = run_bounded(c, Duration::from_secs(60));
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(0), "setpriv and its command end as unrecorded: {err}");
+    assert!(err.contains("not recording process"), "the command run as another user says why: {err}");
+}
+
 /// A `TMPDIR` whose name is not UTF-8 still records.
 #[test]
 fn a_non_utf8_tmpdir_still_records() {
@@ -438,6 +467,74 @@ fn a_program_in_a_new_pid_namespace_is_sampled() {
         let s = spulse::Snapshot::open(&out).unwrap();
         let n = s.samples().count();
         assert!(n > 50, "off-CPU mode {off_cpu}: {n} samples of 0.3 s burnt in a new pid namespace; {err}");
+    }
+}
+
+/// Burns, enters a new user namespace (`unshare(CLONE_NEWUSER)`, which the
+/// kernel allows only in a process of one thread), says how that went, burns
+/// again; with `threaded` it first starts a thread of its own (then the call
+/// fails with `EINVAL`, recorded or not). Exits 3 if the call failed.
+const UNSHARER: &str = r#"
+#define _GNU_SOURCE
+#include <sched.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+static volatile unsigned long sink;
+static void burn(double secs) {
+  struct timespec a, b; clock_gettime(CLOCK_THREAD_CPUTIME_ID, &a);
+  for (;;) { for (int i = 0; i < 100000; i++) sink += i * i;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &b);
+    if ((b.tv_sec - a.tv_sec) + (b.tv_nsec - a.tv_nsec) / 1e9 > secs) break; }
+}
+static void *idle(void *p) { (void)p; pause(); return 0; }
+int main(int argc, char **argv) {
+  if (argc > 1 && strcmp(argv[1], "threaded") == 0) { pthread_t t; pthread_create(&t, 0, idle, 0); }
+  burn(0.25);
+  int r = unshare(CLONE_NEWUSER);
+  printf("unshare: %s\n", r ? strerror(errno) : "ok");
+  burn(0.25);
+  return r ? 3 : 0;
+}
+"#;
+
+/// A program entering a user namespace (`unshare -U`, `nsenter -U`, rootless
+/// sandboxes) does so under `spulse record` as without it: the recorder's
+/// writer thread is out of the way for the call, and both halves of the
+/// run are sampled. One with a thread of its own gets `EINVAL` as it would
+/// unrecorded. (Before: `unshare: Invalid argument` under `record` only.)
+#[test]
+fn a_program_entering_a_user_namespace_is_not_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("unsharer.c");
+    std::fs::write(&src, UNSHARER).unwrap();
+    let exe = tmp.path().join("unsharer");
+    let o = Command::new("cc").args(["-O1", "-pthread", "-o"]).arg(&exe).arg(&src).output().expect("run cc");
+    assert!(o.status.success(), "cc: {}", stderr(&o));
+    let bare = Command::new(&exe).output().unwrap();
+    if String::from_utf8_lossy(&bare.stdout).trim() != "unshare: ok" {
+        assert!(!in_ci(), "user namespaces are allowed in CI (root)");
+        eprintln!("SKIPPED: this machine refuses a new user namespace unrecorded too: {:?}", bare);
+        return;
+    }
+    for (arg, want_out, want_code) in
+        [("single", "unshare: ok", 0), ("threaded", "unshare: Invalid argument", 3)]
+    {
+        let out = tmp.path().join(format!("{arg}.spool"));
+        let mut c = record(tmp.path(), tmp.path(), &["-o".as_ref(), out.as_os_str(), "--".as_ref()]);
+        c.arg(&exe).arg(arg);
+        let o = run_bounded(c, Duration::from_secs(60));
+        let err = stderr(&o);
+        assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), want_out, "{arg}: {err}");
+        assert_eq!(o.status.code(), Some(want_code), "{arg}: {err}");
+        let s = spulse::Snapshot::open(&out).unwrap();
+        // 0.25 s burnt on each side of the call, at 1,000 samples a
+        // second of CPU: more than one side's worth means both were sampled.
+        let n = s.samples().count();
+        assert!(n > 300, "{arg}: {n} samples of 0.5 s burnt; {err}");
     }
 }
 

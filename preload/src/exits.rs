@@ -66,7 +66,7 @@ fn before_image_ends() {
 /// The C library's function `name`, kept in `slot`, or `ENOSYS` for the
 /// caller. Looked up here if [`resolve`] has not run yet (a constructor of
 /// the program's that runs before this library's and execs).
-fn real(slot: &AtomicUsize, name: &CStr) -> Option<usize> {
+pub(crate) fn real(slot: &AtomicUsize, name: &CStr) -> Option<usize> {
     let mut p = slot.load(Ordering::Acquire);
     if p == 0 {
         // SAFETY: as in `resolve`.

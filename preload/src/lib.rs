@@ -16,7 +16,14 @@
 //! * At `exit` (an `atexit` handler) it finishes the recording: stop, drain,
 //!   flush, sync. `_exit`, `_Exit` and the `exec` functions are interposed
 //!   to have it written out first, where the writer can be woken at once
-//!   (the off-CPU mode, the perf-stack engine; `exits.rs`). A process that dies
+//!   (the off-CPU mode, the perf-stack engine; `exits.rs`). `unshare` and
+//!   `setns` are interposed too (`namespaces.rs`): entering a user
+//!   namespace needs a process of one thread, so where such a call fails
+//!   with `EINVAL` the recording is finished, the call made again, and a new
+//!   recording started. So are the C library's changes of user and group
+//!   (`setxid.rs`): it makes them in every thread and aborts if they differ,
+//!   so where the threads' credentials differ (a program that raised its own
+//!   capabilities) the recording is finished around the call. A process that dies
 //!   by a signal keeps what was flushed (the recorder flushes every 100 ms).
 //! * In a child made by `fork` it starts a new recorder for the child (the
 //!   parent's recorder withdraws itself in the child). A program started by
@@ -54,6 +61,8 @@
 //! counts and every warning again.
 
 mod exits;
+mod namespaces;
+mod setxid;
 mod signals;
 
 use std::ffi::{CStr, OsStr};
@@ -140,6 +149,8 @@ extern "C" fn init() {
     // Before anything else: the interposed `exec` functions need them even
     // where this library records nothing.
     exits::resolve();
+    namespaces::resolve();
+    setxid::resolve();
     let (user, sys) = cpu_so_far();
     BEFORE_USER_US.store(user, Ordering::Relaxed);
     BEFORE_SYS_US.store(sys, Ordering::Relaxed);
@@ -161,6 +172,29 @@ extern "C" fn init() {
 }
 
 extern "C" fn at_exit() {
+    finish_recording();
+}
+
+/// Whether this library records the calling process (not a `vfork` child,
+/// which shares the parent's memory but has a pid of its own).
+fn records_this_process() -> bool {
+    // SAFETY: getpid has no preconditions.
+    let pid = unsafe { libc::getpid() } as u32;
+    pid != 0 && spulse_preload_recorded_pid.load(Ordering::SeqCst) == pid
+}
+
+/// Record this process anew after [`finish_recording`] (`namespaces.rs`):
+/// a new spool, whose "CPU before the recorder" is none.
+fn record_again() {
+    BEFORE_USER_US.store(0, Ordering::Relaxed);
+    BEFORE_SYS_US.store(0, Ordering::Relaxed);
+    start_here();
+}
+
+/// Finish the recording of this process, if there is one: stop, drain,
+/// flush, sync, and under `spulse record` write its stats (at exit, and
+/// before a call that needs the process to have one thread).
+fn finish_recording() {
     spulse_preload_recorded_pid.store(0, Ordering::SeqCst);
     let guard = match GUARD.lock() {
         Ok(mut g) => g.take(),

@@ -1,0 +1,135 @@
+//! The C library's user and group changes (`setuid` ... `setgroups`),
+//! interposed: in a process of several threads the C library makes each such
+//! call in every thread (it signals each one to change its own credentials)
+//! and aborts the process if they do not all succeed alike ("failed to
+//! change credentials consistently"). Credentials are per thread: a program
+//! that gave only its calling thread some capabilities (`setpriv`, which sets
+//! `PR_SET_KEEPCAPS` and raises its own effective set around a change of
+//! user) then aborts on its next change, because the recorder's writer
+//! thread, which kept the credentials it was created with, is refused. Under
+//! `spulse record`, `setpriv --reuid=... --regid=... --clear-groups CMD`
+//! died with SIGABRT.
+//!
+//! So before such a call in the process this library records, every
+//! thread's credentials (`Uid`, `Gid`, `Groups` and the capability sets of
+//! `/proc/self/task/*/status`) are compared. Where they are all alike the
+//! call goes straight on: every thread changes, the recording goes on. Where
+//! they differ, the recording is finished (its writer joined), the call made,
+//! and a new recording started (its writer a copy of the calling thread's
+//! credentials from then on; under `spulse record` one that can no longer
+//! write the collector's directory says so on stderr). A difference among
+//! the program's own threads is the program's: it aborts as unrecorded.
+
+use std::ffi::{c_int, CStr};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// The C library's functions, looked up at load ([`resolve`]), in the order
+/// of [`NAMES`].
+static REAL: [AtomicUsize; 9] = [const { AtomicUsize::new(0) }; 9];
+
+const NAMES: [&CStr; 9] = [
+    c"setuid",
+    c"setgid",
+    c"seteuid",
+    c"setegid",
+    c"setreuid",
+    c"setregid",
+    c"setresuid",
+    c"setresgid",
+    c"setgroups",
+];
+
+/// Look up the C library's functions (at load, from the constructor: not
+/// later, since a `vfork` child may make these calls).
+pub(crate) fn resolve() {
+    for (slot, name) in REAL.iter().zip(NAMES) {
+        // SAFETY: dlsym with RTLD_NEXT and a NUL-terminated name returns the
+        // next definition after this library (the C library's) or null.
+        let p = unsafe { libc::dlsym(libc::RTLD_NEXT, name.as_ptr()) } as usize;
+        slot.store(p, Ordering::Release);
+    }
+}
+
+/// Make `call` (which calls the C library's function number `i`), with the
+/// recording out of the way if the threads' credentials differ.
+fn around(i: usize, call: impl FnOnce(usize) -> c_int) -> c_int {
+    let Some(p) = crate::exits::real(&REAL[i], NAMES[i]) else { return -1 };
+    if !crate::records_this_process() || alike() {
+        return call(p);
+    }
+    crate::finish_recording();
+    let r = call(p);
+    let e = std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
+    crate::record_again();
+    // SAFETY: sets this thread's errno, an lvalue the C library provides.
+    unsafe { *libc::__errno_location() = e };
+    r
+}
+
+/// The lines of a task's `status` that decide what a change of user or
+/// group may do.
+const CREDENTIALS: [&str; 8] =
+    ["Uid:", "Gid:", "Groups:", "CapInh:", "CapPrm:", "CapEff:", "CapBnd:", "CapAmb:"];
+
+/// Whether every thread of this process has the same credentials (true when
+/// `/proc` cannot tell: the call then goes on as it always did).
+fn alike() -> bool {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else { return true };
+    let mut first: Option<Vec<String>> = None;
+    for t in tasks.flatten() {
+        // A thread that ended meanwhile is not asked by the C library either.
+        let Ok(status) = std::fs::read_to_string(t.path().join("status")) else { continue };
+        let creds = credentials(&status);
+        match &first {
+            None => first = Some(creds),
+            Some(f) if *f != creds => return false,
+            Some(_) => {}
+        }
+    }
+    true
+}
+
+fn credentials(status: &str) -> Vec<String> {
+    status.lines().filter(|l| CREDENTIALS.iter().any(|c| l.starts_with(c))).map(str::to_string).collect()
+}
+
+type Id = libc::uid_t;
+
+macro_rules! interpose {
+    ($i:expr, $name:ident($($arg:ident: $ty:ty),*)) => {
+        #[doc = concat!("`", stringify!($name), "`, as the C library's (see the module doc).")]
+        #[no_mangle]
+        pub extern "C" fn $name($($arg: $ty),*) -> c_int {
+            around($i, |p| {
+                // SAFETY: the C library's function of this name and signature.
+                let f = unsafe { std::mem::transmute::<usize, extern "C" fn($($ty),*) -> c_int>(p) };
+                f($($arg),*)
+            })
+        }
+    };
+}
+
+interpose!(0, setuid(uid: Id));
+interpose!(1, setgid(gid: Id));
+interpose!(2, seteuid(uid: Id));
+interpose!(3, setegid(gid: Id));
+interpose!(4, setreuid(r: Id, e: Id));
+interpose!(5, setregid(r: Id, e: Id));
+interpose!(6, setresuid(r: Id, e: Id, s: Id));
+interpose!(7, setresgid(r: Id, e: Id, s: Id));
+
+/// `setgroups`, as the C library's (see the module doc).
+///
+/// # Safety
+/// As `setgroups(2)`: `list` holds `size` group ids.
+#[no_mangle]
+pub unsafe extern "C" fn setgroups(size: libc::size_t, list: *const libc::gid_t) -> c_int {
+    around(8, |p| {
+        // SAFETY: the C library's `setgroups`; the caller's contract, passed on.
+        let f = unsafe {
+            std::mem::transmute::<usize, unsafe extern "C" fn(libc::size_t, *const libc::gid_t) -> c_int>(p)
+        };
+        // SAFETY: as above.
+        unsafe { f(size, list) }
+    })
+}
