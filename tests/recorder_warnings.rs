@@ -102,6 +102,37 @@ fn a_spool_taken_away_is_warned_before_finish_and_once_at_the_end() {
     eprintln!("published {} ms after the spool was taken: {:?}", waited.as_millis(), polled);
 }
 
+/// The spool is deleted while recording (by hand, or by `spulse record`'s
+/// collector as it ends with processes still running): the recorder says so
+/// and writes nothing more into the unlinked file, which would only take
+/// disk space nobody can reach until the process ends.
+#[test]
+fn a_deleted_spool_is_written_no_more() {
+    let _serial = serial();
+    let (_dir, path) = spool_path("deleted.spool");
+    let (b, seen) = with_callback();
+    let g = b.start(&path).unwrap();
+    burn(0.1);
+    let spool_fds = fds_linking_to(canonical(&path).as_os_str().as_bytes());
+    assert_eq!(spool_fds.len(), 1, "the recorder holds one descriptor of the spool: {spool_fds:?}");
+    std::fs::remove_file(&path).unwrap();
+    let needle = "spool file was deleted";
+    let (polled, called) = wait_for(&g, &seen, needle);
+    let size = || std::fs::metadata(format!("/proc/self/fd/{}", spool_fds[0])).unwrap().len();
+    let at_warning = size();
+    burn(0.3);
+    let later = size();
+    let r = g.finish();
+    assert_eq!(count(&polled, needle), 1, "Guard::warnings before finish: {polled:?}");
+    assert_eq!(count(&called, needle), 1, "on_warning before finish: {called:?}");
+    assert_eq!(later, at_warning, "0.3 s of samples after the warning went nowhere");
+    let warnings = match r {
+        Err(Error::Recorder(RecorderError::WriteStopped { warnings, .. })) => warnings,
+        other => panic!("expected WriteStopped, got {other:?}"),
+    };
+    assert_eq!(count(&warnings, needle), 1, "{warnings:?}");
+}
+
 /// The program closes the perf-event engine's descriptors: the warning is
 /// published while recording, and `Stats::warnings` holds it once.
 #[test]

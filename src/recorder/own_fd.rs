@@ -180,9 +180,20 @@ impl Write for SpoolFile {
 
     /// Called at every flush of the writer (each time the file is due:
     /// every flush interval), so a descriptor taken away is found even when
-    /// there is nothing to write.
+    /// there is nothing to write. A spool that no name links to any more
+    /// (deleted: by hand, or by `spulse record`'s collector as it ends,
+    /// with processes of the tree still running) is written no more: every
+    /// byte would only take disk space nobody can reach, until the process
+    /// ends.
     fn flush(&mut self) -> io::Result<()> {
-        self.check()
+        self.check()?;
+        use std::os::unix::fs::MetadataExt;
+        if self.file().metadata().is_ok_and(|m| m.nlink() == 0) {
+            return Err(io::Error::other(
+                "the spool file was deleted (no name links to it any more); nothing more is written to it",
+            ));
+        }
+        Ok(())
     }
 }
 
