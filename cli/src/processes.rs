@@ -10,32 +10,12 @@ use std::collections::BTreeMap;
 
 use spulse::{Definitions, Module};
 
-/// The executable a process ran last: the recorder lists a process's modules
-/// in `dl_iterate_phdr` order, the main executable first, then the vDSO, then
-/// the libraries; a process that `exec`s records a new image, listed again in
-/// that order after the old one's modules. So the module just before the
-/// pid's last vDSO is its latest executable (the first module of the pid when
-/// no vDSO was listed). Thread names are not used: they are cut at 15 bytes,
-/// taken on a thread's first sample (a forked child keeps its parent's until
-/// it execs), and a program's work may run on threads other than its main one.
+/// The executable a process ran last ([`Definitions::executable_of`]).
+/// Thread names are not used: they are cut at 15 bytes, taken on a thread's
+/// first sample (a forked child keeps its parent's until it execs), and a
+/// program's work may run on threads other than its main one.
 pub fn program_module(defs: &Definitions, pid: u32) -> Option<&Module> {
-    let mut first = None;
-    let mut prev: Option<&Module> = None;
-    let mut exe = None;
-    for m in defs.modules().iter().filter(|m| m.pid == pid) {
-        first.get_or_insert(m);
-        if is_vdso(m) {
-            if let Some(p) = prev.filter(|p| !is_vdso(p)) {
-                exe = Some(p);
-            }
-        }
-        prev = Some(m);
-    }
-    exe.or(first)
-}
-
-fn is_vdso(m: &Module) -> bool {
-    matches!(&m.path[..], b"linux-vdso.so.1" | b"linux-vdso64.so.1" | b"linux-gate.so.1" | b"[vdso]")
+    defs.executable_of(pid)
 }
 
 /// One process of a spool.

@@ -804,6 +804,38 @@ fn a_spool_under_a_foreign_pid_is_not_waited_for() {
     assert!(took < Duration::from_secs(10), "record waited {took:?} for a process outside the tree");
 }
 
+/// A pprof profile's first mapping is its main binary to `go tool pprof`
+/// (`File:`): in a tree started through a shell it is the executable of the
+/// busiest process, not the shell's (the first recorded).
+fn pprof_names_the_busiest_program_as_its_main_binary() {
+    let dir = tempfile::tempdir().unwrap();
+    let results = dir.path().join("results");
+    std::fs::create_dir(&results).unwrap();
+    let spool = dir.path().join("sh.spool");
+    let o = Command::new(env!("CARGO_BIN_EXE_spulse"))
+        .args(["record", "-F", &HZ.to_string(), "-o"])
+        .arg(&spool)
+        .args(["--", "sh", "-c", "\"$0\"; true"])
+        .arg(me())
+        .env(ROLE, "burn")
+        .env(RESULTS, &results)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "stderr: {}", stderr(&o));
+    let pb = dir.path().join("sh.pb.gz");
+    spulse(&["export", "-f", "pprof", "-o", pb.to_str().unwrap(), spool.to_str().unwrap()]);
+    let mut raw = Vec::new();
+    std::io::Read::read_to_end(
+        &mut flate2::read::GzDecoder::new(std::fs::File::open(&pb).unwrap()),
+        &mut raw,
+    )
+    .unwrap();
+    let p = <spulse_cli::export::pprof::Profile as prost::Message>::decode(&*raw).unwrap();
+    let first = &p.string_table[p.mapping[0].filename as usize];
+    let exe = std::fs::canonicalize(me()).unwrap();
+    assert_eq!(Path::new(first), exe, "the first of {} mappings", p.mapping.len());
+}
+
 fn embedded_start_is_refused_and_recorded_once() {
     let r = record_role("embedded", &[]);
     assert_eq!(r.out.status.code(), Some(0), "stderr: {}", stderr(&r.out));
@@ -1126,6 +1158,10 @@ fn main() {
             cfi_verdicts_of_a_program_without_a_build_id_are_cached,
         ),
         ("embedded_start_is_refused_and_recorded_once", embedded_start_is_refused_and_recorded_once),
+        (
+            "pprof_names_the_busiest_program_as_its_main_binary",
+            pprof_names_the_busiest_program_as_its_main_binary,
+        ),
         (
             "signals_reach_the_whole_tree_and_a_second_one_stops_the_wait",
             signals_reach_the_whole_tree_and_a_second_one_stops_the_wait,

@@ -503,6 +503,32 @@ impl Definitions {
     pub fn is_module_active(&self, id: ModuleId) -> bool {
         self.module_active[id.index()]
     }
+    /// The executable process `pid` ran last, if the spool lists its
+    /// modules. The recorder lists a process's modules in
+    /// `dl_iterate_phdr` order, the main executable first, then the vDSO,
+    /// then the libraries; a process that `exec`s records a new image,
+    /// listed again in that order after the old one's modules. So the module
+    /// just before the pid's last vDSO is its latest executable (the first
+    /// module of the pid when no vDSO was listed).
+    pub fn executable_of(&self, pid: u32) -> Option<&Module> {
+        let is_vdso = |m: &Module| {
+            matches!(&m.path[..], b"linux-vdso.so.1" | b"linux-vdso64.so.1" | b"linux-gate.so.1" | b"[vdso]")
+        };
+        let mut first = None;
+        let mut prev: Option<&Module> = None;
+        let mut exe = None;
+        for m in self.modules.iter().filter(|m| m.pid == pid) {
+            first.get_or_insert(m);
+            if is_vdso(m) {
+                if let Some(p) = prev.filter(|p| !is_vdso(p)) {
+                    exe = Some(p);
+                }
+            }
+            prev = Some(m);
+        }
+        exe.or(first)
+    }
+
     /// Every module retirement, in stream order.
     pub fn deactivations(&self) -> &[Deactivation] {
         &self.deactivations

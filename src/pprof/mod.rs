@@ -300,6 +300,22 @@ pub(crate) fn write_with(
         };
         t.p.mapping.push(mapping);
     }
+    // pprof takes the first mapping for the main binary (`File:` in its
+    // reports, and the binary it symbolizes first): the executable of the
+    // process with the most samples, not the first process's (a shell or
+    // `env` in a recorded tree).
+    let mut per_pid: HashMap<u32, u64> = HashMap::new();
+    for (c, _, n) in counts.iter() {
+        *per_pid.entry(contexts[c].pid).or_insert(0) += n;
+    }
+    let busiest = per_pid.into_iter().max_by_key(|&(pid, n)| (n, std::cmp::Reverse(pid))).map(|(pid, _)| pid);
+    if let Some(exe) = busiest.and_then(|pid| defs.executable_of(pid)) {
+        let i = exe.id.index();
+        if i < t.p.mapping.len() {
+            let main = t.p.mapping.remove(i);
+            t.p.mapping.insert(0, main);
+        }
+    }
     let Tables { mut p, strings, locations, .. } = t;
     p.string_table = strings.table;
     let string_index = strings.index;
