@@ -410,10 +410,21 @@ fn firefox_export_refuses_more_threads_than_it_holds() {
     let o = spulse(&["export", s(&spool), "--format", "firefox", "-o", s(&out)]);
     let err = stderr(&o);
     assert_eq!(o.status.code(), Some(2), "{err}");
-    assert!(err.contains("10001 threads") && err.contains("at most 10000") && err.contains("pprof"), "{err}");
+    assert!(
+        err.contains("10001 threads selected") && err.contains("at most 10000") && err.contains("pprof"),
+        "{err}"
+    );
     assert!(!out.exists());
     let o = spulse(&["export", s(&spool), "--format", "pprof", "-o", s(&dir.path().join("t.pb.gz"))]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    // The limit counts the threads selected: one thread of the 10,001 is
+    // exported, alone.
+    let o = spulse(&["export", s(&spool), "--format", "firefox", "--thread", "5000", "-o", s(&out)]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap();
+    let threads = v["threads"].as_array().unwrap();
+    assert_eq!(threads.len(), 1, "only the selected thread");
+    assert_eq!(threads[0]["tid"].to_string().trim_matches('"'), "5000");
 }
 
 /// Inputs that would mislead: one file given twice (by two names) is

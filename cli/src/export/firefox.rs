@@ -116,10 +116,20 @@ pub fn profile(job: &Job<'_>, sym: &mut Symbolizer) -> Result<(Value, Samples, u
 
     // Libraries and their symbol tables, from the module frames the selected
     // samples use (a first, aggregating pass finds them).
-    let agg = aggregate(replay, filter, false)?;
+    // Per thread: the threads with selected samples or waits are the
+    // profile's threads.
+    let agg = aggregate(replay, filter, true)?;
     let mut used: HashSet<FrameId> = HashSet::new();
-    for (_, stack, _) in agg.iter() {
+    let mut with_data = vec![false; defs.threads().len()];
+    for (c, stack, _) in agg.iter().chain(agg.iter_off_cpu()) {
         used.extend(defs.stack_frames(stack));
+        if let Some(slot) = agg.contexts[c].thread.and_then(|t| with_data.get_mut(t.index())) {
+            *slot = true;
+        }
+    }
+    if !with_data.contains(&true) {
+        // Nothing selected: every thread, empty, as the spool defines them.
+        with_data.fill(true);
     }
     let mut used: Vec<FrameId> = used.into_iter().collect();
     used.sort_unstable();
@@ -179,16 +189,21 @@ pub fn profile(job: &Job<'_>, sym: &mut Symbolizer) -> Result<(Value, Samples, u
     // and the document, sampled or not): a spool of 100,000 threads of one
     // sample each ran out of memory at 2 GB, where the other formats take
     // 60 MB.
-    if defs.threads().len() > MAX_THREADS {
+    let selected_threads = with_data.iter().filter(|&&b| b).count();
+    if selected_threads > MAX_THREADS {
         return Err(CliError::input(format!(
-            "{} threads: the Firefox Profiler format keeps tables for each thread, and this export takes at most \
-             {MAX_THREADS}; export this spool as pprof, speedscope, collapsed or svg",
-            defs.threads().len()
+            "{selected_threads} threads selected: the Firefox Profiler format keeps tables for each thread, and this \
+             export takes at most {MAX_THREADS}; select fewer (--pid, --tid, --from/--to) or export this spool as \
+             pprof, speedscope, collapsed or svg"
         )));
     }
     let mut processes: HashMap<u32, fx::ProcessHandle> = HashMap::new();
-    let mut threads: Vec<fx::ThreadHandle> = Vec::new();
+    let mut threads: Vec<Option<fx::ThreadHandle>> = Vec::new();
     for t in defs.threads() {
+        if !with_data[t.id.index()] {
+            threads.push(None);
+            continue;
+        }
         let exe = exe_names.get(&t.pid).cloned();
         let process = *processes.entry(t.pid).or_insert_with(|| {
             let name = exe.clone().unwrap_or_else(|| format!("pid {}", t.pid));
@@ -202,7 +217,7 @@ pub fn profile(job: &Job<'_>, sym: &mut Symbolizer) -> Result<(Value, Samples, u
             _ => format!("tid {}", t.tid),
         };
         profile.set_thread_name(th, &name);
-        threads.push(th);
+        threads.push(Some(th));
     }
 
     let mut stacks = Stacks::new(&mut profile, frame_kind, libs);
@@ -224,7 +239,7 @@ pub fn profile(job: &Job<'_>, sym: &mut Symbolizer) -> Result<(Value, Samples, u
         let Some(sel) = select.next(defs, &s) else { continue };
         let ci = contexts.id(defs, &sel);
         let ctx = contexts.get(ci);
-        let th = threads[s.thread.index()];
+        let Some(th) = threads[s.thread.index()] else { continue };
         let stack = stacks.intern(&mut profile, defs, sym, (ci, &ctx), th, s.stack, Leaf::Cpu);
         per_thread[s.thread.index()].push(stack, ns_since(s.time_us, start_us), time, None)?;
     }
@@ -247,7 +262,7 @@ pub fn profile(job: &Job<'_>, sym: &mut Symbolizer) -> Result<(Value, Samples, u
             }
             let ci = contexts.id(defs, &sel);
             let ctx = contexts.get(ci);
-            let th = threads[o.thread.index()];
+            let Some(th) = threads[o.thread.index()] else { continue };
             let leaf = match o.state {
                 spulse::OffCpuState::Blocked => Leaf::Blocked,
                 spulse::OffCpuState::Preempted => Leaf::WaitingForCpu,
@@ -270,7 +285,7 @@ pub fn profile(job: &Job<'_>, sym: &mut Symbolizer) -> Result<(Value, Samples, u
     // thread (the library orders threads its own way); these are read back
     // from the document and their tables replaced.
     for (i, ts) in per_thread.iter_mut().enumerate() {
-        let th = threads[i];
+        let Some(th) = threads[i] else { continue };
         profile.add_sample(th, zero, None, cpu, i32::try_from(i + 1).unwrap_or(i32::MAX));
         for &h in &ts.handles {
             profile.add_sample(th, zero, Some(h), cpu, 1);
