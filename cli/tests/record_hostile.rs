@@ -538,6 +538,71 @@ fn a_program_entering_a_user_namespace_is_not_refused() {
     }
 }
 
+/// Blocks SIGUSR1 and SIGCHLD (the daemon pattern: signals read
+/// synchronously), burns, sends itself SIGUSR1 and waits for it with
+/// `sigtimedwait`, then has a child exit and reads SIGCHLD from a
+/// `signalfd`. Exits 0 when both arrive where it waits for them.
+const SIGNAL_READER: &str = r#"
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <sys/signalfd.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+static volatile unsigned long sink;
+static void burn(double secs) {
+  struct timespec a, b; clock_gettime(CLOCK_THREAD_CPUTIME_ID, &a);
+  for (;;) { for (int i = 0; i < 100000; i++) sink += i * i;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &b);
+    if ((b.tv_sec - a.tv_sec) + (b.tv_nsec - a.tv_nsec) / 1e9 > secs) break; }
+}
+int main(void) {
+  sigset_t s; sigemptyset(&s); sigaddset(&s, SIGUSR1); sigaddset(&s, SIGCHLD);
+  sigprocmask(SIG_BLOCK, &s, 0);
+  burn(0.1);
+  struct timespec to = {5, 0}; siginfo_t si;
+  kill(getpid(), SIGUSR1);
+  if (sigtimedwait(&s, &si, &to) != SIGUSR1) { puts("no SIGUSR1"); return 1; }
+  int fd = signalfd(-1, &s, SFD_CLOEXEC);
+  pid_t p = fork();
+  if (p == 0) { burn(0.05); _exit(4); }
+  struct pollfd pf = {fd, POLLIN, 0};
+  if (poll(&pf, 1, 5000) != 1) { puts("no SIGCHLD"); return 2; }
+  waitpid(p, 0, 0);
+  puts("both");
+  return 0;
+}
+"#;
+
+/// A signal the program blocks in its only thread, to read it with
+/// `sigtimedwait` or a `signalfd`, reaches it there: the recorder's threads
+/// block every signal. (Before: the writer thread did not, the kernel gave
+/// the process's SIGUSR1 to it, and its default action killed the program.)
+#[test]
+fn signals_the_program_blocks_to_read_them_are_not_taken_by_the_recorder() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("reader.c");
+    std::fs::write(&src, SIGNAL_READER).unwrap();
+    let exe = tmp.path().join("reader");
+    let o = Command::new("cc").args(["-O1", "-o"]).arg(&exe).arg(&src).output().expect("run cc");
+    assert!(o.status.success(), "cc: {}", stderr(&o));
+    for off_cpu in [false, true] {
+        let out = tmp.path().join(format!("r-{off_cpu}.spool"));
+        let mut args: Vec<&OsStr> = vec!["-o".as_ref(), out.as_os_str()];
+        if off_cpu {
+            args.push("--off-cpu".as_ref());
+        }
+        args.push("--".as_ref());
+        let mut c = record(tmp.path(), tmp.path(), &args);
+        c.arg(&exe);
+        let o = run_bounded(c, Duration::from_secs(60));
+        let err = stderr(&o);
+        assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "both", "off-CPU {off_cpu}: {err}");
+        assert_eq!(o.status.code(), Some(0), "off-CPU {off_cpu}: {err}");
+    }
+}
+
 /// A SIGKILLed `spulse record` leaves its directory: processes the orphaned
 /// tree starts afterwards do not record into it (it stops growing), and the
 /// next `spulse record` removes it.

@@ -117,16 +117,17 @@ pub fn serve(addr: impl ToSocketAddrs) -> Result<Server, Error> {
     let (jobs_tx, jobs_rx) = mpsc::channel::<Job>();
     let windows = {
         let shared = shared.clone();
-        std::thread::Builder::new()
-            .name("spulse-http-w".into())
-            .spawn(move || windows(&jobs_rx, &shared))
-            .map_err(|e| Error::io(None, e))?
+        crate::recorder::spawn_quiet(std::thread::Builder::new().name("spulse-http-w".into()), move || {
+            windows(&jobs_rx, &shared)
+        })
+        .map_err(|e| Error::io(None, e))?
     };
     let acceptor = {
         let shared = shared.clone();
-        std::thread::Builder::new()
-            .name("spulse-http".into())
-            .spawn(move || accept(&listener, &shared, jobs_tx))
+        // Its connection threads inherit its mask.
+        crate::recorder::spawn_quiet(std::thread::Builder::new().name("spulse-http".into()), move || {
+            accept(&listener, &shared, jobs_tx)
+        })
     };
     let acceptor = match acceptor {
         Ok(t) => t,

@@ -108,6 +108,8 @@ pub use sys::preloaded::live_spool_of_this_copy;
 pub(crate) use sys::preloaded::preload_live_spool;
 #[cfg(feature = "http")]
 pub(crate) use sys::preloaded::preload_split_off_cpu;
+#[cfg(feature = "http")]
+pub(crate) use sys::sigmask::spawn_quiet;
 
 /// Start recording to `path` with the defaults.
 ///
@@ -518,9 +520,8 @@ fn start_inner(b: &RecorderBuilder, path: &Path) -> Result<Guard, Error> {
     });
     let (tid_tx, tid_rx) = mpsc::sync_channel::<u32>(1);
     exit_request::arm(wake_fd);
-    let join = std::thread::Builder::new()
-        .name("spulse-writer".into())
-        .spawn(move || {
+    let join =
+        sys::sigmask::spawn_quiet(std::thread::Builder::new().name("spulse-writer".into()), move || {
             // Said when the thread ends, by a panic too.
             let _done = exit_request::WriterThread::started(sys::gettid());
             let _ = tid_tx.send(sys::gettid());

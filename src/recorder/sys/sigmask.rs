@@ -163,6 +163,54 @@ pub(crate) unsafe fn virtual_mask(
     Some(0)
 }
 
+/// Spawn one of spulse's own threads (the writer, the probes, the `http`
+/// endpoint's) with every signal blocked but the C library's two internal
+/// ones (glibc's cancellation and `setxid` signals, 32 and 33: a thread
+/// blocking `setxid`'s would hang the program's next `setuid`). A signal
+/// sent to the process goes to one of its threads that does not block it:
+/// before, a signal the program blocked in all its own threads to read with
+/// `sigwait`, `sigtimedwait` or `signalfd` could go to the writer instead and
+/// kill the process (SIGUSR1's default), and a handler of the program could
+/// run on the writer. The mask is set in the calling thread around the
+/// spawn (a new thread starts with its creator's mask, so no signal can
+/// reach it before it could block them itself) and restored at once, by
+/// raw system calls (no interposer in between).
+pub(crate) fn spawn_quiet<F, T>(b: std::thread::Builder, f: F) -> std::io::Result<std::thread::JoinHandle<T>>
+where
+    F: FnOnce() -> T + Send + 'static,
+    T: Send + 'static,
+{
+    // Bits are signal numbers less one; 32 and 33 stay open.
+    let all: u64 = !((1u64 << 31) | (1u64 << 32));
+    let mut old: u64 = 0;
+    // SAFETY: rt_sigprocmask reads the 8-byte kernel set `all` and writes the
+    // old one into `old`; both live for the call. SIGKILL and SIGSTOP are
+    // never blocked (the kernel drops them from the set).
+    let set = unsafe {
+        libc::syscall(
+            libc::SYS_rt_sigprocmask,
+            libc::SIG_SETMASK,
+            &all as *const u64,
+            &mut old as *mut u64,
+            8,
+        )
+    };
+    let r = b.spawn(f);
+    if set == 0 {
+        // SAFETY: as above; restores the caller's own mask.
+        unsafe {
+            libc::syscall(
+                libc::SYS_rt_sigprocmask,
+                libc::SIG_SETMASK,
+                &old as *const u64,
+                std::ptr::null_mut::<u64>(),
+                8,
+            )
+        };
+    }
+    r
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -208,5 +256,32 @@ mod tests {
         })
         .join()
         .unwrap();
+    }
+
+    /// A thread spawned quiet blocks every signal but glibc's 32 and 33.
+    #[test]
+    fn a_quiet_thread_blocks_every_signal_but_the_c_librarys_own() {
+        let read_mask = || {
+            let mut cur: u64 = 0;
+            // SAFETY: a query of this thread's mask into `cur`.
+            unsafe {
+                libc::syscall(
+                    libc::SYS_rt_sigprocmask,
+                    libc::SIG_BLOCK,
+                    std::ptr::null::<u64>(),
+                    &mut cur as *mut u64,
+                    8,
+                )
+            };
+            cur
+        };
+        let before = read_mask();
+        let inner = spawn_quiet(std::thread::Builder::new(), read_mask).unwrap().join().unwrap();
+        assert_eq!(read_mask(), before, "the caller's mask is restored");
+        for sig in [libc::SIGUSR1, libc::SIGCHLD, libc::SIGPROF, libc::SIGTERM, libc::SIGTRAP, 40] {
+            assert_ne!(inner & (1 << (sig - 1)), 0, "signal {sig} blocked");
+        }
+        assert_eq!(inner & (1 << 31), 0, "32 open");
+        assert_eq!(inner & (1 << 32), 0, "33 open");
     }
 }

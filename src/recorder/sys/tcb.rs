@@ -12,13 +12,13 @@ use super::gettid;
 /// (another libc): then non-main threads record leaf-only samples.
 pub(crate) fn stack_block_offset() -> Option<usize> {
     let run = |size: usize| {
-        std::thread::Builder::new()
-            .name("spulse-probe".into())
-            .stack_size(size)
-            .spawn(probe_current)
-            .ok()?
-            .join()
-            .ok()?
+        super::sigmask::spawn_quiet(
+            std::thread::Builder::new().name("spulse-probe".into()).stack_size(size),
+            probe_current,
+        )
+        .ok()?
+        .join()
+        .ok()?
     };
     let a = run(256 << 10)?;
     let b = run(1 << 20)?;
@@ -49,7 +49,12 @@ pub(crate) fn tid_offset() -> Option<usize> {
         }
         v
     };
-    let run = || std::thread::Builder::new().name("spulse-probe".into()).spawn(find).ok()?.join().ok();
+    let run = || {
+        super::sigmask::spawn_quiet(std::thread::Builder::new().name("spulse-probe".into()), find)
+            .ok()?
+            .join()
+            .ok()
+    };
     let (a, b, here) = (run()?, run()?, find());
     a.into_iter().find(|o| b.contains(o) && here.contains(o))
 }
