@@ -46,8 +46,8 @@ fn main() {
         Command::Follow(a) => follow::run(a),
         Command::Pack(a) => pack::run(a),
         Command::Record(a) => match record::run(a, PRELOAD_LIB) {
-            // The command's own exit status (128 + signal if it was killed).
-            Ok(code) => std::process::exit(code),
+            // The command's own exit status, or its death by a signal.
+            Ok(exit) => exit.end(),
             Err(e) => Err(e),
         },
     };

@@ -848,15 +848,32 @@ fn embedded_start_is_refused_and_recorded_once() {
 
 fn exit_status_propagates() {
     let dir = tempfile::tempdir().unwrap();
-    for (script, code) in [("exit 3", 3), ("kill -9 $$", 128 + 9), ("true", 0)] {
-        let spool = dir.path().join(format!("s{code}.spool"));
+    // A command killed by a signal ends `record` by the same signal (a
+    // parent reads the same status as unrecorded: before, it read exit
+    // 128 + the signal); one that exits 128 + n is not taken for killed.
+    use std::os::unix::process::ExitStatusExt;
+    for (i, (script, code, signal)) in [
+        ("exit 3", Some(3), None),
+        ("kill -9 $$", None, Some(9)),
+        ("kill -SEGV $$", None, Some(11)),
+        ("exit 139", Some(139), None),
+        ("true", Some(0), None),
+        // Started from `record` (posix_spawn) CMD has glibc's two internal
+        // signals at their default, not ignored, as from a shell.
+        ("grep -q '^SigIgn:.0*$' /proc/self/status", Some(0), None),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let spool = dir.path().join(format!("s{i}.spool"));
         let o = Command::new(env!("CARGO_BIN_EXE_spulse"))
             .args(["record", "-o"])
             .arg(&spool)
             .args(["--", "sh", "-c", script])
             .output()
             .unwrap();
-        assert_eq!(o.status.code(), Some(code), "{script}: {}", stderr(&o));
+        assert_eq!(o.status.code(), code, "{script}: {:?} {}", o.status, stderr(&o));
+        assert_eq!(o.status.signal(), signal, "{script}: {:?} {}", o.status, stderr(&o));
         let s = open_complete(&spool);
         check_all_retired(&s);
     }

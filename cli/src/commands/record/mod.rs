@@ -19,7 +19,7 @@
 //!   pid appears (it exec'd); then its modules are retired with a tag-7 record.
 //! * The collector is a child subreaper: orphaned descendants are reparented to
 //!   it, so it waits until the whole tree has exited, not only CMD, and reaps
-//!   them. It exits with CMD's status (128 + signal number if CMD was killed).
+//!   them. It exits with CMD's status; if CMD was killed by a signal, it ends killed by the same signal.
 //! * The output holds `flock(LOCK_EX)` while recording, as the embedded
 //!   recorder's spool does, so `follow` knows when it is complete.
 //!
@@ -94,10 +94,10 @@ pub struct RecordArgs {
 /// How often the collector looks for new data (and flushes the output).
 const TICK: Duration = Duration::from_millis(20);
 
-/// Record; returns the exit code (CMD's status). `embedded_lib` is the
+/// Record; returns how to end (CMD's status, or the signal that killed it). `embedded_lib` is the
 /// preload library the binary carries (empty if none; see
 /// [`crate::preload_lib`]).
-pub fn run(args: &RecordArgs, embedded_lib: &[u8]) -> Result<i32, CliError> {
+pub fn run(args: &RecordArgs, embedded_lib: &[u8]) -> Result<Exit, CliError> {
     check_exports(args)?;
     let program = resolve_program(&args.command[0])?;
     check_dynamic(&program)?;
@@ -141,6 +141,23 @@ pub fn run(args: &RecordArgs, embedded_lib: &[u8]) -> Result<i32, CliError> {
     }
     if args.off_cpu {
         cmd.env("SPULSE_OFF_CPU", "1");
+    }
+    // The C library's `posix_spawn` leaves its two internal signals (32, 33)
+    // ignored in the child, and an ignored signal stays ignored across
+    // `exec`: CMD would start with them ignored, as it does not from a
+    // shell. Set them to their default before `exec` (a `pre_exec` also
+    // makes the spawn a fork and exec).
+    // SAFETY: the closure makes only rt_sigaction system calls, which are
+    // async-signal-safe, on a zeroed (SIG_DFL) action it owns.
+    unsafe {
+        use std::os::unix::process::CommandExt;
+        cmd.pre_exec(|| {
+            for sig in [32, 33] {
+                let dfl = [0u64; 4];
+                libc::syscall(libc::SYS_rt_sigaction, sig, dfl.as_ptr(), std::ptr::null_mut::<u64>(), 8);
+            }
+            Ok(())
+        });
     }
     let child = cmd
         .args(&args.command[1..])
@@ -255,6 +272,10 @@ pub fn run(args: &RecordArgs, embedded_lib: &[u8]) -> Result<i32, CliError> {
         }
         wait_tick(pidfd.as_ref(), cmd_status.is_none());
     }
+    // Killed: the status a shell shows (128 + the signal), and the signal
+    // to end with.
+    let killed_by = cmd_status.filter(|&s| s < 0).map(|s| -s);
+    let cmd_status = cmd_status.map(|s| if s < 0 { 128 - s } else { s });
     // Given up on a command still running: the status a signal gives.
     let cmd_status = cmd_status.or((last_signal != 0).then_some(128 + last_signal));
     let finished = match out_failed {
@@ -319,9 +340,28 @@ pub fn run(args: &RecordArgs, embedded_lib: &[u8]) -> Result<i32, CliError> {
     // A failed export is reported; the exit status stays the command's own
     // unless that was success.
     Ok(match failed {
-        Some(code) if status == 0 => code,
-        _ => status,
+        Some(code) if status == 0 => Exit { code, killed_by: None },
+        _ => Exit { code: status, killed_by },
     })
+}
+
+/// How `spulse record` ends: with CMD's exit code, or killed by the signal
+/// that killed CMD ([`process::die_like`]; `code` is then 128 + it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Exit {
+    pub code: i32,
+    pub killed_by: Option<i32>,
+}
+
+impl Exit {
+    /// End the process so.
+    pub fn end(self) -> ! {
+        if let Some(sig) = self.killed_by {
+            std::io::stderr().flush().ok();
+            process::die_like(sig);
+        }
+        std::process::exit(self.code)
+    }
 }
 
 /// How long the tree has, after a second signal forwarded to it, before the

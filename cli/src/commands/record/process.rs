@@ -53,7 +53,8 @@ pub(super) fn alive(pid: u32, starttime: Option<u64>) -> bool {
     }
 }
 
-/// Reap every exited child (CMD and adopted orphans) without blocking; note CMD's status.
+/// Reap every exited child (CMD and adopted orphans) without blocking; note
+/// CMD's status: its exit code, or minus the signal that killed it.
 pub(super) fn reap(cmd_pid: u32, cmd_status: &mut Option<i32>) {
     loop {
         let mut status = 0;
@@ -66,7 +67,8 @@ pub(super) fn reap(cmd_pid: u32, cmd_status: &mut Option<i32>) {
             *cmd_status = Some(if libc::WIFEXITED(status) {
                 libc::WEXITSTATUS(status)
             } else if libc::WIFSIGNALED(status) {
-                128 + libc::WTERMSIG(status)
+                // Negative: killed by this signal (see `Exit`).
+                -libc::WTERMSIG(status)
             } else {
                 1
             });
@@ -236,5 +238,26 @@ fn signal_descendant(pid: u32, sig: i32) {
     } else if no_pidfd {
         // SAFETY: kill on a process checked just above to be of the tree.
         unsafe { libc::kill(pid as i32, sig) };
+    }
+}
+
+/// End this process as CMD ended: killed by `sig` (its default action, the
+/// collector's own handler removed and the signal unblocked; no core file
+/// of the collector: CMD's own was written, if any), so that a shell or a
+/// parent reads the same status as unrecorded (a `subprocess` sees -11, not
+/// 139; a shell loop stops on a SIGINT). Returns if the signal did not end
+/// it (then the caller exits with 128 + `sig`).
+pub fn die_like(sig: i32) {
+    let no_core = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: setrlimit reads the valid `no_core`; signal, sigprocmask on
+    // valid sets and raise act on this process only.
+    unsafe {
+        libc::setrlimit(libc::RLIMIT_CORE, &no_core);
+        libc::signal(sig, libc::SIG_DFL);
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, sig);
+        libc::sigprocmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
+        libc::raise(sig);
     }
 }
