@@ -603,6 +603,50 @@ fn signals_the_program_blocks_to_read_them_are_not_taken_by_the_recorder() {
     }
 }
 
+/// A command that leaves a daemon behind (a process in a session of its
+/// own, as `ssh-agent` or `setsid CMD &` start) ends `record` when it ends,
+/// as a shell does not wait for the daemon either; one that leaves a
+/// background job of its own session is waited for. (Before: `record` waited
+/// for the daemon, forever for `ssh-agent`.)
+#[test]
+fn a_daemon_left_behind_is_not_waited_for() {
+    let tmp = tempfile::tempdir().unwrap();
+    let pidfile = tmp.path().join("daemon.pid");
+    let out = tmp.path().join("d.spool");
+    let script = format!(
+        "(setsid sleep 30 </dev/null >/dev/null 2>&1 & echo $! > '{}'); echo started",
+        pidfile.display()
+    );
+    let mut c = record(
+        tmp.path(),
+        tmp.path(),
+        &["-o".as_ref(), out.as_os_str(), "--".as_ref(), "sh".as_ref(), "-c".as_ref()],
+    );
+    c.arg(&script);
+    let t = Instant::now();
+    let o = run_bounded(c, Duration::from_secs(60));
+    let took = t.elapsed();
+    let daemon: i32 = std::fs::read_to_string(&pidfile).unwrap().trim().parse().unwrap();
+    // SAFETY: kill of the daemon this test started.
+    unsafe { libc::kill(daemon, libc::SIGKILL) };
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(0), "{err}");
+    assert!(took < Duration::from_secs(20), "record waited {took:?} for the daemon: {err}");
+    assert!(err.contains("not waiting for 1 detached process"), "{err}");
+    spulse::Snapshot::open(&out).unwrap();
+    // A background job of the command's own session is still waited for.
+    let mut c = record(
+        tmp.path(),
+        tmp.path(),
+        &["-o".as_ref(), tmp.path().join("j.spool").as_os_str(), "--".as_ref()],
+    );
+    c.args(["sh", "-c", "(sleep 1 &); echo started"]);
+    let t = Instant::now();
+    let o = run_bounded(c, Duration::from_secs(60));
+    assert!(t.elapsed() >= Duration::from_millis(900), "the background sleep was waited for: {}", stderr(&o));
+    assert!(!stderr(&o).contains("detached"), "{}", stderr(&o));
+}
+
 /// A SIGKILLed `spulse record` leaves its directory: processes the orphaned
 /// tree starts afterwards do not record into it (it stops growing), and the
 /// next `spulse record` removes it.

@@ -48,7 +48,8 @@ use collector::Collector;
 use handoff::HandoffDir;
 use launch::{cfi_cache_dir, check_dynamic, create_new, default_output, resolve_program, CFI_CACHE_ENV};
 use process::{
-    forward_signal, have_children, install_signal_handlers, pidfd_open, reap, take_signal, wait_tick,
+    forward_signal, have_children, install_signal_handlers, only_daemons_left, pidfd_open, reap, take_signal,
+    wait_tick,
 };
 
 use super::export::{ExportArgs, Format};
@@ -226,7 +227,19 @@ pub fn run(args: &RecordArgs, embedded_lib: &[u8]) -> Result<Exit, CliError> {
             }
         }
         reap(cmd_pid, &mut cmd_status);
-        let tree_gone = cmd_status.is_some() && !have_children();
+        let mut tree_gone = cmd_status.is_some() && !have_children();
+        if cmd_status.is_some() && !tree_gone {
+            if let Some(n) = only_daemons_left() {
+                tree_gone = true;
+                let _ = writeln!(
+                    std::io::stderr(),
+                    "spulse: not waiting for {n} detached process{} (a session of its own, as daemons start): \
+                     what {} wrote so far is merged",
+                    if n == 1 { "" } else { "es" },
+                    if n == 1 { "it" } else { "they" },
+                );
+            }
+        }
         // A second signal forwarded: the collector stops waiting for a tree
         // that does not end, after a second of grace for one that is ending
         // (what it wrote so far is merged).

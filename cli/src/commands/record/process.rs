@@ -87,6 +87,26 @@ pub(super) fn have_children() -> bool {
     !(r == -1 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ECHILD))
 }
 
+/// The collector's children still running that started a session of their
+/// own (`setsid`: daemons, such as `ssh-agent` or `setsid CMD &`), if every
+/// child still running did; `None` if any is of the collector's session
+/// (still to be waited for). Once CMD has exited, a tree of only such
+/// processes is not waited for: a shell does not wait for them either.
+pub(super) fn only_daemons_left() -> Option<usize> {
+    // SAFETY: getsid(0) asks for this process's session.
+    let own = unsafe { libc::getsid(0) };
+    let mut daemons = 0;
+    for pid in children_of(&std::process::id().to_string()) {
+        // SAFETY: getsid of a pid only reads; -1 if it is gone.
+        match unsafe { libc::getsid(pid as i32) } {
+            -1 => {}
+            sid if sid == own => return None,
+            _ => daemons += 1,
+        }
+    }
+    Some(daemons)
+}
+
 /// A pidfd for CMD, so that the collector wakes as soon as it exits.
 pub(super) fn pidfd_open(pid: u32) -> Option<std::os::fd::OwnedFd> {
     // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
