@@ -647,6 +647,65 @@ fn a_daemon_left_behind_is_not_waited_for() {
     assert!(!stderr(&o).contains("detached"), "{}", stderr(&o));
 }
 
+/// A stand-in for a Go program: the Go linker's build id note, and, as Go's
+/// runtime does, its own SIGTRAP and SIGPROF handlers installed by raw
+/// system calls over anyone's (x86-64). Exits 99 if one of those signals
+/// reaches it, 0 after burning 0.3 s.
+const GO_LIKE: &str = r#"
+#include <signal.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include <sys/syscall.h>
+__asm__(".section .note.go.buildid,\"a\",@note\n.balign 4\n.long 4\n.long 8\n.long 4\n.asciz \"Go\"\n.byte 0\n.ascii \"abcdefgh\"\n.previous\n");
+static volatile unsigned long sink;
+static void burn(double secs) {
+  struct timespec a, b; clock_gettime(CLOCK_THREAD_CPUTIME_ID, &a);
+  for (;;) { for (int i = 0; i < 100000; i++) sink += i * i;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &b);
+    if ((b.tv_sec - a.tv_sec) + (b.tv_nsec - a.tv_nsec) / 1e9 > secs) break; }
+}
+static void stolen(int sig) { (void)sig; write(2, "stolen signal\n", 14); _exit(99); }
+extern void restorer(void);
+__asm__(".text\nrestorer:\nmov $15, %rax\nsyscall\n");
+struct ksa { void *h; unsigned long flags; void *restorer; unsigned long mask; };
+int main(void) {
+  /* As Go's runtime: its own handlers by raw system calls, over anyone's. */
+  for (int sig = 1; sig < 32; sig++) {
+    if (sig == SIGKILL || sig == SIGSTOP || sig == SIGCHLD || sig == SIGWINCH || sig == SIGURG) continue;
+    if (sig != SIGTRAP && sig != SIGPROF) continue;
+    struct ksa a; memset(&a, 0, sizeof a); a.h = (void *)stolen; a.flags = 0x04000000 /* SA_RESTORER */; a.restorer = (void *)restorer;
+    syscall(SYS_rt_sigaction, sig, &a, 0, 8);
+  }
+  burn(0.3);
+  return 0;
+}
+"#;
+
+/// A Go program is recorded with the perf-stack engine, which sends no
+/// signal: its runtime takes every signal for itself, and a signal engine's
+/// SIGTRAP or SIGPROF reached it (Go programs built with cgo, and `go
+/// build` itself, died of "SIGTRAP: trace trap" or "unexpected return pc"
+/// under `spulse record`).
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn a_go_program_gets_no_signal_of_ours() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("go_like.c");
+    std::fs::write(&src, GO_LIKE).unwrap();
+    let exe = tmp.path().join("go_like");
+    let o = Command::new("cc").args(["-O1", "-o"]).arg(&exe).arg(&src).output().expect("run cc");
+    assert!(o.status.success(), "cc: {}", stderr(&o));
+    let out = tmp.path().join("go.spool");
+    let mut c = record(tmp.path(), tmp.path(), &["-o".as_ref(), out.as_os_str(), "--".as_ref()]);
+    c.arg(&exe);
+    let o = run_bounded(c, Duration::from_secs(60));
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(0), "{err}");
+    let n = spulse::Snapshot::open(&out).unwrap().samples().count();
+    assert!(n > 50, "{n} samples of 0.3 s burnt: {err}");
+}
+
 /// A SIGKILLed `spulse record` leaves its directory: processes the orphaned
 /// tree starts afterwards do not record into it (it stops growing), and the
 /// next `spulse record` removes it.

@@ -538,6 +538,12 @@ fn start_inner(b: &RecorderBuilder, path: &Path) -> Result<Guard, Error> {
     handler::publish(shared.clone());
 
     let candidates: &[EngineChoice] = match choice {
+        // A Go program's runtime takes every signal for itself (it installs
+        // its handlers by raw system calls, over ours): a SIGTRAP or SIGPROF
+        // of ours then reaches the Go runtime, which dies of it ("SIGTRAP:
+        // trace trap", "unexpected return pc"). Only the perf-stack engine
+        // sends none.
+        EngineChoice::Auto if sys::go_program() => &[EngineChoice::PerfStack],
         EngineChoice::Auto => {
             &[EngineChoice::PerfEvent, EngineChoice::ThreadCpuTimer, EngineChoice::ProcessTimer]
         }

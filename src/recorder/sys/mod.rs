@@ -103,6 +103,63 @@ pub(crate) fn can_lock_memory() -> bool {
         .is_some_and(|caps| caps & (1 << CAP_IPC_LOCK) != 0)
 }
 
+/// Whether the main executable is a Go program: a `PT_NOTE` segment of it
+/// holds the Go linker's build id note (owner `Go`, type 4), read from the
+/// program headers in memory (the auxiliary vector's; no file read).
+pub(crate) fn go_program() -> bool {
+    const PT_LOAD: u32 = 1;
+    const PT_NOTE: u32 = 4;
+    const PT_PHDR: u32 = 6;
+    const NT_GO_BUILDID: u32 = 4;
+    // SAFETY: getauxval only reads the auxiliary vector.
+    let (phdr, phnum) = unsafe { (libc::getauxval(libc::AT_PHDR), libc::getauxval(libc::AT_PHNUM)) };
+    if phdr == 0 || phnum == 0 || phnum > 4096 {
+        return false;
+    }
+    // SAFETY: the kernel maps the executable's program headers at AT_PHDR,
+    // AT_PHNUM of them, for the life of the process.
+    let headers = unsafe { std::slice::from_raw_parts(phdr as *const libc::Elf64_Phdr, phnum as usize) };
+    // The load bias: where PT_PHDR says the headers are, against where they are.
+    let bias = match headers.iter().find(|h| h.p_type == PT_PHDR) {
+        Some(own) => (phdr as usize).wrapping_sub(own.p_vaddr as usize),
+        None => 0,
+    };
+    let loaded = |start: usize, len: usize| {
+        headers.iter().filter(|h| h.p_type == PT_LOAD).any(|h| {
+            let seg = bias.wrapping_add(h.p_vaddr as usize);
+            start >= seg && start.saturating_add(len) <= seg.saturating_add(h.p_memsz as usize)
+        })
+    };
+    for h in headers.iter().filter(|h| h.p_type == PT_NOTE) {
+        let (start, len) = (bias.wrapping_add(h.p_vaddr as usize), h.p_memsz as usize);
+        if len > 1 << 16 || !loaded(start, len) {
+            continue;
+        }
+        // SAFETY: the note segment lies within a loaded segment of the
+        // executable (checked just above), mapped for the life of the process.
+        let notes = unsafe { std::slice::from_raw_parts(start as *const u8, len) };
+        let mut at = 0;
+        while at + 12 <= len {
+            let word = |i: usize| u32::from_ne_bytes(notes[at + i..at + i + 4].try_into().unwrap_or([0; 4]));
+            let (namesz, descsz, kind) = (word(0) as usize, word(4) as usize, word(8));
+            let name_end = at + 12 + namesz;
+            if name_end > len {
+                break;
+            }
+            // (Go's linker writes the name padded: "Go\0\0".)
+            let name = &notes[at + 12..name_end];
+            if kind == NT_GO_BUILDID
+                && name.iter().rposition(|&b| b != 0).is_some_and(|i| &name[..=i] == b"Go")
+            {
+                return true;
+            }
+            let pad = |n: usize| n.div_ceil(4) * 4;
+            at = at + 12 + pad(namesz) + pad(descsz);
+        }
+    }
+    false
+}
+
 /// This process's id.
 #[inline]
 pub(crate) fn getpid() -> u32 {
@@ -134,4 +191,14 @@ pub(crate) fn try_lock(fd: BorrowedFd<'_>, lock: Lock) -> std::io::Result<()> {
 pub(crate) fn unlock(fd: BorrowedFd<'_>) {
     // SAFETY: flock on a descriptor the caller keeps open for the call.
     unsafe { libc::flock(fd.as_raw_fd(), libc::LOCK_UN) };
+}
+
+#[cfg(test)]
+mod tests {
+    /// A Rust test binary has no Go note (`cli/tests/record_hostile.rs`
+    /// records a program that has one).
+    #[test]
+    fn a_rust_program_is_not_taken_for_a_go_one() {
+        assert!(!super::go_program());
+    }
 }
