@@ -5,7 +5,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ffi::OsString;
 use std::fs::File;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use spulse::SpoolWriter;
 
@@ -171,7 +171,11 @@ impl Collector {
             let entry = self.entries.get_mut(&(pid, ns)).expect("key from the map");
             // Decide "ended" before the last read: once it has ended, nothing
             // more can be appended, so the read below gets everything.
-            let ended = superseded || tree_gone || !alive(pid, entry.starttime);
+            // A process not found alive by its pid may be one of a pid
+            // namespace whose pid here is no process's (or another's): its
+            // recorder still holding the spool's lock says it runs.
+            let ended =
+                superseded || tree_gone || !(alive(pid, entry.starttime) || still_written(&entry.path));
             if let EntryState::Waiting = entry.state {
                 match Source::open(&entry.path, pid) {
                     Ok(s) => entry.state = EntryState::Open(Box::new(s)),
@@ -217,5 +221,38 @@ impl Collector {
             }
         }
         Ok(())
+    }
+}
+
+/// Whether the spool at `path` is still being written: its recorder holds
+/// the lock it takes at creation and drops when it finishes (or the process
+/// ends). Opened without following a link and without blocking.
+fn still_written(path: &Path) -> bool {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOFOLLOW | libc::O_NOCTTY | libc::O_CLOEXEC)
+        .open(path)
+        .ok()
+        .and_then(|f| spulse::recording_running(&f).ok())
+        .unwrap_or(false)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A spool is "still written" while its recorder holds its lock, and no
+    /// longer once it finished: the liveness the collector uses for a
+    /// process its pid cannot find (a pid namespace's).
+    #[test]
+    fn a_spool_is_still_written_until_its_recorder_finishes() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.spool");
+        let g = spulse::start(&path).unwrap();
+        assert!(still_written(&path));
+        g.finish().unwrap();
+        assert!(!still_written(&path));
+        assert!(!still_written(&dir.path().join("missing.spool")));
     }
 }
