@@ -707,6 +707,72 @@ fn a_go_program_gets_no_signal_of_ours() {
     assert!(n > 50, "{n} samples of 0.3 s burnt: {err}");
 }
 
+/// Burns 0.2 s, enters a seccomp mode (`s`: strict, through `prctl`; `f`:
+/// an allow-list filter that kills the process on anything else, through
+/// `syscall(SYS_seccomp)` on every thread), burns some more, says "done"
+/// and exits 7 (by raw system calls: nothing else is allowed).
+const SECCOMPER: &str = r#"
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <stddef.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+static volatile unsigned long sink;
+static void burn(double secs) {
+  struct timespec a, b; clock_gettime(CLOCK_THREAD_CPUTIME_ID, &a);
+  for (;;) { for (int i = 0; i < 100000; i++) sink += i * i;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &b);
+    if ((b.tv_sec - a.tv_sec) + (b.tv_nsec - a.tv_nsec) / 1e9 > secs) break; }
+}
+#define ALLOW(nr) BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, nr, 0, 1), BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW)
+int main(int argc, char **argv) {
+  burn(0.2);
+  prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0);
+  if (argv[1][0] == 's') {
+    if (prctl(PR_SET_SECCOMP, SECCOMP_MODE_STRICT)) return 1;
+  } else {
+    struct sock_filter f[] = { BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+      ALLOW(SYS_read), ALLOW(SYS_write), ALLOW(SYS_exit), ALLOW(SYS_exit_group), ALLOW(SYS_rt_sigreturn),
+      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_KILL_PROCESS) };
+    struct sock_fprog p = { sizeof f / sizeof f[0], f };
+    if (syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, SECCOMP_FILTER_FLAG_TSYNC, &p)) return 1;
+  }
+  /* (No clock: strict mode allows no clock_gettime of CPU time.) */
+  for (unsigned long i = 0; i < 200000000UL; i++) sink += i;
+  write(1, "done\n", 5);
+  syscall(argv[1][0] == 's' ? SYS_exit : SYS_exit_group, 7);
+  return 0;
+}
+"#;
+
+/// A program that enters a seccomp mode runs on as unrecorded: its
+/// recording is finished just before (what came before is kept, a warning
+/// says why it stops). Before, strict mode killed it at the next sample
+/// (SIGSEGV) and an allow-list filter with SIGSYS.
+#[test]
+fn a_program_entering_seccomp_is_not_killed() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("seccomper.c");
+    std::fs::write(&src, SECCOMPER).unwrap();
+    let exe = tmp.path().join("seccomper");
+    let o = Command::new("cc").args(["-O1", "-o"]).arg(&exe).arg(&src).output().expect("run cc");
+    assert!(o.status.success(), "cc: {}", stderr(&o));
+    for mode in ["s", "f"] {
+        let out = tmp.path().join(format!("{mode}.spool"));
+        let mut c = record(tmp.path(), tmp.path(), &["-o".as_ref(), out.as_os_str(), "--".as_ref()]);
+        c.arg(&exe).arg(mode);
+        let o = run_bounded(c, Duration::from_secs(60));
+        let err = stderr(&o);
+        assert_eq!(String::from_utf8_lossy(&o.stdout), "done\n", "{mode}: {:?} {err}", o.status);
+        assert_eq!(o.status.code(), Some(7), "{mode}: {err}");
+        assert!(err.contains("entered a seccomp mode"), "{mode}: {err}");
+        let n = spulse::Snapshot::open(&out).unwrap().samples().count();
+        assert!(n > 100, "{mode}: {n} samples of the 0.2 s before; {err}");
+    }
+}
+
 /// A SIGKILLed `spulse record` leaves its directory: processes the orphaned
 /// tree starts afterwards do not record into it (it stops growing), and the
 /// next `spulse record` removes it.

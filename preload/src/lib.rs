@@ -23,7 +23,9 @@
 //!   recording started. So are the C library's changes of user and group
 //!   (`setxid.rs`): it makes them in every thread and aborts if they differ,
 //!   so where the threads' credentials differ (a program that raised its own
-//!   capabilities) the recording is finished around the call. A process that dies
+//!   capabilities) the recording is finished around the call. One that
+//!   enters a seccomp mode (`prctl`, `syscall(SYS_seccomp)`: `seccomp.rs`)
+//!   has its recording finished for good first. A process that dies
 //!   by a signal keeps what was flushed (the recorder flushes every 100 ms).
 //! * In a child made by `fork` it starts a new recorder for the child (the
 //!   parent's recorder withdraws itself in the child). A program started by
@@ -62,6 +64,7 @@
 
 mod exits;
 mod namespaces;
+mod seccomp;
 mod setxid;
 mod signals;
 
@@ -151,6 +154,7 @@ extern "C" fn init() {
     exits::resolve();
     namespaces::resolve();
     setxid::resolve();
+    seccomp::resolve();
     let (user, sys) = cpu_so_far();
     BEFORE_USER_US.store(user, Ordering::Relaxed);
     BEFORE_SYS_US.store(sys, Ordering::Relaxed);
@@ -189,6 +193,23 @@ fn record_again() {
     BEFORE_USER_US.store(0, Ordering::Relaxed);
     BEFORE_SYS_US.store(0, Ordering::Relaxed);
     start_here();
+}
+
+/// Finish the recording of this process for `why`, said first: under
+/// `spulse record` in the collector's warnings file, else on stderr.
+fn finish_recording_because(why: &str) {
+    let path = match GUARD.lock() {
+        Ok(g) => g.as_ref().map(|g| g.path().to_path_buf()),
+        Err(p) => p.into_inner().as_ref().map(|g| g.path().to_path_buf()),
+    };
+    if let Some(path) = path {
+        if std::env::var_os("SPULSE_RECORD_DIR").is_some_and(|d| !d.is_empty()) {
+            append_warning(&path.with_extension("warnings"), why);
+        } else {
+            let _ = writeln!(std::io::stderr(), "spulse: {why}");
+        }
+    }
+    finish_recording();
 }
 
 /// Finish the recording of this process, if there is one: stop, drain,
