@@ -773,6 +773,57 @@ fn a_program_entering_seccomp_is_not_killed() {
     }
 }
 
+/// A minimal debugger: runs its arguments under ptrace, passes every signal
+/// on, prints how many signal stops there were (not the exec's SIGTRAP).
+const TRACER: &str = r#"
+#include <signal.h>
+#include <stdio.h>
+#include <sys/ptrace.h>
+#include <sys/wait.h>
+#include <unistd.h>
+/* Runs argv[1..] under ptrace as a debugger would: every signal the tracee
+   gets stops it for the tracer, which passes it on. Prints how many signal
+   stops there were (the exec's own SIGTRAP not counted). */
+int main(int argc, char **argv) {
+  pid_t p = fork();
+  if (p == 0) { ptrace(PTRACE_TRACEME, 0, 0, 0); execv(argv[1], argv + 1); _exit(127); }
+  int st, stops = 0, first = 1;
+  while (waitpid(p, &st, 0) == p) {
+    if (WIFEXITED(st) || WIFSIGNALED(st)) break;
+    int sig = WSTOPSIG(st);
+    if (first && sig == SIGTRAP) { first = 0; sig = 0; } else stops++;
+    ptrace(PTRACE_CONT, p, 0, (void *)(long)sig);
+  }
+  printf("stops %d\n", stops);
+  return WIFEXITED(st) ? WEXITSTATUS(st) : 1;
+}
+"#;
+
+/// A program run under a debugger (a tracer at start) gets no signal of
+/// ours: each stopped it for the tracer, and gdb took the perf-event
+/// engine's SIGTRAP for its own and stopped the program ("received signal
+/// SIGTRAP"). It is sampled all the same (the perf-stack engine).
+#[test]
+fn a_traced_program_gets_no_signal_of_ours() {
+    let tmp = tempfile::tempdir().unwrap();
+    let victim = victim(tmp.path());
+    let src = tmp.path().join("tracer.c");
+    std::fs::write(&src, TRACER).unwrap();
+    let exe = tmp.path().join("tracer");
+    let o = Command::new("cc").args(["-O1", "-o"]).arg(&exe).arg(&src).output().expect("run cc");
+    assert!(o.status.success(), "cc: {}", stderr(&o));
+    let out = tmp.path().join("t.spool");
+    let mut c = record(tmp.path(), tmp.path(), &["-o".as_ref(), out.as_os_str(), "--".as_ref()]);
+    c.arg(&exe).arg(&victim).args(["burn", "0.3"]);
+    let o = run_bounded(c, Duration::from_secs(60));
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(0), "{err}");
+    assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "stops 0", "{err}");
+    let s = spulse::Snapshot::open(&out).unwrap();
+    let n = s.samples().count();
+    assert!(n > 100, "{n} samples of 0.3 s burnt under a tracer: {err}");
+}
+
 /// A SIGKILLed `spulse record` leaves its directory: processes the orphaned
 /// tree starts afterwards do not record into it (it stops growing), and the
 /// next `spulse record` removes it.

@@ -544,6 +544,13 @@ fn start_inner(b: &RecorderBuilder, path: &Path) -> Result<Guard, Error> {
         // trace trap", "unexpected return pc"). Only the perf-stack engine
         // sends none.
         EngineChoice::Auto if sys::go_program() => &[EngineChoice::PerfStack],
+        // Under a debugger (`gdb`, `strace`: a tracer at start), every
+        // signal of ours stops the program for the tracer, and gdb takes a
+        // SIGTRAP for its own: no signal then, else SIGPROF, which debuggers
+        // pass on without stopping.
+        EngineChoice::Auto if sys::traced() => {
+            &[EngineChoice::PerfStack, EngineChoice::ThreadCpuTimer, EngineChoice::ProcessTimer]
+        }
         EngineChoice::Auto => {
             &[EngineChoice::PerfEvent, EngineChoice::ThreadCpuTimer, EngineChoice::ProcessTimer]
         }

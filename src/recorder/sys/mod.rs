@@ -160,6 +160,13 @@ pub(crate) fn go_program() -> bool {
     false
 }
 
+/// Whether a tracer (a debugger, `strace`) is attached to this process
+/// (`TracerPid` in `/proc/self/status`).
+pub(crate) fn traced() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .is_ok_and(|s| s.lines().find_map(|l| l.strip_prefix("TracerPid:")).is_some_and(|v| v.trim() != "0"))
+}
+
 /// This process's id.
 #[inline]
 pub(crate) fn getpid() -> u32 {
