@@ -982,6 +982,27 @@ fn static_binary_is_refused() {
     let err = stderr(&o);
     assert!(err.contains("statically linked") && err.contains("LD_PRELOAD"), "{err}");
     assert!(!spool.exists(), "no empty spool is left behind");
+
+    // A 32-bit program (an i386 ELF header): the loader would refuse the
+    // 64-bit library with an error line of its own, and record nothing.
+    let mut elf32 = vec![0u8; 52];
+    elf32[..7].copy_from_slice(b"\x7fELF\x01\x01\x01");
+    elf32[16] = 2; // ET_EXEC
+    elf32[18] = 3; // EM_386
+    let exe32 = dir.path().join("exe32");
+    std::fs::write(&exe32, elf32).unwrap();
+    std::fs::set_permissions(&exe32, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_spulse"))
+        .args(["record", "-o"])
+        .arg(&spool)
+        .arg("--")
+        .arg(&exe32)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    let err = stderr(&o);
+    assert!(err.contains("32-bit ELF") && err.contains("nothing would be recorded"), "{err}");
+    assert!(!spool.exists(), "no empty spool is left behind");
 }
 
 /// A 64-bit ELF executable for this machine with one PT_LOAD and no

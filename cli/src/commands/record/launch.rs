@@ -70,6 +70,33 @@ pub(super) fn check_dynamic(program: &Path) -> Result<(), CliError> {
     if !data.starts_with(b"\x7fELF") {
         return Ok(());
     }
+    // Another class or machine than the preload library's (a 32-bit
+    // program): the loader refuses the library, with an error line of its
+    // own on stderr, and nothing is recorded.
+    let class =
+        if cfg!(target_pointer_width = "64") { object::elf::ELFCLASS64 } else { object::elf::ELFCLASS32 };
+    let machine = if cfg!(target_arch = "x86_64") {
+        Some(object::elf::EM_X86_64)
+    } else if cfg!(target_arch = "aarch64") {
+        Some(object::elf::EM_AARCH64)
+    } else {
+        None
+    };
+    // e_machine: two bytes at offset 18, in the file's byte order (EI_DATA).
+    let e_machine = data.get(18..20).map(|b| match data.get(5) {
+        Some(&object::elf::ELFDATA2MSB) => u16::from_be_bytes([b[0], b[1]]),
+        _ => u16::from_le_bytes([b[0], b[1]]),
+    });
+    if data.get(4) != Some(&class) || machine.is_some_and(|m| e_machine.is_some_and(|e| e != m)) {
+        return Err(CliError::input(format!(
+            "{shown} is built for another architecture or word size ({}-bit ELF, machine {}) than spulse's \
+             preload library ({}, {}-bit): the loader would refuse to load it, and nothing would be recorded",
+            if data.get(4) == Some(&object::elf::ELFCLASS64) { 64 } else { 32 },
+            e_machine.unwrap_or(0),
+            std::env::consts::ARCH,
+            usize::BITS,
+        )));
+    }
     fn interp<E: FileHeader>(data: &[u8]) -> Option<(bool, bool)> {
         let h = E::parse(data).ok()?;
         let endian = h.endian().ok()?;
