@@ -90,6 +90,11 @@ fn run_role(role: &str) -> ! {
             report();
             exit(0)
         }
+        "burn_then_exec" => {
+            burn(ms(400));
+            let e = Command::new("/bin/true").exec();
+            panic!("exec /bin/true: {e}")
+        }
         "burn_fail" => {
             burn(ms(400));
             report();
@@ -963,6 +968,25 @@ fn cpu_before_the_recorder_is_said() {
         line.split("not sampled: ").nth(1).and_then(|r| r.split(" ms").next()).unwrap().parse().unwrap();
     assert!(ms > 0.0, "{line}");
     assert!(ms <= tree.as_secs_f64() * 1000.0, "{line}: more than the tree's {tree:?}");
+
+    // A process that burns 0.4 s (sampled) and then execs another program:
+    // that image's "before" is its own exec and loading, not the CPU the
+    // first image burnt (before: about 400 ms said unsampled).
+    let o = Command::new(env!("CARGO_BIN_EXE_spulse"))
+        .args(["record", "-o"])
+        .arg(dir.path().join("exec.spool"))
+        .arg("--")
+        .arg(me())
+        .env(ROLE, "burn_then_exec")
+        .env(RESULTS, dir.path())
+        .output()
+        .unwrap();
+    let err = stderr(&o);
+    assert!(o.status.success(), "{err}");
+    let line = err.lines().find(|l| l.contains("not sampled:")).unwrap_or_else(|| panic!("no line: {err}"));
+    let ms: f64 =
+        line.split("not sampled: ").nth(1).and_then(|r| r.split(" ms").next()).unwrap().parse().unwrap();
+    assert!(ms < 200.0, "the burn before the exec was sampled: {line}");
 }
 
 fn static_binary_is_refused() {

@@ -107,6 +107,9 @@ type ExecFd = unsafe extern "C" fn(c_int, Argv, Argv) -> c_int;
 fn around_exec(slot: &AtomicUsize, name: &CStr, call: impl FnOnce(usize) -> c_int) -> c_int {
     let Some(p) = real(slot, name) else { return -1 };
     before_image_ends();
+    if crate::records_this_process() {
+        crate::exec_cpu::note();
+    }
     call(p)
 }
 

@@ -62,6 +62,7 @@
 //! prints while the command runs; at exit `<pid>.<ns>.stats` holds the
 //! counts and every warning again.
 
+mod exec_cpu;
 mod exits;
 mod namespaces;
 mod seccomp;
@@ -156,6 +157,9 @@ extern "C" fn init() {
     setxid::resolve();
     seccomp::resolve();
     let (user, sys) = cpu_so_far();
+    // CPU an earlier image of this process spent (and its recorder sampled)
+    // before it exec'd this one is not "before the recorder".
+    let (user, sys) = exec_cpu::take_earlier(user, sys);
     BEFORE_USER_US.store(user, Ordering::Relaxed);
     BEFORE_SYS_US.store(sys, Ordering::Relaxed);
     if let Err(why) = preloaded() {
@@ -357,6 +361,9 @@ fn start_here() {
             let _ = writeln!(std::io::stderr(), "spulse: not recording process {pid}: {why}");
             return;
         }
+    }
+    if let Some(dir) = &dir {
+        exec_cpu::set_note_path(&dir.join(format!("{pid}.cpu-at-exec")));
     }
     let (path, error_path) = match &dir {
         Some(dir) => {
