@@ -57,9 +57,7 @@ pub(crate) fn note() {
     text[n] = b' ';
     n = put(&mut text, n + 1, us(ru.ru_stime));
     text[n] = b'\n';
-    // SAFETY: `path` is NUL-terminated (`len` < 512 bytes copied into zeros);
-    // the descriptor is ours until the close below, and `text[..=n]` is
-    // initialised.
+    // SAFETY: `path` is NUL-terminated (`len` < 512 bytes copied into zeros); the descriptor is ours until the close below, and `text[..=n]` is initialised.
     unsafe {
         let fd = libc::open(
             path.as_ptr().cast(),

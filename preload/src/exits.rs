@@ -47,8 +47,7 @@ pub(crate) fn resolve() {
         (&REAL_EXECVPE, c"execvpe"),
         (&REAL_FEXECVE, c"fexecve"),
     ] {
-        // SAFETY: dlsym with RTLD_NEXT and a NUL-terminated name returns the
-        // next definition after this library (the C library's) or null.
+        // SAFETY: dlsym with RTLD_NEXT and a NUL-terminated name returns the next definition after this library (the C library's) or null.
         let p = unsafe { libc::dlsym(libc::RTLD_NEXT, name.as_ptr()) } as usize;
         slot.store(p, Ordering::Release);
     }

@@ -41,8 +41,7 @@ static REAL_SETNS: AtomicUsize = AtomicUsize::new(0);
 /// Look up the C library's functions (at load, from the constructor).
 pub(crate) fn resolve() {
     for (slot, name) in [(&REAL_UNSHARE, c"unshare"), (&REAL_SETNS, c"setns")] {
-        // SAFETY: dlsym with RTLD_NEXT and a NUL-terminated name returns the
-        // next definition after this library (the C library's) or null.
+        // SAFETY: dlsym with RTLD_NEXT and a NUL-terminated name returns the next definition after this library (the C library's) or null.
         let p = unsafe { libc::dlsym(libc::RTLD_NEXT, name.as_ptr()) } as usize;
         slot.store(p, Ordering::Release);
     }
@@ -53,7 +52,8 @@ pub(crate) fn resolve() {
 pub extern "C" fn unshare(flags: c_int) -> c_int {
     let Some(p) = crate::exits::real(&REAL_UNSHARE, c"unshare") else { return -1 };
     // SAFETY: the C library's `unshare`, of this signature.
-    let call = || unsafe { std::mem::transmute::<usize, extern "C" fn(c_int) -> c_int>(p)(flags) };
+    let f = unsafe { std::mem::transmute::<usize, extern "C" fn(c_int) -> c_int>(p) };
+    let call = || f(flags);
     alone_if_needed(flags & ONE_THREAD_UNSHARE != 0, call)
 }
 
@@ -62,8 +62,8 @@ pub extern "C" fn unshare(flags: c_int) -> c_int {
 pub extern "C" fn setns(fd: c_int, nstype: c_int) -> c_int {
     let Some(p) = crate::exits::real(&REAL_SETNS, c"setns") else { return -1 };
     // SAFETY: the C library's `setns`, of this signature.
-    let call =
-        || unsafe { std::mem::transmute::<usize, extern "C" fn(c_int, c_int) -> c_int>(p)(fd, nstype) };
+    let f = unsafe { std::mem::transmute::<usize, extern "C" fn(c_int, c_int) -> c_int>(p) };
+    let call = || f(fd, nstype);
     alone_if_needed(nstype == 0 || nstype & ONE_THREAD_SETNS != 0, call)
 }
 

@@ -24,8 +24,7 @@ const SET_MODES: [c_long; 2] = [0, 1];
 /// Look up the C library's functions (at load, from the constructor).
 pub(crate) fn resolve() {
     for (slot, name) in [(&REAL_PRCTL, c"prctl"), (&REAL_SYSCALL, c"syscall")] {
-        // SAFETY: dlsym with RTLD_NEXT and a NUL-terminated name returns the
-        // next definition after this library (the C library's) or null.
+        // SAFETY: dlsym with RTLD_NEXT and a NUL-terminated name returns the next definition after this library (the C library's) or null.
         let p = unsafe { libc::dlsym(libc::RTLD_NEXT, name.as_ptr()) } as usize;
         slot.store(p, Ordering::Release);
     }

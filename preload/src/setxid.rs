@@ -43,8 +43,7 @@ const NAMES: [&CStr; 9] = [
 /// later, since a `vfork` child may make these calls).
 pub(crate) fn resolve() {
     for (slot, name) in REAL.iter().zip(NAMES) {
-        // SAFETY: dlsym with RTLD_NEXT and a NUL-terminated name returns the
-        // next definition after this library (the C library's) or null.
+        // SAFETY: dlsym with RTLD_NEXT and a NUL-terminated name returns the next definition after this library (the C library's) or null.
         let p = unsafe { libc::dlsym(libc::RTLD_NEXT, name.as_ptr()) } as usize;
         slot.store(p, Ordering::Release);
     }

@@ -116,8 +116,7 @@ pub(crate) fn go_program() -> bool {
     if phdr == 0 || phnum == 0 || phnum > 4096 {
         return false;
     }
-    // SAFETY: the kernel maps the executable's program headers at AT_PHDR,
-    // AT_PHNUM of them, for the life of the process.
+    // SAFETY: the kernel maps the executable's program headers at AT_PHDR, AT_PHNUM of them, for the life of the process.
     let headers = unsafe { std::slice::from_raw_parts(phdr as *const libc::Elf64_Phdr, phnum as usize) };
     // The load bias: where PT_PHDR says the headers are, against where they are.
     let bias = match headers.iter().find(|h| h.p_type == PT_PHDR) {
@@ -135,8 +134,7 @@ pub(crate) fn go_program() -> bool {
         if len > 1 << 16 || !loaded(start, len) {
             continue;
         }
-        // SAFETY: the note segment lies within a loaded segment of the
-        // executable (checked just above), mapped for the life of the process.
+        // SAFETY: the note segment lies within a loaded segment of the executable (checked just above), mapped for the life of the process.
         let notes = unsafe { std::slice::from_raw_parts(start as *const u8, len) };
         let mut at = 0;
         while at + 12 <= len {

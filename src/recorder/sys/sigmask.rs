@@ -79,8 +79,7 @@ fn key() -> Option<libc::pthread_key_t> {
 /// Whether the program blocks SIGTRAP on this thread while its real mask
 /// does not (async-signal-safe: a read of the thread control block).
 pub(crate) fn program_blocks_trap() -> bool {
-    // SAFETY: a key we created; below 32 it is a plain read of this thread's
-    // control block.
+    // SAFETY: a key we created; below 32 it is a plain read of this thread's control block.
     key().is_some_and(|k| !unsafe { libc::pthread_getspecific(k) }.is_null())
 }
 
@@ -95,8 +94,7 @@ pub(crate) fn inherit_blocks_trap() {
 
 fn set_flag(k: libc::pthread_key_t, on: bool) {
     let v = if on { std::ptr::dangling::<c_void>() } else { std::ptr::null() };
-    // SAFETY: a key we created; below 32 it is a plain write of this
-    // thread's control block (cannot fail for a valid key).
+    // SAFETY: a key we created; below 32 it is a plain write of this thread's control block (cannot fail for a valid key).
     unsafe { libc::pthread_setspecific(k, v) };
 }
 
@@ -127,8 +125,7 @@ pub(crate) unsafe fn virtual_mask(
     let was = program_blocks_trap();
     let mut copy: libc::sigset_t;
     let mut p = set;
-    // SAFETY: the caller's contract: `set` is null or valid; it is copied
-    // before `old` is written (they may be the same set).
+    // SAFETY: the caller's contract: `set` is null or valid; it is copied before `old` is written (they may be the same set).
     if let Some(s) = unsafe { set.as_ref() } {
         copy = *s;
         // SAFETY: a valid set we own or the caller's, SIGTRAP a valid signal.
@@ -183,9 +180,7 @@ where
     // Bits are signal numbers less one; 32 and 33 stay open.
     let all: u64 = !((1u64 << 31) | (1u64 << 32));
     let mut old: u64 = 0;
-    // SAFETY: rt_sigprocmask reads the 8-byte kernel set `all` and writes the
-    // old one into `old`; both live for the call. SIGKILL and SIGSTOP are
-    // never blocked (the kernel drops them from the set).
+    // SAFETY: rt_sigprocmask reads the 8-byte kernel set `all` and writes the old one into `old`; both live for the call. SIGKILL and SIGSTOP are never blocked (the kernel drops them from the set).
     let set = unsafe {
         libc::syscall(
             libc::SYS_rt_sigprocmask,

@@ -148,8 +148,7 @@ pub fn run(args: &RecordArgs, embedded_lib: &[u8]) -> Result<Exit, CliError> {
     // `exec`: CMD would start with them ignored, as it does not from a
     // shell. Set them to their default before `exec` (a `pre_exec` also
     // makes the spawn a fork and exec).
-    // SAFETY: the closure makes only rt_sigaction system calls, which are
-    // async-signal-safe, on a zeroed (SIG_DFL) action it owns.
+    // SAFETY: the closure makes only rt_sigaction system calls, which are async-signal-safe, on a zeroed (SIG_DFL) action it owns.
     unsafe {
         use std::os::unix::process::CommandExt;
         cmd.pre_exec(|| {

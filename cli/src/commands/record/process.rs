@@ -80,8 +80,7 @@ pub(super) fn reap(cmd_pid: u32, cmd_status: &mut Option<i32>) {
 pub(super) fn have_children() -> bool {
     // SAFETY: an all-zero siginfo_t is a valid value for waitid to overwrite.
     let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
-    // SAFETY: waitid with WNOHANG | WNOWAIT only inspects (reaps nothing) and
-    // writes into the valid `info`.
+    // SAFETY: waitid with WNOHANG | WNOWAIT only inspects (reaps nothing) and writes into the valid `info`.
     let r = unsafe { libc::waitid(libc::P_ALL, 0, &mut info, libc::WEXITED | libc::WNOHANG | libc::WNOWAIT) };
     // waitid fails with ECHILD when there are no children at all.
     !(r == -1 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ECHILD))
@@ -150,8 +149,7 @@ pub(super) fn install_signal_handlers() {
         let mut sa: libc::sigaction = unsafe { std::mem::zeroed() };
         sa.sa_sigaction = on_signal as extern "C" fn(libc::c_int) as usize;
         sa.sa_flags = libc::SA_RESTART;
-        // SAFETY: installs an async-signal-safe handler (one atomic store);
-        // the old action is not needed.
+        // SAFETY: installs an async-signal-safe handler (one atomic store); the old action is not needed.
         unsafe { libc::sigaction(sig, &sa, std::ptr::null_mut()) };
     }
 }
@@ -269,8 +267,7 @@ fn signal_descendant(pid: u32, sig: i32) {
 /// it (then the caller exits with 128 + `sig`).
 pub fn die_like(sig: i32) {
     let no_core = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
-    // SAFETY: setrlimit reads the valid `no_core`; signal, sigprocmask on
-    // valid sets and raise act on this process only.
+    // SAFETY: setrlimit reads the valid `no_core`; signal, sigprocmask on valid sets and raise act on this process only.
     unsafe {
         libc::setrlimit(libc::RLIMIT_CORE, &no_core);
         libc::signal(sig, libc::SIG_DFL);
