@@ -59,6 +59,11 @@ pub use recorder::request_off_cpu_split as __preload_split_off_cpu;
 #[doc(hidden)]
 pub use recorder::flush_before_exit as __preload_flush_before_exit;
 
+/// For `libspulse_preload.so` only, not part of the API: the running
+/// writer thread's id (0: none).
+#[doc(hidden)]
+pub use recorder::writer_tid as __preload_writer_tid;
+
 /// Hooks for spulse's own tests and benchmarks, compiled only with the
 /// `testing` cargo feature (off by default). **Unstable**: not part of the
 /// API, may change or go in any release; do not enable it in a build you ship.

@@ -55,9 +55,9 @@ pub(crate) fn resolve() {
 
 /// Have the recording written out if this is the process it records.
 fn before_image_ends() {
-    // SAFETY: getpid has no preconditions (a system call in this C library).
-    let pid = unsafe { libc::getpid() } as u32;
-    if pid != 0 && crate::spulse_preload_recorded_pid.load(Ordering::SeqCst) == pid {
+    // (No system call when nothing is recorded: after a seccomp filter, the
+    // `getpid` the check needs may be refused.)
+    if crate::records_this_process() {
         spulse::__preload_flush_before_exit(FLUSH_WITHIN);
     }
 }

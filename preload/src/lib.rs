@@ -186,9 +186,15 @@ extern "C" fn at_exit() {
 /// Whether this library records the calling process (not a `vfork` child,
 /// which shares the parent's memory but has a pid of its own).
 fn records_this_process() -> bool {
+    // The pid first: no system call at all when nothing is recorded (after a
+    // seccomp filter, `getpid` itself may be refused).
+    let recorded = spulse_preload_recorded_pid.load(Ordering::SeqCst);
+    if recorded == 0 {
+        return false;
+    }
     // SAFETY: getpid has no preconditions.
     let pid = unsafe { libc::getpid() } as u32;
-    pid != 0 && spulse_preload_recorded_pid.load(Ordering::SeqCst) == pid
+    pid == recorded
 }
 
 /// Record this process anew after [`finish_recording`] (`namespaces.rs`):
@@ -347,19 +353,53 @@ extern "C" fn in_child() {
         Err(std::sync::TryLockError::WouldBlock) => return,
     };
     std::mem::forget(old);
+    if UNDER_SECCOMP.load(Ordering::SeqCst) {
+        // The filter came with the fork: not even a read of /proc here.
+        return;
+    }
     BEFORE_USER_US.store(0, Ordering::Relaxed);
     BEFORE_SYS_US.store(0, Ordering::Relaxed);
     start_here();
 }
 
+/// Set once this process (or the process it was forked from) entered a
+/// seccomp mode (`seccomp.rs`): a forked child inherits the filter, and no
+/// recorder may start there (its system calls would be refused, or kill it).
+static UNDER_SECCOMP: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Whether this process runs under a seccomp mode: set by this library, or
+/// inherited across `exec` (the `Seccomp:` line of `/proc/self/status`; the
+/// loader opened and read files to load this library, so that much is
+/// allowed).
+fn under_seccomp() -> bool {
+    if UNDER_SECCOMP.load(Ordering::SeqCst) {
+        return true;
+    }
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status.lines().find_map(|l| l.strip_prefix("Seccomp:")).is_some_and(|v| v.trim() != "0")
+}
+
 fn start_here() {
+    if under_seccomp() {
+        // Nothing is said: the program's stderr stays its own, and the
+        // collector reads no spool it was not given.
+        UNDER_SECCOMP.store(true, Ordering::SeqCst);
+        return;
+    }
     // SAFETY: getpid has no preconditions.
     let pid = unsafe { libc::getpid() } as u32;
     let dir = std::env::var_os("SPULSE_RECORD_DIR").filter(|d| !d.is_empty()).map(PathBuf::from);
     if let Some(dir) = &dir {
-        if let Err(why) = collector_alive(dir) {
-            let _ = writeln!(std::io::stderr(), "spulse: not recording process {pid}: {why}");
-            return;
+        match collector_alive(dir) {
+            Ok(()) => {}
+            // The collector has ended (a daemon the command left behind
+            // forks or execs later): nobody reads a spool, and the program's
+            // stderr is its own. Nothing is said.
+            Err((_, true)) => return,
+            Err((why, false)) => {
+                let _ = writeln!(std::io::stderr(), "spulse: not recording process {pid}: {why}");
+                return;
+            }
         }
     }
     if let Some(dir) = &dir {
@@ -410,7 +450,10 @@ fn start_here() {
                     .and_then(|mut f| f.write_all(e.to_string().as_bytes()))
                     .is_ok()
             });
-            if !told {
+            // (Not when the collector ended meanwhile: nobody reads it, and
+            // the program's stderr is its own.)
+            let gone = dir.as_ref().is_some_and(|d| matches!(collector_alive(d), Err((_, true))));
+            if !told && !gone {
                 let _ = writeln!(std::io::stderr(), "spulse: not recording process {pid}: {e}");
             }
         }
@@ -420,8 +463,9 @@ fn start_here() {
 /// Under `spulse record`: `Ok` while the collector that made `dir` runs (it
 /// holds `flock(LOCK_EX)` on the directory); otherwise why this process is not
 /// recorded (the collector was killed, or this process cannot use the
-/// directory, say after switching to another user).
-fn collector_alive(dir: &Path) -> Result<(), String> {
+/// directory, say after switching to another user), and whether the
+/// collector is gone (its directory removed or no longer locked).
+fn collector_alive(dir: &Path) -> Result<(), (String, bool)> {
     use std::os::fd::AsRawFd;
     use std::os::unix::fs::OpenOptionsExt;
     let d = std::fs::OpenOptions::new()
@@ -429,20 +473,23 @@ fn collector_alive(dir: &Path) -> Result<(), String> {
         .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC)
         .open(dir)
         .map_err(|e| {
-            format!(
+            let gone = e.kind() == std::io::ErrorKind::NotFound;
+            let why = format!(
                 "cannot use the directory of `spulse record`, {}: {e} (a process that switched to another user \
                  cannot write it; one whose collector is gone finds it removed)",
                 dir.display()
-            )
+            );
+            (why, gone)
         })?;
     // SAFETY: flock on the descriptor `d` keeps open for the call.
     let r = unsafe { libc::flock(d.as_raw_fd(), libc::LOCK_SH | libc::LOCK_NB) };
     if r == 0 {
-        return Err(format!(
+        let why = format!(
             "the `spulse record` that made {} is gone (the directory is no longer locked); the next \
              `spulse record` removes it",
             dir.display()
-        ));
+        );
+        return Err((why, true));
     }
     Ok(())
 }

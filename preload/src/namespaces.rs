@@ -12,8 +12,9 @@
 //! new recording of the process starts whatever the answer (a new spool
 //! under `spulse record`: the process reads as two images of one pid, as
 //! across an `exec`). A program that has threads of its own gets its
-//! `EINVAL` as unrecorded, one recording split in two and up to
-//! [`ALONE_WITHIN`] later. The rest is the C library's call, unchanged.
+//! `EINVAL` at once, as unrecorded, and the recording goes on (the kernel
+//! listing more threads than the program's one and the writer says so).
+//! The rest is the C library's call, unchanged.
 
 use std::ffi::c_int;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -73,6 +74,13 @@ pub extern "C" fn setns(fd: c_int, nstype: c_int) -> c_int {
 fn alone_if_needed(may_need: bool, call: impl Fn() -> c_int) -> c_int {
     let r = call();
     if r == 0 || !may_need || errno() != libc::EINVAL || !crate::records_this_process() {
+        return r;
+    }
+    // Threads of the program's own besides the writer: the call fails as it
+    // would unrecorded, and the recording goes on (no 200 ms wait, no new
+    // spool each time).
+    if threads() > 2 {
+        set_errno(libc::EINVAL);
         return r;
     }
     crate::finish_recording();

@@ -18,8 +18,18 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 static REAL_PRCTL: AtomicUsize = AtomicUsize::new(0);
 static REAL_SYSCALL: AtomicUsize = AtomicUsize::new(0);
 
-/// `SECCOMP_SET_MODE_STRICT` and `SECCOMP_SET_MODE_FILTER`.
-const SET_MODES: [c_long; 2] = [0, 1];
+/// Whether `seccomp(op, flags, args)` sets a mode: strict (op 0, no flags,
+/// no argument) or a filter (op 1, a program). What it is not, such as
+/// libseccomp's probes for what the kernel supports (strict with flags, a
+/// filter without a program: refused with EINVAL or EFAULT), leaves the
+/// recording alone. The kernel reads `op` and `flags` as 32-bit values.
+fn sets_a_mode(op: c_long, flags: c_long, args: c_long) -> bool {
+    match op as u32 {
+        0 => flags as u32 == 0 && args == 0,
+        1 => args != 0,
+        _ => false,
+    }
+}
 
 /// Look up the C library's functions (at load, from the constructor).
 pub(crate) fn resolve() {
@@ -32,6 +42,7 @@ pub(crate) fn resolve() {
 
 /// Finish the recording before the process restricts its system calls.
 fn before_seccomp() {
+    crate::UNDER_SECCOMP.store(true, Ordering::SeqCst);
     if crate::records_this_process() {
         crate::finish_recording_because(
             "the program entered a seccomp mode (its filter would refuse the recorder's system calls): \
@@ -45,7 +56,8 @@ fn before_seccomp() {
 #[no_mangle]
 pub extern "C" fn prctl(option: c_int, a2: c_ulong, a3: c_ulong, a4: c_ulong, a5: c_ulong) -> c_int {
     let Some(p) = crate::exits::real(&REAL_PRCTL, c"prctl") else { return -1 };
-    if option == libc::PR_SET_SECCOMP {
+    // prctl's modes: 1 strict, 2 a filter (its program in the third word).
+    if option == libc::PR_SET_SECCOMP && (a2 as u32 == 1 || (a2 as u32 == 2 && a3 != 0)) {
         before_seccomp();
     }
     // SAFETY: the C library's `prctl`, called with the caller's words.
@@ -68,7 +80,7 @@ pub extern "C" fn syscall(
     a6: c_long,
 ) -> c_long {
     let Some(p) = crate::exits::real(&REAL_SYSCALL, c"syscall") else { return -1 };
-    if n == libc::SYS_seccomp && SET_MODES.contains(&a1) {
+    if n as u32 as c_long == libc::SYS_seccomp && sets_a_mode(a1, a2, a3) {
         before_seccomp();
     }
     // SAFETY: the C library's `syscall`, called with the caller's words.

@@ -10,12 +10,13 @@
 //! `spulse record`, `setpriv --reuid=... --regid=... --clear-groups CMD`
 //! died with SIGABRT.
 //!
-//! So before such a call in the process this library records, every
-//! thread's credentials (`Uid`, `Gid`, `Groups` and the capability sets of
-//! `/proc/self/task/*/status`) are compared. Where they are all alike the
-//! call goes straight on: every thread changes, the recording goes on. Where
-//! they differ, the recording is finished (its writer joined), the call made,
-//! and a new recording started (its writer a copy of the calling thread's
+//! So before such a call in the process this library records, the
+//! writer's capabilities are compared with the calling thread's (`capget`
+//! of both: no allocation, no lock, since these calls are async-signal-safe
+//! and may come from a signal handler). Where they are alike the call goes
+//! straight on: every thread changes, the recording goes on. Where they
+//! differ, the recording is finished (its writer joined), the call made, and
+//! a new recording started (its writer a copy of the calling thread's
 //! credentials from then on; under `spulse record` one that can no longer
 //! write the collector's directory says so on stderr). A difference among
 //! the program's own threads is the program's: it aborts as unrecorded.
@@ -50,10 +51,11 @@ pub(crate) fn resolve() {
 }
 
 /// Make `call` (which calls the C library's function number `i`), with the
-/// recording out of the way if the threads' credentials differ.
+/// recording out of the way if the writer's capabilities differ from the
+/// calling thread's.
 fn around(i: usize, call: impl FnOnce(usize) -> c_int) -> c_int {
     let Some(p) = crate::exits::real(&REAL[i], NAMES[i]) else { return -1 };
-    if !crate::records_this_process() || alike() {
+    if !crate::records_this_process() || writer_alike() {
         return call(p);
     }
     crate::finish_recording();
@@ -65,31 +67,32 @@ fn around(i: usize, call: impl FnOnce(usize) -> c_int) -> c_int {
     r
 }
 
-/// The lines of a task's `status` that decide what a change of user or
-/// group may do.
-const CREDENTIALS: [&str; 8] =
-    ["Uid:", "Gid:", "Groups:", "CapInh:", "CapPrm:", "CapEff:", "CapBnd:", "CapAmb:"];
-
-/// Whether every thread of this process has the same credentials (true when
-/// `/proc` cannot tell: the call then goes on as it always did).
-fn alike() -> bool {
-    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else { return true };
-    let mut first: Option<Vec<String>> = None;
-    for t in tasks.flatten() {
-        // A thread that ended meanwhile is not asked by the C library either.
-        let Ok(status) = std::fs::read_to_string(t.path().join("status")) else { continue };
-        let creds = credentials(&status);
-        match &first {
-            None => first = Some(creds),
-            Some(f) if *f != creds => return false,
-            Some(_) => {}
-        }
+/// Whether the recorder's writer thread has the calling thread's
+/// capabilities (effective, permitted, inheritable: what decides whether a
+/// change of user or group is allowed, and what it leaves; user and group
+/// ids are the same in every thread after each broadcast). True when
+/// either cannot be read. Async-signal-safe and allocation-free (`capget`
+/// of two threads): these calls may be made from a signal handler.
+fn writer_alike() -> bool {
+    let writer = spulse::__preload_writer_tid();
+    if writer == 0 {
+        return true;
     }
-    true
+    match (caps(0), caps(writer as i32)) {
+        (Some(a), Some(b)) => a == b,
+        _ => true,
+    }
 }
 
-fn credentials(status: &str) -> Vec<String> {
-    status.lines().filter(|l| CREDENTIALS.iter().any(|c| l.starts_with(c))).map(str::to_string).collect()
+/// Thread `tid`'s capability sets (0: the calling thread), as
+/// `capget(_LINUX_CAPABILITY_VERSION_3)` gives them.
+fn caps(tid: i32) -> Option<[u32; 6]> {
+    // struct __user_cap_header_struct { u32 version; int pid; }
+    let mut header: [u32; 2] = [0x2008_0522, tid as u32];
+    let mut data = [0u32; 6];
+    // SAFETY: capget reads the header and writes two 12-byte data structs (version 3) into `data`, both ours and live for the call.
+    let r = unsafe { libc::syscall(libc::SYS_capget, header.as_mut_ptr(), data.as_mut_ptr()) };
+    (r == 0).then_some(data)
 }
 
 type Id = libc::uid_t;

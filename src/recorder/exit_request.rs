@@ -106,6 +106,12 @@ fn monotonic_ns() -> u64 {
     (ts.tv_sec as u64).saturating_mul(1_000_000_000).saturating_add(ts.tv_nsec as u64)
 }
 
+/// The running writer thread's id, 0 if none (for the preload library's
+/// interposers; async-signal-safe: one atomic load).
+pub fn writer_tid() -> u32 {
+    WRITER_TID.load(Ordering::SeqCst)
+}
+
 /// Ask the writer of the recorder running in this process for a tick now
 /// (drain, write the off-CPU waits still open up to now, flush) and wait
 /// until it is done, at most `timeout`; for an exit that runs no `atexit`

@@ -97,7 +97,7 @@ use writer::{Control, ControlSender, WriterState};
 
 use builder::{Checked, MAX_SIGNAL_WEIGHT, MAX_UNWIND_CACHES, PER_THREAD_ENGINE_FLUSH_INTERVAL};
 pub use builder::{Recorder, RecorderBuilder};
-pub use exit_request::flush_before_exit;
+pub use exit_request::{flush_before_exit, writer_tid};
 use output::create_spool;
 pub use stats::{
     warnings_path, write_warnings, EngineChoice, KernelTime, LostSamples, OffCpuStats, Stats,

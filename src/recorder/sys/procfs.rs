@@ -118,13 +118,25 @@ fn own_id(status: &str) -> Option<u32> {
     status.lines().find_map(|l| l.strip_prefix("NSpid:"))?.split_ascii_whitespace().last()?.parse().ok()
 }
 
+/// Keep `pairs` (not if another thread holds the table: never waited for,
+/// since a child forked while the writer held it would wait forever).
 fn remember(pairs: Vec<(u32, u32)>) {
-    let mut t = TRANSLATION.lock().unwrap_or_else(|e| e.into_inner());
+    let mut t = match TRANSLATION.try_lock() {
+        Ok(t) => t,
+        Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
+        Err(std::sync::TryLockError::WouldBlock) => return,
+    };
     *t = (super::getpid(), pairs);
 }
 
+/// The kept translation of `tid` (none while another thread holds the
+/// table: the caller then lists the threads itself).
 fn lookup(tid: u32) -> Option<u32> {
-    let t = TRANSLATION.lock().unwrap_or_else(|e| e.into_inner());
+    let t = match TRANSLATION.try_lock() {
+        Ok(t) => t,
+        Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
+        Err(std::sync::TryLockError::WouldBlock) => return None,
+    };
     if t.0 != super::getpid() {
         return None;
     }

@@ -103,7 +103,9 @@ pub(super) fn only_daemons_left() -> Option<usize> {
             _ => daemons += 1,
         }
     }
-    Some(daemons)
+    // None listed while children exist (a kernel without the `children`
+    // files): nothing tells them apart, so they are waited for.
+    (daemons > 0).then_some(daemons)
 }
 
 /// A pidfd for CMD, so that the collector wakes as soon as it exits.
