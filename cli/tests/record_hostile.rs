@@ -80,10 +80,32 @@ int main(int argc, char **argv) {
 "#;
 
 fn victim(dir: &Path) -> PathBuf {
-    let src = dir.join("victim.c");
-    std::fs::write(&src, VICTIM).unwrap();
-    let exe = dir.join("victim");
-    let o = Command::new("cc").args(["-O1", "-o"]).arg(&exe).arg(&src).output().expect("run cc");
+    compile_c(dir, "victim", VICTIM, &[])
+}
+
+/// A CPU-time burner for the C programs below, `burn(seconds)` of the
+/// calling thread's CPU (prepended to each by [`compile_c`]).
+const BURN_C: &str = r#"
+#define _GNU_SOURCE
+#include <time.h>
+static volatile unsigned long sink;
+static void burn(double secs) {
+  struct timespec a, b; clock_gettime(CLOCK_THREAD_CPUTIME_ID, &a);
+  for (;;) { for (int i = 0; i < 100000; i++) sink += i * i;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &b);
+    if ((b.tv_sec - a.tv_sec) + (b.tv_nsec - a.tv_nsec) / 1e9 > secs) break; }
+}
+"#;
+
+/// `source` (with [`BURN_C`] before it) compiled with `cc -O1 flags` into
+/// `dir/name`.
+fn compile_c(dir: &Path, name: &str, source: &str, flags: &[&str]) -> PathBuf {
+    let src = dir.join(format!("{name}.c"));
+    let text =
+        if source.contains("static void burn(") { source.to_string() } else { format!("{BURN_C}{source}") };
+    std::fs::write(&src, text).unwrap();
+    let exe = dir.join(name);
+    let o = Command::new("cc").arg("-O1").args(flags).arg("-o").arg(&exe).arg(&src).output().expect("run cc");
     assert!(o.status.success(), "cc: {}", stderr(&o));
     exe
 }
@@ -449,11 +471,7 @@ fn setuid_in_a_signal_handler_does_not_deadlock() {
         return;
     }
     let tmp = tempfile::tempdir().unwrap();
-    let src = tmp.path().join("sigsetuid.c");
-    std::fs::write(&src, SETUID_IN_HANDLER).unwrap();
-    let exe = tmp.path().join("sigsetuid");
-    let o = Command::new("cc").args(["-O1", "-o"]).arg(&exe).arg(&src).output().expect("run cc");
-    assert!(o.status.success(), "cc: {}", stderr(&o));
+    let exe = compile_c(tmp.path(), "sigsetuid", SETUID_IN_HANDLER, &[]);
     let out = tmp.path().join("u.spool");
     let mut c = record(tmp.path(), tmp.path(), &["-o".as_ref(), out.as_os_str(), "--".as_ref()]);
     c.arg(&exe);
@@ -529,13 +547,6 @@ const UNSHARER: &str = r#"
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
-static volatile unsigned long sink;
-static void burn(double secs) {
-  struct timespec a, b; clock_gettime(CLOCK_THREAD_CPUTIME_ID, &a);
-  for (;;) { for (int i = 0; i < 100000; i++) sink += i * i;
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &b);
-    if ((b.tv_sec - a.tv_sec) + (b.tv_nsec - a.tv_nsec) / 1e9 > secs) break; }
-}
 static void *idle(void *p) { (void)p; pause(); return 0; }
 int main(int argc, char **argv) {
   if (argc > 1 && strcmp(argv[1], "threaded") == 0) { pthread_t t; pthread_create(&t, 0, idle, 0); }
@@ -555,11 +566,7 @@ int main(int argc, char **argv) {
 #[test]
 fn a_program_entering_a_user_namespace_is_not_refused() {
     let tmp = tempfile::tempdir().unwrap();
-    let src = tmp.path().join("unsharer.c");
-    std::fs::write(&src, UNSHARER).unwrap();
-    let exe = tmp.path().join("unsharer");
-    let o = Command::new("cc").args(["-O1", "-pthread", "-o"]).arg(&exe).arg(&src).output().expect("run cc");
-    assert!(o.status.success(), "cc: {}", stderr(&o));
+    let exe = compile_c(tmp.path(), "unsharer", UNSHARER, &["-pthread"]);
     let bare = Command::new(&exe).output().unwrap();
     if String::from_utf8_lossy(&bare.stdout).trim() != "unshare: ok" {
         assert!(!in_ci(), "user namespaces are allowed in CI (root)");
@@ -596,13 +603,6 @@ const SIGNAL_READER: &str = r#"
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
-static volatile unsigned long sink;
-static void burn(double secs) {
-  struct timespec a, b; clock_gettime(CLOCK_THREAD_CPUTIME_ID, &a);
-  for (;;) { for (int i = 0; i < 100000; i++) sink += i * i;
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &b);
-    if ((b.tv_sec - a.tv_sec) + (b.tv_nsec - a.tv_nsec) / 1e9 > secs) break; }
-}
 int main(void) {
   sigset_t s; sigemptyset(&s); sigaddset(&s, SIGUSR1); sigaddset(&s, SIGCHLD);
   sigprocmask(SIG_BLOCK, &s, 0);
@@ -628,11 +628,7 @@ int main(void) {
 #[test]
 fn signals_the_program_blocks_to_read_them_are_not_taken_by_the_recorder() {
     let tmp = tempfile::tempdir().unwrap();
-    let src = tmp.path().join("reader.c");
-    std::fs::write(&src, SIGNAL_READER).unwrap();
-    let exe = tmp.path().join("reader");
-    let o = Command::new("cc").args(["-O1", "-o"]).arg(&exe).arg(&src).output().expect("run cc");
-    assert!(o.status.success(), "cc: {}", stderr(&o));
+    let exe = compile_c(tmp.path(), "reader", SIGNAL_READER, &[]);
     for off_cpu in [false, true] {
         let out = tmp.path().join(format!("r-{off_cpu}.spool"));
         let mut args: Vec<&OsStr> = vec!["-o".as_ref(), out.as_os_str()];
@@ -711,13 +707,6 @@ const GO_LIKE: &str = r#"
 #include <unistd.h>
 #include <sys/syscall.h>
 __asm__(".section .note.go.buildid,\"a\",@note\n.balign 4\n.long 4\n.long 8\n.long 4\n.asciz \"Go\"\n.byte 0\n.ascii \"abcdefgh\"\n.previous\n");
-static volatile unsigned long sink;
-static void burn(double secs) {
-  struct timespec a, b; clock_gettime(CLOCK_THREAD_CPUTIME_ID, &a);
-  for (;;) { for (int i = 0; i < 100000; i++) sink += i * i;
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &b);
-    if ((b.tv_sec - a.tv_sec) + (b.tv_nsec - a.tv_nsec) / 1e9 > secs) break; }
-}
 static void stolen(int sig) { (void)sig; write(2, "stolen signal\n", 14); _exit(99); }
 extern void restorer(void);
 __asm__(".text\nrestorer:\nmov $15, %rax\nsyscall\n");
@@ -744,11 +733,7 @@ int main(void) {
 #[test]
 fn a_go_program_gets_no_signal_of_ours() {
     let tmp = tempfile::tempdir().unwrap();
-    let src = tmp.path().join("go_like.c");
-    std::fs::write(&src, GO_LIKE).unwrap();
-    let exe = tmp.path().join("go_like");
-    let o = Command::new("cc").args(["-O1", "-o"]).arg(&exe).arg(&src).output().expect("run cc");
-    assert!(o.status.success(), "cc: {}", stderr(&o));
+    let exe = compile_c(tmp.path(), "go_like", GO_LIKE, &[]);
     let out = tmp.path().join("go.spool");
     let mut c = record(tmp.path(), tmp.path(), &["-o".as_ref(), out.as_os_str(), "--".as_ref()]);
     c.arg(&exe);
@@ -775,13 +760,6 @@ const SECCOMPER: &str = r#"
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
-static volatile unsigned long sink;
-static void burn(double secs) {
-  struct timespec a, b; clock_gettime(CLOCK_THREAD_CPUTIME_ID, &a);
-  for (;;) { for (int i = 0; i < 100000; i++) sink += i * i;
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &b);
-    if ((b.tv_sec - a.tv_sec) + (b.tv_nsec - a.tv_nsec) / 1e9 > secs) break; }
-}
 #define ALLOW(nr) BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, nr, 0, 1), BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW)
 int main(int argc, char **argv) {
   burn(0.2);
@@ -830,11 +808,7 @@ int main(int argc, char **argv) {
 #[test]
 fn a_program_entering_seccomp_is_not_killed() {
     let tmp = tempfile::tempdir().unwrap();
-    let src = tmp.path().join("seccomper.c");
-    std::fs::write(&src, SECCOMPER).unwrap();
-    let exe = tmp.path().join("seccomper");
-    let o = Command::new("cc").args(["-O1", "-o"]).arg(&exe).arg(&src).output().expect("run cc");
-    assert!(o.status.success(), "cc: {}", stderr(&o));
+    let exe = compile_c(tmp.path(), "seccomper", SECCOMPER, &[]);
     for mode in ["s", "f", "k"] {
         let out = tmp.path().join(format!("{mode}.spool"));
         let mut c = record(tmp.path(), tmp.path(), &["-o".as_ref(), out.as_os_str(), "--".as_ref()]);
@@ -886,11 +860,7 @@ int main(int argc, char **argv) {
 fn a_traced_program_gets_no_signal_of_ours() {
     let tmp = tempfile::tempdir().unwrap();
     let victim = victim(tmp.path());
-    let src = tmp.path().join("tracer.c");
-    std::fs::write(&src, TRACER).unwrap();
-    let exe = tmp.path().join("tracer");
-    let o = Command::new("cc").args(["-O1", "-o"]).arg(&exe).arg(&src).output().expect("run cc");
-    assert!(o.status.success(), "cc: {}", stderr(&o));
+    let exe = compile_c(tmp.path(), "tracer", TRACER, &[]);
     let out = tmp.path().join("t.spool");
     let mut c = record(tmp.path(), tmp.path(), &["-o".as_ref(), out.as_os_str(), "--".as_ref()]);
     c.arg(&exe).arg(&victim).args(["burn", "0.3"]);
