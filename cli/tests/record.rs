@@ -875,7 +875,11 @@ fn exit_status_propagates() {
         // signals at their default, not ignored, as from a shell.
         // (Only those two: the test's own caller may ignore others, such as
         // SIGINT for a background job, which CMD inherits rightly.)
-        ("v=$(sed -n 's/^SigIgn:[[:space:]]*//p' /proc/$$/status); exit $(( 0x$v >> 31 & 3 ))", Some(0), None),
+        (
+            "v=$(sed -n 's/^SigIgn:[[:space:]]*//p' /proc/$$/status); exit $(( 0x$v >> 31 & 3 ))",
+            Some(0),
+            None,
+        ),
     ]
     .into_iter()
     .enumerate()

@@ -532,6 +532,22 @@ fn a_program_in_a_new_pid_namespace_is_sampled() {
         let n = s.samples().count();
         assert!(n > 50, "off-CPU mode {off_cpu}: {n} samples of 0.3 s burnt in a new pid namespace; {err}");
     }
+    // Two namespaces running pid 1 at the same time: the second spool of
+    // pid 1 is not taken for an exec of the first, which went on being
+    // written (before: the first was cut there and its later samples lost).
+    let out = tmp.path().join("two.spool");
+    let mut c = record(
+        tmp.path(),
+        tmp.path(),
+        &["-o".as_ref(), out.as_os_str(), "--".as_ref(), "sh".as_ref(), "-c".as_ref()],
+    );
+    c.arg("unshare -pf \"$0\" burn 0.4 & sleep 0.1; unshare -pf \"$0\" burn 0.4; wait").arg(&exe);
+    let o = run_bounded(c, Duration::from_secs(60));
+    let err = stderr(&o);
+    assert!(o.status.success(), "{err}");
+    assert!(err.contains("(0 lost)") && !err.contains("deleted"), "{err}");
+    let n = spulse::Snapshot::open(&out).unwrap().samples().count();
+    assert!(n > 500, "{n} samples of 2 x 0.4 s burnt; {err}");
 }
 
 /// Burns, enters a new user namespace (`unshare(CLONE_NEWUSER)`, which the

@@ -167,7 +167,13 @@ impl Collector {
             if i > 0 && keys[i - 1].0 == pid {
                 continue;
             }
-            let superseded = keys.get(i + 1).is_some_and(|k| k.0 == pid);
+            // A later spool of the pid is a later exec image, once this
+            // one's recorder let go of its lock (an image's spool is closed
+            // by its exec); while it holds it, the later spool is another
+            // process with the same pid (another pid namespace's), read
+            // once this one is finished.
+            let superseded =
+                keys.get(i + 1).is_some_and(|k| k.0 == pid) && !still_written(&self.entries[&(pid, ns)].path);
             let entry = self.entries.get_mut(&(pid, ns)).expect("key from the map");
             // Decide "ended" before the last read: once it has ended, nothing
             // more can be appended, so the read below gets everything.
