@@ -83,6 +83,18 @@ fn victim(dir: &Path) -> PathBuf {
     compile_c(dir, "victim", VICTIM, &[])
 }
 
+/// Whether this test runs as root; if not, says SKIPPED with `why` (CI runs
+/// as root: there it fails instead).
+fn as_root(why: &str) -> bool {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        return true;
+    }
+    assert!(!in_ci(), "CI runs as root: {why}");
+    eprintln!("SKIPPED: {why}");
+    false
+}
+
 /// A CPU-time burner for the C programs below, `burn(seconds)` of the
 /// calling thread's CPU (prepended to each by [`compile_c`]).
 const BURN_C: &str = r#"
@@ -382,9 +394,7 @@ fn a_full_tmpdir_gives_one_warning_with_a_reason_and_exit_1() {
 /// directory: it says so on stderr rather than going silently unrecorded.
 #[test]
 fn a_process_that_switches_user_says_why_it_is_not_recorded() {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        eprintln!("SKIPPED: switching user needs root");
+    if !as_root("switching user needs root") {
         return;
     }
     if !oracle("python3", &["python3", "-c", "import os"], "python3") {
@@ -419,10 +429,7 @@ fn a_process_that_switches_user_says_why_it_is_not_recorded() {
 /// not recorded.
 #[test]
 fn setpriv_dropping_root_is_not_aborted() {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        assert!(!in_ci(), "CI runs as root");
-        eprintln!("SKIPPED: switching user needs root");
+    if !as_root("switching user needs root") {
         return;
     }
     if !oracle("setpriv", &["setpriv", "--version"], "util-linux") {
@@ -464,10 +471,7 @@ int main(){
 
 #[test]
 fn setuid_in_a_signal_handler_does_not_deadlock() {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        assert!(!in_ci(), "CI runs as root");
-        eprintln!("SKIPPED: setuid(0) needs root");
+    if !as_root("setuid(0) needs root") {
         return;
     }
     let tmp = tempfile::tempdir().unwrap();
@@ -505,10 +509,7 @@ fn a_non_utf8_tmpdir_still_records() {
 /// know; it is sampled all the same (before: no sample at all).
 #[test]
 fn a_program_in_a_new_pid_namespace_is_sampled() {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        assert!(!in_ci(), "CI runs as root");
-        eprintln!("SKIPPED: a new pid namespace needs root here");
+    if !as_root("a new pid namespace needs root here") {
         return;
     }
     if !oracle("unshare", &["unshare", "--version"], "util-linux") {
