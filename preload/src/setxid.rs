@@ -126,12 +126,7 @@ interpose!(7, setresgid(r: Id, e: Id, s: Id));
 /// As `setgroups(2)`: `list` holds `size` group ids.
 #[no_mangle]
 pub unsafe extern "C" fn setgroups(size: libc::size_t, list: *const libc::gid_t) -> c_int {
-    around(8, |p| {
-        // SAFETY: the C library's `setgroups`; the caller's contract, passed on.
-        let f = unsafe {
-            std::mem::transmute::<usize, unsafe extern "C" fn(libc::size_t, *const libc::gid_t) -> c_int>(p)
-        };
-        // SAFETY: as above.
-        unsafe { f(size, list) }
-    })
+    type SetGroups = unsafe extern "C" fn(libc::size_t, *const libc::gid_t) -> c_int;
+    // SAFETY: `p` is the C library's `setgroups`, of this signature, called with the caller's `size` and `list` (its contract, passed on).
+    around(8, |p| unsafe { std::mem::transmute::<usize, SetGroups>(p)(size, list) })
 }
