@@ -551,8 +551,9 @@ fn altstack_child() {
 }
 
 /// The same with the alternate stack an array of this frame, inside the
-/// thread's stack, more than 32 KiB above its end: the stack bounds hold
-/// there, and the walk would overflow the array into the frames below it.
+/// thread's stack: the stack bounds hold there, so the samples are unwound,
+/// and the walk runs on a stack of its own (on the 8 KiB array, the ~18 KiB
+/// the unwinder needs would overflow it into the live frames below it).
 #[inline(never)]
 fn on_an_altstack_inside_the_threads_stack() {
     let mut local = [0u8; ALTSTACK_SIZE];
@@ -576,18 +577,64 @@ fn on_an_altstack_inside_the_threads_stack() {
         libc::sigaltstack(&ss, std::ptr::null_mut());
     }
     assert_eq!(ON_ALTSTACK.load(std::sync::atomic::Ordering::Relaxed) - on, 100, "ran on the array");
-    assert!(after.without_stack - before.without_stack >= 100, "{before:?} {after:?}");
+    assert!(after.samples - before.samples >= 100, "{before:?} {after:?}");
+    assert_eq!(after.without_stack, before.without_stack, "unwound: {before:?} {after:?}");
     black_box(&local);
 }
 
 /// An allocation in a signal handler running on an 8 KiB alternate signal
-/// stack (`SA_ONSTACK`): sampled without its stack, rather than unwound with
-/// an unwinder that needs ~18 KiB of stack (it overflowed the alternate
-/// stack: SIGSEGV). Run in a child process, so a crash is this test's
-/// failure alone.
+/// stack (`SA_ONSTACK`): mapped apart from the thread's stack, sampled
+/// without its stack (its bounds are unknown); inside the thread's stack,
+/// unwound, never with the walk on the 8 KiB (an unwinder that needs ~18 KiB
+/// of stack overflowed it: SIGSEGV). Run in a child process, so a crash is
+/// this test's failure alone.
 #[test]
 fn allocation_in_a_handler_on_the_alternate_signal_stack() {
     in_child("allocation_in_a_handler_on_the_alternate_signal_stack", altstack_child);
+}
+
+/// Recurse `depth` frames of over 1 KiB each, then allocate (at rate 1, each
+/// allocation is sampled).
+#[inline(never)]
+fn allocate_deep(depth: usize) -> usize {
+    let frame = [depth as u8; 1024];
+    if depth > 0 {
+        return allocate_deep(depth - 1) + black_box(&frame)[0] as usize;
+    }
+    black_box(Vec::<u8>::with_capacity(100)).capacity()
+}
+
+/// The child's part of [`samples_on_a_small_stack_are_unwound`].
+fn small_stack_child() {
+    spulse::heap::set_sample_rate(Some(1));
+    churn(MB);
+    std::thread::Builder::new()
+        .stack_size(64 << 10)
+        .spawn(|| {
+            let before = spulse::heap::stats();
+            // About 40 KiB deep into a 64 KiB stack: under 24 KiB left, more
+            // than a sample needs on it, less than the unwinder needs.
+            for _ in 0..100 {
+                assert!(allocate_deep(40) >= 100);
+            }
+            let after = spulse::heap::stats();
+            assert!(after.samples - before.samples >= 100, "{before:?} {after:?}");
+            assert_eq!(after.without_stack, before.without_stack, "{before:?} {after:?}");
+        })
+        .unwrap()
+        .join()
+        .unwrap();
+    let p = decode(&spulse::heap::profile().unwrap());
+    assert!(cum(&p, "allocate_deep")[0] >= 100, "{:?}", cum(&p, "allocate_deep"));
+}
+
+/// A thread with a 64 KiB stack allocating with about 24 KiB of it left:
+/// its samples are unwound (the walk runs on a stack of its own, so the
+/// unwinder's ~18 KiB are not taken from the thread's), and it does not
+/// overflow. Run in a child process.
+#[test]
+fn samples_on_a_small_stack_are_unwound() {
+    in_child("samples_on_a_small_stack_are_unwound", small_stack_child);
 }
 
 /// Run `child` in a child process running test `name` alone (a fresh

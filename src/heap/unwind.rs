@@ -18,13 +18,21 @@
 //! `sp` read at the start of the walk, `top` the end of the thread's stack as
 //! `pthread_getattr_np` reports it (once per thread, kept in a `const`
 //! thread-local). Both are mapped for as long as the walk runs. There is no
-//! walk (the sample has no stack) unless `sp` lies on that stack with at least
-//! [`STACK_RESERVE`] of it left below, and off any alternate signal stack
-//! (`sigaltstack` says so, one system call per sample: such a stack may lie
-//! inside the thread's): an allocation made on another stack (a signal
-//! handler on an alternate signal stack, Rust's being 8 KiB; a coroutine) would otherwise walk with a stack too small for the unwinder
-//! (up to ~18 KiB deep, gimli's evaluation storage lives on the stack) and
-//! read `[sp, top)` across whatever lies between that stack and the thread's.
+//! walk (the sample has no stack) unless `sp` lies on that stack: an
+//! allocation made on another stack (a signal handler on an alternate signal
+//! stack mapped apart, as Rust's own; a coroutine) would read `[sp, top)`
+//! across whatever lies between that stack and the thread's.
+//!
+//! The walk itself runs on a stack of its own ([`WALK_STACK`] bytes with a
+//! guard page, one per cache, taken with its cache), not on the allocating
+//! thread's: the unwinder needs up to ~18 KiB (gimli's evaluation storage
+//! lives on the stack), more than a thread with a small stack has left, or
+//! an alternate signal stack inside the thread's own (an array of one of its
+//! frames, where the bounds above hold) can hold. On the thread's stack a
+//! sample costs only the frames down to the switch. (Before, a sample on a
+//! stack with less than 32 KiB left went without its stack, and each sample
+//! asked the kernel whether it ran on an alternate signal stack: a
+//! `sigaltstack` call of about 300 ns, over half of a sample's cost.)
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
@@ -47,7 +55,9 @@ pub(crate) struct Object {
 
 pub(crate) struct State {
     unwinder: NativeUnwinder,
-    caches: Box<[(AtomicBool, std::cell::UnsafeCell<NativeCache>)]>,
+    /// The caches, each with its walk stack (`None`: it could not be mapped,
+    /// and walks with that cache are not made).
+    caches: Box<[(AtomicBool, std::cell::UnsafeCell<NativeCache>, Option<WalkStack>)]>,
     /// The loader's (adds, subs) when this state was built.
     dl: (u64, u64),
     #[cfg_attr(not(feature = "pprof"), allow(dead_code))]
@@ -63,11 +73,11 @@ impl State {
     }
 }
 
-// SAFETY: the unwinder and objects are immutable once published; a cache is
-// used only by the thread that set its flag with a CAS (acquire) until it
-// clears it (release).
+// SAFETY: the unwinder and objects are immutable once published; a cache and
+// its walk stack are used only by the thread that set its flag with a CAS
+// (acquire) until it clears it (release).
 unsafe impl Sync for State {}
-// SAFETY: plain owned data.
+// SAFETY: plain owned data (the walk stacks are mappings no one else uses).
 unsafe impl Send for State {}
 
 const NONE: u64 = 0;
@@ -83,9 +93,59 @@ pub(crate) static NO_STACK: AtomicU64 = AtomicU64::new(0);
 /// Replaced unwinders that could not be freed (a walk was running).
 pub(crate) static LEAKED: AtomicU64 = AtomicU64::new(0);
 
-/// Stack a walk wants left below its caller's `sp` (the unwinder needs up to
-/// ~18 KiB: measured 17.7 KiB for a walk that misses framehop's cache).
-pub const STACK_RESERVE: u64 = 32 << 10;
+/// Bytes of each walk's own stack (below it, a guard page): the unwinder
+/// needs up to ~18 KiB (measured 17.7 KiB for a walk that misses framehop's
+/// cache); the rest is for a signal handler of the program that interrupts a
+/// walk (it runs on the stack in use).
+pub const WALK_STACK: usize = 128 << 10;
+
+/// A walk's own stack: an anonymous mapping of [`WALK_STACK`] bytes above a
+/// guard page, unmapped with the state.
+struct WalkStack {
+    base: *mut libc::c_void,
+    len: usize,
+}
+
+impl WalkStack {
+    fn new() -> Option<WalkStack> {
+        let guard = 4096;
+        let len = WALK_STACK + guard;
+        // SAFETY: a fresh private anonymous mapping; no existing memory is
+        // touched.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE | libc::MAP_STACK,
+                -1,
+                0,
+            )
+        };
+        if base == libc::MAP_FAILED {
+            return None;
+        }
+        let stack = WalkStack { base, len };
+        // SAFETY: the lowest page of the mapping made above, ours alone.
+        if unsafe { libc::mprotect(base, guard, libc::PROT_NONE) } != 0 {
+            return None;
+        }
+        Some(stack)
+    }
+
+    /// The first address above the stack (16-byte aligned).
+    fn top(&self) -> u64 {
+        self.base as u64 + self.len as u64
+    }
+}
+
+impl Drop for WalkStack {
+    fn drop(&mut self) {
+        // SAFETY: our own mapping; the state that owns it is dropped only
+        // when no walk holds it (see `refresh`).
+        unsafe { libc::munmap(self.base, self.len) };
+    }
+}
 
 thread_local! {
     /// This thread's stack, `[low, top)`: `top` 0 until read, 1 if it could
@@ -108,7 +168,7 @@ fn build() -> State {
         objects.iter().flat_map(|o| &o.segments).map(|s| (s.avma, s.avma.saturating_add(s.size))).collect();
     code.sort_unstable();
     let caches = (0..CACHES)
-        .map(|_| (AtomicBool::new(false), std::cell::UnsafeCell::new(NativeCache::new_in())))
+        .map(|_| (AtomicBool::new(false), std::cell::UnsafeCell::new(NativeCache::new_in()), WalkStack::new()))
         .collect();
     State { unwinder: snap.unwinder, caches, dl, objects, code }
 }
@@ -226,32 +286,18 @@ fn stack_bounds() -> (u64, u64) {
 }
 
 /// The end of the stack a walk starting here may read (`[sp, top)`), if the
-/// calling code runs on its thread's own stack with [`STACK_RESERVE`] left
-/// below `sp`, and not on an alternate signal stack; 0 if not (another
-/// stack, too little left, bounds unknown, on the alternate stack).
+/// calling code runs on its thread's own stack; 0 if not (another stack, or
+/// bounds unknown). No system call: on an alternate signal stack inside the
+/// thread's own, the bounds hold, and the walk runs on a stack of its own.
 #[inline(never)]
 fn walkable_top() -> u64 {
     let (low, top) = stack_bounds();
     let here = 0u8;
     let sp = std::hint::black_box(&here) as *const u8 as u64;
-    if top == 0 || sp >= top || sp < low.saturating_add(STACK_RESERVE) {
+    if top == 0 || sp >= top || sp < low {
         return 0;
     }
-    // An alternate signal stack may lie inside the thread's stack (an array
-    // of a frame of it): there the bounds hold, but the walk would overflow
-    // the alternate stack into the live frames below it. One system call per
-    // sample (no lock, async-signal-safe).
-    // SAFETY: with a null new stack, sigaltstack only writes the current one
-    // into `cur`, which we own.
-    let on_alt = unsafe {
-        let mut cur: libc::stack_t = std::mem::zeroed();
-        libc::sigaltstack(std::ptr::null(), &mut cur) != 0 || cur.ss_flags & libc::SS_ONSTACK != 0
-    };
-    if on_alt {
-        0
-    } else {
-        top
-    }
+    top
 }
 
 /// Registers of the caller of this function's caller... precisely: the pc,
@@ -303,30 +349,111 @@ pub(crate) fn capture(out: &mut [u64]) -> usize {
 #[inline(never)]
 fn walk(state: &State, top: u64, out: &mut [u64]) -> usize {
     let Some(regs) = regs() else { return 0 };
-    let Some((flag, cache)) = state
+    let Some((flag, cache, stack)) = state
         .caches
         .iter()
-        .find(|(busy, _)| busy.compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed).is_ok())
+        .find(|(busy, _, _)| busy.compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed).is_ok())
     else {
         return 0;
     };
-    // SAFETY: we set the cache's flag with the CAS above: no one else uses
-    // it until we clear it below.
-    let cache = unsafe { &mut *cache.get() };
-    let sp = regs.sp;
+    let n = match stack {
+        Some(stack) => {
+            let mut job = Walk {
+                unwinder: &state.unwinder,
+                // SAFETY: we set the cache's flag with the CAS above: no one
+                // else uses it until we clear it below.
+                cache: unsafe { &mut *cache.get() },
+                regs,
+                top,
+                out,
+                n: 0,
+            };
+            // SAFETY: the stack is this cache's, which we hold (the flag);
+            // `run_walk` takes the `Walk` it is given, which outlives the call.
+            unsafe { on_stack(stack.top(), run_walk, (&mut job as *mut Walk).cast()) };
+            job.n
+        }
+        None => 0,
+    };
+    flag.store(false, Ordering::Release);
+    n
+}
+
+/// What [`run_walk`] does, on the walk's own stack: unwind from `regs` (taken
+/// on the thread's stack, whose frames stay live and unchanged meanwhile),
+/// reading only inside `[regs.sp, top)`.
+struct Walk<'a> {
+    unwinder: &'a NativeUnwinder,
+    cache: &'a mut NativeCache,
+    regs: Regs,
+    top: u64,
+    out: &'a mut [u64],
+    n: usize,
+}
+
+extern "C" fn run_walk(job: *mut libc::c_void) {
+    // SAFETY: `walk` passes its own `Walk`, alive and not otherwise used
+    // until `on_stack` returns.
+    let job = unsafe { &mut *job.cast::<Walk>() };
+    let (sp, top) = (job.regs.sp, job.top);
     let mut read_stack = |addr: u64| -> Result<u64, ()> {
         if !addr.is_multiple_of(8) || addr < sp || addr.checked_add(8).is_none_or(|e| e > top) {
             return Err(());
         }
-        // SAFETY: [sp, top) is this thread's live stack above the frame of
-        // `walk` (sp was read inside it): mapped and readable; the address is
+        // SAFETY: [sp, top) is the allocating thread's live stack above the
+        // frame of `walk` (sp was read inside it, and `walk` waits in
+        // `on_stack` until this returns): mapped and readable; the address is
         // 8-byte aligned and its 8 bytes lie inside that range.
         Ok(unsafe { std::ptr::read_volatile(addr as *const u64) })
     };
-    let n = unwind_into(&state.unwinder, cache, &regs, &mut read_stack, out);
-    flag.store(false, Ordering::Release);
-    n
+    job.n = unwind_into(job.unwinder, job.cache, &job.regs, &mut read_stack, job.out);
 }
+
+/// Call `f(arg)` with the stack pointer at `top`, and come back to the
+/// caller's stack.
+///
+/// # Safety
+/// `top` must be the 16-byte aligned end of a mapped stack no one else uses
+/// meanwhile, large enough for `f`; `f` must not unwind (an `extern "C"` Rust
+/// function aborts on a panic instead).
+#[inline(never)]
+unsafe fn on_stack(top: u64, f: extern "C" fn(*mut libc::c_void), arg: *mut libc::c_void) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: the caller's contract. `rsp` is kept in `r12` (callee-saved,
+    // so `f` preserves it) and restored; `top` is 16-byte aligned, so `f`
+    // starts with the alignment the ABI gives a callee; every register `f`
+    // may change is declared clobbered.
+    unsafe {
+        std::arch::asm!(
+            "mov r12, rsp",
+            "mov rsp, {top}",
+            "call {f}",
+            "mov rsp, r12",
+            top = in(reg) top,
+            f = in(reg) f,
+            in("rdi") arg,
+            out("r12") _,
+            clobber_abi("C"),
+        );
+    }
+    #[cfg(target_arch = "aarch64")]
+    // SAFETY: as above, with `sp` kept in `x20` (callee-saved) and the link
+    // register clobbered by the call.
+    unsafe {
+        std::arch::asm!(
+            "mov x20, sp",
+            "mov sp, {top}",
+            "blr {f}",
+            "mov sp, x20",
+            top = in(reg) top,
+            f = in(reg) f,
+            in("x0") arg,
+            out("x20") _,
+            clobber_abi("C"),
+        );
+    }
+}
+
 
 fn unwind_into<F>(
     unwinder: &NativeUnwinder,
