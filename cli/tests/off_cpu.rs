@@ -506,3 +506,187 @@ fn spread_blocked_puts_a_recorded_sleepers_waits_under_its_sleep() {
     assert!(nap * 10 >= (blocked + stackless) * 9, "nap {nap} us of {} us: {spread:?}", blocked + stackless);
     assert_eq!(left, 0, "the thread had waits with a stack: {spread:?}");
 }
+
+/// The workload of issue 28 (a thread sleeping 1.0 s in all, one blocked
+/// 0.6 s on a mutex another holds while burning CPU, one reading a pipe
+/// written 0.4 s after the start, two burners), in C with frame pointers, so
+/// that the walk from a blocked thread's system call needs a guessed frame
+/// pointer (`/proc/<tid>/syscall` gives none). `main` keeps its six thread
+/// functions in an array on its stack: read as return addresses, they walk
+/// like a chain of frames (each the end of the function before it). Each
+/// wait is longer than the writer's tick (100 ms) plus 5 ms, so each gets a
+/// stack. Each waiting function prints the time it measured itself.
+const TRUTH_C: &str = r#"
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <semaphore.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+static pthread_mutex_t mtx = PTHREAD_MUTEX_INITIALIZER;
+static sem_t held;
+static int pfd[2];
+static pthread_barrier_t bar;
+static volatile unsigned long sink;
+
+static double now(clockid_t c) { struct timespec t; clock_gettime(c, &t); return t.tv_sec + t.tv_nsec / 1e9; }
+
+__attribute__((noinline)) void spin_work(void) { for (int i = 0; i < 10000; i++) sink += i * 7; }
+
+__attribute__((noinline)) void burn_cpu_seconds(double s) {
+    double t0 = now(CLOCK_THREAD_CPUTIME_ID);
+    while (now(CLOCK_THREAD_CPUTIME_ID) - t0 < s) spin_work();
+}
+
+__attribute__((noinline)) void sleeper_nap(void) {
+    struct timespec ts = {0, 200000000};
+    nanosleep(&ts, NULL);
+}
+void *sleeper_thread(void *a) {
+    pthread_setname_np(pthread_self(), "sleeper");
+    pthread_barrier_wait(&bar);
+    double t0 = now(CLOCK_MONOTONIC);
+    for (int i = 0; i < 5; i++) sleeper_nap();
+    fprintf(stderr, "TRUE sleeper_nap %.1f ms\n", (now(CLOCK_MONOTONIC) - t0) * 1e3);
+    return a;
+}
+
+__attribute__((noinline)) void holder_burn_while_locked(void) {
+    double t0 = now(CLOCK_MONOTONIC);
+    while (now(CLOCK_MONOTONIC) - t0 < 0.6) spin_work();
+}
+void *holder_thread(void *a) {
+    pthread_setname_np(pthread_self(), "holder");
+    pthread_barrier_wait(&bar);
+    pthread_mutex_lock(&mtx);
+    sem_post(&held);
+    holder_burn_while_locked();
+    pthread_mutex_unlock(&mtx);
+    return a;
+}
+
+__attribute__((noinline)) void waiter_lock_mutex(void) {
+    double t0 = now(CLOCK_MONOTONIC);
+    pthread_mutex_lock(&mtx);
+    double t1 = now(CLOCK_MONOTONIC);
+    fprintf(stderr, "TRUE waiter_lock_mutex %.1f ms\n", (t1 - t0) * 1e3);
+    pthread_mutex_unlock(&mtx);
+}
+__attribute__((noinline)) void waiter_wait_for_holder(void) { sem_wait(&held); }
+void *waiter_thread(void *a) {
+    pthread_setname_np(pthread_self(), "waiter");
+    pthread_barrier_wait(&bar);
+    waiter_wait_for_holder();
+    waiter_lock_mutex();
+    return a;
+}
+
+__attribute__((noinline)) void reader_read_pipe(void) {
+    char buf[16];
+    double t0 = now(CLOCK_MONOTONIC);
+    ssize_t n = read(pfd[0], buf, sizeof buf);
+    double t1 = now(CLOCK_MONOTONIC);
+    fprintf(stderr, "TRUE reader_read_pipe %.1f ms (n=%zd)\n", (t1 - t0) * 1e3, n);
+}
+void *reader_thread(void *a) {
+    pthread_setname_np(pthread_self(), "reader");
+    pthread_barrier_wait(&bar);
+    reader_read_pipe();
+    return a;
+}
+
+__attribute__((noinline)) void burner_a_work(void) { burn_cpu_seconds(0.2); }
+__attribute__((noinline)) void burner_b_work(void) { burn_cpu_seconds(0.2); }
+void *burner_a(void *a) { pthread_setname_np(pthread_self(), "burnA"); pthread_barrier_wait(&bar); double t0=now(CLOCK_MONOTONIC); burner_a_work(); fprintf(stderr, "TRUE burner_a wall %.1f ms\n", (now(CLOCK_MONOTONIC)-t0)*1e3); return a; }
+void *burner_b(void *a) { pthread_setname_np(pthread_self(), "burnB"); pthread_barrier_wait(&bar); double t0=now(CLOCK_MONOTONIC); burner_b_work(); fprintf(stderr, "TRUE burner_b wall %.1f ms\n", (now(CLOCK_MONOTONIC)-t0)*1e3); return a; }
+
+__attribute__((noinline)) void main_feed_pipe_later(void) {
+    struct timespec ts = {0, 400000000};
+    nanosleep(&ts, NULL);
+    if (write(pfd[1], "x", 1) != 1) abort();
+}
+
+int main(void) {
+    if (pipe(pfd)) return 1;
+    sem_init(&held, 0, 0);
+    pthread_barrier_init(&bar, NULL, 7);
+    pthread_t t[6];
+    void *(*fns[6])(void *) = {sleeper_thread, holder_thread, waiter_thread, reader_thread, burner_a, burner_b};
+    for (int i = 0; i < 6; i++) pthread_create(&t[i], NULL, fns[i], NULL);
+    pthread_barrier_wait(&bar);
+    double t0 = now(CLOCK_MONOTONIC);
+    main_feed_pipe_later();
+    fprintf(stderr, "TRUE main_feed_pipe_later %.1f ms\n", (now(CLOCK_MONOTONIC) - t0) * 1e3);
+    for (int i = 0; i < 6; i++) pthread_join(t[i], NULL);
+    fprintf(stderr, "TRUE total wall %.1f ms\n", (now(CLOCK_MONOTONIC) - t0) * 1e3);
+    return 0;
+}
+"#;
+
+/// A blocked thread's stack is its own down to the root: each waiting
+/// function's off-CPU time (every stack holding it) is within 5% of the time
+/// it measured itself, and no wait is charged through a function pointer or
+/// a stale frame record into functions that were not its callers (the
+/// deepest walk among the guessed frame records took them: `main`'s wait
+/// went under all six thread functions' neighbours, `sleeper_nap` +40%,
+/// `reader_read_pipe` +98%).
+#[test]
+fn a_blocked_threads_stack_is_its_own_to_the_root() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("truth.c");
+    std::fs::write(&src, TRUTH_C).unwrap();
+    let exe = dir.path().join("truth");
+    let cc = std::process::Command::new("cc")
+        .args(["-O1", "-g", "-fno-omit-frame-pointer", "-pthread", "-o"])
+        .arg(&exe)
+        .arg(&src)
+        .output()
+        .expect("run cc");
+    assert!(cc.status.success(), "cc: {}", stderr(&cc));
+    let spool = dir.path().join("truth.spool");
+    let o = spulse(&["record", "--off-cpu", "-o", s(&spool), "--", s(&exe)]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let truth = |name: &str| -> f64 {
+        let err = stderr(&o);
+        let line = err.lines().find(|l| l.starts_with(&format!("TRUE {name} "))).expect(&err);
+        let ms: f64 = line.split(' ').nth(2).unwrap().parse().unwrap();
+        ms * 1000.0
+    };
+    let collapsed = ok(&["export", s(&spool), "--off-cpu", "-f", "collapsed", "-o", "-"]);
+    for (func, leaf) in [
+        ("sleeper_nap", "[blocked: clock_nanosleep]"),
+        ("waiter_lock_mutex", "[blocked: futex]"),
+        ("reader_read_pipe", "[blocked: read]"),
+        ("main_feed_pipe_later", "[blocked: clock_nanosleep]"),
+    ] {
+        let mut total = 0.0;
+        for line in collapsed.lines() {
+            let (stack, us) = line.rsplit_once(' ').unwrap();
+            if !stack.split(';').any(|f| f == func) {
+                continue;
+            }
+            total += us.parse::<f64>().unwrap();
+            if stack.ends_with(leaf) {
+                assert!(
+                    stack.starts_with("_start;")
+                        || stack.starts_with("clone3;")
+                        || stack.starts_with("clone;"),
+                    "a wait in {func} not unwound to the root: {line}"
+                );
+            }
+            assert!(
+                !stack.contains("burner_") && !stack.contains("malloc"),
+                "a wait in {func} charged through stale frames: {line}"
+            );
+        }
+        let t = truth(func);
+        assert!((total - t).abs() <= 0.05 * t, "{func}: {total} us off-CPU against {t} us:\n{collapsed}");
+    }
+    // main waits under main, its thread functions under the threads; the
+    // burners never block (their off-CPU time is waiting for a CPU).
+    assert!(collapsed.lines().any(|l| l.contains("main;main_feed_pipe_later;")), "{collapsed}");
+    assert!(!collapsed.lines().any(|l| l.contains("burner_") && l.contains("[blocked")), "{collapsed}");
+}

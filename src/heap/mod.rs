@@ -368,6 +368,14 @@ impl<A: GlobalAlloc> Sampled<A> {
             return p;
         }
         if points == 0 {
+            // A thread's first allocation (or one of the sampler's own):
+            // the process's first builds the unwinder now, before threads
+            // sample together (those that sample while it is built go
+            // without their stacks: most of a short multi-threaded program's
+            // samples did).
+            if sampler::rate(self.rate) != 0 {
+                unwind::build_early();
+            }
             return p;
         }
         if record(p, layout.size(), points, tag) {

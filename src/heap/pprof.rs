@@ -191,11 +191,13 @@ fn build(sym: &mut Symbolizer) -> Result<Vec<u8>, Error> {
             .unwrap_or(frames.len());
         let frames = if keep < frames.len() { &frames[keep..] } else { &frames[..] };
         let leaf = if frames.is_empty() {
-            // "[no stack]": a truncated-stack marker alone.
+            // "[no stack]": a label alone (the unwinder was not ready, every
+            // unwinder cache was in use, or the allocation was made off the
+            // thread's own stack; counted in `stats().without_stack`).
             match no_stack {
                 Some(s) => s,
                 None => {
-                    let f = w.define_frame(Frame::Truncated).map_err(io)?;
+                    let f = w.define_label("no stack").map_err(io)?;
                     let s = w.define_stack(None, f).map_err(io)?;
                     no_stack = Some(s);
                     s

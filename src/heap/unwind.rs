@@ -53,11 +53,14 @@ pub(crate) struct Object {
     pub segments: Vec<ExecSegment>,
 }
 
+/// One unwinder cache: its busy flag, the cache, and its walk stack.
+type CacheSlot = (AtomicBool, std::cell::UnsafeCell<NativeCache>, Option<WalkStack>);
+
 pub(crate) struct State {
     unwinder: NativeUnwinder,
     /// The caches, each with its walk stack (`None`: it could not be mapped,
     /// and walks with that cache are not made).
-    caches: Box<[(AtomicBool, std::cell::UnsafeCell<NativeCache>, Option<WalkStack>)]>,
+    caches: Box<[CacheSlot]>,
     /// The loader's (adds, subs) when this state was built.
     dl: (u64, u64),
     #[cfg_attr(not(feature = "pprof"), allow(dead_code))]
@@ -168,7 +171,9 @@ fn build() -> State {
         objects.iter().flat_map(|o| &o.segments).map(|s| (s.avma, s.avma.saturating_add(s.size))).collect();
     code.sort_unstable();
     let caches = (0..CACHES)
-        .map(|_| (AtomicBool::new(false), std::cell::UnsafeCell::new(NativeCache::new_in()), WalkStack::new()))
+        .map(|_| {
+            (AtomicBool::new(false), std::cell::UnsafeCell::new(NativeCache::new_in()), WalkStack::new())
+        })
         .collect();
     State { unwinder: snap.unwinder, caches, dl, objects, code }
 }
@@ -234,6 +239,17 @@ fn refresh(recheck: bool) {
         }
     }
     PHASE.store(READY, Ordering::Release);
+}
+
+/// Build the unwinder if no thread has started to (the process's first
+/// allocation through [`super::Sampled`], normally in the runtime's start-up
+/// before `main`, on its only thread), with the re-entrancy guard set. Costs
+/// one load once built.
+#[cold]
+pub(crate) fn build_early() {
+    if PHASE.load(Ordering::Relaxed) == NONE {
+        let _ = super::sampler::guarded(|| refresh(false));
+    }
 }
 
 /// Least time between two checks of the loader's counters.
@@ -349,11 +365,9 @@ pub(crate) fn capture(out: &mut [u64]) -> usize {
 #[inline(never)]
 fn walk(state: &State, top: u64, out: &mut [u64]) -> usize {
     let Some(regs) = regs() else { return 0 };
-    let Some((flag, cache, stack)) = state
-        .caches
-        .iter()
-        .find(|(busy, _, _)| busy.compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed).is_ok())
-    else {
+    let Some((flag, cache, stack)) = state.caches.iter().find(|(busy, _, _)| {
+        busy.compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed).is_ok()
+    }) else {
         return 0;
     };
     let n = match stack {
@@ -453,7 +467,6 @@ unsafe fn on_stack(top: u64, f: extern "C" fn(*mut libc::c_void), arg: *mut libc
         );
     }
 }
-
 
 fn unwind_into<F>(
     unwinder: &NativeUnwinder,

@@ -187,21 +187,26 @@ impl StackSampler {
         // `/proc/<tid>/syscall` gives no frame pointer, and code built with
         // frame pointers (Rust's std, for one) has unwind rules that need it:
         // the walk then stops at the first such frame. The system call
-        // wrapper leaves the register as its caller set it, pointing at the
-        // nearest frame record above `sp`, so try the lowest few plausible
-        // frame records of the copy and keep the deepest walk (the first of
-        // equals): a wrong guess skips frames or stops early.
-        let mut best: Option<(usize, bool, u64)> = None;
-        for fp in frame_record_candidates(b.sp, bytes, is_code).take(8) {
-            let r = Regs { pc: b.pc, sp: b.sp, fp, lr: 0 };
-            let (l, t) = unwind_copy(&r, bytes, snap, &mut self.cache, &mut self.scratch);
-            if l > best.map_or(len, |(bl, _, _)| bl) {
-                best = Some((l, t, fp));
+        // wrapper leaves the register as its caller set it, pointing at that
+        // caller's frame record, somewhere above `sp`: see [`choose_frame_record`].
+        if len > 0 {
+            let stopped_at = self.out[len - 1];
+            let mut best: Option<(Choice, u64)> = None;
+            for fp in frame_record_candidates(b.sp, bytes, is_code).take(32) {
+                let r = Regs { pc: b.pc, sp: b.sp, fp, lr: 0 };
+                let (l, t) = unwind_copy(&r, bytes, snap, &mut self.cache, &mut self.scratch);
+                if l <= len {
+                    continue;
+                }
+                let Some(choice) = Choice::of(stopped_at, self.scratch[len], !t) else { continue };
+                if best.as_ref().is_none_or(|(c, _)| choice > *c) {
+                    best = Some((choice, fp));
+                }
             }
-        }
-        if let Some((_, _, fp)) = best {
-            let r = Regs { pc: b.pc, sp: b.sp, fp, lr: 0 };
-            (len, truncated) = unwind_copy(&r, bytes, snap, &mut self.cache, &mut self.out);
+            if let Some((_, fp)) = best {
+                let r = Regs { pc: b.pc, sp: b.sp, fp, lr: 0 };
+                (len, truncated) = unwind_copy(&r, bytes, snap, &mut self.cache, &mut self.out);
+            }
         }
         let addrs = if len == 0 { vec![b.pc] } else { self.out[..len].to_vec() };
         Ok(Capture {
@@ -214,6 +219,118 @@ impl StackSampler {
             stack: None,
         })
     }
+}
+
+/// How well a guessed frame record fits the frame whose unwinding needed it
+/// (see [`StackSampler::capture_blocked`]). The candidates are the words of
+/// the stack copy followed by an address in known code, lowest first; among
+/// them lie the real record of the function `f` that made the system call,
+/// stale records left in its frame by calls made before it (a walk through
+/// one goes on into functions that are not its callers, often deeper than the
+/// real walk, so the deepest walk is no guide), arrays of function pointers
+/// (each read as a return address into the function before it), and the
+/// records of `f`'s callers above it. A return address must follow a call
+/// instruction; one after a direct call to an address at most `f`'s return
+/// address, as close to it as any (the call to `f` itself: another
+/// function's start below `f`'s pc is further from it), is the best fit;
+/// then a walk that reaches the thread's root; then the lowest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct Choice {
+    /// The target of the direct call before the return address, if it is at
+    /// most `f`'s pc (and within 256 MiB of it); 0 otherwise.
+    direct_to_f: u64,
+    /// The walk reached the root.
+    complete: bool,
+}
+
+impl Choice {
+    /// `at`: the return address into `f` the walk stopped at without a frame
+    /// pointer; `ret`: the return address the candidate record holds (the
+    /// next frame of its walk); `complete`: that walk reached the root.
+    /// `None` if `ret` follows no call instruction.
+    fn of(at: u64, ret: u64, complete: bool) -> Option<Choice> {
+        let call = call_before(ret)?;
+        let f_pc = at.wrapping_sub(1);
+        let direct_to_f = match call {
+            Call::Direct(t) if t <= f_pc && f_pc - t < 256 << 20 => t,
+            _ => 0,
+        };
+        Some(Choice { direct_to_f, complete })
+    }
+}
+
+/// The call instruction that ends just before a return address.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Call {
+    /// A direct call, to this address.
+    Direct(u64),
+    /// A call through a register or memory.
+    Indirect,
+}
+
+/// The call instruction whose return address is `ret`, read from this
+/// process's own memory (`process_vm_readv`: an unmapped address is a
+/// `None`, never a fault).
+fn call_before(ret: u64) -> Option<Call> {
+    let mut code = [0u8; 8];
+    let from = ret.checked_sub(code.len() as u64)?;
+    if blocked::copy_stack(from, &mut code).ok()? != code.len() {
+        return None;
+    }
+    decode_call(&code, ret)
+}
+
+/// [`call_before`] on the 8 code bytes before `ret`.
+#[cfg(target_arch = "x86_64")]
+fn decode_call(code: &[u8; 8], ret: u64) -> Option<Call> {
+    // `call rel32`: e8 and a displacement from the return address.
+    if code[3] == 0xe8 {
+        let rel = i32::from_le_bytes([code[4], code[5], code[6], code[7]]);
+        return Some(Call::Direct(ret.wrapping_add(rel as i64 as u64)));
+    }
+    // `call r/m64`: ff /2 (after any prefix), ending at the return address:
+    // its length from the ModRM byte, the SIB byte and the displacement.
+    for at in 0..7usize {
+        let (op, modrm) = (code[at], code[at + 1]);
+        if op != 0xff || (modrm >> 3) & 7 != 2 {
+            continue;
+        }
+        let (md, rm) = (modrm >> 6, modrm & 7);
+        let mut len = 2;
+        if md != 3 && rm == 4 {
+            len += 1;
+            if md == 0 && code.get(at + 2).is_some_and(|sib| sib & 7 == 5) {
+                len += 4;
+            }
+        }
+        len += match (md, rm) {
+            (0, 5) => 4,
+            (1, _) => 1,
+            (2, _) => 4,
+            _ => 0,
+        };
+        if at + len == code.len() {
+            return Some(Call::Indirect);
+        }
+    }
+    None
+}
+
+/// [`call_before`] on the 8 code bytes before `ret`.
+#[cfg(target_arch = "aarch64")]
+fn decode_call(code: &[u8; 8], ret: u64) -> Option<Call> {
+    let insn = u32::from_le_bytes([code[4], code[5], code[6], code[7]]);
+    let at = ret.wrapping_sub(4);
+    if insn & 0xfc00_0000 == 0x9400_0000 {
+        // bl imm26: a signed word offset.
+        let off = (((insn & 0x03ff_ffff) << 6) as i32 >> 6) as i64 * 4;
+        return Some(Call::Direct(at.wrapping_add(off as u64)));
+    }
+    // blr, blraa/blrab and their zero-modifier forms.
+    if insn & 0xffff_fc1f == 0xd63f_0000 || insn & 0xfeff_f800 == 0xd63f_0800 {
+        return Some(Call::Indirect);
+    }
+    None
 }
 
 /// Addresses in the stack copied from `sp` that hold a plausible frame record
@@ -279,5 +396,81 @@ fn leaf_only(pc: u64, out: &mut [u64]) -> (usize, bool, bool) {
             (1, true, false)
         }
         _ => (0, true, false),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The 8 bytes before a return address: `tail` at the end, `0xcc`
+    /// (int3 padding) before it.
+    fn before(tail: &[u8]) -> [u8; 8] {
+        let mut code = [0xccu8; 8];
+        code[8 - tail.len()..].copy_from_slice(tail);
+        code
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn calls_before_a_return_address_are_decoded() {
+        let ret = 0x5000_1000u64;
+        // call rel32 (-0x800): to ret - 0x800.
+        assert_eq!(
+            decode_call(&before(&[0xe8, 0x00, 0xf8, 0xff, 0xff]), ret),
+            Some(Call::Direct(ret - 0x800))
+        );
+        // call rel32 (+0x20).
+        assert_eq!(decode_call(&before(&[0xe8, 0x20, 0, 0, 0]), ret), Some(Call::Direct(ret + 0x20)));
+        for tail in [
+            &[0xff, 0xd0][..],                           // call rax
+            &[0x41, 0xff, 0xd4],                         // call r12
+            &[0xff, 0x15, 0x10, 0x20, 0x30, 0x00],       // call [rip + disp32]
+            &[0xff, 0x50, 0x18],                         // call [rax + 0x18]
+            &[0xff, 0x54, 0x24, 0x08],                   // call [rsp + 8]
+            &[0xff, 0x94, 0x24, 0x00, 0x01, 0x00, 0x00], // call [rsp + 0x100]
+            &[0x41, 0xff, 0x10],                         // call [r8]
+        ] {
+            assert_eq!(decode_call(&before(tail), ret), Some(Call::Indirect), "{tail:x?}");
+        }
+        for tail in [
+            &[0xc3][..],               // the end of the function before: ret
+            &[0x5d, 0xc3],             // pop rbp; ret
+            &[0x0f, 0x1f, 0x40, 0x00], // nop padding
+            &[0xff, 0xe0],             // jmp rax (ff /4), not a call
+            &[0xff, 0x15, 0x10],       // too short for its displacement
+        ] {
+            assert_eq!(decode_call(&before(tail), ret), None, "{tail:x?}");
+        }
+    }
+
+    #[cfg(target_arch = "aarch64")]
+    #[test]
+    fn calls_before_a_return_address_are_decoded() {
+        let ret = 0x5000_1000u64;
+        let word = |w: u32| before(&w.to_le_bytes());
+        // bl -0x800 (imm26 = -0x200 words).
+        assert_eq!(
+            decode_call(&word(0x9400_0000 | (0x0400_0000 - 0x200)), ret),
+            Some(Call::Direct(ret - 4 - 0x800))
+        );
+        assert_eq!(decode_call(&word(0x9400_0010), ret), Some(Call::Direct(ret - 4 + 0x40)));
+        assert_eq!(decode_call(&word(0xd63f_0100), ret), Some(Call::Indirect)); // blr x8
+        assert_eq!(decode_call(&word(0xd65f_03c0), ret), None); // ret
+        assert_eq!(decode_call(&word(0xd503_201f), ret), None); // nop
+    }
+
+    #[test]
+    fn a_direct_call_to_the_waiting_function_is_the_best_fit() {
+        let f_ret = 0x5000_2010u64; // the return address into f (f's pc + 1)
+        let f_start = 0x5000_2000u64;
+        let fit = |direct_to_f, complete| Choice { direct_to_f, complete };
+        // The call to f itself beats a complete walk through a record whose
+        // call went to a function further below f's pc, and any indirect one.
+        assert!(fit(f_start, false) > fit(f_start - 0x400, true));
+        assert!(fit(f_start, false) > fit(0, true));
+        // A complete walk beats a truncated one.
+        assert!(fit(0, true) > fit(0, false));
+        assert_eq!(f_ret - 1 - f_start, 0xf);
     }
 }
