@@ -822,6 +822,16 @@ fn wall_endpoint_has_off_cpu_time() {
         .map(|smp| smp.value[2])
         .sum();
     assert!((700_000_000..=1_100_000_000).contains(&slept), "{slept} ns of off-CPU sleep in a 1 s window");
+    // The endpoint's own threads (the acceptor, the window, the connection
+    // answering this request) wait throughout: never in the profile.
+    let own: Vec<&str> = p
+        .sample
+        .iter()
+        .flat_map(|smp| smp.label.iter())
+        .filter(|l| s(l.key) == "thread" && s(l.str).starts_with("spulse-"))
+        .map(|l| s(l.str))
+        .collect();
+    assert!(own.is_empty(), "spulse's own threads in the profile: {own:?}");
 }
 
 /// A wall-clock window cut from a running recorder (off-CPU mode) counts a

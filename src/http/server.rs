@@ -170,10 +170,10 @@ fn accept(listener: &TcpListener, shared: &Arc<Shared>, jobs: Sender<Job>) -> Ve
             let slot = Slot(shared.clone());
             if shared.working.load(Ordering::SeqCst) >= workers.len() {
                 let (rx, jobs, sh) = (conn_rx.clone(), jobs.clone(), shared.clone());
-                match std::thread::Builder::new()
-                    .name("spulse-http-c".into())
-                    .spawn(move || connections(&rx, &jobs, &sh))
-                {
+                match crate::recorder::spawn_quiet(
+                    std::thread::Builder::new().name("spulse-http-c".into()),
+                    move || connections(&rx, &jobs, &sh),
+                ) {
                     Ok(t) => workers.push(t),
                     Err(_) => {
                         drop(slot);

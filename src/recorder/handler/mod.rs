@@ -635,6 +635,7 @@ extern "C" fn after_fork_in_child() {
     STATE.store(std::ptr::null_mut(), Ordering::SeqCst);
     crate::recorder::forget_parent_recorder_after_fork();
     crate::recorder::sys::procfs::forget_after_fork();
+    crate::recorder::sys::sigmask::own::reset();
 }
 
 fn register_atfork() {

@@ -190,7 +190,12 @@ where
             8,
         )
     };
-    let r = b.spawn(f);
+    let r = b.spawn(move || {
+        let slot = own::enter(super::gettid());
+        let out = f();
+        own::leave(slot);
+        out
+    });
     if set == 0 {
         // SAFETY: as above; restores the caller's own mask.
         unsafe {
@@ -204,6 +209,45 @@ where
         };
     }
     r
+}
+
+/// spulse's own threads (those [`spawn_quiet`] started), by thread id: the
+/// off-CPU mode leaves their waits out (spulse never appears in its own
+/// profiles; the `http` endpoint's threads, which wait for requests, did).
+/// A fixed table of atomics: entered and left by the threads themselves,
+/// read by the writer without a lock.
+pub(crate) mod own {
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    /// Slots: more than spulse ever runs at once (the writer, the probes,
+    /// the endpoint's acceptor, window thread and connections). A thread
+    /// that finds none free is simply not listed.
+    const SLOTS: usize = 128;
+    static TIDS: [AtomicU32; SLOTS] = [const { AtomicU32::new(0) }; SLOTS];
+
+    /// List `tid`; the slot to [`leave`] (`None`: the table was full).
+    pub(crate) fn enter(tid: u32) -> Option<usize> {
+        TIDS.iter().position(|t| t.compare_exchange(0, tid, Ordering::AcqRel, Ordering::Relaxed).is_ok())
+    }
+
+    /// Unlist the thread of `slot`.
+    pub(crate) fn leave(slot: Option<usize>) {
+        if let Some(i) = slot {
+            TIDS[i].store(0, Ordering::Release);
+        }
+    }
+
+    /// Whether `tid` is one of spulse's own threads (running now).
+    pub(crate) fn is_own(tid: u32) -> bool {
+        tid != 0 && TIDS.iter().any(|t| t.load(Ordering::Acquire) == tid)
+    }
+
+    /// Forget every thread listed (in a forked child, where none of them runs).
+    pub(crate) fn reset() {
+        for t in &TIDS {
+            t.store(0, Ordering::Relaxed);
+        }
+    }
 }
 
 #[cfg(test)]

@@ -33,6 +33,7 @@ use crate::recorder::stats::OffCpuStats;
 use crate::recorder::sys::blocked::syscall_name;
 use crate::recorder::sys::pairing::{Capture, Interval};
 use crate::recorder::sys::perf_switch::SwitchTracker;
+use crate::recorder::sys::sigmask;
 use crate::{Error, StackId};
 
 /// The off-CPU mode's state in the writer.
@@ -213,6 +214,9 @@ impl Run {
         let schedstat = o.tracker.losing_records();
 
         for &tid in &tids {
+            if sigmask::own::is_own(tid) {
+                continue;
+            }
             let (copy, buf) = (&mut o.copy, &mut o.buf);
             let table = &self.st.table;
             let c = shared.snapshot.with_current(|snap| {
@@ -269,6 +273,11 @@ impl Run {
     }
 
     fn write_interval(&mut self, o: &mut OffCpu, iv: &Interval) -> Result<(), Error> {
+        if sigmask::own::is_own(iv.tid) {
+            // One of spulse's own threads (the `http` endpoint's, waiting
+            // for requests): never in its own profiles.
+            return Ok(());
+        }
         let thread = self.interner.thread(&mut self.st.out, self.st.pid, iv.tid, &self.st.shared.names)?;
         let stack = match (iv.preempted, iv.capture.as_ref()) {
             (false, Some(c)) => {
