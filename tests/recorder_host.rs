@@ -245,7 +245,7 @@ fn no_sample_holds_the_profilers_own_code() {
         // while our own signal is delivered or returned from; a large one
         // now and then, so that the thread has kernel time to sample.
         f.read_exact(&mut buf).unwrap();
-        if i % 8 == 0 {
+        if i.is_multiple_of(8) {
             f.read_exact(&mut big).unwrap();
         }
         i += 1;
