@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 
-use spulse::{Definitions, Replay, Sample, StackId};
+use spulse::{Definitions, Replay, StackId};
 
 use crate::input::{progress, PROGRESS_STEP};
 use crate::select::{Context, Contexts, Filter, Selector, TimeMode};
@@ -223,8 +223,9 @@ pub fn aggregate(replay: &Replay, filter: &Filter, per_thread: bool) -> Result<A
         // over the thread's captured stacks with `--spread-blocked`).
         let mut select = Selector::new(filter, defs.start_time_us());
         for o in defs.off_cpu_intervals() {
-            let s = Sample { time_us: o.start_us, thread: o.thread, stack: o.stack };
-            let Some(sel) = select.next_at(defs, &s, o.samples_before) else { continue };
+            // (Cut to the time window.)
+            let Some((sel, o)) = select.interval(defs, o) else { continue };
+            let o = &o;
             if o.duration_us == 0 {
                 continue;
             }

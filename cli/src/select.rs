@@ -21,7 +21,7 @@
 use std::collections::HashMap;
 use std::path::Path;
 
-use spulse::{Definitions, PythonRuntimeEvent, Sample, ThreadId};
+use spulse::{Definitions, OffCpuInterval, PythonRuntimeEvent, Sample, ThreadId};
 
 use crate::display::escape;
 use crate::CliError;
@@ -207,6 +207,26 @@ impl Selector {
     pub fn next_at(&mut self, defs: &Definitions, s: &Sample, ordinal: u64) -> Option<Selected> {
         self.read = ordinal;
         self.next(defs, s)
+    }
+
+    /// Select an off-CPU interval (in stream order, through a selector of
+    /// its own), cut to the time window: one that overlaps the window is
+    /// selected, and returned as the part inside it (its start moved up to
+    /// the window's, its duration cut at the window's end); a window of 100 ms
+    /// counts at most 100 ms of each thread's waits.
+    pub fn interval(&mut self, defs: &Definitions, o: &OffCpuInterval) -> Option<(Selected, OffCpuInterval)> {
+        let rel = o.start_us.saturating_sub(self.start);
+        let end = rel.saturating_add(o.duration_us);
+        let from = self.from.unwrap_or(0).max(rel);
+        let to = self.to.map_or(end, |t| t.min(end));
+        if to < from || (to == from && o.duration_us > 0) {
+            self.read = o.samples_before;
+            return None;
+        }
+        let cut = OffCpuInterval { start_us: self.start.saturating_add(from), duration_us: to - from, ..*o };
+        let s = Sample { time_us: cut.start_us, thread: o.thread, stack: o.stack };
+        let sel = self.next_at(defs, &s, o.samples_before)?;
+        Some((sel, cut))
     }
 
     /// Take the next sample of the stream: `None` when the filter drops it.

@@ -3,7 +3,7 @@
 //! selects, with what it moved counted for the header of `top`.
 
 use spulse::spread::{BlockedSpread, Charged};
-use spulse::{Definitions, OffCpuInterval, Sample, StackId};
+use spulse::{Definitions, OffCpuInterval, StackId};
 
 use crate::select::{Filter, Selector};
 
@@ -23,9 +23,8 @@ impl Spread {
         let mut select = Selector::new(filter, defs.start_time_us());
         let mut spread = BlockedSpread::new();
         for o in defs.off_cpu_intervals() {
-            let s = Sample { time_us: o.start_us, thread: o.thread, stack: o.stack };
-            if select.next_at(defs, &s, o.samples_before).is_some() {
-                spread.observe(defs, o);
+            if let Some((_, o)) = select.interval(defs, o) {
+                spread.observe(defs, &o);
             }
         }
         Spread { spread, moved_us: 0, kept_us: 0 }

@@ -255,8 +255,9 @@ pub fn profile(job: &Job<'_>, sym: &mut Symbolizer) -> Result<(Value, Samples, u
         let mut select = Selector::new(filter, start_us);
         let mut parts = Vec::new();
         for o in defs.off_cpu_intervals() {
-            let s = spulse::Sample { time_us: o.start_us, thread: o.thread, stack: o.stack };
-            let Some(sel) = select.next_at(defs, &s, o.samples_before) else { continue };
+            // (Cut to the time window.)
+            let Some((sel, o)) = select.interval(defs, o) else { continue };
+            let o = &o;
             if o.duration_us == 0 {
                 continue;
             }
