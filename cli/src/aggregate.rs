@@ -69,6 +69,9 @@ pub struct Aggregate {
     pub off_cpu: IdMap<(u32, StackId), u64>,
     /// With `--spread-blocked`: what the estimate moved.
     pub spread: Option<SpreadTotals>,
+    /// Microseconds waiting for a CPU that `--off-cpu` left out (blocked
+    /// time only; `--wall` counts it).
+    pub left_out_us: u64,
 }
 
 /// What `--spread-blocked` did in an aggregation.
@@ -107,6 +110,7 @@ impl Aggregate {
             time_range: None,
             off_cpu: IdMap::default(),
             spread: None,
+            left_out_us: 0,
         }
     }
 
@@ -136,6 +140,8 @@ impl Aggregate {
                 time_range: None,
                 off_cpu: IdMap::default(),
                 spread: None,
+                // (Not kept per process.)
+                left_out_us: 0,
             });
             ids.push(a.contexts.len() as u32);
             a.contexts.push(*c);
@@ -218,6 +224,7 @@ pub fn aggregate(replay: &Replay, filter: &Filter, per_thread: bool) -> Result<A
     bar.finish_and_clear();
     let mut off_cpu = IdMap::default();
     let mut spread = filter.spread_blocked.then(|| Spread::new(defs, filter));
+    let left_out_us;
     {
         // Off-CPU intervals, each at its start, weighing its duration (split
         // over the thread's captured stacks with `--spread-blocked`).
@@ -247,6 +254,7 @@ pub fn aggregate(replay: &Replay, filter: &Filter, per_thread: bool) -> Result<A
                 tmax = tmax.max(o.start_us.saturating_add(o.duration_us));
             }
         }
+        left_out_us = select.left_out_us();
     }
     Ok(Aggregate {
         contexts: contexts.into_vec(),
@@ -259,5 +267,6 @@ pub fn aggregate(replay: &Replay, filter: &Filter, per_thread: bool) -> Result<A
             kept_us: s.kept_us,
             captures: s.captures(),
         }),
+        left_out_us,
     })
 }

@@ -21,7 +21,7 @@
 use std::collections::HashMap;
 use std::path::Path;
 
-use spulse::{Definitions, OffCpuInterval, PythonRuntimeEvent, Sample, ThreadId};
+use spulse::{Definitions, OffCpuInterval, OffCpuState, PythonRuntimeEvent, Sample, ThreadId};
 
 use crate::display::escape;
 use crate::CliError;
@@ -52,8 +52,10 @@ pub enum TimeMode {
     /// CPU samples, each counting one (the default).
     #[default]
     Cpu,
-    /// Off-CPU intervals only (FORMAT.md, tag 9), each weighing its duration
-    /// in microseconds.
+    /// Blocked off-CPU intervals only (FORMAT.md, tag 9), each weighing its
+    /// duration in microseconds: where threads waited. Time spent runnable
+    /// but preempted (`[waiting for CPU]`) is left out ([`Selector::left_out_us`]);
+    /// the wall view has it.
     OffCpu,
     /// CPU samples weighing one sampling interval each, plus off-CPU
     /// intervals weighing their durations: wall-clock microseconds.
@@ -172,6 +174,8 @@ pub struct Selector {
     read: u64,
     /// Samples selected so far.
     selected: u64,
+    /// Microseconds of preempted intervals the off-CPU mode left out.
+    left_out_us: u64,
 }
 
 impl Selector {
@@ -188,7 +192,14 @@ impl Selector {
             inside: HashMap::new(),
             read: 0,
             selected: 0,
+            left_out_us: 0,
         }
+    }
+
+    /// Microseconds of waiting for a CPU (preempted intervals, cut to the
+    /// window) that [`TimeMode::OffCpu`] left out so far.
+    pub fn left_out_us(&self) -> u64 {
+        self.left_out_us
     }
 
     /// Samples read so far (selected or not).
@@ -226,6 +237,11 @@ impl Selector {
         let cut = OffCpuInterval { start_us: self.start.saturating_add(from), duration_us: to - from, ..*o };
         let s = Sample { time_us: cut.start_us, thread: o.thread, stack: o.stack };
         let sel = self.next_at(defs, &s, o.samples_before)?;
+        if self.filter.time == TimeMode::OffCpu && o.state == OffCpuState::Preempted {
+            self.left_out_us = self.left_out_us.saturating_add(cut.duration_us);
+            self.selected -= 1;
+            return None;
+        }
         Some((sel, cut))
     }
 

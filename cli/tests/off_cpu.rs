@@ -73,21 +73,25 @@ fn top_off_cpu_wall_and_cpu() {
     assert_eq!(row(&cpu, "hot_b")["self"], 100);
     assert_eq!(row(&cpu, "hot_a")["self_us"], 300 * INTERVAL_US);
     assert!(cpu.iter().all(|r| !r["function"].as_str().unwrap().starts_with('[')), "{cpu:?}");
-    // Off-CPU: the waits, in microseconds, under their callers.
-    let off = rows(&ok(&["top", f, "--off-cpu", "--json", "-n", "0"]));
+    // Off-CPU: the blocked waits, in microseconds, under their callers;
+    // waiting for a CPU is left out (and said so), the wall view has it.
+    let o = spulse(&["top", f, "--off-cpu", "--json", "-n", "0"]);
+    let off = rows(&stdout(&o));
     assert_eq!(row(&off, "[blocked: futex]")["self_us"], 600_000);
-    assert_eq!(row(&off, "[waiting for CPU]")["self_us"], 250_000);
+    assert!(!off.iter().any(|r| r["function"] == "[waiting for CPU]"), "{off:?}");
     assert_eq!(row(&off, "hot_b")["total_us"], 600_000);
     assert_eq!(row(&off, "hot_b")["self_us"], 0);
-    assert_eq!(row(&off, "main")["total_us"], 850_000);
+    assert_eq!(row(&off, "main")["total_us"], 600_000);
+    assert!(stderr(&o).contains("250.0 ms waiting for a CPU (preempted) not counted"), "{}", stderr(&o));
     // Wall: both.
     let wall = rows(&ok(&["top", f, "--wall", "--json", "-n", "0"]));
     assert_eq!(row(&wall, "main")["total_us"], 400 * INTERVAL_US + 850_000);
     assert_eq!(row(&wall, "hot_b")["total_us"], 100 * INTERVAL_US + 600_000);
     assert_eq!(row(&wall, "hot_b")["self_us"], 100 * INTERVAL_US);
+    assert_eq!(row(&wall, "[waiting for CPU]")["self_us"], 250_000);
     // The table shows milliseconds.
     let table = ok(&["top", f, "--off-cpu"]);
-    assert!(table.starts_with("850.0 ms off-CPU"), "{table}");
+    assert!(table.starts_with("600.0 ms off-CPU, blocked\n(250.0 ms waiting for a CPU"), "{table}");
     let line = table.lines().find(|l| l.contains("[blocked: futex]")).expect(&table);
     assert!(line.trim_start().starts_with("600.0"), "{line}");
     // info says the mode was on and what the intervals add up to.
@@ -144,12 +148,14 @@ fn exports_weigh_by_time() {
     ok(&["export", f, "--off-cpu", "-o", s(&folded)]);
     let text = std::fs::read_to_string(&folded).unwrap();
     assert!(text.lines().any(|l| l.ends_with("hot_b;[blocked: futex] 600000")), "{text}");
-    assert!(text.lines().any(|l| l.ends_with("hot_a;[waiting for CPU] 250000")), "{text}");
+    assert!(!text.contains("[waiting for CPU]"), "{text}");
+    let wall = ok(&["export", f, "--wall", "-f", "collapsed", "-o", "-"]);
+    assert!(wall.lines().any(|l| l.ends_with("hot_a;[waiting for CPU] 250000")), "{wall}");
     // speedscope: weights in microseconds in every mode (CPU samples count
     // their interval; with --off-cpu/--wall the intervals their duration).
     for (mode, want) in [
         (None, 400 * INTERVAL_US),
-        (Some("--off-cpu"), 850_000),
+        (Some("--off-cpu"), 600_000),
         (Some("--wall"), 400 * INTERVAL_US + 850_000),
     ] {
         let ss = p.dir.path().join("off.speedscope.json");
@@ -171,9 +177,9 @@ fn exports_weigh_by_time() {
     let svg = p.dir.path().join("off.svg");
     let o = spulse(&["export", f, "--off-cpu", "-o", s(&svg)]);
     assert!(o.status.success(), "{}", stderr(&o));
-    assert!(stderr(&o).contains("export: 850000 us of time written"), "{}", stderr(&o));
+    assert!(stderr(&o).contains("export: 600000 us of time written"), "{}", stderr(&o));
     let text = std::fs::read_to_string(&svg).unwrap();
-    assert!(text.contains("all (850,000 us, 100%)"), "{}", &text[..text.len().min(3000)]);
+    assert!(text.contains("all (600,000 us, 100%)"), "{}", &text[..text.len().min(3000)]);
     let o = spulse(&["export", f, "-o", s(&svg)]);
     assert!(stderr(&o).contains("export: 400 samples written"), "{}", stderr(&o));
     assert!(std::fs::read_to_string(&svg).unwrap().contains("all (400 samples, 100%)"));
@@ -246,8 +252,9 @@ fn firefox_export_weighs_off_cpu_time_in_its_own_category() {
     let close = |a: f64, b: f64| (a - b).abs() < 1e-6;
     let off_cpu = |s: &FxSample| s.category == "Off-CPU";
 
-    // --off-cpu: the 17 intervals only, weighing 850 ms in all, in the
-    // Off-CPU category with their subcategories; no CPU delta.
+    // --off-cpu: the 12 blocked intervals only (waiting for a CPU is the
+    // wall view's), weighing 600 ms in all, in the Off-CPU category; no CPU
+    // delta.
     let v = json(&["--off-cpu"], "off.json");
     let cat = v["meta"]["categories"].as_array().unwrap().iter().find(|c| c["name"] == "Off-CPU");
     let subs = &cat.expect("an Off-CPU category")["subcategories"];
@@ -255,14 +262,12 @@ fn firefox_export_weighs_off_cpu_time_in_its_own_category() {
     assert!(subs.as_array().unwrap().iter().any(|s| s == "Waiting for CPU"), "{subs}");
     let (wt, samples) = fx_samples(&v);
     assert_eq!(wt, "tracing-ms");
-    assert_eq!(samples.len(), 17, "{samples:?}");
+    assert_eq!(samples.len(), 12, "{samples:?}");
     assert!(samples.iter().all(off_cpu), "{samples:?}");
     assert!(samples.iter().all(|s| s.cpu_delta_us == 0), "{samples:?}");
-    assert!(close(weight_where(&samples, |_| true), 850.0), "{samples:?}");
+    assert!(close(weight_where(&samples, |_| true), 600.0), "{samples:?}");
     let blocked = weight_where(&samples, |s| s.subcategory == "Blocked" && s.leaf == "[blocked: futex]");
-    let waiting =
-        weight_where(&samples, |s| s.subcategory == "Waiting for CPU" && s.leaf == "[waiting for CPU]");
-    assert!(close(blocked, 600.0) && close(waiting, 250.0), "{blocked} {waiting}");
+    assert!(close(blocked, 600.0), "{blocked}");
 
     // --wall: the 400 CPU samples (1 ms each, their own categories and CPU
     // deltas) beside the same intervals.
@@ -271,6 +276,9 @@ fn firefox_export_weighs_off_cpu_time_in_its_own_category() {
     assert_eq!(samples.len(), 400 + 17);
     assert!(close(weight_where(&samples, |_| true), 400.0 * INTERVAL_US as f64 / 1000.0 + 850.0));
     assert!(close(weight_where(&samples, off_cpu), 850.0));
+    let waiting =
+        weight_where(&samples, |s| s.subcategory == "Waiting for CPU" && s.leaf == "[waiting for CPU]");
+    assert!(close(waiting, 250.0), "{waiting}");
     let cpu: Vec<&FxSample> = samples.iter().filter(|s| !off_cpu(s)).collect();
     assert!(cpu.iter().all(|s| s.leaf.starts_with("hot_") && s.cpu_delta_us == INTERVAL_US), "{cpu:?}");
     assert_eq!(samples.iter().map(|s| s.cpu_delta_us).sum::<u64>(), 400 * INTERVAL_US);
@@ -286,8 +294,8 @@ fn firefox_export_weighs_off_cpu_time_in_its_own_category() {
     ok(&["export", f, "--off-cpu", "-o", s(&out)]);
     let (wt, samples) = fx_samples(&jslb_read::read_jslb(&std::fs::read(&out).unwrap()).profile);
     assert_eq!(wt, "tracing-ms");
-    assert_eq!(samples.len(), 17);
-    assert!(close(weight_where(&samples, off_cpu), 850.0), "{samples:?}");
+    assert_eq!(samples.len(), 12);
+    assert!(close(weight_where(&samples, off_cpu), 600.0), "{samples:?}");
     let out = p.dir.path().join("wall.jslb");
     ok(&["export", f, "--wall", "-o", s(&out)]);
     let (_, samples) = fx_samples(&jslb_read::read_jslb(&std::fs::read(&out).unwrap()).profile);
@@ -351,7 +359,7 @@ fn spread_blocked_charges_stackless_time_to_the_captured_stacks() {
     let plain = rows(&ok(&["top", f, "--off-cpu", "--json", "-n", "0"]));
     assert_eq!(us(&plain, "[blocked, under 5 ms]", "self_us"), 400_000);
     assert_eq!(us(&plain, "[blocked]", "self_us"), 176_500);
-    assert_eq!(us(&plain, "hot_a", "total_us"), 3_000 + 40_000 + 30_000);
+    assert_eq!(us(&plain, "hot_a", "total_us"), 3_000 + 40_000);
     // Spread: the sums go 3/4 to hot_a, 1/4 to hot_b (the short waits); the
     // 6.5 ms wait to hot_b (its 6 ms wait), the 100 ms one to hot_a (its
     // 40 ms wait is in the nearest stratum with any); idle's 70 ms stay.
@@ -361,14 +369,14 @@ fn spread_blocked_charges_stackless_time_to_the_captured_stacks() {
     let spread = rows(&stdout(&o));
     assert_eq!(us(&spread, "[blocked]", "self_us"), 70_000);
     assert!(!spread.iter().any(|r| r["function"] == "[blocked, under 5 ms]"), "{spread:?}");
-    assert_eq!(us(&spread, "hot_a", "total_us"), 3_000 + 40_000 + 300_000 + 100_000 + 30_000);
+    assert_eq!(us(&spread, "hot_a", "total_us"), 3_000 + 40_000 + 300_000 + 100_000);
     assert_eq!(us(&spread, "hot_b", "total_us"), 1_000 + 6_000 + 100_000 + 6_500);
     assert_eq!(us(&spread, "[blocked: clock_nanosleep]", "self_us"), 50_000 + 506_500);
-    assert_eq!(us(&spread, "[waiting for CPU]", "self_us"), 30_000);
+    assert!(!spread.iter().any(|r| r["function"] == "[waiting for CPU]"), "{spread:?}");
     let table = ok(&["top", f, "--off-cpu", "--spread-blocked"]);
     assert!(
         table.starts_with(
-            "656.5 ms off-CPU\n506.5 ms blocked, no stack: estimated from 6 wait(s) with one (--spread-blocked)\n\
+            "626.5 ms off-CPU, blocked\n(30.0 ms waiting for a CPU (preempted) not counted: --wall counts it)\n506.5 ms blocked, no stack: estimated from 6 wait(s) with one (--spread-blocked)\n\
              70.0 ms blocked, no stack: kept (no wait of its threads had one)\n"
         ),
         "{table}"
@@ -379,7 +387,7 @@ fn spread_blocked_charges_stackless_time_to_the_captured_stacks() {
     // ones only.
     let early =
         rows(&ok(&["top", f, "--off-cpu", "--spread-blocked", "--to", "1500000", "--json", "-n", "0"]));
-    assert_eq!(us(&early, "hot_a", "total_us"), 3_000 + 300_000 + 30_000);
+    assert_eq!(us(&early, "hot_a", "total_us"), 3_000 + 300_000);
     assert_eq!(us(&early, "hot_b", "total_us"), 1_000 + 100_000);
     // Per process, the JSON says what the estimate moved.
     let per: Value =
@@ -430,13 +438,14 @@ fn spread_blocked_charges_stackless_time_to_the_captured_stacks() {
     let leaf_only: i64 = prof.sample.iter().filter(|s| s.location_id.len() == 1).map(|s| s.value[2]).sum();
     assert_eq!(leaf_only, 70_000_000, "only idle's [blocked] is a stack of one frame");
     // Firefox: an interval without a stack becomes one sample per stack it
-    // is charged to (the sums two each, the two single waits one each).
+    // is charged to (the sums two each, the two single waits one each; the
+    // preempted interval is the wall view's).
     let out = p.dir.path().join("spread.json");
     ok(&["export", f, "--format", "firefox", "--off-cpu", "--spread-blocked", "-o", s(&out)]);
     let (_, samples) = fx_samples(&serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap());
-    assert_eq!(samples.len(), 6 + 8 * 2 + 2 + 1 + 1, "{samples:?}");
+    assert_eq!(samples.len(), 6 + 8 * 2 + 2 + 1, "{samples:?}");
     let close = |a: f64, b: f64| (a - b).abs() < 1e-6;
-    assert!(close(weight_where(&samples, |_| true), 656.5), "{samples:?}");
+    assert!(close(weight_where(&samples, |_| true), 626.5), "{samples:?}");
     assert!(close(weight_where(&samples, |s| s.leaf == "[blocked]"), 70.0), "{samples:?}");
     // A CPU view of another format is refused.
     let o = spulse(&["export", f, "--spread-blocked", "-o", s(&folded)]);

@@ -83,14 +83,16 @@ impl FilterArgs {
 /// for a recording made with `spulse record --off-cpu`.
 #[derive(Debug, Clone, Copy, Default, Args)]
 pub struct TimeArgs {
-    /// Count off-CPU time only (blocked and waiting for a CPU; microseconds,
-    /// shown in milliseconds in `top`'s table), charged to where each thread
-    /// waited (`[blocked: futex]`, `[waiting for CPU]`). Needs a recording
+    /// Count the time threads were blocked only (microseconds, shown in
+    /// milliseconds in `top`'s table), charged to where they waited
+    /// (`[blocked: futex]`). Time runnable but preempted (`[waiting for
+    /// CPU]`) is left out, and said so: --wall counts it. Needs a recording
     /// made with `--off-cpu`.
     #[arg(long, conflicts_with = "wall")]
     pub off_cpu: bool,
     /// Count wall-clock time: CPU samples (one sampling interval each) plus
-    /// off-CPU time (microseconds, shown in milliseconds in `top`'s table).
+    /// off-CPU time, blocked and waiting for a CPU (microseconds, shown in
+    /// milliseconds in `top`'s table).
     #[arg(long)]
     pub wall: bool,
     /// With --off-cpu or --wall (and in the pprof export's off-cpu values):

@@ -214,12 +214,18 @@ pub fn run(args: &TopArgs) -> Result<(), CliError> {
         hint_spread(replay.definitions());
     }
     if !args.per_process {
-        let (stats, total, spread) = table(replay, &filter, args, &mut sym)?;
+        let (stats, total, spread, left_out_us) = table(replay, &filter, args, &mut sym)?;
+        let left_out = (left_out_us > 0).then(|| {
+            format!("{} ms waiting for a CPU (preempted) not counted: --wall counts it", ms(left_out_us))
+        });
         return with_stdout(|out| {
             if args.json {
                 // The rows are the estimate's: say so beside them.
                 for line in spread_line(spread).iter().flat_map(|l| l.lines()) {
                     eprintln!("spulse: {line}");
+                }
+                if let Some(l) = &left_out {
+                    eprintln!("spulse: {l}");
                 }
                 writeln!(
                     out,
@@ -232,7 +238,12 @@ pub fn run(args: &TopArgs) -> Result<(), CliError> {
                     crate::select::TimeMode::Cpu => {
                         writeln!(out, "{}", crate::display::count(total, "sample"))?
                     }
-                    crate::select::TimeMode::OffCpu => writeln!(out, "{} ms off-CPU", ms(total))?,
+                    crate::select::TimeMode::OffCpu => {
+                        writeln!(out, "{} ms off-CPU, blocked", ms(total))?;
+                        if let Some(l) = &left_out {
+                            writeln!(out, "({l})")?;
+                        }
+                    }
                     crate::select::TimeMode::Wall => {
                         writeln!(out, "{} ms wall-clock (CPU and off-CPU)", ms(total))?
                     }
@@ -277,7 +288,11 @@ pub fn run(args: &TopArgs) -> Result<(), CliError> {
                 }
                 None => (Vec::new(), 0, None),
             },
-            None => table(replay, &Filter { pid: Some(p.pid), ..filter }, args, &mut sym)?,
+            None => {
+                let (stats, total, spread, _) =
+                    table(replay, &Filter { pid: Some(p.pid), ..filter }, args, &mut sym)?;
+                (stats, total, spread)
+            }
         };
         sections.push((p, stats, total, spread));
     }
@@ -320,12 +335,12 @@ fn table(
     filter: &Filter,
     args: &TopArgs,
     sym: &mut Symbolizer,
-) -> Result<(Vec<FunctionStats>, u64, Option<SpreadTotals>), CliError> {
+) -> Result<(Vec<FunctionStats>, u64, Option<SpreadTotals>, u64), CliError> {
     let agg = aggregate(replay, filter, false)?;
     symbolize_all(replay, &agg, sym);
     let mut stats = top_with(replay, &agg, sym, args.shape());
     sort_stats(&mut stats, args.sort);
-    Ok((stats, agg.total, agg.spread))
+    Ok((stats, agg.total, agg.spread, agg.left_out_us))
 }
 
 /// Say on stderr when a fifth or more of the spool's blocked time has no
