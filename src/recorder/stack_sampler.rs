@@ -198,7 +198,7 @@ impl StackSampler {
                 if l <= len {
                     continue;
                 }
-                let Some(choice) = Choice::of(stopped_at, self.scratch[len], !t) else { continue };
+                let Some(choice) = Choice::of(stopped_at, self.scratch[len], !t, fp) else { continue };
                 if best.as_ref().is_none_or(|(c, _)| choice > *c) {
                     best = Some((choice, fp));
                 }
@@ -229,33 +229,35 @@ impl StackSampler {
 /// one goes on into functions that are not its callers, often deeper than the
 /// real walk, so the deepest walk is no guide), arrays of function pointers
 /// (each read as a return address into the function before it), and the
-/// records of `f`'s callers above it. A return address must follow a call
-/// instruction; one after a direct call to an address at most `f`'s return
-/// address, as close to it as any (the call to `f` itself: another
-/// function's start below `f`'s pc is further from it), is the best fit;
-/// then a walk that reaches the thread's root; then the lowest.
+/// records of `f`'s callers above it (a walk from one skips `f`'s caller).
+/// A return address must follow a call instruction (not a function pointer),
+/// and not a direct call to an address past `f`'s pc (that call was not to
+/// `f`); of the rest, a walk that reaches the thread's root (a stale record's
+/// walk mostly ends in memory that is no frame), then the lowest (the
+/// callers' records lie above `f`'s). A direct call to an address at most
+/// `f`'s pc is no proof of a call to `f` (another function's start lies
+/// below it too), and a call into `f` through a register or the GOT (Rust
+/// calls into another crate so) cannot be checked at all: neither is
+/// preferred.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 struct Choice {
-    /// The target of the direct call before the return address, if it is at
-    /// most `f`'s pc (and within 256 MiB of it); 0 otherwise.
-    direct_to_f: u64,
     /// The walk reached the root.
     complete: bool,
+    /// Lower records first.
+    lower: std::cmp::Reverse<u64>,
 }
 
 impl Choice {
     /// `at`: the return address into `f` the walk stopped at without a frame
-    /// pointer; `ret`: the return address the candidate record holds (the
-    /// next frame of its walk); `complete`: that walk reached the root.
-    /// `None` if `ret` follows no call instruction.
-    fn of(at: u64, ret: u64, complete: bool) -> Option<Choice> {
-        let call = call_before(ret)?;
-        let f_pc = at.wrapping_sub(1);
-        let direct_to_f = match call {
-            Call::Direct(t) if t <= f_pc && f_pc - t < 256 << 20 => t,
-            _ => 0,
-        };
-        Some(Choice { direct_to_f, complete })
+    /// pointer; `ret`: the return address the candidate record at `fp` holds
+    /// (the next frame of its walk); `complete`: that walk reached the root.
+    /// `None` if `ret` follows no call instruction, or a direct call past
+    /// `f`'s pc.
+    fn of(at: u64, ret: u64, complete: bool, fp: u64) -> Option<Choice> {
+        match call_before(ret)? {
+            Call::Direct(t) if t > at.wrapping_sub(1) => None,
+            _ => Some(Choice { complete, lower: std::cmp::Reverse(fp) }),
+        }
     }
 }
 
@@ -461,16 +463,12 @@ mod tests {
     }
 
     #[test]
-    fn a_direct_call_to_the_waiting_function_is_the_best_fit() {
-        let f_ret = 0x5000_2010u64; // the return address into f (f's pc + 1)
-        let f_start = 0x5000_2000u64;
-        let fit = |direct_to_f, complete| Choice { direct_to_f, complete };
-        // The call to f itself beats a complete walk through a record whose
-        // call went to a function further below f's pc, and any indirect one.
-        assert!(fit(f_start, false) > fit(f_start - 0x400, true));
-        assert!(fit(f_start, false) > fit(0, true));
-        // A complete walk beats a truncated one.
-        assert!(fit(0, true) > fit(0, false));
-        assert_eq!(f_ret - 1 - f_start, 0xf);
+    fn a_complete_walk_then_the_lowest_record_is_the_best_fit() {
+        let fit = |complete, fp| Choice { complete, lower: std::cmp::Reverse(fp) };
+        // A complete walk beats a truncated one from a lower record (a stale
+        // record's walk into memory that is no frame).
+        assert!(fit(true, 0x7000_0100) > fit(false, 0x7000_0010));
+        // Of complete walks, the lowest record (the callers' lie above).
+        assert!(fit(true, 0x7000_0010) > fit(true, 0x7000_0100));
     }
 }
