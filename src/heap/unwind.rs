@@ -3,9 +3,11 @@
 //! `MustNotAllocateDuringUnwind` unwinder the CPU signal handler uses), walked
 //! synchronously from the allocating thread's own registers.
 //!
-//! The unwinder is built on the first sampled allocation of the process (with
-//! the re-entrancy guard set, so the allocations of the scan itself pass
-//! through unsampled), and rebuilt when a walk ends in code outside every
+//! The unwinder is built at the process's first allocation (normally in the
+//! runtime's start-up, before `main`, on its only thread: threads that sample
+//! while another builds it go without their stacks), or at the first sample
+//! if sampling was off then (with the re-entrancy guard set, so the
+//! allocations of the scan itself pass through unsampled), and rebuilt when a walk ends in code outside every
 //! object it knows and the loader's counters say objects were loaded or
 //! unloaded since (checked at most once per [`RECHECK_NS`]: the loader is
 //! never called on the ordinary sample path, see [`refresh`]). It is published through an `AtomicPtr`; a
