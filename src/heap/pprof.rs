@@ -254,7 +254,7 @@ fn build(sym: &mut Symbolizer) -> Result<Vec<u8>, Error> {
     };
     let st = super::stats();
     let comment = format!(
-        "spulse {HEAP_PATH}: {} samples, {} live sampled blocks, {} untracked, {} without stack",
+        "spulse heap profile: {} samples, {} live sampled blocks, {} untracked, {} without stack",
         st.samples, st.live_blocks, st.untracked_blocks, st.without_stack
     );
     let mut out = Vec::new();

@@ -176,7 +176,7 @@ impl StackSampler {
         snap: &UnwindSnapshot,
         copy: &mut [u8],
         buf: &mut Vec<u8>,
-        is_code: &dyn Fn(u64) -> bool,
+        bias_of: &dyn Fn(u64) -> Option<u64>,
         schedstat: bool,
     ) -> Result<Capture, Missed> {
         let taken = blocked::capture(tid, copy, buf, schedstat)?;
@@ -191,14 +191,21 @@ impl StackSampler {
         // caller's frame record, somewhere above `sp`: see [`choose_frame_record`].
         if len > 0 {
             let stopped_at = self.out[len - 1];
+            // The start of the function the walk stopped in (its unwind
+            // table entry, read from our own memory).
+            let f_pc = stopped_at.wrapping_sub(1);
+            let f_start = bias_of(f_pc).and_then(|bias| function_start(f_pc, bias));
+            let is_code = |a: u64| bias_of(a).is_some();
             let mut best: Option<(Choice, u64)> = None;
-            for fp in frame_record_candidates(b.sp, bytes, is_code).take(32) {
+            for fp in frame_record_candidates(b.sp, bytes, &is_code).take(32) {
                 let r = Regs { pc: b.pc, sp: b.sp, fp, lr: 0 };
                 let (l, t) = unwind_copy(&r, bytes, snap, &mut self.cache, &mut self.scratch);
                 if l <= len {
                     continue;
                 }
-                let Some(choice) = Choice::of(stopped_at, self.scratch[len], !t, fp) else { continue };
+                let Some(choice) = Choice::of(stopped_at, f_start, self.scratch[len], !t, fp) else {
+                    continue;
+                };
                 if best.as_ref().is_none_or(|(c, _)| choice > *c) {
                     best = Some((choice, fp));
                 }
@@ -226,21 +233,21 @@ impl StackSampler {
 /// the stack copy followed by an address in known code, lowest first; among
 /// them lie the real record of the function `f` that made the system call,
 /// stale records left in its frame by calls made before it (a walk through
-/// one goes on into functions that are not its callers, often deeper than the
-/// real walk, so the deepest walk is no guide), arrays of function pointers
-/// (each read as a return address into the function before it), and the
-/// records of `f`'s callers above it (a walk from one skips `f`'s caller).
-/// A return address must follow a call instruction (not a function pointer),
-/// and not a direct call to an address past `f`'s pc (that call was not to
-/// `f`); of the rest, a walk that reaches the thread's root (a stale record's
-/// walk mostly ends in memory that is no frame), then the lowest (the
-/// callers' records lie above `f`'s). A direct call to an address at most
-/// `f`'s pc is no proof of a call to `f` (another function's start lies
-/// below it too), and a call into `f` through a register or the GOT (Rust
-/// calls into another crate so) cannot be checked at all: neither is
-/// preferred.
+/// one goes on into functions that are not `f`'s callers, often deeper than
+/// the real walk, and may reach the root as well), arrays of function
+/// pointers (each read as a return address into the function before it),
+/// and the records of `f`'s callers above it (a walk from one skips `f`'s
+/// caller). A return address must follow a call instruction (not a function
+/// pointer), and not a call to an address past `f`'s pc. The best fit is a
+/// call to `f`'s start (its unwind table entry's), direct or through a GOT
+/// slot (read from our own memory): no other record holds one. Then (a call
+/// to `f` through a register or a PLT stub cannot be checked) a walk that
+/// reaches the thread's root, then the lowest record (the callers' lie
+/// above).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 struct Choice {
+    /// The call before the return address is to `f`'s start.
+    to_f: bool,
     /// The walk reached the root.
     complete: bool,
     /// Lower records first.
@@ -249,16 +256,77 @@ struct Choice {
 
 impl Choice {
     /// `at`: the return address into `f` the walk stopped at without a frame
-    /// pointer; `ret`: the return address the candidate record at `fp` holds
-    /// (the next frame of its walk); `complete`: that walk reached the root.
-    /// `None` if `ret` follows no call instruction, or a direct call past
-    /// `f`'s pc.
-    fn of(at: u64, ret: u64, complete: bool, fp: u64) -> Option<Choice> {
-        match call_before(ret)? {
-            Call::Direct(t) if t > at.wrapping_sub(1) => None,
-            _ => Some(Choice { complete, lower: std::cmp::Reverse(fp) }),
+    /// pointer; `f_start`: `f`'s start, if known; `ret`: the return address
+    /// the candidate record at `fp` holds (the next frame of its walk);
+    /// `complete`: that walk reached the root. `None` if `ret` follows no
+    /// call instruction, or a call past `f`'s pc.
+    fn of(at: u64, f_start: Option<u64>, ret: u64, complete: bool, fp: u64) -> Option<Choice> {
+        let to_f = match call_before(ret)? {
+            Call::Direct(t) if t > at.wrapping_sub(1) => return None,
+            Call::Direct(t) => Some(t) == f_start,
+            _ => false,
+        };
+        Some(Choice { to_f, complete, lower: std::cmp::Reverse(fp) })
+    }
+}
+
+/// The start of the function holding `pc` in the object loaded with `bias`:
+/// the greatest initial location at most `pc` in the search table of its
+/// `.eh_frame_hdr` (found through its program headers), read from our own
+/// memory (`process_vm_readv`: an unmapped address is a `None`). Only the
+/// usual encodings (a table of 32-bit offsets from the header); `None` for
+/// others, and for an object whose ELF header is not at `bias`.
+fn function_start(pc: u64, bias: u64) -> Option<u64> {
+    fn read<const N: usize>(at: u64) -> Option<[u8; N]> {
+        let mut b = [0u8; N];
+        (blocked::copy_stack(at, &mut b).ok()? == N).then_some(b)
+    }
+    let u16_at = |at: u64| read::<2>(at).map(u16::from_le_bytes);
+    let u32_at = |at: u64| read::<4>(at).map(u32::from_le_bytes);
+    let u64_at = |at: u64| read::<8>(at).map(u64::from_le_bytes);
+    if read::<4>(bias)? != *b"\x7fELF" {
+        return None;
+    }
+    let phoff = u64_at(bias.checked_add(32)?)?;
+    let (phentsize, phnum) = (u16_at(bias.checked_add(54)?)? as u64, u16_at(bias.checked_add(56)?)?);
+    let mut hdr = None;
+    for i in 0..phnum.min(256) as u64 {
+        let ph = bias.checked_add(phoff)?.checked_add(i.checked_mul(phentsize)?)?;
+        if u32_at(ph)? == 0x6474_e550 {
+            hdr = Some(bias.checked_add(u64_at(ph.checked_add(16)?)?)?);
+            break;
         }
     }
+    let hdr = hdr?;
+    let [version, ptr_enc, count_enc, table_enc] = read::<4>(hdr)?;
+    let ptr_size = match ptr_enc & 0x0f {
+        0x03 | 0x0b => 4,
+        0x00 | 0x04 | 0x0c => 8,
+        _ => return None,
+    };
+    if version != 1 || count_enc != 0x03 || table_enc != 0x3b {
+        return None;
+    }
+    let count = u32_at(hdr.checked_add(4 + ptr_size)?)? as u64;
+    let table = hdr.checked_add(4 + ptr_size + 4)?;
+    let loc = |i: u64| -> Option<u64> {
+        let rel = u32_at(table.checked_add(i.checked_mul(8)?)?)? as i32;
+        Some(hdr.wrapping_add(rel as i64 as u64))
+    };
+    // The last entry at most pc.
+    let (mut lo, mut hi) = (0u64, count);
+    while lo < hi {
+        let mid = lo + (hi - lo) / 2;
+        if loc(mid)? <= pc {
+            lo = mid + 1;
+        } else {
+            hi = mid;
+        }
+    }
+    if lo == 0 {
+        return None;
+    }
+    loc(lo - 1)
 }
 
 /// The call instruction that ends just before a return address.
@@ -266,7 +334,11 @@ impl Choice {
 enum Call {
     /// A direct call, to this address.
     Direct(u64),
-    /// A call through a register or memory.
+    /// A call through the 8-byte slot at this address (`call [rip + disp]`:
+    /// a GOT entry, as Rust calls into another crate).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    Slot(u64),
+    /// A call through a register or other memory.
     Indirect,
 }
 
@@ -279,7 +351,16 @@ fn call_before(ret: u64) -> Option<Call> {
     if blocked::copy_stack(from, &mut code).ok()? != code.len() {
         return None;
     }
-    decode_call(&code, ret)
+    match decode_call(&code, ret)? {
+        Call::Slot(at) => {
+            let mut slot = [0u8; 8];
+            Some(match blocked::copy_stack(at, &mut slot) {
+                Ok(8) => Call::Direct(u64::from_ne_bytes(slot)),
+                _ => Call::Indirect,
+            })
+        }
+        call => Some(call),
+    }
 }
 
 /// [`call_before`] on the 8 code bytes before `ret`.
@@ -312,6 +393,10 @@ fn decode_call(code: &[u8; 8], ret: u64) -> Option<Call> {
             _ => 0,
         };
         if at + len == code.len() {
+            if modrm == 0x15 {
+                let disp = i32::from_le_bytes([code[at + 2], code[at + 3], code[at + 4], code[at + 5]]);
+                return Some(Call::Slot(ret.wrapping_add(disp as i64 as u64)));
+            }
             return Some(Call::Indirect);
         }
     }
@@ -424,10 +509,14 @@ mod tests {
         );
         // call rel32 (+0x20).
         assert_eq!(decode_call(&before(&[0xe8, 0x20, 0, 0, 0]), ret), Some(Call::Direct(ret + 0x20)));
+        // call [rip + 0x3020]: through the slot there.
+        assert_eq!(
+            decode_call(&before(&[0xff, 0x15, 0x20, 0x30, 0x00, 0x00]), ret),
+            Some(Call::Slot(ret + 0x3020))
+        );
         for tail in [
             &[0xff, 0xd0][..],                           // call rax
             &[0x41, 0xff, 0xd4],                         // call r12
-            &[0xff, 0x15, 0x10, 0x20, 0x30, 0x00],       // call [rip + disp32]
             &[0xff, 0x50, 0x18],                         // call [rax + 0x18]
             &[0xff, 0x54, 0x24, 0x08],                   // call [rsp + 8]
             &[0xff, 0x94, 0x24, 0x00, 0x01, 0x00, 0x00], // call [rsp + 0x100]
@@ -463,12 +552,38 @@ mod tests {
     }
 
     #[test]
-    fn a_complete_walk_then_the_lowest_record_is_the_best_fit() {
-        let fit = |complete, fp| Choice { complete, lower: std::cmp::Reverse(fp) };
-        // A complete walk beats a truncated one from a lower record (a stale
-        // record's walk into memory that is no frame).
-        assert!(fit(true, 0x7000_0100) > fit(false, 0x7000_0010));
-        // Of complete walks, the lowest record (the callers' lie above).
-        assert!(fit(true, 0x7000_0010) > fit(true, 0x7000_0100));
+    fn the_call_to_the_waiting_function_then_a_complete_walk_then_the_lowest_record() {
+        let fit = |to_f, complete, fp| Choice { to_f, complete, lower: std::cmp::Reverse(fp) };
+        // The call to f itself beats a lower record with a complete walk.
+        assert!(fit(true, false, 0x7000_0100) > fit(false, true, 0x7000_0010));
+        // Then a complete walk beats a truncated one from a lower record (a
+        // stale record's walk into memory that is no frame).
+        assert!(fit(false, true, 0x7000_0100) > fit(false, false, 0x7000_0010));
+        // Then the lowest record (the callers' lie above).
+        assert!(fit(false, true, 0x7000_0010) > fit(false, true, 0x7000_0100));
+    }
+
+    #[inline(never)]
+    fn a_function_of_ours(x: u64) -> u64 {
+        std::hint::black_box(x).wrapping_mul(3)
+    }
+
+    /// The start of a function of this test binary, from its own unwind
+    /// table, and none outside every function.
+    #[test]
+    fn a_functions_start_is_read_from_its_unwind_table() {
+        let f = a_function_of_ours as *const () as u64;
+        let exe = crate::recorder::modules::scan(
+            &std::fs::read_link("/proc/self/exe").unwrap().into_os_string().into_encoded_bytes(),
+            &|_| false,
+            false,
+        );
+        let obj =
+            exe.iter().find(|o| o.segments.iter().any(|s| (s.avma..s.avma + s.size).contains(&f))).unwrap();
+        assert_eq!(function_start(f + 3, obj.key.bias), Some(f));
+        assert_eq!(function_start(f, obj.key.bias), Some(f));
+        assert_eq!(a_function_of_ours(2), 6);
+        // Not an ELF object there.
+        assert_eq!(function_start(f, f), None);
     }
 }

@@ -82,6 +82,14 @@ pub fn run(args: &ExportArgs) -> Result<(), CliError> {
             if args.per_thread { "per-thread" } else { "per-process" }
         )));
     }
+    if args.time.mode().is_time() && format == Format::Pprof {
+        // Not an error: the profile has both already.
+        eprintln!(
+            "spulse: export: --{} changes nothing in pprof, which always carries a cpu and an \
+             off-cpu sample type (go tool pprof -sample_index=off-cpu)",
+            if args.time.wall { "wall" } else { "off-cpu" }
+        );
+    }
     // The output may be none of the inputs.
     let mut target_of = None;
     for f in &args.input.files {

@@ -220,8 +220,8 @@ impl Run {
             let (copy, buf) = (&mut o.copy, &mut o.buf);
             let table = &self.st.table;
             let c = shared.snapshot.with_current(|snap| {
-                let is_code = |a: u64| table.resolve(a, snap.generation).is_some();
-                sampler.capture_blocked(tid, snap, copy, buf, &is_code, schedstat)
+                let bias_of = |a: u64| table.resolve(a, snap.generation).map(|e| e.key.bias);
+                sampler.capture_blocked(tid, snap, copy, buf, &bias_of, schedstat)
             });
             if c.is_ok() {
                 // Its name now, while it lives: the interval is written when
