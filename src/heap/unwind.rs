@@ -115,8 +115,7 @@ impl WalkStack {
     fn new() -> Option<WalkStack> {
         let guard = 4096;
         let len = WALK_STACK + guard;
-        // SAFETY: a fresh private anonymous mapping; no existing memory is
-        // touched.
+        // SAFETY: a fresh private anonymous mapping; no existing memory is touched.
         let base = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
@@ -146,8 +145,8 @@ impl WalkStack {
 
 impl Drop for WalkStack {
     fn drop(&mut self) {
-        // SAFETY: our own mapping; the state that owns it is dropped only
-        // when no walk holds it (see `refresh`).
+        // The state that owns it is dropped only when no walk holds it (see `refresh`).
+        // SAFETY: our own mapping, used by no walk any more.
         unsafe { libc::munmap(self.base, self.len) };
     }
 }
@@ -376,16 +375,16 @@ fn walk(state: &State, top: u64, out: &mut [u64]) -> usize {
         Some(stack) => {
             let mut job = Walk {
                 unwinder: &state.unwinder,
-                // SAFETY: we set the cache's flag with the CAS above: no one
-                // else uses it until we clear it below.
+                // (We set the cache's flag with the CAS above.)
+                // SAFETY: the flag is ours: no one else uses the cache until we clear it below.
                 cache: unsafe { &mut *cache.get() },
                 regs,
                 top,
                 out,
                 n: 0,
             };
-            // SAFETY: the stack is this cache's, which we hold (the flag);
             // `run_walk` takes the `Walk` it is given, which outlives the call.
+            // SAFETY: the stack is this cache's, which we hold (the flag).
             unsafe { on_stack(stack.top(), run_walk, (&mut job as *mut Walk).cast()) };
             job.n
         }
@@ -408,18 +407,18 @@ struct Walk<'a> {
 }
 
 extern "C" fn run_walk(job: *mut libc::c_void) {
-    // SAFETY: `walk` passes its own `Walk`, alive and not otherwise used
-    // until `on_stack` returns.
+    // (`walk` waits in `on_stack` until this returns.)
+    // SAFETY: `walk` passes its own `Walk`, alive and not otherwise used meanwhile.
     let job = unsafe { &mut *job.cast::<Walk>() };
     let (sp, top) = (job.regs.sp, job.top);
     let mut read_stack = |addr: u64| -> Result<u64, ()> {
         if !addr.is_multiple_of(8) || addr < sp || addr.checked_add(8).is_none_or(|e| e > top) {
             return Err(());
         }
-        // SAFETY: [sp, top) is the allocating thread's live stack above the
-        // frame of `walk` (sp was read inside it, and `walk` waits in
-        // `on_stack` until this returns): mapped and readable; the address is
-        // 8-byte aligned and its 8 bytes lie inside that range.
+        // [sp, top) is the allocating thread's live stack above the frame of
+        // `walk` (sp was read inside it, and `walk` waits in `on_stack` until
+        // this returns).
+        // SAFETY: inside that mapped span, 8-byte aligned, its 8 bytes within it.
         Ok(unsafe { std::ptr::read_volatile(addr as *const u64) })
     };
     job.n = unwind_into(job.unwinder, job.cache, &job.regs, &mut read_stack, job.out);
@@ -434,39 +433,43 @@ extern "C" fn run_walk(job: *mut libc::c_void) {
 /// function aborts on a panic instead).
 #[inline(never)]
 unsafe fn on_stack(top: u64, f: extern "C" fn(*mut libc::c_void), arg: *mut libc::c_void) {
+    // `rsp` is kept in `r12` (callee-saved, so `f` preserves it) and
+    // restored; `top` is 16-byte aligned, so `f` starts with the alignment
+    // the ABI gives a callee; every register `f` may change is declared
+    // clobbered. On aarch64 the same with `x20`, the link register clobbered.
     #[cfg(target_arch = "x86_64")]
-    // SAFETY: the caller's contract. `rsp` is kept in `r12` (callee-saved,
-    // so `f` preserves it) and restored; `top` is 16-byte aligned, so `f`
-    // starts with the alignment the ABI gives a callee; every register `f`
-    // may change is declared clobbered.
-    unsafe {
-        std::arch::asm!(
-            "mov r12, rsp",
-            "mov rsp, {top}",
-            "call {f}",
-            "mov rsp, r12",
-            top = in(reg) top,
-            f = in(reg) f,
-            in("rdi") arg,
-            out("r12") _,
-            clobber_abi("C"),
-        );
+    {
+        // SAFETY: the caller's contract (a free stack at `top`), and the registers above.
+        unsafe {
+            std::arch::asm!(
+                "mov r12, rsp",
+                "mov rsp, {top}",
+                "call {f}",
+                "mov rsp, r12",
+                top = in(reg) top,
+                f = in(reg) f,
+                in("rdi") arg,
+                out("r12") _,
+                clobber_abi("C"),
+            );
+        }
     }
     #[cfg(target_arch = "aarch64")]
-    // SAFETY: as above, with `sp` kept in `x20` (callee-saved) and the link
-    // register clobbered by the call.
-    unsafe {
-        std::arch::asm!(
-            "mov x20, sp",
-            "mov sp, {top}",
-            "blr {f}",
-            "mov sp, x20",
-            top = in(reg) top,
-            f = in(reg) f,
-            in("x0") arg,
-            out("x20") _,
-            clobber_abi("C"),
-        );
+    {
+        // SAFETY: the caller's contract (a free stack at `top`), and the registers above.
+        unsafe {
+            std::arch::asm!(
+                "mov x20, sp",
+                "mov sp, {top}",
+                "blr {f}",
+                "mov sp, x20",
+                top = in(reg) top,
+                f = in(reg) f,
+                in("x0") arg,
+                out("x20") _,
+                clobber_abi("C"),
+            );
+        }
     }
 }
 
