@@ -16,6 +16,8 @@
 
 use std::sync::atomic::Ordering;
 
+use rustc_hash::FxHashMap as HashMap;
+
 use super::handler::unwind::{unwind_into, Regs};
 use super::handler::Counters;
 use super::modules::{NativeCache, UnwindSnapshot};
@@ -48,6 +50,33 @@ pub(crate) struct StackSampler {
     out: Vec<u64>,
     /// A second output buffer (trial walks of `capture_blocked`).
     scratch: Vec<u64>,
+    /// What `capture_blocked` read of the code (a function's start by pc,
+    /// the call before a return address), for the module generation it
+    /// holds: a few system calls each, the same addresses at every capture.
+    code: CodeReads,
+}
+
+/// Reads of our own code by [`StackSampler::capture_blocked`], kept for one
+/// module generation (a library unloaded or loaded makes them stale); at
+/// most [`CodeReads::MAX`] of each, then cleared.
+#[derive(Default)]
+struct CodeReads {
+    generation: u64,
+    starts: HashMap<u64, Option<u64>>,
+    calls: HashMap<u64, Option<Call>>,
+}
+
+impl CodeReads {
+    const MAX: usize = 4096;
+
+    fn at(&mut self, generation: u64) -> &mut CodeReads {
+        if self.generation != generation || self.starts.len() > Self::MAX || self.calls.len() > Self::MAX {
+            self.starts.clear();
+            self.calls.clear();
+            self.generation = generation;
+        }
+        self
+    }
 }
 
 impl StackSampler {
@@ -59,6 +88,7 @@ impl StackSampler {
             addrs: Vec::new(),
             out: vec![0; depth.max(1)],
             scratch: vec![0; depth.max(1)],
+            code: CodeReads::default(),
         }
     }
 
@@ -194,7 +224,11 @@ impl StackSampler {
             // The start of the function the walk stopped in (its unwind
             // table entry, read from our own memory).
             let f_pc = stopped_at.wrapping_sub(1);
-            let f_start = bias_of(f_pc).and_then(|bias| function_start(f_pc, bias));
+            let code = self.code.at(snap.generation);
+            let f_start = *code
+                .starts
+                .entry(f_pc)
+                .or_insert_with(|| bias_of(f_pc).and_then(|b| function_start(f_pc, b)));
             let is_code = |a: u64| bias_of(a).is_some();
             let mut best: Option<(Choice, u64)> = None;
             for fp in frame_record_candidates(b.sp, bytes, &is_code).take(32) {
@@ -203,9 +237,9 @@ impl StackSampler {
                 if l <= len {
                     continue;
                 }
-                let Some(choice) = Choice::of(stopped_at, f_start, self.scratch[len], !t, fp) else {
-                    continue;
-                };
+                let ret = self.scratch[len];
+                let call = *self.code.calls.entry(ret).or_insert_with(|| call_before(ret));
+                let Some(choice) = Choice::of(stopped_at, f_start, call, !t, fp) else { continue };
                 if best.as_ref().is_none_or(|(c, _)| choice > *c) {
                     best = Some((choice, fp));
                 }
@@ -256,12 +290,12 @@ struct Choice {
 
 impl Choice {
     /// `at`: the return address into `f` the walk stopped at without a frame
-    /// pointer; `f_start`: `f`'s start, if known; `ret`: the return address
-    /// the candidate record at `fp` holds (the next frame of its walk);
-    /// `complete`: that walk reached the root. `None` if `ret` follows no
-    /// call instruction, or a call past `f`'s pc.
-    fn of(at: u64, f_start: Option<u64>, ret: u64, complete: bool, fp: u64) -> Option<Choice> {
-        let to_f = match call_before(ret)? {
+    /// pointer; `f_start`: `f`'s start, if known; `call`: the call before the
+    /// return address the candidate record at `fp` holds (the next frame of
+    /// its walk, [`call_before`]); `complete`: that walk reached the root.
+    /// `None` if there is no call instruction there, or a call past `f`'s pc.
+    fn of(at: u64, f_start: Option<u64>, call: Option<Call>, complete: bool, fp: u64) -> Option<Choice> {
+        let to_f = match call? {
             Call::Direct(t) if t > at.wrapping_sub(1) => return None,
             Call::Direct(t) => Some(t) == f_start,
             _ => false,

@@ -217,17 +217,23 @@ where
 /// A fixed table of atomics: entered and left by the threads themselves,
 /// read by the writer without a lock.
 pub(crate) mod own {
-    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 
     /// Slots: more than spulse ever runs at once (the writer, the probes,
     /// the endpoint's acceptor, window thread and connections). A thread
     /// that finds none free is simply not listed.
     const SLOTS: usize = 128;
     static TIDS: [AtomicU32; SLOTS] = [const { AtomicU32::new(0) }; SLOTS];
+    /// One past the highest slot ever taken: the lookups read no further.
+    static HIGH: AtomicUsize = AtomicUsize::new(0);
 
     /// List `tid`; the slot to [`leave`] (`None`: the table was full).
     pub(crate) fn enter(tid: u32) -> Option<usize> {
-        TIDS.iter().position(|t| t.compare_exchange(0, tid, Ordering::AcqRel, Ordering::Relaxed).is_ok())
+        let i = TIDS
+            .iter()
+            .position(|t| t.compare_exchange(0, tid, Ordering::AcqRel, Ordering::Relaxed).is_ok())?;
+        HIGH.fetch_max(i + 1, Ordering::AcqRel);
+        Some(i)
     }
 
     /// Unlist the thread of `slot`.
@@ -239,7 +245,8 @@ pub(crate) mod own {
 
     /// Whether `tid` is one of spulse's own threads (running now).
     pub(crate) fn is_own(tid: u32) -> bool {
-        tid != 0 && TIDS.iter().any(|t| t.load(Ordering::Acquire) == tid)
+        let high = HIGH.load(Ordering::Acquire).min(SLOTS);
+        tid != 0 && TIDS[..high].iter().any(|t| t.load(Ordering::Acquire) == tid)
     }
 
     /// Forget every thread listed (in a forked child, where none of them runs).
