@@ -432,6 +432,7 @@ extern "C" fn run_walk(job: *mut libc::c_void) {
 /// meanwhile, large enough for `f`; `f` must not unwind (an `extern "C"` Rust
 /// function aborts on a panic instead).
 #[inline(never)]
+// SAFETY: an unsafe function; its callers uphold the contract under "Safety" above.
 unsafe fn on_stack(top: u64, f: extern "C" fn(*mut libc::c_void), arg: *mut libc::c_void) {
     // `rsp` is kept in `r12` (callee-saved, so `f` preserves it) and
     // restored; `top` is 16-byte aligned, so `f` starts with the alignment
