@@ -15,6 +15,14 @@ use super::*;
 /// `module::<impl Trait for Type>::f`).
 /// A generic function therefore shows as one row for all its instances.
 pub fn demangle(name: &str) -> Cow<'_, str> {
+    // A PLT stub's name (`name@plt`, as the symbolizer names stubs and perf
+    // does): the function's name demangled, the suffix kept.
+    if let Some(stem) = name.strip_suffix("@plt") {
+        return match demangle(stem) {
+            Cow::Borrowed(_) => Cow::Borrowed(name),
+            Cow::Owned(d) => Cow::Owned(d + "@plt"),
+        };
+    }
     if let Ok(d) = rustc_demangle::try_demangle(name) {
         return Cow::Owned(normalize_rust(&format!("{d:#}")));
     }

@@ -37,14 +37,7 @@ impl DebugData {
         .ok()?;
         dwarf.populate_abbreviations_cache(gimli::AbbreviationsCacheStrategy::Duplicates);
         let ctx = addr2line::Context::from_dwarf(dwarf).ok()?;
-        let mut symbols: Vec<(u64, u64, Bytes)> = obj
-            .symbols()
-            .chain(obj.dynamic_symbols())
-            .filter(|s| s.kind() == object::SymbolKind::Text && s.is_definition())
-            .filter_map(|s| Some((s.address(), s.size(), data.sub(s.name_bytes().ok()?)?)))
-            .collect();
-        symbols.sort_by_key(|s| (s.0, std::cmp::Reverse(s.1)));
-        symbols.dedup_by_key(|s| s.0);
+        let symbols = super::plt::text_symbols(&obj, data);
         // A DWARF package beside the file: `<file>.dwp`.
         let mut dwp_path = parsed.path.clone().into_os_string();
         dwp_path.push(".dwp");

@@ -40,7 +40,7 @@ use std::sync::Arc;
 use addr2line::gimli;
 use addr2line::LookupContinuation;
 use gimli::Reader as _;
-use object::{Object, ObjectSection, ObjectSegment, ObjectSymbol};
+use object::{Object, ObjectSection, ObjectSegment};
 
 use crate::{Definitions, Frame, FrameId, Module, ThreadId};
 
@@ -48,6 +48,7 @@ mod demangle;
 mod dwarf;
 mod file;
 mod perf_map;
+mod plt;
 
 pub use demangle::demangle;
 pub use dwarf::ModuleSymbols;
@@ -563,6 +564,9 @@ mod tests {
         assert_eq!(demangle("_ZN3foo3barEv"), "foo::bar()");
         assert_eq!(demangle("hot_a"), "hot_a");
         assert_eq!(demangle("_Zgarbage"), "_Zgarbage");
+        // PLT stubs keep their suffix.
+        assert_eq!(demangle("_ZN3foo3barEv@plt"), "foo::bar()@plt");
+        assert_eq!(demangle("PyIter_Next@plt"), "PyIter_Next@plt");
     }
 
     #[test]
