@@ -740,3 +740,47 @@ fn a_time_window_cuts_the_waits_at_its_edges() {
     let total: u64 = collapsed.lines().map(|l| l.rsplit_once(' ').unwrap().1.parse::<u64>().unwrap()).sum();
     assert_eq!(total, 100_000, "{collapsed}");
 }
+
+/// A spool whose blocked waits all lack a stack (as a process that is not
+/// dumpable records them): `top` says so and points at `info`, instead of
+/// suggesting `--spread-blocked`, which has nothing to estimate from. Per
+/// process, `--json` gives `total_us` in every mode and `samples` only
+/// where the total counts samples.
+#[test]
+fn stackless_waits_only_point_at_info_and_per_process_json_says_microseconds() {
+    let p = program();
+    let path = p.dir.path().join("stackless.spool");
+    let (mut w, s_a, _s_b, t1) = hot_spool(&p, &path);
+    let blocked = w.define_label("blocked").unwrap();
+    let short = w.define_label("blocked, under 5 ms").unwrap();
+    let s_blocked = w.define_stack(None, blocked).unwrap();
+    let s_short = w.define_stack(None, short).unwrap();
+    for i in 0..10u64 {
+        w.sample(START_US + i * INTERVAL_US, t1, s_a).unwrap();
+    }
+    w.off_cpu(t1, s_blocked, START_US + 20_000, 30_000, false).unwrap();
+    w.off_cpu(t1, s_short, START_US + 60_000, 4_000, false).unwrap();
+    w.into_inner().unwrap();
+    let f = s(&path);
+    let o = spulse(&["top", f, "--off-cpu"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let err = stderr(&o);
+    assert!(err.contains("no blocked wait in this spool has a stack: `spulse info` says why"), "{err}");
+    assert!(!err.contains("--spread-blocked estimates"), "{err}");
+    let per = |mode: &[&str]| -> Value {
+        let mut a = vec!["top", f, "--per-process", "--json"];
+        a.extend_from_slice(mode);
+        serde_json::from_str::<Value>(&ok(&a)).unwrap()[0].clone()
+    };
+    let off = per(&["--off-cpu"]);
+    assert_eq!(off["total_us"], 34_000, "{off}");
+    assert!(off.get("samples").is_none(), "microseconds are not samples: {off}");
+    let wall = per(&["--wall"]);
+    assert_eq!(wall["total_us"], 34_000 + 10 * INTERVAL_US, "{wall}");
+    let cpu = per(&[]);
+    assert_eq!(
+        (cpu["samples"].as_u64(), cpu["total_us"].as_u64()),
+        (Some(10), Some(10 * INTERVAL_US)),
+        "{cpu}"
+    );
+}

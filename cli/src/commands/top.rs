@@ -33,7 +33,10 @@ pub enum SortBy {
 pub struct TopArgs {
     #[command(flatten)]
     pub input: InputArgs,
-    /// Print a JSON array instead of a table.
+    /// Print a JSON array instead of a table: one object per function
+    /// (`self_us`, `total_us` in every mode); with --per-process, one per
+    /// process (`pid`, `program`, `total_us`, `samples` in the CPU mode,
+    /// `functions`).
     #[arg(long)]
     pub json: bool,
     #[command(flatten)]
@@ -301,8 +304,14 @@ pub fn run(args: &TopArgs) -> Result<(), CliError> {
             let v: Vec<_> = sections
                 .iter()
                 .map(|(p, stats, total, spread)| {
-                    let mut v = json!({"pid": p.pid, "program": p.program, "samples": total, "ended": p.ended,
+                    // `total_us` in every mode, as the rows' own; `samples`
+                    // only where the total counts samples (CPU mode).
+                    let mut v = json!({"pid": p.pid, "program": p.program,
+                           "total_us": total.saturating_mul(us_per), "ended": p.ended,
                            "functions": json_rows(stats, &sym, *total, args.limit.n, us_per)});
+                    if !time {
+                        v["samples"] = json!(total);
+                    }
                     if let Some(t) = spread {
                         v["spread_blocked"] =
                             json!({"moved_us": t.moved_us, "kept_us": t.kept_us, "waits_with_a_stack": t.captures});
@@ -353,7 +362,17 @@ fn hint_spread(defs: &spulse::Definitions) {
             stackless = stackless.saturating_add(o.duration_us);
         }
     }
-    if blocked > 0 && stackless.saturating_mul(5) >= blocked {
+    // Without a single wait with a stack there is nothing to estimate from
+    // (a process that is not dumpable, a kernel that refused the reads).
+    let with_a_stack = defs.off_cpu_intervals().iter().any(|o| {
+        o.state == spulse::OffCpuState::Blocked && !spulse::spread::is_stackless(defs, o.stack, o.state)
+    });
+    if blocked > 0 && !with_a_stack {
+        eprintln!(
+            "spulse: no blocked wait in this spool has a stack: `spulse info` says why\n\
+             spulse: (a process that is not dumpable, or a read the kernel refused)"
+        );
+    } else if blocked > 0 && stackless.saturating_mul(5) >= blocked {
         eprintln!(
             "spulse: {:.0}% of the spool's blocked time has no stack (waits no tick of the\n\
              spulse: recorder saw); --spread-blocked estimates where it went",
