@@ -208,15 +208,19 @@ impl CallTree {
             for &id in path.iter().rev() {
                 let frame = defs.stack(id).frame;
                 let r = sym.resolve(defs, frame, &ctx);
-                let groupable =
-                    !shape.split_unknown && !r.named && matches!(defs.frame(frame), Frame::Module { .. });
+                // Unnamed code of a module, and unnamed anonymous code (JIT
+                // code no perf map names, code mapped where no module is):
+                // one frame per module, or one `[unknown]`.
+                let groupable = !shape.split_unknown
+                    && !r.named
+                    && matches!(defs.frame(frame), Frame::Module { .. } | Frame::Absolute { kernel: false, .. });
                 if groupable {
                     let f = r.outer().func;
                     let g = match unknown_of.get(&f) {
                         Some(&g) => g,
                         None => {
                             let module = sym.function(f).module.clone();
-                            let name = if shape.by_name {
+                            let name = if shape.by_name && &*module != UNKNOWN {
                                 format!("{UNKNOWN} ({module})")
                             } else {
                                 UNKNOWN.to_string()
