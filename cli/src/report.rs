@@ -208,19 +208,15 @@ impl CallTree {
             for &id in path.iter().rev() {
                 let frame = defs.stack(id).frame;
                 let r = sym.resolve(defs, frame, &ctx);
-                // Unnamed code of a module, and unnamed anonymous code (JIT
-                // code no perf map names, code mapped where no module is):
-                // one frame per module, or one `[unknown]`.
-                let groupable = !shape.split_unknown
-                    && !r.named
-                    && matches!(defs.frame(frame), Frame::Module { .. } | Frame::Absolute { kernel: false, .. });
+                let groupable =
+                    !shape.split_unknown && !r.named && matches!(defs.frame(frame), Frame::Module { .. });
                 if groupable {
                     let f = r.outer().func;
                     let g = match unknown_of.get(&f) {
                         Some(&g) => g,
                         None => {
                             let module = sym.function(f).module.clone();
-                            let name = if shape.by_name && &*module != UNKNOWN {
+                            let name = if shape.by_name {
                                 format!("{UNKNOWN} ({module})")
                             } else {
                                 UNKNOWN.to_string()
