@@ -938,3 +938,80 @@ fn a_killed_collector_leaves_a_directory_the_next_run_removes() {
     assert!(!dirs[0].exists(), "the next run removed the stale directory");
     let _ = std::fs::metadata(tmp.path()).map(|m| m.uid());
 }
+
+/// A program that lowers `RLIMIT_FSIZE` to 0, runs threads, forks a child
+/// that execs `/bin/true`, and exits 0: the recorder's own writes on the
+/// program's threads (the child's spool header, the last flush, the stats)
+/// must fail with `EFBIG`, not raise `SIGXFSZ` (whose default action killed
+/// the child before its exec and the program at its exit, status 153). The
+/// program's own write past the limit still gets its signal, as it would
+/// unrecorded: the recorder takes back only the signals its writes raised.
+#[test]
+fn a_program_limiting_its_file_size_is_not_killed_by_our_writes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let exe = compile_c(
+        tmp.path(),
+        "fsize",
+        r#"
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <fcntl.h>
+static void *work(void *a) { (void)a; burn(0.1); return 0; }
+int main(int argc, char **argv) {
+  burn(0.1);
+  struct rlimit r = {0, 0};
+  if (setrlimit(RLIMIT_FSIZE, &r)) { perror("setrlimit"); return 5; }
+  pthread_t t[2];
+  for (int i = 0; i < 2; i++) pthread_create(&t[i], 0, work, 0);
+  for (int i = 0; i < 2; i++) pthread_join(t[i], 0);
+  pid_t c = fork();
+  if (c == 0) { burn(0.05); execl("/bin/true", "true", (char *)0); _exit(3); }
+  int st = 0;
+  waitpid(c, &st, 0);
+  if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) { fprintf(stderr, "child status %d\n", st); return 4; }
+  if (argc > 1) {
+    /* The program's own write past its limit: SIGXFSZ, ignored here, so EFBIG. */
+    signal(SIGXFSZ, SIG_IGN);
+    int fd = open(argv[1], O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    if (write(fd, "x", 1) != -1) return 6;
+    signal(SIGXFSZ, SIG_DFL);
+    /* ...and with the default action, its own write still kills it. */
+    write(fd, "x", 1);
+    return 7;
+  }
+  return 0;
+}
+"#,
+        &["-pthread"],
+    );
+    let out = tmp.path().join("fsize.spool");
+    let mut c = Command::new(env!("CARGO_BIN_EXE_spulse"));
+    c.current_dir(tmp.path()).arg("record").arg("-o").arg(&out).arg("--").arg(&exe);
+    let o = run_bounded(c, Duration::from_secs(60));
+    assert_eq!(o.status.code(), Some(0), "the program's own status: {}", stderr(&o));
+    // Unrecorded, its own write past the limit kills it with SIGXFSZ: so
+    // it does recorded (`record` ends by the same signal).
+    let mine = tmp.path().join("mine.txt");
+    let mut c = Command::new(env!("CARGO_BIN_EXE_spulse"));
+    c.current_dir(tmp.path())
+        .arg("record")
+        .arg("-o")
+        .arg(tmp.path().join("own.spool"))
+        .arg("--")
+        .arg(&exe)
+        .arg(&mine);
+    let o = run_bounded(c, Duration::from_secs(60));
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(
+        o.status.signal(),
+        Some(libc::SIGXFSZ),
+        "its own write's signal: {:?} {}",
+        o.status,
+        stderr(&o)
+    );
+}

@@ -58,7 +58,7 @@ fn before_image_ends() {
     // (No system call when nothing is recorded: after a seccomp filter, the
     // `getpid` the check needs may be refused.)
     if crate::records_this_process() {
-        spulse::__preload_flush_before_exit(FLUSH_WITHIN);
+        crate::without_sigxfsz(|| spulse::__preload_flush_before_exit(FLUSH_WITHIN));
     }
 }
 
@@ -107,7 +107,7 @@ fn around_exec(slot: &AtomicUsize, name: &CStr, call: impl FnOnce(usize) -> c_in
     let Some(p) = real(slot, name) else { return -1 };
     before_image_ends();
     if crate::records_this_process() {
-        crate::exec_cpu::note();
+        crate::without_sigxfsz(crate::exec_cpu::note);
     }
     call(p)
 }

@@ -226,6 +226,10 @@ fn finish_recording_because(why: &str) {
 /// flush, sync, and under `spulse record` write its stats (at exit, and
 /// before a call that needs the process to have one thread).
 fn finish_recording() {
+    without_sigxfsz(finish_recording_now)
+}
+
+fn finish_recording_now() {
     spulse_preload_recorded_pid.store(0, Ordering::SeqCst);
     let guard = match GUARD.lock() {
         Ok(mut g) => g.take(),
@@ -323,6 +327,10 @@ const LIVE_WARNINGS_MAX: u64 = 16 * 1024;
 /// FIFO, created 0600. A failure is not reported: the warning is in the stats
 /// file at exit anyway.
 fn append_warning(path: &Path, w: &str) {
+    without_sigxfsz(|| append_warning_now(path, w))
+}
+
+fn append_warning_now(path: &Path, w: &str) {
     use std::os::unix::fs::OpenOptionsExt;
     let mut line = w.replace('\n', " ");
     line.push('\n');
@@ -380,6 +388,51 @@ fn under_seccomp() -> bool {
 }
 
 fn start_here() {
+    without_sigxfsz(start_here_now)
+}
+
+/// Run `f`, which writes the recorder's files (a spool's header, the last
+/// flush, the stats) on a thread of the program, with `SIGXFSZ` blocked in
+/// that thread. A program that lowered `RLIMIT_FSIZE` below a spool's size
+/// was killed by our write (the kernel sends `SIGXFSZ` to the writing thread,
+/// whose default action ends the process: a forked child died before its
+/// `exec`, the program at its exit); blocked, the write fails with `EFBIG`,
+/// which the recorder reports as any failed write. A `SIGXFSZ` our writes
+/// left pending is taken back before the mask is restored, unless one was
+/// pending before (then it is the program's, and stays). The writer thread
+/// blocks every signal already (`spawn_quiet`).
+fn without_sigxfsz<R>(f: impl FnOnce() -> R) -> R {
+    // SAFETY: a zeroed `sigset_t` is a valid value for sigemptyset to fill.
+    let mut xfsz: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: as above, for the mask saved below.
+    let mut old: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: both sets live on this frame; the calls only write them.
+    let blocked = unsafe {
+        libc::sigemptyset(&mut xfsz);
+        libc::sigaddset(&mut xfsz, libc::SIGXFSZ);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &xfsz, &mut old) == 0
+    };
+    let pending = || {
+        // SAFETY: as above.
+        let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
+        // SAFETY: `set` lives on this frame; sigpending only writes it.
+        unsafe { libc::sigpending(&mut set) == 0 && libc::sigismember(&set, libc::SIGXFSZ) == 1 }
+    };
+    let before = blocked && pending();
+    let r = f();
+    if blocked {
+        if !before && pending() {
+            let zero = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+            // SAFETY: takes the pending SIGXFSZ of `xfsz`; the info pointer may be null.
+            unsafe { libc::sigtimedwait(&xfsz, std::ptr::null_mut(), &zero) };
+        }
+        // SAFETY: restores the mask saved above.
+        unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut()) };
+    }
+    r
+}
+
+fn start_here_now() {
     if under_seccomp() {
         // Nothing is said: the program's stderr stays its own, and the
         // collector reads no spool it was not given.
