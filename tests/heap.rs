@@ -479,6 +479,65 @@ fn the_endpoint_serves_the_heap_profile() {
     }
 }
 
+/// This process's resident memory (`VmRSS`), in KiB.
+#[cfg(feature = "http")]
+fn rss_kib() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+/// One `GET /debug/pprof/heap`: its status line.
+#[cfg(feature = "http")]
+fn get_heap(addr: std::net::SocketAddr) -> String {
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
+    s.write_all(b"GET /debug/pprof/heap HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).unwrap();
+    String::from_utf8_lossy(&raw[..raw.len().min(12)]).into_owned()
+}
+
+/// The endpoint makes heap profiles on one thread with one symbolizer:
+/// six requests at once cost less memory than the first one did (which
+/// loaded the modules' debug data). Each connection thread kept a
+/// symbolizer of its own: eight requests at once held 455 MB in a helper's
+/// service. Run in a child process of its own (its memory is its own).
+#[cfg(feature = "http")]
+#[test]
+fn concurrent_heap_requests_share_one_symbolizer() {
+    if std::env::var_os("SPULSE_HEAP_BURST_CHILD").is_none() {
+        let out = Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "concurrent_heap_requests_share_one_symbolizer",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env("SPULSE_HEAP_BURST_CHILD", "1")
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success() && text.contains("burst: "), "{text}");
+        eprintln!("{}", text.lines().find(|l| l.starts_with("burst: ")).unwrap_or(""));
+        return;
+    }
+    let server = spulse::http::serve("127.0.0.1:0").unwrap();
+    let addr = server.local_addr();
+    let before = rss_kib();
+    assert_eq!(get_heap(addr), "HTTP/1.1 200");
+    let first = rss_kib();
+    let burst: Vec<_> = (0..6).map(|_| std::thread::spawn(move || get_heap(addr))).collect();
+    for t in burst {
+        assert_eq!(t.join().unwrap(), "HTTP/1.1 200");
+    }
+    let after = rss_kib();
+    let (one, six) = (first.saturating_sub(before), after.saturating_sub(first));
+    eprintln!("burst: the first request {one} KiB, six more at once {six} KiB");
+    assert!(one >= 4096, "the first request loads the debug data ({one} KiB): nothing to compare");
+    assert!(six < one, "six requests at once grew the memory by {six} KiB, the first by {one} KiB");
+}
+
 /// Set by the handler of [`allocation_in_a_handler_on_the_alternate_signal_stack`]:
 /// the handler ran on the alternate stack, and the sample count its
 /// allocation left.

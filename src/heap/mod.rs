@@ -108,6 +108,8 @@ mod stacks;
 mod tls;
 mod unwind;
 
+#[cfg(feature = "http")]
+pub(crate) use pprof::profile_with;
 #[cfg(feature = "pprof")]
 pub use pprof::{profile, write_profile, HEAP_PATH};
 pub use sampler::DEFAULT_RATE;

@@ -99,6 +99,15 @@ pub fn profile() -> Result<Vec<u8>, Error> {
     })
 }
 
+/// [`profile`] with the caller's symbolizer (the endpoint's heap thread
+/// keeps one for every request).
+#[cfg(feature = "http")]
+pub(crate) fn profile_with(sym: &mut Symbolizer) -> Result<Vec<u8>, Error> {
+    sampler::guarded(|| build(sym)).unwrap_or_else(|| {
+        Err(Error::io(None, std::io::Error::other("heap::profile called from inside the sampler")))
+    })
+}
+
 /// Write [`profile`] to `path` (created or truncated).
 pub fn write_profile(path: impl AsRef<Path>) -> Result<(), Error> {
     let path = path.as_ref();

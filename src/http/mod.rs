@@ -16,9 +16,10 @@
 //! mappings with their build ids, so that a server can re-symbolize.
 //!
 //! With the `heap` feature too, `GET /debug/pprof/heap` answers with
-//! [`crate::heap::profile`] (made on the connection's thread; query
-//! parameters are ignored): what `go tool pprof http://HOST/debug/pprof/heap`
-//! fetches.
+//! [`crate::heap::profile`] (made on the server's one heap thread, one
+//! request at a time, with a symbolizer of its own kept between requests;
+//! query parameters are ignored): what `go tool pprof
+//! http://HOST/debug/pprof/heap` fetches.
 //!
 //! Answers: `200` with the profile; `400` for a `seconds` that is not a
 //! whole number (digits only) in `1..=MAX_SECONDS`, for a `spread_blocked`
@@ -86,8 +87,8 @@
 //! server's window thread for [`serve`]), after the window closes, with the
 //! symbolizer of [`crate::symbolize`]: module files are mapped read-only, not
 //! read into memory, and their symbol tables and DWARF are loaded once and
-//! kept between requests (the server keeps one symbolizer; [`profile`] one
-//! per calling thread). Its heap is bounded by the debug data of the modules
+//! kept between requests (the server keeps one symbolizer for its windows
+//! and one for heap profiles; [`profile`] one per calling thread). Its heap is bounded by the debug data of the modules
 //! sampled (the DWARF units and line tables looked up, each module's symbol
 //! table) plus, per request, the spool's definitions and one count per
 //! distinct (thread, stack) of the window. BENCHMARKS.md gives the measured

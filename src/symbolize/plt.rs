@@ -190,7 +190,8 @@ mod tests {
     fn aarch64_stubs_name_their_slot() {
         // At 0x10010: `adrp x16, 0x20000` (16 pages on), `ldr x17, [x16, #0x18]`,
         // `add x16, x16, #0x18`, `br x17`, after a `bti c`.
-        let adrp: u32 = 0x9000_0010 | ((16 & 3) << 29) | ((16 >> 2) << 5);
+        let pages: u32 = 16;
+        let adrp: u32 = 0x9000_0010 | ((pages & 3) << 29) | ((pages >> 2) << 5);
         let ldr: u32 = 0xf940_0211 | ((0x18 / 8) << 10);
         let words = [0xd503_245f, adrp, ldr, 0x9100_6210, 0xd61f_0220];
         let code: Vec<u8> = words.iter().flat_map(|w: &u32| w.to_le_bytes()).collect();
