@@ -1015,3 +1015,66 @@ int main(int argc, char **argv) {
         stderr(&o)
     );
 }
+
+/// A program that `dup2`s its own file over every descriptor below its
+/// limit (256 here, soft and hard), so that it has no free descriptor at its
+/// exit: the recorder's losses and warnings still reach `spulse record`'s
+/// summary and the `.warnings` beside the output (the stats page is mapped
+/// at start; a stats file created at exit failed with `EMFILE`, and the
+/// summary said "0 lost" with no warning), and the program's file holds
+/// only its own bytes.
+#[test]
+fn a_program_filling_its_descriptor_table_still_has_its_losses_reported() {
+    let tmp = tempfile::tempdir().unwrap();
+    let exe = compile_c(
+        tmp.path(),
+        "dupall",
+        r#"
+#include <fcntl.h>
+#include <stdio.h>
+#include <sys/resource.h>
+#include <unistd.h>
+int main(void) {
+  burn(0.2);
+  struct rlimit rl;
+  getrlimit(RLIMIT_NOFILE, &rl);
+  int f = open("mine.txt", O_CREAT | O_TRUNC | O_WRONLY | O_APPEND, 0600);
+  for (long fd = 0; fd < (long)rl.rlim_cur; fd++) if (fd != f) dup2(f, fd);
+  burn(0.4);
+  dprintf(f, "mine\n");
+  return 0;
+}
+"#,
+        &[],
+    );
+    let out = tmp.path().join("d.spool");
+    let mut c = Command::new(env!("CARGO_BIN_EXE_spulse"));
+    c.current_dir(tmp.path()).arg("record").arg("-o").arg(&out).arg("--").arg(&exe);
+    // SAFETY: setrlimit is async-signal-safe; it lowers this child's own limits.
+    unsafe {
+        c.pre_exec(|| {
+            let rl = libc::rlimit { rlim_cur: 256, rlim_max: 256 };
+            libc::setrlimit(libc::RLIMIT_NOFILE, &rl);
+            Ok(())
+        });
+    }
+    let o = run_bounded(c, Duration::from_secs(60));
+    assert!(o.status.success(), "{:?} {}", o.status, stderr(&o));
+    assert_eq!(
+        std::fs::read_to_string(tmp.path().join("mine.txt")).unwrap(),
+        "mine\n",
+        "the program's file is its own"
+    );
+    let err = stderr(&o);
+    let summary = err.lines().find(|l| l.contains("recorded 1 process")).unwrap_or_else(|| panic!("{err}"));
+    let lost: u64 = summary
+        .split('(')
+        .nth(1)
+        .and_then(|r| r.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{summary}"));
+    assert!(lost > 0, "the samples after the dup2 are counted lost: {summary}");
+    let saved =
+        std::fs::read_to_string(tmp.path().join("d.spool.warnings")).expect("warnings beside the output");
+    assert!(saved.contains("closed or reused by the program"), "{saved}");
+}

@@ -282,6 +282,49 @@ fn finish_recording_now() {
 /// failure's message is cut to fit.
 const STATS_MAX: usize = 4096;
 
+/// This process's `.stats` file, created at start, `STATS_MAX` zero bytes
+/// mapped shared (its descriptor closed at once): [`write_stats`] writes
+/// into it at exit without opening anything. Null when it could not be made
+/// (then a file is created at exit, as before) or once written.
+static STATS_PAGE: std::sync::atomic::AtomicPtr<u8> = std::sync::atomic::AtomicPtr::new(std::ptr::null_mut());
+
+/// Create `path` (`<pid>.<ns>.stats`, new, never through a symlink, 0600),
+/// size it to [`STATS_MAX`] zero bytes (which the collector reads as "no
+/// stats" until written) and map it for [`write_stats`].
+fn map_stats_page(path: &Path) {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::OpenOptionsExt;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path);
+    let Ok(f) = f else { return };
+    if f.set_len(STATS_MAX as u64).is_err() {
+        let _ = std::fs::remove_file(path);
+        return;
+    }
+    // SAFETY: a new shared mapping of the file's STATS_MAX bytes, at an
+    // address the kernel chooses; it outlives the descriptor, closed on return.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            STATS_MAX,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            f.as_raw_fd(),
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        let _ = std::fs::remove_file(path);
+        return;
+    }
+    STATS_PAGE.store(p.cast(), Ordering::SeqCst);
+}
+
 /// `<pid>.<ns>.stats` for the collector: `written lost before_user_us
 /// before_sys_us` on the first line (the last two: CPU time before the
 /// recorder started, [`BEFORE_USER_US`]), then the failure's message if the
@@ -300,9 +343,22 @@ fn write_stats(path: &Path, written: u64, lost: u64, failure: Option<&str>, warn
         text.push_str(&w.replace('\n', " "));
         text.push('\n');
     }
-    let mut end = text.len().min(STATS_MAX);
+    // (One byte short of the page: the zero after the text ends it there.)
+    let mut end = text.len().min(STATS_MAX - 1);
     while !text.is_char_boundary(end) {
         end -= 1;
+    }
+    // The page mapped at start, if any: no descriptor is needed now (a
+    // program that filled its descriptor table, `dup2` over every number
+    // below its limit, could not have a stats file created at its exit: its
+    // losses and warnings went unreported).
+    let page = STATS_PAGE.swap(std::ptr::null_mut(), Ordering::SeqCst);
+    if !page.is_null() {
+        // SAFETY: `page` is the writable shared mapping of STATS_MAX bytes made
+        // by `map_stats_page` for this process (swapped out above: written once);
+        // `end` < STATS_MAX leaves the page's last bytes zero, ending the text.
+        unsafe { std::ptr::copy_nonoverlapping(text.as_ptr(), page, end) };
+        return;
     }
     let f = std::fs::OpenOptions::new()
         .write(true)
@@ -361,6 +417,8 @@ extern "C" fn in_child() {
         Err(std::sync::TryLockError::WouldBlock) => return,
     };
     std::mem::forget(old);
+    // The parent's stats page came with the fork: never the child's to write.
+    STATS_PAGE.store(std::ptr::null_mut(), Ordering::SeqCst);
     if UNDER_SECCOMP.load(Ordering::SeqCst) {
         // The filter came with the fork: not even a read of /proc here.
         return;
@@ -483,6 +541,12 @@ fn start_here_now() {
     }
     match builder.start(&path) {
         Ok(g) => {
+            // (A forked child maps a page of its own: the parent's, inherited,
+            // is left alone.)
+            STATS_PAGE.store(std::ptr::null_mut(), Ordering::SeqCst);
+            if dir.is_some() {
+                map_stats_page(&g.path().with_extension("stats"));
+            }
             if let Ok(mut slot) = GUARD.lock() {
                 *slot = Some(g);
             }

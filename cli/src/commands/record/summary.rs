@@ -50,7 +50,17 @@ impl Collector {
             }
             // Samples the process's own recorder lost (written at its exit),
             // and why it stopped writing, if it did.
-            match read_small(&d.path.with_extension("stats")) {
+            // A stats file the process mapped at start and never wrote (it
+            // exec'd, or was killed) is zeros: no stats, as a missing one.
+            let stats = read_small(&d.path.with_extension("stats")).and_then(|t| {
+                let t = t.trim_end_matches('\0');
+                if t.is_empty() {
+                    Err(None)
+                } else {
+                    Ok(t.to_string())
+                }
+            });
+            match stats {
                 Ok(text) => {
                     let (first, rest) = text.split_once('\n').unwrap_or((&text, ""));
                     let field = |n| first.split_whitespace().nth(n).and_then(|v| v.parse::<u64>().ok());
