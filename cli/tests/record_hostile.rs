@@ -1078,3 +1078,52 @@ int main(void) {
         std::fs::read_to_string(tmp.path().join("d.spool.warnings")).expect("warnings beside the output");
     assert!(saved.contains("closed or reused by the program"), "{saved}");
 }
+
+/// Kernel time a recording could not sample is said in the summary: as uid
+/// 65534 at `perf_event_paranoid` 2 or more the kernel refuses kernel-mode
+/// sampling, and `spulse record` names the setting; as root (whose
+/// recordings sample kernel time) it says nothing of it.
+#[test]
+fn refused_kernel_time_is_said_in_the_summary() {
+    if !as_root("switching user needs root") {
+        return;
+    }
+    if !oracle("setpriv", &["setpriv", "--version"], "util-linux") {
+        return;
+    }
+    let paranoid: i32 = std::fs::read_to_string("/proc/sys/kernel/perf_event_paranoid")
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(2);
+    let tmp = tempfile::tempdir().unwrap();
+    let exe = victim(tmp.path());
+    std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    let said = "kernel time not sampled in the process: the kernel refused kernel-mode sampling";
+    let mut c = Command::new("setpriv");
+    c.current_dir(tmp.path())
+        .env("TMPDIR", tmp.path())
+        .env("HOME", tmp.path())
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(env!("CARGO_BIN_EXE_spulse"))
+        .args(["record", "-o"])
+        .arg(tmp.path().join("nobody.spool"))
+        .arg("--")
+        .arg(&exe)
+        .args(["burn", "0.1"]);
+    let o = run_bounded(c, Duration::from_secs(60));
+    let err = stderr(&o);
+    assert!(o.status.success(), "{err}");
+    if paranoid >= 2 {
+        assert!(err.contains(said) && err.contains(&format!("perf_event_paranoid is {paranoid}")), "{err}");
+    } else {
+        assert!(!err.contains(said), "kernel counting is allowed here: {err}");
+    }
+    let out = tmp.path().join("root.spool");
+    let c = record(
+        tmp.path(),
+        tmp.path(),
+        &["-o".as_ref(), out.as_os_str(), "--".as_ref(), exe.as_os_str(), "burn".as_ref(), "0.1".as_ref()],
+    );
+    let o = run_bounded(c, Duration::from_secs(60));
+    assert!(o.status.success() && !stderr(&o).contains(said), "{}", stderr(&o));
+}

@@ -244,7 +244,14 @@ fn finish_recording_now() {
             // Under `spulse record`, the collector adds the lost samples to its
             // summary (and a failure's message to its warnings).
             Ok(stats) if collected => {
-                write_stats(&stats_path, stats.samples_written, stats.lost(), None, &stats.warnings);
+                let kernel = match &stats.kernel_time {
+                    spulse::KernelTime::Sampled => 1,
+                    spulse::KernelTime::Off => 2,
+                    spulse::KernelTime::Refused(_) => 3,
+                    spulse::KernelTime::Unmarked => 4,
+                    _ => 0,
+                };
+                write_stats(&stats_path, stats.samples_written, stats.lost(), kernel, None, &stats.warnings);
             }
             Ok(_) => {}
             Err(e) => {
@@ -269,7 +276,7 @@ fn finish_recording_now() {
                         ),
                         _ => (0, 0, &[][..], e.to_string()),
                     };
-                    write_stats(&stats_path, written, lost, Some(&message), warnings);
+                    write_stats(&stats_path, written, lost, 0, Some(&message), warnings);
                 } else {
                     let _ = writeln!(std::io::stderr(), "spulse: finishing the recording failed: {e}");
                 }
@@ -326,14 +333,17 @@ fn map_stats_page(path: &Path) {
 }
 
 /// `<pid>.<ns>.stats` for the collector: `written lost before_user_us
-/// before_sys_us` on the first line (the last two: CPU time before the
-/// recorder started, [`BEFORE_USER_US`]), then the failure's message if the
-/// recording failed, then the recorder's warnings. Created new, never
-/// through a symlink, mode 0600.
-fn write_stats(path: &Path, written: u64, lost: u64, failure: Option<&str>, warnings: &[String]) {
+/// before_sys_us kernel` on the first line (`before_*`: CPU time before the
+/// recorder started, [`BEFORE_USER_US`]; `kernel`: what became of kernel
+/// time, `Stats::kernel_time`: 1 sampled, 2 off, 3 refused by the kernel, 4
+/// in the samples unmarked, 0 not known), then the failure's message if the
+/// recording failed, then the recorder's warnings. Into the page mapped at
+/// start ([`STATS_PAGE`]), else a file created new, never through a symlink,
+/// mode 0600.
+fn write_stats(path: &Path, written: u64, lost: u64, kernel: u8, failure: Option<&str>, warnings: &[String]) {
     use std::os::unix::fs::OpenOptionsExt;
     let (user, sys) = (BEFORE_USER_US.load(Ordering::Relaxed), BEFORE_SYS_US.load(Ordering::Relaxed));
-    let mut text = format!("{written} {lost} {user} {sys}\n");
+    let mut text = format!("{written} {lost} {user} {sys} {kernel}\n");
     if let Some(m) = failure {
         text.push_str(&m.replace('\n', " "));
         text.push('\n');

@@ -331,6 +331,22 @@ pub fn run(args: &RecordArgs, embedded_lib: &[u8]) -> Result<Exit, CliError> {
             if summary.processes == 1 { "the process" } else { "the processes" },
         );
     }
+    if summary.kernel_refused > 0 {
+        let paranoid = std::fs::read_to_string("/proc/sys/kernel/perf_event_paranoid")
+            .ok()
+            .map(|v| format!(" (perf_event_paranoid is {})", v.trim()))
+            .unwrap_or_default();
+        let _ = writeln!(
+            err,
+            "spulse: kernel time not sampled in {}: the kernel refused kernel-mode sampling{paranoid}; \
+             as root, with CAP_PERFMON, or at perf_event_paranoid 1 or lower it is",
+            if summary.kernel_refused == summary.kernel_known && summary.kernel_known == 1 {
+                "the process".to_string()
+            } else {
+                format!("{} of {} processes", summary.kernel_refused, summary.kernel_known)
+            },
+        );
+    }
     if let Err(m) = finished {
         return Err(CliError::other(format!(
             "writing the output failed: {m} (it holds what was merged before; the command exited with status {})",

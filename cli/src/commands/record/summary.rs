@@ -22,6 +22,10 @@ pub(super) struct Summary {
     /// CPU time (user, system; microseconds) the recorded processes spent
     /// before the recorder started in them (from their stats files).
     pub(super) before_us: (u64, u64),
+    /// Processes whose recorder could not sample kernel time because the
+    /// kernel refused it (their stats say so), and those that said at all.
+    pub(super) kernel_refused: usize,
+    pub(super) kernel_known: usize,
 }
 
 impl Collector {
@@ -35,6 +39,7 @@ impl Collector {
         let mut reported: Vec<(String, Vec<u32>)> = Vec::new();
         let mut discarded = 0u64;
         let mut before_us = (0u64, 0u64);
+        let (mut kernel_refused, mut kernel_known) = (0, 0);
         for d in &self.done {
             if d.discarded {
                 discarded += 1;
@@ -72,6 +77,14 @@ impl Collector {
                     let day = 86_400_000_000;
                     before_us.0 += field(2).unwrap_or(0).min(day);
                     before_us.1 += field(3).unwrap_or(0).min(day);
+                    match field(4) {
+                        Some(3) => {
+                            kernel_refused += 1;
+                            kernel_known += 1;
+                        }
+                        Some(1 | 2 | 4) => kernel_known += 1,
+                        _ => {}
+                    }
                     for w in rest.lines().filter(|l| !l.trim().is_empty()).take(16) {
                         let w = warning_line(w);
                         match reported.iter_mut().find(|(m, _)| *m == w) {
@@ -140,7 +153,17 @@ impl Collector {
         }
         // What came after the recorders' own warnings is new too.
         fresh.extend_from_slice(&warnings[before..]);
-        Summary { processes: pids.len(), samples, lost, warnings, fresh, unrecorded: count, before_us }
+        Summary {
+            processes: pids.len(),
+            samples,
+            lost,
+            warnings,
+            fresh,
+            unrecorded: count,
+            before_us,
+            kernel_refused,
+            kernel_known,
+        }
     }
 }
 
