@@ -81,6 +81,9 @@ pub enum FormatErrorKind {
     BadTruncationMarker,
     /// A sample timestamp below zero or above `u64::MAX` microseconds.
     TimestampOverflow,
+    /// An off-CPU interval (tag 9) whose start plus duration passes
+    /// `u64::MAX` microseconds.
+    IntervalEndOverflow,
     /// A Python-runtime record that enters while already in, or leaves while out.
     PythonRuntimeState,
     /// Too many definitions of one kind (ids are 32-bit).
@@ -132,6 +135,9 @@ impl fmt::Display for FormatErrorKind {
             }
             BadTruncationMarker => write!(f, "truncated-stack marker with a non-zero payload"),
             TimestampOverflow => write!(f, "sample timestamp out of range"),
+            IntervalEndOverflow => {
+                write!(f, "off-CPU interval ends out of range (its start plus its duration passes u64::MAX us)")
+            }
             PythonRuntimeState => write!(f, "Python-runtime record does not alternate enter/leave"),
             TooManyDefinitions(what) => write!(f, "too many {what} definitions"),
             ChangedSinceOpen => write!(f, "the file changed since it was opened and validated"),

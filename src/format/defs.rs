@@ -638,7 +638,7 @@ impl Definitions {
             reference("stack", stack, self.stack_frame.len())?;
         }
         if fields >= 4 {
-            start_us.checked_add(duration_us).ok_or(FormatErrorKind::TimestampOverflow)?;
+            start_us.checked_add(duration_us).ok_or(FormatErrorKind::IntervalEndOverflow)?;
         }
         Ok(())
     }

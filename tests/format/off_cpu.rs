@@ -148,7 +148,7 @@ fn rules_of_tag_9_and_label_frames() {
     r.push(0x01);
     r.extend_from_slice(&[1, 0]);
     let (k, off, at) = rejected(&r);
-    assert_eq!((k, off), (FormatErrorKind::TimestampOverflow, at));
+    assert_eq!((k, off), (FormatErrorKind::IntervalEndOverflow, at));
     // A state other than 0 or 1, at the field.
     let (k, off, at) = rejected(&[9, 0, 0, 5, 7, 2]);
     assert_eq!((k, off), (FormatErrorKind::BadValue("off-CPU state", 2), at + 5));
