@@ -777,7 +777,8 @@ fn signals_reach_the_whole_tree_and_a_second_one_stops_the_wait() {
     std::thread::sleep(Duration::from_millis(400));
     // SAFETY: kill on the pid of our own child.
     unsafe { libc::kill(rec.id() as i32, libc::SIGTERM) };
-    std::thread::sleep(Duration::from_millis(500));
+    // Past the 2 s after which `record` says what it waits for.
+    std::thread::sleep(Duration::from_millis(2500));
     assert!(rec.try_wait().unwrap().is_none(), "record ended while the tree runs");
     // SAFETY: kill on the pid of our own child, not yet reaped.
     unsafe { libc::kill(rec.id() as i32, libc::SIGTERM) };
@@ -789,6 +790,14 @@ fn signals_reach_the_whole_tree_and_a_second_one_stops_the_wait() {
     assert_eq!(code, Some(143), "took {took:?}");
     assert!(took < Duration::from_secs(10), "a second signal did not stop the wait: {took:?}");
     assert!(left, "the tree ignoring SIGTERM was still running");
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut rec.stderr.take().unwrap(), &mut err).unwrap();
+    assert!(
+        err.contains(
+            "waiting for the command's processes to end (a second signal, such as Ctrl-C, stops waiting"
+        ),
+        "the wait is explained: {err}"
+    );
     let s = open_complete(&work.path().join("out.spool"));
     assert!(!check_pids(&s).is_empty(), "what was recorded before is in the output");
 }

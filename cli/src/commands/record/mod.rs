@@ -215,11 +215,16 @@ pub fn run(args: &RecordArgs, embedded_lib: &[u8]) -> Result<Exit, CliError> {
     // Signals forwarded to the tree, the last of them, and when the second
     // came.
     let (mut signals, mut last_signal, mut second_at) = (0u32, 0i32, None);
+    // When the first came, and whether the wait after it was explained.
+    let (mut first_at, mut hinted) = (None, false);
     loop {
         if let Some(sig) = take_signal() {
             if forward_signal(sig) {
                 signals += 1;
                 last_signal = sig;
+                if signals == 1 {
+                    first_at = Some(std::time::Instant::now());
+                }
                 if signals == 2 {
                     second_at = Some(std::time::Instant::now());
                 }
@@ -243,6 +248,17 @@ pub fn run(args: &RecordArgs, embedded_lib: &[u8]) -> Result<Exit, CliError> {
         // that does not end, after a second of grace for one that is ending
         // (what it wrote so far is merged).
         let give_up = !tree_gone && second_at.is_some_and(|t| t.elapsed() >= GIVE_UP_GRACE);
+        // A tree still running 2 s after the first signal (a child that
+        // ignores it, or finishes its work first): say what is waited for
+        // and how to stop waiting, once.
+        if !tree_gone && signals == 1 && !hinted && first_at.is_some_and(|t| t.elapsed() >= HINT_AFTER) {
+            hinted = true;
+            let _ = writeln!(
+                std::io::stderr(),
+                "spulse: the signal was passed on; waiting for the command's processes to end \
+                 (a second signal, such as Ctrl-C, stops waiting: they keep running, unrecorded)"
+            );
+        }
         collector.scan();
         let mut step = |collector: &mut Collector, out_failed: &mut Option<String>, ended: bool| {
             if out_failed.is_none() {
@@ -391,6 +407,10 @@ impl Exit {
         std::process::exit(self.code)
     }
 }
+
+/// How long the tree may run on after the first signal forwarded to it
+/// before `record` says it waits, and how to stop waiting.
+const HINT_AFTER: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// How long the tree has, after a second signal forwarded to it, before the
 /// collector stops waiting for it.
