@@ -1065,15 +1065,11 @@ int main(void) {
         "mine\n",
         "the program's file is its own"
     );
+    // (How many samples were lost depends on what the recorder had taken
+    // when the program's dup2 reached its descriptors: none on a busy
+    // machine. That it stopped, and why, is said.)
     let err = stderr(&o);
-    let summary = err.lines().find(|l| l.contains("recorded 1 process")).unwrap_or_else(|| panic!("{err}"));
-    let lost: u64 = summary
-        .split('(')
-        .nth(1)
-        .and_then(|r| r.split_whitespace().next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("{summary}"));
-    assert!(lost > 0, "the samples after the dup2 are counted lost: {summary}");
+    assert!(err.contains("the recording stopped writing early"), "{err}");
     let saved =
         std::fs::read_to_string(tmp.path().join("d.spool.warnings")).expect("warnings beside the output");
     assert!(saved.contains("closed or reused by the program"), "{saved}");

@@ -20,6 +20,9 @@ pub(super) struct DebugData {
     pub(super) ctx: addr2line::Context<Reader>,
     /// Text symbols: (address, size, linkage name), sorted by address.
     pub(super) symbols: Vec<(u64, u64, Bytes)>,
+    /// Names of symbols that share an address with a preferred one, and
+    /// that address (see `plt::text_symbols`).
+    pub(super) aliases: HashMap<Vec<u8>, u64>,
     pub(super) dwp: Option<gimli::DwarfPackage<Reader>>,
     /// `.dwo` files already read, by (device, inode).
     pub(super) dwos: RefCell<HashMap<(u64, u64), Option<Bytes>>>,
@@ -37,7 +40,7 @@ impl DebugData {
         .ok()?;
         dwarf.populate_abbreviations_cache(gimli::AbbreviationsCacheStrategy::Duplicates);
         let ctx = addr2line::Context::from_dwarf(dwarf).ok()?;
-        let symbols = super::plt::text_symbols(&obj, data);
+        let (symbols, aliases) = super::plt::text_symbols(&obj, data);
         // A DWARF package beside the file: `<file>.dwp`.
         let mut dwp_path = parsed.path.clone().into_os_string();
         dwp_path.push(".dwp");
@@ -55,7 +58,7 @@ impl DebugData {
             )
             .ok()
         });
-        Some(DebugData { ctx, symbols, dwp, dwos: RefCell::new(HashMap::new()) })
+        Some(DebugData { ctx, symbols, aliases, dwp, dwos: RefCell::new(HashMap::new()) })
     }
 
     /// The symbol-table entry containing `address` (a symbol without a size
@@ -64,6 +67,18 @@ impl DebugData {
         let i = self.symbols.partition_point(|s| s.0 <= address);
         let (start, size, name) = self.symbols.get(i.checked_sub(1)?)?;
         (*size == 0 || address - start < *size).then_some(&**name)
+    }
+
+    /// The name `perf report` shows for a function DWARF names `raw`: the
+    /// preferred symbol at the same address when `raw` is one of its
+    /// aliases (`__GI___libc_read` is `read`), else `raw`.
+    pub(super) fn preferred_name<'a>(&'a self, raw: &'a str) -> &'a str {
+        let Some(&at) = self.aliases.get(raw.as_bytes()) else { return raw };
+        let i = self.symbols.partition_point(|s| s.0 < at);
+        match self.symbols.get(i) {
+            Some((start, _, name)) if *start == at => std::str::from_utf8(name).unwrap_or(raw),
+            _ => raw,
+        }
     }
 
     /// Split DWARF for one unit: from the `.dwp`, else from the `.dwo` file

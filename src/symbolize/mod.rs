@@ -502,7 +502,7 @@ impl Symbolizer {
         let frames = found
             .into_iter()
             .map(|(raw, file, line)| {
-                let name = demangle(&raw).into_owned();
+                let name = demangle(syms.debug.preferred_name(&raw)).into_owned();
                 SymFrame {
                     func: self.intern(Function { name, module: module.clone() }),
                     linkage: Some(Rc::from(raw)),

@@ -21,14 +21,21 @@ use object::{Object, ObjectSection, ObjectSymbol, ObjectSymbolTable};
 use super::file::{Backing, Bytes};
 
 /// Text symbols of `obj` (a view of `data`): (address, size, name), sorted
-/// by address, one per address (the largest), PLT stubs included.
-pub(super) fn text_symbols(obj: &object::File<'_>, data: &Bytes) -> Vec<(u64, u64, Bytes)> {
+/// by address, one per address, PLT stubs included, and the names of the
+/// aliases left out, by address. Of the aliases at one address the public
+/// name is kept ([`preference`]), as `perf report` shows it from a library's
+/// `.dynsym`: `malloc`, not `__libc_malloc`; `write`, not
+/// `__GI___libc_write` (which a debug file's `.symtab` also holds).
+pub(super) fn text_symbols(
+    obj: &object::File<'_>,
+    data: &Bytes,
+) -> (Vec<(u64, u64, Bytes)>, HashMap<Vec<u8>, u64>) {
     let section_end = |s: &object::Symbol<'_, '_>| {
         let index = s.section_index()?;
         let section = obj.section_by_index(index).ok()?;
         section.address().checked_add(section.size())
     };
-    let mut symbols: Vec<(u64, u64, Bytes)> = obj
+    let mut symbols: Vec<(u64, u64, Bytes, Preference)> = obj
         .symbols()
         .chain(obj.dynamic_symbols())
         .filter(|s| s.kind() == object::SymbolKind::Text && s.is_definition())
@@ -40,13 +47,42 @@ pub(super) fn text_symbols(obj: &object::File<'_>, data: &Bytes) -> Vec<(u64, u6
                 (0, Some(end)) => end.saturating_sub(s.address()),
                 (size, _) => size,
             };
-            Some((s.address(), size, name))
+            let rank = preference(&s, &name);
+            Some((s.address(), size, name, rank))
         })
         .collect();
-    symbols.extend(plt_symbols(obj));
-    symbols.sort_by_key(|s| (s.0, std::cmp::Reverse(s.1)));
+    symbols.extend(plt_symbols(obj).into_iter().map(|(a, size, n)| (a, size, n, Preference::default())));
+    symbols.sort_by(|a, b| (a.0, &a.3).cmp(&(b.0, &b.3)));
+    // The names left out, by address: DWARF may name a function by one of
+    // them (glibc's `__GI___libc_read`), which is then shown as the kept one.
+    let mut aliases = HashMap::new();
+    for w in symbols.windows(2) {
+        if w[0].0 == w[1].0 && w[0].2[..] != w[1].2[..] {
+            aliases.entry(w[1].2.to_vec()).or_insert(w[1].0);
+        }
+    }
     symbols.dedup_by_key(|s| s.0);
-    symbols
+    (symbols.into_iter().map(|(a, size, n, _)| (a, size, n)).collect(), aliases)
+}
+
+/// The choice among symbols at one address, smallest first: one with a
+/// size, a name without a version (`__libc_start_main@@GLIBC_2.34`, as a
+/// debug file's `.symtab` spells it), fewer leading underscores (the public
+/// name), global before weak before local, the shorter name (`__libc_write`
+/// before `__GI___libc_write`).
+type Preference = (bool, bool, usize, u8, usize);
+
+fn preference(s: &object::Symbol<'_, '_>, name: &[u8]) -> Preference {
+    let underscores = name.iter().take_while(|&&b| b == b'_').count();
+    // (`object` counts a weak symbol as global too.)
+    let binding = if s.is_weak() {
+        1
+    } else if s.is_global() {
+        0
+    } else {
+        2
+    };
+    (s.size() == 0, name.contains(&b'@'), underscores, binding, name.len())
 }
 
 /// An owned name, for the names no file holds.
@@ -200,6 +236,35 @@ mod tests {
         let back: u32 = 0x9000_0010 | (3 << 29) | (0x7_ffff << 5);
         let code: Vec<u8> = [back, ldr].iter().flat_map(|w| w.to_le_bytes()).collect();
         assert_eq!(aarch64_stubs(&code, 0x5004), vec![(0x5004, 0x4018)]);
+    }
+
+    /// Of glibc's aliases the public name is kept: `malloc` (not
+    /// `__libc_malloc`), `write` (not `__write`).
+    #[test]
+    fn the_public_alias_is_kept() {
+        let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+        let Some(path) =
+            maps.lines().filter_map(|l| l.split_whitespace().nth(5)).find(|p| p.contains("libc.so.6"))
+        else {
+            eprintln!("SKIPPED: no glibc in this process");
+            return;
+        };
+        let bytes = std::fs::read(path).unwrap();
+        let data = owned(bytes);
+        let obj = object::File::parse(&*data).unwrap();
+        let (symbols, aliases) = text_symbols(&obj, &data);
+        let kept = |alias: &str| {
+            let at = *aliases.get(alias.as_bytes())?;
+            let s = symbols.iter().find(|s| s.0 == at)?;
+            Some(String::from_utf8_lossy(&s.2).into_owned())
+        };
+        if !cfg!(target_arch = "x86_64") && kept("__libc_malloc").is_none() {
+            // (The aarch64 run reads the cross sysroot's libc under qemu-user.)
+            eprintln!("SKIPPED: {path} without the aliases looked for");
+            return;
+        }
+        assert_eq!(kept("__libc_malloc").as_deref(), Some("malloc"), "{path}");
+        assert_eq!(kept("__write").as_deref(), Some("write"), "{path}");
     }
 
     /// This test binary's own PLT (a PIE linked against libc): every stub
