@@ -26,10 +26,7 @@ use super::file::{Backing, Bytes};
 /// name is kept ([`preference`]), as `perf report` shows it from a library's
 /// `.dynsym`: `malloc`, not `__libc_malloc`; `write`, not
 /// `__GI___libc_write` (which a debug file's `.symtab` also holds).
-pub(super) fn text_symbols(
-    obj: &object::File<'_>,
-    data: &Bytes,
-) -> (Vec<(u64, u64, Bytes)>, HashMap<Vec<u8>, u64>) {
+pub(super) fn text_symbols(obj: &object::File<'_>, data: &Bytes) -> (Vec<TextSymbol>, HashMap<Vec<u8>, u64>) {
     let section_end = |s: &object::Symbol<'_, '_>| {
         let index = s.section_index()?;
         let section = obj.section_by_index(index).ok()?;
@@ -84,6 +81,9 @@ fn preference(s: &object::Symbol<'_, '_>, name: &[u8]) -> Preference {
     };
     (s.size() == 0, name.contains(&b'@'), underscores, binding, name.len())
 }
+
+/// A text symbol: address, size, name.
+pub(super) type TextSymbol = (u64, u64, Bytes);
 
 /// An owned name, for the names no file holds.
 fn owned(name: Vec<u8>) -> Bytes {
