@@ -313,8 +313,8 @@ fn map_stats_page(path: &Path) {
         let _ = std::fs::remove_file(path);
         return;
     }
-    // SAFETY: a new shared mapping of the file's STATS_MAX bytes, at an
-    // address the kernel chooses; it outlives the descriptor, closed on return.
+    // (The mapping outlives the descriptor, closed on return.)
+    // SAFETY: a new shared mapping of the file's STATS_MAX bytes, at an address the kernel chooses.
     let p = unsafe {
         libc::mmap(
             std::ptr::null_mut(),
@@ -364,9 +364,9 @@ fn write_stats(path: &Path, written: u64, lost: u64, kernel: u8, failure: Option
     // losses and warnings went unreported).
     let page = STATS_PAGE.swap(std::ptr::null_mut(), Ordering::SeqCst);
     if !page.is_null() {
-        // SAFETY: `page` is the writable shared mapping of STATS_MAX bytes made
-        // by `map_stats_page` for this process (swapped out above: written once);
-        // `end` < STATS_MAX leaves the page's last bytes zero, ending the text.
+        // (Swapped out above: written once. `end` < STATS_MAX leaves the
+        // page's last bytes zero, ending the text.)
+        // SAFETY: `page` is `map_stats_page`'s writable shared mapping of STATS_MAX bytes; `end` < STATS_MAX.
         unsafe { std::ptr::copy_nonoverlapping(text.as_ptr(), page, end) };
         return;
     }
