@@ -311,18 +311,7 @@ fn heaps(jobs: &Receiver<(TcpStream, Slot)>, shared: &Shared) {
         if stop.load(Ordering::SeqCst) || client_gone(&stream, Duration::ZERO) {
             continue;
         }
-        let bytes = match crate::heap::profile_with(&mut sym) {
-            Ok(body) => answer(
-                200,
-                &[
-                    ("Content-Type", "application/octet-stream"),
-                    ("Content-Disposition", "attachment; filename=\"heap.pb.gz\""),
-                ],
-                &body,
-                false,
-            ),
-            Err(e) => text_answer(&error_refusal(&e), false),
-        };
+        let bytes = profile_answer(crate::heap::profile_with(&mut sym), "heap.pb.gz");
         answer_and_close(stream, &bytes, stop);
         drop(slot);
     }
@@ -356,18 +345,24 @@ fn windows(jobs: &Receiver<Job>, shared: &Shared) {
         if abandoned {
             continue;
         }
-        let bytes = match made {
-            Ok(body) => answer(
+        let bytes = profile_answer(made, "profile.pb.gz");
+        answer_and_close(stream, &bytes, stop);
+    }
+}
+
+/// The answer carrying a gzipped profile as the attachment `file`, or the
+/// refusal its error makes.
+fn profile_answer(made: Result<Vec<u8>, Error>, file: &str) -> Vec<u8> {
+    match made {
+        Ok(body) => {
+            let disposition = format!("attachment; filename=\"{file}\"");
+            answer(
                 200,
-                &[
-                    ("Content-Type", "application/octet-stream"),
-                    ("Content-Disposition", "attachment; filename=\"profile.pb.gz\""),
-                ],
+                &[("Content-Type", "application/octet-stream"), ("Content-Disposition", &disposition)],
                 &body,
                 false,
-            ),
-            Err(e) => text_answer(&error_refusal(&e), false),
-        };
-        answer_and_close(stream, &bytes, stop);
+            )
+        }
+        Err(e) => text_answer(&error_refusal(&e), false),
     }
 }
