@@ -89,7 +89,9 @@ impl Tail {
     /// samples that precede it in the same read are returned first. One poll
     /// reads at most 1 GiB, so it returns even while a writer appends faster
     /// than the reader keeps up (an empty batch then does not mean caught up:
-    /// compare [`Tail::position`] with the file length for that).
+    /// compare [`Tail::position`] with the file length for that). A file
+    /// shorter than what was read (truncated or rewritten in place) is an
+    /// I/O error saying so.
     pub fn poll(&mut self) -> Result<&[Sample], Error> {
         self.batch.clear();
         self.defs.clear_off_cpu();
@@ -137,6 +139,17 @@ impl Tail {
         // Size the read by what the file gained, so that a poll of a file that
         // grew by a few bytes (or not at all) does not zero a whole chunk.
         let len = self.file.metadata().map_err(|e| Error::io(Some(&self.path), e))?.len();
+        if len < self.read_to {
+            // A spool only grows: this one was truncated or rewritten in
+            // place, and what was read no longer describes it.
+            return Err(Error::io(
+                Some(&self.path),
+                std::io::Error::other(format!(
+                    "the file shrank to {len} bytes after {} were read (truncated or rewritten in place; a spool only grows)",
+                    self.read_to
+                )),
+            ));
+        }
         let want = len.saturating_sub(self.read_to).min(READ_CHUNK as u64) as usize;
         if want == 0 {
             return Ok(false);

@@ -68,3 +68,21 @@ fn a_file_shorter_than_its_header_is_an_error() {
     );
     assert_eq!(Snapshot::from_bytes(b"NOPE").unwrap_err().format_kind(), Some(&FormatErrorKind::BadMagic));
 }
+
+/// A followed spool that shrinks (truncated or rewritten in place) is an
+/// error naming the sizes, not samples read against definitions that no
+/// longer hold.
+#[test]
+fn a_followed_spool_that_shrinks_is_an_error() {
+    let (bytes, model) = build(random_ops(5, 200));
+    let mut file = tempfile::NamedTempFile::new().unwrap();
+    file.as_file_mut().write_all(&bytes).unwrap();
+    let mut tail = Tail::open(file.path()).unwrap();
+    let mut tailed = Vec::new();
+    tail_drain(&mut tail, &mut tailed).unwrap();
+    assert_eq!(tailed.len(), model.samples.len());
+    let half = bytes.len() as u64 / 2;
+    file.as_file().set_len(half).unwrap();
+    let e = tail.poll().unwrap_err().to_string();
+    assert!(e.contains(&format!("the file shrank to {half} bytes after {} were read", bytes.len())), "{e}");
+}
