@@ -37,7 +37,14 @@ pub(super) fn text_symbols(obj: &object::File<'_>, data: &Bytes) -> (Vec<TextSym
         .chain(obj.dynamic_symbols())
         .filter(|s| s.kind() == object::SymbolKind::Text && s.is_definition())
         .filter_map(|s| {
-            let name = data.sub(s.name_bytes().ok()?)?;
+            // A debug file's `.symtab` spells versioned names in full
+            // (`pthread_mutex_lock@@GLIBC_2.2.5`): the name is before the `@`.
+            let raw = s.name_bytes().ok()?;
+            let raw = match raw.iter().position(|&b| b == b'@') {
+                Some(at) if at > 0 => &raw[..at],
+                _ => raw,
+            };
+            let name = data.sub(raw)?;
             // A symbol without a size (`_init`, hand-written assembly) covers
             // up to the next symbol, but never past its own section.
             let size = match (s.size(), section_end(&s)) {
@@ -63,11 +70,10 @@ pub(super) fn text_symbols(obj: &object::File<'_>, data: &Bytes) -> (Vec<TextSym
 }
 
 /// The choice among symbols at one address, smallest first: one with a
-/// size, a name without a version (`__libc_start_main@@GLIBC_2.34`, as a
-/// debug file's `.symtab` spells it), fewer leading underscores (the public
-/// name), global before weak before local, the shorter name (`__libc_write`
-/// before `__GI___libc_write`).
-type Preference = (bool, bool, usize, u8, usize);
+/// size, fewer leading underscores (the public name), global before weak
+/// before local, the shorter name (`__libc_write` before
+/// `__GI___libc_write`).
+type Preference = (bool, usize, u8, usize);
 
 fn preference(s: &object::Symbol<'_, '_>, name: &[u8]) -> Preference {
     let underscores = name.iter().take_while(|&&b| b == b'_').count();
@@ -79,7 +85,7 @@ fn preference(s: &object::Symbol<'_, '_>, name: &[u8]) -> Preference {
     } else {
         2
     };
-    (s.size() == 0, name.contains(&b'@'), underscores, binding, name.len())
+    (s.size() == 0, underscores, binding, name.len())
 }
 
 /// A text symbol: address, size, name.
@@ -265,6 +271,8 @@ mod tests {
         }
         assert_eq!(kept("__libc_malloc").as_deref(), Some("malloc"), "{path}");
         assert_eq!(kept("__write").as_deref(), Some("write"), "{path}");
+        // No kept name carries a symbol version.
+        assert!(symbols.iter().all(|s| !s.2.contains(&b'@') || s.2.ends_with(b"@plt")), "{path}");
     }
 
     /// This test binary's own PLT (a PIE linked against libc): every stub
