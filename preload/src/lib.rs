@@ -472,7 +472,7 @@ fn start_here() {
 fn without_sigxfsz<R>(f: impl FnOnce() -> R) -> R {
     // SAFETY: a zeroed `sigset_t` is a valid value for sigemptyset to fill.
     let mut xfsz: libc::sigset_t = unsafe { std::mem::zeroed() };
-    // SAFETY: as above, for the mask saved below.
+    // SAFETY: a zeroed `sigset_t` is a valid value for pthread_sigmask to overwrite with the old mask.
     let mut old: libc::sigset_t = unsafe { std::mem::zeroed() };
     // SAFETY: both sets live on this frame; the calls only write them.
     let blocked = unsafe {
@@ -481,7 +481,7 @@ fn without_sigxfsz<R>(f: impl FnOnce() -> R) -> R {
         libc::pthread_sigmask(libc::SIG_BLOCK, &xfsz, &mut old) == 0
     };
     let pending = || {
-        // SAFETY: as above.
+        // SAFETY: a zeroed `sigset_t` is a valid value for sigpending to overwrite.
         let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
         // SAFETY: `set` lives on this frame; sigpending only writes it.
         unsafe { libc::sigpending(&mut set) == 0 && libc::sigismember(&set, libc::SIGXFSZ) == 1 }
