@@ -162,6 +162,10 @@ fn recurse(n: u32, cpu: f64) -> u64 {
 #[test]
 fn deep_stacks_keep_leaf_frames_under_a_truncation_marker() {
     let _serial = serial();
+    // The executable's tables checked at start: a large one's check (this
+    // test's debug build) otherwise runs while the samples are taken, and
+    // those stop at its first frame (`recorder_unwind`'s deferred-check test).
+    let _defer = DeferThreshold::set(u64::MAX);
     let (_dir, path) = spool_path("deep.spool");
     let g = spulse::Recorder::builder().max_stack_depth(8).start(&path).unwrap();
     recurse(40, 0.2);
@@ -169,15 +173,38 @@ fn deep_stacks_keep_leaf_frames_under_a_truncation_marker() {
     let snap = spulse::Snapshot::open(&path).unwrap();
     let me = gettid();
     let mut deep = 0;
-    for s in snap.samples().filter(|s| snap.thread(s.thread).tid == me) {
+    // What the other samples were, for the failure message: by thread and
+    // length, and one short stack in full.
+    let mut shapes = std::collections::BTreeMap::new();
+    let mut short = None;
+    for s in snap.samples() {
         let frames: Vec<_> = snap.stack_frames(s.stack).collect();
+        *shapes.entry((snap.thread(s.thread).tid == me, frames.len())).or_insert(0) += 1;
+        if snap.thread(s.thread).tid != me {
+            continue;
+        }
         assert!(frames.len() <= 9, "depth limit 8 plus the marker");
         if frames.len() == 9 {
             deep += 1;
             assert_eq!(snap.frame(*frames.last().unwrap()), Frame::Truncated, "marker is the root");
+        } else if short.is_none() {
+            let named: Vec<String> = frames
+                .iter()
+                .map(|&f| match snap.frame(f) {
+                    Frame::Module { module, file_relative } => {
+                        format!("{}+{file_relative:#x}", snap.module(module).path().display())
+                    }
+                    other => format!("{other:?}"),
+                })
+                .collect();
+            short = Some(named);
         }
     }
-    assert!(deep > 50, "expected truncated deep stacks, got {deep}; {stats:?}");
+    assert!(
+        deep > 50,
+        "expected truncated deep stacks, got {deep}; (my thread, length) -> samples: {shapes:?}; \
+         a short one, leaf first: {short:?}; {stats:?}"
+    );
     assert!(stats.truncated_stacks > 0);
 }
 

@@ -172,9 +172,51 @@ fn executable_tables_checked_after_start() {
     let pc = unwind_inner as fn(u64) -> u64 as usize as u64;
     let exe = objects.iter().find(|o| o.exec_segments.iter().any(|&(a, n)| a <= pc && pc - a < n)).unwrap();
     assert_eq!((exe.copied, exe.mapped), (0, 0), "deferred: nothing handed over at start");
+    let (leaf_inner, complete, _) = during_the_check(spulse::Recorder::builder(), None);
+    assert!(complete as f64 >= 0.9 * leaf_inner as f64, "{complete} of {leaf_inner} reached the root");
+}
 
+/// Samples taken while the check runs (made to last 300 ms here): the signal
+/// handler unwinds in place and stops at the executable's frames; the
+/// perf-stack engine's writer has the kernel's stack copies in hand and keeps
+/// them until the check is done, so its samples reach the root from the first.
+#[test]
+fn perf_stack_samples_taken_during_the_check_wait_for_it() {
+    let _serial = serial();
+    let _defer = DeferThreshold::set(0);
+    let _delay = CheckDelay(spulse::testing::unwind_tables::set_check_delay(300));
+    let (_, _, cut) = during_the_check(spulse::Recorder::builder(), None);
+    assert!(cut > 10, "the signal engine's samples in the window stop at the executable: only {cut} did");
+    let (choice, expect) = perf_stack_engine_for("perf_stack_samples_taken_during_the_check_wait_for_it");
+    if expect != spulse::Engine::PerfStack {
+        // Said loudly by perf_stack_engine_for (qemu-user: no perf events).
+        return;
+    }
+    let (leaf_inner, complete, cut) =
+        during_the_check(spulse::Recorder::builder().engine(choice), Some(expect));
+    assert_eq!(cut, 0, "perf-stack samples cut at the executable ({complete} of {leaf_inner} complete)");
+    assert!(complete >= 250, "too few samples: {complete} of {leaf_inner} complete");
+}
+
+/// Restores the check delay when dropped.
+struct CheckDelay(u64);
+
+impl Drop for CheckDelay {
+    fn drop(&mut self) {
+        spulse::testing::unwind_tables::set_check_delay(self.0);
+    }
+}
+
+/// Record a thread burning 0.5 s in `unwind_inner` from `start` on: the
+/// samples whose leaf is `unwind_inner`, how many reached the root through
+/// the whole chain, and how many stopped at the leaf (the executable's first
+/// frame) with the truncation marker. Any other shape fails.
+fn during_the_check(builder: spulse::RecorderBuilder, expect: Option<spulse::Engine>) -> (u64, u64, u64) {
     let (_dir, path) = spool_path("deferred.spool");
-    let guard = spulse::Recorder::builder().frequency_hz(999).start(&path).expect("start");
+    let guard = builder.frequency_hz(999).start(&path).expect("start");
+    if let Some(e) = expect {
+        assert_eq!(guard.engine(), e);
+    }
     let worker = std::thread::spawn(|| (gettid(), unwind_outer(0.5, Duration::from_secs(20))));
     let (tid, acc) = worker.join().unwrap();
     black_box(acc);
@@ -211,5 +253,5 @@ fn executable_tables_checked_after_start() {
     }
     eprintln!("{leaf_inner} samples in unwind_inner: {complete} to the root, {cut} cut at the leaf before the check");
     assert!(leaf_inner >= 50, "too few samples in the leaf function: {leaf_inner}");
-    assert!(complete as f64 >= 0.9 * leaf_inner as f64, "{complete} of {leaf_inner} reached the root");
+    (leaf_inner, complete, cut)
 }

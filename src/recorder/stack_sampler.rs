@@ -54,6 +54,71 @@ pub(crate) struct StackSampler {
     /// the call before a return address), for the module generation it
     /// holds: a few system calls each, the same addresses at every capture.
     code: CodeReads,
+    /// Samples whose walk stopped at the executable's frames while its
+    /// tables were being checked: see [`Waiting`].
+    waiting: Waiting,
+}
+
+/// Samples kept (registers and stack bytes) while the executable's unwind
+/// tables are being checked (`modules::DeferredTables`: a few hundred ms for
+/// a large debug build), to be unwound again once they are, rather than
+/// written stopped at the executable's first frame: the kernel's stack copy
+/// is in hand, so the walk can wait. At most [`Waiting::MAX_BYTES`] of stack
+/// bytes; a sample beyond that is written stopped there, as before.
+#[derive(Default)]
+struct Waiting {
+    samples: Vec<WaitingSample>,
+    bytes: Vec<u8>,
+}
+
+struct WaitingSample {
+    time_ns: u64,
+    tid: u32,
+    generation: u64,
+    regs: Regs,
+    /// Its stack copy: `bytes[stack.start..stack.end]`.
+    stack: std::ops::Range<usize>,
+    /// A kernel-time sample's weight (`None`: a user-time sample).
+    kernel: Option<u32>,
+}
+
+impl Waiting {
+    /// 16 MiB: 1,000 samples of the default 16 KiB copy (one busy thread
+    /// for a second at the default rate, eight for an eighth of one).
+    const MAX_BYTES: usize = 16 << 20;
+
+    /// Keep `s` if the walk `(n, truncated)` in `out` stopped at the code
+    /// whose tables are pending in `snap` and there is room: true if kept.
+    fn keep(
+        &mut self,
+        snap: &UnwindSnapshot,
+        out: &[u64],
+        n: usize,
+        regs: Regs,
+        s: &StackSample<'_>,
+        kernel: Option<u32>,
+    ) -> bool {
+        let Some(pending) = &snap.unwinder.pending else { return false };
+        let stopped_there = n > 0 && {
+            let last = out[n - 1];
+            let lookup = if n == 1 { last } else { last.wrapping_sub(1) };
+            pending.contains(&lookup)
+        };
+        if !stopped_there || self.bytes.len() + s.stack.len() > Self::MAX_BYTES {
+            return false;
+        }
+        let start = self.bytes.len();
+        self.bytes.extend_from_slice(s.stack);
+        self.samples.push(WaitingSample {
+            time_ns: s.time_ns,
+            tid: s.tid,
+            generation: snap.generation,
+            regs,
+            stack: start..self.bytes.len(),
+            kernel,
+        });
+        true
+    }
 }
 
 /// Reads of our own code by [`StackSampler::capture_blocked`], kept for one
@@ -89,6 +154,7 @@ impl StackSampler {
             out: vec![0; depth.max(1)],
             scratch: vec![0; depth.max(1)],
             code: CodeReads::default(),
+            waiting: Waiting::default(),
         }
     }
 
@@ -101,31 +167,21 @@ impl StackSampler {
     /// Drain every ring of `events` and unwind each sample with `snap` into
     /// [`StackSampler::batch`] (appended to what it holds); update `counters`.
     pub(crate) fn collect(&mut self, events: &mut StackEvents, snap: &UnwindSnapshot, counters: &Counters) {
-        let StackSampler { cache, batch, addrs, out, .. } = self;
+        let StackSampler { cache, batch, addrs, out, waiting, .. } = self;
         let lost = events.drain(&mut |s: &StackSample<'_>| {
             counters.signals.fetch_add(1, Ordering::Relaxed);
             let (n, truncated, on_stack) = unwind_sample(s, snap, cache, out);
             if !on_stack {
                 counters.foreign_stack.fetch_add(1, Ordering::Relaxed);
             }
-            if n == 0 {
-                counters.lost_unwind_failed.fetch_add(1, Ordering::Relaxed);
-                return;
+            if let Some(r) = s.regs.filter(|_| on_stack && truncated) {
+                let regs = Regs { pc: r.pc, sp: r.sp, fp: r.fp, lr: r.lr };
+                if waiting.keep(snap, out, n, regs, s, None) {
+                    return;
+                }
             }
-            if truncated {
-                counters.truncated.fetch_add(1, Ordering::Relaxed);
-            }
-            batch.push(Unwound {
-                time_us: s.time_ns / 1000,
-                tid: s.tid,
-                generation: snap.generation,
-                truncated,
-                weight: 1,
-                kernel: false,
-                start: addrs.len(),
-                len: n,
-            });
-            addrs.extend_from_slice(&out[..n]);
+            let unwound = Unwound::user(s.time_ns, s.tid, snap.generation, (n, truncated));
+            push(unwound, &out[..n], batch, addrs, counters);
         });
         if lost > 0 {
             counters.lost_ring_full.fetch_add(lost, Ordering::Relaxed);
@@ -149,8 +205,7 @@ impl StackSampler {
         own: Option<(u64, u64)>,
         weight: &mut dyn FnMut() -> u32,
     ) {
-        let StackSampler { cache, batch, addrs, out, .. } = self;
-        let in_own = |a: u64| own.is_some_and(|(lo, hi)| (lo..hi).contains(&a));
+        let StackSampler { cache, batch, addrs, out, waiting, .. } = self;
         let lost = rings.drain(&mut |s: &StackSample<'_>| {
             let w = weight();
             // A kernel sample without user registers or stack has no user
@@ -164,33 +219,58 @@ impl StackSampler {
             // `max_stack_depth` frames, as in the handler.
             let keep = out.len().saturating_sub(1).max(1);
             let (n, truncated) = unwind_copy(&regs, s.stack, snap, cache, &mut out[..keep]);
-            if n == 0 {
-                counters.lost_unwind_failed.fetch_add(w as u64, Ordering::Relaxed);
+            if truncated && waiting.keep(snap, out, n, regs, s, Some(w)) {
                 return;
             }
-            if out[..n].iter().any(|&a| in_own(a) || in_own(a.wrapping_sub(1))) {
-                counters.own_dropped.fetch_add(w as u64, Ordering::Relaxed);
-                return;
-            }
-            if truncated {
-                counters.truncated.fetch_add(1, Ordering::Relaxed);
-            }
-            counters.kernel.fetch_add(w as u64, Ordering::Relaxed);
-            batch.push(Unwound {
-                time_us: s.time_ns / 1000,
-                tid: s.tid,
-                generation: snap.generation,
-                truncated,
-                weight: w,
-                kernel: true,
-                start: addrs.len(),
-                len: n,
-            });
-            addrs.extend_from_slice(&out[..n]);
+            let unwound = Unwound::kernel(s.time_ns, s.tid, snap.generation, (n, truncated), w);
+            push_kernel(unwound, &out[..n], own, batch, addrs, counters);
         });
         if lost > 0 {
             counters.lost_ring_full.fetch_add(lost, Ordering::Relaxed);
         }
+    }
+}
+
+impl StackSampler {
+    /// Whether samples wait for the executable's tables (see [`Waiting`]).
+    pub(crate) fn has_waiting(&self) -> bool {
+        !self.waiting.samples.is_empty()
+    }
+
+    /// Unwind the samples kept while the executable's tables were pending
+    /// into [`StackSampler::batch`] (appended to what it holds), with `snap`:
+    /// the same module generation as theirs, with the tables checked, or
+    /// still pending (the check given up, or the modules about to change:
+    /// they then stop at the executable's frames, as they would have).
+    pub(crate) fn release_waiting(
+        &mut self,
+        snap: &UnwindSnapshot,
+        counters: &Counters,
+        own: Option<(u64, u64)>,
+    ) {
+        let StackSampler { cache, batch, addrs, out, waiting, .. } = self;
+        for w in waiting.samples.drain(..) {
+            let bytes = &waiting.bytes[w.stack.clone()];
+            let out = match w.kernel {
+                Some(_) => {
+                    let keep = out.len().saturating_sub(1).max(1);
+                    &mut out[..keep]
+                }
+                None => &mut out[..],
+            };
+            let walk = unwind_copy(&w.regs, bytes, snap, cache, out);
+            let frames = &out[..walk.0];
+            match w.kernel {
+                None => {
+                    push(Unwound::user(w.time_ns, w.tid, w.generation, walk), frames, batch, addrs, counters)
+                }
+                Some(weight) => {
+                    let u = Unwound::kernel(w.time_ns, w.tid, w.generation, walk, weight);
+                    push_kernel(u, frames, own, batch, addrs, counters)
+                }
+            }
+        }
+        waiting.bytes = Vec::new();
     }
 }
 
@@ -475,6 +555,64 @@ fn frame_record_candidates<'a>(
 }
 
 /// Unwind from `regs` over the stack bytes copied from `regs.sp` upwards.
+impl Unwound {
+    /// A user-time sample from the walk `(n, truncated)`.
+    fn user(time_ns: u64, tid: u32, generation: u64, (len, truncated): (usize, bool)) -> Unwound {
+        Unwound {
+            time_us: time_ns / 1000,
+            tid,
+            generation,
+            truncated,
+            weight: 1,
+            kernel: false,
+            start: 0,
+            len,
+        }
+    }
+
+    /// A kernel-time sample weighing `weight` intervals.
+    fn kernel(time_ns: u64, tid: u32, generation: u64, walk: (usize, bool), weight: u32) -> Unwound {
+        Unwound { weight, kernel: true, ..Unwound::user(time_ns, tid, generation, walk) }
+    }
+}
+
+/// Append user-time sample `u` with addresses `frames` to the batch, or count
+/// it lost if the walk found no frame.
+fn push(mut u: Unwound, frames: &[u64], batch: &mut Vec<Unwound>, addrs: &mut Vec<u64>, counters: &Counters) {
+    if frames.is_empty() {
+        counters.lost_unwind_failed.fetch_add(u.weight as u64, Ordering::Relaxed);
+        return;
+    }
+    if u.truncated {
+        counters.truncated.fetch_add(1, Ordering::Relaxed);
+    }
+    u.start = addrs.len();
+    batch.push(u);
+    addrs.extend_from_slice(frames);
+}
+
+/// [`push`] for a kernel-time sample: one whose user pc or any frame lies in
+/// `own` (the signal return trampoline) is dropped and counted
+/// (`Counters::own_dropped`); see [`StackSampler::collect_kernel`].
+fn push_kernel(
+    u: Unwound,
+    frames: &[u64],
+    own: Option<(u64, u64)>,
+    batch: &mut Vec<Unwound>,
+    addrs: &mut Vec<u64>,
+    counters: &Counters,
+) {
+    let in_own = |a: u64| own.is_some_and(|(lo, hi)| (lo..hi).contains(&a));
+    if !frames.is_empty() && frames.iter().any(|&a| in_own(a) || in_own(a.wrapping_sub(1))) {
+        counters.own_dropped.fetch_add(u.weight as u64, Ordering::Relaxed);
+        return;
+    }
+    if !frames.is_empty() {
+        counters.kernel.fetch_add(u.weight as u64, Ordering::Relaxed);
+    }
+    push(u, frames, batch, addrs, counters);
+}
+
 fn unwind_copy(
     regs: &Regs,
     bytes: &[u8],

@@ -167,6 +167,14 @@ pub mod table_report {
         super::DEFER_THRESHOLD.swap(fdes, std::sync::atomic::Ordering::Relaxed)
     }
 
+    /// Make a recorder's writer wait `ms` milliseconds before it runs a
+    /// deferred check (servicing the rings as during the check), so that a
+    /// test knows samples are taken while the executable's tables are
+    /// pending; returns the previous value (0 by default).
+    pub fn set_check_delay(ms: u64) -> u64 {
+        super::CHECK_DELAY_MS.swap(ms, std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// The default of [`set_defer_threshold`].
     pub const DEFAULT_DEFER_MIN_FDES: u64 = super::DEFER_MIN_FDES;
 

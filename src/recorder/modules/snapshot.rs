@@ -14,6 +14,17 @@ pub(crate) const DEFER_MIN_FDES: u64 = 4096;
 pub(super) static DEFER_THRESHOLD: std::sync::atomic::AtomicU64 =
     std::sync::atomic::AtomicU64::new(DEFER_MIN_FDES);
 
+/// Milliseconds the writer waits before running a deferred check, servicing
+/// the rings meanwhile as during the check (0, the default, outside tests: a
+/// test sets it through `testing::unwind_tables::set_check_delay` to give the
+/// samples taken during a check a window of known length).
+pub(super) static CHECK_DELAY_MS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// How long the writer waits before a deferred check ([`CHECK_DELAY_MS`]).
+pub(crate) fn check_delay() -> std::time::Duration {
+    std::time::Duration::from_millis(CHECK_DELAY_MS.load(std::sync::atomic::Ordering::Relaxed))
+}
+
 /// Whether the check of `t` (an executable's tables) waits until after start:
 /// its header's FDE count (a fixed-size field; anything else is checked at
 /// once) is above the threshold.

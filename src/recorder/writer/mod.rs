@@ -596,8 +596,9 @@ impl Run {
         interval: Duration,
     ) -> bool {
         let mut stop = false;
-        let checked = d.check(&mut || {
+        let mut between = || {
             if let Some(asked) = super::exit_request::pending() {
+                self.release_waiting();
                 self.tick();
                 self.flush_out(true);
                 super::exit_request::answered(asked);
@@ -630,12 +631,22 @@ impl Run {
                 self.scheduled(next, interval);
             }
             true
-        });
+        };
+        let delay_until = Instant::now() + modules::check_delay();
+        let mut going = true;
+        while going && Instant::now() < delay_until {
+            going = between();
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let checked = if going { d.check(&mut between) } else { None };
         if let Some((module, memory)) = checked {
             let snap = self.st.shared.snapshot.with_current(|cur| modules::checked_snapshot(cur, module));
             self.retired.push(self.st.shared.snapshot.replace(Box::new(snap)));
             self.st.table_memory = self.st.table_memory.add(memory);
         }
+        // The perf-stack samples taken meanwhile, with the executable's
+        // frames now (or, if the check was given up, without them).
+        self.release_waiting();
         !stop
     }
 
@@ -745,6 +756,11 @@ impl Run {
                 .snapshot
                 .with_current(|snap| sampler.collect_kernel(rings, snap, &shared.counters, own, &mut weight));
         }
+        self.write_batch(&sampler, all);
+        self.stack_sampler = Some(sampler);
+    }
+
+    fn write_batch(&mut self, sampler: &StackSampler, all: bool) {
         for u in &sampler.batch {
             let s = RawSample {
                 time_us: u.time_us,
@@ -756,6 +772,21 @@ impl Run {
                 addrs: &sampler.addrs[u.start..u.start + u.len],
             };
             self.write_or_hold(&s, all);
+        }
+    }
+
+    /// Unwind and write (or hold) the perf-stack samples kept while the
+    /// executable's tables are checked, with the current snapshot: called
+    /// when the check ends, and before the snapshot changes or the process
+    /// exits during it (see `StackSampler::release_waiting`).
+    pub(super) fn release_waiting(&mut self) {
+        let Some(mut sampler) = self.stack_sampler.take() else { return };
+        if sampler.has_waiting() {
+            sampler.clear();
+            let shared = self.st.shared.clone();
+            let own = self.st.own_code;
+            shared.snapshot.with_current(|snap| sampler.release_waiting(snap, &shared.counters, own));
+            self.write_batch(&sampler, false);
         }
         self.stack_sampler = Some(sampler);
     }

@@ -213,6 +213,9 @@ impl Run {
             self.retire(idx);
         }
         let Some(ch) = change else { return };
+        // Samples kept for the executable's pending tables, with the
+        // snapshot they were taken under, before it is replaced.
+        self.release_waiting();
         for &k in &ch.deferred {
             self.define_object(&ch.added[k], ch.gen);
         }
