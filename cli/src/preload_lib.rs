@@ -16,6 +16,13 @@
 //!    If no cache directory can be used, the copy goes to a private temporary
 //!    directory removed after the recording (with a warning: frames inside the
 //!    library cannot be symbolized afterwards).
+//!
+//! The dynamic loader splits `LD_PRELOAD` at spaces and colons, so a path
+//! holding either would name other files (`/tmp/my cache/...` loads
+//! `/tmp/my`, which anyone may create): such a path is never used
+//! ([`preloadable`]). `SPULSE_PRELOAD_LIB` naming one is refused; a library
+//! beside this executable or a cache directory with one is passed over for
+//! the next place, and a temporary directory with one for `/tmp`.
 
 use std::fs::File;
 use std::io::{Read, Write};
@@ -32,10 +39,13 @@ pub const LIB_NAME: &str = "libspulse_preload.so";
 pub fn locate(embedded: &[u8]) -> Result<(PathBuf, Option<tempfile::TempDir>), CliError> {
     if let Some(p) = std::env::var_os("SPULSE_PRELOAD_LIB").filter(|p| !p.is_empty()) {
         let p = PathBuf::from(p);
-        return if p.is_file() {
-            Ok((std::fs::canonicalize(&p).unwrap_or(p), None))
-        } else {
-            Err(CliError::input(format!("SPULSE_PRELOAD_LIB={}: no such file", p.display())))
+        if !p.is_file() {
+            return Err(CliError::input(format!("SPULSE_PRELOAD_LIB={}: no such file", p.display())));
+        }
+        let p = std::fs::canonicalize(&p).unwrap_or(p);
+        return match preloadable(&p) {
+            Ok(()) => Ok((p, None)),
+            Err(why) => Err(CliError::input(format!("SPULSE_PRELOAD_LIB={}: {why}", p.display()))),
         };
     }
     let exe = std::env::current_exe()
@@ -46,7 +56,10 @@ pub fn locate(embedded: &[u8]) -> Result<(PathBuf, Option<tempfile::TempDir>), C
     for c in &candidates {
         // An empty file is the placeholder `cargo check` leaves (cli/build.rs).
         if std::fs::metadata(c).is_ok_and(|m| m.is_file() && m.len() > 0) {
-            return Ok((std::fs::canonicalize(c).unwrap_or_else(|_| c.clone()), None));
+            let p = std::fs::canonicalize(c).unwrap_or_else(|_| c.clone());
+            if preloadable(&p).is_ok() {
+                return Ok((p, None));
+            }
         }
     }
     if !embedded.starts_with(b"\x7fELF") {
@@ -60,7 +73,7 @@ pub fn locate(embedded: &[u8]) -> Result<(PathBuf, Option<tempfile::TempDir>), C
     match cache_base() {
         Some(base) => {
             let dir = base.join("spulse").join(format!("preload-{:016x}", hash(embedded)));
-            match install_verified(&dir, embedded) {
+            match preloadable(&dir).and_then(|()| install_verified(&dir, embedded)) {
                 Ok(p) => return Ok((p, None)),
                 Err(e) => eprintln!(
                     "spulse: warning: cannot use the cache directory {}: {e}; the preload library goes \
@@ -83,14 +96,40 @@ pub fn locate(embedded: &[u8]) -> Result<(PathBuf, Option<tempfile::TempDir>), C
 /// its creation: tempfile's own default is 0777 less the umask, which
 /// `install_verified` refuses, rightly, under the usual umask 022).
 fn install_in_temp_dir(embedded: &[u8]) -> Result<(PathBuf, tempfile::TempDir), CliError> {
+    let mut base = std::env::temp_dir();
+    if preloadable(&base.join("spulse-preload-x").join(LIB_NAME)).is_err() {
+        base = PathBuf::from("/tmp");
+    }
     let tmp = tempfile::Builder::new()
         .prefix("spulse-preload-")
         .permissions(std::fs::Permissions::from_mode(0o700))
-        .tempdir()
-        .map_err(|e| CliError::other(format!("cannot create a directory for {LIB_NAME}: {e}")))?;
+        .tempdir_in(&base)
+        .map_err(|e| {
+            CliError::other(format!("cannot create a directory for {LIB_NAME} in {}: {e}", base.display()))
+        })?;
+    preloadable(tmp.path()).map_err(|why| CliError::other(format!("{}: {why}", tmp.path().display())))?;
     let p = install_verified(tmp.path(), embedded)
         .map_err(|e| CliError::other(format!("{}: {e}", tmp.path().display())))?;
     Ok((p, tmp))
+}
+
+/// Whether `path` (a library, or a directory one goes in) can be named in
+/// `LD_PRELOAD`: absolute, and without the spaces and colons the dynamic
+/// loader splits the list at. The error says why not.
+pub fn preloadable(path: &Path) -> std::io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let bytes = path.as_os_str().as_bytes();
+    if !path.is_absolute() {
+        return Err(std::io::Error::other("not an absolute path, as LD_PRELOAD needs"));
+    }
+    if let Some(&c) = bytes.iter().find(|&&c| c == b' ' || c == b':') {
+        let what = if c == b' ' { "a space" } else { "a colon" };
+        return Err(std::io::Error::other(format!(
+            "the path holds {what}, at which the dynamic loader splits LD_PRELOAD (it would load \
+             other files)"
+        )));
+    }
+    Ok(())
 }
 
 /// `$XDG_CACHE_HOME`, else `$HOME/.cache` (absolute paths only).
@@ -207,6 +246,15 @@ mod tests {
         std::os::unix::fs::symlink(&real, &link).unwrap();
         let e = install_verified(&link, &bytes).unwrap_err();
         assert!(e.to_string().contains("not a directory"), "{e}");
+    }
+
+    #[test]
+    fn paths_the_loader_would_split_are_not_preloadable() {
+        assert!(preloadable(Path::new("/home/u/.cache/spulse/preload-1/libspulse_preload.so")).is_ok());
+        for bad in ["/tmp/my cache/spulse", "/tmp/co:lon/x.so", "relative/x.so", "/a/b c:d"] {
+            let e = preloadable(Path::new(bad)).unwrap_err();
+            assert!(e.to_string().contains("LD_PRELOAD"), "{bad}: {e}");
+        }
     }
 
     #[test]

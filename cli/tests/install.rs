@@ -129,3 +129,43 @@ fn without_a_cache_directory_the_library_goes_to_a_private_temporary_one() {
     let left: Vec<_> = std::fs::read_dir(&tmp).unwrap().map(|e| e.unwrap().file_name()).collect();
     assert!(left.iter().all(|n| !n.to_string_lossy().starts_with("spulse-preload-")), "{left:?}");
 }
+
+/// The loader splits `LD_PRELOAD` at spaces and colons: a cache directory
+/// (here `XDG_CACHE_HOME`) or a `TMPDIR` holding one is never put there
+/// (`/w/my cache/...` would have the loader try `/w/my`, a file anyone able to
+/// write `/w` can plant). The library goes to a private directory in `/tmp`
+/// instead, the decoy is not touched, and the recording works.
+#[test]
+fn a_cache_path_with_a_space_or_colon_is_not_split_by_the_loader() {
+    let work = tempfile::tempdir().unwrap();
+    let bin = work.path().join("spulse");
+    if std::fs::hard_link(env!("CARGO_BIN_EXE_spulse"), &bin).is_err() {
+        std::fs::copy(env!("CARGO_BIN_EXE_spulse"), &bin).unwrap();
+    }
+    // Decoys where the split paths would point: not libraries, so the loader
+    // would complain on CMD's stderr if it tried them.
+    std::fs::write(work.path().join("my"), b"not a library").unwrap();
+    std::fs::write(work.path().join("co"), b"not a library").unwrap();
+    for (cache, tmp) in [("my cache", "co:lon"), ("co:lon", "my cache")] {
+        let tmp = work.path().join(tmp);
+        std::fs::create_dir_all(&tmp).unwrap();
+        let out = work.path().join(format!("{}.spool", cache.replace([' ', ':'], "_")));
+        let o = Command::new(&bin)
+            .args(["record", "-o"])
+            .arg(&out)
+            .args(["--", "sh", "-c", "i=0; while [ $i -lt 100000 ]; do i=$((i+1)); done"])
+            .env("XDG_CACHE_HOME", work.path().join(cache))
+            .env("TMPDIR", &tmp)
+            .env_remove("SPULSE_PRELOAD_LIB")
+            .current_dir(work.path())
+            .output()
+            .unwrap();
+        let err = stderr(&o);
+        assert!(o.status.success(), "{err}");
+        assert!(!err.contains("ld.so"), "the loader was handed a split path: {err}");
+        assert!(err.contains("splits LD_PRELOAD"), "{err}");
+        assert!(err.contains("recorded 1 process"), "{err}");
+        assert!(spulse::Snapshot::open(&out).unwrap().samples().len() > 0, "no samples");
+    }
+    assert_eq!(std::fs::read(work.path().join("my")).unwrap(), b"not a library");
+}
