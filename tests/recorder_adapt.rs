@@ -140,6 +140,79 @@ fn cpu_bound_and_mostly_idle_programs_keep_the_perf_events() {
     assert!(cpu >= 0.06, "only {cpu:.3} CPU-s: too little for the writer to judge, the test proves nothing");
 }
 
+/// Preemptions are the machine's doing, not the program's: a CPU-bound
+/// thread sharing its CPU with another process that wakes every 50 us is
+/// preempted about ten thousand times per CPU-second (involuntary switches),
+/// and keeps the perf events; only blocking (voluntary switches) counts.
+#[test]
+fn a_cpu_bound_program_preempted_by_others_keeps_the_perf_events() {
+    let _g = serial();
+    if !perf_events_here("a_cpu_bound_program_preempted_by_others_keeps_the_perf_events") {
+        return;
+    }
+    let cpu = {
+        // SAFETY: sched_getcpu has no preconditions.
+        let c = unsafe { libc::sched_getcpu() };
+        c.max(0) as usize
+    };
+    let pin = move || {
+        // SAFETY: a zeroed cpu_set_t with one CPU set, applied to the calling thread.
+        unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            libc::CPU_SET(cpu, &mut set);
+            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+        }
+    };
+    let sleeper = std::process::Command::new("taskset")
+        .args(["-c", &cpu.to_string(), "python3", "-c"])
+        .arg("import time\nend = time.time() + 20\nwhile time.time() < end: time.sleep(0.00005)")
+        .spawn();
+    let mut sleeper = match sleeper {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!(
+                "SKIPPED a_cpu_bound_program_preempted_by_others_keeps_the_perf_events: taskset/python3: {e}"
+            );
+            assert!(std::env::var_os("CI").is_none(), "taskset and python3 are needed in CI");
+            return;
+        }
+    };
+    std::thread::sleep(Duration::from_millis(200));
+    let (_dir, path) = spool_path("preempted.spool");
+    let guard = spulse::Recorder::builder().start(&path).unwrap();
+    let worker = std::thread::spawn(move || {
+        pin();
+        let before = thread_rusage();
+        burn(0.6);
+        let after = thread_rusage();
+        (after.0 - before.0, after.1 - before.1)
+    });
+    let (involuntary, cpu_s) = worker.join().unwrap();
+    let stats = guard.finish().unwrap();
+    let _ = sleeper.kill();
+    let _ = sleeper.wait();
+    let rate = involuntary as f64 / cpu_s;
+    eprintln!("{involuntary} preemptions in {cpu_s:.3} CPU-s: {rate:.0} per CPU-second");
+    assert!(
+        rate > 2.0 * spulse::SWITCH_HEAVY_PER_CPU_SECOND as f64,
+        "the sleeper preempted the worker only {rate:.0} times per CPU-second: the test proves nothing"
+    );
+    assert_eq!(stats.engine, Engine::PerfEvent, "{:?}", stats.warnings);
+    assert!(!stats.warnings.iter().any(|w| w.contains(MOVED)), "{:?}", stats.warnings);
+}
+
+/// The calling thread's involuntary context switches and CPU seconds.
+fn thread_rusage() -> (u64, f64) {
+    // SAFETY: rusage is plain data; getrusage fills the struct we pass.
+    let ru = unsafe {
+        let mut ru: libc::rusage = std::mem::zeroed();
+        libc::getrusage(libc::RUSAGE_THREAD, &mut ru);
+        ru
+    };
+    let s = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    (ru.ru_nivcsw as u64, s(ru.ru_utime) + s(ru.ru_stime))
+}
+
 /// A thread that blocks SIGPROF would keep the timers' signals pending (a
 /// program reading its blocked signals would read ours): the perf events
 /// stay, and a warning says why.

@@ -14,8 +14,9 @@ use crate::Engine;
 pub enum EngineChoice {
     /// perf events, else per-thread CPU timers, else the process timer.
     ///
-    /// With perf events, the writer also watches the program's context
-    /// switches (`getrusage`, every flush interval): each switch schedules
+    /// With perf events, the writer also watches the program's voluntary
+    /// context switches (`getrusage`, every flush interval; preemptions
+    /// are other tasks' doing and do not count): each switch schedules
     /// the perf events out and in, and re-arms their timers, which costs
     /// from a fraction of a microsecond to several on virtual machines. When
     /// the program switches more than [`SWITCH_HEAVY_PER_CPU_SECOND`] times
@@ -43,11 +44,11 @@ pub enum EngineChoice {
     PerfStack,
 }
 
-/// Context switches per second of the program's CPU time above which the
-/// automatic engine leaves the perf-event engine for per-thread CPU timers
-/// (see [`EngineChoice::Auto`]). A CPU-bound program switches a few hundred
-/// times per CPU-second (preemption at the scheduler tick); a server or a
-/// pipeline of threads handing work to each other tens of thousands of times.
+/// Voluntary context switches (the program blocking) per second of its CPU
+/// time above which the automatic engine leaves the perf-event engine for
+/// per-thread CPU timers (see [`EngineChoice::Auto`]). A CPU-bound program
+/// blocks a handful of times per CPU-second; a server or a pipeline of
+/// threads handing work to each other tens of thousands of times.
 pub const SWITCH_HEAVY_PER_CPU_SECOND: u64 = 5_000;
 
 impl EngineChoice {
