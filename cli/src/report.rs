@@ -196,8 +196,10 @@ impl CallTree {
                         }
                         if let Some(thread) = ctx.thread.filter(|_| shape.thread_root) {
                             let th = defs.thread(thread);
-                            let f =
-                                sym.function_id(format!("{} (tid {})", th.name, th.tid), ROOT_MODULE.into());
+                            // Names from the spool: control characters escaped, as in
+                            // `info` (collapsed lines and pprof strings reach terminals).
+                            let name = crate::display::escape(&th.name);
+                            let f = sym.function_id(format!("{name} (tid {})", th.tid), ROOT_MODULE.into());
                             n = t.child(n, f);
                         }
                         roots.insert(c, n);
@@ -520,7 +522,7 @@ fn process_root_name(defs: &Definitions, pid: u32) -> String {
     if program.is_empty() {
         format!("[process] (pid {pid})")
     } else {
-        format!("{program} (pid {pid})")
+        format!("{} (pid {pid})", crate::display::escape(&program))
     }
 }
 
@@ -544,10 +546,16 @@ pub fn top_with(
 
 /// Make a function name safe for one field of a folded line.
 fn folded_name(name: &str) -> Cow<'_, str> {
-    if name.contains([';', '\n', '\r']) {
+    let name = if name.contains([';', '\n', '\r']) {
         Cow::Owned(name.replace(';', ":").replace(['\n', '\r'], " "))
     } else {
         Cow::Borrowed(name)
+    };
+    // Other control characters (ESC, BEL, C1) escaped as `info` shows them:
+    // folded lines are read on terminals.
+    match crate::display::escape(&name) {
+        Cow::Borrowed(_) => name,
+        Cow::Owned(escaped) => Cow::Owned(escaped),
     }
 }
 

@@ -211,6 +211,15 @@ fn hostile_names_are_escaped_on_the_terminal() {
     assert!(o.status.success(), "{}", stderr(&o));
     assert_no_controls("follow", &o.stdout);
     assert!(stdout(&o).contains("ev\\u{1b}]0;owned"), "{}", stdout(&o));
+    // Collapsed stacks on stdout, with the thread and process root frames
+    // whose names come from the spool.
+    for shape in ["--per-thread", "--per-process"] {
+        let o = spulse(&["export", s(&spool), "-f", "collapsed", "-o", "-", shape]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        assert_no_controls(shape, &o.stdout);
+    }
+    let o = spulse(&["export", s(&spool), "-f", "collapsed", "-o", "-", "--per-thread"]);
+    assert!(stdout(&o).contains("th\\u{1b}[31mread\\u{7} (tid 7)"), "{}", stdout(&o));
     // JSON carries the names exactly, escaped the JSON way.
     let v: serde_json::Value = serde_json::from_str(&ok(&["info", s(&spool), "--json"])).unwrap();
     assert_eq!(v["thread_list"][0]["name"], "th\x1b[31mread\x07");
