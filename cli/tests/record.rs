@@ -1259,6 +1259,7 @@ fn main() {
         ),
         ("cpu_before_the_recorder_is_said", cpu_before_the_recorder_is_said),
         ("static_binary_is_refused", static_binary_is_refused),
+        ("cpu_no_recorder_could_see_is_said", cpu_no_recorder_could_see_is_said),
         ("follow_works_live_on_a_multiprocess_recording", follow_works_live_on_a_multiprocess_recording),
         (
             "sigkill_of_the_recorder_leaves_a_readable_prefix",
@@ -1284,4 +1285,61 @@ fn main() {
         eprintln!("failed: {failed:?}");
         std::process::exit(1);
     }
+}
+
+/// CPU the recording cannot account for is said, with where such time goes:
+/// a statically linked program run by the command's shell (the loader never
+/// loads the library into it) burns 0.6 s unseen, and the summary names that
+/// much; a tree of dynamic programs only gets no such line.
+fn cpu_no_recorder_could_see_is_said() {
+    let work = tempfile::tempdir().unwrap();
+    let src = work.path().join("burn.c");
+    std::fs::write(
+        &src,
+        "#include <stdlib.h>\n#include <time.h>\n\
+         int main(int c, char **v) { double s = c > 1 ? atof(v[1]) : 0.5; struct timespec a, b;\n\
+         clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &a); volatile unsigned long x = 0;\n\
+         do { for (int i = 0; i < 100000; i++) x += i; clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &b); }\n\
+         while ((b.tv_sec - a.tv_sec) + (b.tv_nsec - a.tv_nsec) / 1e9 < s); return 0; }\n",
+    )
+    .unwrap();
+    let build = |name: &str, extra: &[&str]| {
+        let exe = work.path().join(name);
+        let o = Command::new("cc")
+            .args(["-O1"])
+            .args(extra)
+            .arg("-o")
+            .arg(&exe)
+            .arg(&src)
+            .output()
+            .expect("run cc");
+        assert!(o.status.success(), "cc {extra:?}: {}", String::from_utf8_lossy(&o.stderr));
+        exe
+    };
+    let dynamic = build("burn", &[]);
+    let fixed = build("burn_static", &["-static"]);
+    let record = |name: &str, script: String| {
+        let o = Command::new(env!("CARGO_BIN_EXE_spulse"))
+            .args(["record", "-o"])
+            .arg(work.path().join(name))
+            .args(["--", "sh", "-c"])
+            .arg(script)
+            .output()
+            .unwrap();
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+        stderr(&o)
+    };
+    let err = record("mixed.spool", format!("{} 0.4; {} 0.6", dynamic.display(), fixed.display()));
+    let line = err.lines().find(|l| l.starts_with("spulse: not seen:")).unwrap_or_else(|| panic!("{err}"));
+    // "... the other N s ran where no recorder could sample it: ... static ..."
+    let unseen: f64 = line
+        .split("the other ")
+        .nth(1)
+        .and_then(|r| r.split(" s ").next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{line}"));
+    assert!((0.45..=0.9).contains(&unseen), "0.6 s burnt unseen, the line says {unseen}: {line}");
+    assert!(line.contains("static"), "{line}");
+    let err = record("dynamic.spool", format!("{0} 0.4; {0} 0.6", dynamic.display()));
+    assert!(!err.contains("not seen"), "every process was recorded: {err}");
 }

@@ -251,7 +251,16 @@ fn finish_recording_now() {
                     spulse::KernelTime::Unmarked => 4,
                     _ => 0,
                 };
-                write_stats(&stats_path, stats.samples_written, stats.lost(), kernel, None, &stats.warnings);
+                let writer_us = stats.writer_cpu.as_micros().min(u64::MAX as u128) as u64;
+                write_stats(
+                    &stats_path,
+                    stats.samples_written,
+                    stats.lost(),
+                    kernel,
+                    writer_us,
+                    None,
+                    &stats.warnings,
+                );
             }
             Ok(_) => {}
             Err(e) => {
@@ -276,7 +285,7 @@ fn finish_recording_now() {
                         ),
                         _ => (0, 0, &[][..], e.to_string()),
                     };
-                    write_stats(&stats_path, written, lost, 0, Some(&message), warnings);
+                    write_stats(&stats_path, written, lost, 0, 0, Some(&message), warnings);
                 } else {
                     let _ = writeln!(std::io::stderr(), "spulse: finishing the recording failed: {e}");
                 }
@@ -333,17 +342,27 @@ fn map_stats_page(path: &Path) {
 }
 
 /// `<pid>.<ns>.stats` for the collector: `written lost before_user_us
-/// before_sys_us kernel` on the first line (`before_*`: CPU time before the
+/// before_sys_us kernel own_us` on the first line (`before_*`: CPU time before the
 /// recorder started, [`BEFORE_USER_US`]; `kernel`: what became of kernel
 /// time, `Stats::kernel_time`: 1 sampled, 2 off, 3 refused by the kernel, 4
-/// in the samples unmarked, 0 not known), then the failure's message if the
+/// in the samples unmarked, 0 not known; `own_us`: spulse's own CPU, its
+/// start ([`OWN_START_US`]) and its writer thread's), then the failure's message if the
 /// recording failed, then the recorder's warnings. Into the page mapped at
 /// start ([`STATS_PAGE`]), else a file created new, never through a symlink,
 /// mode 0600.
-fn write_stats(path: &Path, written: u64, lost: u64, kernel: u8, failure: Option<&str>, warnings: &[String]) {
+fn write_stats(
+    path: &Path,
+    written: u64,
+    lost: u64,
+    kernel: u8,
+    writer_us: u64,
+    failure: Option<&str>,
+    warnings: &[String],
+) {
     use std::os::unix::fs::OpenOptionsExt;
     let (user, sys) = (BEFORE_USER_US.load(Ordering::Relaxed), BEFORE_SYS_US.load(Ordering::Relaxed));
-    let mut text = format!("{written} {lost} {user} {sys} {kernel}\n");
+    let own = OWN_START_US.load(Ordering::Relaxed).saturating_add(writer_us);
+    let mut text = format!("{written} {lost} {user} {sys} {kernel} {own}\n");
     if let Some(m) = failure {
         text.push_str(&m.replace('\n', " "));
         text.push('\n');
@@ -456,8 +475,17 @@ fn under_seccomp() -> bool {
 }
 
 fn start_here() {
-    without_sigxfsz(start_here_now)
+    let (u0, s0) = cpu_so_far();
+    without_sigxfsz(start_here_now);
+    let (u1, s1) = cpu_so_far();
+    OWN_START_US.store((u1 + s1).saturating_sub(u0 + s0), Ordering::Relaxed);
 }
+
+/// The process's CPU (user and system, microseconds, every thread) while
+/// its recorder started: spulse's own, reported in the stats with the
+/// writer thread's so that the collector can tell the program's time from
+/// ours.
+static OWN_START_US: AtomicU64 = AtomicU64::new(0);
 
 /// Run `f`, which writes the recorder's files (a spool's header, the last
 /// flush, the stats) on a thread of the program, with `SIGXFSZ` blocked in

@@ -363,6 +363,13 @@ pub fn run(args: &RecordArgs, embedded_lib: &[u8]) -> Result<Exit, CliError> {
             },
         );
     }
+    // The whole tree's CPU (every process of it was waited for once the
+    // command was) against what the recording accounts for.
+    if cmd_status.is_some() && last_signal == 0 {
+        if let Some(line) = unaccounted_cpu(&summary, hz) {
+            let _ = writeln!(err, "{line}");
+        }
+    }
     if let Err(m) = finished {
         return Err(CliError::other(format!(
             "writing the output failed: {m} (it holds what was merged before; the command exited with status {})",
@@ -388,6 +395,53 @@ pub fn run(args: &RecordArgs, embedded_lib: &[u8]) -> Result<Exit, CliError> {
         _ => Exit { code: status, killed_by },
     })
 }
+
+/// User CPU of the tree the recording does not account for, if it is at
+/// least [`UNACCOUNTED_MIN_US`] and a fifth of the tree's: the line that says
+/// so and where such time goes. The tree's user CPU is this process's
+/// `RUSAGE_CHILDREN` (CMD and every descendant its parent or this subreaper
+/// waited for); the recording accounts for a sampling interval per sample
+/// and per lost sample, for the CPU the processes spent before their
+/// recorders started, and for spulse's own (its start and writer thread in
+/// each process, user and system). Kernel time is otherwise left out on the
+/// tree's side (it is not sampled everywhere), so a recording that samples
+/// it only counts more.
+fn unaccounted_cpu(summary: &summary::Summary, hz: u32) -> Option<String> {
+    // SAFETY: rusage is plain data; zero is a valid value to fill in.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: getrusage writes the struct we pass.
+    if unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &mut ru) } != 0 {
+        return None;
+    }
+    let tree_us =
+        (ru.ru_utime.tv_sec as u64).saturating_mul(1_000_000).saturating_add(ru.ru_utime.tv_usec as u64);
+    let interval_us = (1_000_000 + u64::from(hz) / 2) / u64::from(hz.max(1));
+    let accounted = summary
+        .samples
+        .saturating_add(summary.lost)
+        .saturating_mul(interval_us)
+        .saturating_add(summary.before_us.0)
+        .saturating_add(summary.own_us);
+    let missing = tree_us.saturating_sub(accounted);
+    if missing < UNACCOUNTED_MIN_US || missing.saturating_mul(5) < tree_us {
+        return None;
+    }
+    Some(format!(
+        "spulse: not seen: the command's processes used {:.2} s of user CPU, and the recording accounts for {:.2} s \
+         (samples, lost samples, time before the recorders started, and spulse's own {:.2} s); the other {:.2} s \
+         ran where no recorder could sample it: in processes the recorder could not enter (static, set-uid or \
+         file-capability programs; programs started by raw system calls rather than the C library's fork and \
+         exec, as Go's os/exec and raw clone() do), or in the last moments of processes that ended without the \
+         C library's exit (Go programs)",
+        tree_us as f64 / 1e6,
+        accounted.min(tree_us) as f64 / 1e6,
+        summary.own_us as f64 / 1e6,
+        missing as f64 / 1e6,
+    ))
+}
+
+/// The least unaccounted user CPU worth a line (200 ms).
+const UNACCOUNTED_MIN_US: u64 = 200_000;
 
 /// How `spulse record` ends: with CMD's exit code, or killed by the signal
 /// that killed CMD ([`process::die_like`]; `code` is then 128 + it).

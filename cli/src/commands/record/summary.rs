@@ -22,6 +22,9 @@ pub(super) struct Summary {
     /// CPU time (user, system; microseconds) the recorded processes spent
     /// before the recorder started in them (from their stats files).
     pub(super) before_us: (u64, u64),
+    /// CPU time (microseconds) spulse itself took in the recorded processes:
+    /// each recorder's start and its writer thread (from their stats files).
+    pub(super) own_us: u64,
     /// Processes whose recorder could not sample kernel time because the
     /// kernel refused it (their stats say so), and those that said at all.
     pub(super) kernel_refused: usize,
@@ -39,6 +42,7 @@ impl Collector {
         let mut reported: Vec<(String, Vec<u32>)> = Vec::new();
         let mut discarded = 0u64;
         let mut before_us = (0u64, 0u64);
+        let mut own_us = 0u64;
         let (mut kernel_refused, mut kernel_known) = (0, 0);
         for d in &self.done {
             if d.discarded {
@@ -77,6 +81,7 @@ impl Collector {
                     let day = 86_400_000_000;
                     before_us.0 += field(2).unwrap_or(0).min(day);
                     before_us.1 += field(3).unwrap_or(0).min(day);
+                    own_us += field(5).unwrap_or(0).min(day);
                     match field(4) {
                         Some(3) => {
                             kernel_refused += 1;
@@ -161,6 +166,7 @@ impl Collector {
             fresh,
             unrecorded: count,
             before_us,
+            own_us,
             kernel_refused,
             kernel_known,
         }
