@@ -35,7 +35,8 @@ use super::writer::Sink;
 /// use (4096 slots: 32 KiB).
 pub(crate) const HIGH_FD_CAP: u64 = 4096;
 
-/// Slots left free below the aim for the recorder's later descriptors.
+/// Slots left free below the aim for the recorder's later descriptors (at
+/// most a quarter of the limit: see [`target_for`]).
 const HIGH_FD_ROOM: u64 = 32;
 
 /// The lowest number [`move_high`] asks `F_DUPFD_CLOEXEC` for.
@@ -43,8 +44,17 @@ fn high_target() -> i32 {
     let mut rl = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
     // SAFETY: getrlimit writes one rlimit into the valid `rl`.
     let ok = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut rl) } == 0;
-    let soft = if ok { rl.rlim_cur } else { 1024 };
-    soft.min(HIGH_FD_CAP).saturating_sub(HIGH_FD_ROOM).max(3) as i32
+    target_for(if ok { rl.rlim_cur } else { 1024 })
+}
+
+/// [`high_target`] for the soft limit `soft`: [`HIGH_FD_ROOM`] below it
+/// (below [`HIGH_FD_CAP`]), or a quarter of it below when that is less, so
+/// that a small limit still puts the recorder's descriptors at its top (at
+/// `ulimit -n 32` the room of 32 left the spool at descriptor 3, which a
+/// shell's `exec 3>file` took over).
+fn target_for(soft: u64) -> i32 {
+    let soft = soft.min(HIGH_FD_CAP);
+    soft.saturating_sub(HIGH_FD_ROOM.min(soft / 4)).max(3) as i32
 }
 
 /// `fd` moved to a high, close-on-exec number (the original is closed), or
@@ -227,6 +237,17 @@ impl Sink for SpoolFile {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn small_limits_keep_the_recorders_descriptors_at_their_top() {
+        assert_eq!(target_for(1024), 992);
+        assert_eq!(target_for(1 << 20), 4064, "capped");
+        assert_eq!(target_for(64), 48);
+        assert_eq!(target_for(32), 24, "not 3, where a shell's `exec 3>` lands");
+        assert_eq!(target_for(16), 12);
+        assert_eq!(target_for(4), 3);
+        assert_eq!(target_for(0), 3);
+    }
 
     #[test]
     fn a_spool_descriptor_closed_and_reused_is_never_written_or_closed() {
