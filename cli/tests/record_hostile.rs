@@ -1078,7 +1078,8 @@ int main(void) {
 /// Kernel time a recording could not sample is said in the summary: as uid
 /// 65534 at `perf_event_paranoid` 2 or more the kernel refuses kernel-mode
 /// sampling, and `spulse record` names the setting; as root (whose
-/// recordings sample kernel time) it says nothing of it.
+/// recordings sample kernel time) it says nothing of it, nor of the
+/// perf-stack engine, which samples user time only.
 #[test]
 fn refused_kernel_time_is_said_in_the_summary() {
     if !as_root("switching user needs root") {
@@ -1120,6 +1121,17 @@ fn refused_kernel_time_is_said_in_the_summary() {
         tmp.path(),
         &["-o".as_ref(), out.as_os_str(), "--".as_ref(), exe.as_os_str(), "burn".as_ref(), "0.1".as_ref()],
     );
+    let o = run_bounded(c, Duration::from_secs(60));
+    assert!(o.status.success() && !stderr(&o).contains(said), "{}", stderr(&o));
+    // The perf-stack engine samples user time only, whatever the
+    // privileges: not the kernel's refusal, and not said as one.
+    let out = tmp.path().join("stack.spool");
+    let mut c = record(
+        tmp.path(),
+        tmp.path(),
+        &["-o".as_ref(), out.as_os_str(), "--".as_ref(), exe.as_os_str(), "burn".as_ref(), "0.1".as_ref()],
+    );
+    c.env("SPULSE_ENGINE", "perf-stack");
     let o = run_bounded(c, Duration::from_secs(60));
     assert!(o.status.success() && !stderr(&o).contains(said), "{}", stderr(&o));
 }

@@ -247,6 +247,10 @@ fn finish_recording_now() {
                 let kernel = match &stats.kernel_time {
                     spulse::KernelTime::Sampled => 1,
                     spulse::KernelTime::Off => 2,
+                    // The perf-stack engine samples user time only: not
+                    // the kernel's refusal (the summary would blame the
+                    // privileges).
+                    spulse::KernelTime::Refused(_) if stats.engine == spulse::Engine::PerfStack => 5,
                     spulse::KernelTime::Refused(_) => 3,
                     spulse::KernelTime::Unmarked => 4,
                     _ => 0,
@@ -345,7 +349,7 @@ fn map_stats_page(path: &Path) {
 /// before_sys_us kernel own_us` on the first line (`before_*`: CPU time before the
 /// recorder started, [`BEFORE_USER_US`]; `kernel`: what became of kernel
 /// time, `Stats::kernel_time`: 1 sampled, 2 off, 3 refused by the kernel, 4
-/// in the samples unmarked, 0 not known; `own_us`: spulse's own CPU, its
+/// in the samples unmarked, 5 not sampled by the perf-stack engine, 0 not known; `own_us`: spulse's own CPU, its
 /// start ([`OWN_START_US`]) and its writer thread's), then the failure's message if the
 /// recording failed, then the recorder's warnings. Into the page mapped at
 /// start ([`STATS_PAGE`]), else a file created new, never through a symlink,

@@ -87,7 +87,7 @@ impl Collector {
                             kernel_refused += 1;
                             kernel_known += 1;
                         }
-                        Some(1 | 2 | 4) => kernel_known += 1,
+                        Some(1 | 2 | 4 | 5) => kernel_known += 1,
                         _ => {}
                     }
                     for w in rest.lines().filter(|l| !l.trim().is_empty()).take(16) {
