@@ -6,6 +6,7 @@
 mod recorder_support;
 
 use std::hint::black_box;
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::PermissionsExt;
 use std::time::Duration;
 
@@ -127,6 +128,19 @@ fn frequency_from_environment_and_builder() {
         matches!(&e, Error::Recorder(RecorderError::InvalidConfig { setting: "SPULSE_FREQUENCY", .. })),
         "{e}"
     );
+    // Bytes that are not text are refused too (they were taken for unset).
+    for name in ["SPULSE_FREQUENCY", "SPULSE_OFF_CPU", "SPULSE_ENGINE", "SPULSE_KERNEL_TIME", "SPULSE_ROTATE"]
+    {
+        std::env::remove_var("SPULSE_FREQUENCY");
+        std::env::set_var(name, std::ffi::OsStr::from_bytes(b"\xff"));
+        let e = spulse::start(dir.path().join("bad.spool")).unwrap_err();
+        assert!(
+            matches!(&e, Error::Recorder(RecorderError::InvalidConfig { setting, .. }) if *setting == name),
+            "{name}: {e}"
+        );
+        assert!(e.to_string().contains("not UTF-8"), "{e}");
+        std::env::remove_var(name);
+    }
     std::env::remove_var("SPULSE_FREQUENCY");
     let env = spulse::Snapshot::open(dir.path().join("env.spool")).unwrap();
     assert_eq!(env.interval_us(), 4000);

@@ -422,43 +422,53 @@ impl RecorderBuilder {
         }
     }
 
+    /// The environment variable `name` as text (`Ok(None)` if unset or the
+    /// environment is ignored); a value that is not UTF-8 is refused, as any
+    /// other value the setting does not take (it was taken for unset).
+    fn env_text(&self, name: &'static str) -> Result<Option<String>, Error> {
+        match self.env_var(name).map(|v| v.into_string()) {
+            None => Ok(None),
+            Some(Ok(v)) => Ok(Some(v)),
+            Some(Err(v)) => Err(invalid(name, format!("{name}={v:?} is not UTF-8 text"))),
+        }
+    }
+
     /// Check every setting; resolve the frequency and the output path.
     pub(super) fn check(&self, path: &Path) -> Result<Checked, Error> {
         let hz = frequency(self)?;
         let kernel_time = match self.kernel_time {
             Some(on) => on,
-            None => match self.env_var("SPULSE_KERNEL_TIME").map(|v| v.into_string()) {
-                Some(Ok(v)) if v.trim() == "0" => false,
-                Some(Ok(v)) if v.trim() == "1" => true,
-                Some(Ok(v)) => {
+            None => match self.env_text("SPULSE_KERNEL_TIME")? {
+                Some(v) if v.trim() == "0" => false,
+                Some(v) if v.trim() == "1" => true,
+                Some(v) => {
                     return Err(invalid(
                         "SPULSE_KERNEL_TIME",
                         format!("SPULSE_KERNEL_TIME={v:?} is neither 0 (user time only) nor 1"),
                     ))
                 }
-                // As `std::env::var` had it: not Unicode is as good as unset.
-                Some(Err(_)) | None => true,
+                None => true,
             },
         };
         let off_cpu = match self.off_cpu {
             Some(on) => on,
-            None => match self.env_var("SPULSE_OFF_CPU").map(|v| v.into_string()) {
-                Some(Ok(v)) if v.trim() == "0" || v.trim().is_empty() => false,
-                Some(Ok(v)) if v.trim() == "1" => true,
-                Some(Ok(v)) => {
+            None => match self.env_text("SPULSE_OFF_CPU")? {
+                Some(v) if v.trim() == "0" || v.trim().is_empty() => false,
+                Some(v) if v.trim() == "1" => true,
+                Some(v) => {
                     return Err(invalid(
                         "SPULSE_OFF_CPU",
                         format!("SPULSE_OFF_CPU={v:?} is neither 1 (record off-CPU time) nor 0"),
                     ))
                 }
-                Some(Err(_)) | None => false,
+                None => false,
             },
         };
         let engine = match self.engine {
             Some(e) => e,
-            None => match self.env_var("SPULSE_ENGINE").map(|v| v.into_string()) {
-                Some(Ok(v)) if v.trim().is_empty() => EngineChoice::Auto,
-                Some(Ok(v)) => EngineChoice::from_name(v.trim()).ok_or_else(|| {
+            None => match self.env_text("SPULSE_ENGINE")? {
+                Some(v) if v.trim().is_empty() => EngineChoice::Auto,
+                Some(v) => EngineChoice::from_name(v.trim()).ok_or_else(|| {
                     invalid(
                         "SPULSE_ENGINE",
                         format!(
@@ -467,7 +477,7 @@ impl RecorderBuilder {
                         ),
                     )
                 })?,
-                Some(Err(_)) | None => EngineChoice::Auto,
+                None => EngineChoice::Auto,
             },
         };
         let depth = self.max_stack_depth;
@@ -588,12 +598,12 @@ impl RecorderBuilder {
     /// The rotation interval and retention (builder values, else
     /// `SPULSE_ROTATE` and `SPULSE_RETAIN`), checked.
     fn rotation_settings(&self) -> Result<Option<(Duration, Option<usize>)>, Error> {
-        let env = |name: &str| {
-            self.env_var(name).and_then(|v| v.into_string().ok()).filter(|v| !v.trim().is_empty())
+        let env = |name: &'static str| -> Result<Option<String>, Error> {
+            Ok(self.env_text(name)?.filter(|v| !v.trim().is_empty()))
         };
         let (every, every_setting) = match self.rotate {
             Some(d) => (Some(d), "rotate"),
-            None => match env("SPULSE_ROTATE") {
+            None => match env("SPULSE_ROTATE")? {
                 Some(v) => {
                     let d = v
                         .trim()
@@ -613,7 +623,7 @@ impl RecorderBuilder {
         };
         let (retain, retain_setting) = match self.retain {
             Some(n) => (Some(n), "retain"),
-            None => match env("SPULSE_RETAIN") {
+            None => match env("SPULSE_RETAIN")? {
                 Some(v) => {
                     let n = v.trim().parse::<usize>().map_err(|_| {
                         invalid(
@@ -690,14 +700,14 @@ const MAX_FLUSH_INTERVAL: Duration = Duration::from_secs(600);
 fn frequency(b: &RecorderBuilder) -> Result<u32, Error> {
     let hz = match b.frequency_hz {
         Some(hz) => hz,
-        None => match b.env_var("SPULSE_FREQUENCY").map(|v| v.into_string()) {
-            Some(Ok(v)) => v.trim().parse::<u32>().map_err(|_| {
+        None => match b.env_text("SPULSE_FREQUENCY")? {
+            Some(v) => v.trim().parse::<u32>().map_err(|_| {
                 invalid(
                     "SPULSE_FREQUENCY",
                     format!("SPULSE_FREQUENCY={v:?} is not a whole number of samples per second"),
                 )
             })?,
-            Some(Err(_)) | None => RecorderBuilder::DEFAULT_FREQUENCY_HZ,
+            None => RecorderBuilder::DEFAULT_FREQUENCY_HZ,
         },
     };
     if !(1..=MAX_FREQUENCY_HZ).contains(&hz) {

@@ -112,6 +112,9 @@ pub fn run(args: &RecordArgs, embedded_lib: &[u8]) -> Result<Exit, CliError> {
                     CliError::input(format!("SPULSE_FREQUENCY={v:?} is not a whole number from 1 to 100000"))
                 })?
             }
+            Err(std::env::VarError::NotUnicode(v)) => {
+                return Err(CliError::input(format!("SPULSE_FREQUENCY={v:?} is not UTF-8 text")))
+            }
             _ => spulse::RecorderBuilder::DEFAULT_FREQUENCY_HZ,
         },
     };
