@@ -108,18 +108,7 @@ fn without_a_cache_directory_the_library_goes_to_a_private_temporary_one() {
     let tmp = work.path().join("tmp");
     std::fs::create_dir(&tmp).unwrap();
     let out = work.path().join("t.spool");
-    let o = Command::new("sh")
-        .args(["-c", "umask 022; exec \"$0\" \"$@\""])
-        .arg(&bin)
-        .args(["record", "-o"])
-        .arg(&out)
-        .args(["--", "sh", "-c", "i=0; while [ $i -lt 100000 ]; do i=$((i+1)); done"])
-        .env("XDG_CACHE_HOME", not_a_dir.join("cache"))
-        .env("TMPDIR", &tmp)
-        .env_remove("SPULSE_PRELOAD_LIB")
-        .current_dir(work.path())
-        .output()
-        .unwrap();
+    let o = record_loop(&bin, work.path(), &not_a_dir.join("cache"), &tmp, &out, true);
     let err = stderr(&o);
     assert!(o.status.success(), "{err}");
     assert!(err.contains("goes to a temporary directory for this recording"), "{err}");
@@ -150,16 +139,7 @@ fn a_cache_path_with_a_space_or_colon_is_not_split_by_the_loader() {
         let tmp = work.path().join(tmp);
         std::fs::create_dir_all(&tmp).unwrap();
         let out = work.path().join(format!("{}.spool", cache.replace([' ', ':'], "_")));
-        let o = Command::new(&bin)
-            .args(["record", "-o"])
-            .arg(&out)
-            .args(["--", "sh", "-c", "i=0; while [ $i -lt 100000 ]; do i=$((i+1)); done"])
-            .env("XDG_CACHE_HOME", work.path().join(cache))
-            .env("TMPDIR", &tmp)
-            .env_remove("SPULSE_PRELOAD_LIB")
-            .current_dir(work.path())
-            .output()
-            .unwrap();
+        let o = record_loop(&bin, work.path(), &work.path().join(cache), &tmp, &out, false);
         let err = stderr(&o);
         assert!(o.status.success(), "{err}");
         assert!(!err.contains("ld.so"), "the loader was handed a split path: {err}");
@@ -168,4 +148,28 @@ fn a_cache_path_with_a_space_or_colon_is_not_split_by_the_loader() {
         assert!(spulse::Snapshot::open(&out).unwrap().samples().len() > 0, "no samples");
     }
     assert_eq!(std::fs::read(work.path().join("my")).unwrap(), b"not a library");
+}
+
+/// Record a shell loop with the spulse binary `bin`, with `XDG_CACHE_HOME`
+/// and `TMPDIR` as given, from `dir`, into `out`; the caller checks the output.
+fn record_loop(
+    bin: &Path,
+    dir: &Path,
+    cache: &Path,
+    tmp: &Path,
+    out: &Path,
+    umask_022: bool,
+) -> std::process::Output {
+    let mut c = Command::new("sh");
+    c.arg("-c").arg(if umask_022 { "umask 022; exec \"$0\" \"$@\"" } else { "exec \"$0\" \"$@\"" });
+    c.arg(bin)
+        .args(["record", "-o"])
+        .arg(out)
+        .args(["--", "sh", "-c", "i=0; while [ $i -lt 100000 ]; do i=$((i+1)); done"])
+        .env("XDG_CACHE_HOME", cache)
+        .env("TMPDIR", tmp)
+        .env_remove("SPULSE_PRELOAD_LIB")
+        .current_dir(dir)
+        .output()
+        .unwrap()
 }
