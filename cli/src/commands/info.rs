@@ -225,7 +225,7 @@ pub fn run(args: &InfoArgs) -> Result<(), CliError> {
             if off.with_stack_us < off.blocked_us {
                 writeln!(
                     out,
-                    "                 {:.3} s without a stack ([blocked], [blocked, under 5 ms]): the thread woke before the recorder's next tick saw it blocked, or its stack could not be read (a warning below says so); `top --off-cpu --spread-blocked` estimates where it went from the waits with a stack",
+                    "                 {:.3} s without a stack ([blocked], [blocked, under 5 ms]): the thread woke before the recorder's next tick saw it blocked, or its process was stopped (SIGSTOP, a debugger: the recorder's thread stops with it), or its stack could not be read (a warning below says so); `top --off-cpu --spread-blocked` estimates where it went from the waits with a stack",
                     (off.blocked_us - off.with_stack_us) as f64 / 1e6
                 )?;
             }

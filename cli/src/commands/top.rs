@@ -370,7 +370,8 @@ fn hint_spread(defs: &spulse::Definitions) {
     if blocked > 0 && !with_a_stack {
         eprintln!(
             "spulse: no blocked wait in this spool has a stack: `spulse info` says why\n\
-             spulse: (a process that is not dumpable, or a read the kernel refused)"
+             spulse: (a process that is not dumpable, a read the kernel refused, or a process\n\
+             spulse: stopped by SIGSTOP or a debugger, whose recorder stopped with it)"
         );
     } else if blocked > 0 && stackless.saturating_mul(5) >= blocked {
         eprintln!(
