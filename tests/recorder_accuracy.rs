@@ -61,12 +61,24 @@ fn workload(until: Until, wall: Duration, path: &std::path::Path) -> (Vec<u32>, 
                     let tid = gettid();
                     let c0 = thread_cpu_seconds();
                     let mut acc = 0;
+                    // Each round's length is drawn at random (10,000-30,000
+                    // steps, the same for both functions: 3:1 in every
+                    // round): rounds of one fixed length (about 120 us, 8 to
+                    // a sampling period) could fall in step with the 1 ms
+                    // period and have the samples see one phase of the loop
+                    // more than the other.
+                    let mut rng =
+                        0x2545_f491_4f6c_dd1du64 ^ (i as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
                     while thread_cpu_seconds() - c0 < cpu_each
                         && Instant::now() < deadline
                         && !stop.load(std::sync::atomic::Ordering::Relaxed)
                     {
-                        acc ^= work_three(20_000);
-                        acc ^= work_one(20_000);
+                        rng ^= rng << 13;
+                        rng ^= rng >> 7;
+                        rng ^= rng << 17;
+                        let n = 10_000 + rng % 20_000;
+                        acc ^= work_three(n);
+                        acc ^= work_one(n);
                     }
                     black_box(acc);
                     (tid, thread_cpu_seconds() - c0)
