@@ -111,8 +111,8 @@ fn failed_export_leaves_existing_output_untouched() {
     let out = p.dir.path().join("a.svg");
     std::fs::write(&out, "precious earlier export\n").unwrap();
     // Writes past 2 KiB fail with EFBIG (SIGXFSZ ignored), well inside the SVG.
-    // SAFETY: `pre_exec` runs the closure in the forked child before exec; it
-    // makes only async-signal-safe calls (signal, setrlimit) and allocates nothing.
+    // `pre_exec` runs the closure in the forked child before exec.
+    // SAFETY: the closure makes only async-signal-safe calls (signal, setrlimit) and allocates nothing.
     let o = unsafe {
         Command::new(env!("CARGO_BIN_EXE_spulse"))
             .args(["export", s(&spool), "--format", "svg", "-o", s(&out)])
