@@ -64,12 +64,6 @@ pub use recorder::flush_before_exit as __preload_flush_before_exit;
 #[doc(hidden)]
 pub use recorder::writer_tid as __preload_writer_tid;
 
-/// For `libspulse_preload.so` only, not part of the API: spawn a thread of
-/// spulse's own (every signal blocked but the C library's internal ones; the
-/// off-CPU mode leaves its waits out).
-#[doc(hidden)]
-pub use recorder::spawn_own as __preload_spawn_own;
-
 /// Hooks for spulse's own tests and benchmarks, compiled only with the
 /// `testing` cargo feature (off by default). **Unstable**: not part of the
 /// API, may change or go in any release; do not enable it in a build you ship.

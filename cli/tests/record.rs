@@ -124,48 +124,6 @@ fn run_role(role: &str) -> ! {
             report();
             exit(5)
         }
-        "forks_that_exec_or_exit_at_once" => {
-            // Children that exec `/bin/true` or `_exit` right after their
-            // fork, and one that burns without exec; their pids go to
-            // `<results>/forked` (not a report: `reports` skips it).
-            let true_path = std::ffi::CString::new("/bin/true").unwrap();
-            let argv = [true_path.as_ptr(), std::ptr::null()];
-            let mut kids = Vec::new();
-            for i in 0..6 {
-                // SAFETY: fork; the child only execs or exits, with no allocation.
-                let pid = unsafe { libc::fork() };
-                if pid == 0 {
-                    if i % 2 == 0 {
-                        // SAFETY: a NUL-terminated path and a null-terminated argv.
-                        unsafe { libc::execv(true_path.as_ptr(), argv.as_ptr()) };
-                    }
-                    // SAFETY: ends the child without its atexit handlers.
-                    unsafe { libc::_exit(0) }
-                }
-                kids.push(pid);
-            }
-            for &pid in &kids {
-                let mut st = 0;
-                // SAFETY: waits for our forked child.
-                unsafe { libc::waitpid(pid, &mut st, 0) };
-            }
-            // SAFETY: fork; the child burns, reports and exits.
-            let burner = unsafe { libc::fork() };
-            if burner == 0 {
-                burn(ms(300));
-                report();
-                exit(0);
-            }
-            let dir = std::env::var_os(RESULTS).expect("results dir");
-            let list: Vec<String> = kids.iter().map(|p| p.to_string()).collect();
-            std::fs::write(Path::new(&dir).join("forked"), list.join(" ")).unwrap();
-            burn(ms(200));
-            let mut st = 0;
-            // SAFETY: waits for our forked child.
-            unsafe { libc::waitpid(burner, &mut st, 0) };
-            report();
-            exit(0)
-        }
         "exits_without_atexit" => {
             // A child that ends with `_exit`, one that execs, and the root
             // ending with `_exit`: none runs the preload's `atexit` handler,
@@ -536,60 +494,6 @@ fn tree_fork_exec_and_nonzero_exit() {
             s.definitions().modules().iter().any(|m| m.pid == *p && Path::new(m.path()) == exe),
             "pid {p} has no module for the test program"
         );
-    }
-}
-
-/// A forked child that execs or exits at once starts no recorder of its
-/// own (its recorder would start a moment after the fork, on a thread of
-/// its own: `preload/src/fork_child.rs`): its pid has the modules of the
-/// program it exec'd only, or none at all; a forked child that runs on
-/// without exec is recorded as before (its samples match its CPU).
-fn forks_that_exec_or_exit_at_once_start_no_recorder() {
-    let r = record_role("forks_that_exec_or_exit_at_once", &[]);
-    assert_eq!(r.out.status.code(), Some(0), "stderr: {}", stderr(&r.out));
-    let err = stderr(&r.out);
-    assert!(!err.contains("not seen") && !err.contains("left no readable spool"), "summary: {err}");
-    let s = open_complete(&r.spool);
-    let reps = reports(&r.results);
-    assert_eq!(reps.len(), 2, "the root and the burner: {reps:?}");
-    check_accuracy(&s, &reps);
-    let forked: Vec<u32> = std::fs::read_to_string(r.results.join("forked"))
-        .unwrap()
-        .split_whitespace()
-        .map(|p| p.parse().unwrap())
-        .collect();
-    assert_eq!(forked.len(), 6);
-    let exe = std::fs::canonicalize(me()).unwrap();
-    let d = s.definitions();
-    // A child the machine kept from running for the 2 ms between its fork
-    // and its exec or exit starts its recorder (and is recorded whole): on a
-    // loaded machine a few may. Before, all six started one.
-    let (mut started, mut exited_unstarted) = (Vec::new(), 0);
-    for (i, &pid) in forked.iter().enumerate() {
-        let paths: Vec<PathBuf> =
-            d.modules().iter().filter(|m| m.pid == pid).map(|m| m.path().to_path_buf()).collect();
-        if paths.contains(&exe) {
-            started.push((i, pid));
-        } else if i % 2 == 1 {
-            assert!(paths.is_empty(), "child {i} (pid {pid}) exited at once: {paths:?}");
-            exited_unstarted += 1;
-        }
-        if i % 2 == 0 {
-            assert!(
-                paths.iter().any(|p| p.file_name().is_some_and(|n| n == "true")),
-                "child {i} (pid {pid}) exec'd /bin/true, recorded without it: {paths:?}"
-            );
-        }
-    }
-    assert!(started.len() <= 3, "children that started a recorder in their fork (index, pid): {started:?}");
-    // Those that exited unstarted are counted as CPU before a recorder.
-    let said = match exited_unstarted {
-        0 => None,
-        1 => Some("one forked child that ended within 2 ms of its fork".to_string()),
-        n => Some(format!("{n} forked children that ended within 2 ms of their fork")),
-    };
-    if let Some(said) = said {
-        assert!(err.contains(&said), "{said:?} not in the summary: {err}");
     }
 }
 
@@ -1329,10 +1233,6 @@ fn main() {
     }
     let tests: &[(&str, fn())] = &[
         ("tree_fork_exec_and_nonzero_exit", tree_fork_exec_and_nonzero_exit),
-        (
-            "forks_that_exec_or_exit_at_once_start_no_recorder",
-            forks_that_exec_or_exit_at_once_start_no_recorder,
-        ),
         ("sigkilled_child_keeps_samples", sigkilled_child_keeps_samples),
         ("exits_without_atexit_keep_their_last_wait", exits_without_atexit_keep_their_last_wait),
         ("exec_in_a_signal_handler_does_not_hang", exec_in_a_signal_handler_does_not_hang),

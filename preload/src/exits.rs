@@ -83,13 +83,7 @@ pub(crate) fn real(slot: &AtomicUsize, name: &CStr) -> Option<usize> {
 /// `_exit(2)`.
 #[no_mangle]
 pub extern "C" fn _exit(status: c_int) -> ! {
-    // A forked child whose recorder was still to start has nothing to
-    // write: its CPU goes to the collector's tally.
-    if crate::fork_child::hold() {
-        crate::fork_child::count_unstarted();
-    } else {
-        before_image_ends();
-    }
+    before_image_ends();
     loop {
         // SAFETY: exit_group ends the process; it does not return.
         unsafe { libc::syscall(libc::SYS_exit_group, status as libc::c_long) };
@@ -111,19 +105,11 @@ type ExecFd = unsafe extern "C" fn(c_int, Argv, Argv) -> c_int;
 /// `slot` (`call`).
 fn around_exec(slot: &AtomicUsize, name: &CStr, call: impl FnOnce(usize) -> c_int) -> c_int {
     let Some(p) = real(slot, name) else { return -1 };
-    // A forked child whose recorder is still to start: it does not start
-    // while the exec is under way, nor at all once it succeeds (the new
-    // image counts this one's CPU as its own "before the recorder").
-    let held = crate::fork_child::hold();
     before_image_ends();
     if crate::records_this_process() {
         crate::without_sigxfsz(crate::exec_cpu::note);
     }
-    let r = call(p);
-    if held {
-        crate::fork_child::release();
-    }
-    r
+    call(p)
 }
 
 /// `execve(2)`.

@@ -64,7 +64,6 @@
 
 mod exec_cpu;
 mod exits;
-mod fork_child;
 mod namespaces;
 mod seccomp;
 mod setxid;
@@ -181,12 +180,6 @@ extern "C" fn init() {
 }
 
 extern "C" fn at_exit() {
-    // A forked child whose recorder was still to start has nothing to
-    // write: its CPU goes to the collector's tally.
-    if fork_child::hold() {
-        fork_child::count_unstarted();
-        return;
-    }
     finish_recording();
 }
 
@@ -210,29 +203,6 @@ fn record_again() {
     BEFORE_USER_US.store(0, Ordering::Relaxed);
     BEFORE_SYS_US.store(0, Ordering::Relaxed);
     start_here();
-}
-
-/// Start the recorder of a forked child whose start was deferred
-/// (`fork_child.rs`), on the calling thread: its "CPU before the recorder"
-/// is what the child used since its fork, and spulse's own start is what
-/// this thread used in it.
-fn start_deferred() {
-    let (user, sys) = cpu_so_far();
-    BEFORE_USER_US.store(user, Ordering::Relaxed);
-    BEFORE_SYS_US.store(sys, Ordering::Relaxed);
-    let t0 = thread_cpu_us();
-    without_sigxfsz(start_here_now);
-    OWN_START_US.store(thread_cpu_us().saturating_sub(t0), Ordering::Relaxed);
-}
-
-/// The calling thread's CPU time so far, in microseconds.
-fn thread_cpu_us() -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: clock_gettime writes the timespec on this frame.
-    if unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) } != 0 {
-        return 0;
-    }
-    ts.tv_sec.max(0) as u64 * 1_000_000 + ts.tv_nsec.max(0) as u64 / 1_000
 }
 
 /// Finish the recording of this process for `why`, said first: under
@@ -477,26 +447,18 @@ extern "C" fn in_child() {
         Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner().take(),
         // Another thread of the parent held the lock while forking: the child
         // cannot take it, so it goes unrecorded rather than risk a deadlock.
-        Err(std::sync::TryLockError::WouldBlock) => {
-            fork_child::reset();
-            return;
-        }
+        Err(std::sync::TryLockError::WouldBlock) => return,
     };
     std::mem::forget(old);
     // The parent's stats page came with the fork: never the child's to write.
     STATS_PAGE.store(std::ptr::null_mut(), Ordering::SeqCst);
     if UNDER_SECCOMP.load(Ordering::SeqCst) {
         // The filter came with the fork: not even a read of /proc here.
-        fork_child::reset();
         return;
     }
     BEFORE_USER_US.store(0, Ordering::Relaxed);
     BEFORE_SYS_US.store(0, Ordering::Relaxed);
-    // Most forked children exec at once: their recorder starts a moment
-    // later, on a thread of its own, if they still run (`fork_child.rs`).
-    if !fork_child::defer() {
-        start_here();
-    }
+    start_here();
 }
 
 /// Set once this process (or the process it was forked from) entered a
@@ -595,7 +557,6 @@ fn start_here_now() {
     }
     if let Some(dir) = &dir {
         exec_cpu::set_note_path(&dir.join(format!("{pid}.cpu-at-exec")));
-        fork_child::map_tally(dir);
     }
     let (path, error_path) = match &dir {
         Some(dir) => {

@@ -73,20 +73,7 @@ pub extern "C" fn setns(fd: c_int, nstype: c_int) -> c_int {
 /// recording stopped, then record anew.
 fn alone_if_needed(may_need: bool, call: impl Fn() -> c_int) -> c_int {
     let r = call();
-    if r == 0 || !may_need || errno() != libc::EINVAL {
-        return r;
-    }
-    // A forked child whose recorder was still to start: its start thread
-    // was the other thread. Stopped, the call is made again, and the
-    // recorder started at once.
-    if crate::fork_child::stop() {
-        let r = call();
-        let e = errno();
-        crate::start_deferred();
-        set_errno(e);
-        return r;
-    }
-    if !crate::records_this_process() {
+    if r == 0 || !may_need || errno() != libc::EINVAL || !crate::records_this_process() {
         return r;
     }
     // Threads of the program's own besides the writer: the call fails as it

@@ -43,9 +43,6 @@ pub(crate) fn resolve() {
 /// Finish the recording before the process restricts its system calls.
 fn before_seccomp() {
     crate::UNDER_SECCOMP.store(true, Ordering::SeqCst);
-    // A recorder still to start in a forked child never starts (one under
-    // way is waited for, and finished below).
-    crate::fork_child::stop();
     if crate::records_this_process() {
         crate::finish_recording_because(
             "the program entered a seccomp mode (its filter would refuse the recorder's system calls): \

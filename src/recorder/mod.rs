@@ -111,17 +111,6 @@ pub(crate) use sys::preloaded::preload_split_off_cpu;
 #[cfg(feature = "http")]
 pub(crate) use sys::sigmask::spawn_quiet;
 
-/// Spawn a thread of spulse's own, with every signal blocked but the C
-/// library's two internal ones, as the recorder's threads are (for
-/// `libspulse_preload.so`'s deferred start in a forked child).
-pub fn spawn_own<F, T>(b: std::thread::Builder, f: F) -> std::io::Result<std::thread::JoinHandle<T>>
-where
-    F: FnOnce() -> T + Send + 'static,
-    T: Send + 'static,
-{
-    sys::sigmask::spawn_quiet(b, f)
-}
-
 /// Start recording to `path` with the defaults.
 ///
 /// `path` is a template (`{pid}`, `{timestamp}`) and `SPULSE_OUTPUT` overrides

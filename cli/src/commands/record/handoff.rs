@@ -56,7 +56,6 @@ impl HandoffDir {
             std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o700))?;
             let lock = open_dir(&path)?;
             rustix::fs::flock(&lock, rustix::fs::FlockOperation::NonBlockingLockExclusive)?;
-            create_tally(&path)?;
             Ok(lock)
         })();
         match made {
@@ -158,42 +157,6 @@ pub(super) fn read_small(path: &Path) -> Result<String, Option<String>> {
         text.push_str(&format!(" [cut at {SMALL_FILE_MAX} bytes of {}]", m.len()));
     }
     Ok(text)
-}
-
-/// The file where forked children that ended before their recorder was to
-/// start (the preload's `fork_child.rs`) add up their CPU: three
-/// native-endian 64-bit words (user and system microseconds, children),
-/// in a page the processes map shared.
-pub(super) const TALLY: &str = "forks.tally";
-
-/// The tally's size: a page of zeros.
-const TALLY_BYTES: u64 = 4096;
-
-/// Create the tally in the new directory `dir`.
-fn create_tally(dir: &Path) -> std::io::Result<()> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let f = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(dir.join(TALLY))?;
-    f.set_len(TALLY_BYTES)
-}
-
-/// What the tally holds: (user us, system us, children). The processes are
-/// untrusted and map it writable: each figure is capped (a day of CPU, a
-/// million children); an unreadable tally counts nothing.
-pub(super) fn read_tally(dir: &Path) -> (u64, u64, u64) {
-    use std::io::Read;
-    let Ok((f, _)) = open_entry(&dir.join(TALLY)) else { return (0, 0, 0) };
-    let mut buf = [0u8; 24];
-    if f.take(24).read_exact(&mut buf).is_err() {
-        return (0, 0, 0);
-    }
-    let word = |i: usize| u64::from_ne_bytes(buf[i * 8..i * 8 + 8].try_into().expect("8 bytes"));
-    let day = 86_400_000_000;
-    (word(0).min(day), word(1).min(day), word(2).min(1_000_000))
 }
 
 /// Open a file of the private directory to read it: without following a

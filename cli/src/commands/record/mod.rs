@@ -343,16 +343,11 @@ pub fn run(args: &RecordArgs, embedded_lib: &[u8]) -> Result<Exit, CliError> {
         let _ = writeln!(
             err,
             "spulse: not sampled: {:.1} ms of CPU ({:.1} user, {:.1} system) spent before the recorder started \
-             in {} (exec, dynamic loading, earlier constructors{})",
+             in {} (exec, dynamic loading, earlier constructors)",
             (user + sys) as f64 / 1000.0,
             user as f64 / 1000.0,
             sys as f64 / 1000.0,
             if summary.processes == 1 { "the process" } else { "the processes" },
-            match summary.unstarted {
-                0 => String::new(),
-                1 => "; one forked child that ended within 2 ms of its fork, before its recorder started".into(),
-                n => format!("; {n} forked children that ended within 2 ms of their fork, before their recorder started"),
-            },
         );
     }
     if summary.kernel_refused > 0 {

@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::path::Path;
 
 use super::collector::Collector;
-use super::handoff::{parse_name, read_small, read_tally, warning_line};
+use super::handoff::{parse_name, read_small, warning_line};
 
 pub(super) struct Summary {
     pub(super) processes: usize,
@@ -20,11 +20,8 @@ pub(super) struct Summary {
     /// Processes that left an `.error` file (could not record).
     pub(super) unrecorded: usize,
     /// CPU time (user, system; microseconds) the recorded processes spent
-    /// before the recorder started in them (from their stats files), and
-    /// forked children that ended before theirs was to start (the tally).
+    /// before the recorder started in them (from their stats files).
     pub(super) before_us: (u64, u64),
-    /// Forked children that ended before their recorder was to start.
-    pub(super) unstarted: u64,
     /// CPU time (microseconds) spulse itself took in the recorded processes:
     /// each recorder's start and its writer thread (from their stats files).
     pub(super) own_us: u64,
@@ -111,9 +108,6 @@ impl Collector {
             [one] => format!("process {one}: {w}"),
             many => format!("{} processes (first {}): {w}", many.len(), many[0]),
         };
-        let (user, sys, unstarted) = read_tally(&self.dir);
-        before_us.0 += user;
-        before_us.1 += sys;
         // Everything before the recorders' own warnings is new to the user.
         let mut fresh = warnings.clone();
         for (w, pids) in reported {
@@ -172,7 +166,6 @@ impl Collector {
             fresh,
             unrecorded: count,
             before_us,
-            unstarted,
             own_us,
             kernel_refused,
             kernel_known,
