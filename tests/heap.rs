@@ -665,7 +665,15 @@ fn threads_from_the_start_child() {
     let p = decode(&spulse::heap::profile().unwrap());
     let total: i64 = p.sample.iter().map(|s| s.value[1]).sum();
     let churned = cum(&p, "churn")[1];
-    assert!(churned as f64 >= 0.99 * total as f64, "churn {churned} of {total} bytes");
+    // What is not under `churn` is the test harness's own allocations (its
+    // output capture, the threads' spawns): a few hundred KiB, which a
+    // sample or two (each standing for about the rate) may land in. Failed
+    // once at 2 such samples (1 MiB of 79 MiB) against a bound of 1%.
+    let stray = (total - churned) as u64;
+    assert!(
+        stray <= 4 * spulse::heap::DEFAULT_RATE as u64,
+        "churn {churned} of {total} bytes: {stray} elsewhere, over four samples' worth"
+    );
 }
 
 /// Threads that sample as soon as the program starts, before anything built

@@ -124,6 +124,30 @@ fn run_role(role: &str) -> ! {
             report();
             exit(5)
         }
+        "short_children_ending_in__exit" => {
+            // Forked workers that burn 60 ms each and end with `_exit`, as
+            // Python's multiprocessing workers do: no `atexit` handler runs.
+            let mut kids = Vec::new();
+            for _ in 0..3 {
+                // SAFETY: fork; the child burns, reports and calls `_exit`.
+                let pid = unsafe { libc::fork() };
+                if pid == 0 {
+                    burn(ms(60));
+                    report();
+                    // SAFETY: ends the child without its atexit handlers.
+                    unsafe { libc::_exit(0) }
+                }
+                kids.push(pid);
+            }
+            for pid in kids {
+                let mut st = 0;
+                // SAFETY: waits for our forked child.
+                unsafe { libc::waitpid(pid, &mut st, 0) };
+            }
+            burn(ms(100));
+            report();
+            exit(0)
+        }
         "exits_without_atexit" => {
             // A child that ends with `_exit`, one that execs, and the root
             // ending with `_exit`: none runs the preload's `atexit` handler,
@@ -494,6 +518,32 @@ fn tree_fork_exec_and_nonzero_exit() {
             s.definitions().modules().iter().any(|m| m.pid == *p && Path::new(m.path()) == exe),
             "pid {p} has no module for the test program"
         );
+    }
+}
+
+/// Forked children that live 60 ms and end with `_exit` keep their samples,
+/// with every engine: the interposed `_exit` wakes the writer for a last
+/// tick (before, the signal engines' writers could not be woken, and such a
+/// child lost everything since its recorder started).
+fn short_children_ending_in_exit_keep_their_samples() {
+    for engine in ["perf-event", "thread-timer"] {
+        let r =
+            record_role_with("short_children_ending_in__exit", &[], &[("SPULSE_ENGINE", Path::new(engine))]);
+        assert_eq!(r.out.status.code(), Some(0), "{engine}: stderr: {}", stderr(&r.out));
+        let s = open_complete(&r.spool);
+        let reps = reports(&r.results);
+        assert_eq!(reps.len(), 4, "{engine}: the root and three children: {reps:?}");
+        let by = user_samples_by_thread(&s);
+        for (&pid, &(tid, cpu)) in &reps {
+            let expected = cpu * HZ as f64;
+            let got = by.get(&(pid, tid)).copied().unwrap_or(0) as f64;
+            // The child's first few ms (its recorder's start) are not
+            // sampled: at least 70% of a 60 ms burn.
+            assert!(
+                got >= 0.7 * expected && got <= 1.1 * expected + 2.0,
+                "{engine}: process {pid}: {got} samples for {cpu:.3} s of CPU at {HZ} Hz (expected {expected:.0})"
+            );
+        }
     }
 }
 
@@ -1233,6 +1283,10 @@ fn main() {
     }
     let tests: &[(&str, fn())] = &[
         ("tree_fork_exec_and_nonzero_exit", tree_fork_exec_and_nonzero_exit),
+        (
+            "short_children_ending_in_exit_keep_their_samples",
+            short_children_ending_in_exit_keep_their_samples,
+        ),
         ("sigkilled_child_keeps_samples", sigkilled_child_keeps_samples),
         ("exits_without_atexit_keep_their_last_wait", exits_without_atexit_keep_their_last_wait),
         ("exec_in_a_signal_handler_does_not_hang", exec_in_a_signal_handler_does_not_hang),

@@ -21,13 +21,15 @@
 //! calls do not wait again until the writer has answered: a program whose
 //! handler execs at every signal is delayed once, not at every signal.
 //!
-//! The writer is woken at once only where it waits on an eventfd (the
-//! off-CPU mode, the perf-stack engine); elsewhere the call returns at once
-//! and nothing changes (at most a flush interval of samples is lost):
-//! waiting for the next tick would delay every exit of a short process.
+//! Every engine's writer waits on an eventfd (beside the perf-stack
+//! engine's or the off-CPU mode's rings, or alone), which the caller writes
+//! to wake it at once. (Before, the signal engines' writers waited on their
+//! channel only, the call returned at once there, and a forked child that
+//! ended with `_exit` lost its last flush interval: one that lived under
+//! 100 ms lost every sample.)
 
 use std::os::fd::RawFd;
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use super::own_fd;
@@ -49,11 +51,17 @@ static WAKE_KIND: AtomicU32 = AtomicU32::new(0);
 /// The writer thread's tid (0: none): an exit it makes itself (the program's
 /// signal handler ran on it) cannot wait for it.
 static WRITER_TID: AtomicU32 = AtomicU32::new(0);
+/// What the writer had done when it last settled ([`settled`]): the ring
+/// slots it had read, plus one; 0 while it holds something unwritten (bytes
+/// in its buffer, held samples, off-CPU waits to write). An exit finds
+/// nothing to wait for when the ring has had no slot claimed since.
+static SETTLED: AtomicUsize = AtomicUsize::new(0);
 
 /// A recorder starts (its writer thread about to run); `wake` is its
 /// writer's eventfd, if it waits on one.
 pub(crate) fn arm(wake: Option<RawFd>) {
     ANSWERED.store(ASKED.load(Ordering::SeqCst), Ordering::SeqCst);
+    SETTLED.store(0, Ordering::SeqCst);
     WAKE_FD.store(-1, Ordering::SeqCst);
     if let Some((fd, (dev, ino, kind))) = wake.and_then(|fd| Some((fd, own_fd::identity_words(fd)?))) {
         WAKE_DEV.store(dev, Ordering::SeqCst);
@@ -79,10 +87,24 @@ impl WriterThread {
 
 impl Drop for WriterThread {
     fn drop(&mut self) {
+        SETTLED.store(0, Ordering::SeqCst);
         WAKE_FD.store(-1, Ordering::SeqCst);
         WRITER_TID.store(0, Ordering::SeqCst);
         DONE.store(true, Ordering::SeqCst);
     }
+}
+
+/// The writer's state after its latest step: `read` ring slots consumed,
+/// and whether everything it had was written to the spool (`quiet`).
+pub(crate) fn settled(read: usize, quiet: bool) {
+    SETTLED.store(if quiet { read.wrapping_add(1) } else { 0 }, Ordering::SeqCst);
+}
+
+/// Whether the writer has nothing to write for an exit now: it had written
+/// all it had, and no sample was taken since (no ring slot claimed).
+fn nothing_to_write() -> bool {
+    let settled = SETTLED.load(Ordering::SeqCst);
+    settled != 0 && super::handler::ring_claimed() == Some(settled.wrapping_sub(1))
 }
 
 /// The requests made so far, if some is not answered yet: the writer then
@@ -116,9 +138,9 @@ pub fn writer_tid() -> u32 {
 /// (drain, write the off-CPU waits still open up to now, flush) and wait
 /// until it is done, at most `timeout`; for an exit that runs no `atexit`
 /// handler (see the module doc). Returns whether it was done. Returns at
-/// once where no writer runs, where it cannot be woken at once (no
-/// eventfd), on the writer thread itself (a program's signal handler that
-/// ran there), or while an earlier request is still unanswered.
+/// once where no writer runs, where its eventfd is gone (the program closed
+/// it), on the writer thread itself (a program's signal handler that ran
+/// there), or while an earlier request is still unanswered.
 ///
 /// Async-signal-safe. The caller must be the process that started the
 /// recorder (a `vfork` child shares this memory: it must not call this).
@@ -136,6 +158,11 @@ pub fn flush_before_exit(timeout: Duration) -> bool {
         (WAKE_DEV.load(Ordering::SeqCst), WAKE_INO.load(Ordering::SeqCst), WAKE_KIND.load(Ordering::SeqCst));
     if own_fd::identity_words(fd) != Some(id) {
         return false;
+    }
+    // A process that took no sample since the writer wrote out everything
+    // (a forked child that execs at once) has nothing to wait for.
+    if nothing_to_write() {
+        return true;
     }
     // The waits still open are written up to now (lock-free slots).
     super::request_off_cpu_split(super::sys::now_ns());

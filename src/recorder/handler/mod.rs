@@ -623,6 +623,20 @@ const UNPUBLISH_YIELDS: u32 = 100;
 /// Later polls sleep, so a slow exit does not spin a CPU.
 const UNPUBLISH_SLEEP: std::time::Duration = std::time::Duration::from_micros(100);
 
+/// Slots the running recorder's ring has had claimed so far (`None`: no
+/// recorder runs). Async-signal-safe: it enters as a handler does.
+pub(crate) fn ring_claimed() -> Option<usize> {
+    IN_HANDLER.fetch_add(1, Ordering::SeqCst);
+    let st = STATE.load(Ordering::SeqCst);
+    // A non-null STATE is an `Arc<Shared>` leaked by `publish`, which
+    // `unpublish` frees only after nulling STATE and then seeing IN_HANDLER
+    // at 0; we counted ourselves in before loading it.
+    // SAFETY: so `st`, when not null, stays valid until the decrement below.
+    let claimed = (!st.is_null()).then(|| unsafe { &*st }.ring.claimed());
+    IN_HANDLER.fetch_sub(1, Ordering::SeqCst);
+    claimed
+}
+
 /// Whether no handler is between loading the state and its last use of it.
 pub(super) fn quiescent() -> bool {
     IN_HANDLER.load(Ordering::SeqCst) == 0

@@ -97,6 +97,11 @@ impl Ring {
         (ring, consumer)
     }
 
+    /// Slots claimed so far (samples taken and being taken, void ones too).
+    pub(crate) fn claimed(&self) -> usize {
+        self.enqueue.load(Ordering::SeqCst)
+    }
+
     /// Slots in the ring.
     pub(crate) fn capacity(&self) -> usize {
         self.mask + 1
@@ -249,6 +254,12 @@ impl Drop for ZeroedWords {
 }
 
 impl Consumer {
+    /// Slots read so far: the ring is empty when this equals
+    /// [`Ring::claimed`].
+    pub(crate) fn position(&self) -> usize {
+        self.pos
+    }
+
     /// Pop one published sample of `ring`, if the next slot is ready; `f` sees it
     /// (`None` for a void slot) while the slot is held. Returns `None` when the
     /// next slot is not (yet) published, or when `ring` is not this consumer's.

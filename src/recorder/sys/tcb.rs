@@ -1,16 +1,50 @@
 //! Finding glibc's thread-control-block fields (`struct pthread`) that the
-//! handler reads: the stack block and the kernel thread id. Probed once at start
-//! on helper threads; `None` on another libc.
+//! handler reads: the stack block and the kernel thread id. Probed at the first
+//! start of a process on helper threads (and kept: later starts, a forked
+//! child's among them, reuse it); `None` on another libc.
 
 use std::os::raw::c_void;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use super::gettid;
+
+/// A probe's answer, kept for the process: the C library does not change
+/// while it runs, and a forked child (which starts a recorder of its own)
+/// inherits it. 0: not probed yet; 1: `None`; else the offset plus 2. (An
+/// atomic, not a `OnceLock`: a child forked while another thread of its
+/// parent was probing must not wait for a thread it does not have.)
+struct Probed(AtomicUsize);
+
+impl Probed {
+    const fn new() -> Probed {
+        Probed(AtomicUsize::new(0))
+    }
+
+    fn get_or(&self, probe: impl FnOnce() -> Option<usize>) -> Option<usize> {
+        match self.0.load(Ordering::SeqCst) {
+            0 => {
+                let found = probe();
+                self.0.store(found.map_or(1, |o| o.saturating_add(2)), Ordering::SeqCst);
+                found
+            }
+            1 => None,
+            v => Some(v - 2),
+        }
+    }
+}
+
+static STACK_BLOCK_OFFSET: Probed = Probed::new();
+static TID_OFFSET: Probed = Probed::new();
 
 /// Find the offset of glibc's `stackblock`/`stackblock_size`/`guardsize` fields
 /// in `struct pthread`, relative to `pthread_self()`, by inspecting two probe
 /// threads with different stack sizes. `None` when the layout cannot be found
 /// (another libc): then non-main threads record leaf-only samples.
 pub(crate) fn stack_block_offset() -> Option<usize> {
+    STACK_BLOCK_OFFSET.get_or(probe_stack_block_offset)
+}
+
+fn probe_stack_block_offset() -> Option<usize> {
     let run = |size: usize| {
         super::sigmask::spawn_quiet(
             std::thread::Builder::new().name("spulse-probe".into()).stack_size(size),
@@ -33,6 +67,10 @@ pub(crate) fn stack_block_offset() -> Option<usize> {
 /// be attributed to that thread; stack bounds are checked against `sp` and stay
 /// safe either way.)
 pub(crate) fn tid_offset() -> Option<usize> {
+    TID_OFFSET.get_or(probe_tid_offset)
+}
+
+fn probe_tid_offset() -> Option<usize> {
     let find = || -> Vec<usize> {
         let tid = gettid();
         // SAFETY: pthread_self only reads the thread pointer.

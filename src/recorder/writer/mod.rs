@@ -307,6 +307,7 @@ pub(crate) fn main(rx: Receiver<Control>, wake: Option<Arc<OwnFd>>) -> Result<St
     // What start found (an engine refused, kernel time refused, threads left
     // without events): published before the first tick.
     run.publish_warnings();
+    run.settle();
     let mut next = Instant::now() + interval;
     if let Some(d) = run.st.deferred.take() {
         if !run.check_deferred(d, &rx, &mut next, interval) {
@@ -333,12 +334,13 @@ pub(crate) fn main(rx: Receiver<Control>, wake: Option<Arc<OwnFd>>) -> Result<St
             // A tick now for an `_exit` or `exec` (`exit_request.rs`); the
             // clock's ticks stay as they were.
             Event::Flush(asked) => {
-                run.tick();
+                run.tick_for(true);
                 run.flush_out(true);
                 super::exit_request::answered(asked);
             }
         }
         run.publish_warnings();
+        run.settle();
     }
     run.finish()
 }
@@ -354,7 +356,8 @@ impl Run {
         }
         let wait = next.saturating_duration_since(Instant::now());
         let switch_wait = self.st.off_cpu.as_mut().is_some_and(|o| o.tracker_mut().can_wait());
-        if self.st.engine.stack_events().is_none() && !switch_wait {
+        let wake = self.wake.as_ref().filter(|w| w.is_ours()).map(|w| w.as_raw_fd());
+        if self.st.engine.stack_events().is_none() && !switch_wait && wake.is_none() {
             return match rx.recv_timeout(wait) {
                 Ok(c) => Event::Control(c),
                 Err(RecvTimeoutError::Timeout) => Event::Tick,
@@ -388,14 +391,25 @@ impl Run {
 
     /// Wait up to `wait` on the perf-stack engine's epoll set (the switch
     /// rings are in it too), else on the off-CPU mode's.
+    /// With neither, on the wake eventfd alone (a control message, or an
+    /// `_exit` or `exec` asking for a tick: `exit_request.rs`).
     fn wait_rings(&mut self, wait: Duration) -> Woken {
         if let Some(events) = self.st.engine.stack_events() {
             return events.wait(wait);
         }
-        match self.st.off_cpu.as_mut() {
-            Some(o) => o.tracker_mut().wait(wait),
-            None => Woken::Other,
+        if let Some(o) = self.st.off_cpu.as_mut() {
+            if o.tracker_mut().can_wait() {
+                return o.tracker_mut().wait(wait);
+            }
         }
+        if let Some(w) = self.wake.as_ref().filter(|w| w.is_ours()) {
+            let mut pfd = libc::pollfd { fd: w.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+            let ts =
+                libc::timespec { tv_sec: wait.as_secs() as libc::time_t, tv_nsec: wait.subsec_nanos() as _ };
+            // SAFETY: one pollfd and a timespec on this frame, no signal mask.
+            unsafe { libc::ppoll(&mut pfd, 1, &ts, std::ptr::null()) };
+        }
+        Woken::Other
     }
 
     /// Between ticks, when perf-stack rings filled to their watermark: check
@@ -651,6 +665,38 @@ impl Run {
     }
 
     fn tick(&mut self) {
+        self.tick_for(false)
+    }
+
+    /// Say what an exit would find unwritten (`exit_request::settled`): the
+    /// ring slots read, and whether nothing else waits to be written. Only
+    /// the signal engines' samples come through the ring; the perf-stack
+    /// engine's and the off-CPU mode's come through the kernel's rings, so
+    /// with them an exit always asks for a tick.
+    fn settle(&mut self) {
+        let read = self.st.consumer.as_ref().map(|c| c.position());
+        let quiet = self.held.is_empty()
+            && self.st.out.buffered() == 0
+            && self.st.off_cpu.is_none()
+            && self.st.engine.stack_events().is_none();
+        super::exit_request::settled(read.unwrap_or(0), quiet && read.is_some());
+    }
+
+    /// A tick; `before_exit`: the one an `_exit` or `exec` asked for
+    /// (`exit_request.rs`), which writes out what the ring holds and what the
+    /// modules need, and leaves out what only a process that runs on needs
+    /// (the ring's pages faulted in, the threads listed, the engine adapted):
+    /// in a forked child that execs at once, the first tick's fault-in of the
+    /// 2 MB ring was a millisecond of the `exec`'s wait.
+    fn tick_for(&mut self, before_exit: bool) {
+        if before_exit {
+            let change = self.scan_modules();
+            self.drain(false);
+            self.off_cpu_step(false);
+            self.apply_module_change(change);
+            handler::reclaim(&mut self.retired);
+            return;
+        }
         if !self.prefaulted {
             // The ring's pages, faulted in here rather than in the handler,
             // at the first tick rather than at start: a process that ends
