@@ -4,17 +4,21 @@
 //! waits still open written up to now), since none of them runs the
 //! `atexit` handler that finishes it at `exit`. Without this, a process
 //! ending with `_exit` (a shell, a forked child, Python's `os._exit`) or
-//! replaced by `exec` lost what its writer had not written yet: in the
-//! off-CPU mode, every wait still open, such as another thread's.
+//! replaced by `exec` lost what its writer had not written yet: up to a
+//! flush interval of samples (all of a forked worker that lived under
+//! 100 ms), and in the off-CPU mode every wait still open, such as another
+//! thread's.
 //!
 //! The request is async-signal-safe and bounded ([`FLUSH_WITHIN`]; see
 //! `src/recorder/exit_request.rs`: a writer that cannot answer in time is
 //! not waited for again until it has), made only in the process this
 //! library records (a `vfork` child, which shares its parent's memory until
-//! it execs or exits, has another pid and is left alone), and only where the
-//! writer can be woken at once (the off-CPU mode, the perf-stack engine):
-//! elsewhere the call goes straight on. The recording is not stopped: after
-//! an `exec` that fails it simply goes on.
+//! it execs or exits, has another pid and is left alone). Every engine's
+//! writer can be woken at once (an eventfd with the off-CPU mode and the
+//! perf-stack engine, a futex word with the others); a process that took no
+//! sample since its writer last wrote everything out does not wait at all.
+//! The recording is not stopped: after an `exec` that fails it simply goes
+//! on.
 //!
 //! `_exit` is the `exit_group` system call itself, as in the C library; the
 //! `exec` functions are the C library's, looked up when this library loads

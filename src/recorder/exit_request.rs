@@ -21,12 +21,12 @@
 //! calls do not wait again until the writer has answered: a program whose
 //! handler execs at every signal is delayed once, not at every signal.
 //!
-//! Every engine's writer waits on an eventfd (beside the perf-stack
-//! engine's or the off-CPU mode's rings, or alone), which the caller writes
-//! to wake it at once. (Before, the signal engines' writers waited on their
-//! channel only, the call returned at once there, and a forked child that
-//! ended with `_exit` lost its last flush interval: one that lived under
-//! 100 ms lost every sample.)
+//! Every writer can be woken at once: where it waits on rings (the
+//! perf-stack engine, the off-CPU mode) through the eventfd in its epoll
+//! set, elsewhere through a futex word ([`wake_writer`]). (Before, the
+//! signal engines' writers waited on their channel only, the call returned
+//! at once there, and a forked child that ended with `_exit` lost its last
+//! flush interval: one that lived under 100 ms lost every sample.)
 
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, AtomicUsize, Ordering};
@@ -41,6 +41,15 @@ static ANSWERED: AtomicU64 = AtomicU64::new(0);
 /// The writer thread of the running recorder has finished (or was never
 /// started): what it wrote is all there will be.
 static DONE: AtomicBool = AtomicBool::new(true);
+/// What a writer without an eventfd (the signal engines' outside the
+/// off-CPU mode: no rings to wait on) waits on: a futex word that a control
+/// message or an exit's request bumps and wakes ([`wake_writer`]). No
+/// descriptor: an eventfd is one anonymous inode, which the program's own
+/// eventfds, timerfds and epoll sets share, so a check of its identity
+/// could not tell them from ours.
+static WAKE_SEQ: AtomicU32 = AtomicU32::new(0);
+/// The running writer waits on [`WAKE_SEQ`].
+static FUTEX_WAITER: AtomicBool = AtomicBool::new(false);
 /// The writer's wake eventfd (-1: none) and what it was opened as (device,
 /// inode, file type: checked before the write, never into a descriptor the
 /// program reused).
@@ -62,6 +71,7 @@ static SETTLED: AtomicUsize = AtomicUsize::new(0);
 pub(crate) fn arm(wake: Option<RawFd>) {
     ANSWERED.store(ASKED.load(Ordering::SeqCst), Ordering::SeqCst);
     SETTLED.store(0, Ordering::SeqCst);
+    FUTEX_WAITER.store(wake.is_none(), Ordering::SeqCst);
     WAKE_FD.store(-1, Ordering::SeqCst);
     if let Some((fd, (dev, ino, kind))) = wake.and_then(|fd| Some((fd, own_fd::identity_words(fd)?))) {
         WAKE_DEV.store(dev, Ordering::SeqCst);
@@ -92,6 +102,39 @@ impl Drop for WriterThread {
         WRITER_TID.store(0, Ordering::SeqCst);
         DONE.store(true, Ordering::SeqCst);
     }
+}
+
+/// The futex word's value, read by a writer before it looks for work and
+/// then waits with [`wait_for_wake`].
+pub(crate) fn wake_seq() -> u32 {
+    WAKE_SEQ.load(Ordering::SeqCst)
+}
+
+/// Wake a writer waiting on the futex word. Async-signal-safe: an atomic
+/// add and one system call.
+pub(crate) fn wake_writer() {
+    WAKE_SEQ.fetch_add(1, Ordering::SeqCst);
+    // SAFETY: FUTEX_WAKE on our own static word.
+    unsafe {
+        libc::syscall(libc::SYS_futex, WAKE_SEQ.as_ptr(), libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG, 1)
+    };
+}
+
+/// Wait until the futex word moves from `seen` (a wake since it was read
+/// returns at once), at most `timeout`.
+pub(crate) fn wait_for_wake(seen: u32, timeout: Duration) {
+    let ts =
+        libc::timespec { tv_sec: timeout.as_secs() as libc::time_t, tv_nsec: timeout.subsec_nanos() as _ };
+    // SAFETY: FUTEX_WAIT on our own static word with a relative timeout on this frame.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            WAKE_SEQ.as_ptr(),
+            libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG,
+            seen,
+            &ts as *const libc::timespec,
+        )
+    };
 }
 
 /// The writer's state after its latest step: `read` ring slots consumed,
@@ -139,8 +182,9 @@ pub fn writer_tid() -> u32 {
 /// until it is done, at most `timeout`; for an exit that runs no `atexit`
 /// handler (see the module doc). Returns whether it was done. Returns at
 /// once where no writer runs, where its eventfd is gone (the program closed
-/// it), on the writer thread itself (a program's signal handler that ran
-/// there), or while an earlier request is still unanswered.
+/// it or put another file there), on the writer thread itself (a program's
+/// signal handler that ran there), or while an earlier request is still
+/// unanswered.
 ///
 /// Async-signal-safe. The caller must be the process that started the
 /// recorder (a `vfork` child shares this memory: it must not call this).
@@ -151,12 +195,19 @@ pub fn flush_before_exit(timeout: Duration) -> bool {
     let fd = WAKE_FD.load(Ordering::SeqCst);
     // SAFETY: gettid has no preconditions.
     let me = unsafe { libc::gettid() } as u32;
-    if fd < 0 || me == WRITER_TID.load(Ordering::SeqCst) || pending().is_some() {
+    if me == WRITER_TID.load(Ordering::SeqCst) || pending().is_some() {
         return false;
     }
-    let id =
-        (WAKE_DEV.load(Ordering::SeqCst), WAKE_INO.load(Ordering::SeqCst), WAKE_KIND.load(Ordering::SeqCst));
-    if own_fd::identity_words(fd) != Some(id) {
+    if fd >= 0 {
+        let id = (
+            WAKE_DEV.load(Ordering::SeqCst),
+            WAKE_INO.load(Ordering::SeqCst),
+            WAKE_KIND.load(Ordering::SeqCst),
+        );
+        if own_fd::identity_words(fd) != Some(id) {
+            return false;
+        }
+    } else if !FUTEX_WAITER.load(Ordering::SeqCst) {
         return false;
     }
     // A process that took no sample since the writer wrote out everything
@@ -167,10 +218,13 @@ pub fn flush_before_exit(timeout: Duration) -> bool {
     // The waits still open are written up to now (lock-free slots).
     super::request_off_cpu_split(super::sys::now_ns());
     let mine = ASKED.fetch_add(1, Ordering::SeqCst) + 1;
-    let one = 1u64;
-    // SAFETY: writes 8 bytes from our u64 to the writer's eventfd, checked
-    // above to be the file the recorder opened.
-    unsafe { libc::write(fd, &one as *const u64 as *const libc::c_void, 8) };
+    if fd >= 0 {
+        let one = 1u64;
+        // SAFETY: writes 8 bytes from our u64 to the writer's eventfd, checked above to be the file the recorder opened.
+        unsafe { libc::write(fd, &one as *const u64 as *const libc::c_void, 8) };
+    } else {
+        wake_writer();
+    }
     let until = monotonic_ns().saturating_add(timeout.as_nanos() as u64);
     loop {
         if ANSWERED.load(Ordering::SeqCst) >= mine {

@@ -507,10 +507,10 @@ fn start_inner(b: &RecorderBuilder, path: &Path) -> Result<Guard, Error> {
 
     // The writer thread exists before any engine, so it can be left out of them.
     // The perf-stack engine's writer waits on its rings, and the off-CPU
-    // mode's on its switch rings, with an eventfd beside them that wakes it;
-    // the others' on that eventfd alone. Each control message writes it, and
-    // so does an `_exit` or `exec` asking for a tick (`exit_request.rs`).
-    let (tx, rx, wake) = writer::channel().map_err(|e| {
+    // mode's on its switch rings: its channel has an eventfd to wake it. The
+    // others' waits on a futex word (`exit_request.rs`: no descriptor, so
+    // none the program could put another file on).
+    let (tx, rx, wake) = writer::channel(choice == EngineChoice::PerfStack || off_cpu).map_err(|e| {
         Error::Recorder(RecorderError::WriterFailed {
             what: "could not be spawned (eventfd)",
             source: Some(e),

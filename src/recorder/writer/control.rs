@@ -1,7 +1,7 @@
 //! The writer thread's control channel: the messages a [`Guard`](crate::Guard)
-//! and the Python-runtime marks send it, and the eventfd that wakes it (from
-//! `epoll_wait` when the perf-stack engine's or the off-CPU mode's rings are
-//! watched too, else from `ppoll` on it alone).
+//! and the Python-runtime marks send it, and what wakes it: the eventfd in its
+//! `epoll_wait` set when the perf-stack engine's or the off-CPU mode's rings
+//! are watched too, else the futex word of `exit_request.rs`.
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::mpsc::{Receiver, Sender};
@@ -25,10 +25,10 @@ pub(crate) enum Control {
     Python { entering: bool, ack: std::sync::mpsc::SyncSender<Result<(), Error>> },
 }
 
-/// The sending side of the writer thread's control channel. The writer waits
-/// on an eventfd (beside the perf-stack engine's sample rings, or the off-CPU
-/// mode's switch rings, when there are) rather than on the channel, so every
-/// message also writes the eventfd to wake it.
+/// The sending side of the writer thread's control channel. With the
+/// perf-stack engine the writer waits in `epoll_wait` on the sample rings
+/// rather than on the channel, so every message also writes an eventfd in that
+/// epoll set to wake it.
 #[derive(Debug, Clone)]
 pub(crate) struct ControlSender {
     tx: Sender<Control>,
@@ -40,6 +40,8 @@ impl ControlSender {
     /// thread is gone.
     pub(crate) fn send(&self, c: Control) -> Result<(), ()> {
         self.tx.send(c).map_err(|_| ())?;
+        // A writer waiting on the futex word (no rings to wait on).
+        crate::recorder::exit_request::wake_writer();
         // Never into a descriptor the program closed and reused.
         if let Some(w) = self.wake.as_ref().filter(|w| w.is_ours()) {
             let one = 1u64;
@@ -50,16 +52,20 @@ impl ControlSender {
     }
 }
 
-/// The writer thread's control channel, and the eventfd that wakes it (see
-/// [`ControlSender`]).
-pub(crate) fn channel() -> std::io::Result<(ControlSender, Receiver<Control>, Option<Arc<OwnFd>>)> {
-    // SAFETY: eventfd returns a new descriptor or -1.
-    let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: a fresh descriptor we own.
-    let wake = Some(Arc::new(OwnFd::new(unsafe { OwnedFd::from_raw_fd(fd) })));
+/// The writer thread's control channel; with `wake`, also the eventfd that
+/// wakes it (see [`ControlSender`]).
+pub(crate) fn channel(wake: bool) -> std::io::Result<(ControlSender, Receiver<Control>, Option<Arc<OwnFd>>)> {
+    let wake = if wake {
+        // SAFETY: eventfd returns a new descriptor or -1.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: a fresh descriptor we own.
+        Some(Arc::new(OwnFd::new(unsafe { OwnedFd::from_raw_fd(fd) })))
+    } else {
+        None
+    };
     let (tx, rx) = std::sync::mpsc::channel();
     Ok((ControlSender { tx, wake: wake.clone() }, rx, wake))
 }

@@ -53,7 +53,7 @@ use std::collections::HashMap;
 use std::io::Write;
 use std::os::fd::AsRawFd;
 use std::sync::atomic::Ordering;
-use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
+use std::sync::mpsc::{Receiver, TryRecvError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -350,18 +350,26 @@ impl Run {
     /// perf-stack engine, rings that reached their watermark; with the
     /// off-CPU mode, a switch ring a quarter full.
     fn next_event(&mut self, rx: &Receiver<Control>, next: Instant) -> Event {
+        // Read before looking for work: a wake after this returns the wait
+        // below at once (see `exit_request::wait_for_wake`).
+        let seen = super::exit_request::wake_seq();
         // An `_exit` or `exec` is waiting for a tick (`exit_request.rs`).
         if let Some(asked) = super::exit_request::pending() {
             return Event::Flush(asked);
         }
         let wait = next.saturating_duration_since(Instant::now());
         let switch_wait = self.st.off_cpu.as_mut().is_some_and(|o| o.tracker_mut().can_wait());
-        let wake = self.wake.as_ref().filter(|w| w.is_ours()).map(|w| w.as_raw_fd());
-        if self.st.engine.stack_events().is_none() && !switch_wait && wake.is_none() {
-            return match rx.recv_timeout(wait) {
+        if self.st.engine.stack_events().is_none() && !switch_wait && self.wake.is_none() {
+            // No rings to wait on: the futex word, which a control message
+            // or an exit's request moves.
+            return match rx.try_recv() {
                 Ok(c) => Event::Control(c),
-                Err(RecvTimeoutError::Timeout) => Event::Tick,
-                Err(RecvTimeoutError::Disconnected) => Event::Closed,
+                Err(TryRecvError::Disconnected) => Event::Closed,
+                Err(TryRecvError::Empty) if wait.is_zero() => Event::Tick,
+                Err(TryRecvError::Empty) => {
+                    super::exit_request::wait_for_wake(seen, wait);
+                    Event::Again
+                }
             };
         }
         // Messages first: one sent while the rings kept us busy is not missed,
@@ -391,25 +399,14 @@ impl Run {
 
     /// Wait up to `wait` on the perf-stack engine's epoll set (the switch
     /// rings are in it too), else on the off-CPU mode's.
-    /// With neither, on the wake eventfd alone (a control message, or an
-    /// `_exit` or `exec` asking for a tick: `exit_request.rs`).
     fn wait_rings(&mut self, wait: Duration) -> Woken {
         if let Some(events) = self.st.engine.stack_events() {
             return events.wait(wait);
         }
-        if let Some(o) = self.st.off_cpu.as_mut() {
-            if o.tracker_mut().can_wait() {
-                return o.tracker_mut().wait(wait);
-            }
+        match self.st.off_cpu.as_mut() {
+            Some(o) => o.tracker_mut().wait(wait),
+            None => Woken::Other,
         }
-        if let Some(w) = self.wake.as_ref().filter(|w| w.is_ours()) {
-            let mut pfd = libc::pollfd { fd: w.as_raw_fd(), events: libc::POLLIN, revents: 0 };
-            let ts =
-                libc::timespec { tv_sec: wait.as_secs() as libc::time_t, tv_nsec: wait.subsec_nanos() as _ };
-            // SAFETY: one pollfd and a timespec on this frame, no signal mask.
-            unsafe { libc::ppoll(&mut pfd, 1, &ts, std::ptr::null()) };
-        }
-        Woken::Other
     }
 
     /// Between ticks, when perf-stack rings filled to their watermark: check
