@@ -48,8 +48,6 @@ static DONE: AtomicBool = AtomicBool::new(true);
 /// eventfds, timerfds and epoll sets share, so a check of its identity
 /// could not tell them from ours.
 static WAKE_SEQ: AtomicU32 = AtomicU32::new(0);
-/// The running writer waits on [`WAKE_SEQ`].
-static FUTEX_WAITER: AtomicBool = AtomicBool::new(false);
 /// The writer's wake eventfd (-1: none) and what it was opened as (device,
 /// inode, file type: checked before the write, never into a descriptor the
 /// program reused).
@@ -71,7 +69,6 @@ static SETTLED: AtomicUsize = AtomicUsize::new(0);
 pub(crate) fn arm(wake: Option<RawFd>) {
     ANSWERED.store(ASKED.load(Ordering::SeqCst), Ordering::SeqCst);
     SETTLED.store(0, Ordering::SeqCst);
-    FUTEX_WAITER.store(wake.is_none(), Ordering::SeqCst);
     WAKE_FD.store(-1, Ordering::SeqCst);
     if let Some((fd, (dev, ino, kind))) = wake.and_then(|fd| Some((fd, own_fd::identity_words(fd)?))) {
         WAKE_DEV.store(dev, Ordering::SeqCst);
@@ -198,6 +195,8 @@ pub fn flush_before_exit(timeout: Duration) -> bool {
     if me == WRITER_TID.load(Ordering::SeqCst) || pending().is_some() {
         return false;
     }
+    // A writer waiting on rings is woken through its eventfd: if the
+    // program closed it or put another file there, it cannot be.
     if fd >= 0 {
         let id = (
             WAKE_DEV.load(Ordering::SeqCst),
@@ -207,8 +206,6 @@ pub fn flush_before_exit(timeout: Duration) -> bool {
         if own_fd::identity_words(fd) != Some(id) {
             return false;
         }
-    } else if !FUTEX_WAITER.load(Ordering::SeqCst) {
-        return false;
     }
     // A process that took no sample since the writer wrote out everything
     // (a forked child that execs at once) has nothing to wait for.
@@ -222,9 +219,9 @@ pub fn flush_before_exit(timeout: Duration) -> bool {
         let one = 1u64;
         // SAFETY: writes 8 bytes from our u64 to the writer's eventfd, checked above to be the file the recorder opened.
         unsafe { libc::write(fd, &one as *const u64 as *const libc::c_void, 8) };
-    } else {
-        wake_writer();
     }
+    // Whichever it waits on: its eventfd beside its rings, or the futex word.
+    wake_writer();
     let until = monotonic_ns().saturating_add(timeout.as_nanos() as u64);
     loop {
         if ANSWERED.load(Ordering::SeqCst) >= mine {

@@ -510,12 +510,14 @@ fn start_inner(b: &RecorderBuilder, path: &Path) -> Result<Guard, Error> {
     // mode's on its switch rings: its channel has an eventfd to wake it. The
     // others' waits on a futex word (`exit_request.rs`: no descriptor, so
     // none the program could put another file on).
-    let (tx, rx, wake) = writer::channel(choice == EngineChoice::PerfStack || off_cpu).map_err(|e| {
-        Error::Recorder(RecorderError::WriterFailed {
-            what: "could not be spawned (eventfd)",
-            source: Some(e),
-        })
-    })?;
+    let candidates = engine_candidates(choice);
+    let (tx, rx, wake) =
+        writer::channel(candidates.contains(&EngineChoice::PerfStack) || off_cpu).map_err(|e| {
+            Error::Recorder(RecorderError::WriterFailed {
+                what: "could not be spawned (eventfd)",
+                source: Some(e),
+            })
+        })?;
     let wake_fd = wake.as_ref().map(|w| {
         use std::os::fd::AsRawFd;
         w.as_raw_fd()
@@ -539,28 +541,6 @@ fn start_inner(b: &RecorderBuilder, path: &Path) -> Result<Guard, Error> {
     shared.writer_tid.store(writer_tid, Ordering::SeqCst);
     handler::publish(shared.clone());
 
-    let candidates: &[EngineChoice] = match choice {
-        // A Go program's runtime takes every signal for itself (it installs
-        // its handlers by raw system calls, over ours): a SIGTRAP or SIGPROF
-        // of ours then reaches the Go runtime, which dies of it ("SIGTRAP:
-        // trace trap", "unexpected return pc"). Only the perf-stack engine
-        // sends none.
-        EngineChoice::Auto if sys::go_program() => &[EngineChoice::PerfStack],
-        // Under a debugger (`gdb`, `strace`: a tracer at start), every
-        // signal of ours stops the program for the tracer, and gdb takes a
-        // SIGTRAP for its own: no signal then, else SIGPROF, which debuggers
-        // pass on without stopping.
-        EngineChoice::Auto if sys::traced() => {
-            &[EngineChoice::PerfStack, EngineChoice::ThreadCpuTimer, EngineChoice::ProcessTimer]
-        }
-        EngineChoice::Auto => {
-            &[EngineChoice::PerfEvent, EngineChoice::ThreadCpuTimer, EngineChoice::ProcessTimer]
-        }
-        EngineChoice::PerfEvent => &[EngineChoice::PerfEvent],
-        EngineChoice::ThreadCpuTimer => &[EngineChoice::ThreadCpuTimer],
-        EngineChoice::ProcessTimer => &[EngineChoice::ProcessTimer],
-        EngineChoice::PerfStack => &[EngineChoice::PerfStack],
-    };
     let mut reasons = Vec::new();
     let mut engine = None;
     let budget = fd_budget();
@@ -860,5 +840,31 @@ impl Drop for Cleanup {
         if let Some(p) = self.path.take() {
             let _ = std::fs::remove_file(p);
         }
+    }
+}
+
+/// The engines tried, in order, for `choice`.
+fn engine_candidates(choice: EngineChoice) -> &'static [EngineChoice] {
+    match choice {
+        // A Go program's runtime takes every signal for itself (it installs
+        // its handlers by raw system calls, over ours): a SIGTRAP or SIGPROF
+        // of ours then reaches the Go runtime, which dies of it ("SIGTRAP:
+        // trace trap", "unexpected return pc"). Only the perf-stack engine
+        // sends none.
+        EngineChoice::Auto if sys::go_program() => &[EngineChoice::PerfStack],
+        // Under a debugger (`gdb`, `strace`: a tracer at start), every
+        // signal of ours stops the program for the tracer, and gdb takes a
+        // SIGTRAP for its own: no signal then, else SIGPROF, which debuggers
+        // pass on without stopping.
+        EngineChoice::Auto if sys::traced() => {
+            &[EngineChoice::PerfStack, EngineChoice::ThreadCpuTimer, EngineChoice::ProcessTimer]
+        }
+        EngineChoice::Auto => {
+            &[EngineChoice::PerfEvent, EngineChoice::ThreadCpuTimer, EngineChoice::ProcessTimer]
+        }
+        EngineChoice::PerfEvent => &[EngineChoice::PerfEvent],
+        EngineChoice::ThreadCpuTimer => &[EngineChoice::ThreadCpuTimer],
+        EngineChoice::ProcessTimer => &[EngineChoice::ProcessTimer],
+        EngineChoice::PerfStack => &[EngineChoice::PerfStack],
     }
 }

@@ -359,7 +359,7 @@ impl Run {
         }
         let wait = next.saturating_duration_since(Instant::now());
         let switch_wait = self.st.off_cpu.as_mut().is_some_and(|o| o.tracker_mut().can_wait());
-        if self.st.engine.stack_events().is_none() && !switch_wait && self.wake.is_none() {
+        if self.st.engine.stack_events().is_none() && !switch_wait {
             // No rings to wait on: the futex word, which a control message
             // or an exit's request moves.
             return match rx.try_recv() {
