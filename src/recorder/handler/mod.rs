@@ -628,11 +628,13 @@ const UNPUBLISH_SLEEP: std::time::Duration = std::time::Duration::from_micros(10
 pub(crate) fn ring_claimed() -> Option<usize> {
     IN_HANDLER.fetch_add(1, Ordering::SeqCst);
     let st = STATE.load(Ordering::SeqCst);
-    // A non-null STATE is an `Arc<Shared>` leaked by `publish`, which
-    // `unpublish` frees only after nulling STATE and then seeing IN_HANDLER
-    // at 0; we counted ourselves in before loading it.
-    // SAFETY: so `st`, when not null, stays valid until the decrement below.
-    let claimed = (!st.is_null()).then(|| unsafe { &*st }.ring.claimed());
+    let claimed = if st.is_null() {
+        None
+    } else {
+        // SAFETY: a non-null STATE is `publish`'s leaked Arc, freed by `unpublish` only after IN_HANDLER is seen at 0, and we counted ourselves in before loading it.
+        let shared = unsafe { &*st };
+        Some(shared.ring.claimed())
+    };
     IN_HANDLER.fetch_sub(1, Ordering::SeqCst);
     claimed
 }
