@@ -24,9 +24,9 @@ mod write;
 pub use error::{Error, FormatErrorKind, RecorderError};
 pub use format::defs::{Definitions, StackFrames};
 pub use format::{
-    is_packed, Deactivation, Engine, Frame, FrameId, Header, LabelId, Module, ModuleId, OffCpuInterval,
-    OffCpuState, PythonRuntimeEvent, Sample, StackId, StackNode, Thread, ThreadId, PACKED_MAGIC,
-    PACKED_MAGIC_V2,
+    is_packed, Deactivation, Engine, Frame, FrameId, Header, HeapEvent, LabelId, Module, ModuleId,
+    OffCpuInterval, OffCpuState, PythonRuntimeEvent, Sample, StackId, StackNode, Thread, ThreadId,
+    PACKED_MAGIC, PACKED_MAGIC_V2,
 };
 pub use format::{limits, MAGIC as SPOOL_MAGIC};
 pub use pack::{pack, PackSummary};
@@ -36,7 +36,8 @@ pub use read::{
 };
 pub use recorder::{
     python_runtime_enter, python_runtime_leave, start, warnings_path, write_warnings, EngineChoice, Guard,
-    KernelTime, LostSamples, OffCpuStats, Recorder, RecorderBuilder, Stats, SWITCH_HEAVY_PER_CPU_SECOND,
+    HeapEventStats, KernelTime, LostSamples, OffCpuStats, Recorder, RecorderBuilder, Stats,
+    SWITCH_HEAVY_PER_CPU_SECOND,
 };
 pub use write::{NewModule, SpoolWriter};
 

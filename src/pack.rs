@@ -212,6 +212,7 @@ fn definition_records(replay: &Replay) -> Result<DefinitionRecords, Error> {
                             | tag::PROCESS_MODULE_DEACTIVATION
                             | tag::MODULE_DEACTIVATION
                             | tag::OFF_CPU
+                            | tag::HEAP
                     ) {
                         marks.push(samples);
                     }

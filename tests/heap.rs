@@ -793,3 +793,80 @@ fn a_full_live_table_leaves_no_phantom_in_use() {
         assert_eq!(freed[..2], live[..2]);
     });
 }
+
+#[inline(never)]
+fn heap_events_kept(kept: &mut Vec<Vec<u8>>) {
+    black_box(5u32);
+    for _ in 0..(32 * MB / (64 << 10)) {
+        kept.push(black_box(Vec::with_capacity(64 << 10)));
+    }
+}
+
+#[inline(never)]
+fn heap_events_freed() {
+    black_box(6u32);
+    for _ in 0..(48 * MB / 1024) {
+        black_box(Vec::<u8>::with_capacity(1024));
+    }
+}
+
+/// `RecorderBuilder::heap_events`: the spool holds each sampled allocation
+/// of the thread that made it, with its stack, and the free of each sampled
+/// block freed while recording; the bytes add up to what was allocated.
+#[test]
+fn heap_events_in_the_spool() {
+    let _one = RATE.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("heap.spool");
+    let guard = spulse::Recorder::builder().heap_events(true).start(&path).unwrap();
+    let (tid, kept) = std::thread::spawn(|| {
+        let mut kept = Vec::new();
+        heap_events_kept(&mut kept);
+        heap_events_freed();
+        // SAFETY: no arguments.
+        (unsafe { libc::syscall(libc::SYS_gettid) } as u32, kept)
+    })
+    .join()
+    .unwrap();
+    let stats = guard.finish().unwrap();
+    drop(kept);
+    let h = stats.heap_events.expect("heap events were recorded");
+    let snap = spulse::Snapshot::open(&path).unwrap();
+    let defs = snap.definitions();
+    let events = defs.heap_events();
+    assert_eq!(h.written, events.len() as u64, "{h:?}");
+    assert_eq!(h.lost, 0);
+    let mut sym = spulse_testkit::symbols::Symbolizer::default();
+    // Bytes by workload function and state, of the workload thread.
+    let mut by = std::collections::HashMap::<(&str, bool), (u64, u64)>::new();
+    let mut live = std::collections::HashMap::new();
+    for e in events {
+        if e.freed {
+            // A free follows its allocation, with its stack and weight.
+            let (stack, bytes) = live.remove(&e.address).expect("the free of a block allocated before");
+            assert_eq!((stack, bytes), (e.stack, e.bytes));
+        } else {
+            assert!(live.insert(e.address, (e.stack, e.bytes)).is_none(), "an address allocated twice");
+        }
+        assert!(e.time_us >= snap.header().start_time_us, "{e:?}");
+        if snap.thread(e.thread).tid != tid {
+            continue;
+        }
+        let names: Vec<String> = snap.stack_frames(e.stack).map(|f| sym.name(defs, f)).collect();
+        for f in ["heap_events_kept", "heap_events_freed"] {
+            if names.iter().any(|n| n.contains(f)) {
+                let v = by.entry((f, e.freed)).or_default();
+                v.0 += e.bytes;
+                v.1 += 1;
+            }
+        }
+    }
+    eprintln!("{h:?} {by:?}");
+    let got = |f, freed| by.get(&(f, freed)).map_or(0, |v| v.0) as f64 / MB as f64;
+    // At 512 KiB: 64 and 96 samples, stratified (within 5%: see the truth test).
+    assert!((got("heap_events_kept", false) / 32.0 - 1.0).abs() < 0.05, "{by:?}");
+    assert!((got("heap_events_freed", false) / 48.0 - 1.0).abs() < 0.05, "{by:?}");
+    // The kept blocks were freed after the recording, the others within it.
+    assert_eq!(got("heap_events_kept", true), 0.0, "{by:?}");
+    assert_eq!(got("heap_events_freed", true), got("heap_events_freed", false), "{by:?}");
+}

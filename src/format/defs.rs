@@ -43,6 +43,8 @@ pub struct Definitions {
     labels: Vec<String>,
     off_cpu: Vec<OffCpuInterval>,
     off_cpu_total: u64,
+    heap: Vec<HeapEvent>,
+    heap_total: u64,
     last_time_us: u64,
     sample_count: u64,
 }
@@ -96,6 +98,8 @@ impl Definitions {
             labels: Vec::new(),
             off_cpu: Vec::new(),
             off_cpu_total: 0,
+            heap: Vec::new(),
+            heap_total: 0,
             last_time_us: header.start_time_us,
             sample_count: 0,
         }
@@ -314,6 +318,7 @@ impl Definitions {
             Record::OffCpu { thread, stack, start_us, duration_us, .. } => {
                 self.check_off_cpu(thread, stack, start_us, duration_us, fields)?;
             }
+            Record::Heap { thread, stack, .. } => self.check_heap(thread, stack, fields)?,
         }
         Ok(())
     }
@@ -410,6 +415,19 @@ impl Definitions {
                     start_us,
                     duration_us,
                     state: if preempted { OffCpuState::Preempted } else { OffCpuState::Blocked },
+                    samples_before: self.sample_count,
+                });
+            }
+            Record::Heap { thread, stack, time_us, address, size, bytes, freed } => {
+                self.heap_total += 1;
+                self.heap.push(HeapEvent {
+                    thread: ThreadId(thread as u32),
+                    stack: StackId(stack as u32),
+                    time_us,
+                    address,
+                    size,
+                    bytes,
+                    freed,
                     samples_before: self.sample_count,
                 });
             }
@@ -655,6 +673,45 @@ impl Definitions {
     ) -> Result<(), FormatErrorKind> {
         self.check_off_cpu(thread, stack, start_us, duration_us, usize::MAX)?;
         self.off_cpu_total += 1;
+        Ok(())
+    }
+
+    /// The heap events (tag 10) read so far, in stream order; empty for a
+    /// recording made without heap events. A [`Tail`](crate::Tail) hands
+    /// them out per poll ([`Tail::heap`](crate::Tail::heap)) and keeps only
+    /// the current poll's.
+    pub fn heap_events(&self) -> &[HeapEvent] {
+        &self.heap
+    }
+
+    /// How many heap events the stream held so far (a `Tail` included,
+    /// which does not keep them all).
+    pub fn heap_count(&self) -> u64 {
+        self.heap_total
+    }
+
+    /// Forget the heap events kept so far (`Tail`, at each poll).
+    pub(crate) fn clear_heap(&mut self) {
+        self.heap.clear();
+    }
+
+    /// The rules of a heap record's first `fields` fields (its state is a
+    /// flag, checked by the decoder; the other fields are free).
+    fn check_heap(&self, thread: u64, stack: u64, fields: usize) -> Rule<()> {
+        if fields >= 1 {
+            reference("thread", thread, self.threads.len())?;
+        }
+        if fields >= 2 {
+            reference("stack", stack, self.stack_frame.len())?;
+        }
+        Ok(())
+    }
+
+    /// A writer's heap record (its fields): the same rules as a reader's,
+    /// counted but not kept.
+    pub(crate) fn count_heap(&mut self, thread: u64, stack: u64) -> Result<(), FormatErrorKind> {
+        self.check_heap(thread, stack, usize::MAX)?;
+        self.heap_total += 1;
         Ok(())
     }
 }

@@ -60,6 +60,10 @@ pub mod tag {
     /// An off-CPU interval: a thread, the stack it left the CPU in, when and
     /// for how long (beyond the seed; only recordings in off-CPU mode hold it).
     pub const OFF_CPU: u8 = 9;
+    /// A sampled heap allocation or its free: a thread, the allocation's
+    /// stack, when, the block, and the bytes it stands for (beyond the seed;
+    /// only recordings with heap events hold it).
+    pub const HEAP: u8 = 10;
 }
 
 /// Frame kinds (the first field of a frame record after its id).

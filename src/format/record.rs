@@ -66,6 +66,15 @@ pub(crate) enum Record<'a> {
         duration_us: u64,
         preempted: bool,
     },
+    Heap {
+        thread: u64,
+        stack: u64,
+        time_us: u64,
+        address: u64,
+        size: u64,
+        bytes: u64,
+        freed: bool,
+    },
 }
 
 impl Record<'_> {
@@ -92,6 +101,9 @@ impl Record<'_> {
             tag::MODULE_DEACTIVATION => Record::ModuleDeactivation { module: 0 },
             tag::OFF_CPU => {
                 Record::OffCpu { thread: 0, stack: 0, start_us: 0, duration_us: 0, preempted: false }
+            }
+            tag::HEAP => {
+                Record::Heap { thread: 0, stack: 0, time_us: 0, address: 0, size: 0, bytes: 0, freed: false }
             }
             _ => return None,
         })
@@ -390,6 +402,15 @@ fn read_fields<'a>(rec: &mut Record<'a>, c: &mut Cursor<'a>) -> Result<(), Decod
             *duration_us = c.u64()?;
             *preempted = c.flag("off-CPU state")?;
         }
+        Record::Heap { thread, stack, time_us, address, size, bytes, freed } => {
+            *thread = c.u64()?;
+            *stack = c.u64()?;
+            *time_us = c.u64()?;
+            *address = c.u64()?;
+            *size = c.u64()?;
+            *bytes = c.u64()?;
+            *freed = c.flag("heap event state")?;
+        }
     }
     Ok(())
 }
@@ -466,6 +487,12 @@ pub(crate) fn encode(rec: &Record<'_>, out: &mut Vec<u8>) {
             // The reference for `encode_off_cpu` (which a recorder uses).
             out.push(tag::OFF_CPU);
             for v in [thread, stack, start_us, duration_us, preempted as u64] {
+                put_u64(out, v);
+            }
+        }
+        Record::Heap { thread, stack, time_us, address, size, bytes, freed } => {
+            out.push(tag::HEAP);
+            for v in [thread, stack, time_us, address, size, bytes, freed as u64] {
                 put_u64(out, v);
             }
         }
@@ -599,6 +626,38 @@ mod tests {
             assert_eq!(n, got.len() - 1);
             assert!(
                 matches!(rec, Record::OffCpu { thread: t, duration_us: d, .. } if t == thread && d == duration_us)
+            );
+        }
+    }
+
+    /// A heap record is its fields' varints one after the other, decodes
+    /// back to them, and a state other than 0 or 1 is refused at its byte.
+    #[test]
+    fn heap_records_encode_field_by_field() {
+        for (fields, freed) in [
+            ([0u64, 0, 0, 0, 0, 0], false),
+            ([3, 70, 1_764_000_000_000_000, 0x7f12_3456_7000, 1024, 524_288], true),
+            ([u64::MAX; 6], true),
+        ] {
+            let [thread, stack, time_us, address, size, bytes] = fields;
+            let rec = Record::Heap { thread, stack, time_us, address, size, bytes, freed };
+            let mut want = vec![7u8, tag::HEAP];
+            for v in fields.into_iter().chain([freed as u64]) {
+                varint::put_u64(&mut want, v);
+            }
+            let mut got = vec![7u8];
+            encode(&rec, &mut got);
+            assert_eq!(got, want);
+            let (back, n) = decode_fields(&got[1..]).expect("decodes");
+            assert_eq!((back, n), (rec, got.len() - 1));
+            // The state byte is the last: 2 is not a state.
+            let mut bad = got[1..].to_vec();
+            *bad.last_mut().unwrap() = 2;
+            let e = decode_fields(&bad).expect_err("state 2");
+            assert_eq!(e.fields, 6);
+            assert!(
+                matches!(e.error, DecodeError::Bad { at, kind: FormatErrorKind::BadValue("heap event state", 2) } if at == bad.len() - 1),
+                "{e:?}"
             );
         }
     }

@@ -210,6 +210,34 @@ pub struct OffCpuInterval {
     pub samples_before: u64,
 }
 
+/// A sampled heap allocation, or the free of one (tag 10): the
+/// allocating thread's stack, the block, and the bytes of allocation the
+/// sample stands for (the sampler takes one allocation for about every
+/// sampling interval's bytes, so each sample weighs that much).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct HeapEvent {
+    /// The thread that allocated (or freed) the block.
+    pub thread: ThreadId,
+    /// The stack of the block's allocation (for a free too).
+    pub stack: StackId,
+    /// When, unix microseconds.
+    pub time_us: u64,
+    /// The block's address (an allocation and its free have the same one;
+    /// an address may be reused after its free).
+    pub address: u64,
+    /// The block's size in bytes, as the program asked for it.
+    pub size: u64,
+    /// The bytes of allocation this sample stands for (its weight; a free
+    /// carries its allocation's): allocated bytes add up to an estimate of
+    /// all the bytes allocated, and those still allocated minus those freed
+    /// to an estimate of the bytes in use.
+    pub bytes: u64,
+    /// False for an allocation, true for a free.
+    pub freed: bool,
+    /// How many samples precede this record in the stream.
+    pub samples_before: u64,
+}
+
 /// A thread identity as defined by a tag-4 record.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Thread {

@@ -99,6 +99,7 @@
 use std::alloc::{GlobalAlloc, Layout};
 use std::sync::atomic::{AtomicU64, Ordering};
 
+pub(crate) mod events;
 mod live;
 mod pool;
 #[cfg(feature = "pprof")]
@@ -121,6 +122,17 @@ pub const LIVE_CAPACITY: usize = live::CAPACITY;
 pub const POOL_BYTES: usize = pool::MAX_BYTES;
 /// Distinct stacks the profile keeps.
 pub const STACK_CAPACITY: usize = stacks::CAPACITY;
+/// Heap events the sampler's ring holds for the recorder's writer
+/// ([`crate::RecorderBuilder::heap_events`]).
+pub const EVENT_CAPACITY: usize = events::CAPACITY;
+/// Addresses kept per sampled stack (the leaf-most; deeper frames are cut).
+pub const STACK_DEPTH: usize = stacks::MAX_DEPTH;
+
+/// The addresses of stack slot `slot` (leaf first) into `out`; false if it
+/// has none (the recorder's heap events, `src/recorder/writer/heap.rs`).
+pub(crate) fn stack_addrs(slot: u32, out: &mut Vec<u64>) -> bool {
+    stacks::addrs(slot, out)
+}
 
 static SAMPLES: AtomicU64 = AtomicU64::new(0);
 /// The rate of the latest sample (the profile's `period`).
@@ -256,25 +268,57 @@ fn record(p: *mut u8, size: usize, points: u64, tag: u32) -> bool {
         let stack = stacks::intern(&addrs[..n]);
         stacks::add_alloc(stack, objects, bytes);
         SAMPLES.fetch_add(1, Ordering::Relaxed);
-        let tracked = live::insert(p, live::Block { bytes, objects, stack, offset: tag });
+        let session = events::session();
+        let word = events::tag_stack(stack, session);
+        let tracked = live::insert(p, live::Block { bytes, objects, stack: word, offset: tag });
         if !tracked {
             // Its free will not be seen: counted freed now, so that the
             // stack's in-use figures do not keep it forever (a table full
             // for good would otherwise show every later sample as a leak).
             stacks::add_free(stack, objects, bytes);
         }
+        if session != 0 {
+            let mut e = events::Event {
+                time_us: events::now_us(),
+                tid: events::tid(),
+                stack,
+                address: p as u64,
+                size: size as u64,
+                bytes,
+                freed: false,
+                session,
+            };
+            events::push(e);
+            if !tracked {
+                e.freed = true;
+                events::push(e);
+            }
+        }
         tracked
     })
     .unwrap_or(false)
 }
 
-/// The block at `p` is about to be given back: its tag if it was sampled
-/// (where it came from, [`live::Block::offset`]).
+/// The block at `p` of `size` bytes is about to be given back: its tag if
+/// it was sampled (where it came from, [`live::Block::offset`]).
 #[cold]
 #[inline(never)]
-fn forget(p: *mut u8) -> Option<u32> {
+fn forget(p: *mut u8, size: usize) -> Option<u32> {
     let b = live::remove(p)?;
-    stacks::add_free(b.stack, b.objects, b.bytes);
+    let (stack, session) = events::untag_stack(b.stack);
+    stacks::add_free(stack, b.objects, b.bytes);
+    if session != 0 && session == events::session() {
+        events::push(events::Event {
+            time_us: events::now_us(),
+            tid: events::tid(),
+            stack,
+            address: p as u64,
+            size: size as u64,
+            bytes: b.bytes,
+            freed: true,
+            session,
+        });
+    }
     Some(b.offset)
 }
 
@@ -403,7 +447,7 @@ impl<A: GlobalAlloc> Sampled<A> {
     #[inline(never)]
     unsafe fn dealloc_sampled(&self, ptr: *mut u8, layout: Layout) {
         // Out of the table before the allocator may hand the address out again.
-        match forget(ptr) {
+        match forget(ptr, layout.size()) {
             // SAFETY: a sampled block, from `sampled_alloc(layout)` with `tag`.
             Some(tag) => unsafe { self.sampled_free(ptr, layout, tag) },
             // SAFETY: our caller's contract is `A`'s (not sampled).
@@ -457,7 +501,7 @@ impl<A: GlobalAlloc> Sampled<A> {
                 if record(q, new_size, points, tag) {
                     match old_tag {
                         Some(old) => {
-                            forget(ptr);
+                            forget(ptr, layout.size());
                             // SAFETY: sampled, from `sampled_alloc(layout)`.
                             unsafe { self.sampled_free(ptr, layout, old) };
                         }
@@ -490,7 +534,7 @@ impl<A: GlobalAlloc> Sampled<A> {
         }
         // SAFETY: as above.
         unsafe { std::ptr::copy_nonoverlapping(ptr, q, keep) };
-        forget(ptr);
+        forget(ptr, layout.size());
         // SAFETY: sampled, from `sampled_alloc(layout)` with `old`.
         unsafe { self.sampled_free(ptr, layout, old) };
         q

@@ -124,6 +124,20 @@ pub(crate) fn add_free(stack: u32, objects: u64, bytes: u64) {
     e.free_bytes.fetch_add(bytes, Ordering::Relaxed);
 }
 
+/// The addresses of stack `slot` (leaf first) into `out`; false (and `out`
+/// empty) for slot 0 or a slot not written.
+pub(crate) fn addrs(slot: u32, out: &mut Vec<u64>) -> bool {
+    out.clear();
+    let Some(e) = TABLE.get(slot as usize).filter(|_| slot != 0) else { return false };
+    if e.state.load(Ordering::Acquire) != READY {
+        return false;
+    }
+    let d = (e.depth.load(Ordering::Relaxed) as usize).min(MAX_DEPTH);
+    // SAFETY: READY seen with acquire (see `intern`): written once before.
+    out.extend_from_slice(unsafe { &(&*e.addrs.get())[..d] });
+    true
+}
+
 /// One stack's estimates, in fixed point.
 #[cfg(feature = "pprof")]
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

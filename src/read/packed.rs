@@ -304,7 +304,11 @@ pub(crate) fn load_definitions(
         }
         if matches!(
             t,
-            tag::PYTHON_RUNTIME | tag::PROCESS_MODULE_DEACTIVATION | tag::MODULE_DEACTIVATION | tag::OFF_CPU
+            tag::PYTHON_RUNTIME
+                | tag::PROCESS_MODULE_DEACTIVATION
+                | tag::MODULE_DEACTIVATION
+                | tag::OFF_CPU
+                | tag::HEAP
         ) {
             let Some(&mark) = marks.get(k) else {
                 return Err(Error::packed_corrupt(

@@ -95,6 +95,7 @@ impl Tail {
     pub fn poll(&mut self) -> Result<&[Sample], Error> {
         self.batch.clear();
         self.defs.clear_off_cpu();
+        self.defs.clear_heap();
         if let Some((offset, kind)) = &self.error {
             return Err(Error::Format { path: Some(self.path.clone()), offset: *offset, kind: kind.clone() });
         }
@@ -180,6 +181,13 @@ impl Tail {
     /// samples). [`Definitions::off_cpu_count`] counts them all.
     pub fn off_cpu(&self) -> &[crate::OffCpuInterval] {
         self.defs.off_cpu_intervals()
+    }
+
+    /// The heap events (FORMAT.md, tag 10) the last [`Tail::poll`] read, in
+    /// stream order, forgotten at the next poll as [`Tail::off_cpu`]'s are.
+    /// [`Definitions::heap_count`] counts them all.
+    pub fn heap(&self) -> &[crate::HeapEvent] {
+        self.defs.heap_events()
     }
 
     /// The definitions read so far (also reachable through `Deref`).

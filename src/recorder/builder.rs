@@ -67,6 +67,9 @@ pub struct RecorderBuilder {
     /// Where `finish` writes the heap profile (`spulse::heap`).
     #[cfg(all(feature = "heap", feature = "pprof"))]
     pub(super) heap_profile: Option<std::path::PathBuf>,
+    /// Whether the spool carries the heap sampler's events.
+    #[cfg(feature = "heap")]
+    pub(super) heap_events: bool,
 }
 
 impl Default for RecorderBuilder {
@@ -91,6 +94,8 @@ impl Default for RecorderBuilder {
             on_warning: None,
             #[cfg(all(feature = "heap", feature = "pprof"))]
             heap_profile: None,
+            #[cfg(feature = "heap")]
+            heap_events: false,
         }
     }
 }
@@ -369,6 +374,26 @@ impl RecorderBuilder {
     #[cfg(all(feature = "heap", feature = "pprof"))]
     pub fn heap_profile(mut self, path: impl Into<std::path::PathBuf>) -> Self {
         self.heap_profile = Some(path.into());
+        self
+    }
+
+    /// Write the heap sampler's events into the spool too (feature `heap`;
+    /// default off): each sampled allocation, with its stack, its block's
+    /// address and size and the bytes it stands for, and each sampled
+    /// block's free, as heap records (FORMAT.md, tag 10), with the time and
+    /// thread of each. The program's global allocator must be
+    /// [`crate::heap::Sampled`] for there to be any; `spulse firefox` draws
+    /// them as the thread's native allocations (allocated, retained and
+    /// freed memory by stack, over time). One recorder of a process at a
+    /// time takes them (a second one says so in a warning). A recording
+    /// made without them is seed-literal, as before. The sampler hands them
+    /// over through a ring of [`crate::heap::EVENT_CAPACITY`] events; if the
+    /// writer does not come round before it fills, the rest are lost,
+    /// counted in [`Stats::heap_events`](crate::Stats::heap_events) and said
+    /// in a warning.
+    #[cfg(feature = "heap")]
+    pub fn heap_events(mut self, on: bool) -> Self {
+        self.heap_events = on;
         self
     }
 }

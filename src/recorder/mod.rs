@@ -100,7 +100,7 @@ pub use builder::{Recorder, RecorderBuilder};
 pub use exit_request::{flush_before_exit, writer_tid};
 use output::create_spool;
 pub use stats::{
-    warnings_path, write_warnings, EngineChoice, KernelTime, LostSamples, OffCpuStats, Stats,
+    warnings_path, write_warnings, EngineChoice, HeapEventStats, KernelTime, LostSamples, OffCpuStats, Stats,
     SWITCH_HEAVY_PER_CPU_SECOND,
 };
 pub use sys::preloaded::live_spool_of_this_copy;
@@ -733,6 +733,12 @@ fn start_inner(b: &RecorderBuilder, path: &Path) -> Result<Guard, Error> {
         stack_sampler: needs_sampler.then(|| stack_sampler::StackSampler::new(b.max_stack_depth)),
         off_cpu: switches.map(|t| writer::OffCpu::new(t, b.user_stack_copy.max(OFF_CPU_STACK_COPY))),
         adapt,
+        #[cfg(feature = "heap")]
+        heap: if b.heap_events {
+            writer::HeapEvents::begin().map_err(|w| warnings.push(w)).ok()
+        } else {
+            None
+        },
         own_code: handler::return_trampoline(),
         warnings,
         publisher: warnings::Publisher::new(log.clone(), b.on_warning.clone()),

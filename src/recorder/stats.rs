@@ -231,6 +231,22 @@ pub struct Stats {
     /// What the off-CPU mode ([`RecorderBuilder::off_cpu`](crate::RecorderBuilder::off_cpu)) saw; `None` when
     /// it was off or its events were refused (then a warning says why).
     pub off_cpu: Option<OffCpuStats>,
+    /// What became of the heap events ([`RecorderBuilder::heap_events`](crate::RecorderBuilder::heap_events),
+    /// feature `heap`); `None` when they were not asked for or another
+    /// recorder took them (then a warning says so).
+    pub heap_events: Option<HeapEventStats>,
+}
+
+/// What became of the heap events ([`Stats::heap_events`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct HeapEventStats {
+    /// Heap records written (FORMAT.md, tag 10): sampled allocations and
+    /// the frees of sampled blocks.
+    pub written: u64,
+    /// Events dropped because the sampler's ring of events was full (the
+    /// writer did not come round in time; a warning says so).
+    pub lost: u64,
 }
 
 /// What the off-CPU mode saw ([`Stats::off_cpu`]).

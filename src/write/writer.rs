@@ -300,6 +300,36 @@ impl<W: Write> SpoolWriter<W> {
         self.maybe_flush()
     }
 
+    /// Write a heap event (tag 10): a sampled allocation of the block at
+    /// `address` of `size` bytes by `thread` in `stack`, standing for
+    /// `bytes` of allocation, at `time_us` (unix microseconds); with `freed`,
+    /// that block's free (`stack` and `bytes` its allocation's). Does not
+    /// change the running sample time. Counted, not kept (as off-CPU ones).
+    #[allow(clippy::too_many_arguments)] // the record's fields, in stream order
+    pub fn heap_event(
+        &mut self,
+        thread: ThreadId,
+        stack: StackId,
+        time_us: u64,
+        address: u64,
+        size: u64,
+        bytes: u64,
+        freed: bool,
+    ) -> Result<(), Error> {
+        self.check_poison()?;
+        let (thread, stack) = (thread.get() as u64, stack.get() as u64);
+        if let Err(kind) = self.defs.count_heap(thread, stack) {
+            return Err(Error::InvalidRecord { offset: self.len(), kind });
+        }
+        let at = self.buf.len();
+        record::encode(&Record::Heap { thread, stack, time_us, address, size, bytes, freed }, &mut self.buf);
+        debug_assert!(
+            record::decode_fields(&self.buf[at..]).is_ok_and(|(_, n)| n == self.buf.len() - at),
+            "a heap record that does not decode"
+        );
+        self.maybe_flush()
+    }
+
     /// Define a stack node: `frame` called from the stack `parent` (or a root).
     pub fn define_stack(&mut self, parent: Option<StackId>, frame: FrameId) -> Result<StackId, Error> {
         let id = self.defs.stack_count() as u64;

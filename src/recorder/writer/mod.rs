@@ -41,6 +41,8 @@
 //!
 mod adapt;
 mod control;
+#[cfg(feature = "heap")]
+mod heap;
 mod intern;
 mod objects;
 mod off_cpu;
@@ -69,6 +71,8 @@ use super::sys::perf_stack::Woken;
 use crate::{Error, Frame, RecorderError, SpoolWriter};
 pub(crate) use adapt::Adapt;
 pub(crate) use control::{channel, Control, ControlSender};
+#[cfg(feature = "heap")]
+pub(crate) use heap::HeapEvents;
 use intern::Interner;
 pub(crate) use objects::define_objects;
 pub(crate) use off_cpu::OffCpu;
@@ -142,6 +146,9 @@ pub(crate) struct WriterState {
     pub off_cpu: Option<OffCpu>,
     /// The automatic engine's switch check, while it runs perf events.
     pub adapt: Option<Adapt>,
+    /// The heap events' session, when they are recorded.
+    #[cfg(feature = "heap")]
+    pub heap: Option<HeapEvents>,
 }
 
 struct Run {
@@ -665,6 +672,20 @@ impl Run {
         self.tick_for(false)
     }
 
+    /// Write the heap events handed over (feature `heap`, when asked).
+    fn heap_events(&mut self) {
+        #[cfg(feature = "heap")]
+        self.heap_step();
+    }
+
+    /// Whether no heap events can be waiting (none are recorded).
+    fn heap_quiet(&self) -> bool {
+        #[cfg(feature = "heap")]
+        return self.st.heap.is_none();
+        #[cfg(not(feature = "heap"))]
+        true
+    }
+
     /// Say what an exit would find unwritten (`exit_request::settled`): the
     /// ring slots read, and whether nothing else waits to be written. Only
     /// the signal engines' samples come through the ring; the perf-stack
@@ -675,6 +696,7 @@ impl Run {
         let quiet = self.held.is_empty()
             && self.st.out.buffered() == 0
             && self.st.off_cpu.is_none()
+            && self.heap_quiet()
             && self.st.engine.stack_events().is_none();
         super::exit_request::settled(read.unwrap_or(0), quiet && read.is_some());
     }
@@ -690,6 +712,7 @@ impl Run {
             let change = self.scan_modules();
             self.drain(false);
             self.off_cpu_step(false);
+            self.heap_events();
             self.apply_module_change(change);
             handler::reclaim(&mut self.retired);
             return;
@@ -718,6 +741,7 @@ impl Run {
         let change = self.scan_modules();
         self.drain(false);
         self.off_cpu_step(false);
+        self.heap_events();
         self.apply_module_change(change);
         self.adapt_engine();
         if let Some(tids) = &tids {
@@ -966,6 +990,7 @@ impl Run {
         let change = self.scan_modules();
         self.drain(true);
         self.off_cpu_step(true);
+        self.heap_events();
         if let Some(events) = self.st.engine.stack_events() {
             // Samples the kernel dropped and never reported in a lost record.
             let lost = events.close_all();
@@ -1048,6 +1073,10 @@ impl Run {
             writer_nice: self.priority.raised_to(),
             unwind_tables_copied: self.st.table_memory.copied,
             off_cpu: self.st.off_cpu.as_ref().map(|o| o.stats()),
+            #[cfg(feature = "heap")]
+            heap_events: self.st.heap.as_ref().map(|h| h.stats()),
+            #[cfg(not(feature = "heap"))]
+            heap_events: None,
             unwind_tables_mapped: self.st.table_memory.borrowed,
         })
     }
