@@ -4,6 +4,7 @@
 //! test binary; each module is one area.
 
 mod doc;
+mod heap;
 mod off_cpu;
 mod rejections;
 mod roundtrip;
