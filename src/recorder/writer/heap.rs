@@ -11,7 +11,7 @@ use crate::recorder::sys::sigmask;
 use crate::{Error, StackId};
 
 /// The label of an allocation sampled without its stack.
-const NO_STACK: &str = "[no stack]";
+const NO_STACK: &str = "no stack";
 
 /// This recorder's session of heap events; ended when dropped (with the
 /// writer's state, whichever way the recording ends).
