@@ -863,7 +863,8 @@ fn heap_events_in_the_spool() {
     }
     eprintln!("{h:?} {by:?}");
     let got = |f, freed| by.get(&(f, freed)).map_or(0, |v| v.0) as f64 / MB as f64;
-    // At 512 KiB: 64 and 96 samples, stratified (within 5%: see the truth test).
+    // At 512 KiB: 64 and 96 sample points, stratified: at most one more or
+    // fewer at each end of the thread's run (3%).
     assert!((got("heap_events_kept", false) / 32.0 - 1.0).abs() < 0.05, "{by:?}");
     assert!((got("heap_events_freed", false) / 48.0 - 1.0).abs() < 0.05, "{by:?}");
     // The kept blocks were freed after the recording, the others within it.

@@ -22,27 +22,11 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use super::stacks::{self, Totals};
 use super::{sampler, unwind};
 use crate::pprof::{Counts, Head, Window};
-use crate::symbolize::{Context, Options, Symbolizer};
+use crate::symbolize::{is_allocator_frame, Context, Options, Symbolizer};
 use crate::{Error, Frame, FrameId, Header, NewModule, SpoolWriter, StackId};
 
 /// The endpoint's path for this profile (`spulse::http`).
 pub const HEAP_PATH: &str = "/debug/pprof/heap";
-
-/// Whether a function belongs to the allocation path rather than to the
-/// code that allocated.
-fn is_allocator_frame(name: &str) -> bool {
-    let name = name.trim_start_matches('<');
-    let name = name.strip_prefix("__rustc::").unwrap_or(name);
-    name.starts_with("spulse::heap::")
-        || name.starts_with("__rust_alloc")
-        || name.starts_with("__rust_realloc")
-        || name.starts_with("__rust_alloc_zeroed")
-        || name.starts_with("__rg_")
-        || name.starts_with("__rdl_")
-        || name.starts_with("alloc::alloc::")
-        || name.starts_with("std::alloc::")
-        || name.starts_with("core::alloc::global::")
-}
 
 struct Rows {
     contexts: Vec<Context>,

@@ -165,6 +165,25 @@ pub struct Symbolizer {
     lookups: u64,
 }
 
+/// Whether a function (by its demangled name) belongs to the allocation
+/// path rather than to the code that allocated: `spulse::heap`'s own, the
+/// global allocator's shims, `alloc::alloc` and `GlobalAlloc`. Heap
+/// profiles and the heap events' stacks in exports cut such frames off the
+/// leaf end of an allocation's stack.
+pub fn is_allocator_frame(name: &str) -> bool {
+    let name = name.trim_start_matches('<');
+    let name = name.strip_prefix("__rustc::").unwrap_or(name);
+    name.starts_with("spulse::heap::")
+        || name.starts_with("__rust_alloc")
+        || name.starts_with("__rust_realloc")
+        || name.starts_with("__rust_alloc_zeroed")
+        || name.starts_with("__rg_")
+        || name.starts_with("__rdl_")
+        || name.starts_with("alloc::alloc::")
+        || name.starts_with("std::alloc::")
+        || name.starts_with("core::alloc::global::")
+}
+
 /// The file name of a module path (or the whole path if it has no `/`).
 pub fn module_name(m: &Module) -> String {
     let name = m.path.rsplit(|&b| b == b'/').next().unwrap_or(&m.path);

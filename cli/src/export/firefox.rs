@@ -25,6 +25,14 @@
 //! sampling interval beside them. Without either, off-CPU intervals are left
 //! out and every sample weighs 1.
 //!
+//! A recording with heap events (FORMAT.md tag 10) also gives each process
+//! its native allocations (the Firefox Profiler's "Native Allocations" and
+//! "Retained Memory" call trees and the memory track): each sampled
+//! allocation weighing the bytes it stands for, each free the negative, at
+//! its time, on its allocation's stack cut to the code that allocated (the
+//! allocator's own frames, inlined ones included, left off the leaf end).
+//! The library keeps them in the process's first thread.
+//!
 //! `fxprof-processed-profile` has no inline frames or source locations, so
 //! the export gives each inlined frame a unique placeholder label and fills in
 //! address, depth, line, file and function in the serialized tables.
@@ -40,7 +48,7 @@ use std::sync::Arc;
 use fx::debugid::DebugId;
 use fxprof_processed_profile as fx;
 use serde_json::Value;
-use spulse::{Definitions, Frame, FrameId};
+use spulse::{Definitions, Frame, FrameId, StackId};
 
 use samples::WithSamples;
 pub(crate) use samples::{out_of_memory, Seq};
@@ -73,6 +81,25 @@ fn debug_id(build_id: &[u8]) -> DebugId {
     g[4..6].reverse();
     g[6..8].reverse();
     DebugId::from_guid_age(&g, 0).unwrap_or_default()
+}
+
+/// The stack of a heap event without the allocator's own frames at its
+/// leaf end (as the heap profile cuts them); the whole stack if nothing else
+/// is left.
+fn allocation_stack(defs: &Definitions, sym: &mut Symbolizer, stack: StackId) -> StackId {
+    let ctx = Context { thread: None, pid: 0, perf_map_allowed: false };
+    let mut at = stack;
+    loop {
+        let node = defs.stack(at);
+        let r = sym.resolve(defs, node.frame, &ctx);
+        if !crate::symbolize::is_allocator_frame(&sym.function(r.outer().func).name) {
+            return at;
+        }
+        match node.parent {
+            Some(p) => at = p,
+            None => return stack,
+        }
+    }
 }
 
 /// Nanoseconds from `start_us` to `time_us` (0 before it).
@@ -124,6 +151,16 @@ pub fn profile(job: &Job<'_>, sym: &mut Symbolizer) -> Result<(Value, Samples, u
     for (c, stack, _) in agg.iter().chain(agg.iter_off_cpu()) {
         used.extend(defs.stack_frames(stack));
         if let Some(slot) = agg.contexts[c].thread.and_then(|t| with_data.get_mut(t.index())) {
+            *slot = true;
+        }
+    }
+    // Heap events (tag 10): their threads and the frames of their stacks
+    // (cut to the code that allocated) too.
+    let mut heap_stacks: HashMap<StackId, StackId> = HashMap::new();
+    for e in defs.heap_events() {
+        let stack = *heap_stacks.entry(e.stack).or_insert_with(|| allocation_stack(defs, sym, e.stack));
+        used.extend(defs.stack_frames(stack));
+        if let Some(slot) = with_data.get_mut(e.thread.index()) {
             *slot = true;
         }
     }
@@ -198,6 +235,9 @@ pub fn profile(job: &Job<'_>, sym: &mut Symbolizer) -> Result<(Value, Samples, u
         )));
     }
     let mut processes: HashMap<u32, fx::ProcessHandle> = HashMap::new();
+    // The first thread of each process: the library puts a process's
+    // allocation samples in its table.
+    let mut first_thread: HashMap<u32, (spulse::ThreadId, fx::ThreadHandle)> = HashMap::new();
     let mut threads: Vec<Option<fx::ThreadHandle>> = Vec::new();
     for t in defs.threads() {
         if !with_data[t.id.index()] {
@@ -211,6 +251,7 @@ pub fn profile(job: &Job<'_>, sym: &mut Symbolizer) -> Result<(Value, Samples, u
         });
         let main = t.tid == t.pid;
         let th = profile.add_thread(process, t.tid, zero, main);
+        first_thread.entry(t.pid).or_insert((t.id, th));
         let name = match (&exe, main) {
             (Some(exe), true) => exe.clone(),
             _ if !t.name.is_empty() => t.name.clone(),
@@ -279,6 +320,31 @@ pub fn profile(job: &Job<'_>, sym: &mut Symbolizer) -> Result<(Value, Samples, u
             }
             selected += 1;
         }
+    }
+    // Heap events: the process's native allocations (sizes the bytes each
+    // stands for, frees negative), at their times, selected as a sample of
+    // their thread and stack at that time would be. Their stacks are the
+    // allocating thread's, interned in the table of the process's first
+    // thread, which holds them.
+    let mut select = Selector::new(filter, start_us);
+    let mut allocations = Vec::new();
+    for e in defs.heap_events() {
+        let s = spulse::Sample { time_us: e.time_us, thread: e.thread, stack: e.stack };
+        let Some(sel) = select.next_at(defs, &s, e.samples_before) else { continue };
+        let Some(&(tid, th)) = first_thread.get(&sel.pid) else { continue };
+        let ci = contexts.id(defs, &crate::select::Selected { thread: tid, ..sel });
+        let ctx = contexts.get(ci);
+        let stack = heap_stacks.get(&e.stack).copied().unwrap_or(e.stack);
+        let stack = stacks.intern(&mut profile, defs, sym, (ci, &ctx), th, stack, Leaf::Allocation);
+        let bytes = i64::try_from(e.bytes).unwrap_or(i64::MAX);
+        allocations.push((e.time_us, th, stack, e.address, if e.freed { -bytes } else { bytes }));
+    }
+    // In time order (threads hand their events over in the order they made
+    // them, which may differ by a little across threads).
+    allocations.sort_by_key(|a| a.0);
+    for (time_us, th, stack, address, size) in allocations {
+        let at = fx::Timestamp::from_nanos_since_reference(ns_since(time_us, start_us));
+        profile.add_allocation_sample(th, at, Some(stack), address, size);
     }
     // The samples stay out of the library's tables. To learn which index each
     // stack handle gets in the serialized stack table, each thread gets one

@@ -23,9 +23,10 @@ use crate::symbolize::Symbolizer;
 
 /// What a resolved frame becomes in the Firefox profile.
 enum FxFrame {
-    /// Library-relative address with the containing function's category, and
-    /// the inlined functions (outermost first) as placeholder labels.
-    Lib(fx::LibraryHandle, u32, fx::CategoryHandle, Vec<(fx::StringHandle, fx::CategoryHandle)>),
+    /// Library-relative address with the containing function's category, the
+    /// inlined functions (outermost first) as placeholder labels, and how
+    /// many of the innermost of those are the allocator's.
+    Lib(fx::LibraryHandle, u32, fx::CategoryHandle, Vec<(fx::StringHandle, fx::CategoryHandle)>, usize),
     /// Only labels (outermost first).
     Labels(Vec<(fx::StringHandle, fx::CategoryHandle)>),
 }
@@ -119,6 +120,9 @@ pub(super) enum Leaf {
     Blocked,
     /// An off-CPU interval, preempted.
     WaitingForCpu,
+    /// A heap event: the leaf's inlined allocator functions (`alloc::alloc`
+    /// inlined into the code that allocated) are left out.
+    Allocation,
 }
 
 /// The frames and stacks interned so far, and what interning needs.
@@ -172,17 +176,18 @@ impl Stacks {
             return h;
         }
         let off = match leaf {
-            Leaf::Cpu => None,
+            Leaf::Cpu | Leaf::Allocation => None,
             Leaf::Blocked => Some(self.cats.blocked),
             Leaf::WaitingForCpu => Some(self.cats.waiting),
         };
         // Walk up to the nearest ancestor already interned, then intern
         // downwards (root first, as the profile's prefix tree wants). An
-        // off-CPU leaf is interned on its own, under its parent's CPU node.
+        // off-CPU or allocation leaf is interned on its own, under its
+        // parent's CPU node.
         let mut path = Vec::new();
         let mut cur = Some(stack);
         let mut parent = None;
-        if off.is_some() {
+        if leaf != Leaf::Cpu {
             path.push(stack);
             cur = defs.stack(stack).parent;
         }
@@ -207,15 +212,19 @@ impl Stacks {
                 flags: fx::FrameFlags::empty(),
             };
             let labels = match &*fxf {
-                FxFrame::Lib(lib, rva, cat, inl) => {
-                    let a = if is_leaf && off.is_none() {
+                FxFrame::Lib(lib, rva, cat, inl, allocator) => {
+                    let a = if is_leaf && leaf == Leaf::Cpu {
                         fx::Frame::RelativeAddressFromInstructionPointer(*lib, *rva)
                     } else {
                         fx::Frame::RelativeAddressFromAdjustedReturnAddress(*lib, *rva)
                     };
                     let fh = profile.intern_frame(th, info(a, (*cat).into()));
                     parent = Some(profile.intern_stack(th, parent, fh));
-                    inl.as_slice()
+                    if is_leaf && leaf == Leaf::Allocation {
+                        &inl[..inl.len() - allocator]
+                    } else {
+                        inl.as_slice()
+                    }
                 }
                 FxFrame::Labels(l) => l.as_slice(),
             };
@@ -272,7 +281,13 @@ impl Stacks {
                     self.placeholders.insert((mi, rva, depth), h);
                     inl.push(h);
                 }
-                FxFrame::Lib(lib, rva, self.cats.of(sym, r.outer().func, true), inl)
+                // The innermost inlined functions that are the allocator's
+                // (never the containing function).
+                let allocator = r.frames[..r.frames.len() - 1]
+                    .iter()
+                    .take_while(|f| crate::symbolize::is_allocator_frame(&sym.function(f.func).name))
+                    .count();
+                FxFrame::Lib(lib, rva, self.cats.of(sym, r.outer().func, true), inl, allocator)
             }
             None => FxFrame::Labels(
                 r.frames
