@@ -6,6 +6,8 @@
 //! allocated, not in the allocator.
 
 mod common;
+#[path = "common/jslb.rs"]
+mod jslb_read;
 
 use std::alloc::System;
 use std::collections::HashMap;
@@ -49,28 +51,13 @@ fn names(th: &Value, strings: &[Value], mut st: Option<usize>) -> Vec<String> {
     out
 }
 
-#[test]
-fn firefox_draws_heap_events_as_native_allocations() {
-    let dir = tempfile::tempdir().unwrap();
-    let spool = dir.path().join("heap.spool");
-    let guard = spulse::Recorder::builder().heap_events(true).start(&spool).unwrap();
-    let kept = std::thread::spawn(|| {
-        let mut kept = Vec::new();
-        heap_site_kept(&mut kept);
-        heap_site_freed();
-        kept
-    })
-    .join()
-    .unwrap();
-    let stats = guard.finish().unwrap();
-    drop(kept);
-    assert!(stats.heap_events.is_some_and(|h| h.written >= 100 && h.lost == 0), "{:?}", stats.heap_events);
-    let out = dir.path().join("heap.json");
-    ok(&["export", s(&spool), "--format", "firefox", "-o", s(&out)]);
-    let v: Value = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).expect("JSON");
+type BySite = HashMap<(&'static str, bool), i64>;
+
+/// Bytes allocated (false) and freed (true, negative) by each site in the
+/// native allocations of a Firefox export (format 55), every stack checked.
+fn by_site(v: &Value) -> BySite {
     let shared = v["shared"]["stringArray"].as_array();
-    // (site, freed) -> bytes; every stack checked.
-    let mut by: HashMap<(&str, bool), i64> = HashMap::new();
+    let mut by = BySite::new();
     let mut tables = 0;
     for th in v["threads"].as_array().unwrap() {
         let na = &th["nativeAllocations"];
@@ -104,11 +91,88 @@ fn firefox_draws_heap_events_as_native_allocations() {
             }
         }
     }
-    assert_eq!(tables, 1, "one process, one allocation table");
-    eprintln!("{by:?}");
-    let mb = |site, freed| by.get(&(site, freed)).copied().unwrap_or(0) as f64 / MB as f64;
-    assert!((mb("heap_site_kept", false) / 32.0 - 1.0).abs() < 0.05, "{by:?}");
-    assert!((mb("heap_site_freed", false) / 32.0 - 1.0).abs() < 0.05, "{by:?}");
-    assert_eq!(mb("heap_site_kept", true), 0.0, "kept past the recording: {by:?}");
-    assert_eq!(mb("heap_site_freed", true), -mb("heap_site_freed", false), "{by:?}");
+    assert!(tables <= 1, "one process, at most one allocation table");
+    by
+}
+
+/// (count, bytes allocated, bytes freed) of every native allocations table.
+fn totals(v: &Value) -> (usize, i64, i64) {
+    let mut t = (0, 0, 0);
+    for th in v["threads"].as_array().unwrap() {
+        for w in th["nativeAllocations"]["weight"].as_array().into_iter().flatten() {
+            let w = w.as_i64().unwrap();
+            t.0 += 1;
+            if w > 0 {
+                t.1 += w
+            } else {
+                t.2 += w
+            }
+        }
+    }
+    t
+}
+
+fn export_json(dir: &std::path::Path, name: &str, inputs: &[&std::path::Path]) -> Value {
+    let out = dir.join(name);
+    let mut args = vec!["export", "--format", "firefox", "-o", s(&out)];
+    args.extend(inputs.iter().map(|p| s(p)));
+    ok(&args);
+    serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).expect("JSON")
+}
+
+fn mb(by: &BySite, site: &str, freed: bool) -> f64 {
+    by.iter().filter(|((s, f), _)| *s == site && *f == freed).map(|(_, &b)| b).sum::<i64>() as f64 / MB as f64
+}
+
+#[test]
+fn firefox_draws_heap_events_as_native_allocations() {
+    let dir = tempfile::tempdir().unwrap();
+    let (one, two) = (dir.path().join("one.spool"), dir.path().join("two.spool"));
+    let guard = spulse::Recorder::builder().heap_events(true).start(&one).unwrap();
+    let kept = std::thread::spawn(|| {
+        let mut kept = Vec::new();
+        heap_site_kept(&mut kept);
+        heap_site_freed();
+        kept
+    })
+    .join()
+    .unwrap();
+    let stats = guard.finish().unwrap();
+    assert!(stats.heap_events.is_some_and(|h| h.written >= 100 && h.lost == 0), "{:?}", stats.heap_events);
+    // A second recording: the blocks kept from the first are freed in it,
+    // and it holds none of their events (their allocations are not in it).
+    let guard = spulse::Recorder::builder().heap_events(true).start(&two).unwrap();
+    std::thread::spawn(move || {
+        drop(kept);
+        heap_site_freed();
+    })
+    .join()
+    .unwrap();
+    guard.finish().unwrap();
+
+    let v1 = export_json(dir.path(), "one.json", &[&one]);
+    let by1 = by_site(&v1);
+    eprintln!("{by1:?}");
+    assert!((mb(&by1, "heap_site_kept", false) / 32.0 - 1.0).abs() < 0.05, "{by1:?}");
+    assert!((mb(&by1, "heap_site_freed", false) / 32.0 - 1.0).abs() < 0.05, "{by1:?}");
+    assert_eq!(mb(&by1, "heap_site_kept", true), 0.0, "kept past the recording: {by1:?}");
+    assert_eq!(mb(&by1, "heap_site_freed", true), -mb(&by1, "heap_site_freed", false), "{by1:?}");
+    let v2 = export_json(dir.path(), "two.json", &[&two]);
+    let by2 = by_site(&v2);
+    assert_eq!(mb(&by2, "heap_site_kept", false) + mb(&by2, "heap_site_kept", true), 0.0, "{by2:?}");
+    assert!((mb(&by2, "heap_site_freed", false) / 32.0 - 1.0).abs() < 0.05, "{by2:?}");
+    assert_eq!(mb(&by2, "heap_site_freed", true), -mb(&by2, "heap_site_freed", false), "{by2:?}");
+    // Both recordings merged: both recordings' events.
+    let both = totals(&export_json(dir.path(), "both.json", &[&one, &two]));
+    let (t1, t2) = (totals(&v1), totals(&v2));
+    assert_eq!(both, (t1.0 + t2.0, t1.1 + t2.1, t1.2 + t2.2));
+    // The packed file says the same.
+    let packed = dir.path().join("one.spk");
+    ok(&["pack", s(&one), "-o", s(&packed)]);
+    assert_eq!(by_site(&export_json(dir.path(), "packed.json", &[&packed])), by1);
+    // And the JSLB container (format 70, shared stack tables) keeps them.
+    let jslb = dir.path().join("one.jslb");
+    ok(&["export", "--format", "firefox", "-o", s(&jslb), s(&one)]);
+    let loaded = jslb_read::read_jslb(&std::fs::read(&jslb).unwrap());
+    assert_eq!(totals(&loaded.profile), t1);
 }

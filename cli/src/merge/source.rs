@@ -9,8 +9,8 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 
 use spulse::{
-    Definitions, FrameId, Header, OffCpuInterval, OffCpuState, Sample, Snapshot, SpoolWriter, StackId, Tail,
-    ThreadId,
+    Definitions, FrameId, Header, HeapEvent, OffCpuInterval, OffCpuState, Sample, Snapshot, SpoolWriter,
+    StackId, Tail, ThreadId,
 };
 
 use super::remap::{release_module, IdMap, ModState};
@@ -23,7 +23,13 @@ use super::{is_io, named, MergeError, Shared};
 #[allow(clippy::large_enum_variant)] // one per source, held for the whole merge
 pub(super) enum Reader {
     Spool(Tail),
-    Packed { snap: Box<Snapshot>, next: usize, batch: Vec<Sample>, off_cpu: (usize, usize) },
+    Packed {
+        snap: Box<Snapshot>,
+        next: usize,
+        batch: Vec<Sample>,
+        off_cpu: (usize, usize),
+        heap: (usize, usize),
+    },
 }
 
 impl Reader {
@@ -31,7 +37,13 @@ impl Reader {
     fn open(path: &Path, packed: bool) -> Result<Reader, spulse::Error> {
         if packed && is_packed(path) {
             let snap = Snapshot::open(path)?;
-            return Ok(Reader::Packed { snap: Box::new(snap), next: 0, batch: Vec::new(), off_cpu: (0, 0) });
+            return Ok(Reader::Packed {
+                snap: Box::new(snap),
+                next: 0,
+                batch: Vec::new(),
+                off_cpu: (0, 0),
+                heap: (0, 0),
+            });
         }
         Ok(Reader::Spool(Tail::open(path)?))
     }
@@ -39,20 +51,21 @@ impl Reader {
     fn poll(&mut self) -> Result<&[Sample], spulse::Error> {
         match self {
             Reader::Spool(t) => t.poll(),
-            Reader::Packed { snap, next, batch, off_cpu } => {
+            Reader::Packed { snap, next, batch, off_cpu, heap } => {
                 let end = snap.len().min(*next + Tail::MAX_BATCH);
                 batch.clear();
                 batch.extend((*next..end).map(|i| snap.sample(i)));
                 *next = end;
-                // The off-CPU intervals placed before this batch's samples
-                // (and, at the end, after the last one).
-                let all = snap.definitions().off_cpu_intervals();
-                let hi = if end == snap.len() {
-                    all.len()
-                } else {
-                    all.partition_point(|o| o.samples_before < end as u64)
-                };
+                // The off-CPU intervals and heap events placed before this
+                // batch's samples (and, at the end, after the last one).
+                let last = end == snap.len();
+                let defs = snap.definitions();
+                let o = defs.off_cpu_intervals();
+                let hi = if last { o.len() } else { o.partition_point(|x| x.samples_before < end as u64) };
                 *off_cpu = (off_cpu.1, hi.max(off_cpu.1));
+                let h = defs.heap_events();
+                let hi = if last { h.len() } else { h.partition_point(|x| x.samples_before < end as u64) };
+                *heap = (heap.1, hi.max(heap.1));
                 Ok(batch)
             }
         }
@@ -65,6 +78,14 @@ impl Reader {
             Reader::Packed { snap, off_cpu: (lo, hi), .. } => {
                 &snap.definitions().off_cpu_intervals()[*lo..*hi]
             }
+        }
+    }
+
+    /// The heap events the last poll brought.
+    fn heap(&self) -> &[HeapEvent] {
+        match self {
+            Reader::Spool(t) => t.heap(),
+            Reader::Packed { snap, heap: (lo, hi), .. } => &snap.definitions().heap_events()[*lo..*hi],
         }
     }
 
@@ -123,6 +144,8 @@ pub struct Source {
     python_done: usize,
     /// Off-CPU intervals polled but not yet copied (a poll forgets them).
     off_cpu: VecDeque<OffCpuInterval>,
+    /// Heap events polled but not yet copied.
+    heap: VecDeque<HeapEvent>,
     pub(super) samples_seen: u64,
     batch: Vec<Sample>,
     /// Samples of `batch` already copied (for [`merge_files`](super::merge_files)).
@@ -168,6 +191,7 @@ impl Source {
             deactivations_done: 0,
             python_done: 0,
             off_cpu: Default::default(),
+            heap: Default::default(),
             samples_seen: 0,
             batch: Vec::with_capacity(Tail::MAX_BATCH),
             taken: 0,
@@ -225,6 +249,8 @@ impl Source {
         self.check_pids()?;
         let polled = self.tail.off_cpu();
         self.off_cpu.extend(polled.iter().copied());
+        let polled = self.tail.heap();
+        self.heap.extend(polled.iter().copied());
         self.threads_checked = self.tail.definitions().threads().len();
         self.modules.resize(self.tail.modules().len(), ModState::Pending);
         Ok(())
@@ -312,6 +338,22 @@ impl Source {
                 let stack = self.map_stack(o.stack, out, sh)?;
                 let preempted = o.state == OffCpuState::Preempted;
                 out.off_cpu(thread, stack, o.start_us, o.duration_us, preempted).map_err(MergeError::Output)
+            });
+            match res {
+                Ok(()) => {}
+                Err(MergeError::Output(e)) if !is_io(&e) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        while let Some(h) = self.heap.front().copied() {
+            if h.samples_before > upto {
+                break;
+            }
+            self.heap.pop_front();
+            let res = self.map_thread(h.thread, out, sh).and_then(|thread| {
+                let stack = self.map_stack(h.stack, out, sh)?;
+                out.heap_event(thread, stack, h.time_us, h.address, h.size, h.bytes, h.freed)
+                    .map_err(MergeError::Output)
             });
             match res {
                 Ok(()) => {}
