@@ -166,6 +166,16 @@ fn firefox_draws_heap_events_as_native_allocations() {
     let both = totals(&export_json(dir.path(), "both.json", &[&one, &two]));
     let (t1, t2) = (totals(&v1), totals(&v2));
     assert_eq!(both, (t1.0 + t2.0, t1.1 + t2.1, t1.2 + t2.2));
+    // `info` sums them up.
+    let text = ok(&["info", s(&one)]);
+    let line =
+        text.lines().find(|l| l.starts_with("heap:")).unwrap_or_else(|| panic!("no heap line:\n{text}"));
+    let allocated = format!("standing for {:.1} MiB allocated", t1.1 as f64 / MB as f64);
+    assert!(line.contains(&allocated), "{line}");
+    let info: Value = serde_json::from_str(&ok(&["info", "--json", s(&one)])).expect("info --json");
+    assert_eq!(info["heap_events"].as_u64(), Some(t1.0 as u64), "{line}");
+    assert_eq!(info["heap_allocated_bytes"].as_i64(), Some(t1.1), "{line}");
+    assert_eq!(info["heap_freed_bytes"].as_i64(), Some(-t1.2), "{line}");
     // The packed file says the same.
     let packed = dir.path().join("one.spk");
     ok(&["pack", s(&one), "-o", s(&packed)]);

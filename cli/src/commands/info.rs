@@ -70,6 +70,7 @@ pub fn run(args: &InfoArgs) -> Result<(), CliError> {
     bar.finish_and_clear();
     let samples = n;
     let off = OffCpuSummary::of(defs);
+    let heap = HeapSummary::of(defs);
     // To the last sample or the end of the last off-CPU wait (a recording
     // of a process that only waited has no sample).
     let end_us = if samples > 0 { last.max(off.end_us) } else { off.end_us };
@@ -136,6 +137,9 @@ pub fn run(args: &InfoArgs) -> Result<(), CliError> {
             "off_cpu_blocked_us": off.blocked_us,
             "off_cpu_blocked_with_stack_us": off.with_stack_us,
             "off_cpu_waiting_for_cpu_us": off.preempted_us,
+            "heap_events": heap.allocations + heap.frees,
+            "heap_allocated_bytes": heap.allocated,
+            "heap_freed_bytes": heap.freed,
             "bytes_per_sample": bytes_per_sample,
             "recorder_warnings": recorder_warnings,
             "recovered_from_truncated_tail": replay.recovered_from_truncated_tail(),
@@ -202,6 +206,17 @@ pub fn run(args: &InfoArgs) -> Result<(), CliError> {
                  sampled user time only (switched off, refused by the kernel, or a timer engine, which \
                  counts system time without marking it); the spool does not say which, the recorder's \
                  Stats::kernel_time does"
+            )?;
+        }
+        if heap.allocations + heap.frees > 0 {
+            writeln!(
+                out,
+                "heap:            {} sampled allocation(s) standing for {:.1} MiB allocated, {:.1} MiB of it freed \
+                 while recording ({} free(s)); see export --format firefox (Native Allocations, Retained Memory)",
+                heap.allocations,
+                heap.allocated as f64 / (1 << 20) as f64,
+                heap.freed as f64 / (1 << 20) as f64,
+                heap.frees
             )?;
         }
         if off.intervals == 0 {
@@ -331,6 +346,32 @@ fn read_warnings(path: &std::path::Path) -> Option<String> {
     let mut buf = Vec::new();
     f.take(64 << 10).read_to_end(&mut buf).ok()?;
     Some(String::from_utf8_lossy(&buf).into_owned())
+}
+
+/// What the heap events of a spool add up to (FORMAT.md, tag 10).
+struct HeapSummary {
+    allocations: u64,
+    frees: u64,
+    /// Bytes the allocations stand for.
+    allocated: u64,
+    /// Bytes the frees stand for.
+    freed: u64,
+}
+
+impl HeapSummary {
+    fn of(defs: &spulse::Definitions) -> HeapSummary {
+        let mut s = HeapSummary { allocations: 0, frees: 0, allocated: 0, freed: 0 };
+        for e in defs.heap_events() {
+            if e.freed {
+                s.frees += 1;
+                s.freed = s.freed.saturating_add(e.bytes);
+            } else {
+                s.allocations += 1;
+                s.allocated = s.allocated.saturating_add(e.bytes);
+            }
+        }
+        s
+    }
 }
 
 /// What the off-CPU intervals of a spool add up to (FORMAT.md, tag 9).
