@@ -1,12 +1,16 @@
 //! A heap profile of this program: `Sampled<System>` as the global
 //! allocator, a workload, and the profile written to `heap.pb.gz` (and, with
 //! `--serve`, served at `http://127.0.0.1:6060/debug/pprof/heap` until
-//! Ctrl-C; that needs the `http` feature).
+//! Ctrl-C; that needs the `http` feature). The workload runs under a CPU
+//! recording with heap events (`heap.spool`), whose allocations over time
+//! the Firefox export shows.
 //!
 //! ```text
 //! cargo run --release --example heap --features heap,pprof
 //! go tool pprof -sample_index=inuse_space -top heap.pb.gz
 //! go tool pprof -sample_index=alloc_space -top heap.pb.gz
+//! cargo run --release -p spulse-cli -- info heap.spool
+//! cargo run --release -p spulse-cli -- export heap.spool -o heap.json  # open in profiler.firefox.com
 //! ```
 
 use std::alloc::System;
@@ -36,9 +40,14 @@ fn build_index() -> BTreeMap<u64, Vec<u8>> {
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let recording = spulse::Recorder::builder().heap_events(true).overwrite(true).start("heap.spool")?;
     churn_strings();
     let index = build_index();
+    let stats = recording.finish()?;
     spulse::heap::write_profile("heap.pb.gz")?;
+    if let Some(h) = stats.heap_events {
+        println!("heap.spool written: {} heap events", h.written);
+    }
     let s = spulse::heap::stats();
     println!(
         "heap.pb.gz written: {} samples, {} live sampled blocks ({} entries kept)",
