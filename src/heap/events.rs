@@ -11,6 +11,10 @@
 //! blocks: a producer that finds the ring full drops its event and counts it
 //! in [`LOST`]; a consumer that finds the next cell claimed but not yet
 //! published (its producer was interrupted) stops there until its next tick.
+//! The writer empties the ring at each tick, and the producer of every
+//! quarter ring's event wakes it (two system calls: an eventfd's identity
+//! check and write where the writer waits on one, a futex wake), so that a
+//! program allocating fast fills it only if the writer cannot run.
 //!
 //! A session is a number from 1 to [`MAX_SESSION`] (0: no session). A
 //! sampled block remembers the session it was allocated in (in its stack
@@ -22,7 +26,10 @@ use std::cell::UnsafeCell;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 /// Events the ring holds.
-pub const CAPACITY: usize = 4096;
+pub const CAPACITY: usize = 16384;
+/// Every this many events, the producer wakes the writer (it empties the
+/// ring at each tick, and at each such wake).
+const NUDGE: u64 = CAPACITY as u64 / 4;
 /// The largest session number (they wrap back to 1).
 const MAX_SESSION: u32 = 0xffff;
 /// Bits of a live block's stack word that hold the stack slot (the rest: the
@@ -148,6 +155,9 @@ pub(crate) fn push(e: Event) -> bool {
                     // store below publishes it.
                     unsafe { *cell.event.get() = e };
                     cell.seq.store((pos + 1).wrapping_sub(i as u64), Ordering::Release);
+                    if (pos + 1) % NUDGE == 0 {
+                        crate::recorder::exit_request::nudge_writer();
+                    }
                     return true;
                 }
                 Err(now) => pos = now,
@@ -181,10 +191,10 @@ pub(crate) fn pop() -> Option<Event> {
     Some(e)
 }
 
-/// This thread's kernel thread id (a system call: only for events).
+/// This thread's kernel thread id (read from glibc's thread control block
+/// where the recorder's start found the field, else a system call).
 pub(crate) fn tid() -> u32 {
-    // SAFETY: no arguments, no memory touched.
-    unsafe { libc::syscall(libc::SYS_gettid) as u32 }
+    crate::recorder::current_tid()
 }
 
 /// Unix microseconds, `CLOCK_REALTIME` (the recorder's clock).

@@ -117,6 +117,29 @@ pub(crate) fn wake_writer() {
     };
 }
 
+/// Wake the writer of the recorder running in this process, whichever it
+/// waits on (its eventfd beside its rings, if that is still the file the
+/// recorder opened, or the futex word), asking for nothing: it looks for
+/// work (the heap events' ring, `src/heap/events.rs`) and waits again.
+/// Async-signal-safe and allocation-free (the allocator calls it).
+#[cfg(feature = "heap")]
+pub(crate) fn nudge_writer() {
+    if DONE.load(Ordering::SeqCst) {
+        return;
+    }
+    let fd = WAKE_FD.load(Ordering::SeqCst);
+    if fd >= 0 {
+        let id =
+            (WAKE_DEV.load(Ordering::SeqCst), WAKE_INO.load(Ordering::SeqCst), WAKE_KIND.load(Ordering::SeqCst));
+        if own_fd::identity_words(fd) == Some(id) {
+            let one = 1u64;
+            // SAFETY: writes 8 bytes from our u64 to the writer's eventfd, checked just above to be the file the recorder opened.
+            unsafe { libc::write(fd, &one as *const u64 as *const libc::c_void, 8) };
+        }
+    }
+    wake_writer();
+}
+
 /// Wait until the futex word moves from `seen` (a wake since it was read
 /// returns at once), at most `timeout`.
 pub(crate) fn wait_for_wake(seen: u32, timeout: Duration) {

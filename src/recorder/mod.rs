@@ -71,7 +71,7 @@
 
 mod builder;
 mod engine;
-mod exit_request;
+pub(crate) mod exit_request;
 mod handler;
 pub(crate) mod modules;
 mod output;
@@ -175,6 +175,14 @@ pub(crate) fn set_live_segment(path: &Path) {
 /// replaces the last.
 static OFF_CPU_SPLITS_AT_NS: [AtomicU64; 4] = [const { AtomicU64::new(0) }; 4];
 
+/// This thread's kernel thread id, without a system call where the
+/// recorder's start found glibc's field for it (allocation-free: the heap
+/// sampler's events).
+#[cfg(feature = "heap")]
+pub(crate) fn current_tid() -> u32 {
+    sys::tcb::current_tid()
+}
+
 /// Ask the recorder running in this process (if in off-CPU mode) to write,
 /// within a flush interval, the part up to `at_ns` (unix ns) of every wait
 /// still open (see `OFF_CPU_SPLITS_AT_NS`).
@@ -269,10 +277,19 @@ impl Guard {
         }
         *PYTHON_TX.lock().unwrap_or_else(|e| e.into_inner()) = None;
         *LIVE_SPOOL.lock().unwrap_or_else(|e| e.into_inner()) = None;
-        let _ = run.tx.send(Control::Stop);
-        let res = match run.join.join() {
-            Ok(r) => r,
-            Err(_) => Err(Error::Recorder(RecorderError::WriterFailed { what: "panicked", source: None })),
+        let res = if sys::gettid() == exit_request::writer_tid() {
+            // On the writer thread: the program's threads had all ended, and
+            // the writer, having finished the recording, is ending the
+            // process; these are its exit handlers. It cannot join itself.
+            let res = writer::take_gone_result().unwrap_or(Err(Error::Recorder(RecorderError::NotRunning)));
+            std::mem::forget(run.join);
+            res
+        } else {
+            let _ = run.tx.send(Control::Stop);
+            match run.join.join() {
+                Ok(r) => r,
+                Err(_) => Err(Error::Recorder(RecorderError::WriterFailed { what: "panicked", source: None })),
+            }
         };
         PYTHON_INSIDE.store(false, Ordering::SeqCst);
         RUNNING.store(false, Ordering::SeqCst);
@@ -529,7 +546,7 @@ fn start_inner(b: &RecorderBuilder, path: &Path) -> Result<Guard, Error> {
             // Said when the thread ends, by a panic too.
             let _done = exit_request::WriterThread::started(sys::gettid());
             let _ = tid_tx.send(sys::gettid());
-            writer::main(rx, wake)
+            writer::exit_when_program_gone(writer::main(rx, wake))
         })
         .map_err(|e| {
             Error::Recorder(RecorderError::WriterFailed { what: "could not be spawned", source: Some(e) })

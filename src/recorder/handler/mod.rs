@@ -649,6 +649,12 @@ extern "C" fn after_fork_in_child() {
     // ring or spool: withdraw the state (the Arc is leaked in the child), and let
     // the child start a recorder of its own.
     STATE.store(std::ptr::null_mut(), Ordering::SeqCst);
+    // The parent's count of handlers inside counted its other threads, which
+    // the child does not have: a thread of the parent sampled at the fork
+    // left it above 0 for good, and the child's own recorder then waited out
+    // `unpublish`'s 2 s (twice: 3-5 s in `exit`). Only this thread runs here,
+    // and it is not inside the handler (the handler never forks).
+    IN_HANDLER.store(0, Ordering::SeqCst);
     crate::recorder::forget_parent_recorder_after_fork();
     crate::recorder::sys::procfs::forget_after_fork();
     crate::recorder::sys::sigmask::own::reset();

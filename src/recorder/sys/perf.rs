@@ -162,8 +162,28 @@ pub(super) fn open_attr_on(tid: u32, cpu: i32, attr: &PerfEventAttr) -> io::Resu
 /// that closes every descriptor closes ours too, and may have opened a file
 /// of its own at the number since.
 pub(crate) fn is_perf_event(fd: std::os::fd::RawFd) -> bool {
-    std::fs::read_link(format!("/proc/self/fd/{fd}"))
-        .is_ok_and(|l| l.as_os_str().as_encoded_bytes() == b"anon_inode:[perf_event]")
+    perf_event_status(fd) == Some(true)
+}
+
+/// Whether `fd` is a perf event, as its link in `/proc` says: the calling
+/// thread's view (`/proc/thread-self`: `/proc/self` is the main thread's,
+/// unreadable once it ended with `pthread_exit`), else the process's. `None`
+/// when neither can be read (`/proc` out of reach after a `chroot`, or not
+/// mounted): then nobody can tell.
+pub(crate) fn perf_event_status(fd: std::os::fd::RawFd) -> Option<bool> {
+    let link = std::fs::read_link(format!("/proc/thread-self/fd/{fd}"))
+        .or_else(|_| std::fs::read_link(format!("/proc/self/fd/{fd}")));
+    match link {
+        Ok(l) => Some(l.as_os_str().as_encoded_bytes() == b"anon_inode:[perf_event]"),
+        // The number names no file: closed.
+        Err(e) if e.raw_os_error() == Some(libc::ENOENT) && proc_readable() => Some(false),
+        Err(_) => None,
+    }
+}
+
+/// Whether this thread's descriptors can be listed in `/proc`.
+fn proc_readable() -> bool {
+    std::fs::metadata("/proc/thread-self/fd").or_else(|_| std::fs::metadata("/proc/self/fd")).is_ok()
 }
 
 /// Close `fd` if it is still our perf event; a number the program has taken
@@ -236,7 +256,8 @@ impl PerfEngine {
     /// Whether the program closed our events (the first one is checked:
     /// programs that close descriptors close them all).
     pub(crate) fn closed_by_program(&self) -> bool {
-        self.fds.first().is_some_and(|fd| !is_perf_event(fd.as_raw_fd()))
+        // (Not when `/proc` cannot say: after a `chroot`, say.)
+        self.fds.first().is_some_and(|fd| perf_event_status(fd.as_raw_fd()) == Some(false))
     }
 
     /// Disable every event (and its inherited clones) and close them; a

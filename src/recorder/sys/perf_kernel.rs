@@ -292,7 +292,7 @@ impl KernelRings {
 
     /// Whether the program closed our events (checked on one ring's).
     pub(crate) fn closed_by_program(&self) -> bool {
-        self.rings.values().next().is_some_and(|r| !super::perf::is_perf_event(r.raw_fd()))
+        self.rings.values().next().is_some_and(|r| super::perf::perf_event_status(r.raw_fd()) == Some(false))
     }
 
     /// Samples lost and never reported in a lost record (read at the end).

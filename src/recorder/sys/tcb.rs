@@ -70,6 +70,24 @@ pub(crate) fn tid_offset() -> Option<usize> {
     TID_OFFSET.get_or(probe_tid_offset)
 }
 
+/// This thread's kernel thread id: read from glibc's `struct pthread` where
+/// a probe already found the field ([`tid_offset`], run at a recorder's
+/// start), else a `gettid` system call. Never probes, never allocates
+/// (the heap sampler calls it from inside the allocator).
+#[cfg(feature = "heap")]
+pub(crate) fn current_tid() -> u32 {
+    match TID_OFFSET.0.load(Ordering::SeqCst) {
+        0 | 1 => gettid(),
+        v => {
+            // SAFETY: the offset of the `tid` field of glibc's struct pthread,
+            // found by `probe_tid_offset`; this thread's TCB is mapped.
+            unsafe {
+                std::ptr::read_volatile((libc::pthread_self() as u64).wrapping_add((v - 2) as u64) as *const u32)
+            }
+        }
+    }
+}
+
 fn probe_tid_offset() -> Option<usize> {
     let find = || -> Vec<usize> {
         let tid = gettid();

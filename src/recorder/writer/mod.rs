@@ -250,6 +250,37 @@ enum Event {
 
 /// The thread body: wait for `Start`, then run until `Stop`. `wake` is the
 /// control channel's eventfd, when it has one.
+/// Set when the writer found every thread of the program ended
+/// ([`Run::program_gone`]) and finished the recording for that reason.
+static PROGRAM_GONE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// The result of the writer's run that ended because every thread of the
+/// program had ended (kept for the guard's `finish` in the exit handlers).
+static GONE_RESULT: std::sync::Mutex<Option<Result<Stats, Error>>> = std::sync::Mutex::new(None);
+
+/// On the writer thread, after [`main`] returned `res`: if it returned
+/// because every thread of the program had ended, keep `res` for the
+/// guard and end the process with status 0, as the C library does when
+/// the last thread of a process ends (the writer is the last one left:
+/// a `main` that ended with `pthread_exit` left the process running
+/// forever). The program's exit handlers run here, on the writer thread;
+/// a guard finished in them takes the kept result ([`take_gone_result`]).
+pub(crate) fn exit_when_program_gone(res: Result<Stats, Error>) -> Result<Stats, Error> {
+    if !PROGRAM_GONE.load(Ordering::SeqCst) {
+        return res;
+    }
+    *GONE_RESULT.lock().unwrap_or_else(|e| e.into_inner()) = Some(res);
+    // SAFETY: exit runs the process's exit handlers and ends it; nothing of
+    // this thread's is used after.
+    unsafe { libc::exit(0) }
+}
+
+/// The kept result of a writer that ended the process
+/// ([`exit_when_program_gone`]), for a guard finished on the writer thread.
+pub(crate) fn take_gone_result() -> Option<Result<Stats, Error>> {
+    GONE_RESULT.lock().unwrap_or_else(|e| e.into_inner()).take()
+}
+
 pub(crate) fn main(rx: Receiver<Control>, wake: Option<Arc<OwnFd>>) -> Result<Stats, Error> {
     let mut st = loop {
         match rx.recv() {
@@ -327,16 +358,26 @@ pub(crate) fn main(rx: Receiver<Control>, wake: Option<Arc<OwnFd>>) -> Result<St
             Event::Control(Control::Python { entering, ack }) => {
                 let _ = ack.send(run.python_mark(entering));
             }
-            Event::Control(Control::Start(_)) | Event::Control(Control::Abort) | Event::Again => {}
+            Event::Control(Control::Start(_)) | Event::Control(Control::Abort) => {}
+            // Woken for nothing in particular: the heap events' ring may be
+            // filling (its producers wake the writer, see `src/heap/events.rs`).
+            Event::Again => run.heap_events(),
             Event::Rings => {
                 run.drain_step();
                 run.collect_switches();
+                run.heap_events();
             }
             Event::Switches => run.collect_switches(),
             // The interval shortens if the engine changes (`adapt_engine`).
             Event::Tick => {
                 let interval = run.st.interval;
-                run.scheduled(&mut next, interval)
+                run.scheduled(&mut next, interval);
+                if run.program_gone() {
+                    // Finish, then end the process as the C library would
+                    // have (`exit_when_program_gone`).
+                    PROGRAM_GONE.store(true, Ordering::SeqCst);
+                    break;
+                }
             }
             // A tick now for an `_exit` or `exec` (`exit_request.rs`); the
             // clock's ticks stay as they were.

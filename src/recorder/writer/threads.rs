@@ -106,6 +106,25 @@ impl Run {
         tids
     }
 
+    /// Whether every thread of the program has ended, leaving only spulse's
+    /// own: its main thread ended with `pthread_exit` (it stays listed, a
+    /// zombie) and every other thread is gone or a zombie too. The C library
+    /// would then have ended the process (`exit(0)` by the last thread to
+    /// end), but the writer counts as a thread, so it never does: the writer
+    /// must (see [`super::main`]). Checked at each tick: one read of the main
+    /// thread's state, a listing only when it is a zombie.
+    pub(super) fn program_gone(&self) -> bool {
+        let pid = self.st.pid;
+        if thread_state(pid) != Some(b'Z') {
+            return false;
+        }
+        let Ok(tids) = super::sys::list_tids() else { return false };
+        let writer = self.st.shared.writer_tid.load(Ordering::Relaxed);
+        tids.iter().all(|&t| {
+            t == writer || t == pid || super::sys::sigmask::own::is_own(t) || thread_state(t) == Some(b'Z')
+        })
+    }
+
     /// Whether the program replaced our handler of the engine's signal (a
     /// program that calls `sigaction` without an interposer: see
     /// `sys/sigaction.rs`). If so the engine stops sending it, so the
@@ -260,4 +279,13 @@ mod tests {
         assert_eq!(next_rescan(every, false, false), THREAD_RESCAN);
         assert_eq!(next_rescan(every, false, true), THREAD_RESCAN);
     }
+}
+
+/// A thread's state letter from `/proc/self/task/<tid>/stat` (`R`, `S`, `Z`,
+/// ...); `None` if it cannot be read (gone, or `/proc` refused).
+fn thread_state(tid: u32) -> Option<u8> {
+    let stat = std::fs::read(super::sys::procfs::task_path(tid, "stat")).ok()?;
+    // "tid (comm) S ...": the comm may hold spaces and parentheses.
+    let close = stat.iter().rposition(|&b| b == b')')?;
+    stat.get(close + 2).copied()
 }
