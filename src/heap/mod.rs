@@ -214,6 +214,17 @@ pub fn stats() -> Stats {
     }
 }
 
+/// What the inlined fast path of `realloc` did with the new size's bytes.
+#[derive(Clone, Copy)]
+enum Charge {
+    /// Nothing: the count's offset is not learnt (the cold path charges them).
+    NotYet,
+    /// Charged; they reach the pending sample point.
+    Reached,
+    /// Charged; no sample point (the old block may be sampled).
+    Charged,
+}
+
 /// The alignment of every sampled block's address.
 pub const SAMPLED_ALIGN: usize = 4096;
 
@@ -384,6 +395,67 @@ impl<A: GlobalAlloc> Sampled<A> {
             // existed then).
             unsafe { self.inner.dealloc(p.sub(tag as usize), sampled_layout(layout).unwrap_or(layout)) }
         }
+    }
+
+    /// The rest of an allocation that did not take the fast path: its bytes
+    /// were `charged` and reach the pending sample point, or (the count's
+    /// offset not learnt) they are charged here. One call site in the
+    /// inlined fast path: it keeps the code small where the program
+    /// allocates (a larger one made the compiler move `Vec`'s allocation out
+    /// of a program's loop, BENCHMARKS.md).
+    ///
+    /// # Safety
+    ///
+    /// As [`GlobalAlloc::alloc`].
+    #[cold]
+    #[inline(never)]
+    unsafe fn alloc_cold(&self, layout: Layout, charged: bool) -> *mut u8 {
+        if !charged && sampler::charge(&self.offset, layout.size()) {
+            // SAFETY: our caller's contract is `A`'s.
+            return unsafe { self.inner.alloc(layout) };
+        }
+        // SAFETY: our caller's contract.
+        unsafe { self.alloc_reaching(layout, false) }
+    }
+
+    /// [`alloc_cold`](Self::alloc_cold) for `alloc_zeroed`.
+    ///
+    /// # Safety
+    ///
+    /// As [`GlobalAlloc::alloc_zeroed`].
+    #[cold]
+    #[inline(never)]
+    unsafe fn alloc_zeroed_cold(&self, layout: Layout, charged: bool) -> *mut u8 {
+        if !charged && sampler::charge(&self.offset, layout.size()) {
+            // SAFETY: our caller's contract is `A`'s.
+            return unsafe { self.inner.alloc_zeroed(layout) };
+        }
+        // SAFETY: our caller's contract.
+        unsafe { self.alloc_reaching(layout, true) }
+    }
+
+    /// The rest of a reallocation that did not take the fast path (see
+    /// [`Charge`]): its old block may be sampled, or its new size reaches the
+    /// pending point.
+    ///
+    /// # Safety
+    ///
+    /// As [`GlobalAlloc::realloc`].
+    #[cold]
+    #[inline(never)]
+    #[allow(clippy::nonminimal_bool)] // reads as the two fast-path conditions
+    unsafe fn realloc_cold(&self, ptr: *mut u8, layout: Layout, new_size: usize, charge: Charge) -> *mut u8 {
+        let reached = match charge {
+            Charge::NotYet => !sampler::charge(&self.offset, new_size),
+            Charge::Reached => true,
+            Charge::Charged => false,
+        };
+        if !reached && !(aligned_as_sampled(ptr) && live::maybe_sampled(ptr)) {
+            // SAFETY: our caller's contract is `A`'s (the block is not sampled).
+            return unsafe { self.inner.realloc(ptr, layout, new_size) };
+        }
+        // SAFETY: our caller's contract.
+        unsafe { self.realloc_sampled(ptr, layout, new_size, reached) }
     }
 
     /// The rest of an allocation whose bytes reach this thread's pending
@@ -563,22 +635,27 @@ impl<A: GlobalAlloc> Sampled<A> {
 unsafe impl<A: GlobalAlloc> GlobalAlloc for Sampled<A> {
     #[inline]
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        if sampler::charge(&self.offset, layout.size()) {
+        let off = self.offset.get();
+        // SAFETY: a nonzero `OffsetCopy` is the count's offset from the
+        // thread pointer in every thread (`tls::learn`, `OffsetCopy::refresh`).
+        if off != 0 && unsafe { tls::sub(off, layout.size()) } >= 0 {
             // SAFETY: our caller's contract is `A`'s.
             return unsafe { self.inner.alloc(layout) };
         }
         // SAFETY: our caller's contract.
-        unsafe { self.alloc_reaching(layout, false) }
+        unsafe { self.alloc_cold(layout, off != 0) }
     }
 
     #[inline]
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        if sampler::charge(&self.offset, layout.size()) {
+        let off = self.offset.get();
+        // SAFETY: as in `alloc`.
+        if off != 0 && unsafe { tls::sub(off, layout.size()) } >= 0 {
             // SAFETY: our caller's contract is `A`'s.
             return unsafe { self.inner.alloc_zeroed(layout) };
         }
         // SAFETY: our caller's contract.
-        unsafe { self.alloc_reaching(layout, true) }
+        unsafe { self.alloc_zeroed_cold(layout, off != 0) }
     }
 
     #[inline]
@@ -594,15 +671,25 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for Sampled<A> {
     }
 
     #[inline]
-    #[allow(clippy::nonminimal_bool)] // reads as the two fast-path conditions
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        let reached = !sampler::charge(&self.offset, new_size);
-        if !reached && !(aligned_as_sampled(ptr) && live::maybe_sampled(ptr)) {
-            // SAFETY: our caller's contract is `A`'s (the block is not sampled).
-            return unsafe { self.inner.realloc(ptr, layout, new_size) };
-        }
+        let off = self.offset.get();
+        let charge = if off == 0 {
+            Charge::NotYet
+        } else {
+            // SAFETY: as in `alloc`.
+            let left = unsafe { tls::sub(off, new_size) };
+            if left >= 0 && !aligned_as_sampled(ptr) {
+                // SAFETY: our caller's contract is `A`'s (the block is not sampled).
+                return unsafe { self.inner.realloc(ptr, layout, new_size) };
+            }
+            if left < 0 {
+                Charge::Reached
+            } else {
+                Charge::Charged
+            }
+        };
         // SAFETY: our caller's contract.
-        unsafe { self.realloc_sampled(ptr, layout, new_size, reached) }
+        unsafe { self.realloc_cold(ptr, layout, new_size, charge) }
     }
 }
 

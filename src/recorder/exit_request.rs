@@ -129,8 +129,11 @@ pub(crate) fn nudge_writer() {
     }
     let fd = WAKE_FD.load(Ordering::SeqCst);
     if fd >= 0 {
-        let id =
-            (WAKE_DEV.load(Ordering::SeqCst), WAKE_INO.load(Ordering::SeqCst), WAKE_KIND.load(Ordering::SeqCst));
+        let id = (
+            WAKE_DEV.load(Ordering::SeqCst),
+            WAKE_INO.load(Ordering::SeqCst),
+            WAKE_KIND.load(Ordering::SeqCst),
+        );
         if own_fd::identity_words(fd) == Some(id) {
             let one = 1u64;
             // SAFETY: writes 8 bytes from our u64 to the writer's eventfd, checked just above to be the file the recorder opened.

@@ -288,7 +288,9 @@ impl Guard {
             let _ = run.tx.send(Control::Stop);
             match run.join.join() {
                 Ok(r) => r,
-                Err(_) => Err(Error::Recorder(RecorderError::WriterFailed { what: "panicked", source: None })),
+                Err(_) => {
+                    Err(Error::Recorder(RecorderError::WriterFailed { what: "panicked", source: None }))
+                }
             }
         };
         PYTHON_INSIDE.store(false, Ordering::SeqCst);

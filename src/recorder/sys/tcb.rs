@@ -82,7 +82,9 @@ pub(crate) fn current_tid() -> u32 {
             // SAFETY: the offset of the `tid` field of glibc's struct pthread,
             // found by `probe_tid_offset`; this thread's TCB is mapped.
             unsafe {
-                std::ptr::read_volatile((libc::pthread_self() as u64).wrapping_add((v - 2) as u64) as *const u32)
+                std::ptr::read_volatile(
+                    (libc::pthread_self() as u64).wrapping_add((v - 2) as u64) as *const u32
+                )
             }
         }
     }
