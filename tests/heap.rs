@@ -871,3 +871,104 @@ fn heap_events_in_the_spool() {
     assert_eq!(got("heap_events_kept", true), 0.0, "{by:?}");
     assert_eq!(got("heap_events_freed", true), got("heap_events_freed", false), "{by:?}");
 }
+
+/// Writes the heap profile when dropped (a thread-local's value).
+struct ProfileAtThreadEnd(std::path::PathBuf);
+
+impl Drop for ProfileAtThreadEnd {
+    fn drop(&mut self) {
+        let r = spulse::heap::write_profile(&self.0);
+        assert!(r.is_ok(), "{r:?}");
+    }
+}
+
+thread_local! {
+    static AT_END: std::cell::RefCell<Option<ProfileAtThreadEnd>> = const { std::cell::RefCell::new(None) };
+}
+
+/// The child's part of [`a_profile_after_the_threads_locals_are_gone`].
+fn profile_at_thread_end_child() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("end.pb.gz");
+    let f = file.clone();
+    std::thread::spawn(move || {
+        // Registered first, so destroyed last: after the profile's own
+        // thread-local symbolizer, which the call below creates.
+        AT_END.with(|a| *a.borrow_mut() = Some(ProfileAtThreadEnd(f)));
+        spulse::heap::profile().unwrap();
+        churn(MB);
+    })
+    .join()
+    .unwrap();
+    let p = decode(&std::fs::read(&file).expect("written at the thread's end"));
+    assert!(cum(&p, "churn")[1] > 0);
+}
+
+/// `heap::profile` called while the calling thread's thread-locals are torn
+/// down (from another thread-local's destructor, as a recorder's guard kept
+/// in one; or an `atexit` handler) makes its profile with a symbolizer of
+/// its own (it aborted the process: a panic in a destructor).
+#[test]
+fn a_profile_after_the_threads_locals_are_gone() {
+    in_child("a_profile_after_the_threads_locals_are_gone", profile_at_thread_end_child);
+}
+
+/// Allocates from one of 2^13 stacks: `n`'s bits, one frame each.
+#[inline(never)]
+fn distinct_stack(n: u32, bit: u32) {
+    if bit == 13 {
+        black_box(Vec::<u8>::with_capacity(64));
+        return;
+    }
+    if n >> bit & 1 == 0 {
+        distinct_stack_a(n, bit + 1)
+    } else {
+        distinct_stack_b(n, bit + 1)
+    }
+    black_box(bit);
+}
+
+#[inline(never)]
+fn distinct_stack_a(n: u32, bit: u32) {
+    distinct_stack(n, bit);
+    black_box(bit);
+}
+
+#[inline(never)]
+fn distinct_stack_b(n: u32, bit: u32) {
+    // (Not the same code as `distinct_stack_a`, which the linker would fold.)
+    distinct_stack(n, bit);
+    black_box(bit + 7);
+}
+
+/// The child's part of [`a_full_stack_table_is_counted_and_stays_cheap`].
+fn full_stack_table_child() {
+    spulse::heap::set_sample_rate(Some(1));
+    let before = spulse::heap::stats();
+    // A new thread samples at the new rate from its first allocation.
+    let took = std::thread::spawn(|| {
+        let t = Instant::now();
+        for n in 0..1u32 << 13 {
+            distinct_stack(n, 0);
+        }
+        t.elapsed()
+    })
+    .join()
+    .unwrap();
+    let after = spulse::heap::stats();
+    let full = after.stack_table_full - before.stack_table_full;
+    eprintln!("{before:?} {after:?} {took:?}");
+    // 8,192 stacks, 4,095 slots (some already taken by the harness).
+    assert!(full >= (1 << 13) - spulse::heap::STACK_CAPACITY as u64, "{before:?} {after:?}");
+    let p = decode(&spulse::heap::profile().unwrap());
+    let comment: String = p.comment.iter().map(|&c| p.string_table[c as usize].clone()).collect();
+    assert!(comment.contains(&format!("{} past the stack table", after.stack_table_full)), "{comment}");
+}
+
+/// Samples whose new stack finds the table of stacks full are counted in
+/// `stats().stack_table_full` (they were shown as `[no stack]` and counted
+/// nowhere), and their lookup is bounded (each scanned all 4,095 slots).
+#[test]
+fn a_full_stack_table_is_counted_and_stays_cheap() {
+    in_child("a_full_stack_table_is_counted_and_stays_cheap", full_stack_table_child);
+}

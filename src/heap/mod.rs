@@ -201,6 +201,10 @@ pub struct Stats {
     pub without_stack: u64,
     /// Replaced unwinders leaked because a walk was using them.
     pub unwinders_leaked: u64,
+    /// Samples whose stack was new when the table of stacks
+    /// ([`STACK_CAPACITY`]) had no room for it: counted in the profile
+    /// as `[no stack]`.
+    pub stack_table_full: u64,
 }
 
 /// The sampler's counters now.
@@ -211,6 +215,7 @@ pub fn stats() -> Stats {
         untracked_blocks: live::dropped(),
         without_stack: unwind::NO_STACK.load(Ordering::Relaxed),
         unwinders_leaked: unwind::LEAKED.load(Ordering::Relaxed),
+        stack_table_full: stacks::FULL.load(Ordering::Relaxed),
     }
 }
 

@@ -72,11 +72,15 @@ pub fn profile() -> Result<Vec<u8>, Error> {
     // The guard keeps this function's own allocations out of the tables.
     // A call from inside the sampler (impossible from safe code) is refused.
     sampler::guarded(|| {
-        SYMBOLIZER.with(|s| {
+        let kept = SYMBOLIZER.try_with(|s| {
             let mut s = s.borrow_mut();
             let sym = s.get_or_insert_with(|| Symbolizer::new(Options::default()));
             build(sym)
-        })
+        });
+        // Called while this thread's thread-locals are torn down (from an
+        // `atexit` handler, or the destructor of another thread-local, such
+        // as a kept recorder's guard): a symbolizer for this call alone.
+        kept.unwrap_or_else(|_| build(&mut Symbolizer::new(Options::default())))
     })
     .unwrap_or_else(|| {
         Err(Error::io(None, std::io::Error::other("heap::profile called from inside the sampler")))
@@ -247,8 +251,8 @@ fn build(sym: &mut Symbolizer) -> Result<Vec<u8>, Error> {
     };
     let st = super::stats();
     let comment = format!(
-        "spulse heap profile: {} samples, {} live sampled blocks, {} untracked, {} without stack",
-        st.samples, st.live_blocks, st.untracked_blocks, st.without_stack
+        "spulse heap profile: {} samples, {} live sampled blocks, {} untracked, {} without stack, {} past the stack table",
+        st.samples, st.live_blocks, st.untracked_blocks, st.without_stack, st.stack_table_full
     );
     let mut out = Vec::new();
     crate::pprof::write_with(
