@@ -155,7 +155,7 @@ pub(crate) fn push(e: Event) -> bool {
                     // store below publishes it.
                     unsafe { *cell.event.get() = e };
                     cell.seq.store((pos + 1).wrapping_sub(i as u64), Ordering::Release);
-                    if (pos + 1) % NUDGE == 0 {
+                    if (pos + 1).is_multiple_of(NUDGE) {
                         crate::recorder::exit_request::nudge_writer();
                     }
                     return true;

@@ -260,6 +260,15 @@ pub(super) fn blocking_warning(n: usize, sig: i32) -> String {
     )
 }
 
+/// A thread's state letter from `/proc/self/task/<tid>/stat` (`R`, `S`, `Z`,
+/// ...); `None` if it cannot be read (gone, or `/proc` refused).
+fn thread_state(tid: u32) -> Option<u8> {
+    let stat = std::fs::read(super::sys::procfs::task_path(tid, "stat")).ok()?;
+    // "tid (comm) S ...": the comm may hold spaces and parentheses.
+    let close = stat.iter().rposition(|&b| b == b')')?;
+    stat.get(close + 2).copied()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -279,13 +288,4 @@ mod tests {
         assert_eq!(next_rescan(every, false, false), THREAD_RESCAN);
         assert_eq!(next_rescan(every, false, true), THREAD_RESCAN);
     }
-}
-
-/// A thread's state letter from `/proc/self/task/<tid>/stat` (`R`, `S`, `Z`,
-/// ...); `None` if it cannot be read (gone, or `/proc` refused).
-fn thread_state(tid: u32) -> Option<u8> {
-    let stat = std::fs::read(super::sys::procfs::task_path(tid, "stat")).ok()?;
-    // "tid (comm) S ...": the comm may hold spaces and parentheses.
-    let close = stat.iter().rposition(|&b| b == b')')?;
-    stat.get(close + 2).copied()
 }
