@@ -115,8 +115,9 @@ fn prefix() -> Vec<u8> {
 #[test]
 fn unknown_tag() {
     rejects(prefix(), &[0], K::UnknownTag(0), 0);
-    // Tag 9 is the off-CPU interval (FORMAT.md); 10 and above are unknown.
-    rejects(prefix(), &[10, 1, 2], K::UnknownTag(10), 0);
+    // Tags 9 and 10 are the off-CPU interval and the heap event (FORMAT.md);
+    // 11 and above are unknown.
+    rejects(prefix(), &[11, 1, 2], K::UnknownTag(11), 0);
     rejects(prefix(), &[255], K::UnknownTag(255), 0);
 }
 
@@ -335,8 +336,8 @@ fn unknown_values() {
 #[test]
 fn header_fields() {
     // The header ends after the interval: the next byte is a record tag.
-    let e = Snapshot::from_bytes(b"SPULSE3\0\x01\x02\x0a").unwrap_err();
-    assert_eq!((e.format_kind(), e.offset()), (Some(&K::UnknownTag(10)), Some(10)));
+    let e = Snapshot::from_bytes(b"SPULSE3\0\x01\x02\x0b").unwrap_err();
+    assert_eq!((e.format_kind(), e.offset()), (Some(&K::UnknownTag(11)), Some(10)));
     let e = Snapshot::from_bytes(b"SPULSE3\0\x01\x82\x00\x00").unwrap_err();
     assert_eq!((e.format_kind(), e.offset()), (Some(&K::BadVarint), Some(9)));
     let e = Snapshot::from_bytes(b"SPULSE4\0\x01\x02").unwrap_err();

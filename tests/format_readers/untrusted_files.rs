@@ -201,12 +201,12 @@ fn a_huge_file_with_a_bad_magic_is_rejected_from_its_first_bytes() {
     // rejected there too, without reading the rest of the terabyte.
     let mut head = spool(0);
     let at = head.len() as u64;
-    head.push(0x0a); // tag 9 is the off-CPU interval (FORMAT.md); 10 is unknown
+    head.push(0x0b); // tags 9 and 10 are the off-CPU interval and the heap event (FORMAT.md); 11 is unknown
     std::fs::write(file.path(), &head).unwrap();
     file.as_file().set_len(1 << 40).unwrap();
     let results = readers(file.path());
     for (who, r) in &results[1..] {
-        assert_format_error(who, r, file.path(), FormatErrorKind::UnknownTag(10), at);
+        assert_format_error(who, r, file.path(), FormatErrorKind::UnknownTag(11), at);
     }
     // `Snapshot` reads a file whole, and a terabyte does not fit: it says so
     // (or, where it does fit, reports the bad record).
@@ -214,7 +214,7 @@ fn a_huge_file_with_a_bad_magic_is_rejected_from_its_first_bytes() {
         Err(e @ Error::Io { path: Some(p), source }) => {
             assert_eq!((p.as_path(), source.kind()), (file.path(), std::io::ErrorKind::OutOfMemory), "{e}");
         }
-        r => assert_format_error("Snapshot", r, file.path(), FormatErrorKind::UnknownTag(10), at),
+        r => assert_format_error("Snapshot", r, file.path(), FormatErrorKind::UnknownTag(11), at),
     }
 }
 
