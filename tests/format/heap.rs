@@ -3,8 +3,9 @@
 //! the packed container, every cut a valid prefix, and each rule rejected at
 //! the offset FORMAT.md names.
 
-use spulse::{FormatErrorKind, Frame, Header, HeapEvent, Replay, Snapshot, SpoolWriter, Tail};
-use spulse_testkit::spool::{pack_bytes, tail_drain, temp_file};
+use spulse::{FormatErrorKind, Frame, Header, HeapEvent, Snapshot, SpoolWriter};
+
+use crate::{every_cut_keeps_a_valid_prefix_of, every_reader_gives, rejected, with, Events};
 
 /// (thread, stack, time, address, size, bytes, freed, samples before).
 type Row = (usize, usize, u64, u64, u64, u64, bool, u64);
@@ -64,84 +65,21 @@ fn spool(n: u64) -> (Vec<u8>, Vec<Row>) {
     (w.into_inner().unwrap(), want)
 }
 
+/// Tag 10 as [`crate::Events`] reads it back.
+const HEAP: Events<Row> =
+    Events { kept: |d| rows(d.heap_events()), polled: |t| rows(t.heap()), count: |d| d.heap_count() };
+
 #[test]
 fn every_reader_gives_the_written_events() {
     let (bytes, want) = spool(2_000);
-    let snap = Snapshot::from_bytes(&bytes).unwrap();
-    assert_eq!(rows(snap.definitions().heap_events()), want);
-    assert_eq!(snap.definitions().heap_count(), want.len() as u64);
-    assert_eq!(snap.len(), 6_000, "heap events are not samples");
-    assert!(snap.definitions().off_cpu_intervals().is_empty());
-    let split = Snapshot::from_bytes_split(&bytes, 0).unwrap();
-    assert_eq!(rows(split.definitions().heap_events()), want);
-    let f = temp_file(&bytes);
-    let replay = Replay::open(f.path()).unwrap();
-    assert_eq!(rows(replay.definitions().heap_events()), want);
-    assert_eq!(replay.samples().count(), 6_000);
-    // Tail: each poll hands out its own events; together, all of them.
-    let mut tail = Tail::open(f.path()).unwrap();
-    let mut got = Vec::new();
-    loop {
-        let n = tail.poll().unwrap().len();
-        got.extend(rows(tail.heap()));
-        if n == 0 {
-            break;
-        }
-    }
-    assert_eq!(got, want);
-    assert_eq!(tail.definitions().heap_count(), want.len() as u64);
-    // The packed container keeps them with their positions among the samples.
-    let packed = pack_bytes(&bytes);
-    let p = Snapshot::from_bytes(&packed).unwrap();
-    assert_eq!(rows(p.definitions().heap_events()), want);
-    assert_eq!(p.len(), 6_000);
-    let pf = temp_file(&packed);
-    let pr = Replay::open(pf.path()).unwrap();
-    assert_eq!(rows(pr.definitions().heap_events()), want);
+    every_reader_gives(&bytes, 6_000, &want, &HEAP);
+    assert!(Snapshot::from_bytes(&bytes).unwrap().definitions().off_cpu_intervals().is_empty());
 }
 
 #[test]
 fn every_cut_keeps_a_valid_prefix() {
     let (bytes, want) = spool(40);
-    let mut last = 0;
-    for cut in 28..=bytes.len() {
-        let snap = Snapshot::from_bytes(&bytes[..cut]).unwrap_or_else(|e| panic!("cut {cut}: {e}"));
-        let n = snap.definitions().heap_events().len();
-        assert!(n >= last, "cut {cut}");
-        last = n;
-        assert_eq!(rows(snap.definitions().heap_events()), want[..n]);
-        let f = temp_file(&bytes[..cut]);
-        let mut tail = Tail::open(f.path()).unwrap();
-        let mut s = Vec::new();
-        tail_drain(&mut tail, &mut s).unwrap();
-        assert_eq!(s.len(), snap.len(), "cut {cut}");
-        assert_eq!(tail.definitions().heap_count(), n as u64, "cut {cut}");
-    }
-    assert_eq!(last, want.len());
-}
-
-/// A spool with one thread, one root stack, then `tail` appended.
-fn with(tail: &[u8]) -> (Vec<u8>, u64) {
-    let mut w = SpoolWriter::new(Vec::new(), Header { start_time_us: 100, interval_us: 1000 }).unwrap();
-    w.define_thread(1, 1, "").unwrap();
-    let f = w.define_frame(Frame::Absolute { address: 0x1000, kernel: false }).unwrap();
-    w.define_stack(None, f).unwrap();
-    let mut bytes = w.into_inner().unwrap();
-    let at = bytes.len() as u64;
-    bytes.extend_from_slice(tail);
-    (bytes, at)
-}
-
-fn rejected(tail: &[u8]) -> (FormatErrorKind, u64, u64) {
-    let (bytes, at) = with(tail);
-    let e = Snapshot::from_bytes(&bytes).unwrap_err();
-    // Tail reports the same error at the same offset.
-    let f = temp_file(&bytes);
-    let mut t = Tail::open(f.path()).unwrap();
-    let mut s = Vec::new();
-    let te = tail_drain(&mut t, &mut s).unwrap_err();
-    assert_eq!((te.format_kind(), te.offset()), (e.format_kind(), e.offset()));
-    (e.format_kind().unwrap().clone(), e.offset().unwrap(), at)
+    every_cut_keeps_a_valid_prefix_of(&bytes, &want, &HEAP);
 }
 
 #[test]

@@ -3,10 +3,9 @@
 //! and two threads), `Replay`, `Tail` and the packed container, every cut a
 //! valid prefix, and each rule rejected at the offset FORMAT.md names.
 
-use spulse::{
-    FormatErrorKind, Frame, Header, OffCpuInterval, OffCpuState, Replay, Snapshot, SpoolWriter, Tail,
-};
-use spulse_testkit::spool::{pack_bytes, tail_drain, temp_file};
+use spulse::{FormatErrorKind, Frame, Header, OffCpuInterval, OffCpuState, Snapshot, SpoolWriter};
+
+use crate::{every_cut_keeps_a_valid_prefix_of, every_reader_gives, rejected, with, Events};
 
 /// (thread, stack, start, duration, preempted, samples before) of each interval.
 type Row = (usize, usize, u64, u64, bool, u64);
@@ -48,88 +47,28 @@ fn spool(n: u64) -> (Vec<u8>, Vec<Row>) {
     (w.into_inner().unwrap(), want)
 }
 
+/// Tag 9 as [`crate::Events`] reads it back.
+const OFF_CPU: Events<Row> = Events {
+    kept: |d| rows(d.off_cpu_intervals()),
+    polled: |t| rows(t.off_cpu()),
+    count: |d| d.off_cpu_count(),
+};
+
 #[test]
 fn every_reader_gives_the_written_intervals() {
     let (bytes, want) = spool(2_000);
-    let snap = Snapshot::from_bytes(&bytes).unwrap();
-    assert_eq!(rows(snap.definitions().off_cpu_intervals()), want);
-    assert_eq!(snap.definitions().off_cpu_count(), want.len() as u64);
-    assert_eq!(snap.len(), 6_000, "intervals are not samples");
+    every_reader_gives(&bytes, 6_000, &want, &OFF_CPU);
     // The label frames read back as labels, with their text.
+    let snap = Snapshot::from_bytes(&bytes).unwrap();
     let leaf = snap.definitions().stack(snap.definitions().off_cpu_intervals()[0].stack).frame;
     let Frame::Label(l) = snap.definitions().frame(leaf) else { panic!("leaf is not a label") };
     assert_eq!(snap.definitions().label(l), "blocked: futex");
-    // The two-thread load (forced on this small spool) places them alike.
-    let split = Snapshot::from_bytes_split(&bytes, 0).unwrap();
-    assert_eq!(rows(split.definitions().off_cpu_intervals()), want);
-    let f = temp_file(&bytes);
-    let replay = Replay::open(f.path()).unwrap();
-    assert_eq!(rows(replay.definitions().off_cpu_intervals()), want);
-    assert_eq!(replay.samples().count(), 6_000);
-    // Tail: each poll hands out its own intervals; together, all of them.
-    let mut tail = Tail::open(f.path()).unwrap();
-    let mut got = Vec::new();
-    loop {
-        let n = tail.poll().unwrap().len();
-        got.extend(rows(tail.off_cpu()));
-        if n == 0 {
-            break;
-        }
-    }
-    assert_eq!(got, want);
-    assert_eq!(tail.definitions().off_cpu_count(), want.len() as u64);
-    // The packed container keeps them with their positions among the samples.
-    let packed = pack_bytes(&bytes);
-    let p = Snapshot::from_bytes(&packed).unwrap();
-    assert_eq!(rows(p.definitions().off_cpu_intervals()), want);
-    assert_eq!(p.len(), 6_000);
-    let pf = temp_file(&packed);
-    let pr = Replay::open(pf.path()).unwrap();
-    assert_eq!(rows(pr.definitions().off_cpu_intervals()), want);
 }
 
 #[test]
 fn every_cut_keeps_a_valid_prefix() {
     let (bytes, want) = spool(40);
-    let mut last = 0;
-    for cut in 28..=bytes.len() {
-        let snap = Snapshot::from_bytes(&bytes[..cut]).unwrap_or_else(|e| panic!("cut {cut}: {e}"));
-        let n = snap.definitions().off_cpu_intervals().len();
-        assert!(n >= last, "cut {cut}");
-        last = n;
-        assert_eq!(rows(snap.definitions().off_cpu_intervals()), want[..n]);
-        let f = temp_file(&bytes[..cut]);
-        let mut tail = Tail::open(f.path()).unwrap();
-        let mut s = Vec::new();
-        tail_drain(&mut tail, &mut s).unwrap();
-        assert_eq!(s.len(), snap.len(), "cut {cut}");
-        assert_eq!(tail.definitions().off_cpu_count(), n as u64, "cut {cut}");
-    }
-    assert_eq!(last, want.len());
-}
-
-/// A spool with one thread, one root stack, then `tail` appended.
-fn with(tail: &[u8]) -> (Vec<u8>, u64) {
-    let mut w = SpoolWriter::new(Vec::new(), Header { start_time_us: 100, interval_us: 1000 }).unwrap();
-    w.define_thread(1, 1, "").unwrap();
-    let f = w.define_frame(Frame::Absolute { address: 0x1000, kernel: false }).unwrap();
-    w.define_stack(None, f).unwrap();
-    let mut bytes = w.into_inner().unwrap();
-    let at = bytes.len() as u64;
-    bytes.extend_from_slice(tail);
-    (bytes, at)
-}
-
-fn rejected(tail: &[u8]) -> (FormatErrorKind, u64, u64) {
-    let (bytes, at) = with(tail);
-    let e = Snapshot::from_bytes(&bytes).unwrap_err();
-    // Tail reports the same error at the same offset.
-    let f = temp_file(&bytes);
-    let mut t = Tail::open(f.path()).unwrap();
-    let mut s = Vec::new();
-    let te = tail_drain(&mut t, &mut s).unwrap_err();
-    assert_eq!((te.format_kind(), te.offset()), (e.format_kind(), e.offset()));
-    (e.format_kind().unwrap().clone(), e.offset().unwrap(), at)
+    every_cut_keeps_a_valid_prefix_of(&bytes, &want, &OFF_CPU);
 }
 
 #[test]
