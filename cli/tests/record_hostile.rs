@@ -1232,3 +1232,50 @@ fn children_forked_beside_a_sampled_thread_exit_promptly() {
     // a recorder (a few ms, more on a loaded machine), far below 2 s.
     assert!(worst < 1500.0, "a child took {worst} ms from fork to reap");
 }
+
+/// As root, `spulse record` run from a copy of itself alone (no library
+/// beside it: it writes out the one it carries) with a private home (as
+/// `/root` is) puts the preload library where every user may read it: a
+/// recorded command that switches to another user has no "cannot be
+/// preloaded" line from the dynamic loader on its stderr (before: one per
+/// program it ran), and the spool names the shared copy.
+#[test]
+fn a_command_switching_user_gets_no_loader_error_when_root_records() {
+    if !as_root("switching user needs root") {
+        return;
+    }
+    if !oracle("setpriv", &["setpriv", "--version"], "util-linux") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let bin = tmp.path().join("bin");
+    std::fs::create_dir(&bin).unwrap();
+    let spulse = bin.join("spulse");
+    std::fs::copy(env!("CARGO_BIN_EXE_spulse"), &spulse).unwrap();
+    let home = tmp.path().join("home");
+    std::fs::create_dir(&home).unwrap();
+    std::fs::set_permissions(&home, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let out = tmp.path().join("o.spool");
+    let mut c = Command::new(&spulse);
+    c.args(["record", "-o"]).arg(&out).args([
+        "--",
+        "setpriv",
+        "--reuid=65534",
+        "--regid=65534",
+        "--clear-groups",
+    ]);
+    c.args(["sh", "-c", "echo hi"])
+        .env("HOME", &home)
+        .env_remove("XDG_CACHE_HOME")
+        .env_remove("SPULSE_PRELOAD_LIB");
+    c.current_dir(tmp.path());
+    let o = run_bounded(c, Duration::from_secs(60));
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(0), "{err}");
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "hi\n");
+    assert!(!err.contains("cannot be preloaded"), "{err}");
+    let s = spulse::Snapshot::open(&out).unwrap();
+    let lib = s.definitions().modules().iter().find(|m| m.path().ends_with("libspulse_preload.so"));
+    let lib = lib.map(|m| m.path().display().to_string()).unwrap_or_default();
+    assert!(lib.starts_with("/var/lib/spulse/preload-"), "the library used: {lib:?}\n{err}");
+}
