@@ -1134,6 +1134,23 @@ fn refused_kernel_time_is_said_in_the_summary() {
     c.env("SPULSE_ENGINE", "perf-stack");
     let o = run_bounded(c, Duration::from_secs(60));
     assert!(o.status.success() && !stderr(&o).contains(said), "{}", stderr(&o));
+    // As root with `ulimit -n 8`: the descriptor budget (one) goes to the
+    // user-time event, none is left for one per CPU; said as that, not as
+    // the kernel's refusal.
+    let out = tmp.path().join("few.spool");
+    let mut c = Command::new("sh");
+    c.current_dir(tmp.path())
+        .env("TMPDIR", tmp.path())
+        .arg("-c")
+        .arg(format!("ulimit -n 8 && exec \"$0\" record -o few.spool -- {} burn 0.1", exe.display()));
+    // `$0` of the script: the tool.
+    c.arg(env!("CARGO_BIN_EXE_spulse"));
+    let o = run_bounded(c, Duration::from_secs(60));
+    let err = stderr(&o);
+    assert!(o.status.success(), "{err}");
+    assert!(!err.contains(said), "{err}");
+    assert!(err.contains("the descriptor limit (ulimit -n) left no room"), "{err}");
+    spulse::Snapshot::open(&out).unwrap();
 }
 
 /// `main` ends with `pthread_exit`; with an argument, after starting a

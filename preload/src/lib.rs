@@ -251,6 +251,9 @@ fn finish_recording_now() {
                     // the kernel's refusal (the summary would blame the
                     // privileges).
                     spulse::KernelTime::Refused(_) if stats.engine == spulse::Engine::PerfStack => 5,
+                    // The descriptor budget (an eighth of `ulimit -n`) had
+                    // no room: not the kernel's refusal either.
+                    spulse::KernelTime::Refused(why) if why.contains("descriptors than the budget") => 6,
                     spulse::KernelTime::Refused(_) => 3,
                     spulse::KernelTime::Unmarked => 4,
                     _ => 0,

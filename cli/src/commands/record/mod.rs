@@ -366,6 +366,18 @@ pub fn run(args: &RecordArgs, embedded_lib: &[u8]) -> Result<Exit, CliError> {
             },
         );
     }
+    if summary.kernel_budget > 0 {
+        let _ = writeln!(
+            err,
+            "spulse: kernel time not sampled in {}: the descriptor limit (ulimit -n) left no room for its \
+             events (spulse takes at most an eighth of it, one per CPU); a larger limit lets it",
+            if summary.kernel_budget == summary.kernel_known && summary.kernel_known == 1 {
+                "the process".to_string()
+            } else {
+                format!("{} of {} processes", summary.kernel_budget, summary.kernel_known)
+            },
+        );
+    }
     // The whole tree's CPU (every process of it was waited for once the
     // command was) against what the recording accounts for.
     if cmd_status.is_some() && last_signal == 0 {

@@ -29,6 +29,9 @@ pub(super) struct Summary {
     /// kernel refused it (their stats say so), and those that said at all.
     pub(super) kernel_refused: usize,
     pub(super) kernel_known: usize,
+    /// Processes whose descriptor limit (`ulimit -n`) left the recorder no
+    /// room for the kernel-time events (an eighth of it is its budget).
+    pub(super) kernel_budget: usize,
 }
 
 impl Collector {
@@ -43,7 +46,7 @@ impl Collector {
         let mut discarded = 0u64;
         let mut before_us = (0u64, 0u64);
         let mut own_us = 0u64;
-        let (mut kernel_refused, mut kernel_known) = (0, 0);
+        let (mut kernel_refused, mut kernel_known, mut kernel_budget) = (0, 0, 0);
         for d in &self.done {
             if d.discarded {
                 discarded += 1;
@@ -85,6 +88,10 @@ impl Collector {
                     match field(4) {
                         Some(3) => {
                             kernel_refused += 1;
+                            kernel_known += 1;
+                        }
+                        Some(6) => {
+                            kernel_budget += 1;
                             kernel_known += 1;
                         }
                         Some(1 | 2 | 4 | 5) => kernel_known += 1,
@@ -169,6 +176,7 @@ impl Collector {
             own_us,
             kernel_refused,
             kernel_known,
+            kernel_budget,
         }
     }
 }
