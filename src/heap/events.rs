@@ -138,6 +138,31 @@ pub(crate) fn end(s: u32) {
     let _ = SESSION.compare_exchange(s, 0, Ordering::AcqRel, Ordering::Relaxed);
 }
 
+/// In a forked child (the `fork` handler, on its only thread): the parent's
+/// session is not the child's (it has no writer), and cells that the
+/// parent's other threads had claimed will never be published. The ring is
+/// made empty again, and the session ended, so that a recorder started in
+/// the child takes the events afresh. Allocation-free.
+pub(crate) fn after_fork() {
+    SESSION.store(0, Ordering::SeqCst);
+    let (head, tail) = (HEAD.load(Ordering::Relaxed), TAIL.load(Ordering::Relaxed));
+    if head == tail {
+        // Every cell is free for its next position already.
+        return;
+    }
+    for (i, cell) in CELLS.iter().enumerate() {
+        // Free for the lap of position `head` (the next to claim).
+        let lap = head - head % CAPACITY as u64;
+        let pos = if (i as u64) < head % CAPACITY as u64 {
+            lap + CAPACITY as u64 + i as u64
+        } else {
+            lap + i as u64
+        };
+        cell.seq.store(pos.wrapping_sub(i as u64), Ordering::Relaxed);
+    }
+    TAIL.store(head, Ordering::Relaxed);
+}
+
 /// Hand `e` to the consumer; false (and counted in [`LOST`]) if the ring is
 /// full. Lock-free and allocation-free.
 pub(crate) fn push(e: Event) -> bool {
@@ -288,6 +313,28 @@ pub(crate) mod tests {
             assert_eq!(mine, (0..CAPACITY as u64 / 8).collect::<Vec<_>>());
         }
         end(s);
+    }
+
+    #[test]
+    fn a_fork_leaves_an_empty_ring_and_no_session() {
+        let _g = SESSIONS.lock().unwrap_or_else(|p| p.into_inner());
+        let s = begin().expect("no session runs");
+        for n in 0..100 {
+            assert!(push(ev(n)));
+        }
+        // A cell claimed and never published (its thread not in the child).
+        HEAD.fetch_add(1, Ordering::SeqCst);
+        after_fork();
+        assert_eq!(session(), 0);
+        assert_eq!(pop(), None);
+        // The ring works on from there, over more than a lap.
+        let t = begin().expect("the child may begin");
+        assert_ne!(t, s);
+        for n in 0..CAPACITY as u64 + 10 {
+            assert!(push(ev(n)));
+            assert_eq!(pop(), Some(ev(n)));
+        }
+        end(t);
     }
 
     #[test]

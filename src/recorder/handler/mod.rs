@@ -655,6 +655,8 @@ extern "C" fn after_fork_in_child() {
     // `unpublish`'s 2 s (twice: 3-5 s in `exit`). Only this thread runs here,
     // and it is not inside the handler (the handler never forks).
     IN_HANDLER.store(0, Ordering::SeqCst);
+    #[cfg(feature = "heap")]
+    crate::heap::events::after_fork();
     crate::recorder::forget_parent_recorder_after_fork();
     crate::recorder::sys::procfs::forget_after_fork();
     crate::recorder::sys::sigmask::own::reset();
