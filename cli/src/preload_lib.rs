@@ -13,11 +13,6 @@
 //!    user whose bytes are exactly the embedded ones (it is rewritten, through
 //!    a temporary file and a rename, otherwise). The file has to outlive the
 //!    recording: the spool names it, and `spulse top`/`export` read its symbols.
-//!    As root, the copy goes first to `/var/lib/spulse/preload-<hash>/`
-//!    (directories mode 0755 owned by root, the file 0555: checked the same
-//!    way), which every user may read: under `/root`, a recorded program that
-//!    switched to another user or `chroot`ed had the dynamic loader complain
-//!    on its stderr that the library "cannot be preloaded".
 //!    If no cache directory can be used, the copy goes to a private temporary
 //!    directory removed after the recording (with a warning: frames inside the
 //!    library cannot be symbolized afterwards).
@@ -74,18 +69,6 @@ pub fn locate(embedded: &[u8]) -> Result<(PathBuf, Option<tempfile::TempDir>), C
              or point SPULSE_PRELOAD_LIB at it",
             candidates.iter().map(|c| c.display().to_string()).collect::<Vec<_>>().join(", ")
         )));
-    }
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } == 0 {
-        // Root's cache is under /root (mode 0700): a recorded program that
-        // switches to another user (`su`, `setpriv`, a daemon dropping
-        // root) or `chroot`s would have the dynamic loader print "cannot be
-        // preloaded" on its stderr. A directory everyone may read, that only
-        // root may write, spares it that.
-        let dir = Path::new(SHARED_BASE).join(format!("preload-{:016x}", hash(embedded)));
-        if let Ok(p) = install_shared(&dir, embedded) {
-            return Ok((p, None));
-        }
     }
     match cache_base() {
         Some(base) => {
@@ -206,42 +189,6 @@ fn install_verified(dir: &Path, bytes: &[u8]) -> std::io::Result<PathBuf> {
     tmp.as_file().sync_all()?;
     tmp.persist(&path).map_err(|e| e.error)?;
     if !same_bytes(&path, bytes, uid)? {
-        return Err(bad(format!("{} does not hold what was just written", path.display())));
-    }
-    Ok(path)
-}
-
-/// Where root's copy goes (see [`locate`]): readable by every user, writable
-/// by root alone.
-const SHARED_BASE: &str = "/var/lib/spulse";
-
-/// Make `dir` and its parent (root's, mode 0755, checked: real directories
-/// owned by root that no one else may write and everyone may search), and
-/// `dir/LIB_NAME` holding exactly `bytes`, readable by everyone.
-fn install_shared(dir: &Path, bytes: &[u8]) -> std::io::Result<PathBuf> {
-    let bad = |what: String| std::io::Error::other(what);
-    for d in [dir.parent().unwrap_or(dir), dir] {
-        match std::fs::DirBuilder::new().mode(0o755).create(d) {
-            // Whatever the umask: others search it.
-            Ok(()) => std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o755))?,
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-            Err(e) => return Err(e),
-        }
-        let m = std::fs::symlink_metadata(d)?;
-        if !m.is_dir() || m.uid() != 0 || m.mode() & 0o022 != 0 || m.mode() & 0o005 != 0o005 {
-            return Err(bad(format!("{}: not a directory of root's, mode 0755", d.display())));
-        }
-    }
-    let path = dir.join(LIB_NAME);
-    if same_bytes(&path, bytes, 0)? {
-        return Ok(path);
-    }
-    let mut tmp = tempfile::Builder::new().prefix(".lib-").tempfile_in(dir)?;
-    tmp.write_all(bytes)?;
-    tmp.as_file().set_permissions(std::fs::Permissions::from_mode(0o555))?;
-    tmp.as_file().sync_all()?;
-    tmp.persist(&path).map_err(|e| e.error)?;
-    if !same_bytes(&path, bytes, 0)? {
         return Err(bad(format!("{} does not hold what was just written", path.display())));
     }
     Ok(path)
