@@ -12,9 +12,9 @@
 //! in [`LOST`]; a consumer that finds the next cell claimed but not yet
 //! published (its producer was interrupted) stops there until its next tick.
 //! The writer empties the ring at each tick, and the producer of every
-//! quarter ring's event wakes it (two system calls: an eventfd's identity
-//! check and write where the writer waits on one, a futex wake), so that a
-//! program allocating fast fills it only if the writer cannot run.
+//! quarter ring's event wakes it (a futex wake, where the writer waits on
+//! the futex word: the signal engines'), so that a program allocating fast
+//! fills it only if the writer cannot run.
 //!
 //! A session is a number from 1 to [`MAX_SESSION`] (0: no session). A
 //! sampled block remembers the session it was allocated in (in its stack

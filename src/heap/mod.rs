@@ -284,19 +284,18 @@ fn record(p: *mut u8, size: usize, points: u64, tag: u32) -> bool {
         let stack = stacks::intern(&addrs[..n]);
         stacks::add_alloc(stack, objects, bytes);
         SAMPLES.fetch_add(1, Ordering::Relaxed);
-        let session = events::session();
-        let word = events::tag_stack(stack, session);
-        let tracked = live::insert(p, live::Block { bytes, objects, stack: word, offset: tag });
-        if !tracked {
-            // Its free will not be seen: counted freed now, so that the
-            // stack's in-use figures do not keep it forever (a table full
-            // for good would otherwise show every later sample as a leak).
-            stacks::add_free(stack, objects, bytes);
-        }
+        // The allocation's event first (the block is not the program's
+        // yet): its free is an event only if this one went into the ring
+        // (not dropped, ring full), and never for the profiler's own
+        // threads' blocks, whose allocations are not written (their frees
+        // may come from the program's threads, and the other way round).
+        let mut e = events::Event::default();
+        let mut session = events::session();
         if session != 0 {
-            let mut e = events::Event {
+            let tid = events::tid();
+            e = events::Event {
                 time_us: events::now_us(),
-                tid: events::tid(),
+                tid,
                 stack,
                 address: p as u64,
                 size: size as u64,
@@ -304,8 +303,18 @@ fn record(p: *mut u8, size: usize, points: u64, tag: u32) -> bool {
                 freed: false,
                 session,
             };
-            events::push(e);
-            if !tracked {
+            if crate::recorder::is_own_thread(tid) || !events::push(e) {
+                session = 0;
+            }
+        }
+        let word = events::tag_stack(stack, session);
+        let tracked = live::insert(p, live::Block { bytes, objects, stack: word, offset: tag });
+        if !tracked {
+            // Its free will not be seen: counted freed now, so that the
+            // stack's in-use figures do not keep it forever (a table full
+            // for good would otherwise show every later sample as a leak).
+            stacks::add_free(stack, objects, bytes);
+            if session != 0 {
                 e.freed = true;
                 events::push(e);
             }

@@ -117,30 +117,25 @@ pub(crate) fn wake_writer() {
     };
 }
 
-/// Wake the writer of the recorder running in this process, whichever it
-/// waits on (its eventfd beside its rings, if that is still the file the
-/// recorder opened, or the futex word), asking for nothing: it looks for
-/// work (the heap events' ring, `src/heap/events.rs`) and waits again.
-/// Async-signal-safe and allocation-free (the allocator calls it).
+/// Wake the writer of the recorder running in this process if it waits on
+/// the futex word (the signal engines' writers), asking for nothing: it
+/// looks for work (the heap events' ring, `src/heap/events.rs`) and waits
+/// again. A writer waiting on its rings (the perf-stack engine, the off-CPU
+/// mode) is not woken: its eventfd cannot be told from a program's eventfd
+/// put on the same number, and this is called far more often than an exit;
+/// it empties the heap events' ring at its ticks. Async-signal-safe,
+/// allocation-free, errno kept (the allocator calls it).
 #[cfg(feature = "heap")]
 pub(crate) fn nudge_writer() {
     if DONE.load(Ordering::SeqCst) {
         return;
     }
-    let fd = WAKE_FD.load(Ordering::SeqCst);
-    if fd >= 0 {
-        let id = (
-            WAKE_DEV.load(Ordering::SeqCst),
-            WAKE_INO.load(Ordering::SeqCst),
-            WAKE_KIND.load(Ordering::SeqCst),
-        );
-        if own_fd::identity_words(fd) == Some(id) {
-            let one = 1u64;
-            // SAFETY: writes 8 bytes from our u64 to the writer's eventfd, checked just above to be the file the recorder opened.
-            unsafe { libc::write(fd, &one as *const u64 as *const libc::c_void, 8) };
-        }
-    }
+    // Inside the program's `malloc` or `free`: its errno stays as it was.
+    // SAFETY: __errno_location returns this thread's errno, always valid.
+    let errno = unsafe { *libc::__errno_location() };
     wake_writer();
+    // SAFETY: as above.
+    unsafe { *libc::__errno_location() = errno };
 }
 
 /// Wait until the futex word moves from `seen` (a wake since it was read

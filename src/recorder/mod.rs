@@ -175,6 +175,13 @@ pub(crate) fn set_live_segment(path: &Path) {
 /// replaces the last.
 static OFF_CPU_SPLITS_AT_NS: [AtomicU64; 4] = [const { AtomicU64::new(0) }; 4];
 
+/// Whether `tid` is one of spulse's own threads (the writer, the probes,
+/// the endpoint's): lock-free, allocation-free.
+#[cfg(feature = "heap")]
+pub(crate) fn is_own_thread(tid: u32) -> bool {
+    sys::sigmask::own::is_own(tid)
+}
+
 /// This thread's kernel thread id, without a system call where the
 /// recorder's start found glibc's field for it (allocation-free: the heap
 /// sampler's events).

@@ -7,7 +7,6 @@ use super::Run;
 use crate::heap::events;
 use crate::recorder::handler::ring::RawSample;
 use crate::recorder::stats::HeapEventStats;
-use crate::recorder::sys::sigmask;
 use crate::{Error, StackId};
 
 /// The label of an allocation sampled without its stack.
@@ -57,10 +56,10 @@ impl Run {
     pub(super) fn heap_step(&mut self) {
         let Some(mut h) = self.st.heap.take() else { return };
         while let Some(e) = events::pop() {
-            // Another session's (made as it ended), the profiler's own
-            // threads' (this writer's buffers and tables), or nothing to
-            // write to any more.
-            if e.session != h.session || sigmask::own::is_own(e.tid) || self.error.is_some() {
+            // Another session's (made as it ended), or nothing to write to
+            // any more. (The profiler's own threads' blocks make no event:
+            // `heap::record`.)
+            if e.session != h.session || self.error.is_some() {
                 continue;
             }
             let r = self.heap_event(&mut h, &e);

@@ -753,8 +753,10 @@ impl Run {
             let change = self.scan_modules();
             self.drain(false);
             self.off_cpu_step(false);
-            self.heap_events();
             self.apply_module_change(change);
+            // (After the change: a library loaded since the last tick is
+            // known to the events' stacks.)
+            self.heap_events();
             handler::reclaim(&mut self.retired);
             return;
         }
@@ -782,8 +784,8 @@ impl Run {
         let change = self.scan_modules();
         self.drain(false);
         self.off_cpu_step(false);
-        self.heap_events();
         self.apply_module_change(change);
+        self.heap_events();
         self.adapt_engine();
         if let Some(tids) = &tids {
             if !self.st.engine.tick(tids) {
@@ -1031,7 +1033,6 @@ impl Run {
         let change = self.scan_modules();
         self.drain(true);
         self.off_cpu_step(true);
-        self.heap_events();
         if let Some(events) = self.st.engine.stack_events() {
             // Samples the kernel dropped and never reported in a lost record.
             let lost = events.close_all();
@@ -1042,6 +1043,7 @@ impl Run {
             self.st.shared.counters.lost_ring_full.fetch_add(lost, Ordering::Relaxed);
         }
         self.apply_module_change(change);
+        self.heap_events();
         let pending = std::mem::take(&mut self.pending_retire);
         for idx in pending {
             self.retire(idx);

@@ -106,8 +106,8 @@ impl Run {
         tids
     }
 
-    /// Whether every thread of the program has ended, leaving only spulse's
-    /// own: its main thread ended with `pthread_exit` (it stays listed, a
+    /// Whether every thread of the program has ended, leaving only the
+    /// writer: its main thread ended with `pthread_exit` (it stays listed, a
     /// zombie) and every other thread is gone or a zombie too. The C library
     /// would then have ended the process (`exit(0)` by the last thread to
     /// end), but the writer counts as a thread, so it never does: the writer
@@ -120,9 +120,9 @@ impl Run {
         }
         let Ok(tids) = super::sys::list_tids() else { return false };
         let writer = self.st.shared.writer_tid.load(Ordering::Relaxed);
-        tids.iter().all(|&t| {
-            t == writer || t == pid || super::sys::sigmask::own::is_own(t) || thread_state(t) == Some(b'Z')
-        })
+        // (The endpoint's threads count as the program's: glibc would keep
+        // the process while they run.)
+        tids.iter().all(|&t| t == writer || t == pid || thread_state(t) == Some(b'Z'))
     }
 
     /// Whether the program replaced our handler of the engine's signal (a
