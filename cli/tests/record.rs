@@ -538,9 +538,13 @@ fn short_children_ending_in_exit_keep_their_samples() {
             let expected = cpu * HZ as f64;
             let got = by.get(&(pid, tid)).copied().unwrap_or(0) as f64;
             // The child's first few ms (its recorder's start) are not
-            // sampled: at least 70% of a 60 ms burn.
+            // sampled: at least 70% of a 60 ms burn. At most what the CPU
+            // allows, counted twice nowhere: the user time is the kernel's
+            // tick-based split of the thread's run time (it read 54 ms where
+            // the perf events counted 66, the burn's 60 ms and the child's
+            // start, on a loaded CI machine), so the upper bound is loose.
             assert!(
-                got >= 0.7 * expected && got <= 1.1 * expected + 2.0,
+                got >= 0.7 * expected && got <= 1.4 * expected + 4.0,
                 "{engine}: process {pid}: {got} samples for {cpu:.3} s of CPU at {HZ} Hz (expected {expected:.0})"
             );
         }
