@@ -175,9 +175,8 @@ pub(crate) fn push(e: Event) -> bool {
         if dif == 0 {
             match HEAD.compare_exchange_weak(pos, pos + 1, Ordering::Relaxed, Ordering::Relaxed) {
                 Ok(_) => {
-                    // SAFETY: position `pos` is ours (the CAS above) and the
-                    // cell is free for it (`seq`); no one reads it until the
-                    // store below publishes it.
+                    // (No one reads the cell until the store below publishes it.)
+                    // SAFETY: position `pos` is ours (the CAS above) and the cell is free for it (`seq`).
                     unsafe { *cell.event.get() = e };
                     cell.seq.store((pos + 1).wrapping_sub(i as u64), Ordering::Release);
                     if (pos + 1).is_multiple_of(NUDGE) {
@@ -207,8 +206,7 @@ pub(crate) fn pop() -> Option<Event> {
     if seq != pos + 1 {
         return None;
     }
-    // SAFETY: published for position `pos` (the acquire load above saw the
-    // producer's release store), and only this consumer reads it.
+    // SAFETY: published for `pos` (the acquire load saw the producer's release store); only this consumer reads it.
     let e = unsafe { *cell.event.get() };
     // Free for the position one lap on.
     cell.seq.store((pos + CAPACITY as u64).wrapping_sub(i as u64), Ordering::Release);

@@ -650,8 +650,7 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for Sampled<A> {
     #[inline]
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         let off = self.offset.get();
-        // SAFETY: a nonzero `OffsetCopy` is the count's offset from the
-        // thread pointer in every thread (`tls::learn`, `OffsetCopy::refresh`).
+        // SAFETY: a nonzero `OffsetCopy` is the count's offset from the thread pointer in every thread (`tls::learn`).
         if off != 0 && unsafe { tls::sub(off, layout.size()) } >= 0 {
             // SAFETY: our caller's contract is `A`'s.
             return unsafe { self.inner.alloc(layout) };

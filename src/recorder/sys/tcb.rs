@@ -79,8 +79,7 @@ pub(crate) fn current_tid() -> u32 {
     match TID_OFFSET.0.load(Ordering::SeqCst) {
         0 | 1 => gettid(),
         v => {
-            // SAFETY: the offset of the `tid` field of glibc's struct pthread,
-            // found by `probe_tid_offset`; this thread's TCB is mapped.
+            // SAFETY: `tid`'s offset in glibc's struct pthread (`probe_tid_offset`); this thread's TCB is mapped.
             unsafe {
                 std::ptr::read_volatile(
                     (libc::pthread_self() as u64).wrapping_add((v - 2) as u64) as *const u32

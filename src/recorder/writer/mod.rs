@@ -270,8 +270,7 @@ pub(crate) fn exit_when_program_gone(res: Result<Stats, Error>) -> Result<Stats,
         return res;
     }
     *GONE_RESULT.lock().unwrap_or_else(|e| e.into_inner()) = Some(res);
-    // SAFETY: exit runs the process's exit handlers and ends it; nothing of
-    // this thread's is used after.
+    // SAFETY: exit runs the process's exit handlers and ends it; nothing of this thread's is used after.
     unsafe { libc::exit(0) }
 }
 
