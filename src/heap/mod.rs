@@ -148,7 +148,8 @@ pub struct Sampled<A> {
     pool: pool::Pool,
     /// The fast path's count's offset from the thread pointer, copied here
     /// by this allocator's slow path once learnt (0 until then: the
-    /// thread-local's accessor is used).
+    /// thread-local's accessor is used). Unused, and 0, where the count is
+    /// `tls::slot`'s (x86-64 Linux with glibc).
     offset: tls::OffsetCopy,
 }
 
@@ -526,18 +527,22 @@ impl<A: GlobalAlloc> Sampled<A> {
     /// filter bucket is set: the table says whether it was sampled, and so
     /// where it came from.
     ///
+    /// The block comes first (and the allocator last): where the program
+    /// frees, it is then in the register that both this call and `A`'s
+    /// `dealloc` take it in.
+    ///
     /// # Safety
     ///
     /// As [`GlobalAlloc::dealloc`].
     #[cold]
     #[inline(never)]
-    unsafe fn dealloc_sampled(&self, ptr: *mut u8, layout: Layout) {
+    unsafe fn dealloc_sampled(ptr: *mut u8, layout: Layout, this: &Self) {
         // Out of the table before the allocator may hand the address out again.
         match forget(ptr, layout.size()) {
             // SAFETY: a sampled block, from `sampled_alloc(layout)` with `tag`.
-            Some(tag) => unsafe { self.sampled_free(ptr, layout, tag) },
+            Some(tag) => unsafe { this.sampled_free(ptr, layout, tag) },
             // SAFETY: our caller's contract is `A`'s (not sampled).
-            None => unsafe { self.inner.dealloc(ptr, layout) },
+            None => unsafe { this.inner.dealloc(ptr, layout) },
         }
     }
 
@@ -649,26 +654,22 @@ impl<A: GlobalAlloc> Sampled<A> {
 unsafe impl<A: GlobalAlloc> GlobalAlloc for Sampled<A> {
     #[inline]
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        let off = self.offset.get();
-        // SAFETY: a nonzero `OffsetCopy` is the count's offset from the thread pointer in every thread (`tls::learn`).
-        if off != 0 && unsafe { tls::sub(off, layout.size()) } >= 0 {
-            // SAFETY: our caller's contract is `A`'s.
-            return unsafe { self.inner.alloc(layout) };
-        }
         // SAFETY: our caller's contract.
-        unsafe { self.alloc_cold(layout, off != 0) }
+        tls::charge_or!(self.offset, layout.size(), |charged| return unsafe {
+            self.alloc_cold(layout, charged)
+        });
+        // SAFETY: our caller's contract is `A`'s.
+        unsafe { self.inner.alloc(layout) }
     }
 
     #[inline]
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        let off = self.offset.get();
-        // SAFETY: as in `alloc`.
-        if off != 0 && unsafe { tls::sub(off, layout.size()) } >= 0 {
-            // SAFETY: our caller's contract is `A`'s.
-            return unsafe { self.inner.alloc_zeroed(layout) };
-        }
         // SAFETY: our caller's contract.
-        unsafe { self.alloc_zeroed_cold(layout, off != 0) }
+        tls::charge_or!(self.offset, layout.size(), |charged| return unsafe {
+            self.alloc_zeroed_cold(layout, charged)
+        });
+        // SAFETY: our caller's contract is `A`'s.
+        unsafe { self.inner.alloc_zeroed(layout) }
     }
 
     #[inline]
@@ -677,7 +678,7 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for Sampled<A> {
         // sampled; of the others, the filter tells most.
         if aligned_as_sampled(ptr) && live::maybe_sampled(ptr) {
             // SAFETY: our caller's contract.
-            return unsafe { self.dealloc_sampled(ptr, layout) };
+            return unsafe { Self::dealloc_sampled(ptr, layout, self) };
         }
         // SAFETY: our caller's contract is `A`'s (the block is not sampled).
         unsafe { self.inner.dealloc(ptr, layout) }
@@ -685,12 +686,7 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for Sampled<A> {
 
     #[inline]
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        let off = self.offset.get();
-        let charge = if off == 0 {
-            Charge::NotYet
-        } else {
-            // SAFETY: as in `alloc`.
-            let left = unsafe { tls::sub(off, new_size) };
+        let charge = if let Some(left) = tls::try_sub(&self.offset, new_size) {
             if left >= 0 && !aligned_as_sampled(ptr) {
                 // SAFETY: our caller's contract is `A`'s (the block is not sampled).
                 return unsafe { self.inner.realloc(ptr, layout, new_size) };
@@ -700,6 +696,8 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for Sampled<A> {
             } else {
                 Charge::Charged
             }
+        } else {
+            Charge::NotYet
         };
         // SAFETY: our caller's contract.
         unsafe { self.realloc_cold(ptr, layout, new_size, charge) }
@@ -759,7 +757,7 @@ mod tests {
             // The slow paths above copied the learnt offset into the
             // allocator: its fast path reads the count without the accessor.
             assert_eq!(s.offset.get(), tls::offset());
-            if cfg!(any(target_arch = "x86_64", target_arch = "aarch64")) {
+            if cfg!(any(target_arch = "x86_64", target_arch = "aarch64")) && !tls::SLOT {
                 assert_ne!(s.offset.get(), 0, "the offset is learnt in a test executable");
             }
             let left = sampler::left();

@@ -42,12 +42,11 @@ const MAX_RATE: u64 = 1 << 48;
 /// the allocator's own rate applies).
 static RATE_OVERRIDE: AtomicU64 = AtomicU64::new(u64::MAX);
 
+// The count of bytes this thread may still allocate before its pending
+// sample point is `tls`'s (`tls::with_left`): below zero the allocation that
+// took it there holds the point (slow path). It starts at zero so that the
+// thread's first allocation lays the grid.
 thread_local! {
-    /// Bytes this thread may still allocate before its pending sample point;
-    /// below zero the allocation that took it there holds the point (slow
-    /// path). Starts at zero so that the thread's first allocation lays the
-    /// grid.
-    static BYTES_LEFT: Cell<i64> = const { Cell::new(0) };
     /// Bytes from the pending point to the end of its stratum (-1: no grid
     /// laid yet, or laid anew after sampling was off).
     static TAIL: Cell<i64> = const { Cell::new(-1) };
@@ -91,24 +90,21 @@ pub(crate) fn grid() -> u64 {
 /// it failed.
 #[inline(always)]
 pub(crate) fn charge(off: &super::tls::OffsetCopy, size: usize) -> bool {
-    let off = off.get();
-    if off != 0 {
-        // SAFETY: a nonzero `OffsetCopy` is `BYTES_LEFT`'s offset from the
-        // thread pointer in every thread (`tls::learn`, `OffsetCopy::refresh`).
-        return unsafe { super::tls::sub(off, size) } >= 0;
+    match super::tls::try_sub(off, size) {
+        Some(left) => left >= 0,
+        None => super::tls::with_left(|left| {
+            let l = left.get().wrapping_sub(size as i64);
+            left.set(l);
+            l >= 0
+        }),
     }
-    BYTES_LEFT.with(|left| {
-        let l = left.get().wrapping_sub(size as i64);
-        left.set(l);
-        l >= 0
-    })
 }
 
 /// Give back the `size` bytes of an allocation that [`charge`] found
 /// reaching the pending point and that failed: it is not counted.
 #[cold]
 pub(crate) fn refund(size: usize) {
-    BYTES_LEFT.with(|left| left.set(left.get().wrapping_add(size as i64)));
+    super::tls::with_left(|left| left.set(left.get().wrapping_add(size as i64)));
 }
 
 /// The sample points an allocation of `size` bytes holds, given that
@@ -119,7 +115,7 @@ pub(crate) fn refund(size: usize) {
 #[cold]
 #[inline(never)]
 pub(crate) fn points(size: usize, own_rate: usize) -> u64 {
-    BYTES_LEFT.with(|left| slow(left, size, own_rate))
+    super::tls::with_left(|left| slow(left, size, own_rate))
 }
 
 /// This thread's sampling state, saved by [`save`] before [`points`] and put
@@ -135,7 +131,7 @@ pub(crate) struct Saved {
 #[cold]
 pub(crate) fn save() -> Saved {
     Saved {
-        left: BYTES_LEFT.with(Cell::get),
+        left: super::tls::with_left(Cell::get),
         tail: TAIL.with(Cell::get),
         grid: GRID.with(Cell::get),
         rng: RNG.with(Cell::get),
@@ -144,7 +140,7 @@ pub(crate) fn save() -> Saved {
 
 #[cold]
 pub(crate) fn restore(s: Saved) {
-    BYTES_LEFT.with(|c| c.set(s.left));
+    super::tls::with_left(|c| c.set(s.left));
     TAIL.with(|c| c.set(s.tail));
     GRID.with(|c| c.set(s.grid));
     RNG.with(|c| c.set(s.rng));
@@ -153,7 +149,7 @@ pub(crate) fn restore(s: Saved) {
 /// Bytes this thread may still allocate before its pending point.
 #[cfg(test)]
 pub(crate) fn left() -> i64 {
-    BYTES_LEFT.with(Cell::get)
+    super::tls::with_left(Cell::get)
 }
 
 /// Count `size` bytes allocated by this thread; the number of sample points
@@ -172,7 +168,7 @@ fn take(size: usize, own_rate: usize) -> u64 {
 /// The allocation reaches the pending point (or this is the thread's first
 /// allocation, or sampling is off).
 fn slow(left: &Cell<i64>, size: usize, own_rate: usize) -> u64 {
-    super::tls::learn(left.as_ptr());
+    super::tls::learn();
     let rate = rate(own_rate);
     if BUSY.with(Cell::get) || rate == 0 {
         // Not counted: an allocation of the sampler itself (its bytes given
@@ -370,7 +366,7 @@ mod tests {
         // On a thread of its own: the counters are per thread.
         std::thread::spawn(|| {
             assert_eq!(take(1 << 30, 0), 0, "rate 0: never sampled");
-            assert_eq!(BYTES_LEFT.with(Cell::get), OFF_PARK);
+            assert_eq!(super::super::tls::with_left(Cell::get), OFF_PARK);
             // Back at rate 1: sampled once the parked bytes are spent.
             let mut sampled = 0;
             for _ in 0..=(OFF_PARK >> 20) {
@@ -387,19 +383,19 @@ mod tests {
         // The first slow path learns the count's offset (the tests are an
         // executable holding this code, on x86-64 or aarch64).
         let _ = take(1, 1 << 20);
-        if cfg!(any(target_arch = "x86_64", target_arch = "aarch64")) {
+        if cfg!(any(target_arch = "x86_64", target_arch = "aarch64")) && !super::super::tls::SLOT {
             assert_ne!(super::super::tls::offset(), 0, "offset learnt");
         }
         static COPY: super::super::tls::OffsetCopy = super::super::tls::OffsetCopy::new();
         COPY.refresh();
         assert_eq!(COPY.get(), super::super::tls::offset(), "the copy takes the learnt offset");
         let each = || {
-            BYTES_LEFT.with(|c| c.set(1_000));
+            super::super::tls::with_left(|c| c.set(1_000));
             assert!(charge(&COPY, 300));
             assert_eq!(left(), 700, "the fast path took from this thread's count");
             assert!(!charge(&COPY, 800));
             assert_eq!(left(), -100);
-            BYTES_LEFT.with(|c| c.set(0));
+            super::super::tls::with_left(|c| c.set(0));
         };
         each();
         // Threads started after it was learnt, several at once.

@@ -21,7 +21,154 @@
 //! demand), or on another architecture, the offset stays unknown and the
 //! fast path goes through the accessor as before.
 
+//!
+//! On x86-64 Linux with glibc the count is not a `thread_local!` at all but
+//! a TLS symbol of this crate's own ([`slot`]: `.tbss`, reached with the
+//! initial-exec model, which the linker turns into a constant in an
+//! executable and which a shared library gets from glibc's static TLS), and
+//! the fast path is three instructions with no test of a learnt offset:
+//! `mov $offset, %rax; sub %size, %fs:(%rax); js cold` ([`charge_or`]).
+//! There nothing is learnt and [`OffsetCopy`] stays 0.
+
+use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicIsize, Ordering};
+
+/// Whether the count is [`slot`]'s TLS symbol (x86-64 Linux, glibc).
+pub(crate) const SLOT: bool = cfg!(all(target_arch = "x86_64", target_os = "linux", target_env = "gnu"));
+
+thread_local! {
+    /// Bytes this thread may still allocate before its pending sample point
+    /// (see `sampler`), where it is not [`slot`]'s symbol. `const` and
+    /// without a destructor: a plain `#[thread_local]` slot.
+    static BYTES_LEFT: Cell<i64> = const { Cell::new(0) };
+}
+
+/// The count as a thread-local of its own: a TLS symbol defined here, zero in
+/// every new thread, reached with the initial-exec model (`@GOTTPOFF`). Its
+/// name holds the crate's version, so that two versions of spulse in one
+/// program keep a count each.
+#[cfg(all(target_arch = "x86_64", target_os = "linux", target_env = "gnu"))]
+pub(crate) mod slot {
+    macro_rules! name {
+        () => {
+            concat!(
+                "spulse_heap_bytes_left_",
+                env!("CARGO_PKG_VERSION_MAJOR"),
+                "_",
+                env!("CARGO_PKG_VERSION_MINOR"),
+                "_",
+                env!("CARGO_PKG_VERSION_PATCH")
+            )
+        };
+    }
+
+    std::arch::global_asm!(
+        concat!(".pushsection .tbss.", name!(), ",\"awT\",@nobits"),
+        ".p2align 3",
+        concat!(".globl ", name!()),
+        concat!(".hidden ", name!()),
+        concat!(".type ", name!(), ",@object"),
+        concat!(".size ", name!(), ",8"),
+        concat!(name!(), ":"),
+        ".zero 8",
+        ".popsection",
+    );
+
+    /// The count's offset from the thread pointer (the same in every
+    /// thread: static TLS).
+    #[inline(always)]
+    pub(crate) fn offset() -> isize {
+        let off: isize;
+        // SAFETY: loads the symbol's TLS offset from its GOT entry (filled by
+        // the loader before any code runs, or made a constant by the linker).
+        unsafe {
+            std::arch::asm!(
+                concat!("mov {}, qword ptr [rip + ", name!(), "@GOTTPOFF]"),
+                out(reg) off,
+                options(pure, readonly, nostack, preserves_flags)
+            );
+        }
+        off
+    }
+
+    /// This thread's count.
+    #[inline(always)]
+    pub(crate) fn cell() -> *mut i64 {
+        std::ptr::with_exposed_provenance_mut(super::thread_pointer().wrapping_add_signed(offset()))
+    }
+}
+
+/// Run `f` on this thread's count.
+#[inline]
+pub(crate) fn with_left<R>(f: impl FnOnce(&Cell<i64>) -> R) -> R {
+    #[cfg(all(target_arch = "x86_64", target_os = "linux", target_env = "gnu"))]
+    {
+        // SAFETY: `slot::cell` is this thread's count, an `i64` in its static
+        // TLS block that lives as long as the thread, touched only by this
+        // thread, and only ever through `Cell`s like this one (never borrowed).
+        f(unsafe { &*(slot::cell() as *const Cell<i64>) })
+    }
+    #[cfg(not(all(target_arch = "x86_64", target_os = "linux", target_env = "gnu")))]
+    {
+        BYTES_LEFT.with(f)
+    }
+}
+
+/// Take `size` from this thread's count without its accessor, if that is
+/// possible: `None` where the count is a `thread_local!` whose offset
+/// `copy` does not hold yet (the caller then charges through
+/// [`with_left`]); else the count left.
+#[inline(always)]
+pub(crate) fn try_sub(copy: &OffsetCopy, size: usize) -> Option<i64> {
+    if SLOT {
+        #[cfg(all(target_arch = "x86_64", target_os = "linux", target_env = "gnu"))]
+        // SAFETY: `slot::offset` is the count's offset in every thread.
+        return Some(unsafe { sub(slot::offset(), size) });
+    }
+    let off = copy.get();
+    // SAFETY: a nonzero `OffsetCopy` is the count's offset from the thread
+    // pointer in every thread (`learn`, `OffsetCopy::refresh`).
+    (off != 0).then(|| unsafe { sub(off, size) })
+}
+
+/// Take `$size` from this thread's count; if that reaches the pending
+/// sample point, or the count cannot be reached without its accessor,
+/// evaluate `$cold` (which must leave the function: `return ...`) with
+/// `$charged` bound to whether the bytes were taken. Where the count is
+/// [`slot`]'s, three instructions and a jump to `$cold` (an `asm!` label);
+/// elsewhere [`try_sub`] and a test.
+macro_rules! charge_or {
+    ($copy:expr, $size:expr, |$charged:ident| $cold:expr) => {
+        #[cfg(all(target_arch = "x86_64", target_os = "linux", target_env = "gnu"))]
+        {
+            let off = $crate::heap::tls::slot::offset();
+            // SAFETY: `off` is the count's offset from the thread pointer in every thread (`tls::slot`): the `sub` takes from this thread's own count; `$cold` is entered when it went below 0.
+            unsafe {
+                std::arch::asm!(
+                    "sub qword ptr fs:[{off}], {size}",
+                    "js {cold}",
+                    off = in(reg) off,
+                    size = in(reg) $size,
+                    cold = label {
+                        let $charged = true;
+                        $cold
+                    },
+                    options(nostack)
+                );
+            }
+            let _ = &$copy;
+        }
+        #[cfg(not(all(target_arch = "x86_64", target_os = "linux", target_env = "gnu")))]
+        {
+            let left = $crate::heap::tls::try_sub(&$copy, $size);
+            if !left.is_some_and(|l| l >= 0) {
+                let $charged = left.is_some();
+                $cold
+            }
+        }
+    };
+}
+pub(crate) use charge_or;
 
 /// The count's offset from the thread pointer, the same in every thread; 0
 /// while unknown or where it is not a constant (see the module doc).
@@ -122,14 +269,15 @@ pub(crate) unsafe fn sub(off: isize, size: usize) -> i64 {
 /// a block of its own per thread, elsewhere: then nothing is learnt).
 /// Allocation-free and lock-free (the allocator's slow path calls it).
 #[cold]
-pub(crate) fn learn(count: *const i64) {
+pub(crate) fn learn() {
     if LOOKED.load(Ordering::Relaxed) || LOOKED.swap(true, Ordering::Relaxed) {
         return;
     }
-    if !SUPPORTED {
+    if !SUPPORTED || SLOT {
         return;
     }
-    let Some(tls) = executable_tls(learn as fn(*const i64) as usize) else { return };
+    let Some(tls) = executable_tls(learn as fn() as usize) else { return };
+    let count = BYTES_LEFT.with(Cell::as_ptr);
     let off = count.expose_provenance().wrapping_sub(thread_pointer()) as isize;
     if off != 0 && in_static_block(off, tls) {
         OFFSET.store(off, Ordering::Relaxed);
@@ -187,7 +335,7 @@ mod tests {
     /// not the executable's. (`sampler.rs` tests the offset itself.)
     #[test]
     fn this_code_is_found_in_the_executable_and_libc_is_not() {
-        assert!(executable_tls(learn as fn(*const i64) as usize).is_some());
+        assert!(executable_tls(learn as fn() as usize).is_some());
         assert!(executable_tls(libc::malloc as unsafe extern "C" fn(usize) -> *mut libc::c_void as usize)
             .is_none());
         assert!(executable_tls(0).is_none());
