@@ -972,3 +972,82 @@ fn full_stack_table_child() {
 fn a_full_stack_table_is_counted_and_stays_cheap() {
     in_child("a_full_stack_table_is_counted_and_stays_cheap", full_stack_table_child);
 }
+
+/// The `heap_dylib` example (a `cdylib`), built with the cargo that runs
+/// this test into the same target directory: `--workspace`, so that the
+/// features are unified as in the build that built this test and nothing is
+/// compiled again.
+fn heap_dylib() -> std::path::PathBuf {
+    let exe = std::env::current_exe().expect("the test's path");
+    // <target>/<profile>/deps/heap-<hash>
+    let profile_dir = exe.parent().and_then(|d| d.parent()).expect("<target>/<profile>");
+    let target = profile_dir.parent().expect("<target>");
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let mut cmd = Command::new(&cargo);
+    cmd.current_dir(env!("CARGO_MANIFEST_DIR"))
+        .args(["build", "--workspace", "--example", "heap_dylib", "--target-dir"])
+        .arg(target);
+    if profile_dir.file_name().is_some_and(|n| n == "release") {
+        cmd.arg("--release");
+    }
+    let o = cmd.output().expect("run cargo");
+    assert!(o.status.success(), "cargo build --example heap_dylib: {}", String::from_utf8_lossy(&o.stderr));
+    let lib = profile_dir.join("examples").join("libheap_dylib.so");
+    assert!(lib.is_file(), "{} not built", lib.display());
+    lib
+}
+
+/// A shared library with `Sampled` as its own global allocator, loaded with
+/// `dlopen` long after the process started (a Rust extension of Python or
+/// Node): its allocations are counted and sampled in every thread that
+/// calls it, new threads too, at its rate. On x86-64 glibc its count is the
+/// library's own static TLS (the initial-exec model: the library says
+/// `STATIC_TLS`, and glibc finds it room when it loads it).
+#[test]
+fn a_shared_library_loaded_later_samples() {
+    use object::{Object, ObjectSection};
+    let lib = heap_dylib();
+    if cfg!(all(target_arch = "x86_64", target_os = "linux", target_env = "gnu")) {
+        let data = std::fs::read(&lib).expect("read the library");
+        let obj = object::File::parse(&*data).expect("an ELF file");
+        let dynamic = obj.section_by_name(".dynamic").expect("a .dynamic section").data().expect(".dynamic");
+        // DT_FLAGS (30) holding DF_STATIC_TLS (0x10).
+        let static_tls = dynamic.chunks_exact(16).any(|e| {
+            let tag = u64::from_le_bytes(e[..8].try_into().unwrap());
+            let val = u64::from_le_bytes(e[8..].try_into().unwrap());
+            tag == 30 && val & 0x10 != 0
+        });
+        assert!(
+            static_tls,
+            "{}: no DF_STATIC_TLS, so the fast path does not use the TLS slot",
+            lib.display()
+        );
+    }
+    let path = std::ffi::CString::new(lib.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: loads the example library (its initialisers are Rust's own);
+    // never closed.
+    let handle = unsafe { libc::dlopen(path.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+    assert!(!handle.is_null(), "dlopen {}: {:?}", lib.display(), unsafe {
+        // SAFETY: dlerror's message, read at once.
+        std::ffi::CStr::from_ptr(libc::dlerror())
+    });
+    // SAFETY: a symbol of the handle above.
+    let sym = unsafe { libc::dlsym(handle, c"spulse_heap_dylib_churn".as_ptr()) };
+    assert!(!sym.is_null(), "spulse_heap_dylib_churn not found");
+    // SAFETY: the example's `extern "C" fn(u64) -> u64`.
+    let churn: extern "C" fn(u64) -> u64 = unsafe { std::mem::transmute(sym) };
+    // 64 MiB at the library's default 512 KiB: 128 points a call, in this
+    // thread, then in four new threads at once, then here again.
+    let first = churn(64 << 20);
+    let threads: Vec<_> = (0..4).map(|_| std::thread::spawn(move || churn(64 << 20))).collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let last = churn(64 << 20);
+    // Stratified sampling: each 64 MiB run gets 128 points give or take
+    // one at each end (the library's own first allocations, before the
+    // calls, add a few).
+    assert!((120..=140).contains(&first), "{first} samples for the first 64 MiB (128 expected)");
+    let all = last;
+    assert!((6 * 120..=6 * 140).contains(&all), "{all} samples for 6 x 64 MiB (768 expected)");
+}
