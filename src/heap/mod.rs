@@ -654,9 +654,9 @@ impl<A: GlobalAlloc> Sampled<A> {
 unsafe impl<A: GlobalAlloc> GlobalAlloc for Sampled<A> {
     #[inline]
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        // SAFETY: our caller's contract.
-        tls::charge_or!(self.offset, layout.size(), |charged| return unsafe {
-            self.alloc_cold(layout, charged)
+        tls::charge_or!(self.offset, layout.size(), |charged| {
+            // SAFETY: our caller's contract.
+            unsafe { self.alloc_cold(layout, charged) }
         });
         // SAFETY: our caller's contract is `A`'s.
         unsafe { self.inner.alloc(layout) }
@@ -664,9 +664,9 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for Sampled<A> {
 
     #[inline]
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        // SAFETY: our caller's contract.
-        tls::charge_or!(self.offset, layout.size(), |charged| return unsafe {
-            self.alloc_zeroed_cold(layout, charged)
+        tls::charge_or!(self.offset, layout.size(), |charged| {
+            // SAFETY: our caller's contract.
+            unsafe { self.alloc_zeroed_cold(layout, charged) }
         });
         // SAFETY: our caller's contract is `A`'s.
         unsafe { self.inner.alloc_zeroed(layout) }

@@ -29,12 +29,30 @@
 //! the fast path is three instructions with no test of a learnt offset:
 //! `mov $offset, %rax; sub %size, %fs:(%rax); js cold` ([`charge_or`]).
 //! There nothing is learnt and [`OffsetCopy`] stays 0.
+//!
+//! The initial-exec model has two costs where spulse is in a shared library.
+//! A `cdylib` (a Python or Node extension in Rust) says `STATIC_TLS`, and
+//! glibc must find its whole TLS segment (136 bytes for `examples/heap_dylib`:
+//! std's thread-locals and spulse's) room in the static TLS it keeps spare for
+//! libraries loaded later (512 bytes by default, shared by every such
+//! library; `GLIBC_TUNABLES=glibc.rtld.optional_static_tls=N` sets more); a
+//! process that used it up fails the `dlopen` ("cannot allocate memory in
+//! static TLS block"). And a Rust `dylib` (`-C prefer-dynamic`) whose users
+//! inline the fast path cannot link it (the symbol is hidden in the `dylib`).
+//! Build with `RUSTFLAGS="--cfg spulse_no_tls_slot"` for either: the count is
+//! then a `thread_local!` as on other targets.
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicIsize, Ordering};
 
 /// Whether the count is [`slot`]'s TLS symbol (x86-64 Linux, glibc).
-pub(crate) const SLOT: bool = cfg!(all(target_arch = "x86_64", target_os = "linux", target_env = "gnu"));
+pub(crate) const SLOT: bool = cfg!(all(
+    target_arch = "x86_64",
+    target_pointer_width = "64",
+    target_os = "linux",
+    target_env = "gnu",
+    not(spulse_no_tls_slot)
+));
 
 thread_local! {
     /// Bytes this thread may still allocate before its pending sample point
@@ -45,33 +63,52 @@ thread_local! {
 
 /// The count as a thread-local of its own: a TLS symbol defined here, zero in
 /// every new thread, reached with the initial-exec model (`@GOTTPOFF`). Its
-/// name holds the crate's version, so that two versions of spulse in one
+/// name holds a hash ([`slot::KEY`]), so that two copies of spulse in one
 /// program keep a count each.
-#[cfg(all(target_arch = "x86_64", target_os = "linux", target_env = "gnu"))]
+#[cfg(all(
+    target_arch = "x86_64",
+    target_pointer_width = "64",
+    target_os = "linux",
+    target_env = "gnu",
+    not(spulse_no_tls_slot)
+))]
 pub(crate) mod slot {
-    macro_rules! name {
-        () => {
-            concat!(
-                "spulse_heap_bytes_left_",
-                env!("CARGO_PKG_VERSION_MAJOR"),
-                "_",
-                env!("CARGO_PKG_VERSION_MINOR"),
-                "_",
-                env!("CARGO_PKG_VERSION_PATCH")
-            )
-        };
-    }
+    /// What tells this copy of spulse's symbol from any other's in one
+    /// program: a hash of the crate's version, of where its source is (a
+    /// registry's copy, a git checkout, a path) and of whether it is the
+    /// crate's own test build (which links spulse a second time through
+    /// its dev-dependencies). `.hidden` keeps it out of a shared library's
+    /// exports, not out of a duplicate definition within one link.
+    pub(crate) const KEY: u64 = {
+        let parts: [&str; 3] =
+            [env!("CARGO_PKG_VERSION"), env!("CARGO_MANIFEST_DIR"), if cfg!(test) { "test" } else { "" }];
+        // FNV-1a over the parts, each ended by a 0 byte.
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        let mut i = 0;
+        while i < parts.len() {
+            let b = parts[i].as_bytes();
+            let mut j = 0;
+            while j <= b.len() {
+                h ^= if j < b.len() { b[j] as u64 } else { 0 };
+                h = h.wrapping_mul(0x0000_0100_0000_01b3);
+                j += 1;
+            }
+            i += 1;
+        }
+        h
+    };
 
     std::arch::global_asm!(
-        concat!(".pushsection .tbss.", name!(), ",\"awT\",@nobits"),
+        ".pushsection .tbss.spulse_heap_bytes_left_{key},\"awT\",@nobits",
         ".p2align 3",
-        concat!(".globl ", name!()),
-        concat!(".hidden ", name!()),
-        concat!(".type ", name!(), ",@object"),
-        concat!(".size ", name!(), ",8"),
-        concat!(name!(), ":"),
+        ".globl spulse_heap_bytes_left_{key}",
+        ".hidden spulse_heap_bytes_left_{key}",
+        ".type spulse_heap_bytes_left_{key},@object",
+        ".size spulse_heap_bytes_left_{key},8",
+        "spulse_heap_bytes_left_{key}:",
         ".zero 8",
         ".popsection",
+        key = const KEY,
     );
 
     /// The count's offset from the thread pointer (the same in every
@@ -83,8 +120,9 @@ pub(crate) mod slot {
         // the loader before any code runs, or made a constant by the linker).
         unsafe {
             std::arch::asm!(
-                concat!("mov {}, qword ptr [rip + ", name!(), "@GOTTPOFF]"),
-                out(reg) off,
+                "mov {off}, qword ptr [rip + spulse_heap_bytes_left_{key}@GOTTPOFF]",
+                off = out(reg) off,
+                key = const KEY,
                 options(pure, readonly, nostack, preserves_flags)
             );
         }
@@ -101,14 +139,28 @@ pub(crate) mod slot {
 /// Run `f` on this thread's count.
 #[inline]
 pub(crate) fn with_left<R>(f: impl FnOnce(&Cell<i64>) -> R) -> R {
-    #[cfg(all(target_arch = "x86_64", target_os = "linux", target_env = "gnu"))]
+    #[cfg(all(
+        target_arch = "x86_64",
+        target_pointer_width = "64",
+        target_os = "linux",
+        target_env = "gnu",
+        not(spulse_no_tls_slot)
+    ))]
     {
         // SAFETY: `slot::cell` is this thread's count, an `i64` in its static
-        // TLS block that lives as long as the thread, touched only by this
-        // thread, and only ever through `Cell`s like this one (never borrowed).
+        // TLS block that lives as long as the thread and that only this
+        // thread touches: through `Cell`s like this one (never borrowed, so
+        // a `Cell` allows the fast path's writes through another pointer
+        // meanwhile), the fast path's `asm!` and `sub`.
         f(unsafe { &*(slot::cell() as *const Cell<i64>) })
     }
-    #[cfg(not(all(target_arch = "x86_64", target_os = "linux", target_env = "gnu")))]
+    #[cfg(not(all(
+        target_arch = "x86_64",
+        target_pointer_width = "64",
+        target_os = "linux",
+        target_env = "gnu",
+        not(spulse_no_tls_slot)
+    )))]
     {
         BYTES_LEFT.with(f)
     }
@@ -121,7 +173,13 @@ pub(crate) fn with_left<R>(f: impl FnOnce(&Cell<i64>) -> R) -> R {
 #[inline(always)]
 pub(crate) fn try_sub(copy: &OffsetCopy, size: usize) -> Option<i64> {
     if SLOT {
-        #[cfg(all(target_arch = "x86_64", target_os = "linux", target_env = "gnu"))]
+        #[cfg(all(
+            target_arch = "x86_64",
+            target_pointer_width = "64",
+            target_os = "linux",
+            target_env = "gnu",
+            not(spulse_no_tls_slot)
+        ))]
         // SAFETY: `slot::offset` is the count's offset in every thread.
         return Some(unsafe { sub(slot::offset(), size) });
     }
@@ -133,16 +191,16 @@ pub(crate) fn try_sub(copy: &OffsetCopy, size: usize) -> Option<i64> {
 
 /// Take `$size` from this thread's count; if that reaches the pending
 /// sample point, or the count cannot be reached without its accessor,
-/// evaluate `$cold` (which must leave the function: `return ...`) with
-/// `$charged` bound to whether the bytes were taken. Where the count is
-/// [`slot`]'s, three instructions and a jump to `$cold` (an `asm!` label);
+/// return `$cold` from the calling function, with `$charged` bound to
+/// whether the bytes were taken. Where the count is [`slot`]'s, three
+/// instructions and a jump to the return of `$cold` (an `asm!` label);
 /// elsewhere [`try_sub`] and a test.
 macro_rules! charge_or {
     ($copy:expr, $size:expr, |$charged:ident| $cold:expr) => {
-        #[cfg(all(target_arch = "x86_64", target_os = "linux", target_env = "gnu"))]
+        #[cfg(all(target_arch = "x86_64", target_pointer_width = "64", target_os = "linux", target_env = "gnu", not(spulse_no_tls_slot)))]
         {
             let off = $crate::heap::tls::slot::offset();
-            // SAFETY: `off` is the count's offset from the thread pointer in every thread (`tls::slot`): the `sub` takes from this thread's own count; `$cold` is entered when it went below 0.
+            // SAFETY: `off` is the count's offset from the thread pointer in every thread (`tls::slot`): the `sub` takes from this thread's own count; the label's block is entered when it went below 0.
             unsafe {
                 std::arch::asm!(
                     "sub qword ptr fs:[{off}], {size}",
@@ -151,19 +209,19 @@ macro_rules! charge_or {
                     size = in(reg) $size,
                     cold = label {
                         let $charged = true;
-                        $cold
+                        return $cold;
                     },
                     options(nostack)
                 );
             }
             let _ = &$copy;
         }
-        #[cfg(not(all(target_arch = "x86_64", target_os = "linux", target_env = "gnu")))]
+        #[cfg(not(all(target_arch = "x86_64", target_pointer_width = "64", target_os = "linux", target_env = "gnu", not(spulse_no_tls_slot))))]
         {
             let left = $crate::heap::tls::try_sub(&$copy, $size);
             if !left.is_some_and(|l| l >= 0) {
                 let $charged = left.is_some();
-                $cold
+                return $cold;
             }
         }
     };
