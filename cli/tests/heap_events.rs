@@ -124,11 +124,31 @@ fn mb(by: &BySite, site: &str, freed: bool) -> f64 {
     by.iter().filter(|((s, f), _)| *s == site && *f == freed).map(|(_, &b)| b).sum::<i64>() as f64 / MB as f64
 }
 
+/// Run on this thread until it has had `cpu` of CPU time.
+fn burn_thread_cpu(cpu: std::time::Duration) {
+    let now = || {
+        let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+        // SAFETY: writes the calling thread's CPU clock into `ts`.
+        unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+        std::time::Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+    };
+    let start = now();
+    let mut x = 0u64;
+    while now() - start < cpu {
+        for i in 0..10_000 {
+            x = black_box(x.wrapping_mul(31).wrapping_add(i));
+        }
+    }
+}
+
 #[test]
 fn firefox_draws_heap_events_as_native_allocations() {
     let dir = tempfile::tempdir().unwrap();
     let (one, two) = (dir.path().join("one.spool"), dir.path().join("two.spool"));
     let guard = spulse::Recorder::builder().heap_events(true).start(&one).unwrap();
+    // CPU samples of this thread too, so that the spool has a thread without
+    // heap events (the selections below).
+    burn_thread_cpu(std::time::Duration::from_millis(60));
     let kept = std::thread::spawn(|| {
         let mut kept = Vec::new();
         heap_site_kept(&mut kept);
@@ -176,6 +196,24 @@ fn firefox_draws_heap_events_as_native_allocations() {
     assert_eq!(info["heap_events"].as_u64(), Some(t1.0 as u64), "{line}");
     assert_eq!(info["heap_allocated_bytes"].as_i64(), Some(t1.1), "{line}");
     assert_eq!(info["heap_freed_bytes"].as_i64(), Some(-t1.2), "{line}");
+    // A selection keeps the heap events a sample at their time and thread
+    // would keep: none in the first microsecond, nor days after the end.
+    // Nothing is selected then, and the export lists every thread, empty (it
+    // listed only the threads with heap events, which it drew no allocation
+    // for).
+    let listed = v1["threads"].as_array().unwrap().len();
+    assert!(listed >= 2, "this thread's samples and the allocating thread's: {listed} threads");
+    for filter in [["--to", "1"], ["--from", "100000000000"]] {
+        let out = dir.path().join("filtered.json");
+        let mut args = vec!["export", "--format", "firefox", "-o", s(&out)];
+        args.extend(filter);
+        args.push(s(&one));
+        ok(&args);
+        let v: Value = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).expect("JSON");
+        assert_eq!(totals(&v).0, 0, "{filter:?}: native allocations drawn");
+        let threads = v["threads"].as_array().unwrap();
+        assert!(threads.len() >= listed, "{filter:?}: {} threads listed, not every thread", threads.len());
+    }
     // The packed file says the same.
     let packed = dir.path().join("one.spk");
     ok(&["pack", s(&one), "-o", s(&packed)]);

@@ -154,10 +154,15 @@ pub fn profile(job: &Job<'_>, sym: &mut Symbolizer) -> Result<(Value, Samples, u
             *slot = true;
         }
     }
-    // Heap events (tag 10): their threads and the frames of their stacks
-    // (cut to the code that allocated) too.
+    // Heap events (tag 10) the selection keeps (as below): their threads and
+    // the frames of their stacks (cut to the code that allocated) too.
     let mut heap_stacks: HashMap<StackId, StackId> = HashMap::new();
+    let mut select = Selector::new(filter, start_us);
     for e in defs.heap_events() {
+        let s = spulse::Sample { time_us: e.time_us, thread: e.thread, stack: e.stack };
+        if select.next_at(defs, &s, e.samples_before).is_none() {
+            continue;
+        }
         let stack = *heap_stacks.entry(e.stack).or_insert_with(|| allocation_stack(defs, sym, e.stack));
         used.extend(defs.stack_frames(stack));
         if let Some(slot) = with_data.get_mut(e.thread.index()) {

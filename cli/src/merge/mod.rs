@@ -270,6 +270,50 @@ mod tests {
         assert!(d.modules().iter().all(|m| !d.is_module_active(m.id)));
     }
 
+    /// A heap event and an off-CPU interval written just before their
+    /// stack's module is retired, at the same point of the sample sequence
+    /// (the recorder writes a tick's module changes and then its events, so
+    /// an event's module may also be gone by the time it is written): the
+    /// merged events keep the module's frames, rather than addresses.
+    #[test]
+    fn events_beside_a_retirement_keep_their_modules() {
+        let dir = tempfile::tempdir().unwrap();
+        let src = dir.path().join("7.1.spool");
+        let mut w = SpoolWriter::new(File::create(&src).unwrap(), HDR).unwrap();
+        let a = w.define_module(&module(7, b"/lib/a.so")).unwrap();
+        let th = w.define_thread(7, 7, "main").unwrap();
+        let fa = w.define_frame(Frame::Module { module: a, file_relative: 0x10 }).unwrap();
+        let sa = w.define_stack(None, fa).unwrap();
+        w.heap_event(th, sa, 1_000_050, 0x5000, 64, 4096, false).unwrap();
+        w.off_cpu(th, sa, 1_000_020, 30, false).unwrap();
+        w.deactivate_module(a).unwrap();
+        let b = w.define_module(&module(7, b"/lib/b.so")).unwrap();
+        let fb = w.define_frame(Frame::Module { module: b, file_relative: 0x20 }).unwrap();
+        let sb = w.define_stack(None, fb).unwrap();
+        w.sample(1_000_100, th, sb).unwrap();
+        w.flush().unwrap();
+        drop(w);
+
+        let (out_path, mut out) = output(dir.path());
+        let mut s = Source::open(&src, 7).unwrap();
+        assert!(s.pump(&mut out).is_ok());
+        s.retire_all(&mut out).unwrap();
+        out.flush().unwrap();
+        drop(out);
+        let snap = Snapshot::open(&out_path).unwrap();
+        let d = snap.definitions();
+        let path = |stack| match d.frame(d.stack(stack).frame) {
+            Frame::Module { module, .. } => d.module(module).path.clone(),
+            other => panic!("the event's frame lost its module: {other:?}"),
+        };
+        assert_eq!(d.heap_events().len(), 1);
+        assert_eq!(path(d.heap_events()[0].stack), b"/lib/a.so");
+        assert_eq!(d.off_cpu_intervals().len(), 1);
+        assert_eq!(path(d.off_cpu_intervals()[0].stack), b"/lib/a.so");
+        let samples: Vec<Vec<u8>> = snap.samples().map(|x| path(x.stack)).collect();
+        assert_eq!(samples, [b"/lib/b.so".to_vec()]);
+    }
+
     /// Samples followed by a bad record: one pump copies the samples and
     /// reports the bad record, so a caller that retires the source right after
     /// (its process ended) never takes a corrupt spool for a complete one.

@@ -298,37 +298,22 @@ impl Source {
         Ok(())
     }
 
-    /// Write the retirements and Python-runtime marks the source placed before
-    /// its sample number `upto`, then define the modules that can be defined.
+    /// Write the off-CPU intervals, heap events, retirements and
+    /// Python-runtime marks the source placed before its sample number
+    /// `upto`, then define the modules that can be defined.
+    ///
+    /// The intervals and heap events go first, after the modules that can be
+    /// defined already: their stacks were taken while their modules were
+    /// loaded (the recorder writes a tick's module changes before its heap
+    /// events), and a frame first mapped after its module's retirement (or
+    /// before its definition) loses its module and becomes an address.
     pub(super) fn apply_events(
         &mut self,
         upto: u64,
         out: &mut SpoolWriter<File>,
         sh: &mut Shared,
     ) -> Result<(), MergeError> {
-        let defs = self.tail.definitions();
-        while let Some(d) = defs.deactivations().get(self.deactivations_done) {
-            if d.samples_before > upto {
-                break;
-            }
-            self.deactivations_done += 1;
-            let idx = d.module.index();
-            if let ModState::Defined(id) = self.modules[idx] {
-                release_module(id, out, sh).map_err(MergeError::Output)?;
-            }
-            self.modules[idx] = ModState::Retired;
-        }
-        while let Some(p) = defs.python_runtime_events().get(self.python_done) {
-            if p.samples_before > upto {
-                break;
-            }
-            self.python_done += 1;
-            match out.python_runtime(p.pid, p.time_us, p.entering) {
-                Ok(()) => {}
-                Err(e) if !is_io(&e) => {}
-                Err(e) => return Err(MergeError::Output(e)),
-            }
-        }
+        self.define_pending_modules(out, sh)?;
         while let Some(o) = self.off_cpu.front().copied() {
             if o.samples_before > upto {
                 break;
@@ -359,6 +344,29 @@ impl Source {
                 Ok(()) => {}
                 Err(MergeError::Output(e)) if !is_io(&e) => {}
                 Err(e) => return Err(e),
+            }
+        }
+        let defs = self.tail.definitions();
+        while let Some(d) = defs.deactivations().get(self.deactivations_done) {
+            if d.samples_before > upto {
+                break;
+            }
+            self.deactivations_done += 1;
+            let idx = d.module.index();
+            if let ModState::Defined(id) = self.modules[idx] {
+                release_module(id, out, sh).map_err(MergeError::Output)?;
+            }
+            self.modules[idx] = ModState::Retired;
+        }
+        while let Some(p) = defs.python_runtime_events().get(self.python_done) {
+            if p.samples_before > upto {
+                break;
+            }
+            self.python_done += 1;
+            match out.python_runtime(p.pid, p.time_us, p.entering) {
+                Ok(()) => {}
+                Err(e) if !is_io(&e) => {}
+                Err(e) => return Err(MergeError::Output(e)),
             }
         }
         self.define_pending_modules(out, sh)
