@@ -104,5 +104,5 @@ pub fn run() {
     };
     go("serde_json", &|| serde_json_round_trip(60));
     go("btreemap", &|| btreemap_churn(3_000_000));
-    go("threads", &|| many_threads_small(1_000_000));
+    go("threads", &|| many_threads_small(per_thread()));
 }
