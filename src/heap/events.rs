@@ -164,8 +164,18 @@ pub(crate) fn after_fork() {
 }
 
 /// Hand `e` to the consumer; false (and counted in [`LOST`]) if the ring is
-/// full. Lock-free and allocation-free.
+/// full, or if a fork came between the claim and the publication (in the
+/// child). Lock-free and allocation-free.
 pub(crate) fn push(e: Event) -> bool {
+    let Some((pos, cell)) = claim() else {
+        LOST.fetch_add(1, Ordering::Relaxed);
+        return false;
+    };
+    publish(pos, cell, e)
+}
+
+/// Claim the next position: it and its cell, `None` if the ring is full.
+fn claim() -> Option<(u64, &'static Cell)> {
     let mut pos = HEAD.load(Ordering::Relaxed);
     loop {
         let i = (pos % CAPACITY as u64) as usize;
@@ -174,26 +184,39 @@ pub(crate) fn push(e: Event) -> bool {
         let dif = seq.wrapping_sub(pos) as i64;
         if dif == 0 {
             match HEAD.compare_exchange_weak(pos, pos + 1, Ordering::Relaxed, Ordering::Relaxed) {
-                Ok(_) => {
-                    // (No one reads the cell until the store below publishes it.)
-                    // SAFETY: position `pos` is ours (the CAS above) and the cell is free for it (`seq`).
-                    unsafe { *cell.event.get() = e };
-                    cell.seq.store((pos + 1).wrapping_sub(i as u64), Ordering::Release);
-                    if (pos + 1).is_multiple_of(NUDGE) {
-                        crate::recorder::exit_request::nudge_writer();
-                    }
-                    return true;
-                }
+                Ok(_) => return Some((pos, cell)),
                 Err(now) => pos = now,
             }
         } else if dif < 0 {
             // The cell still holds an event of the lap before: full.
-            LOST.fetch_add(1, Ordering::Relaxed);
-            return false;
+            return None;
         } else {
             pos = HEAD.load(Ordering::Relaxed);
         }
     }
+}
+
+/// Write `e` into `cell`, claimed for `pos`, and publish it. The publication
+/// is a compare-and-swap from "free for `pos`": a fork between the claim and
+/// here (a signal handler that interrupted this thread and forked) made the
+/// child's [`after_fork`] free every cell for a later position, and the
+/// event is then dropped (counted in [`LOST`]) rather than published where
+/// the child's consumer would never look, which left the ring stuck there.
+fn publish(pos: u64, cell: &Cell, e: Event) -> bool {
+    let i = (pos % CAPACITY as u64) as usize;
+    // (No one reads the cell until the compare-and-swap below publishes it.)
+    // SAFETY: position `pos` is ours (the claim's compare-and-swap) and the cell was free for it.
+    unsafe { *cell.event.get() = e };
+    let free = pos.wrapping_sub(i as u64);
+    let published = (pos + 1).wrapping_sub(i as u64);
+    if cell.seq.compare_exchange(free, published, Ordering::Release, Ordering::Relaxed).is_err() {
+        LOST.fetch_add(1, Ordering::Relaxed);
+        return false;
+    }
+    if (pos + 1).is_multiple_of(NUDGE) {
+        crate::recorder::exit_request::nudge_writer();
+    }
+    true
 }
 
 /// The next published event, if any (the consumer only: the recorder whose
@@ -333,6 +356,36 @@ pub(crate) mod tests {
             assert_eq!(pop(), Some(ev(n)));
         }
         end(t);
+    }
+
+    /// A fork between a push's claim and its publication (a signal handler
+    /// that interrupted the push and forked; the push goes on in the child
+    /// once the handler returns): the event is dropped, and the child's ring
+    /// does not stall at that cell.
+    #[test]
+    fn a_push_interrupted_by_a_fork_is_dropped_in_the_child() {
+        let _g = SESSIONS.lock().unwrap_or_else(|p| p.into_inner());
+        let s = begin().expect("no session runs");
+        for n in 0..10 {
+            assert!(push(ev(n)));
+        }
+        for wrap in [false, true] {
+            let (pos, cell) = claim().expect("room");
+            after_fork();
+            let lost = LOST.load(Ordering::Relaxed);
+            assert!(!publish(pos, cell, ev(99)), "published after the fork");
+            assert_eq!(LOST.load(Ordering::Relaxed) - lost, 1);
+            // Over more than a lap, every cell is claimed and read again.
+            let t = begin().expect("the child may begin");
+            assert_eq!(pop(), None);
+            let laps = if wrap { 2 } else { 1 };
+            for n in 0..laps * CAPACITY as u64 + 10 {
+                assert!(push(ev(n)), "push {n}");
+                assert_eq!(pop(), Some(ev(n)));
+            }
+            end(t);
+        }
+        end(s);
     }
 
     #[test]
