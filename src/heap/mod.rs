@@ -71,15 +71,15 @@
 //! an untracked block is left out of the in-use figures, which are then a
 //! lower bound, rather than kept in them after its free).
 //!
-//! Heap samples are not written to the spool (a recording made with a
-//! `Sampled` allocator stays as it would be without one): a heap profile is a
-//! state, what is live now and what was allocated since the start, read whole
-//! as pprof ([`profile`], `/debug/pprof/heap`, `RecorderBuilder::heap_profile`),
-//! and the sampler runs inside the program's allocations on every thread,
-//! with no way to the spool's writer but a channel of its own. A timeline of
-//! allocations (the Firefox Profiler's native-allocation and memory tracks)
-//! would need both: a spool record documented as an extension in FORMAT.md,
-//! and a lock-free ring from the sampler to the writer.
+//! A heap profile is a state, what is live now and what was allocated since
+//! the start, read whole as pprof ([`profile`], `/debug/pprof/heap`,
+//! `RecorderBuilder::heap_profile`). A recording holds the samples too only
+//! when asked (`RecorderBuilder::heap_events`: each sampled allocation and
+//! the free of each sampled block as a tag-10 record, FORMAT.md, handed to
+//! the recorder's writer through a lock-free ring of [`EVENT_CAPACITY`]; the
+//! Firefox export draws them as native allocations and a memory track);
+//! without it a recording made with a `Sampled` allocator stays as it would
+//! be without one.
 //!
 //! Safe with the CPU recorder (its signal handler never allocates; the two
 //! share no lock), with `fork` (no lock of its own anywhere: a child forked
@@ -95,6 +95,20 @@
 //! be one that may be called there, which glibc's `malloc` is not). Nothing in the sampler waits for another thread, but
 //! for a bounded spin (an insert into the live table waits up to 512 spins
 //! for a filter bucket that another thread is clearing).
+//!
+//! On x86-64 Linux with glibc the fast path's count is a thread-local
+//! variable of spulse's own with the initial-exec TLS model (three
+//! instructions an allocation). Two layouts need
+//! `RUSTFLAGS="--cfg spulse_no_tls_slot"` (the count is then a
+//! `thread_local!`, a little slower): spulse inside a Rust `dylib` (as Bevy's
+//! `dynamic_linking` builds) with the `#[global_allocator]` in another crate,
+//! which fails to link with `undefined symbol:
+//! spulse_heap_bytes_left_<hash>_in_a_rust_dylib_build_with_cfg_spulse_no_tls_slot`;
+//! and processes that load many `cdylib`s each with its own `Sampled` (Python
+//! or Node extensions): each takes its whole TLS segment (about 136 bytes)
+//! from the static TLS glibc keeps spare for libraries loaded later, and the
+//! 13th such library failed to load here ("cannot allocate memory in static
+//! TLS block"; `GLIBC_TUNABLES=glibc.rtld.optional_static_tls=N` gives more).
 
 use std::alloc::{GlobalAlloc, Layout};
 use std::sync::atomic::{AtomicU64, Ordering};

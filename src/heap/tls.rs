@@ -37,10 +37,13 @@
 //! libraries loaded later (512 bytes by default, shared by every such
 //! library; `GLIBC_TUNABLES=glibc.rtld.optional_static_tls=N` sets more); a
 //! process that used it up fails the `dlopen` ("cannot allocate memory in
-//! static TLS block"). And a Rust `dylib` (`-C prefer-dynamic`) whose users
-//! inline the fast path cannot link it (the symbol is hidden in the `dylib`).
-//! Build with `RUSTFLAGS="--cfg spulse_no_tls_slot"` for either: the count is
-//! then a `thread_local!` as on other targets.
+//! static TLS block"; the 13th copy of `examples/heap_dylib` in one process
+//! failed so). And where spulse is inside a Rust `dylib` (crate type
+//! `dylib`, as Bevy's `dynamic_linking` builds) and the fast path is inlined
+//! into another crate (its `#[global_allocator]`), the symbol, hidden in the
+//! `dylib`, is undefined there: the link error names it, and its name says
+//! what to do. Build with `RUSTFLAGS="--cfg spulse_no_tls_slot"` for either:
+//! the count is then a `thread_local!` as on other targets.
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicIsize, Ordering};
@@ -99,13 +102,13 @@ pub(crate) mod slot {
     };
 
     std::arch::global_asm!(
-        ".pushsection .tbss.spulse_heap_bytes_left_{key},\"awT\",@nobits",
+        ".pushsection .tbss.spulse_heap_bytes_left_{key}_in_a_rust_dylib_build_with_cfg_spulse_no_tls_slot,\"awT\",@nobits",
         ".p2align 3",
-        ".globl spulse_heap_bytes_left_{key}",
-        ".hidden spulse_heap_bytes_left_{key}",
-        ".type spulse_heap_bytes_left_{key},@object",
-        ".size spulse_heap_bytes_left_{key},8",
-        "spulse_heap_bytes_left_{key}:",
+        ".globl spulse_heap_bytes_left_{key}_in_a_rust_dylib_build_with_cfg_spulse_no_tls_slot",
+        ".hidden spulse_heap_bytes_left_{key}_in_a_rust_dylib_build_with_cfg_spulse_no_tls_slot",
+        ".type spulse_heap_bytes_left_{key}_in_a_rust_dylib_build_with_cfg_spulse_no_tls_slot,@object",
+        ".size spulse_heap_bytes_left_{key}_in_a_rust_dylib_build_with_cfg_spulse_no_tls_slot,8",
+        "spulse_heap_bytes_left_{key}_in_a_rust_dylib_build_with_cfg_spulse_no_tls_slot:",
         ".zero 8",
         ".popsection",
         key = const KEY,
@@ -120,7 +123,7 @@ pub(crate) mod slot {
         // the loader before any code runs, or made a constant by the linker).
         unsafe {
             std::arch::asm!(
-                "mov {off}, qword ptr [rip + spulse_heap_bytes_left_{key}@GOTTPOFF]",
+                "mov {off}, qword ptr [rip + spulse_heap_bytes_left_{key}_in_a_rust_dylib_build_with_cfg_spulse_no_tls_slot@GOTTPOFF]",
                 off = out(reg) off,
                 key = const KEY,
                 options(pure, readonly, nostack, preserves_flags)
