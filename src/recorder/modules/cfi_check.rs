@@ -410,28 +410,8 @@ impl Quick {
         let mut count = 0u32;
         let mut insns = cie.instructions(section, bases);
         while let Some(insn) = insns.next().ok()? {
-            match insn {
-                I::Nop => {}
-                I::DefCfa { .. }
-                | I::DefCfaSf { .. }
-                | I::DefCfaRegister { .. }
-                | I::DefCfaOffset { .. }
-                | I::DefCfaOffsetSf { .. } => {
-                    rules.cfa = cfa_after(rules.cfa, &insn, data_align)?;
-                }
-                I::Undefined { register } => rules.set(register, Rule::Undefined, &mut count)?,
-                I::SameValue { register } => rules.set(register, Rule::SameValue, &mut count)?,
-                I::Offset { register, factored_offset } => rules.set(
-                    register,
-                    Rule::Offset((Wrapping(factored_offset as i64) * data_align).0),
-                    &mut count,
-                )?,
-                I::OffsetExtendedSf { register, factored_offset } => rules.set(
-                    register,
-                    Rule::Offset((Wrapping(factored_offset) * data_align).0),
-                    &mut count,
-                )?,
-                _ => return None,
+            if !matches!(insn, I::Nop) && !rules.apply(&insn, data_align, &mut count)? {
+                return None;
             }
         }
         Some(Quick { initial: rules, cie_rules: count })
@@ -469,6 +449,9 @@ impl Quick {
         let mut address = fde.initial_address();
         let mut insns = fde.instructions(section, bases);
         while let Some(insn) = insns.next().ok()? {
+            if rules.apply(&insn, data_align, &mut count)? {
+                continue;
+            }
             match insn {
                 I::Nop | I::ArgsSize { .. } => {}
                 I::AdvanceLoc { delta } => {
@@ -478,25 +461,6 @@ impl Quick {
                     row_ok(&rules)?;
                     address = address.checked_add(u64::from(delta).checked_mul(code_align)?)?;
                 }
-                I::DefCfa { .. }
-                | I::DefCfaSf { .. }
-                | I::DefCfaRegister { .. }
-                | I::DefCfaOffset { .. }
-                | I::DefCfaOffsetSf { .. } => {
-                    rules.cfa = cfa_after(rules.cfa, &insn, data_align)?;
-                }
-                I::Undefined { register } => rules.set(register, Rule::Undefined, &mut count)?,
-                I::SameValue { register } => rules.set(register, Rule::SameValue, &mut count)?,
-                I::Offset { register, factored_offset } => rules.set(
-                    register,
-                    Rule::Offset((Wrapping(factored_offset as i64) * data_align).0),
-                    &mut count,
-                )?,
-                I::OffsetExtendedSf { register, factored_offset } => rules.set(
-                    register,
-                    Rule::Offset((Wrapping(factored_offset) * data_align).0),
-                    &mut count,
-                )?,
                 I::ValOffset { register, .. }
                 | I::ValOffsetSf { register, .. }
                 | I::Register { dest_register: register, .. }
@@ -528,6 +492,37 @@ impl Quick {
 }
 
 impl Rules {
+    /// Apply `insn` if it is one of the instructions a CIE's initial ones
+    /// may be here (the CFA's and the register rules'): `Some(true)`;
+    /// `Some(false)` for any other; `None` when unsure.
+    fn apply(
+        &mut self,
+        insn: &gimli::CallFrameInstruction<usize>,
+        data_align: Wrapping<i64>,
+        count: &mut u32,
+    ) -> Option<bool> {
+        use gimli::CallFrameInstruction as I;
+        match *insn {
+            I::DefCfa { .. }
+            | I::DefCfaSf { .. }
+            | I::DefCfaRegister { .. }
+            | I::DefCfaOffset { .. }
+            | I::DefCfaOffsetSf { .. } => {
+                self.cfa = cfa_after(self.cfa, insn, data_align)?;
+            }
+            I::Undefined { register } => self.set(register, Rule::Undefined, count)?,
+            I::SameValue { register } => self.set(register, Rule::SameValue, count)?,
+            I::Offset { register, factored_offset } => {
+                self.set(register, Rule::Offset((Wrapping(factored_offset as i64) * data_align).0), count)?
+            }
+            I::OffsetExtendedSf { register, factored_offset } => {
+                self.set(register, Rule::Offset((Wrapping(factored_offset) * data_align).0), count)?
+            }
+            _ => return Some(false),
+        }
+        Some(true)
+    }
+
     /// Set `register`'s rule (only the return address's and the frame
     /// pointer's are followed), counting the instruction against
     /// [`QUICK_MAX_RULES`]; `None` past it.
