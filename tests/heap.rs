@@ -1044,8 +1044,9 @@ fn a_shared_library_loaded_later_samples() {
             "{}: no DF_STATIC_TLS, so the fast path does not use the TLS slot",
             lib.display()
         );
-        // glibc keeps 512 bytes of static TLS spare for all the libraries a
-        // process loads later (`glibc.rtld.optional_static_tls`).
+        // glibc keeps about 1,664 bytes of static TLS spare for all the
+        // libraries a process loads later (since 2.32; more with
+        // `glibc.rtld.optional_static_tls`).
         let elf = object::read::elf::ElfFile64::<object::Endianness>::parse(&*data).expect("ELF64");
         let memsz = elf
             .elf_program_headers()

@@ -145,7 +145,7 @@ fn burn_thread_cpu(cpu: std::time::Duration) {
 fn firefox_draws_heap_events_as_native_allocations() {
     let dir = tempfile::tempdir().unwrap();
     let (one, two) = (dir.path().join("one.spool"), dir.path().join("two.spool"));
-    let guard = spulse::Recorder::builder().heap_events(true).start(&one).unwrap();
+    let guard = spulse::Recorder::builder().frequency_hz(999).heap_events(true).start(&one).unwrap();
     // CPU samples of this thread too, so that the spool has a thread without
     // heap events (the selections below).
     burn_thread_cpu(std::time::Duration::from_millis(60));

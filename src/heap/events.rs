@@ -6,7 +6,7 @@
 //! A fixed ring of [`CAPACITY`] events, static and lock-free (a bounded
 //! multi-producer queue: a producer claims a position with a
 //! compare-and-swap, writes its cell, then publishes it with a release
-//! store of the cell's sequence number); the one consumer is the writer of
+//! compare-and-swap of the cell's sequence number); the one consumer is the writer of
 //! the recorder that began the current *session*. Nothing here allocates or
 //! blocks: a producer that finds the ring full drops its event and counts it
 //! in [`LOST`]; a consumer that finds the next cell claimed but not yet
@@ -96,7 +96,8 @@ static TAIL: AtomicU64 = AtomicU64::new(0);
 static SESSION: AtomicU32 = AtomicU32::new(0);
 /// The last session begun.
 static LAST_SESSION: AtomicU32 = AtomicU32::new(0);
-/// Events dropped because the ring was full.
+/// Events dropped because the ring was full (or, in a forked child, because
+/// the fork came between their claim and their publication).
 pub(crate) static LOST: AtomicU64 = AtomicU64::new(0);
 
 /// The current session, 0 if none: whether events are wanted.
@@ -202,6 +203,10 @@ fn claim() -> Option<(u64, &'static Cell)> {
 /// child's [`after_fork`] free every cell for a later position, and the
 /// event is then dropped (counted in [`LOST`]) rather than published where
 /// the child's consumer would never look, which left the ring stuck there.
+/// (The event's bytes are still written into the cell first: this assumes
+/// that nothing in the child claims that cell's next position before the
+/// handler returns, which would need the handler to begin a recording and
+/// push a lap of events.)
 fn publish(pos: u64, cell: &Cell, e: Event) -> bool {
     let i = (pos % CAPACITY as u64) as usize;
     // (No one reads the cell until the compare-and-swap below publishes it.)

@@ -34,8 +34,9 @@
 //! A `cdylib` (a Python or Node extension in Rust) says `STATIC_TLS`, and
 //! glibc must find its whole TLS segment (136 bytes for `examples/heap_dylib`:
 //! std's thread-locals and spulse's) room in the static TLS it keeps spare for
-//! libraries loaded later (512 bytes by default, shared by every such
-//! library; `GLIBC_TUNABLES=glibc.rtld.optional_static_tls=N` sets more); a
+//! libraries loaded later (about 1,664 bytes by default since glibc 2.32,
+//! shared by every such library: twelve of these;
+//! `GLIBC_TUNABLES=glibc.rtld.optional_static_tls=N` adds to it); a
 //! process that used it up fails the `dlopen` ("cannot allocate memory in
 //! static TLS block"; the 13th copy of `examples/heap_dylib` in one process
 //! failed so). And where spulse is inside a Rust `dylib` (crate type

@@ -270,11 +270,11 @@ mod tests {
         assert!(d.modules().iter().all(|m| !d.is_module_active(m.id)));
     }
 
-    /// A heap event and an off-CPU interval written just before their
-    /// stack's module is retired, at the same point of the sample sequence
-    /// (the recorder writes a tick's module changes and then its events, so
-    /// an event's module may also be gone by the time it is written): the
-    /// merged events keep the module's frames, rather than addresses.
+    /// A tick as the recorder writes it, between two samples: an off-CPU
+    /// interval (its stack taken while library a was loaded), then a's
+    /// retirement and library b loaded over a's range, then a heap event
+    /// whose stack is resolved against b. The merged interval keeps a's
+    /// frame and the heap event b's, rather than addresses.
     #[test]
     fn events_beside_a_retirement_keep_their_modules() {
         let dir = tempfile::tempdir().unwrap();
@@ -284,12 +284,13 @@ mod tests {
         let th = w.define_thread(7, 7, "main").unwrap();
         let fa = w.define_frame(Frame::Module { module: a, file_relative: 0x10 }).unwrap();
         let sa = w.define_stack(None, fa).unwrap();
-        w.heap_event(th, sa, 1_000_050, 0x5000, 64, 4096, false).unwrap();
+        w.sample(1_000_010, th, sa).unwrap();
         w.off_cpu(th, sa, 1_000_020, 30, false).unwrap();
         w.deactivate_module(a).unwrap();
         let b = w.define_module(&module(7, b"/lib/b.so")).unwrap();
         let fb = w.define_frame(Frame::Module { module: b, file_relative: 0x20 }).unwrap();
         let sb = w.define_stack(None, fb).unwrap();
+        w.heap_event(th, sb, 1_000_050, 0x5000, 64, 4096, false).unwrap();
         w.sample(1_000_100, th, sb).unwrap();
         w.flush().unwrap();
         drop(w);
@@ -304,14 +305,14 @@ mod tests {
         let d = snap.definitions();
         let path = |stack| match d.frame(d.stack(stack).frame) {
             Frame::Module { module, .. } => d.module(module).path.clone(),
-            other => panic!("the event's frame lost its module: {other:?}"),
+            other => panic!("the frame lost its module: {other:?}"),
         };
-        assert_eq!(d.heap_events().len(), 1);
-        assert_eq!(path(d.heap_events()[0].stack), b"/lib/a.so");
         assert_eq!(d.off_cpu_intervals().len(), 1);
         assert_eq!(path(d.off_cpu_intervals()[0].stack), b"/lib/a.so");
+        assert_eq!(d.heap_events().len(), 1);
+        assert_eq!(path(d.heap_events()[0].stack), b"/lib/b.so");
         let samples: Vec<Vec<u8>> = snap.samples().map(|x| path(x.stack)).collect();
-        assert_eq!(samples, [b"/lib/b.so".to_vec()]);
+        assert_eq!(samples, [b"/lib/a.so".to_vec(), b"/lib/b.so".to_vec()]);
     }
 
     /// Samples followed by a bad record: one pump copies the samples and

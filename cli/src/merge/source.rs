@@ -298,15 +298,18 @@ impl Source {
         Ok(())
     }
 
-    /// Write the off-CPU intervals, heap events, retirements and
+    /// Write the off-CPU intervals, retirements, heap events and
     /// Python-runtime marks the source placed before its sample number
-    /// `upto`, then define the modules that can be defined.
+    /// `upto`, in the order the recorder writes a tick's records, then define
+    /// the modules that can be defined.
     ///
-    /// The intervals and heap events go first, after the modules that can be
-    /// defined already: their stacks were taken while their modules were
-    /// loaded (the recorder writes a tick's module changes before its heap
-    /// events), and a frame first mapped after its module's retirement (or
-    /// before its definition) loses its module and becomes an address.
+    /// A tick writes its off-CPU intervals (stacks taken while their modules
+    /// were loaded) before its module changes, and its heap events (stacks
+    /// resolved against the modules as they are after the changes) after
+    /// them: so the intervals go before the retirements, and the heap events
+    /// after the retirements and the definitions they allow (a library loaded
+    /// over a retired one's range). A frame first mapped while its module is
+    /// not active in the output loses its module and becomes an address.
     pub(super) fn apply_events(
         &mut self,
         upto: u64,
@@ -330,6 +333,19 @@ impl Source {
                 Err(e) => return Err(e),
             }
         }
+        let defs = self.tail.definitions();
+        while let Some(d) = defs.deactivations().get(self.deactivations_done) {
+            if d.samples_before > upto {
+                break;
+            }
+            self.deactivations_done += 1;
+            let idx = d.module.index();
+            if let ModState::Defined(id) = self.modules[idx] {
+                release_module(id, out, sh).map_err(MergeError::Output)?;
+            }
+            self.modules[idx] = ModState::Retired;
+        }
+        self.define_pending_modules(out, sh)?;
         while let Some(h) = self.heap.front().copied() {
             if h.samples_before > upto {
                 break;
@@ -347,17 +363,6 @@ impl Source {
             }
         }
         let defs = self.tail.definitions();
-        while let Some(d) = defs.deactivations().get(self.deactivations_done) {
-            if d.samples_before > upto {
-                break;
-            }
-            self.deactivations_done += 1;
-            let idx = d.module.index();
-            if let ModState::Defined(id) = self.modules[idx] {
-                release_module(id, out, sh).map_err(MergeError::Output)?;
-            }
-            self.modules[idx] = ModState::Retired;
-        }
         while let Some(p) = defs.python_runtime_events().get(self.python_done) {
             if p.samples_before > upto {
                 break;
