@@ -1056,13 +1056,14 @@ fn a_shared_library_loaded_later_samples() {
         assert!(memsz <= 256, "{}: a TLS segment of {memsz} bytes", lib.display());
     }
     let path = std::ffi::CString::new(lib.as_os_str().as_encoded_bytes()).unwrap();
-    // SAFETY: loads the example library (its initialisers are Rust's own);
-    // never closed.
+    // (Never closed.)
+    // SAFETY: loads the example library, whose initialisers are Rust's own.
     let handle = unsafe { libc::dlopen(path.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
-    assert!(!handle.is_null(), "dlopen {}: {:?}", lib.display(), unsafe {
-        // SAFETY: dlerror's message, read at once.
-        std::ffi::CStr::from_ptr(libc::dlerror())
-    });
+    if handle.is_null() {
+        // SAFETY: dlopen failed just above, so dlerror's message is there; read at once.
+        let why = unsafe { std::ffi::CStr::from_ptr(libc::dlerror()) };
+        panic!("dlopen {}: {why:?}", lib.display());
+    }
     // SAFETY: a symbol of the handle above.
     let sym = unsafe { libc::dlsym(handle, c"spulse_heap_dylib_churn".as_ptr()) };
     assert!(!sym.is_null(), "spulse_heap_dylib_churn not found");

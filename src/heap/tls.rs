@@ -120,8 +120,8 @@ pub(crate) mod slot {
     #[inline(always)]
     pub(crate) fn offset() -> isize {
         let off: isize;
-        // SAFETY: loads the symbol's TLS offset from its GOT entry (filled by
-        // the loader before any code runs, or made a constant by the linker).
+        // (The GOT entry is filled by the loader before any code runs, or made a constant by the linker.)
+        // SAFETY: loads the symbol's TLS offset from its GOT entry; no other effect.
         unsafe {
             std::arch::asm!(
                 "mov {off}, qword ptr [rip + spulse_heap_bytes_left_{key}_in_a_rust_dylib_build_with_cfg_spulse_no_tls_slot@GOTTPOFF]",
@@ -151,11 +151,11 @@ pub(crate) fn with_left<R>(f: impl FnOnce(&Cell<i64>) -> R) -> R {
         not(spulse_no_tls_slot)
     ))]
     {
-        // SAFETY: `slot::cell` is this thread's count, an `i64` in its static
-        // TLS block that lives as long as the thread and that only this
-        // thread touches: through `Cell`s like this one (never borrowed, so
-        // a `Cell` allows the fast path's writes through another pointer
-        // meanwhile), the fast path's `asm!` and `sub`.
+        // The count lives as long as the thread and only this thread touches
+        // it: through `Cell`s like this one (never borrowed, so a `Cell`
+        // allows the fast path's writes through another pointer meanwhile),
+        // the fast path's `asm!` and `sub`.
+        // SAFETY: `slot::cell` is this thread's count, an `i64` in its static TLS block (see above).
         f(unsafe { &*(slot::cell() as *const Cell<i64>) })
     }
     #[cfg(not(all(
@@ -188,8 +188,7 @@ pub(crate) fn try_sub(copy: &OffsetCopy, size: usize) -> Option<i64> {
         return Some(unsafe { sub(slot::offset(), size) });
     }
     let off = copy.get();
-    // SAFETY: a nonzero `OffsetCopy` is the count's offset from the thread
-    // pointer in every thread (`learn`, `OffsetCopy::refresh`).
+    // SAFETY: a nonzero `OffsetCopy` is the count's offset from the thread pointer in every thread (`learn`, `OffsetCopy::refresh`).
     (off != 0).then(|| unsafe { sub(off, size) })
 }
 

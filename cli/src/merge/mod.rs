@@ -224,6 +224,17 @@ mod tests {
         NewModule { pid, start: 0x1000, size: 0x1000, file_offset: 0, generation: 0, path, build_id: b"" }
     }
 
+    /// A source spool of pid 7 at `path` with library a, a thread and a
+    /// stack of one frame in a.
+    fn with_a(path: &Path) -> (SpoolWriter<File>, spulse::ModuleId, spulse::ThreadId, spulse::StackId) {
+        let mut w = SpoolWriter::new(File::create(path).unwrap(), HDR).unwrap();
+        let a = w.define_module(&module(7, b"/lib/a.so")).unwrap();
+        let th = w.define_thread(7, 7, "main").unwrap();
+        let fa = w.define_frame(Frame::Module { module: a, file_relative: 0x10 }).unwrap();
+        let sa = w.define_stack(None, fa).unwrap();
+        (w, a, th, sa)
+    }
+
     fn output(dir: &Path) -> (PathBuf, SpoolWriter<File>) {
         let p = dir.join("out.spool");
         (p.clone(), SpoolWriter::new(File::create(&p).unwrap(), HDR).unwrap())
@@ -236,11 +247,7 @@ mod tests {
     fn retirement_and_reuse_of_a_range_keep_their_order() {
         let dir = tempfile::tempdir().unwrap();
         let src = dir.path().join("7.1.spool");
-        let mut w = SpoolWriter::new(File::create(&src).unwrap(), HDR).unwrap();
-        let a = w.define_module(&module(7, b"/lib/a.so")).unwrap();
-        let th = w.define_thread(7, 7, "main").unwrap();
-        let fa = w.define_frame(Frame::Module { module: a, file_relative: 0x10 }).unwrap();
-        let sa = w.define_stack(None, fa).unwrap();
+        let (mut w, a, th, sa) = with_a(&src);
         w.sample(1_000_100, th, sa).unwrap();
         w.deactivate_module(a).unwrap();
         let b = w.define_module(&module(7, b"/lib/b.so")).unwrap();
@@ -279,11 +286,7 @@ mod tests {
     fn events_beside_a_retirement_keep_their_modules() {
         let dir = tempfile::tempdir().unwrap();
         let src = dir.path().join("7.1.spool");
-        let mut w = SpoolWriter::new(File::create(&src).unwrap(), HDR).unwrap();
-        let a = w.define_module(&module(7, b"/lib/a.so")).unwrap();
-        let th = w.define_thread(7, 7, "main").unwrap();
-        let fa = w.define_frame(Frame::Module { module: a, file_relative: 0x10 }).unwrap();
-        let sa = w.define_stack(None, fa).unwrap();
+        let (mut w, a, th, sa) = with_a(&src);
         w.sample(1_000_010, th, sa).unwrap();
         w.off_cpu(th, sa, 1_000_020, 30, false).unwrap();
         w.deactivate_module(a).unwrap();
@@ -322,11 +325,7 @@ mod tests {
     fn one_pump_reports_a_bad_record_after_samples() {
         let dir = tempfile::tempdir().unwrap();
         let src = dir.path().join("7.1.spool");
-        let mut w = SpoolWriter::new(File::create(&src).unwrap(), HDR).unwrap();
-        let a = w.define_module(&module(7, b"/lib/a.so")).unwrap();
-        let th = w.define_thread(7, 7, "main").unwrap();
-        let fa = w.define_frame(Frame::Module { module: a, file_relative: 0x10 }).unwrap();
-        let sa = w.define_stack(None, fa).unwrap();
+        let (mut w, _, th, sa) = with_a(&src);
         w.sample(1_000_100, th, sa).unwrap();
         w.flush().unwrap();
         drop(w);
