@@ -820,7 +820,10 @@ fn heap_events_in_the_spool() {
     let path = dir.path().join("heap.spool");
     let guard = spulse::Recorder::builder().heap_events(true).start(&path).unwrap();
     let (tid, kept) = std::thread::spawn(|| {
-        let mut kept = Vec::new();
+        // Room for every block first: a buffer that grows within the kept
+        // function frees its old one there (an event of that function's if
+        // it was sampled).
+        let mut kept = Vec::with_capacity(32 * MB / (64 << 10));
         heap_events_kept(&mut kept);
         heap_events_freed();
         // SAFETY: no arguments.

@@ -150,7 +150,10 @@ fn firefox_draws_heap_events_as_native_allocations() {
     // heap events (the selections below).
     burn_thread_cpu(std::time::Duration::from_millis(60));
     let kept = std::thread::spawn(|| {
-        let mut kept = Vec::new();
+        // Room for every block first: a buffer that grows within the kept
+        // function frees its old one there (an event of that function's if
+        // it was sampled).
+        let mut kept = Vec::with_capacity((32 * MB / (64 << 10)) as usize);
         heap_site_kept(&mut kept);
         heap_site_freed();
         kept
