@@ -15,7 +15,10 @@
 //!    recording: the spool names it, and `spulse top`/`export` read its symbols.
 //!    If no cache directory can be used, the copy goes to a private temporary
 //!    directory removed after the recording (with a warning: frames inside the
-//!    library cannot be symbolized afterwards).
+//!    library cannot be symbolized afterwards). Root, unless it set
+//!    `XDG_CACHE_HOME`, uses `/var/cache/spulse/preload-<hash>/` first, which
+//!    every user can read (see [`PUBLIC_CACHE`]: a process that switches from
+//!    root to another user loads the library as that user).
 //!
 //! The dynamic loader splits `LD_PRELOAD` at spaces and colons, so a path
 //! holding either would name other files (`/tmp/my cache/...` loads
@@ -70,10 +73,17 @@ pub fn locate(embedded: &[u8]) -> Result<(PathBuf, Option<tempfile::TempDir>), C
             candidates.iter().map(|c| c.display().to_string()).collect::<Vec<_>>().join(", ")
         )));
     }
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 && std::env::var_os("XDG_CACHE_HOME").is_none() {
+        let dir = Path::new(PUBLIC_CACHE).join(format!("preload-{:016x}", hash(embedded)));
+        if let Ok(p) = install_verified(&dir, embedded, Reach::Everyone) {
+            return Ok((p, None));
+        }
+    }
     match cache_base() {
         Some(base) => {
             let dir = base.join("spulse").join(format!("preload-{:016x}", hash(embedded)));
-            match preloadable(&dir).and_then(|()| install_verified(&dir, embedded)) {
+            match preloadable(&dir).and_then(|()| install_verified(&dir, embedded, Reach::Owner)) {
                 Ok(p) => return Ok((p, None)),
                 Err(e) => eprintln!(
                     "spulse: warning: cannot use the cache directory {}: {e}; the preload library goes \
@@ -108,7 +118,7 @@ fn install_in_temp_dir(embedded: &[u8]) -> Result<(PathBuf, tempfile::TempDir), 
             CliError::other(format!("cannot create a directory for {LIB_NAME} in {}: {e}", base.display()))
         })?;
     preloadable(tmp.path()).map_err(|why| CliError::other(format!("{}: {why}", tmp.path().display())))?;
-    let p = install_verified(tmp.path(), embedded)
+    let p = install_verified(tmp.path(), embedded, Reach::Owner)
         .map_err(|e| CliError::other(format!("{}: {e}", tmp.path().display())))?;
     Ok((p, tmp))
 }
@@ -159,10 +169,35 @@ fn hash(bytes: &[u8]) -> u64 {
     h ^ bytes.len() as u64
 }
 
-/// Make `dir` (mode 0700, checked), and `dir/LIB_NAME` holding exactly `bytes`.
-fn install_verified(dir: &Path, bytes: &[u8]) -> std::io::Result<PathBuf> {
+/// Root's copy of the library when root has not chosen a cache
+/// (`XDG_CACHE_HOME`): `/var/cache/spulse/preload-<hash>/`, which every user
+/// can read, since a process of the recorded tree that switches from root
+/// to another user (a daemon dropping root, `su`, `setpriv`) loads it as
+/// that user. Under root's own `~/.cache` (mode 0700 above it) the loader
+/// refused it, printing "cannot be preloaded" on the program's stderr, and
+/// the process went unrecorded. Used only if it and every directory above
+/// it are root's and writable by root alone; otherwise root's `~/.cache`.
+const PUBLIC_CACHE: &str = "/var/cache/spulse";
+
+/// Who may read the copy [`install_verified`] makes.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Reach {
+    /// This user only: directory 0700, file 0500.
+    Owner,
+    /// Everyone (root's [`PUBLIC_CACHE`]): directories 0755, file 0555, and
+    /// every directory above writable by root alone.
+    Everyone,
+}
+
+/// Make `dir` (mode 0700, checked; 0755 for [`Reach::Everyone`]), and
+/// `dir/LIB_NAME` holding exactly `bytes`.
+fn install_verified(dir: &Path, bytes: &[u8], reach: Reach) -> std::io::Result<PathBuf> {
     let bad = |what: String| std::io::Error::other(what);
-    match std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir) {
+    let (dir_mode, file_mode) = match reach {
+        Reach::Owner => (0o700, 0o500),
+        Reach::Everyone => (0o755, 0o555),
+    };
+    match std::fs::DirBuilder::new().recursive(true).mode(dir_mode).create(dir) {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
         Err(e) => return Err(e),
@@ -176,22 +211,60 @@ fn install_verified(dir: &Path, bytes: &[u8]) -> std::io::Result<PathBuf> {
     if m.uid() != uid {
         return Err(bad(format!("owned by uid {}, not by this user ({uid})", m.uid())));
     }
-    if m.mode() & 0o077 != 0 {
-        return Err(bad(format!("mode {:o}: group or others have access (must be 0700)", m.mode() & 0o777)));
+    match reach {
+        Reach::Owner if m.mode() & 0o077 != 0 => {
+            return Err(bad(format!(
+                "mode {:o}: group or others have access (must be 0700)",
+                m.mode() & 0o777
+            )))
+        }
+        Reach::Owner => {}
+        Reach::Everyone => {
+            // (A umask may have taken the others' bits from what was made.)
+            if m.mode() & 0o777 != 0o755 {
+                std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755))?;
+            }
+            open_to_all_and_root_only(dir)?;
+        }
     }
     let path = dir.join(LIB_NAME);
-    if same_bytes(&path, bytes, uid)? {
+    let readable = |p: &Path| {
+        reach == Reach::Owner || std::fs::symlink_metadata(p).is_ok_and(|m| m.mode() & 0o777 == file_mode)
+    };
+    if same_bytes(&path, bytes, uid)? && readable(&path) {
         return Ok(path);
     }
     let mut tmp = tempfile::Builder::new().prefix(".lib-").tempfile_in(dir)?;
     tmp.write_all(bytes)?;
-    tmp.as_file().set_permissions(std::fs::Permissions::from_mode(0o500))?;
+    tmp.as_file().set_permissions(std::fs::Permissions::from_mode(file_mode))?;
     tmp.as_file().sync_all()?;
     tmp.persist(&path).map_err(|e| e.error)?;
-    if !same_bytes(&path, bytes, uid)? {
+    if !same_bytes(&path, bytes, uid)? || !readable(&path) {
         return Err(bad(format!("{} does not hold what was just written", path.display())));
     }
     Ok(path)
+}
+
+/// `Ok` when `dir` and every directory above it are root's, writable by
+/// root alone and open to everyone (a `PUBLIC_CACHE` made under a
+/// `/var/cache` another user may write would be theirs to replace). The
+/// cache's own `spulse` directory, made by the first run with the umask, is
+/// opened to everyone here.
+fn open_to_all_and_root_only(dir: &Path) -> std::io::Result<()> {
+    for (i, d) in dir.ancestors().enumerate() {
+        let mut m = std::fs::symlink_metadata(d)?;
+        if i == 1 && m.uid() == 0 && m.is_dir() && m.mode() & 0o755 != 0o755 && d == Path::new(PUBLIC_CACHE) {
+            std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o755))?;
+            m = std::fs::symlink_metadata(d)?;
+        }
+        if !m.is_dir() || m.uid() != 0 || m.mode() & 0o022 != 0 || m.mode() & 0o001 == 0 {
+            return Err(std::io::Error::other(format!(
+                "{}: not a directory of root's that only root may write and everyone may enter",
+                d.display()
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// Whether `path` is a regular file owned by `uid` holding exactly `bytes`
@@ -226,17 +299,17 @@ mod tests {
         let base = tempfile::tempdir().unwrap();
         let dir = base.path().join("spulse/preload-x");
         let bytes = b"\x7fELF not really a library".to_vec();
-        let p = install_verified(&dir, &bytes).unwrap();
+        let p = install_verified(&dir, &bytes, Reach::Owner).unwrap();
         assert_eq!(std::fs::read(&p).unwrap(), bytes);
         assert_eq!(std::fs::metadata(&dir).unwrap().mode() & 0o777, 0o700);
         // A changed copy is replaced, not used.
         std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
         std::fs::write(&p, b"\x7fELF tampered").unwrap();
-        let p2 = install_verified(&dir, &bytes).unwrap();
+        let p2 = install_verified(&dir, &bytes, Reach::Owner).unwrap();
         assert_eq!(std::fs::read(&p2).unwrap(), bytes);
         // A directory others can write to is refused.
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
-        let e = install_verified(&dir, &bytes).unwrap_err();
+        let e = install_verified(&dir, &bytes, Reach::Owner).unwrap_err();
         assert!(e.to_string().contains("mode 777"), "{e}");
         // So is a symlink in the directory's place.
         let real = base.path().join("elsewhere");
@@ -244,7 +317,7 @@ mod tests {
         std::fs::set_permissions(&real, std::fs::Permissions::from_mode(0o700)).unwrap();
         let link = base.path().join("spulse/preload-y");
         std::os::unix::fs::symlink(&real, &link).unwrap();
-        let e = install_verified(&link, &bytes).unwrap_err();
+        let e = install_verified(&link, &bytes, Reach::Owner).unwrap_err();
         assert!(e.to_string().contains("not a directory"), "{e}");
     }
 

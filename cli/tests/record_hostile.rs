@@ -214,7 +214,22 @@ fn record(cwd: &Path, tmpdir: &Path, args: &[&OsStr]) -> Command {
     c
 }
 
+/// The collectors' private directories in `tmpdir` (not their `.users`
+/// siblings: see [`users_dirs`]).
 fn handoff_dirs(tmpdir: &Path) -> Vec<PathBuf> {
+    spulse_rec_entries(tmpdir)
+        .into_iter()
+        .filter(|p| !p.as_os_str().as_bytes().ends_with(b".users"))
+        .collect()
+}
+
+/// The `.users` directories a collector running as root makes beside its
+/// private directory.
+fn users_dirs(tmpdir: &Path) -> Vec<PathBuf> {
+    spulse_rec_entries(tmpdir).into_iter().filter(|p| p.as_os_str().as_bytes().ends_with(b".users")).collect()
+}
+
+fn spulse_rec_entries(tmpdir: &Path) -> Vec<PathBuf> {
     std::fs::read_dir(tmpdir)
         .unwrap()
         .map(|e| e.unwrap().path())
@@ -390,10 +405,34 @@ fn a_full_tmpdir_gives_one_warning_with_a_reason_and_exit_1() {
     assert!(err.contains("nothing was recorded"), "{err}");
 }
 
-/// A process that switches to another user cannot write the private
-/// directory: it says so on stderr rather than going silently unrecorded.
+/// User-mode samples of the threads named `name` in the spool `out`.
+fn user_samples_named(out: &Path, name: &str) -> u64 {
+    let s = spulse::Snapshot::open(out).expect("the output is a valid spool");
+    let d = s.definitions();
+    s.samples()
+        .filter(|smp| d.thread(smp.thread).name == name)
+        .filter(|smp| {
+            !matches!(d.frame(d.stack(smp.stack).frame), spulse::Frame::Absolute { kernel: true, .. })
+        })
+        .count() as u64
+}
+
+/// What a recorded program's stderr must never hold: the recorder's word on
+/// a process it could not record, or the loader's on a library it could
+/// not load.
+fn assert_program_stderr_is_its_own(err: &str) {
+    assert!(!err.contains("not recording"), "the recorder spoke on the program's stderr: {err}");
+    assert!(!err.contains("cannot be preloaded"), "the loader could not load the library: {err}");
+}
+
+/// A process that switches from root to another user (groups, then group,
+/// then user, as a daemon drops root), forks, and execs a program that
+/// burns 0.2 s of CPU: the program is recorded, its samples in the output,
+/// and nothing is said on its stderr. Before, the collector's directory
+/// (0700, root's) was closed to it: it was not recorded and said so on the
+/// program's stderr, once per process.
 #[test]
-fn a_process_that_switches_user_says_why_it_is_not_recorded() {
+fn a_process_that_switches_user_is_recorded_and_says_nothing() {
     if !as_root("switching user needs root") {
         return;
     }
@@ -405,30 +444,33 @@ fn a_process_that_switches_user_says_why_it_is_not_recorded() {
     std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     let out = tmp.path().join("o.spool");
     let mut c = record(tmp.path(), tmp.path(), &["-o".as_ref(), out.as_os_str(), "--".as_ref()]);
-    // Groups, then group, then user, as a daemon drops root (setpriv sets the
-    // user first and keeps its capabilities for the calling thread only: with
-    // the recorder's thread in the process, glibc aborts on the group change;
-    // see the report of issue 26).
+    // (setpriv sets the user first and keeps its capabilities for the calling
+    // thread only: see `setpriv_dropping_root_is_recorded`.)
     let switch = "import os, sys; os.setgroups([]); os.setgid(65534); os.setuid(65534); \
-                  os.execv(sys.argv[1], sys.argv[1:])";
+                  pid = os.fork(); \
+                  pid or os.execv(sys.argv[1], sys.argv[1:]); \
+                  sys.exit(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))";
     c.args(["python3", "-c", switch]).arg(&exe).args(["burn", "0.2"]);
     let o = run_bounded(c, Duration::from_secs(60));
     let err = stderr(&o);
     assert!(o.status.success(), "{err}");
-    assert!(
-        err.contains("not recording process") && err.contains("switched to another user"),
-        "the switched process says why: {err}"
-    );
+    assert_program_stderr_is_its_own(&err);
+    // 0.2 s of CPU at the default 999 Hz: about 200 user samples; at least
+    // half (the program's start is not sampled, a busy machine delays).
+    let got = user_samples_named(&out, "victim");
+    assert!(got >= 100, "{got} samples of the program run as user 65534: {err}");
+    // Nothing of the directories is left.
+    assert_eq!(spulse_rec_entries(tmp.path()), Vec::<PathBuf>::new());
 }
 
 /// `setpriv` keeps capabilities for its calling thread only while it changes
 /// user, then changes group: the C library makes each change in every thread
 /// and aborts the process when one is refused, as the recorder's writer was
-/// (SIGABRT, exit 134, under `spulse record` only). Now it runs as
-/// unrecorded, and the command it starts as another user says why it is
-/// not recorded.
+/// (SIGABRT, exit 134, under `spulse record` only). Now its recording is
+/// finished around those calls, and the command it starts as another user
+/// is recorded, saying nothing on its stderr.
 #[test]
-fn setpriv_dropping_root_is_not_aborted() {
+fn setpriv_dropping_root_is_recorded() {
     if !as_root("switching user needs root") {
         return;
     }
@@ -440,11 +482,112 @@ fn setpriv_dropping_root_is_not_aborted() {
     std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     let out = tmp.path().join("o.spool");
     let mut c = record(tmp.path(), tmp.path(), &["-o".as_ref(), out.as_os_str(), "--".as_ref()]);
-    c.args(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]).arg(&exe).args(["burn", "0.1"]);
+    c.args(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]).arg(&exe).args(["burn", "0.2"]);
     let o = run_bounded(c, Duration::from_secs(60));
     let err = stderr(&o);
-    assert_eq!(o.status.code(), Some(0), "setpriv and its command end as unrecorded: {err}");
-    assert!(err.contains("not recording process"), "the command run as another user says why: {err}");
+    assert_eq!(o.status.code(), Some(0), "setpriv and its command end well: {err}");
+    assert_program_stderr_is_its_own(&err);
+    let got = user_samples_named(&out, "victim");
+    assert!(got >= 100, "{got} samples of the program setpriv ran as user 65534: {err}");
+}
+
+/// Root's installed `spulse` (the library from the copy inside the binary,
+/// no `XDG_CACHE_HOME`) writes the library where every user can load it,
+/// `/var/cache/spulse/preload-<hash>/` (root's, mode 0755/0555): a command
+/// run as another user by `setpriv` is recorded, and the loader says
+/// nothing on its stderr. Under root's `~/.cache` (0700) the loader printed
+/// "cannot be preloaded" there and the command went unrecorded.
+#[test]
+fn roots_library_copy_is_loadable_by_the_users_root_switches_to() {
+    if !as_root("switching user needs root") {
+        return;
+    }
+    if !oracle("setpriv", &["setpriv", "--version"], "util-linux") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let exe = victim(tmp.path());
+    std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    // Alone in its directory, so the embedded copy is used (not target/'s deps/).
+    let bin = tmp.path().join("spulse");
+    if std::fs::hard_link(env!("CARGO_BIN_EXE_spulse"), &bin).is_err() {
+        std::fs::copy(env!("CARGO_BIN_EXE_spulse"), &bin).unwrap();
+    }
+    let out = tmp.path().join("o.spool");
+    let mut c = Command::new(&bin);
+    c.current_dir(tmp.path())
+        .env("TMPDIR", tmp.path())
+        .env("HOME", tmp.path().join("home"))
+        .env_remove("XDG_CACHE_HOME")
+        .env_remove("SPULSE_PRELOAD_LIB")
+        .args(["record", "-o"])
+        .arg(&out)
+        .args(["--", "setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(&exe)
+        .args(["burn", "0.2"]);
+    let o = run_bounded(c, Duration::from_secs(60));
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(0), "{err}");
+    assert_program_stderr_is_its_own(&err);
+    let got = user_samples_named(&out, "victim");
+    assert!(got >= 100, "{got} samples of the program setpriv ran as user 65534: {err}");
+    // The copy is root's public one, not under HOME.
+    let home_copies = std::fs::read_dir(tmp.path().join("home/.cache/spulse"))
+        .map(|rd| rd.flatten().filter(|e| e.file_name().to_string_lossy().starts_with("preload-")).count())
+        .unwrap_or(0);
+    assert_eq!(home_copies, 0, "the library went under HOME");
+    let copies: Vec<PathBuf> = std::fs::read_dir("/var/cache/spulse")
+        .unwrap()
+        .map(|e| e.unwrap().path().join("libspulse_preload.so"))
+        .filter(|p| p.is_file())
+        .collect();
+    assert!(!copies.is_empty(), "no copy in /var/cache/spulse");
+    for p in copies {
+        let m = std::fs::metadata(&p).unwrap();
+        assert_eq!((m.uid(), m.mode() & 0o777), (0, 0o555), "{}", p.display());
+    }
+}
+
+/// A program that clears its environment and then forks (Python's
+/// `os.environ.clear()`): the child is recorded into the output like any
+/// other, and no file appears in the program's working directory. Before,
+/// the child, finding no `SPULSE_RECORD_DIR`, recorded itself into
+/// `spulse-<pid>.spool` there, as a library preloaded by hand does.
+#[test]
+fn a_program_clearing_its_environment_before_a_fork_gets_no_files() {
+    if !oracle("python3", &["python3", "-c", "import os"], "python3") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let cwd = tmp.path().join("cwd");
+    std::fs::create_dir(&cwd).unwrap();
+    let out = tmp.path().join("o.spool");
+    let mut c = record(&cwd, tmp.path(), &["-o".as_ref(), out.as_os_str(), "--".as_ref()]);
+    // The child burns 0.2 s of CPU in Python (reading the clock every
+    // millisecond or so: where the clock is a system call, a tighter loop
+    // spends most of its time in the kernel) and ends with `_exit`.
+    let script = "import os, sys, time; os.environ.clear(); pid = os.fork()\n\
+                  if pid == 0:\n\
+                  \x20   t = time.process_time()\n\
+                  \x20   while time.process_time() - t < 0.2: sum(range(50000))\n\
+                  \x20   os._exit(0)\n\
+                  sys.exit(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))";
+    c.args(["python3", "-c", script]);
+    let o = run_bounded(c, Duration::from_secs(60));
+    let err = stderr(&o);
+    assert!(o.status.success(), "{err}");
+    let left: Vec<_> = std::fs::read_dir(&cwd).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert!(left.is_empty(), "files in the program's working directory: {left:?}");
+    // 0.2 s at the default 999 Hz: about 200 user samples in the child.
+    let s = spulse::Snapshot::open(&out).unwrap();
+    let d = s.definitions();
+    let mut by_pid: std::collections::HashMap<u32, u64> = Default::default();
+    for smp in s.samples() {
+        if !matches!(d.frame(d.stack(smp.stack).frame), spulse::Frame::Absolute { kernel: true, .. }) {
+            *by_pid.entry(d.thread(smp.thread).pid).or_default() += 1;
+        }
+    }
+    assert!(by_pid.values().any(|&n| n >= 100), "the forked child's samples are missing: {by_pid:?}; {err}");
 }
 
 /// `setuid` from a signal handler (async-signal-safe by POSIX) while the
@@ -913,6 +1056,9 @@ fn a_killed_collector_leaves_a_directory_the_next_run_removes() {
     let loop_pid: i32 = std::fs::read_to_string(&pidfile).unwrap().trim().parse().unwrap();
     let dirs = handoff_dirs(tmp.path());
     assert_eq!(dirs.len(), 1, "the killed collector's directory is left");
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    assert_eq!(users_dirs(tmp.path()).len(), usize::from(root), "root's collector makes a .users directory");
     // New processes' spools (a process already recording may still add its
     // `.warnings` beside its spool: the shell's loop switches context often
     // enough for its recorder to change engine and say so).
@@ -936,7 +1082,7 @@ fn a_killed_collector_leaves_a_directory_the_next_run_removes() {
     let o = run_bounded(c, Duration::from_secs(60));
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(!dirs[0].exists(), "the next run removed the stale directory");
-    let _ = std::fs::metadata(tmp.path()).map(|m| m.uid());
+    assert_eq!(users_dirs(tmp.path()), Vec::<PathBuf>::new(), "and its .users directory");
 }
 
 /// A program that lowers `RLIMIT_FSIZE` to 0, runs threads, forks a child

@@ -77,7 +77,7 @@ pub(crate) fn note() {
 }
 
 /// `v` in decimal into `buf` from `at`; the index after it.
-fn put(buf: &mut [u8], at: usize, v: u64) -> usize {
+pub(crate) fn put(buf: &mut [u8], at: usize, v: u64) -> usize {
     let mut digits = [0u8; 20];
     let (mut i, mut v) = (0, v);
     loop {
@@ -98,12 +98,12 @@ fn put(buf: &mut [u8], at: usize, v: u64) -> usize {
 /// image before it noted at its `exec`, if this process exec'd under
 /// `spulse record`; the note is removed.
 pub(crate) fn take_earlier(user: u64, sys: u64) -> (u64, u64) {
-    let Some(dir) = std::env::var_os("SPULSE_RECORD_DIR").filter(|d| !d.is_empty()) else {
+    let Some(dir) = crate::handoff::dir().and_then(|d| crate::handoff::own_dir(d).ok()) else {
         return (user, sys);
     };
     // SAFETY: getpid has no preconditions.
     let pid = unsafe { libc::getpid() };
-    let path = std::path::Path::new(&dir).join(format!("{pid}.cpu-at-exec"));
+    let path = dir.join(format!("{pid}.cpu-at-exec"));
     let Ok(meta) = std::fs::symlink_metadata(&path) else { return (user, sys) };
     if !meta.is_file() || meta.len() > 64 {
         return (user, sys);

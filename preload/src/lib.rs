@@ -60,10 +60,13 @@
 //! warning of a recorder (`RecorderBuilder::on_warning`) is appended to
 //! `<pid>.<ns>.warnings` as it is found, one a line, which the collector
 //! prints while the command runs; at exit `<pid>.<ns>.stats` holds the
-//! counts and every warning again.
+//! counts and every warning again. A process that switched from root to
+//! another user writes them into that user's directory beside the
+//! collector's instead (`handoff.rs`).
 
 mod exec_cpu;
 mod exits;
+mod handoff;
 mod namespaces;
 mod seccomp;
 mod setxid;
@@ -153,6 +156,7 @@ extern "C" fn init() {
     // Before anything else: the interposed `exec` functions need them even
     // where this library records nothing.
     exits::resolve();
+    handoff::init();
     namespaces::resolve();
     setxid::resolve();
     seccomp::resolve();
@@ -213,7 +217,7 @@ fn finish_recording_because(why: &str) {
         Err(p) => p.into_inner().as_ref().map(|g| g.path().to_path_buf()),
     };
     if let Some(path) = path {
-        if std::env::var_os("SPULSE_RECORD_DIR").is_some_and(|d| !d.is_empty()) {
+        if handoff::dir().is_some() {
             append_warning(&path.with_extension("warnings"), why);
         } else {
             let _ = writeln!(std::io::stderr(), "spulse: {why}");
@@ -239,7 +243,7 @@ fn finish_recording_now() {
         let stats_path = g.path().with_extension("stats");
         // A failure here has nobody to report to but stderr, and the program
         // is exiting with its own status: the spool keeps what was flushed.
-        let collected = std::env::var_os("SPULSE_RECORD_DIR").is_some_and(|d| !d.is_empty());
+        let collected = handoff::dir().is_some();
         match g.finish() {
             // Under `spulse record`, the collector adds the lost samples to its
             // summary (and a failure's message to its warnings).
@@ -544,20 +548,20 @@ fn start_here_now() {
     }
     // SAFETY: getpid has no preconditions.
     let pid = unsafe { libc::getpid() } as u32;
-    let dir = std::env::var_os("SPULSE_RECORD_DIR").filter(|d| !d.is_empty()).map(PathBuf::from);
-    if let Some(dir) = &dir {
-        match collector_alive(dir) {
-            Ok(()) => {}
-            // The collector has ended (a daemon the command left behind
-            // forks or execs later): nobody reads a spool, and the program's
-            // stderr is its own. Nothing is said.
-            Err((_, true)) => return,
-            Err((why, false)) => {
-                let _ = writeln!(std::io::stderr(), "spulse: not recording process {pid}: {why}");
-                return;
-            }
+    // (Read when this library loaded: see `handoff.rs`.)
+    let dir = match handoff::dir().map(handoff::own_dir) {
+        None => None,
+        Some(Ok(dir)) => Some(dir),
+        // The collector has ended (a daemon the command left behind forks or
+        // execs later), or this process switched to a user with no
+        // directory: nobody reads a spool, and the program's stderr is its
+        // own. Nothing is said.
+        Some(Err(None)) => return,
+        Some(Err(Some(why))) => {
+            let _ = writeln!(std::io::stderr(), "spulse: not recording process {pid}: {why}");
+            return;
         }
-    }
+    };
     if let Some(dir) = &dir {
         exec_cpu::set_note_path(&dir.join(format!("{pid}.cpu-at-exec")));
     }
@@ -614,46 +618,12 @@ fn start_here_now() {
             });
             // (Not when the collector ended meanwhile: nobody reads it, and
             // the program's stderr is its own.)
-            let gone = dir.as_ref().is_some_and(|d| matches!(collector_alive(d), Err((_, true))));
+            let gone = handoff::dir().is_some_and(|d| matches!(handoff::own_dir(d), Err(None)));
             if !told && !gone {
                 let _ = writeln!(std::io::stderr(), "spulse: not recording process {pid}: {e}");
             }
         }
     }
-}
-
-/// Under `spulse record`: `Ok` while the collector that made `dir` runs (it
-/// holds `flock(LOCK_EX)` on the directory); otherwise why this process is not
-/// recorded (the collector was killed, or this process cannot use the
-/// directory, say after switching to another user), and whether the
-/// collector is gone (its directory removed or no longer locked).
-fn collector_alive(dir: &Path) -> Result<(), (String, bool)> {
-    use std::os::fd::AsRawFd;
-    use std::os::unix::fs::OpenOptionsExt;
-    let d = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(dir)
-        .map_err(|e| {
-            let gone = e.kind() == std::io::ErrorKind::NotFound;
-            let why = format!(
-                "cannot use the directory of `spulse record`, {}: {e} (a process that switched to another user \
-                 cannot write it; one whose collector is gone finds it removed)",
-                dir.display()
-            );
-            (why, gone)
-        })?;
-    // SAFETY: flock on the descriptor `d` keeps open for the call.
-    let r = unsafe { libc::flock(d.as_raw_fd(), libc::LOCK_SH | libc::LOCK_NB) };
-    if r == 0 {
-        let why = format!(
-            "the `spulse record` that made {} is gone (the directory is no longer locked); the next \
-             `spulse record` removes it",
-            dir.display()
-        );
-        return Err((why, true));
-    }
-    Ok(())
 }
 
 /// `/etc/ld.so.preload`, read up to this many bytes (the loader's own list is

@@ -17,9 +17,13 @@
 //! straight on: every thread changes, the recording goes on. Where they
 //! differ, the recording is finished (its writer joined), the call made, and
 //! a new recording started (its writer a copy of the calling thread's
-//! credentials from then on; under `spulse record` one that can no longer
-//! write the collector's directory says so on stderr). A difference among
-//! the program's own threads is the program's: it aborts as unrecorded.
+//! credentials from then on; under `spulse record` it writes into the
+//! directory of its new user, see `handoff.rs`). A difference among the
+//! program's own threads is the program's: it aborts as unrecorded.
+//!
+//! Before a call that changes the effective user of a root process, the
+//! directory that user's recordings go to under a root `spulse record` is
+//! made (`handoff::prepare`).
 
 use std::ffi::{c_int, CStr};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -53,8 +57,13 @@ pub(crate) fn resolve() {
 /// Make `call` (which calls the C library's function number `i`), with the
 /// recording out of the way if the writer's capabilities differ from the
 /// calling thread's.
-fn around(i: usize, call: impl FnOnce(usize) -> c_int) -> c_int {
+fn around(i: usize, euid: Option<Id>, call: impl FnOnce(usize) -> c_int) -> c_int {
     let Some(p) = crate::exits::real(&REAL[i], NAMES[i]) else { return -1 };
+    if let Some(uid) = euid {
+        // Root about to become another user: a directory for that user's
+        // recordings (see `handoff.rs`).
+        crate::handoff::prepare(uid);
+    }
     if !crate::records_this_process() || writer_alike() {
         return call(p);
     }
@@ -98,11 +107,11 @@ fn caps(tid: i32) -> Option<[u32; 6]> {
 type Id = libc::uid_t;
 
 macro_rules! interpose {
-    ($i:expr, $name:ident($($arg:ident: $ty:ty),*)) => {
+    ($i:expr, $name:ident($($arg:ident: $ty:ty),*), $euid:expr) => {
         #[doc = concat!("`", stringify!($name), "`, as the C library's (see the module doc).")]
         #[no_mangle]
         pub extern "C" fn $name($($arg: $ty),*) -> c_int {
-            around($i, |p| {
+            around($i, $euid, |p| {
                 // SAFETY: the C library's function of this name and signature.
                 let f = unsafe { std::mem::transmute::<usize, extern "C" fn($($ty),*) -> c_int>(p) };
                 f($($arg),*)
@@ -111,14 +120,19 @@ macro_rules! interpose {
     };
 }
 
-interpose!(0, setuid(uid: Id));
-interpose!(1, setgid(gid: Id));
-interpose!(2, seteuid(uid: Id));
-interpose!(3, setegid(gid: Id));
-interpose!(4, setreuid(r: Id, e: Id));
-interpose!(5, setregid(r: Id, e: Id));
-interpose!(6, setresuid(r: Id, e: Id, s: Id));
-interpose!(7, setresgid(r: Id, e: Id, s: Id));
+/// The effective user a `set*uid` call asks for (`-1`: unchanged).
+fn asked(e: Id) -> Option<Id> {
+    (e != Id::MAX).then_some(e)
+}
+
+interpose!(0, setuid(uid: Id), asked(uid));
+interpose!(1, setgid(gid: Id), None);
+interpose!(2, seteuid(uid: Id), asked(uid));
+interpose!(3, setegid(gid: Id), None);
+interpose!(4, setreuid(r: Id, e: Id), asked(e));
+interpose!(5, setregid(r: Id, e: Id), None);
+interpose!(6, setresuid(r: Id, e: Id, s: Id), asked(e));
+interpose!(7, setresgid(r: Id, e: Id, s: Id), None);
 
 /// `setgroups`, as the C library's (see the module doc).
 ///
@@ -128,5 +142,5 @@ interpose!(7, setresgid(r: Id, e: Id, s: Id));
 pub unsafe extern "C" fn setgroups(size: libc::size_t, list: *const libc::gid_t) -> c_int {
     type SetGroups = unsafe extern "C" fn(libc::size_t, *const libc::gid_t) -> c_int;
     // SAFETY: `p` is the C library's `setgroups`, of this signature, called with the caller's `size` and `list` (its contract, passed on).
-    around(8, |p| unsafe { std::mem::transmute::<usize, SetGroups>(p)(size, list) })
+    around(8, None, |p| unsafe { std::mem::transmute::<usize, SetGroups>(p)(size, list) })
 }

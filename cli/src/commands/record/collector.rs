@@ -3,13 +3,12 @@
 //! finished when it ends or exec's (`tick`).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::ffi::OsString;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
 use spulse::SpoolWriter;
 
-use super::handoff::{check_entry, parse_name, read_new_lines};
+use super::handoff::{check_entry, parse_name, process_dirs, read_new_lines};
 use super::process::{alive, proc_starttime};
 use crate::merge::{MergeError, Source};
 
@@ -48,7 +47,7 @@ pub(super) struct Collector {
     /// By (pid, monotonic ns at the recorder's start): exec images of one pid in order.
     pub(super) entries: BTreeMap<(u32, u64), Entry>,
     pub(super) done: Vec<Done>,
-    pub(super) seen: HashSet<OsString>,
+    pub(super) seen: HashSet<PathBuf>,
     pub(super) live: LiveWarnings,
 }
 
@@ -69,17 +68,23 @@ pub(super) struct LiveWarnings {
 impl Collector {
     /// Pick up new spool files.
     pub(super) fn scan(&mut self) {
-        let Ok(rd) = std::fs::read_dir(&self.dir) else { return };
+        for dir in process_dirs(&self.dir) {
+            self.scan_dir(&dir);
+        }
+    }
+
+    fn scan_dir(&mut self, dir: &Path) {
+        let Ok(rd) = std::fs::read_dir(dir) else { return };
         for e in rd.flatten() {
-            let name = e.file_name();
-            if self.seen.contains(&name) {
+            let path = e.path();
+            if self.seen.contains(&path) {
                 continue;
             }
-            let Some((pid, ns)) = parse_name(&name, "spool") else { continue };
-            self.seen.insert(name);
-            let path = e.path();
-            // The directory is private (0700), but the recorded program is
-            // untrusted: only a regular file of ours is read.
+            let Some((pid, ns)) = parse_name(&e.file_name(), "spool") else { continue };
+            self.seen.insert(path.clone());
+            // The directory is private (0700, or a switched user's 0700),
+            // but the recorded program is untrusted: only a regular file of
+            // the directory's user is read.
             if let Err(why) = check_entry(&path) {
                 self.done.push(Done {
                     pid,

@@ -5,6 +5,7 @@
 //! files opened without following links or waiting on FIFOs.
 
 use std::fs::File;
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -38,6 +39,94 @@ pub(super) struct HandoffDir {
     pub(super) path: PathBuf,
     /// Holds the lock.
     _lock: File,
+    /// `<path>.users`, made by a collector running as root: see [`Users`].
+    users: Option<Users>,
+}
+
+/// The directories of processes that switched from root to another user
+/// (who cannot use the private directory): `<path>.users`, mode 0711 and
+/// ours, holding a `collector` file (0644: this process's pid and start
+/// time, which tell the switched processes, who cannot test the private
+/// directory's lock, whether the collector still runs; no descriptor is
+/// held for it, since the collector may run under `ulimit -n 8`) and a
+/// directory for each user, `<uid>`, mode 0700 and that user's, which a
+/// process of the tree made while still root (see the preload library's
+/// `handoff.rs`). Only the `<uid>` directories are read, and in each only
+/// that user's files. Removed with the private directory, and by
+/// `clean_stale_dirs` once that is gone.
+struct Users {
+    path: PathBuf,
+}
+
+impl Users {
+    fn create(private: &Path) -> Option<Users> {
+        use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+        let path = users_dir(private);
+        std::fs::DirBuilder::new().mode(0o700).create(&path).ok()?;
+        let made = (|| {
+            let me = super::process::proc_starttime(std::process::id())
+                .ok_or_else(|| std::io::Error::other("no start time in /proc/self/stat"))?;
+            let mut f = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o644)
+                .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+                .open(path.join("collector"))?;
+            f.set_permissions(std::fs::Permissions::from_mode(0o644))?;
+            std::io::Write::write_all(&mut f, format!("{} {me}\n", std::process::id()).as_bytes())?;
+            // Last: only now may other users enter.
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o711))
+        })();
+        match made {
+            Ok(()) => Some(Users { path }),
+            Err(_) => {
+                let _ = std::fs::remove_dir_all(&path);
+                None
+            }
+        }
+    }
+}
+
+/// `<private>.users`.
+fn users_dir(private: &Path) -> PathBuf {
+    let mut s = private.as_os_str().to_os_string();
+    s.push(".users");
+    PathBuf::from(s)
+}
+
+/// The directories the recorded processes write into: the private one, and
+/// each `<private>.users/<uid>` that is a real directory owned by `uid`.
+pub(super) fn process_dirs(private: &Path) -> Vec<PathBuf> {
+    use std::os::unix::fs::MetadataExt;
+    let mut dirs = vec![private.to_path_buf()];
+    let Ok(rd) = std::fs::read_dir(users_dir(private)) else { return dirs };
+    for e in rd.flatten() {
+        let Some(uid) = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else { continue };
+        let path = e.path();
+        if std::fs::symlink_metadata(&path).is_ok_and(|m| m.is_dir() && m.uid() == uid) {
+            dirs.push(path);
+        }
+    }
+    dirs
+}
+
+/// The user whose files `path` (in one of [`process_dirs`]) may be: the
+/// user named by its directory in `<private>.users`, if it owns that
+/// directory; this user otherwise.
+fn owner_of(path: &Path) -> u32 {
+    use std::os::unix::fs::MetadataExt;
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    (|| {
+        let parent = path.parent()?;
+        let uid: u32 = parent.file_name()?.to_str()?.parse().ok()?;
+        if !parent.parent()?.as_os_str().as_encoded_bytes().ends_with(b".users") {
+            return None;
+        }
+        let m = std::fs::symlink_metadata(parent).ok()?;
+        (m.is_dir() && m.uid() == uid).then_some(uid)
+    })()
+    .unwrap_or(me)
 }
 
 impl HandoffDir {
@@ -59,7 +148,12 @@ impl HandoffDir {
             Ok(lock)
         })();
         match made {
-            Ok(lock) => Ok(HandoffDir { path, _lock: lock }),
+            Ok(lock) => {
+                // SAFETY: geteuid has no preconditions.
+                let root = unsafe { libc::geteuid() } == 0;
+                let users = if root { Users::create(&path) } else { None };
+                Ok(HandoffDir { path, _lock: lock, users })
+            }
             Err(e) => {
                 let _ = std::fs::remove_dir_all(&path);
                 Err(fail(e))
@@ -70,6 +164,9 @@ impl HandoffDir {
 
 impl Drop for HandoffDir {
     fn drop(&mut self) {
+        if let Some(users) = &self.users {
+            let _ = std::fs::remove_dir_all(&users.path);
+        }
         let _ = std::fs::remove_dir_all(&self.path);
     }
 }
@@ -103,10 +200,23 @@ fn clean_stale_dirs(tmp: &Path) {
         if !m.is_dir() || m.uid() != me || !quiet {
             continue;
         }
+        if let Some(private) = path.as_os_str().as_bytes().strip_suffix(b".users") {
+            // A `.users` directory goes once its private directory has gone
+            // (a collector makes it after that one and removes it first).
+            let private = Path::new(std::ffi::OsStr::from_bytes(private));
+            if std::fs::symlink_metadata(private).is_err() {
+                let _ = std::fs::remove_dir_all(&path);
+            }
+            continue;
+        }
         let Ok(dir) = open_dir(&path) else { continue };
         let same = dir.metadata().is_ok_and(|d| d.dev() == m.dev() && d.ino() == m.ino());
         if same && rustix::fs::flock(&dir, rustix::fs::FlockOperation::NonBlockingLockExclusive).is_ok() {
             // remove_dir_all never follows symlinks inside.
+            let users = users_dir(&path);
+            if std::fs::symlink_metadata(&users).is_ok_and(|u| u.is_dir() && u.uid() == me) {
+                let _ = std::fs::remove_dir_all(&users);
+            }
             let _ = std::fs::remove_dir_all(&path);
         }
     }
@@ -115,13 +225,12 @@ fn clean_stale_dirs(tmp: &Path) {
 /// Largest `.error` or `.stats` file read from the private directory.
 const SMALL_FILE_MAX: u64 = 4096;
 
-/// Whether `path` (in the private directory) is a regular file of ours;
-/// otherwise what it is.
+/// Whether `path` (in one of [`process_dirs`]) is a regular file of the
+/// user it belongs to there ([`owner_of`]); otherwise what it is.
 pub(super) fn check_entry(path: &Path) -> Result<(), String> {
     use std::os::unix::fs::MetadataExt;
     let m = std::fs::symlink_metadata(path).map_err(|e| e.to_string())?;
-    // SAFETY: geteuid has no preconditions.
-    let me = unsafe { libc::geteuid() };
+    let me = owner_of(path);
     let t = m.file_type();
     if !t.is_file() {
         let what = if t.is_symlink() {
@@ -136,7 +245,7 @@ pub(super) fn check_entry(path: &Path) -> Result<(), String> {
         return Err(format!("it is {what}, not a regular file"));
     }
     if m.uid() != me {
-        return Err(format!("it belongs to user {}, not to this user", m.uid()));
+        return Err(format!("it belongs to user {}, not to user {me}", m.uid()));
     }
     Ok(())
 }
@@ -177,14 +286,13 @@ fn open_entry(path: &Path) -> Result<(File, std::fs::Metadata), Option<String>> 
         Err(e) => return Err(Some(e.to_string())),
     };
     let m = f.metadata().map_err(|e| Some(e.to_string()))?;
-    // SAFETY: geteuid has no preconditions.
-    let me = unsafe { libc::geteuid() };
+    let me = owner_of(path);
     if !m.file_type().is_file() {
         let what = if m.file_type().is_fifo() { "a FIFO" } else { "not a regular file" };
         return Err(Some(format!("it is {what}")));
     }
     if m.uid() != me {
-        return Err(Some(format!("it belongs to user {}, not to this user", m.uid())));
+        return Err(Some(format!("it belongs to user {}, not to user {me}", m.uid())));
     }
     Ok((f, m))
 }

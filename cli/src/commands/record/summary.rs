@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::path::Path;
 
 use super::collector::Collector;
-use super::handoff::{parse_name, read_small, warning_line};
+use super::handoff::{parse_name, process_dirs, read_small, warning_line};
 
 pub(super) struct Summary {
     pub(super) processes: usize,
@@ -135,7 +135,7 @@ impl Collector {
         // Processes that could not record, grouped by reason: a full
         // directory gives the same reason for every process of a big tree.
         let mut unrecorded: BTreeMap<String, Vec<u32>> = BTreeMap::new();
-        if let Ok(rd) = std::fs::read_dir(&self.dir) {
+        for rd in process_dirs(&self.dir).iter().filter_map(|d| std::fs::read_dir(d).ok()) {
             for e in rd.flatten() {
                 if let Some((pid, _)) = parse_name(&e.file_name(), "error") {
                     let why = match read_small(&e.path()) {
