@@ -74,7 +74,8 @@ pub fn locate(embedded: &[u8]) -> Result<(PathBuf, Option<tempfile::TempDir>), C
         )));
     }
     // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } == 0 && std::env::var_os("XDG_CACHE_HOME").is_none() {
+    let xdg = std::env::var_os("XDG_CACHE_HOME").filter(|d| Path::new(d).is_absolute());
+    if unsafe { libc::geteuid() } == 0 && xdg.is_none() {
         let dir = Path::new(PUBLIC_CACHE).join(format!("preload-{:016x}", hash(embedded)));
         if let Ok(p) = install_verified(&dir, embedded, Reach::Everyone) {
             return Ok((p, None));
@@ -170,7 +171,7 @@ fn hash(bytes: &[u8]) -> u64 {
 }
 
 /// Root's copy of the library when root has not chosen a cache
-/// (`XDG_CACHE_HOME`): `/var/cache/spulse/preload-<hash>/`, which every user
+/// (`XDG_CACHE_HOME`, an absolute path): `/var/cache/spulse/preload-<hash>/`, which every user
 /// can read, since a process of the recorded tree that switches from root
 /// to another user (a daemon dropping root, `su`, `setpriv`) loads it as
 /// that user. Under root's own `~/.cache` (mode 0700 above it) the loader
@@ -197,6 +198,11 @@ fn install_verified(dir: &Path, bytes: &[u8], reach: Reach) -> std::io::Result<P
         Reach::Owner => (0o700, 0o500),
         Reach::Everyone => (0o755, 0o555),
     };
+    if reach == Reach::Everyone {
+        // Nothing is made under a directory someone else could have replaced.
+        let above = dir.parent().and_then(Path::parent).unwrap_or(Path::new("/"));
+        open_to_all_and_root_only(above)?;
+    }
     match std::fs::DirBuilder::new().recursive(true).mode(dir_mode).create(dir) {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}

@@ -49,6 +49,29 @@ impl Tail {
     pub fn open(path: impl AsRef<Path>) -> Result<Tail, Error> {
         let path = path.as_ref();
         let (file, _) = open::open_regular(path, "Tail")?;
+        Self::from_regular(file, path)
+    }
+
+    /// Follow the spool already open as `file` (read from offset 0; `path`
+    /// names it in errors): for a caller that opened it its own way, such as
+    /// without following a symbolic link, and checked what it opened. A file
+    /// that is not a regular file is refused, as by [`Tail::open`].
+    pub fn open_file(file: File, path: impl AsRef<Path>) -> Result<Tail, Error> {
+        let path = path.as_ref();
+        let meta = file.metadata().map_err(|e| Error::io(Some(path), e))?;
+        if !meta.file_type().is_file() {
+            return Err(Error::io(
+                Some(path),
+                std::io::Error::new(
+                    std::io::ErrorKind::InvalidInput,
+                    "Tail follows regular files only (a spool it reads at offsets as it grows)",
+                ),
+            ));
+        }
+        Self::from_regular(file, path)
+    }
+
+    fn from_regular(file: File, path: &Path) -> Result<Tail, Error> {
         let mut head = [0u8; MAX_HEADER_LEN];
         let mut n = 0;
         while n < head.len() {

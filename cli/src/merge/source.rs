@@ -164,6 +164,12 @@ impl Source {
         Self::open_with(path, pid, true, false)
     }
 
+    /// As [`open`](Self::open), for the spool already open as `file` (at
+    /// `path`): the caller opened it without following a link and checked it.
+    pub fn open_file(file: std::fs::File, path: &Path, pid: u32) -> Result<Source, spulse::Error> {
+        Ok(Self::open_with_reader(path, pid, true, Reader::Spool(Tail::open_file(file, path)?)))
+    }
+
     /// Open any spool at `path` (its header must be complete), whatever
     /// processes it holds.
     pub fn open_any(path: &Path) -> Result<Source, spulse::Error> {
@@ -177,11 +183,15 @@ impl Source {
     }
 
     fn open_with(path: &Path, pid: u32, strict: bool, packed: bool) -> Result<Source, spulse::Error> {
-        Ok(Source {
+        Ok(Self::open_with_reader(path, pid, strict, Reader::open(path, packed)?))
+    }
+
+    fn open_with_reader(path: &Path, pid: u32, strict: bool, tail: Reader) -> Source {
+        Source {
             path: path.to_path_buf(),
             pid,
             strict,
-            tail: Reader::open(path, packed)?,
+            tail,
             modules: Vec::new(),
             next_module: 0,
             frames: IdMap::default(),
@@ -198,7 +208,7 @@ impl Source {
             samples: 0,
             dropped: 0,
             error: None,
-        })
+        }
     }
 
     /// Copy everything the source gained into `out`. A source error is

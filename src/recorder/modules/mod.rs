@@ -32,6 +32,7 @@ use std::os::raw::{c_int, c_void};
 
 mod cfi_cache;
 pub(super) mod cfi_check;
+mod dl_gate;
 
 mod scan;
 mod snapshot;

@@ -35,7 +35,9 @@ pub(crate) fn dl_counters() -> (u64, u64) {
     let mut counters = (0u64, 0u64);
     // SAFETY: the callback only writes through the pointer we pass, which outlives
     // the call; returning 1 stops the walk after the first object.
-    unsafe { libc::dl_iterate_phdr(Some(first), &mut counters as *mut (u64, u64) as *mut c_void) };
+    dl_gate::hold(|| unsafe {
+        libc::dl_iterate_phdr(Some(first), &mut counters as *mut (u64, u64) as *mut c_void)
+    });
     counters
 }
 
@@ -73,7 +75,9 @@ pub(crate) fn scan(exe_path: &[u8], known: &dyn Fn(&ObjectKey) -> bool, defer: b
     let main_phdr = unsafe { libc::getauxval(libc::AT_PHDR) };
     let mut st = ScanState { exe_path, main_phdr, defer, known, out: Vec::new() };
     // SAFETY: the callback only uses the state we pass, which outlives the call.
-    unsafe { libc::dl_iterate_phdr(Some(each), &mut st as *mut ScanState<'_> as *mut c_void) };
+    dl_gate::hold(|| unsafe {
+        libc::dl_iterate_phdr(Some(each), &mut st as *mut ScanState<'_> as *mut c_void)
+    });
     st.out
 }
 

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use spulse::SpoolWriter;
 
-use super::handoff::{check_entry, parse_name, process_dirs, read_new_lines};
+use super::handoff::{check_entry, open_spool, parse_name, process_dirs, read_new_lines};
 use super::process::{alive, proc_starttime};
 use crate::merge::{MergeError, Source};
 
@@ -44,6 +44,9 @@ pub(super) struct Entry {
 
 pub(super) struct Collector {
     pub(super) dir: PathBuf,
+    /// The `.users` directory this collector made (running as root), if any:
+    /// one it did not make is never read.
+    pub(super) users: Option<PathBuf>,
     /// By (pid, monotonic ns at the recorder's start): exec images of one pid in order.
     pub(super) entries: BTreeMap<(u32, u64), Entry>,
     pub(super) done: Vec<Done>,
@@ -68,7 +71,7 @@ pub(super) struct LiveWarnings {
 impl Collector {
     /// Pick up new spool files.
     pub(super) fn scan(&mut self) {
-        for dir in process_dirs(&self.dir) {
+        for dir in process_dirs(&self.dir, self.users.as_deref()) {
             self.scan_dir(&dir);
         }
     }
@@ -188,7 +191,9 @@ impl Collector {
             let ended =
                 superseded || tree_gone || !(alive(pid, entry.starttime) || still_written(&entry.path));
             if let EntryState::Waiting = entry.state {
-                match Source::open(&entry.path, pid) {
+                let opened = open_spool(&entry.path)
+                    .and_then(|f| Source::open_file(f, &entry.path, pid).map_err(|e| e.to_string()));
+                match opened {
                     Ok(s) => entry.state = EntryState::Open(Box::new(s)),
                     Err(e) if ended => {
                         let path = entry.path.clone();

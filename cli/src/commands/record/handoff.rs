@@ -95,11 +95,14 @@ fn users_dir(private: &Path) -> PathBuf {
 }
 
 /// The directories the recorded processes write into: the private one, and
-/// each `<private>.users/<uid>` that is a real directory owned by `uid`.
-pub(super) fn process_dirs(private: &Path) -> Vec<PathBuf> {
+/// each `<users>/<uid>` that is a real directory owned by `uid`, `users`
+/// being the `.users` directory this collector made (another's, made first
+/// under the predictable name by someone else, is never read).
+pub(super) fn process_dirs(private: &Path, users: Option<&Path>) -> Vec<PathBuf> {
     use std::os::unix::fs::MetadataExt;
     let mut dirs = vec![private.to_path_buf()];
-    let Ok(rd) = std::fs::read_dir(users_dir(private)) else { return dirs };
+    let Some(users) = users else { return dirs };
+    let Ok(rd) = std::fs::read_dir(users) else { return dirs };
     for e in rd.flatten() {
         let Some(uid) = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else { continue };
         let path = e.path();
@@ -159,6 +162,13 @@ impl HandoffDir {
                 Err(fail(e))
             }
         }
+    }
+}
+
+impl HandoffDir {
+    /// The `.users` directory this collector made, if it did.
+    pub(super) fn users_path(&self) -> Option<PathBuf> {
+        self.users.as_ref().map(|u| u.path.clone())
     }
 }
 
@@ -266,6 +276,13 @@ pub(super) fn read_small(path: &Path) -> Result<String, Option<String>> {
         text.push_str(&format!(" [cut at {SMALL_FILE_MAX} bytes of {}]", m.len()));
     }
     Ok(text)
+}
+
+/// Open a process's spool (in one of [`process_dirs`]) to follow it, as
+/// [`open_entry`] opens any of its files: the collector reads what it
+/// checked, not what a link put at the path since.
+pub(super) fn open_spool(path: &Path) -> Result<File, String> {
+    open_entry(path).map(|(f, _)| f).map_err(|e| e.unwrap_or_else(|| "no such file".into()))
 }
 
 /// Open a file of the private directory to read it: without following a

@@ -205,6 +205,7 @@ pub fn run(args: &RecordArgs, embedded_lib: &[u8]) -> Result<Exit, CliError> {
 
     let mut collector = Collector {
         dir: dir.path.clone(),
+        users: dir.users_path(),
         entries: BTreeMap::new(),
         done: Vec::new(),
         seen: HashSet::new(),

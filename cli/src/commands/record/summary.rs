@@ -135,7 +135,9 @@ impl Collector {
         // Processes that could not record, grouped by reason: a full
         // directory gives the same reason for every process of a big tree.
         let mut unrecorded: BTreeMap<String, Vec<u32>> = BTreeMap::new();
-        for rd in process_dirs(&self.dir).iter().filter_map(|d| std::fs::read_dir(d).ok()) {
+        for rd in
+            process_dirs(&self.dir, self.users.as_deref()).iter().filter_map(|d| std::fs::read_dir(d).ok())
+        {
             for e in rd.flatten() {
                 if let Some((pid, _)) = parse_name(&e.file_name(), "error") {
                     let why = match read_small(&e.path()) {
