@@ -73,8 +73,8 @@ pub fn locate(embedded: &[u8]) -> Result<(PathBuf, Option<tempfile::TempDir>), C
             candidates.iter().map(|c| c.display().to_string()).collect::<Vec<_>>().join(", ")
         )));
     }
-    // SAFETY: geteuid has no preconditions.
     let xdg = std::env::var_os("XDG_CACHE_HOME").filter(|d| Path::new(d).is_absolute());
+    // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } == 0 && xdg.is_none() {
         let dir = Path::new(PUBLIC_CACHE).join(format!("preload-{:016x}", hash(embedded)));
         if let Ok(p) = install_verified(&dir, embedded, Reach::Everyone) {

@@ -208,9 +208,11 @@ fn make_user_dir(fd: libc::c_int, uid: libc::uid_t) {
         let e = unsafe { *libc::__errno_location() };
         // SAFETY: an all-zero `stat` is a valid value for fstatat to overwrite.
         let mut sub: libc::stat = unsafe { std::mem::zeroed() };
-        // SAFETY: `fd` is open, `name` NUL-terminated, `sub` ours; a link is not followed.
         let there = e == libc::EEXIST
-            && unsafe { libc::fstatat(fd, name, &mut sub, libc::AT_SYMLINK_NOFOLLOW) } == 0
+            && {
+                // SAFETY: `fd` is open, `name` NUL-terminated, `sub` ours; a link is not followed.
+                unsafe { libc::fstatat(fd, name, &mut sub, libc::AT_SYMLINK_NOFOLLOW) == 0 }
+            }
             && sub.st_uid == uid;
         if !there {
             return;

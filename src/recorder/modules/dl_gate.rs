@@ -93,8 +93,8 @@ extern "C" fn after() {
 fn register() {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
-        // SAFETY: registers plain functions that touch atomics only (and
-        // sleep in the prepare handler); `after` serves parent and child.
+        // `after` serves parent and child.
+        // SAFETY: registers plain functions that touch atomics only (and sleep in the prepare handler).
         unsafe { libc::pthread_atfork(Some(prepare), Some(after), Some(after)) };
     });
 }
@@ -123,8 +123,7 @@ mod tests {
             std::thread::sleep(Duration::from_millis(1));
         }
         let t0 = Instant::now();
-        // SAFETY: the child only calls async-signal-safe functions and this
-        // crate's walk (which is what is tested), then `_exit`s.
+        // SAFETY: the child only calls this crate's walk (what is tested) and `_exit`.
         let pid = unsafe { libc::fork() };
         if pid == 0 {
             let (adds, _) = crate::recorder::modules::dl_counters();

@@ -33,8 +33,8 @@ pub(crate) fn dl_counters() -> (u64, u64) {
         1
     }
     let mut counters = (0u64, 0u64);
-    // SAFETY: the callback only writes through the pointer we pass, which outlives
-    // the call; returning 1 stops the walk after the first object.
+    // Returning 1 stops the walk after the first object.
+    // SAFETY: the callback only writes through the pointer we pass, which outlives the call.
     dl_gate::hold(|| unsafe {
         libc::dl_iterate_phdr(Some(first), &mut counters as *mut (u64, u64) as *mut c_void)
     });

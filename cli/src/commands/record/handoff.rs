@@ -368,6 +368,52 @@ pub(super) fn read_new_lines(path: &Path, offset: u64) -> (Vec<String>, u64) {
 mod tests {
     use super::*;
 
+    /// A `.users` directory the collector did not make is never read, even
+    /// with a directory of this user's in it; the collector's own is.
+    #[test]
+    fn only_the_collectors_own_users_directory_is_read() {
+        let tmp = tempfile::tempdir().unwrap();
+        let private = tmp.path().join("spulse-rec-x");
+        std::fs::create_dir(&private).unwrap();
+        let users = users_dir(&private);
+        // SAFETY: geteuid has no preconditions.
+        let me = unsafe { libc::geteuid() };
+        std::fs::create_dir_all(users.join(me.to_string())).unwrap();
+        std::fs::create_dir_all(users.join("not-a-uid")).unwrap();
+        assert_eq!(
+            process_dirs(&private, None),
+            std::slice::from_ref(&private),
+            "made by someone else: not read"
+        );
+        assert_eq!(process_dirs(&private, Some(&users)), [private.clone(), users.join(me.to_string())]);
+        // A uid directory owned by another user than it names is not read.
+        let other = if me == 0 { 1 } else { 0 };
+        std::fs::create_dir(users.join(other.to_string())).unwrap();
+        assert_eq!(process_dirs(&private, Some(&users)).len(), 2);
+    }
+
+    /// A spool is opened without following a link or waiting on a FIFO, and
+    /// only as a regular file: what is checked is what is followed.
+    #[test]
+    fn a_spool_is_opened_only_as_a_regular_file_not_through_a_link() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("secret");
+        std::fs::write(&target, b"not for the collector").unwrap();
+        let link = dir.path().join("1.2.spool");
+        std::os::unix::fs::symlink(&target, &link).unwrap();
+        let e = open_spool(&link).unwrap_err();
+        assert!(e.contains("symbolic link"), "{e}");
+        let fifo = dir.path().join("3.4.spool");
+        let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: mkfifo with a NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        assert!(open_spool(&fifo).unwrap_err().contains("FIFO"));
+        assert!(open_spool(&dir.path().join("5.6.spool")).is_err(), "a missing spool");
+        let real = dir.path().join("7.8.spool");
+        std::fs::write(&real, b"x").unwrap();
+        assert!(open_spool(&real).is_ok());
+    }
+
     #[test]
     fn live_lines_are_read_whole_bounded_and_only_from_regular_files() {
         let dir = tempfile::tempdir().unwrap();
