@@ -471,24 +471,36 @@ fn a_process_that_switches_user_is_recorded_and_says_nothing() {
 /// is recorded, saying nothing on its stderr.
 #[test]
 fn setpriv_dropping_root_is_recorded() {
-    if !as_root("switching user needs root") {
-        return;
-    }
-    if !oracle("setpriv", &["setpriv", "--version"], "util-linux") {
-        return;
+    setpriv_victim_is_recorded(|_, spulse_record| spulse_record);
+}
+
+/// As root with `setpriv` (else SKIPPED, or failed in CI): `spulse record`
+/// as `command` makes it (given the temporary directory, 0755, and the
+/// tool's usual command there, which writes `o.spool`) runs the victim as
+/// user 65534 through `setpriv`, burning 0.2 s. It must exit 0, leave the
+/// program's stderr its own, and hold at least 100 of the victim's user
+/// samples (about 200 at the default 999 Hz; its start is not sampled).
+/// The temporary directory is returned for more checks.
+fn setpriv_victim_is_recorded(command: impl FnOnce(&Path, Command) -> Command) -> Option<tempfile::TempDir> {
+    if !as_root("switching user needs root") || !oracle("setpriv", &["setpriv", "--version"], "util-linux") {
+        return None;
     }
     let tmp = tempfile::tempdir().unwrap();
     let exe = victim(tmp.path());
     std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     let out = tmp.path().join("o.spool");
-    let mut c = record(tmp.path(), tmp.path(), &["-o".as_ref(), out.as_os_str(), "--".as_ref()]);
-    c.args(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]).arg(&exe).args(["burn", "0.2"]);
+    let mut c = command(tmp.path(), Command::new(env!("CARGO_BIN_EXE_spulse")));
+    c.current_dir(tmp.path()).env("TMPDIR", tmp.path()).args(["record", "-o"]).arg(&out);
+    c.args(["--", "setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(&exe)
+        .args(["burn", "0.2"]);
     let o = run_bounded(c, Duration::from_secs(60));
     let err = stderr(&o);
     assert_eq!(o.status.code(), Some(0), "setpriv and its command end well: {err}");
     assert_program_stderr_is_its_own(&err);
     let got = user_samples_named(&out, "victim");
     assert!(got >= 100, "{got} samples of the program setpriv ran as user 65534: {err}");
+    Some(tmp)
 }
 
 /// Root's installed `spulse` (the library from the copy inside the binary,
@@ -499,38 +511,18 @@ fn setpriv_dropping_root_is_recorded() {
 /// "cannot be preloaded" there and the command went unrecorded.
 #[test]
 fn roots_library_copy_is_loadable_by_the_users_root_switches_to() {
-    if !as_root("switching user needs root") {
+    let Some(tmp) = setpriv_victim_is_recorded(|dir, _| {
+        // Alone in its directory, so the embedded copy is used (not target/'s deps/).
+        let bin = dir.join("spulse");
+        if std::fs::hard_link(env!("CARGO_BIN_EXE_spulse"), &bin).is_err() {
+            std::fs::copy(env!("CARGO_BIN_EXE_spulse"), &bin).unwrap();
+        }
+        let mut c = Command::new(&bin);
+        c.env("HOME", dir.join("home")).env_remove("XDG_CACHE_HOME").env_remove("SPULSE_PRELOAD_LIB");
+        c
+    }) else {
         return;
-    }
-    if !oracle("setpriv", &["setpriv", "--version"], "util-linux") {
-        return;
-    }
-    let tmp = tempfile::tempdir().unwrap();
-    let exe = victim(tmp.path());
-    std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-    // Alone in its directory, so the embedded copy is used (not target/'s deps/).
-    let bin = tmp.path().join("spulse");
-    if std::fs::hard_link(env!("CARGO_BIN_EXE_spulse"), &bin).is_err() {
-        std::fs::copy(env!("CARGO_BIN_EXE_spulse"), &bin).unwrap();
-    }
-    let out = tmp.path().join("o.spool");
-    let mut c = Command::new(&bin);
-    c.current_dir(tmp.path())
-        .env("TMPDIR", tmp.path())
-        .env("HOME", tmp.path().join("home"))
-        .env_remove("XDG_CACHE_HOME")
-        .env_remove("SPULSE_PRELOAD_LIB")
-        .args(["record", "-o"])
-        .arg(&out)
-        .args(["--", "setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"])
-        .arg(&exe)
-        .args(["burn", "0.2"]);
-    let o = run_bounded(c, Duration::from_secs(60));
-    let err = stderr(&o);
-    assert_eq!(o.status.code(), Some(0), "{err}");
-    assert_program_stderr_is_its_own(&err);
-    let got = user_samples_named(&out, "victim");
-    assert!(got >= 100, "{got} samples of the program setpriv ran as user 65534: {err}");
+    };
     // The copy is root's public one, not under HOME.
     let home_copies = std::fs::read_dir(tmp.path().join("home/.cache/spulse"))
         .map(|rd| rd.flatten().filter(|e| e.file_name().to_string_lossy().starts_with("preload-")).count())
