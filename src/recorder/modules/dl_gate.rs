@@ -109,7 +109,7 @@ mod tests {
     fn a_fork_waits_for_a_walk_and_the_child_can_walk() {
         static INSIDE: AtomicBool = AtomicBool::new(false);
         static DONE: AtomicBool = AtomicBool::new(false);
-        unsafe extern "C" fn slow(_: *mut libc::dl_phdr_info, _: usize, _: *mut libc::c_void) -> libc::c_int {
+        extern "C" fn slow(_: *mut libc::dl_phdr_info, _: usize, _: *mut libc::c_void) -> libc::c_int {
             INSIDE.store(true, Ordering::SeqCst);
             // A long walk, inside the loader's lock: the fork below must wait
             // for it (without the gate, the child hangs in its own walk).
